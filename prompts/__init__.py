@@ -1,0 +1,1 @@
+"""Prompt templates and class lists shipped with svgen (installed as ``svgen._prompts``)."""

@@ -1,0 +1,24 @@
+"""svgen: support vector generation — CLIP's zero-shot classifier as a kernel machine.
+
+The method in a few files: :mod:`svgen.generator` (the MLP), :mod:`svgen.kernels`,
+:mod:`svgen.losses`, :mod:`svgen.heads`, :mod:`svgen.training`; :class:`SVGClassifier` is the
+estimator; :mod:`svgen.encoders` and :mod:`svgen.prototypes` turn class names into prototypes.
+"""
+
+import logging
+
+from .errors import SvgenError
+
+__version__ = "0.1.0"
+__all__ = ["SVGClassifier", "SvgenError", "__version__"]
+
+logging.getLogger(__name__).addHandler(logging.NullHandler())
+
+
+def __getattr__(name):
+    # Imported lazily so that `svgen --help` and fast-failing commands never wait for torch.
+    if name == "SVGClassifier":
+        from .classifier import SVGClassifier
+
+        return SVGClassifier
+    raise AttributeError(f"module 'svgen' has no attribute {name!r}")

@@ -1,0 +1,291 @@
+"""``SVGClassifier``: the scikit-learn-style face of svgen.
+
+>>> clf = SVGClassifier(n_support=4).fit(prototypes, classes=names)   # C×D or C×T×D, text only
+>>> clf.decision_function(image_features, head="kernel")              # N×C scores
+>>> clf.predict(image_features)                                       # class names
+>>> clf.save("lvis.svgen"); SVGClassifier.load("lvis.svgen")
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import List, Optional, Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from . import artifacts
+from .errors import SvgenError
+from .generator import SupportVectorGenerator, template_anchors
+from .heads import HEADS, cosine_logits, kernel_scores, linear_logits
+from .prompts import validate_classes
+from .prototypes import prototypes_from_embeddings
+from .training import FitConfig, config_dict, fit_metrics, generate_all, solve_vote_weights, train_generator
+
+log = logging.getLogger(__name__)
+
+
+def check_embeddings(x, what: str = "prototypes", ndims=(2, 3)) -> torch.Tensor:
+    """Validate an embedding array once, at the boundary: float, right rank, finite, no zero rows."""
+    try:
+        t = torch.as_tensor(np.asarray(x), dtype=torch.float32)
+    except (TypeError, ValueError) as e:
+        raise SvgenError(f"{what} must be a numeric array ({e})") from None
+    if t.dim() not in ndims:
+        shapes = " or ".join({2: "N×D", 3: "C×T×D"}[n] if what != "prototypes" else {2: "C×D", 3: "C×T×D"}[n] for n in ndims)
+        raise SvgenError(f"{what} must be a {shapes} array, got shape {tuple(t.shape)}")
+    if t.numel() == 0 or t.shape[-1] == 0:
+        raise SvgenError(f"{what} is empty (shape {tuple(t.shape)})")
+    bad = ~torch.isfinite(t)
+    if bad.any():
+        row = int(bad.reshape(t.shape[0], -1).any(dim=1).nonzero()[0])
+        raise SvgenError(f"{what} contains NaN or inf (first at row {row})")
+    norms = t.norm(dim=-1)
+    if (norms == 0).any():
+        row = int((norms == 0).reshape(t.shape[0], -1).any(dim=1).nonzero()[0])
+        raise SvgenError(f"{what} has an all-zero vector at row {row}; cannot L2-normalise it")
+    return t
+
+
+class SVGClassifier:
+    """Support vector generation over text prototypes, with kernel-vote, linear and cosine heads.
+
+    Parameters mirror :class:`svgen.training.FitConfig`; ``device`` and ``progress`` control
+    where and how visibly the fit runs. Fitted attributes end in ``_``.
+    """
+
+    def __init__(
+        self,
+        n_support: int = 4,
+        kernel: str = "rbf",
+        steps: int = 300,
+        lr: float = 1e-3,
+        margin: str = "hinge",
+        alignment_weight: float = 1.0,
+        margin_weight: float = 0.1,
+        grounding_weight: float = 1.0,
+        query_weight: float = 0.0,
+        radius: float = 0.5,
+        batch_classes: int = 256,
+        learn_sigma: bool = True,
+        ridge="loo",
+        rff_dim: Optional[int] = None,
+        seed: int = 0,
+        device: str = "cpu",
+        progress: bool = False,
+    ):
+        self.n_support = n_support
+        self.kernel = kernel
+        self.steps = steps
+        self.lr = lr
+        self.margin = margin
+        self.alignment_weight = alignment_weight
+        self.margin_weight = margin_weight
+        self.grounding_weight = grounding_weight
+        self.query_weight = query_weight
+        self.radius = radius
+        self.batch_classes = batch_classes
+        self.learn_sigma = learn_sigma
+        self.ridge = ridge
+        self.rff_dim = rff_dim
+        self.seed = seed
+        self.device = device
+        self.progress = progress
+
+    # ------------------------------------------------------------------------------ fitting
+    def _config(self) -> FitConfig:
+        cfg = FitConfig(
+            n_support=int(self.n_support), kernel=self.kernel, steps=int(self.steps), lr=float(self.lr),
+            margin=self.margin, alignment_weight=float(self.alignment_weight),
+            margin_weight=float(self.margin_weight), grounding_weight=float(self.grounding_weight),
+            query_weight=float(self.query_weight), radius=float(self.radius),
+            batch_classes=int(self.batch_classes), learn_sigma=bool(self.learn_sigma), ridge=self.ridge,
+            rff_dim=self.rff_dim, seed=int(self.seed),
+        )
+        cfg.validate()
+        return cfg
+
+    def fit(self, prototypes, classes: Optional[Sequence[str]] = None, templates: Optional[Sequence[str]] = None,
+            encoder: Optional[dict] = None):
+        """Fit from text embeddings alone: ``prototypes`` is C×D or C×T×D (raw or normalised).
+
+        ``classes`` names the rows (default ``class_0`` …); ``templates`` and ``encoder`` are
+        recorded in the artifact. Returns ``self``.
+        """
+        cfg = self._config()
+        emb = check_embeddings(prototypes, "prototypes")
+        C = emb.shape[0]
+        if classes is None:
+            classes = [f"class_{i}" for i in range(C)]
+        classes = validate_classes(classes, source="class list")
+        if len(classes) != C:
+            raise SvgenError(f"prototypes have {C} rows but there are {len(classes)} class names; they must match")
+        E, P = prototypes_from_embeddings(emb)
+        t0 = time.perf_counter()
+        state = train_generator(P, E, cfg, progress=self.progress)
+        anchors = template_anchors(E, cfg.n_support)
+        S = generate_all(state.generator, P, anchors)
+        sigma = float(state.log_sigma.exp())
+        A, lam, K_ss, path = solve_vote_weights(S, sigma, cfg, C)
+        wall = time.perf_counter() - t0
+        self.fit_config_ = cfg
+        self.classes_ = list(classes)
+        self.templates_ = list(templates) if templates is not None else None
+        self.encoder_ = dict(encoder) if encoder else None
+        self.per_template_ = E
+        self.prototypes_ = P
+        self.support_vectors_ = S
+        self.bandwidth_ = sigma
+        self.vote_weights_ = A
+        self.linear_weight_ = state.weight.detach().clone()
+        self.linear_bias_ = state.bias.detach().clone()
+        self.ridge_lambda_ = lam
+        self.generator_ = state.generator.eval().requires_grad_(False)
+        self.history_ = state.history
+        self.fit_metrics_ = fit_metrics(state, S, P, K_ss, lam, cfg, wall)
+        self.fit_metrics_["ridge_selection"] = path
+        return self
+
+    # ------------------------------------------------------------------------------ inference
+    def _check_fitted(self):
+        if not hasattr(self, "support_vectors_"):
+            raise SvgenError("this SVGClassifier is not fitted yet; call fit() or load() first")
+
+    @property
+    def n_features_in_(self) -> int:
+        return int(self.prototypes_.shape[1])
+
+    def _features(self, X) -> torch.Tensor:
+        self._check_fitted()
+        x = check_embeddings(X, "features", ndims=(2,))
+        if x.shape[1] != self.n_features_in_:
+            raise SvgenError(f"features have dimension {x.shape[1]} but the artifact expects {self.n_features_in_}")
+        return x
+
+    def decision_function(self, X, head: str = "kernel") -> torch.Tensor:
+        """N×C scores of one head: ``kernel`` (vote), ``linear`` or ``cosine`` (the CLIP baseline)."""
+        x = self._features(X)
+        with torch.no_grad():
+            if head == "kernel":
+                return kernel_scores(x, self.support_vectors_, self.bandwidth_, self.vote_weights_, self.fit_config_.kernel)
+            if head == "linear":
+                return linear_logits(x, self.linear_weight_, self.linear_bias_)
+            if head == "cosine":
+                return cosine_logits(x, self.prototypes_)
+        raise SvgenError(f"unknown head {head!r}; expected one of {', '.join(HEADS)}")
+
+    def predict(self, X, head: str = "kernel") -> np.ndarray:
+        """Predicted class names (array of str)."""
+        idx = self.decision_function(X, head).argmax(dim=1).numpy()
+        return np.asarray(self.classes_, dtype=object)[idx]
+
+    # ------------------------------------------------------------------------------ persistence
+    def tensors(self) -> dict:
+        self._check_fitted()
+        t = {
+            "support_vectors": self.support_vectors_,
+            "bandwidth": torch.tensor(float(self.bandwidth_)),
+            "vote_weights": self.vote_weights_,
+            "linear_head.weight": self.linear_weight_,
+            "linear_head.bias": self.linear_bias_,
+            "prototypes": self.prototypes_,
+            "per_template": self.per_template_,
+        }
+        t.update({f"generator.{k}": v for k, v in self.generator_.state_dict().items()})
+        return t
+
+    def metadata(self) -> dict:
+        self._check_fitted()
+        return {
+            "classes": self.classes_,
+            "n_support": self.fit_config_.n_support,
+            "kernel": self.fit_config_.kernel,
+            "dim": self.n_features_in_,
+            "encoder": self.encoder_,
+            "templates": self.templates_,
+            "fit": config_dict(self.fit_config_),
+            "metrics": self.fit_metrics_,
+        }
+
+    def save(self, path, force: bool = False):
+        """Write the artifact directory atomically (refuses to overwrite unless ``force``)."""
+        artifacts.save_artifact(path, self.tensors(), self.metadata(), force=force)
+        return path
+
+    @classmethod
+    def load(cls, path) -> "SVGClassifier":
+        """Read an artifact written by :meth:`save` (or ``svgen fit``)."""
+        meta, t = artifacts.load_artifact(path)
+        fit = dict(meta.get("fit") or {})
+        cfg = FitConfig(**{k: v for k, v in fit.items() if k in FitConfig.__dataclass_fields__})
+        cfg.n_support = int(t["support_vectors"].shape[1])
+        cfg.kernel = meta.get("kernel", cfg.kernel)
+        self = cls(**{k: getattr(cfg, k) for k in ("n_support", "kernel", "steps", "lr", "margin", "alignment_weight",
+                                                   "margin_weight", "grounding_weight", "query_weight", "radius",
+                                                   "batch_classes", "learn_sigma", "ridge", "rff_dim", "seed")})
+        C, K, D = t["support_vectors"].shape
+        self.fit_config_ = cfg
+        self.classes_ = list(meta["classes"])
+        self.templates_ = meta.get("templates")
+        self.encoder_ = meta.get("encoder")
+        self.prototypes_ = t["prototypes"]
+        self.per_template_ = t.get("per_template", t["prototypes"][:, None, :])
+        self.support_vectors_ = t["support_vectors"]
+        self.bandwidth_ = float(t["bandwidth"])
+        self.vote_weights_ = t["vote_weights"]
+        self.linear_weight_ = t["linear_head.weight"]
+        self.linear_bias_ = t["linear_head.bias"]
+        self.ridge_lambda_ = (meta.get("metrics") or {}).get("ridge_lambda")
+        self.fit_metrics_ = meta.get("metrics") or {}
+        gen_state = {k[len("generator."):]: v for k, v in t.items() if k.startswith("generator.")}
+        self.generator_ = None
+        if gen_state:
+            gen = SupportVectorGenerator(D, K, radius=cfg.radius)
+            try:
+                gen.load_state_dict(gen_state)
+            except RuntimeError:
+                raise SvgenError(f"{path}: generator tensors do not match K={K}, D={D}") from None
+            self.generator_ = gen.eval().requires_grad_(False)
+        return self
+
+    # ------------------------------------------------------------------------------ open set
+    def add_classes(self, prototypes, classes: Sequence[str]):
+        """Add classes without retraining: the shared generator expands their prototypes.
+
+        New linear-head rows are ``τ̄ · normalize(mean_k s_{c,k})`` with τ̄ the mean norm of the
+        existing rows and the mean existing bias; the vote weights are re-solved over all
+        classes with the fitted λ. Returns ``self``.
+        """
+        self._check_fitted()
+        if self.generator_ is None:
+            raise SvgenError("this artifact carries no generator weights, so classes cannot be added")
+        emb = check_embeddings(prototypes, "prototypes")
+        if emb.shape[-1] != self.n_features_in_:
+            raise SvgenError(f"new prototypes have dimension {emb.shape[-1]}, the artifact has {self.n_features_in_}")
+        classes = list(classes)
+        if len(classes) != emb.shape[0]:
+            raise SvgenError(f"{emb.shape[0]} new prototypes but {len(classes)} new class names")
+        clash = sorted(set(classes) & set(self.classes_))
+        if clash:
+            raise SvgenError(f"class(es) already in the artifact: {', '.join(map(repr, clash[:10]))}")
+        validate_classes(self.classes_ + classes, source="combined class list")
+        E_new, P_new = prototypes_from_embeddings(emb)
+        T = self.per_template_.shape[1]
+        if E_new.shape[1] != T:
+            # keep one per-template tensor: pad/cycle the new templates to the artifact's T
+            E_new = E_new[:, [t % E_new.shape[1] for t in range(T)]]
+        S_new = generate_all(self.generator_, P_new, template_anchors(E_new, self.fit_config_.n_support))
+        scale = self.linear_weight_.norm(dim=1).mean()
+        W_new = scale * F.normalize(S_new.mean(dim=1), dim=-1)
+        self.classes_ = self.classes_ + classes
+        self.prototypes_ = torch.cat([self.prototypes_, P_new])
+        self.per_template_ = torch.cat([self.per_template_, E_new])
+        self.support_vectors_ = torch.cat([self.support_vectors_, S_new])
+        self.linear_weight_ = torch.cat([self.linear_weight_, W_new])
+        self.linear_bias_ = torch.cat([self.linear_bias_, self.linear_bias_.mean().expand(len(classes))])
+        lam = self.ridge_lambda_ if self.ridge_lambda_ is not None else 1e-3
+        cfg = FitConfig(**{**config_dict(self.fit_config_), "ridge": float(lam)})
+        self.vote_weights_, _, _, _ = solve_vote_weights(self.support_vectors_, self.bandwidth_, cfg, len(self.classes_))
+        return self

@@ -1,0 +1,12 @@
+"""`svgen diagnose` (not built yet)."""
+
+from ..errors import SvgenError
+
+
+def add_parser(sub):
+    p = sub.add_parser("diagnose", help="(not built yet)", description="Not built yet.")
+    p.set_defaults(func=run)
+
+
+def run(args):
+    raise SvgenError("'svgen diagnose' is not built yet")

@@ -1,0 +1,116 @@
+"""``svgen fit``: class names (or precomputed text embeddings) → an artifact directory."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+from pathlib import Path
+
+from ..errors import SvgenError
+from ._common import add_encoder_args, default_pretrained, load_array, load_encoder
+
+log = logging.getLogger(__name__)
+
+
+def add_parser(sub):
+    from ..config import FitConfig
+
+    d = FitConfig()
+    p = sub.add_parser(
+        "fit",
+        help="fit a kernel classifier from class names (no images needed)",
+        description="Encode every (template, class) prompt with a frozen open_clip model, expand each class "
+                    "into K unit-norm support vectors with the generator, and write an artifact directory. "
+                    "With --prototypes the text embeddings come from a .npy file and no encoder is loaded.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument("--classes", required=True, metavar="FILE",
+                   help="class names, one per line (UTF-8; blank lines and # comments ignored)")
+    p.add_argument("--prototypes", metavar="EMB.npy",
+                   help="precomputed text embeddings, C×D or C×T×D, rows in the order of --classes")
+    p.add_argument("--out", required=True, metavar="ARTIFACT_DIR", help="artifact directory to create")
+    p.add_argument("--force", action="store_true", help="replace an existing artifact")
+    add_encoder_args(p)
+    p.add_argument("--templates", default="single", metavar="NAME|FILE",
+                   help="prompt templates: a built-in set (single, compact, ensemble) or a file with one '{}' template per line")
+    m = p.add_argument_group("method")
+    m.add_argument("-K", "--n-support", type=int, default=d.n_support, help="support vectors per class")
+    m.add_argument("--steps", type=int, default=d.steps, help="optimisation steps")
+    m.add_argument("--lr", type=float, default=d.lr, help="Adam learning rate")
+    m.add_argument("--kernel", choices=("rbf", "laplacian"), default=d.kernel, help="kernel on unit vectors")
+    m.add_argument("--margin", choices=("hinge", "ce"), default=d.margin, help="margin loss of the linear head")
+    m.add_argument("--margin-weight", type=float, default=d.margin_weight, help="weight of the margin term")
+    m.add_argument("--grounding-weight", type=float, default=d.grounding_weight, help="weight of the grounding term")
+    m.add_argument("--ridge", default=str(d.ridge),
+                   help="vote-weight ridge λ: a number, or 'loo' / 'gcv' for closed-form selection")
+    m.add_argument("--batch-classes", type=int, default=d.batch_classes, help="classes per optimisation step")
+    m.add_argument("--rff-dim", type=int, default=None, metavar="M",
+                   help="random Fourier features for very many classes (default: chosen from C·K)")
+    m.add_argument("--seed", type=int, default=d.seed, help="random seed (same seed, same tensors on CPU)")
+    p.set_defaults(func=run)
+
+
+def _ridge(value: str):
+    if value in ("loo", "gcv"):
+        return value
+    try:
+        return float(value)
+    except ValueError:
+        raise SvgenError(f"--ridge must be a number, 'loo' or 'gcv'; got {value!r}") from None
+
+
+def run(args) -> int:
+    from ..prompts import load_templates, read_classes
+
+    classes = read_classes(args.classes)
+    out = Path(args.out)
+    if out.exists() and not args.force:
+        raise SvgenError(f"{out} already exists; pass --force to overwrite it")
+    templates = None
+    if not args.prototypes:
+        from ..hub import check_weights_reachable
+
+        templates = load_templates(args.templates)
+        check_weights_reachable(args.model, default_pretrained(args))  # fail fast, before torch loads
+
+    import numpy as np
+
+    from .. import SVGClassifier
+    clf = SVGClassifier(
+        n_support=args.n_support, kernel=args.kernel, steps=args.steps, lr=args.lr, margin=args.margin,
+        margin_weight=args.margin_weight, grounding_weight=args.grounding_weight, ridge=_ridge(args.ridge),
+        batch_classes=args.batch_classes, rff_dim=args.rff_dim, seed=args.seed, device=args.device,
+        progress=args.progress,
+    )
+    clf._config()  # validate settings before any expensive work
+    if args.prototypes:
+        emb = load_array(args.prototypes, "prototypes")
+        if emb.ndim not in (2, 3):
+            raise SvgenError(f"prototypes file {args.prototypes} has shape {emb.shape}; expected C×D or C×T×D")
+        if emb.shape[0] != len(classes):
+            raise SvgenError(f"prototypes file {args.prototypes} has {emb.shape[0]} rows but {args.classes} "
+                             f"lists {len(classes)} classes; they must match")
+        encoder_id = {"source": "prototypes", "file": os.path.basename(args.prototypes)}
+    else:
+        from ..prototypes import build_prototypes
+
+        encoder = load_encoder(args)
+        protos = build_prototypes(encoder, classes, templates, progress=args.progress)
+        log.info("encoded %d prompts (%d from cache)", len(classes) * len(templates),
+                 len(classes) * len(templates) - protos.encoded)
+        emb = protos.per_template
+        encoder_id = {**encoder.identity(), "embed_dim": int(emb.shape[-1])}
+    clf.fit(np.asarray(emb, dtype=np.float32), classes=classes, templates=templates, encoder=encoder_id)
+    clf.save(out, force=args.force)
+    m = clf.fit_metrics_
+    if m.get("diverged_at_step") is not None:
+        print(f"svgen fit: warning: training diverged at step {m['diverged_at_step']}; "
+              "kept the last good state", file=sys.stderr)
+    summary = {k: m[k] for k in ("alignment_start", "alignment_end", "hinge", "sigma", "ridge_lambda",
+                                 "condition_number", "mean_cos_support_prototype", "wall_time_s") if k in m}
+    print(f"wrote {out}: {len(classes)} classes × K={clf.fit_config_.n_support}, D={clf.n_features_in_}")
+    print(json.dumps(summary))
+    return 0

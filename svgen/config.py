@@ -1,0 +1,60 @@
+"""Fit settings, importable without torch (the CLI builds its --help from them)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Optional, Union
+
+from .errors import SvgenError
+
+KERNELS = ("rbf", "laplacian")
+MARGIN_NAMES = ("hinge", "ce")
+
+
+@dataclass
+class FitConfig:
+    """Every setting of a fit; recorded verbatim in ``svgen.json``."""
+
+    n_support: int = 4
+    kernel: str = "rbf"
+    steps: int = 300
+    lr: float = 1e-3
+    margin: str = "hinge"
+    alignment_weight: float = 1.0
+    margin_weight: float = 0.1
+    grounding_weight: float = 1.0
+    query_weight: float = 0.0
+    radius: float = 0.5
+    batch_classes: int = 256
+    neighbours: int = 7
+    learn_sigma: bool = True
+    linear_init_scale: float = 10.0
+    ridge: Union[str, float] = "loo"
+    query_ridge: float = 1e-3
+    rff_dim: Optional[int] = None
+    seed: int = 0
+
+    def validate(self) -> None:
+        if int(self.n_support) < 1:
+            raise SvgenError(f"the number of support vectors per class (-K) must be >= 1, got {self.n_support}")
+        if self.kernel not in KERNELS:
+            raise SvgenError(f"unknown kernel {self.kernel!r}; expected one of {', '.join(KERNELS)}")
+        if self.margin not in MARGIN_NAMES:
+            raise SvgenError(f"unknown margin loss {self.margin!r}; expected one of {', '.join(MARGIN_NAMES)}")
+        if int(self.steps) < 0:
+            raise SvgenError(f"--steps must be >= 0, got {self.steps}")
+        if not (self.lr > 0 and math.isfinite(self.lr)):
+            raise SvgenError(f"--lr must be a positive number, got {self.lr}")
+        if int(self.batch_classes) < 2:
+            raise SvgenError(f"batch_classes must be >= 2, got {self.batch_classes}")
+        if isinstance(self.ridge, str) and self.ridge not in ("loo", "gcv"):
+            raise SvgenError(f"ridge must be 'loo', 'gcv' or a positive number, got {self.ridge!r}")
+        if not isinstance(self.ridge, str) and not self.ridge > 0:
+            raise SvgenError(f"ridge must be positive, got {self.ridge}")
+        if self.rff_dim is not None and int(self.rff_dim) < 1:
+            raise SvgenError(f"--rff-dim must be a positive number of features, got {self.rff_dim}")
+
+
+def config_dict(cfg: FitConfig) -> dict:
+    return asdict(cfg)

@@ -1,0 +1,310 @@
+"""A frozen open_clip model as a text and image encoder.
+
+Four ways to name the weights, as open_clip does:
+
+* ``ClipEncoder("ViT-B-32", pretrained="openai")``: a built-in architecture and a pretrained
+  tag (downloaded once into the usual open_clip / Hugging Face cache);
+* ``ClipEncoder("hf-hub:ORG/REPO")``: config and weights from the Hugging Face Hub;
+* ``ClipEncoder("local-dir:PATH")``: a folder with ``open_clip_config.json`` and weights;
+* ``ClipEncoder("ViT-B-32", checkpoint="FILE")``: an architecture plus a local checkpoint
+  (safetensors, or a torch file read with ``weights_only=True``). The architecture may also be
+  the path of an open_clip model-config JSON file (a custom architecture, registered by stem).
+
+When weights are not local and the hub cannot be reached, :class:`EncoderUnavailableError` is
+raised within seconds (a short reachability probe instead of a minute of retries).
+
+Text encoding truncates each batch to its longest tokenised prompt. CLIP's text tower is causal
+and pools the end-of-text token, so positions after it never influence the result: the output
+equals stock ``encode_text`` (to float rounding) at a fraction of the cost. Models where that
+does not hold (a non-causal mask, last-token pooling, HF text towers) use stock ``encode_text``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+import torch
+
+from .errors import EncoderUnavailableError, SvgenError
+from .hub import check_weights_reachable, unavailable
+
+log = logging.getLogger(__name__)
+
+IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm", ".pgm"}
+
+
+def file_sha256(path, chunk: int = 1 << 20) -> str:
+    """Hex sha256 of a file's bytes (identifies a checkpoint in caches and artifacts)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(chunk), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def resolve_device(device: Optional[str]) -> torch.device:
+    """``None``/``"auto"`` picks CUDA when present; an unavailable CUDA request is a clear error."""
+    if device in (None, "auto"):
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dev = torch.device(device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise SvgenError("--device cuda was requested but no CUDA device is available; use --device cpu")
+    return dev
+
+
+# ----------------------------------------------------------------------------- text encoding
+
+def _truncation_exact(model) -> bool:
+    """Whether truncating tokens after the end-of-text token leaves ``encode_text`` unchanged."""
+    import open_clip
+
+    if not isinstance(model, open_clip.CLIP) or getattr(model, "cls_emb", None) is not None:
+        return False
+    if getattr(model, "text_pool_type", None) not in ("argmax", "eos"):
+        return False
+    mask = getattr(model, "attn_mask", None)
+    if mask is None or mask.dim() != 2:
+        return False
+    n = mask.shape[0]
+    causal = torch.triu(torch.ones(n, n, dtype=torch.bool, device=mask.device), diagonal=1)
+    return bool(torch.equal(torch.isinf(mask) & (mask < 0), causal)) and bool((mask[~causal] == 0).all())
+
+
+def _pool_positions(model, tokens: torch.Tensor) -> torch.Tensor:
+    if model.text_pool_type == "argmax":
+        return tokens.argmax(dim=-1)
+    return (tokens == model.text_eos_id).int().argmax(dim=-1)
+
+
+def encode_text_truncated(model, tokens: torch.Tensor) -> torch.Tensor:
+    """``model.encode_text(tokens)`` computed on tokens cut after the last pooled position.
+
+    Exact for causal text towers that pool the end-of-text token (see module docstring).
+    """
+    length = int(_pool_positions(model, tokens).max()) + 1
+    tokens = tokens[:, :length]
+    cast_dtype = model.transformer.get_cast_dtype()
+    x = model.token_embedding(tokens).to(cast_dtype)
+    x = x + model.positional_embedding[:length].to(cast_dtype)
+    x = model.transformer(x, attn_mask=model.attn_mask[:length, :length])
+    x = model.ln_final(x)
+    x = x[torch.arange(x.shape[0], device=x.device), _pool_positions(model, tokens)]
+    if model.text_projection is not None:
+        x = model.text_projection(x) if isinstance(model.text_projection, torch.nn.Linear) else x @ model.text_projection
+    return x
+
+
+# ----------------------------------------------------------------------------- image loading
+
+class _ImageFiles(torch.utils.data.Dataset):
+    def __init__(self, paths: Sequence[str], preprocess):
+        self.paths = list(paths)
+        self.preprocess = preprocess
+
+    def __len__(self):
+        return len(self.paths)
+
+    def __getitem__(self, i):
+        from PIL import Image, UnidentifiedImageError
+
+        try:
+            with Image.open(self.paths[i]) as im:
+                im.load()
+                return i, self.preprocess(im.convert("RGB")), ""
+        except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as e:
+            reason = "not an image" if isinstance(e, UnidentifiedImageError) else (str(e).splitlines() or ["unreadable"])[0]
+            return i, None, reason or "unreadable"
+
+
+def _collate(batch):
+    ok = [(i, x) for i, x, _ in batch if x is not None]
+    bad = [(i, why) for i, x, why in batch if x is None]
+    images = torch.stack([x for _, x in ok]) if ok else None
+    return [i for i, _ in ok], images, bad
+
+
+def find_images(inputs: Sequence[str]) -> List[str]:
+    """Expand files and folders (searched recursively, sorted) into a list of candidate image paths.
+
+    Files named explicitly are kept whatever their suffix (they are checked when read); inside
+    folders only files with an image suffix are taken.
+    """
+    paths: List[str] = []
+    for item in inputs:
+        p = Path(item)
+        if p.is_dir():
+            found = sorted(str(f) for f in p.rglob("*") if f.is_file() and f.suffix.lower() in IMAGE_SUFFIXES)
+            paths.extend(found)
+        elif p.is_file():
+            paths.append(str(p))
+        else:
+            raise SvgenError(f"no such file or folder: {item}")
+    return paths
+
+
+# ----------------------------------------------------------------------------- the encoder
+
+class ClipEncoder:
+    """A frozen open_clip model in inference mode, with batched text and image encoding."""
+
+    def __init__(
+        self,
+        model: str = "ViT-B-32",
+        pretrained: Optional[str] = None,
+        checkpoint: Optional[str] = None,
+        device: Optional[str] = "cpu",
+    ):
+        import open_clip
+
+        if pretrained and checkpoint:
+            raise SvgenError("give either --pretrained TAG or --checkpoint FILE, not both")
+        self.model_name = model
+        self.pretrained = pretrained
+        self.checkpoint = str(checkpoint) if checkpoint else None
+        self.device = resolve_device(device)
+        self.checkpoint_sha256 = None
+
+        if model.endswith(".json") and os.path.isfile(model):
+            # A custom architecture: an open_clip model config file, registered under its stem.
+            open_clip.add_model_config(model)
+            model = self.model_name = Path(model).stem
+        if model.startswith("local-dir:"):
+            folder = Path(model[len("local-dir:"):])
+            if not (folder / "open_clip_config.json").is_file():
+                raise SvgenError(f"local-dir:{folder} must be a folder holding open_clip_config.json and weights")
+        elif not model.startswith("hf-hub:") and model not in open_clip.list_models():
+            raise SvgenError(f"unknown open_clip model {model!r}; see open_clip.list_models() for built-in names")
+        if self.checkpoint:
+            if not os.path.isfile(self.checkpoint):
+                raise SvgenError(f"checkpoint file not found: {self.checkpoint}")
+            self.checkpoint_sha256 = file_sha256(self.checkpoint)
+        elif pretrained and not model.startswith(("hf-hub:", "local-dir:")) and not open_clip.get_pretrained_cfg(model, pretrained):
+            tags = [t for m, t in open_clip.list_pretrained() if m == model]
+            raise SvgenError(f"unknown pretrained tag {pretrained!r} for {model}; known tags: {', '.join(tags) or 'none'}")
+        check_weights_reachable(model, pretrained)
+
+        try:
+            self.model, _, self.preprocess = open_clip.create_model_and_transforms(
+                model, pretrained=self.checkpoint or pretrained, device=self.device
+            )
+            self.tokenizer = open_clip.get_tokenizer(model)
+        except EncoderUnavailableError:
+            raise
+        except RuntimeError as e:
+            if "size mismatch" in str(e) or "Missing key" in str(e) or "Unexpected key" in str(e):
+                raise SvgenError(f"checkpoint {self.checkpoint or pretrained} does not match architecture {model}") from None
+            what = self.checkpoint or (f"{model} weights '{pretrained}'" if pretrained else model)
+            raise unavailable(what, (str(e).splitlines() or ["load failed"])[0][:200], model) from None
+        except (OSError, ValueError) as e:
+            raise SvgenError(f"cannot load {self.checkpoint or model}: {(str(e).splitlines() or [''])[0][:200]}") from None
+        self.model.eval().requires_grad_(False)
+        self.truncate_text = _truncation_exact(self.model)
+        if not self.truncate_text:
+            log.info("text tower is not causal/EOT-pooled; using stock encode_text")
+
+    # identity -------------------------------------------------------------------------------
+    @property
+    def embed_dim(self) -> int:
+        with torch.inference_mode():
+            return int(self.encode_text(["a"]).shape[-1])
+
+    @property
+    def context_length(self) -> int:
+        return int(getattr(self.tokenizer, "context_length", 77))
+
+    def identity(self) -> Dict[str, Optional[str]]:
+        """What produced the embeddings: recorded in artifacts and used as the cache key."""
+        return {
+            "model": self.model_name,
+            "pretrained": self.pretrained,
+            "checkpoint": os.path.basename(self.checkpoint) if self.checkpoint else None,
+            "checkpoint_sha256": self.checkpoint_sha256,
+        }
+
+    def identity_key(self) -> str:
+        """A short stable hash of :meth:`identity` minus the checkpoint's file name."""
+        ident = self.identity()
+        text = f"{ident['model']}|{ident['pretrained']}|{ident['checkpoint_sha256']}"
+        return hashlib.sha256(text.encode()).hexdigest()[:20]
+
+    # text -----------------------------------------------------------------------------------
+    def too_long(self, prompts: Sequence[str]) -> List[str]:
+        """Prompts whose tokens exceed the context length (they get truncated by the tokenizer)."""
+        out = []
+        for p in prompts:
+            ids = self.tokenizer.encode(p) if hasattr(self.tokenizer, "encode") else None
+            if ids is not None and len(ids) + 2 > self.context_length:
+                out.append(p)
+        return out
+
+    @torch.inference_mode()
+    def encode_text(self, prompts: Sequence[str], batch_size: int = 256, progress: bool = False) -> torch.Tensor:
+        """Raw (unnormalised) text embeddings, N×D float32 on the CPU, in the order given.
+
+        Prompts are sorted by token length so each batch is truncated as tightly as possible.
+        """
+        if len(prompts) == 0:
+            return torch.zeros(0, 0)
+        tokens = self.tokenizer(list(prompts))
+        lengths = _pool_positions(self.model, tokens) if self.truncate_text else torch.zeros(len(prompts))
+        order = torch.argsort(lengths, stable=True)
+        out = [None] * len(prompts)
+        starts = range(0, len(prompts), batch_size)
+        if progress:
+            from tqdm.auto import tqdm
+
+            starts = tqdm(starts, desc="encoding prompts", unit="batch", leave=False)
+        for s in starts:
+            idx = order[s:s + batch_size]
+            batch = tokens[idx].to(self.device)
+            feats = encode_text_truncated(self.model, batch) if self.truncate_text else self.model.encode_text(batch)
+            for i, f in zip(idx.tolist(), feats.float().cpu()):
+                out[i] = f
+        return torch.stack(out)
+
+    # images ---------------------------------------------------------------------------------
+    @torch.inference_mode()
+    def encode_images(
+        self,
+        paths: Sequence[str],
+        batch_size: int = 32,
+        num_workers: Optional[int] = None,
+        progress: bool = False,
+    ) -> Tuple[torch.Tensor, List[str], List[Tuple[str, str]]]:
+        """Encode image files; returns (N_ok×D raw features, ok paths, [(failed path, reason)]).
+
+        Unreadable and non-image files are skipped and reported, never fatal.
+        """
+        paths = list(paths)
+        if num_workers is None:
+            num_workers = 0 if len(paths) <= 2 * batch_size else min(4, os.cpu_count() or 1)
+        loader = torch.utils.data.DataLoader(
+            _ImageFiles(paths, self.preprocess), batch_size=batch_size, num_workers=num_workers,
+            collate_fn=_collate, shuffle=False,
+        )
+        feats, ok, failed = [], [], []
+        it = loader
+        if progress:
+            from tqdm.auto import tqdm
+
+            it = tqdm(loader, desc="encoding images", unit="batch", leave=False)
+        for idx, images, bad in it:
+            failed.extend((paths[i], why) for i, why in bad)
+            if images is None:
+                continue
+            f = self.model.encode_image(images.to(self.device)).float().cpu()
+            feats.append(f)
+            ok.extend(paths[i] for i in idx)
+        for p, why in failed:
+            log.warning("skipped %s: %s", p, why)
+        dim = feats[0].shape[1] if feats else 0
+        return (torch.cat(feats) if feats else torch.zeros(0, dim)), ok, failed
+
+
+def as_numpy(x) -> np.ndarray:
+    return x.detach().cpu().numpy() if isinstance(x, torch.Tensor) else np.asarray(x)

@@ -1,0 +1,116 @@
+"""The three classification heads and the closed-form kernel-ridge vote weights.
+
+One implementation each, shared by the Python API, the CLI and the exporters:
+
+* cosine (the plain CLIP baseline): ``100 · x̂ P̂ᵀ``
+* kernel vote:                      ``k(x̂, S) @ A`` with ``A = (K_SS + M·λ·I)⁻¹ Y``
+* linear:                           ``x̂ Wᵀ + b``
+
+``x̂ = x / ||x||``. Scores are not probabilities.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Optional, Sequence, Tuple
+
+import torch
+import torch.nn.functional as F
+
+from .kernels import kernel
+
+HEADS = ("kernel", "linear", "cosine")
+COSINE_LOGIT_SCALE = 100.0
+
+
+def cosine_logits(x: torch.Tensor, prototypes: torch.Tensor, scale: float = COSINE_LOGIT_SCALE) -> torch.Tensor:
+    """CLIP zero-shot logits ``scale · x̂ p̂ᵀ`` (N×C)."""
+    return scale * F.normalize(x, dim=-1) @ F.normalize(prototypes, dim=-1).T
+
+
+def linear_logits(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """Linear-head logits ``x̂ Wᵀ + b`` (N×C)."""
+    return F.normalize(x, dim=-1) @ weight.T + bias
+
+
+def kernel_scores(
+    x: torch.Tensor,
+    support: torch.Tensor,
+    sigma,
+    vote_weights: torch.Tensor,
+    kind: str = "rbf",
+    block_size: int = 8192,
+) -> torch.Tensor:
+    """Kernel-vote scores ``k(x̂, S) @ A`` (N×C), streamed over blocks of support vectors.
+
+    ``support`` is M×D (class-major) or C×K×D; memory is O(N·block_size) whatever M is.
+    """
+    support = support.reshape(-1, support.shape[-1])
+    x = F.normalize(x, dim=-1)
+    out = None
+    for start in range(0, support.shape[0], block_size):
+        part = kernel(x, support[start:start + block_size], sigma, kind) @ vote_weights[start:start + block_size]
+        out = part if out is None else out + part
+    return out
+
+
+def one_hot_blocks(n_classes: int, n_support: int, dtype=torch.float32) -> torch.Tensor:
+    """The M×C class indicator Y of class-major support vectors (K consecutive rows per class)."""
+    return torch.repeat_interleave(torch.eye(n_classes, dtype=dtype), n_support, dim=0)
+
+
+def krr_vote_weights(K_ss: torch.Tensor, Y: torch.Tensor, lam: float) -> torch.Tensor:
+    """Kernel ridge classification ``A = (K_SS + M·λ·I)⁻¹ Y``: one Cholesky for all C columns.
+
+    Differentiable: gradients flow through the factorisation into ``K_SS`` (never detached).
+    """
+    M = K_ss.shape[0]
+    system = K_ss + (M * lam) * torch.eye(M, dtype=K_ss.dtype, device=K_ss.device)
+    L = torch.linalg.cholesky(system)
+    return torch.cholesky_solve(Y.to(K_ss.dtype), L)
+
+
+def ridge_path_scores(
+    K_ss: torch.Tensor, Y: torch.Tensor, lambdas: Sequence[float], criterion: str = "loo"
+) -> Tuple[list, list]:
+    """Closed-form model selection for λ over one eigendecomposition ``K = U diag(e) Uᵀ``.
+
+    With ``H_c = K (K + cI)⁻¹ = U diag(e/(e+c)) Uᵀ`` and ``c = M·λ``:
+
+    * ``loo``: leave-one-out residuals ``(Y - H Y)_i / (1 - H_ii)``; the score is the LOO
+      misclassification rate (argmax of the LOO prediction vs the true class), ties broken by
+      the mean squared LOO residual.
+    * ``gcv``: generalised cross-validation ``M ||(I - H) Y||² / (M - tr H)²``.
+
+    Returns (scores, lambdas) with lower scores better.
+    """
+    M = K_ss.shape[0]
+    e, U = torch.linalg.eigh(K_ss.double())
+    e = e.clamp_min(0)
+    UtY = U.T @ Y.double()
+    U2 = U * U
+    truth = Y.argmax(dim=1)
+    scores = []
+    for lam in lambdas:
+        c = M * lam
+        shrink = e / (e + c)
+        fitted = U @ (shrink[:, None] * UtY)
+        resid = Y.double() - fitted
+        if criterion == "gcv":
+            scores.append(float(M * (resid ** 2).sum() / (M - shrink.sum()) ** 2))
+            continue
+        h = (U2 @ shrink).clamp(max=1 - 1e-9)
+        loo_resid = resid / (1 - h)[:, None]
+        loo_pred = Y.double() - loo_resid
+        err = float((loo_pred.argmax(dim=1) != truth).double().mean())
+        mse = float((loo_resid ** 2).sum(dim=1).mean())
+        scores.append(err + 1e-6 * mse)
+    return scores, list(lambdas)
+
+
+def topk(scores: torch.Tensor, k: int) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(values, indices) of the k best classes per row, best first."""
+    k = min(k, scores.shape[1])
+    return torch.topk(scores, k, dim=1)
+
+
+DEFAULT_LAMBDAS: Iterable[float] = tuple(10.0 ** p for p in range(-6, 1))

@@ -1,0 +1,109 @@
+"""Class lists and prompt templates.
+
+``classes.txt`` holds one class name per line (UTF-8); blank lines and lines starting with
+``#`` are ignored. A template file holds one template per line, each containing ``{}`` where
+the class name goes. Built-in templates live in ``prompts/templates/NAME.txt`` and are
+selected by ``NAME`` (``single``, ``compact``, ``ensemble``).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from importlib import resources
+from pathlib import Path
+from typing import List, Sequence
+
+from .errors import SvgenError
+
+log = logging.getLogger(__name__)
+
+DEFAULT_TEMPLATES = "single"
+
+
+def _read_lines(path, what: str) -> List[str]:
+    """Read a UTF-8 text file into stripped, non-blank, non-comment lines."""
+    path = Path(path)
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        raise SvgenError(f"{what} file not found: {path}") from None
+    except IsADirectoryError:
+        raise SvgenError(f"{what} file is a directory, expected a text file: {path}") from None
+    except OSError as e:
+        raise SvgenError(f"cannot read {what} file {path}: {e.strerror}") from None
+    lines = []
+    for number, line in enumerate(raw.splitlines(), start=1):
+        try:
+            text = line.decode("utf-8")
+        except UnicodeDecodeError:
+            raise SvgenError(f"{what} file {path} is not valid UTF-8 at line {number}") from None
+        text = text.strip().lstrip("\ufeff").strip()
+        if text and not text.startswith("#"):
+            lines.append(text)
+    return lines
+
+
+def validate_classes(classes: Sequence[str], source: str = "class list") -> List[str]:
+    """Check a list of class names: at least two, no duplicates, no empty names."""
+    classes = [str(c).strip() for c in classes]
+    if any(not c for c in classes):
+        raise SvgenError(f"{source} contains an empty class name")
+    if len(classes) == 0:
+        raise SvgenError(f"{source} is empty: expected one class name per line")
+    if len(classes) < 2:
+        raise SvgenError(f"{source} has only {len(classes)} class ({classes[0]!r}): a classifier needs at least 2")
+    dupes = [name for name, n in Counter(classes).items() if n > 1]
+    if dupes:
+        shown = ", ".join(repr(d) for d in dupes[:10]) + (" ..." if len(dupes) > 10 else "")
+        raise SvgenError(f"{source} has {len(dupes)} duplicate class name(s): {shown}")
+    return classes
+
+
+def read_classes(path) -> List[str]:
+    """Read and validate a class file (see module docstring for the format)."""
+    return validate_classes(_read_lines(path, "classes"), source=f"classes file {path}")
+
+
+def _builtin_dir(kind: str):
+    return resources.files("svgen._prompts") / kind
+
+
+def builtin_templates() -> List[str]:
+    """Names of the template sets shipped with svgen."""
+    return sorted(p.name[:-4] for p in _builtin_dir("templates").iterdir() if p.name.endswith(".txt"))
+
+
+def builtin_class_lists() -> List[str]:
+    """Names of the class lists shipped with svgen (``prompts/classes/NAME.txt``)."""
+    return sorted(p.name[:-4] for p in _builtin_dir("classes").iterdir() if p.name.endswith(".txt"))
+
+
+def load_templates(name_or_path: str = DEFAULT_TEMPLATES) -> List[str]:
+    """Templates from a built-in set name or a file path; each must contain exactly one ``{}``."""
+    name_or_path = str(name_or_path)
+    builtin = _builtin_dir("templates") / f"{name_or_path}.txt"
+    if builtin.is_file():
+        lines = _read_lines(builtin, "templates")
+        source = f"built-in template set {name_or_path!r}"
+    elif Path(name_or_path).is_file():
+        lines = _read_lines(name_or_path, "templates")
+        source = f"templates file {name_or_path}"
+    else:
+        raise SvgenError(
+            f"unknown templates {name_or_path!r}: not a file, and not one of the built-in sets "
+            f"({', '.join(builtin_templates())})"
+        )
+    if not lines:
+        raise SvgenError(f"{source} is empty: expected one template per line containing '{{}}'")
+    bad = [t for t in lines if t.count("{}") != 1]
+    if bad:
+        raise SvgenError(f"{source}: each template needs exactly one '{{}}' for the class name; got {bad[0]!r}")
+    if len(set(lines)) != len(lines):
+        raise SvgenError(f"{source} lists the same template more than once")
+    return lines
+
+
+def build_prompts(classes: Sequence[str], templates: Sequence[str]) -> List[List[str]]:
+    """The C×T grid of prompts: ``prompts[c][t] = templates[t].format(classes[c])``."""
+    return [[t.replace("{}", c) for t in templates] for c in classes]

@@ -1,0 +1,249 @@
+"""Training the support vector generator, then solving the vote weights.
+
+One step on a batch of B classes (all classes when C is small):
+
+    S      = g(P_batch, anchors)                      B·K support vectors, unit rows
+    K_SS   = k(S, S; σ)
+    loss   = - w_a · A(K_SS, YYᵀ)                      kernel-target alignment
+             + w_m · hinge(S Wᵀ + b, y)               margin term of the linear head
+             + w_g · grounding(S, E_batch)            stay near the class's own text embeddings
+             + w_q · CE(k(E_q, S) A_θ, y_q)            optional: query loss through the KRR solve
+
+Class batches mix random classes with their nearest neighbours (by prototype cosine), so
+confusable classes meet in the same step and each step's memory does not depend on C.
+After training, :func:`solve_vote_weights` computes ``A = (K_SS + M·λ·I)⁻¹ Y`` over all M = C·K
+support vectors with λ chosen in closed form (leave-one-out or GCV) — no images anywhere.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Dict, Optional
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from .generator import SupportVectorGenerator, template_anchors
+from .heads import DEFAULT_LAMBDAS, krr_vote_weights, one_hot_blocks, ridge_path_scores
+from .kernels import kernel, median_heuristic
+from .config import FitConfig, config_dict
+from .losses import MARGINS, block_alignment, grounding_loss
+
+log = logging.getLogger(__name__)
+
+
+class ClassBatchSampler:
+    """Batches of class indices: random seeds plus each seed's nearest neighbours by prototype cosine."""
+
+    def __init__(self, prototypes: torch.Tensor, batch_classes: int, neighbours: int, seed: int):
+        self.C = prototypes.shape[0]
+        self.batch = min(batch_classes, self.C)
+        self.neighbours = min(neighbours, self.C - 1)
+        self.rng = np.random.default_rng(seed)
+        self.nn = None
+        if self.batch < self.C and self.neighbours > 0:
+            P = F.normalize(prototypes, dim=-1)
+            nn_idx = []
+            for start in range(0, self.C, 4096):
+                sims = P[start:start + 4096] @ P.T
+                sims[torch.arange(sims.shape[0]), torch.arange(start, start + sims.shape[0])] = -2
+                nn_idx.append(sims.topk(self.neighbours, dim=1).indices)
+            self.nn = torch.cat(nn_idx).numpy()
+
+    def __call__(self) -> torch.Tensor:
+        if self.batch >= self.C:
+            return torch.arange(self.C)
+        chosen, seen = [], set()
+        while len(chosen) < self.batch:
+            c = int(self.rng.integers(self.C))
+            group = [c] + (list(self.nn[c]) if self.nn is not None else [])
+            for g in group:
+                if g not in seen and len(chosen) < self.batch:
+                    seen.add(g)
+                    chosen.append(int(g))
+        return torch.tensor(sorted(chosen))
+
+
+@dataclass
+class TrainState:
+    generator: SupportVectorGenerator
+    log_sigma: torch.Tensor
+    weight: torch.Tensor
+    bias: torch.Tensor
+    history: Dict[str, list] = field(default_factory=dict)
+    diverged_at: Optional[int] = None
+    steps_done: int = 0
+    sigma_init: float = float("nan")
+    alignment_start: float = float("nan")
+
+
+def alignment_estimate(S: torch.Tensor, sigma: float, kind: str, seed: int = 0, max_classes: int = 2048) -> float:
+    """Kernel-target alignment of C×K×D support vectors (over a random subset of classes if C is large)."""
+    C, K = S.shape[0], S.shape[1]
+    if C > max_classes:
+        S = S[torch.randperm(C, generator=torch.Generator().manual_seed(seed))[:max_classes]]
+        C = max_classes
+    flat = S.reshape(C * K, -1).double()
+    with torch.no_grad():
+        return float(block_alignment(kernel(flat, flat, sigma, kind), C, K))
+
+
+def generate_all(generator, prototypes, anchors, chunk: int = 4096) -> torch.Tensor:
+    """All C×K×D support vectors, in chunks of classes."""
+    with torch.no_grad():
+        return torch.cat([generator(prototypes[s:s + chunk], anchors[s:s + chunk]) for s in range(0, prototypes.shape[0], chunk)])
+
+
+def _batch_loss(cfg: FitConfig, state: TrainState, P, anchors, E, idx, y_cache):
+    B, K = len(idx), cfg.n_support
+    S3 = state.generator(P[idx], anchors[idx])
+    S = S3.reshape(B * K, -1)
+    sigma = state.log_sigma.exp()
+    K_ss = kernel(S, S, sigma, cfg.kernel)
+    align = block_alignment(K_ss, B, K)
+    labels = y_cache[: B * K] if B * K <= len(y_cache) else torch.arange(B).repeat_interleave(K)
+    logits = S @ state.weight[idx].T + state.bias[idx]
+    margin = MARGINS[cfg.margin](logits, labels)
+    ground = grounding_loss(S3, E[idx])
+    loss = -cfg.alignment_weight * align + cfg.margin_weight * margin + cfg.grounding_weight * ground
+    parts = {"align": align, "margin": margin, "ground": ground}
+    if cfg.query_weight > 0:
+        Q = E[idx].reshape(-1, E.shape[-1])
+        q_labels = torch.arange(B).repeat_interleave(E.shape[1])
+        A = krr_vote_weights(K_ss, one_hot_blocks(B, K), cfg.query_ridge)
+        scores = kernel(Q, S, sigma, cfg.kernel) @ A
+        query = F.cross_entropy(scores / scores.std().clamp_min(1e-6), q_labels)
+        loss = loss + cfg.query_weight * query
+        parts["query"] = query
+    return loss, parts
+
+
+def train_generator(
+    P: torch.Tensor, E: torch.Tensor, cfg: FitConfig, progress: bool = False, device: Optional[torch.device] = None
+) -> TrainState:
+    """Run ``cfg.steps`` optimisation steps; returns the trained state (restored on divergence)."""
+    device = device or torch.device("cpu")
+    torch.manual_seed(cfg.seed)
+    C, D = P.shape
+    P, E = P.to(device), E.to(device)
+    anchors = template_anchors(E, cfg.n_support)
+    generator = SupportVectorGenerator(D, cfg.n_support, radius=cfg.radius).to(device)
+    S0 = generate_all(generator, P, anchors)
+    sigma0 = median_heuristic(S0) or median_heuristic(P) or 1.0
+    state = TrainState(
+        generator=generator,
+        log_sigma=torch.tensor(math.log(sigma0), device=device, requires_grad=cfg.learn_sigma),
+        weight=(cfg.linear_init_scale * P.clone()).requires_grad_(True),
+        bias=torch.zeros(C, device=device, requires_grad=True),
+        history={"loss": [], "align": [], "margin": [], "ground": [], "sigma": []},
+        sigma_init=sigma0,
+        alignment_start=alignment_estimate(S0, sigma0, cfg.kernel, cfg.seed),
+    )
+    params = list(generator.parameters()) + [state.weight, state.bias] + ([state.log_sigma] if cfg.learn_sigma else [])
+    opt = torch.optim.Adam(params, lr=cfg.lr)
+    sampler = ClassBatchSampler(P, cfg.batch_classes, cfg.neighbours, cfg.seed)
+    y_cache = torch.arange(min(C, cfg.batch_classes)).repeat_interleave(cfg.n_support).to(device)
+
+    steps = range(cfg.steps)
+    bar = None
+    if progress and cfg.steps:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(steps, desc="fitting", unit="step")
+        steps = bar
+    good = _snapshot(state)
+    for step in steps:
+        idx = sampler().to(device)
+        loss, parts = _batch_loss(cfg, state, P, anchors, E, idx, y_cache)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        grads_ok = all(p.grad is None or torch.isfinite(p.grad).all() for p in params)
+        if not (torch.isfinite(loss) and grads_ok):
+            state.diverged_at = step
+            _restore(state, good)
+            log.warning("training diverged at step %d (non-finite loss or gradient); "
+                        "restored the state of step %d and stopped", step, max(step - 1, 0))
+            break
+        opt.step()
+        if not all(torch.isfinite(p).all() for p in params):
+            state.diverged_at = step
+            _restore(state, good)
+            log.warning("training diverged at step %d (non-finite parameters); restored the last good state and stopped", step)
+            break
+        good = _snapshot(state)
+        state.steps_done = step + 1
+        sigma = float(state.log_sigma.detach().exp())
+        h = state.history
+        h["loss"].append(float(loss)); h["sigma"].append(sigma)
+        for k in ("align", "margin", "ground"):
+            h[k].append(float(parts[k]))
+        if bar is not None:
+            bar.set_postfix(loss=f"{float(loss):.4f}", align=f"{float(parts['align']):.4f}", sigma=f"{sigma:.3f}")
+    if bar is not None:
+        bar.close()
+    return state
+
+
+def _snapshot(state: TrainState):
+    return (copy.deepcopy(state.generator.state_dict()), state.log_sigma.detach().clone(),
+            state.weight.detach().clone(), state.bias.detach().clone())
+
+
+def _restore(state: TrainState, snap) -> None:
+    gen, log_sigma, weight, bias = snap
+    state.generator.load_state_dict(gen)
+    with torch.no_grad():
+        state.log_sigma.copy_(log_sigma)
+        state.weight.copy_(weight)
+        state.bias.copy_(bias)
+
+
+def choose_ridge(K_ss: torch.Tensor, Y: torch.Tensor, ridge, lambdas=DEFAULT_LAMBDAS):
+    """λ: the given number, or the best of ``lambdas`` by closed-form LOO / GCV (ties → larger λ)."""
+    if not isinstance(ridge, str):
+        return float(ridge), {}
+    scores, lams = ridge_path_scores(K_ss, Y, list(lambdas), criterion=ridge)
+    best = min(range(len(lams)), key=lambda i: (scores[i], -lams[i]))
+    return float(lams[best]), {f"{lam:g}": s for lam, s in zip(lams, scores)}
+
+
+def solve_vote_weights(S: torch.Tensor, sigma: float, cfg: FitConfig, n_classes: int):
+    """(A, λ, K_SS, selection scores): KRR vote weights over all C·K support vectors."""
+    flat = S.reshape(-1, S.shape[-1]).double()
+    K_ss = kernel(flat, flat, sigma, cfg.kernel)
+    Y = one_hot_blocks(n_classes, cfg.n_support, dtype=torch.float64)
+    lam, path = choose_ridge(K_ss, Y, cfg.ridge)
+    A = krr_vote_weights(K_ss, Y, lam)
+    return A.float(), lam, K_ss, path
+
+
+def fit_metrics(state: TrainState, S, P, K_ss, lam, cfg: FitConfig, wall_s: float) -> dict:
+    """What ``svgen.json`` records about a fit."""
+    C, K = S.shape[0], S.shape[1]
+    flat = S.reshape(-1, S.shape[-1])
+    labels = torch.arange(C).repeat_interleave(K)
+    with torch.no_grad():
+        align_end = float(block_alignment(K_ss, C, K))
+        hinge = float(MARGINS["hinge"](flat @ state.weight.detach().T + state.bias.detach(), labels))
+        eig = torch.linalg.eigvalsh(K_ss.double())
+        cond = float(eig.max() / eig.min()) if eig.min() > 0 else None  # None: numerically singular
+        cos_proto = float(torch.einsum("ckd,cd->ck", S, F.normalize(P, dim=-1)).mean())
+    return {
+        "alignment_start": state.alignment_start,
+        "alignment_end": align_end,
+        "hinge": hinge,
+        "condition_number": cond,
+        "mean_cos_support_prototype": cos_proto,
+        "ridge_lambda": lam,
+        "sigma_init": state.sigma_init,
+        "sigma": float(state.log_sigma.exp()),
+        "steps_done": state.steps_done,
+        "diverged_at_step": state.diverged_at,
+        "wall_time_s": wall_s,
+    }
+

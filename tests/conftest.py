@@ -1,0 +1,94 @@
+"""Shared fixtures. Nothing here touches the network.
+
+* ``tiny_model``: a small open_clip architecture with random weights, saved as a config JSON +
+  safetensors checkpoint, a torch ``.pt`` checkpoint and a ``local-dir:`` folder, so tests load
+  it through the same paths users do.
+* ``shared_data``: ``../shared/data`` (real CLIP embeddings and photographs); skips when absent.
+* ``cli``: run ``svgen`` in-process and capture (exit code, stdout, stderr).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+ROOT = Path(__file__).resolve().parent.parent
+SHARED_DATA = ROOT.parent / "shared" / "data"
+
+TINY_CFG = {
+    "embed_dim": 32,
+    "vision_cfg": {"image_size": 32, "layers": 1, "width": 32, "head_width": 16, "patch_size": 16},
+    "text_cfg": {"context_length": 77, "vocab_size": 49408, "width": 32, "heads": 2, "layers": 2},
+}
+
+
+@pytest.fixture(autouse=True)
+def _isolated_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("SVGEN_CACHE_DIR", str(tmp_path / "svgen-cache"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory):
+    """Paths of a random-weight open_clip model: config, .safetensors, .pt and a local-dir folder."""
+    import open_clip
+    import torch
+    from safetensors.torch import save_file
+
+    root = tmp_path_factory.mktemp("tiny-model")
+    config = root / "svgen-tiny.json"
+    config.write_text(json.dumps(TINY_CFG))
+    open_clip.add_model_config(str(config))
+    torch.manual_seed(0)
+    model = open_clip.create_model("svgen-tiny")
+    state = {k: v.contiguous() for k, v in model.state_dict().items()}
+    save_file(state, str(root / "tiny.safetensors"))
+    torch.save(state, root / "tiny.pt")
+    local = root / "local"
+    local.mkdir()
+    (local / "open_clip_config.json").write_text(json.dumps({"model_cfg": TINY_CFG, "preprocess_cfg": {}}))
+    save_file(state, str(local / "open_clip_model.safetensors"))
+    return {
+        "config": str(config),
+        "safetensors": str(root / "tiny.safetensors"),
+        "pt": str(root / "tiny.pt"),
+        "local_dir": f"local-dir:{local}",
+        "dim": TINY_CFG["embed_dim"],
+    }
+
+
+@pytest.fixture(scope="session")
+def shared_data():
+    if not SHARED_DATA.is_dir():
+        pytest.skip("../shared/data is absent")
+    return SHARED_DATA
+
+
+@pytest.fixture
+def cli(capsys):
+    """Run the CLI in-process: ``code, out, err = cli("fit", "--classes", ...)``."""
+    from svgen.cli import main
+
+    def run(*argv):
+        capsys.readouterr()
+        code = main([str(a) for a in argv])
+        captured = capsys.readouterr()
+        return code, captured.out, captured.err
+
+    return run
+
+
+@pytest.fixture
+def classes_file(tmp_path):
+    def make(names, name="classes.txt"):
+        p = tmp_path / name
+        p.write_text("\n".join(names) + "\n", encoding="utf-8")
+        return p
+
+    return make
