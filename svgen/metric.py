@@ -1,0 +1,79 @@
+"""A text-only metric that separates confusable classes: the neighbour-difference covariance.
+
+CLIP's cosine rule treats every direction of the embedding space alike. Classes that get
+confused differ along a few directions — the ones along which a class's prototype differs from
+its nearest other prototype. From the prototypes alone (no images):
+
+    Σ_loc = (1/C) Σ_c (p_c − p_nn(c)) (p_c − p_nn(c))ᵀ          nn(c) = argmax_{c'≠c} p_c·p_c'
+    Σ     = (1 − δ) Σ_loc + δ (tr Σ_loc / D) I                   δ such that cond(Σ) = κ
+
+Shrinkage to a fixed condition number κ (default 1.5) keeps the metric a gentle re-weighting:
+directions in which neighbouring class names differ most are down-weighted by at most κ.
+(κ is scale free; it was chosen on the LVIS dev half, see docs/accuracy.md.)
+
+Two uses, both preserving the contract's formulas:
+
+* support-vector anchors ``normalize(Σ⁻¹ e)`` for each text embedding e (the kernel-vote head
+  then ranks by the whitened, re-normalised direction);
+* the linear head's closed form, Fisher's LDA with shared covariance Σ:
+  ``W_c = 2 Σ⁻¹ p_c``, ``b_c = −p_cᵀ Σ⁻¹ p_c`` (i.e. ranking by −(x̂ − p_c)ᵀ Σ⁻¹ (x̂ − p_c)).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def neighbour_difference_covariance(prototypes: torch.Tensor, chunk: int = 4096) -> torch.Tensor:
+    """``Σ_loc = mean_c (p_c − p_nn(c))(p_c − p_nn(c))ᵀ`` over unit prototypes (D×D, float64)."""
+    P = F.normalize(prototypes.double(), dim=-1)
+    C = P.shape[0]
+    nn = torch.empty(C, dtype=torch.long)
+    for s in range(0, C, chunk):
+        sims = P[s:s + chunk] @ P.T
+        rows = torch.arange(sims.shape[0])
+        sims[rows, rows + s] = -float("inf")
+        nn[s:s + chunk] = sims.argmax(dim=1)
+    diff = P - P[nn]
+    return diff.T @ diff / C
+
+
+def shrink_to_condition(cov: torch.Tensor, kappa: float):
+    """(Σ, δ): ``Σ = (1−δ)·cov + δ·(tr cov / D)·I`` with the smallest δ giving ``cond(Σ) ≤ κ``.
+
+    The eigenvalues move as ``(1−δ)a_i + δμ``; solving ``(1−δ)a_max + δμ = κ((1−δ)a_min + δμ)``
+    gives ``δ = (a_max − κ a_min) / (a_max − κ a_min + μ(κ − 1))`` in closed form.
+    """
+    if kappa < 1:
+        raise ValueError(f"condition number must be >= 1, got {kappa}")
+    D = cov.shape[0]
+    eig = torch.linalg.eigvalsh(cov)
+    a_min, a_max, mu = float(eig[0].clamp_min(0)), float(eig[-1]), float(torch.trace(cov)) / D
+    gap = a_max - kappa * a_min
+    delta = 1.0 if kappa == 1 else (0.0 if gap <= 0 else gap / (gap + mu * (kappa - 1)))
+    eye = torch.eye(D, dtype=cov.dtype)
+    return (1 - delta) * cov + delta * mu * eye, delta
+
+
+def text_precision(prototypes: torch.Tensor, kappa: float = 1.5) -> torch.Tensor:
+    """``Σ⁻¹`` of the shrunk neighbour-difference covariance, rescaled to unit mean eigenvalue (D×D float32).
+
+    The overall scale of Σ⁻¹ changes no ranking, so it is normalised for numerical comfort.
+    """
+    sigma, _ = shrink_to_condition(neighbour_difference_covariance(prototypes), kappa)
+    prec = torch.linalg.inv(sigma)
+    prec = (prec + prec.T) / 2
+    return (prec * (prec.shape[0] / torch.trace(prec))).float()
+
+
+def whiten_directions(x: torch.Tensor, precision: torch.Tensor) -> torch.Tensor:
+    """``normalize(Σ⁻¹ x)`` row-wise (Σ⁻¹ is symmetric, so rows are multiplied by it directly)."""
+    return F.normalize(F.normalize(x, dim=-1) @ precision, dim=-1)
+
+
+def lda_head(prototypes: torch.Tensor, precision: torch.Tensor, scale: float = 1.0):
+    """Fisher LDA with shared covariance: ``W_c = 2Σ⁻¹p_c``, ``b_c = −p_cᵀΣ⁻¹p_c``, both times ``scale``."""
+    P = F.normalize(prototypes, dim=-1)
+    SP = P @ precision
+    return scale * 2 * SP, -scale * (SP * P).sum(dim=1)
