@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from . import artifacts
 from .errors import SvgenError
 from .generator import SupportVectorGenerator, template_anchors
+from .metric import lda_head, whiten_directions
 from .heads import HEADS, cosine_logits, kernel_scores, linear_logits
 from .prompts import validate_classes
 from .prototypes import prototypes_from_embeddings
@@ -70,7 +71,9 @@ class SVGClassifier:
         radius: float = 0.5,
         batch_classes: int = 256,
         learn_sigma: bool = True,
-        ridge="loo",
+        ridge="auto",
+        metric: str = "neighbour",
+        metric_condition: float = 1.5,
         rff_dim: Optional[int] = None,
         seed: int = 0,
         device: str = "cpu",
@@ -89,6 +92,8 @@ class SVGClassifier:
         self.batch_classes = batch_classes
         self.learn_sigma = learn_sigma
         self.ridge = ridge
+        self.metric = metric
+        self.metric_condition = metric_condition
         self.rff_dim = rff_dim
         self.seed = seed
         self.device = device
@@ -102,7 +107,8 @@ class SVGClassifier:
             margin_weight=float(self.margin_weight), grounding_weight=float(self.grounding_weight),
             query_weight=float(self.query_weight), radius=float(self.radius),
             batch_classes=int(self.batch_classes), learn_sigma=bool(self.learn_sigma), ridge=self.ridge,
-            rff_dim=self.rff_dim, seed=int(self.seed),
+            metric=self.metric, metric_condition=float(self.metric_condition), rff_dim=self.rff_dim,
+            seed=int(self.seed),
         )
         cfg.validate()
         return cfg
@@ -125,9 +131,8 @@ class SVGClassifier:
         E, P = prototypes_from_embeddings(emb)
         t0 = time.perf_counter()
         state = train_generator(P, E, cfg, progress=self.progress)
-        anchors = template_anchors(E, cfg.n_support)
-        S = generate_all(state.generator, P, anchors)
-        sigma = float(state.log_sigma.exp())
+        S = generate_all(state.generator, P, state.anchors)
+        sigma = float(state.log_sigma.detach().exp())
         A, lam, K_ss, path = solve_vote_weights(S, sigma, cfg, C)
         wall = time.perf_counter() - t0
         self.fit_config_ = cfg
@@ -143,6 +148,7 @@ class SVGClassifier:
         self.linear_bias_ = state.bias.detach().clone()
         self.ridge_lambda_ = lam
         self.generator_ = state.generator.eval().requires_grad_(False)
+        self.metric_precision_ = state.precision
         self.history_ = state.history
         self.fit_metrics_ = fit_metrics(state, S, P, K_ss, lam, cfg, wall)
         self.fit_metrics_["ridge_selection"] = path
@@ -193,6 +199,8 @@ class SVGClassifier:
             "prototypes": self.prototypes_,
             "per_template": self.per_template_,
         }
+        if self.metric_precision_ is not None:
+            t["metric.precision"] = self.metric_precision_
         t.update({f"generator.{k}": v for k, v in self.generator_.state_dict().items()})
         return t
 
@@ -224,7 +232,8 @@ class SVGClassifier:
         cfg.kernel = meta.get("kernel", cfg.kernel)
         self = cls(**{k: getattr(cfg, k) for k in ("n_support", "kernel", "steps", "lr", "margin", "alignment_weight",
                                                    "margin_weight", "grounding_weight", "query_weight", "radius",
-                                                   "batch_classes", "learn_sigma", "ridge", "rff_dim", "seed")})
+                                                   "batch_classes", "learn_sigma", "ridge", "metric", "metric_condition",
+                                                   "rff_dim", "seed")})
         C, K, D = t["support_vectors"].shape
         self.fit_config_ = cfg
         self.classes_ = list(meta["classes"])
@@ -239,6 +248,7 @@ class SVGClassifier:
         self.linear_bias_ = t["linear_head.bias"]
         self.ridge_lambda_ = (meta.get("metrics") or {}).get("ridge_lambda")
         self.fit_metrics_ = meta.get("metrics") or {}
+        self.metric_precision_ = t.get("metric.precision")
         gen_state = {k[len("generator."):]: v for k, v in t.items() if k.startswith("generator.")}
         self.generator_ = None
         if gen_state:
@@ -251,12 +261,26 @@ class SVGClassifier:
         return self
 
     # ------------------------------------------------------------------------------ open set
+    def _new_head_rows(self, P_new: torch.Tensor, S_new: torch.Tensor):
+        """Linear-head rows for new classes on the scale of the fitted ones.
+
+        With the text metric: the LDA closed form ``β(2Σ⁻¹p, −pᵀΣ⁻¹p)``, β matching the mean row
+        norm of the fitted head. Without: ``τ̄ · normalize(mean_k s_{c,k})`` and the mean bias.
+        """
+        scale = self.linear_weight_.norm(dim=1).mean()
+        if self.metric_precision_ is not None:
+            W, b = lda_head(P_new, self.metric_precision_)
+            W_old, _ = lda_head(self.prototypes_, self.metric_precision_)
+            beta = scale / W_old.norm(dim=1).mean()
+            return beta * W, beta * b
+        W = scale * F.normalize(S_new.mean(dim=1), dim=-1)
+        return W, self.linear_bias_.mean().expand(P_new.shape[0])
+
     def add_classes(self, prototypes, classes: Sequence[str]):
         """Add classes without retraining: the shared generator expands their prototypes.
 
-        New linear-head rows are ``τ̄ · normalize(mean_k s_{c,k})`` with τ̄ the mean norm of the
-        existing rows and the mean existing bias; the vote weights are re-solved over all
-        classes with the fitted λ. Returns ``self``.
+        New linear-head rows come from :meth:`_new_head_rows`; the vote weights are re-solved
+        over all classes with the fitted λ. Returns ``self``.
         """
         self._check_fitted()
         if self.generator_ is None:
@@ -276,15 +300,17 @@ class SVGClassifier:
         if E_new.shape[1] != T:
             # keep one per-template tensor: pad/cycle the new templates to the artifact's T
             E_new = E_new[:, [t % E_new.shape[1] for t in range(T)]]
-        S_new = generate_all(self.generator_, P_new, template_anchors(E_new, self.fit_config_.n_support))
-        scale = self.linear_weight_.norm(dim=1).mean()
-        W_new = scale * F.normalize(S_new.mean(dim=1), dim=-1)
+        anchors = template_anchors(E_new, self.fit_config_.n_support)
+        if self.metric_precision_ is not None:
+            anchors = whiten_directions(anchors, self.metric_precision_)
+        S_new = generate_all(self.generator_, P_new, anchors)
+        W_new, b_new = self._new_head_rows(P_new, S_new)
         self.classes_ = self.classes_ + classes
         self.prototypes_ = torch.cat([self.prototypes_, P_new])
         self.per_template_ = torch.cat([self.per_template_, E_new])
         self.support_vectors_ = torch.cat([self.support_vectors_, S_new])
         self.linear_weight_ = torch.cat([self.linear_weight_, W_new])
-        self.linear_bias_ = torch.cat([self.linear_bias_, self.linear_bias_.mean().expand(len(classes))])
+        self.linear_bias_ = torch.cat([self.linear_bias_, b_new])
         lam = self.ridge_lambda_ if self.ridge_lambda_ is not None else 1e-3
         cfg = FitConfig(**{**config_dict(self.fit_config_), "ridge": float(lam)})
         self.vote_weights_, _, _, _ = solve_vote_weights(self.support_vectors_, self.bandwidth_, cfg, len(self.classes_))

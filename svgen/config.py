@@ -10,6 +10,8 @@ from .errors import SvgenError
 
 KERNELS = ("rbf", "laplacian")
 MARGIN_NAMES = ("hinge", "ce")
+RIDGE_RULES = ("auto", "loo", "gcv")
+METRICS = ("neighbour", "none")
 
 
 @dataclass
@@ -30,7 +32,10 @@ class FitConfig:
     neighbours: int = 7
     learn_sigma: bool = True
     linear_init_scale: float = 10.0
-    ridge: Union[str, float] = "loo"
+    ridge: Union[str, float] = "auto"
+    parzen_factor: float = 100.0
+    metric: str = "neighbour"
+    metric_condition: float = 1.5
     query_ridge: float = 1e-3
     rff_dim: Optional[int] = None
     seed: int = 0
@@ -48,8 +53,12 @@ class FitConfig:
             raise SvgenError(f"--lr must be a positive number, got {self.lr}")
         if int(self.batch_classes) < 2:
             raise SvgenError(f"batch_classes must be >= 2, got {self.batch_classes}")
-        if isinstance(self.ridge, str) and self.ridge not in ("loo", "gcv"):
-            raise SvgenError(f"ridge must be 'loo', 'gcv' or a positive number, got {self.ridge!r}")
+        if isinstance(self.ridge, str) and self.ridge not in RIDGE_RULES:
+            raise SvgenError(f"ridge must be one of {', '.join(RIDGE_RULES)} or a positive number, got {self.ridge!r}")
+        if self.metric not in METRICS:
+            raise SvgenError(f"unknown metric {self.metric!r}; expected one of {', '.join(METRICS)}")
+        if not self.metric_condition >= 1:
+            raise SvgenError(f"metric_condition must be >= 1, got {self.metric_condition}")
         if not isinstance(self.ridge, str) and not self.ridge > 0:
             raise SvgenError(f"ridge must be positive, got {self.ridge}")
         if self.rff_dim is not None and int(self.rff_dim) < 1:

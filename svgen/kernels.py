@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 from typing import Optional
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -50,7 +51,7 @@ def median_heuristic(x: torch.Tensor, max_points: int = 2048, seed: int = 0) -> 
         x = x[torch.randperm(x.shape[0], generator=g)[:max_points]]
     d2 = sq_dists(x, x)
     iu = torch.triu_indices(x.shape[0], x.shape[0], offset=1)
-    return float(torch.sqrt(d2[iu[0], iu[1]]).median())
+    return float(np.median(torch.sqrt(d2[iu[0], iu[1]]).numpy()))  # the mean of the middle two when even
 
 
 class RandomFourierFeatures:

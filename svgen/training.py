@@ -33,6 +33,7 @@ from .heads import DEFAULT_LAMBDAS, krr_vote_weights, one_hot_blocks, ridge_path
 from .kernels import kernel, median_heuristic
 from .config import FitConfig, config_dict
 from .losses import MARGINS, block_alignment, grounding_loss
+from .metric import lda_head, text_precision, whiten_directions
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +81,8 @@ class TrainState:
     steps_done: int = 0
     sigma_init: float = float("nan")
     alignment_start: float = float("nan")
+    anchors: Optional[torch.Tensor] = None  # C×K×D starting points of the support vectors
+    precision: Optional[torch.Tensor] = None  # Σ⁻¹ of the text metric (None: plain cosine geometry)
 
 
 def alignment_estimate(S: torch.Tensor, sigma: float, kind: str, seed: int = 0, max_classes: int = 2048) -> float:
@@ -123,6 +126,29 @@ def _batch_loss(cfg: FitConfig, state: TrainState, P, anchors, E, idx, y_cache):
     return loss, parts
 
 
+def setup_geometry(P: torch.Tensor, E: torch.Tensor, cfg: FitConfig):
+    """(Σ⁻¹ or None, anchors C×K×D, grounding targets C×T×D) from the text embeddings alone.
+
+    With the neighbour metric, anchors and grounding targets are the whitened, re-normalised
+    text embeddings ``normalize(Σ⁻¹ e)`` (see :mod:`svgen.metric`); otherwise the raw ones.
+    """
+    anchors = template_anchors(E, cfg.n_support)
+    if cfg.metric == "none":
+        return None, anchors, E
+    precision = text_precision(P, cfg.metric_condition).to(P.device)
+    return precision, whiten_directions(anchors, precision), whiten_directions(E, precision)
+
+
+def initial_linear_head(P: torch.Tensor, precision: Optional[torch.Tensor], scale: float):
+    """W, b to start from: the LDA closed form under the text metric (rows rescaled to mean norm
+    ``scale``, which changes no ranking), or ``scale · P`` with zero bias without a metric."""
+    if precision is None:
+        return scale * P.clone(), torch.zeros(P.shape[0], device=P.device)
+    W, b = lda_head(P, precision)
+    beta = scale / W.norm(dim=1).mean()
+    return beta * W, beta * b
+
+
 def train_generator(
     P: torch.Tensor, E: torch.Tensor, cfg: FitConfig, progress: bool = False, device: Optional[torch.device] = None
 ) -> TrainState:
@@ -131,18 +157,21 @@ def train_generator(
     torch.manual_seed(cfg.seed)
     C, D = P.shape
     P, E = P.to(device), E.to(device)
-    anchors = template_anchors(E, cfg.n_support)
+    precision, anchors, G = setup_geometry(P, E, cfg)
     generator = SupportVectorGenerator(D, cfg.n_support, radius=cfg.radius).to(device)
     S0 = generate_all(generator, P, anchors)
     sigma0 = median_heuristic(S0) or median_heuristic(P) or 1.0
+    weight, bias = initial_linear_head(P, precision, cfg.linear_init_scale)
     state = TrainState(
         generator=generator,
         log_sigma=torch.tensor(math.log(sigma0), device=device, requires_grad=cfg.learn_sigma),
-        weight=(cfg.linear_init_scale * P.clone()).requires_grad_(True),
-        bias=torch.zeros(C, device=device, requires_grad=True),
+        weight=weight.to(device).requires_grad_(True),
+        bias=bias.to(device).requires_grad_(True),
         history={"loss": [], "align": [], "margin": [], "ground": [], "sigma": []},
         sigma_init=sigma0,
         alignment_start=alignment_estimate(S0, sigma0, cfg.kernel, cfg.seed),
+        anchors=anchors,
+        precision=precision,
     )
     params = list(generator.parameters()) + [state.weight, state.bias] + ([state.log_sigma] if cfg.learn_sigma else [])
     opt = torch.optim.Adam(params, lr=cfg.lr)
@@ -159,7 +188,7 @@ def train_generator(
     good = _snapshot(state)
     for step in steps:
         idx = sampler().to(device)
-        loss, parts = _batch_loss(cfg, state, P, anchors, E, idx, y_cache)
+        loss, parts = _batch_loss(cfg, state, P, anchors, G, idx, y_cache)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         grads_ok = all(p.grad is None or torch.isfinite(p.grad).all() for p in params)
@@ -179,7 +208,7 @@ def train_generator(
         state.steps_done = step + 1
         sigma = float(state.log_sigma.detach().exp())
         h = state.history
-        h["loss"].append(float(loss)); h["sigma"].append(sigma)
+        h["loss"].append(float(loss.detach())); h["sigma"].append(sigma)
         for k in ("align", "margin", "ground"):
             h[k].append(float(parts[k]))
         if bar is not None:
@@ -203,10 +232,30 @@ def _restore(state: TrainState, snap) -> None:
         state.bias.copy_(bias)
 
 
-def choose_ridge(K_ss: torch.Tensor, Y: torch.Tensor, ridge, lambdas=DEFAULT_LAMBDAS):
-    """λ: the given number, or the best of ``lambdas`` by closed-form LOO / GCV (ties → larger λ)."""
+def top_eigenvalue(K_ss: torch.Tensor, iters: int = 50) -> float:
+    """Largest eigenvalue of a PSD matrix by power iteration (started from the all-ones vector)."""
+    v = torch.ones(K_ss.shape[0], dtype=K_ss.dtype) / math.sqrt(K_ss.shape[0])
+    lam = 0.0
+    for _ in range(iters):
+        w = K_ss @ v
+        lam = float(w.norm())
+        v = w / max(lam, 1e-300)
+    return lam
+
+
+def choose_ridge(K_ss: torch.Tensor, Y: torch.Tensor, ridge, lambdas=DEFAULT_LAMBDAS, parzen_factor: float = 100.0):
+    """λ for ``A = (K_SS + M·λ·I)⁻¹ Y``: a given number; ``auto``; or closed-form LOO / GCV.
+
+    ``auto`` sets ``M·λ = parzen_factor · λ_max(K_SS)``: the solve stays in its Parzen-window
+    regime (``A ≈ Y/(Mλ)`` with ≤ 1/parzen_factor decorrelation). Text-to-text kernel geometry
+    does not carry across CLIP's image–text modality gap, so LOO / GCV over the support vectors
+    pick small λ that decorrelate along text directions and lose accuracy on images
+    (docs/accuracy.md measures all three).
+    """
     if not isinstance(ridge, str):
         return float(ridge), {}
+    if ridge == "auto":
+        return parzen_factor * top_eigenvalue(K_ss) / K_ss.shape[0], {}
     scores, lams = ridge_path_scores(K_ss, Y, list(lambdas), criterion=ridge)
     best = min(range(len(lams)), key=lambda i: (scores[i], -lams[i]))
     return float(lams[best]), {f"{lam:g}": s for lam, s in zip(lams, scores)}
@@ -217,7 +266,7 @@ def solve_vote_weights(S: torch.Tensor, sigma: float, cfg: FitConfig, n_classes:
     flat = S.reshape(-1, S.shape[-1]).double()
     K_ss = kernel(flat, flat, sigma, cfg.kernel)
     Y = one_hot_blocks(n_classes, cfg.n_support, dtype=torch.float64)
-    lam, path = choose_ridge(K_ss, Y, cfg.ridge)
+    lam, path = choose_ridge(K_ss, Y, cfg.ridge, parzen_factor=cfg.parzen_factor)
     A = krr_vote_weights(K_ss, Y, lam)
     return A.float(), lam, K_ss, path
 
@@ -241,7 +290,7 @@ def fit_metrics(state: TrainState, S, P, K_ss, lam, cfg: FitConfig, wall_s: floa
         "mean_cos_support_prototype": cos_proto,
         "ridge_lambda": lam,
         "sigma_init": state.sigma_init,
-        "sigma": float(state.log_sigma.exp()),
+        "sigma": float(state.log_sigma.detach().exp()),
         "steps_done": state.steps_done,
         "diverged_at_step": state.diverged_at,
         "wall_time_s": wall_s,
