@@ -1,0 +1,146 @@
+"""Shared by ``classify`` and ``eval``: the artifact's own encoder, image encoding, output files.
+
+The encoder that embeds images must be the one the artifact was fit with:
+
+* an artifact fit from an open_clip model records ``model``, ``pretrained`` or ``checkpoint`` +
+  ``checkpoint_sha256``, and ``embed_dim``. The model and tag default to the recorded ones; a
+  different ``--model``/``--pretrained`` is refused; a checkpoint artifact needs
+  ``--checkpoint FILE`` whose sha256 matches.
+* an artifact fit with ``--prototypes`` does not know its encoder: the user names it with
+  ``--model`` and ``--pretrained``/``--checkpoint``, and only the dimension can be checked.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+
+from ..errors import SvgenError
+
+log = logging.getLogger(__name__)
+
+
+def add_image_encoder_args(p) -> None:
+    g = p.add_argument_group(
+        "encoder for images (default: the artifact's own)",
+        "Images are embedded with the model the artifact was fit with. Artifacts fit from a "
+        "--checkpoint need the same file again (its sha256 is checked); artifacts fit from "
+        "--prototypes need --model and --pretrained/--checkpoint naming the model that made them.")
+    g.add_argument("--model", default=None,
+                   help="open_clip architecture, 'hf-hub:ORG/REPO', 'local-dir:PATH' or a model-config .json "
+                        "(default: the artifact's)")
+    src = g.add_mutually_exclusive_group()
+    src.add_argument("--pretrained", metavar="TAG", help="pretrained tag (default: the artifact's)")
+    src.add_argument("--checkpoint", metavar="FILE", help="local weights file (must be the artifact's checkpoint)")
+    g.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto (default: %(default)s)")
+    g.add_argument("--batch-size", type=int, default=32, help="images per encoder batch (default: %(default)s)")
+    g.add_argument("--workers", type=int, default=None, metavar="N",
+                   help="image-decoding worker processes (default: 0 for small inputs, else up to 4)")
+
+
+def _model_name(model: str) -> str:
+    return Path(model).stem if model.endswith(".json") else model
+
+
+def encoder_for_artifact(args, clf):
+    """Load the encoder the artifact expects, refusing any mismatch with one clear line."""
+    from ..encoders import ClipEncoder, file_sha256
+
+    enc = clf.encoder_ or {}
+    dim = clf.n_features_in_
+    if enc.get("source") == "prototypes" or not enc.get("model"):
+        if not args.model:
+            src = f" ({enc['file']})" if enc.get("file") else ""
+            raise SvgenError(f"this artifact was fit from precomputed prototypes{src}, so it does not know which "
+                             "model embeds images; name it with --model and --pretrained/--checkpoint")
+        pretrained = args.pretrained
+        if not pretrained and not args.checkpoint and not args.model.startswith(("hf-hub:", "local-dir:")) \
+                and not args.model.endswith(".json"):
+            pretrained = "openai"
+        model = args.model
+    else:
+        want = enc["model"]
+        if args.model and _model_name(args.model) != want:
+            raise SvgenError(f"--model {args.model} does not match the artifact's encoder {want!r}; "
+                             "images must be embedded by the model the artifact was fit with")
+        model = args.model or want
+        if enc.get("checkpoint_sha256"):
+            if args.pretrained:
+                raise SvgenError(f"the artifact was fit from checkpoint {enc.get('checkpoint')!r}, not pretrained "
+                                 f"tag {args.pretrained!r}; pass --checkpoint FILE")
+            if not args.checkpoint:
+                raise SvgenError(f"the artifact was fit from checkpoint {enc.get('checkpoint')!r}; pass it with "
+                                 "--checkpoint FILE")
+            if not Path(args.checkpoint).is_file():
+                raise SvgenError(f"checkpoint file not found: {args.checkpoint}")
+            sha = file_sha256(args.checkpoint)
+            if sha != enc["checkpoint_sha256"]:
+                raise SvgenError(f"checkpoint {args.checkpoint} (sha256 {sha[:12]}…) is not the one the artifact was "
+                                 f"fit with ({enc.get('checkpoint')}, sha256 {enc['checkpoint_sha256'][:12]}…)")
+            pretrained = None
+        else:
+            if args.checkpoint:
+                tag = enc.get("pretrained")
+                raise SvgenError(f"the artifact was fit from {want}" + (f" pretrained {tag!r}" if tag else "")
+                                 + ", not from a checkpoint file; drop --checkpoint")
+            if args.pretrained and args.pretrained != enc.get("pretrained"):
+                raise SvgenError(f"--pretrained {args.pretrained} does not match the artifact's encoder "
+                                 f"({want}, pretrained {enc.get('pretrained')!r})")
+            pretrained = enc.get("pretrained")
+        if not args.model and not want.startswith(("hf-hub:", "local-dir:")):
+            import open_clip
+
+            if want not in open_clip.list_models():
+                raise SvgenError(f"the artifact's encoder {want!r} is not a built-in open_clip architecture; "
+                                 "pass --model with its model-config .json")
+        edim = enc.get("embed_dim")
+        if edim is not None and int(edim) != dim:
+            raise SvgenError(f"the artifact records embed_dim {edim} but its tensors have dimension {dim}")
+    encoder = ClipEncoder(model, pretrained=pretrained, checkpoint=args.checkpoint, device=args.device)
+    got = encoder.embed_dim
+    if got != dim:
+        raise SvgenError(f"{model} embeds to dimension {got} but the artifact expects {dim}; "
+                         "use the model the artifact was fit with")
+    return encoder
+
+
+def encode_paths(args, encoder, paths, command: str):
+    """Encode image files; prints one line per skipped file; errors when none could be read."""
+    if args.batch_size < 1:
+        raise SvgenError(f"--batch-size must be at least 1, got {args.batch_size}")
+    feats, ok, failed = encoder.encode_images(paths, batch_size=args.batch_size, num_workers=args.workers,
+                                              progress=getattr(args, "progress", False))
+    for path, why in failed:
+        print(f"svgen {command}: skipped {path}: {why}", file=sys.stderr)
+    if not ok:
+        raise SvgenError(f"none of the {len(paths)} file(s) could be read as an image "
+                         f"(first: {failed[0][0]}: {failed[0][1]})")
+    if failed:
+        print(f"svgen {command}: skipped {len(failed)} of {len(paths)} file(s) that are not readable images",
+              file=sys.stderr)
+    return feats, ok, failed
+
+
+def emit(text: str, out, force: bool) -> None:
+    """Print ``text`` to stdout, or write it atomically to ``out``."""
+    if out:
+        from ..export import write_text_atomic
+
+        write_text_atomic(out, text, force=force)
+    else:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+
+
+def check_out(out, force: bool) -> None:
+    """Fail before any expensive work when ``--out`` cannot be written."""
+    if not out:
+        return
+    p = Path(out)
+    if p.is_dir():
+        raise SvgenError(f"--out {p} is a folder; give a file name")
+    if p.exists() and not force:
+        raise SvgenError(f"{p} already exists; pass --force to overwrite it")
+    if not p.resolve().parent.is_dir():
+        raise SvgenError(f"cannot write {p}: folder {p.resolve().parent} does not exist")

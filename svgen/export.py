@@ -1,0 +1,317 @@
+"""Export an artifact's heads as plain files that need neither svgen nor pickle.
+
+Every export takes raw image embeddings ``x`` (N×D, as ``model.encode_image`` returns them),
+L2-normalises them, ``x̂ = x / max(||x||, 1e-12)``, and yields N×C scores equal to the
+artifact's head (to float rounding). Class names travel inside the file.
+
+**Head files** (``.safetensors`` or ``.npz``), ``format = "svgen-head"``, ``format_version = 1``:
+
+* ``linear`` and ``cosine`` heads — an open_clip-style D×C classifier::
+
+      logits = logit_scale * (x̂ @ weight + bias)        # weight D×C, bias C, logit_scale = 100
+
+  ``weight`` and ``bias`` are the svgen linear head divided by 100, so the familiar
+  ``100. * image_features @ weight`` is a drop-in (add ``100 * bias`` for the exact logits; for
+  the cosine head ``bias`` is zero and ``weight`` is the normalised text prototypes, i.e. exactly
+  open_clip's zero-shot classifier).
+* ``kernel`` head — ``scores = exp(-||x̂ - s||² / (2σ²)) @ vote_weights`` over the rows ``s`` of
+  ``support_vectors`` (M×D unit rows, class-major), ``bandwidth`` σ, ``vote_weights`` M×C; with
+  ``kernel = laplacian`` the kernel is ``exp(-||x̂ - s|| / σ)``.
+
+In ``.safetensors`` the strings (``format``, ``head``, ``classes`` as a JSON list, ``encoder``
+as JSON, ``kernel``) are in the header metadata; in ``.npz`` they are string arrays (readable
+with ``allow_pickle=False``).
+
+**ONNX** (``svgen[onnx]``): a graph from input ``embeddings`` (N×D float32, raw) to output
+``scores`` (N×C float32) for the linear, cosine or kernel head, built with ``onnx.helper``
+(opset 17), with the same strings in ``metadata_props``. :func:`verify_onnx` runs it with
+onnxruntime and compares against the PyTorch heads.
+
+All files are written atomically (temporary sibling + rename).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import tempfile
+from pathlib import Path
+from typing import Callable, Dict, Optional
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from .errors import SvgenError
+from .heads import COSINE_LOGIT_SCALE
+
+log = logging.getLogger(__name__)
+
+HEAD_FORMAT = "svgen-head"
+HEAD_FORMAT_VERSION = 1
+EXPORT_FORMATS = ("safetensors", "npz", "onnx")
+EXPORT_HEADS = ("linear", "kernel", "cosine")
+LOGIT_SCALE = COSINE_LOGIT_SCALE  # 100, as in open_clip
+ONNX_OPSET = 17
+NORM_EPS = 1e-12  # F.normalize's eps
+
+
+def write_atomic_file(path, writer: Callable[[Path], None], force: bool = False) -> Path:
+    """Write ``path`` via ``writer(tmp_path)`` into a temporary sibling, then rename it into place.
+
+    A failure leaves nothing behind and never harms an existing file; an existing file is
+    replaced only with ``force``.
+    """
+    path = Path(path)
+    if path.is_dir():
+        raise SvgenError(f"{path} is a folder; give a file name to write")
+    if path.exists() and not force:
+        raise SvgenError(f"{path} already exists; pass --force to overwrite it")
+    parent = path.resolve().parent
+    if not parent.is_dir():
+        raise SvgenError(f"cannot write {path}: folder {parent} does not exist")
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.tmp-", suffix=path.suffix, dir=parent)
+    os.close(fd)
+    try:
+        writer(Path(tmp))
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    return path
+
+
+def write_text_atomic(path, text: str, force: bool = False) -> Path:
+    """:func:`write_atomic_file` for a UTF-8 text."""
+    return write_atomic_file(path, lambda p: p.write_text(text, encoding="utf-8"), force=force)
+
+
+# ----------------------------------------------------------------------------- head tensors
+
+def head_tensors(clf, head: str = "linear") -> Dict[str, np.ndarray]:
+    """The float32 arrays of one exported head (see module docstring for the formulas)."""
+    clf._check_fitted()
+    if head == "linear":
+        return {
+            "weight": (clf.linear_weight_.float().T / LOGIT_SCALE).contiguous().numpy(),
+            "bias": (clf.linear_bias_.float() / LOGIT_SCALE).numpy(),
+            "logit_scale": np.asarray(LOGIT_SCALE, dtype=np.float32),
+        }
+    if head == "cosine":
+        P = F.normalize(clf.prototypes_.float(), dim=-1)
+        return {
+            "weight": P.T.contiguous().numpy(),
+            "bias": np.zeros(P.shape[0], dtype=np.float32),
+            "logit_scale": np.asarray(LOGIT_SCALE, dtype=np.float32),
+        }
+    if head == "kernel":
+        S = clf.support_vectors_.float()
+        S = F.normalize(S.reshape(-1, S.shape[-1]), dim=-1)
+        return {
+            "support_vectors": S.contiguous().numpy(),
+            "bandwidth": np.asarray(clf.bandwidth_, dtype=np.float32),
+            "vote_weights": clf.vote_weights_.float().contiguous().numpy(),
+        }
+    raise SvgenError(f"unknown head {head!r}; expected one of {', '.join(EXPORT_HEADS)}")
+
+
+def head_metadata(clf, head: str) -> Dict[str, str]:
+    """String metadata stored with every export."""
+    meta = {
+        "format": HEAD_FORMAT,
+        "format_version": str(HEAD_FORMAT_VERSION),
+        "head": head,
+        "classes": json.dumps(list(clf.classes_), ensure_ascii=False),
+        "encoder": json.dumps(clf.encoder_ or {}, ensure_ascii=False),
+        "dim": str(clf.n_features_in_),
+        "normalize_input": "true",
+    }
+    if head == "kernel":
+        meta["kernel"] = clf.fit_config_.kernel
+        meta["usage"] = ("scores = k(x/||x||, support_vectors) @ vote_weights; "
+                         "rbf k = exp(-||a-b||^2/(2 bandwidth^2)), laplacian k = exp(-||a-b||/bandwidth)")
+    else:
+        meta["usage"] = "logits = logit_scale * (x/||x|| @ weight + bias)"
+    return meta
+
+
+# ----------------------------------------------------------------------------- ONNX graph
+
+def onnx_model(clf, head: str = "linear"):
+    """An ``onnx.ModelProto``: ``embeddings`` (N×D, raw) → ``scores`` (N×C) for one head."""
+    try:
+        import onnx
+        from onnx import TensorProto, helper, numpy_helper
+    except ImportError:
+        raise SvgenError("ONNX export needs the onnx package: pip install 'svgen[onnx]'") from None
+    t = head_tensors(clf, head)
+    D, C = clf.n_features_in_, len(clf.classes_)
+    init = []
+
+    def const(name, value):
+        init.append(numpy_helper.from_array(np.asarray(value, dtype=np.float32), name))
+        return name
+
+    nodes = [
+        helper.make_node("ReduceSumSquare", ["embeddings"], ["sumsq"], axes=[1], keepdims=1),
+        helper.make_node("Sqrt", ["sumsq"], ["norm"]),
+        helper.make_node("Max", ["norm", const("eps", NORM_EPS)], ["norm_eps"]),
+        helper.make_node("Div", ["embeddings", "norm_eps"], ["x_hat"]),
+    ]
+    if head in ("linear", "cosine"):
+        # exactly the svgen computation: x̂ Wᵀ + b (the 1/100 of the head file is not applied here)
+        if head == "linear":
+            W, b = clf.linear_weight_.float().T.contiguous().numpy(), clf.linear_bias_.float().numpy()
+        else:
+            W, b = LOGIT_SCALE * t["weight"], t["bias"]
+        nodes += [
+            helper.make_node("MatMul", ["x_hat", const("weight", W)], ["xw"]),
+            helper.make_node("Add", ["xw", const("bias", b)], ["scores"]),
+        ]
+    else:
+        sigma = float(clf.bandwidth_)
+        nodes += [
+            helper.make_node("Transpose", [const("support_vectors", t["support_vectors"])], ["s_t"], perm=[1, 0]),
+            helper.make_node("MatMul", ["x_hat", "s_t"], ["dots"]),
+            helper.make_node("Mul", ["dots", const("two", 2.0)], ["two_dots"]),
+            helper.make_node("Sub", [const("two_", 2.0), "two_dots"], ["d2_raw"]),
+            helper.make_node("Max", ["d2_raw", const("zero", 0.0)], ["d2"]),
+        ]
+        if clf.fit_config_.kernel == "rbf":
+            nodes += [helper.make_node("Div", ["d2", const("two_sigma2", 2.0 * sigma * sigma)], ["expo"])]
+        elif clf.fit_config_.kernel == "laplacian":
+            nodes += [
+                helper.make_node("Add", ["d2", const("tiny", 1e-12)], ["d2e"]),
+                helper.make_node("Sqrt", ["d2e"], ["dist"]),
+                helper.make_node("Div", ["dist", const("sigma", sigma)], ["expo"]),
+            ]
+        else:
+            raise SvgenError(f"cannot export kernel {clf.fit_config_.kernel!r} to ONNX")
+        nodes += [
+            helper.make_node("Neg", ["expo"], ["neg"]),
+            helper.make_node("Exp", ["neg"], ["k"]),
+            helper.make_node("MatMul", ["k", const("vote_weights", t["vote_weights"])], ["scores"]),
+        ]
+    graph = helper.make_graph(
+        nodes, f"svgen_{head}_head",
+        [helper.make_tensor_value_info("embeddings", TensorProto.FLOAT, ["N", D])],
+        [helper.make_tensor_value_info("scores", TensorProto.FLOAT, ["N", C])],
+        initializer=init,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", ONNX_OPSET)],
+                              producer_name="svgen", doc_string=f"svgen {head} head: raw N×D image embeddings → N×C scores")
+    model.ir_version = 8
+    meta = head_metadata(clf, head)
+    meta["usage"] = "scores = session.run(['scores'], {'embeddings': raw_image_embeddings})[0]"
+    helper.set_model_props(model, meta)
+    onnx.checker.check_model(model)
+    return model
+
+
+def torch_scores(clf, x, head: str) -> np.ndarray:
+    """The library's own scores (the reference every export is checked against)."""
+    return clf.decision_function(x, head=head).numpy()
+
+
+def verify_onnx(model, clf, head: str, x: Optional[np.ndarray] = None, atol: float = 1e-4) -> float:
+    """Run ``model`` with onnxruntime on ``x`` and compare with the PyTorch head.
+
+    ``x`` defaults to the prototypes plus random directions (a test set that exercises every
+    class). Returns the max absolute difference; raises :class:`SvgenError` above ``atol``
+    (relative to the score range) or when the top-1 predictions disagree.
+    """
+    try:
+        import onnxruntime as ort
+    except ImportError:
+        raise SvgenError("checking an ONNX export needs onnxruntime: pip install 'svgen[onnx]'") from None
+    if x is None:
+        g = torch.Generator().manual_seed(0)
+        noise = torch.randn(64, clf.n_features_in_, generator=g)
+        x = torch.cat([clf.prototypes_.float(), noise]).numpy()
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    got = sess.run(["scores"], {"embeddings": x})[0]
+    ref = torch_scores(clf, x, head)
+    diff = float(np.abs(got - ref).max())
+    scale = max(1.0, float(np.abs(ref).max()))
+    if diff > atol * scale:
+        raise SvgenError(f"ONNX {head} head disagrees with svgen: max |difference| {diff:.3g}")
+    agree = got.argmax(1) == ref.argmax(1)
+    if not agree.all():
+        # only near-ties may differ: the true gap must be within rounding
+        top = np.sort(ref, axis=1)[:, -2:]
+        gaps = (top[:, 1] - top[:, 0])[~agree]
+        if (gaps > 10 * atol * scale).any():
+            raise SvgenError(f"ONNX {head} head predicts differently from svgen on {int((~agree).sum())} input(s)")
+    return diff
+
+
+# ----------------------------------------------------------------------------- files
+
+def export_head(clf, path, fmt: str, head: str = "linear", force: bool = False, verify: bool = True) -> Path:
+    """Write one head of a fitted classifier as ``fmt`` (safetensors, npz or onnx) to ``path``."""
+    if fmt not in EXPORT_FORMATS:
+        raise SvgenError(f"unknown export format {fmt!r}; expected one of {', '.join(EXPORT_FORMATS)}")
+    if head not in EXPORT_HEADS:
+        raise SvgenError(f"unknown head {head!r}; expected one of {', '.join(EXPORT_HEADS)}")
+    if fmt == "onnx":
+        model = onnx_model(clf, head)
+        if verify:
+            try:
+                diff = verify_onnx(model, clf, head)
+                log.info("ONNX %s head checked with onnxruntime: max |difference| %.2g", head, diff)
+            except SvgenError as e:
+                if "needs onnxruntime" not in str(e):
+                    raise
+                log.warning("onnxruntime is not installed; the ONNX export was not checked")
+        return write_atomic_file(path, lambda p: p.write_bytes(model.SerializeToString()), force=force)
+    arrays = head_tensors(clf, head)
+    meta = head_metadata(clf, head)
+    if fmt == "safetensors":
+        from safetensors.numpy import save_file
+
+        return write_atomic_file(path, lambda p: save_file(arrays, str(p), metadata=meta), force=force)
+
+    def write_npz(p):
+        strings = {k: np.asarray(v) for k, v in meta.items() if k != "classes"}
+        strings["classes"] = np.asarray(list(clf.classes_), dtype=str)
+        with open(p, "wb") as f:
+            np.savez(f, **arrays, **strings)
+
+    return write_atomic_file(path, write_npz, force=force)
+
+
+def load_head(path) -> dict:
+    """Read a head file written by :func:`export_head` (safetensors or npz) into a dict.
+
+    Returns ``{"head", "classes", "encoder", "kernel"?, <arrays>}``; used by tests and by anyone
+    who wants the arrays back. (``scripts/zero_shot_classify.py`` does the same without svgen.)
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise SvgenError(f"head file not found: {path}")
+    try:
+        if path.suffix == ".safetensors":
+            from safetensors import safe_open
+
+            with safe_open(str(path), framework="numpy") as f:
+                meta = dict(f.metadata() or {})
+                arrays = {k: f.get_tensor(k) for k in f.keys()}
+            out = {**arrays, **{k: v for k, v in meta.items() if k not in ("classes", "encoder")}}
+            out["classes"] = json.loads(meta["classes"])
+            out["encoder"] = json.loads(meta.get("encoder") or "{}")
+        else:
+            with np.load(path, allow_pickle=False) as z:
+                out = {k: z[k] for k in z.files}
+            out = {k: (str(v) if v.dtype.kind == "U" and v.ndim == 0 else v) for k, v in out.items()}
+            out["classes"] = [str(c) for c in out["classes"]]
+            out["encoder"] = json.loads(out.get("encoder") or "{}")
+    except (KeyError, ValueError, OSError) as e:
+        raise SvgenError(f"{path} is not an svgen head file ({e})") from None
+    if out.get("format") != HEAD_FORMAT:
+        raise SvgenError(f"{path} is not an svgen head file (format {out.get('format')!r})")
+    return out

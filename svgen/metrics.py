@@ -1,0 +1,87 @@
+"""Classification metrics over N×C score matrices (pure functions, numpy in and out).
+
+* ``top_k_accuracy``: the fraction of rows whose true class is among the k best scores
+  (``sklearn.metrics.top_k_accuracy_score``; k ≥ C gives 1).
+* ``mean_per_class_recall``: recall (top-1) of each class that occurs in the labels, averaged
+  over those classes (``sklearn.metrics.balanced_accuracy_score``). Classes with no examples
+  are left out rather than counted as zero.
+* ``evaluate``: both, for one head, as a dict ``{acc1, acc5, mean_per_class_recall, n}``.
+
+Ties: a true class is counted among the top k when fewer than k classes score strictly higher.
+"""
+
+from __future__ import annotations
+
+from typing import Dict
+
+import numpy as np
+
+from .errors import SvgenError
+
+
+def _as_scores(scores) -> np.ndarray:
+    if hasattr(scores, "detach"):
+        scores = scores.detach().cpu().numpy()
+    s = np.asarray(scores, dtype=np.float64)
+    if s.ndim != 2:
+        raise SvgenError(f"scores must be an N×C array, got shape {s.shape}")
+    return s
+
+
+def check_labels(labels, n: int, n_classes: int, what: str = "labels") -> np.ndarray:
+    """Validate class indices: 1-D integers, ``n`` of them, each in ``[0, n_classes)``."""
+    y = np.asarray(labels)
+    if y.ndim != 1:
+        raise SvgenError(f"{what} must be a 1-D array of class indices, got shape {y.shape}")
+    if not (np.issubdtype(y.dtype, np.integer) or y.dtype == np.bool_):
+        raise SvgenError(f"{what} must hold integer class indices, got {y.dtype} values")
+    if y.shape[0] != n:
+        raise SvgenError(f"{what} has {y.shape[0]} entries but there are {n} feature rows; they must match")
+    y = y.astype(np.int64)
+    bad = np.flatnonzero((y < 0) | (y >= n_classes))
+    if bad.size:
+        i = int(bad[0])
+        raise SvgenError(f"{what} has {bad.size} index(es) outside 0..{n_classes - 1} "
+                         f"(the artifact's classes), first {int(y[i])} at position {i}")
+    return y
+
+
+def ranks(scores, labels) -> np.ndarray:
+    """0-based rank of each row's true class: how many classes score strictly higher."""
+    s = _as_scores(scores)
+    y = np.asarray(labels, dtype=np.int64)
+    true = s[np.arange(s.shape[0]), y]
+    return (s > true[:, None]).sum(axis=1)
+
+
+def top_k_accuracy(scores, labels, k: int = 1) -> float:
+    """Fraction of rows whose true class is among the ``k`` best scores."""
+    if len(labels) == 0:
+        return float("nan")
+    return float((ranks(scores, labels) < k).mean())
+
+
+def mean_per_class_recall(predictions, labels) -> float:
+    """Mean over the classes present in ``labels`` of the fraction of that class predicted right."""
+    pred = np.asarray(predictions, dtype=np.int64)
+    y = np.asarray(labels, dtype=np.int64)
+    if y.size == 0:
+        return float("nan")
+    classes, inverse = np.unique(y, return_inverse=True)
+    hits = np.bincount(inverse, weights=(pred == y).astype(np.float64), minlength=classes.size)
+    counts = np.bincount(inverse, minlength=classes.size)
+    return float((hits / counts).mean())
+
+
+def evaluate(scores, labels) -> Dict[str, float]:
+    """``{acc1, acc5, mean_per_class_recall, n}`` of one head's N×C scores against class indices."""
+    s = _as_scores(scores)
+    y = check_labels(labels, s.shape[0], s.shape[1])
+    r = ranks(s, y)
+    pred = s.argmax(axis=1)
+    return {
+        "acc1": float((r < 1).mean()) if y.size else float("nan"),
+        "acc5": float((r < 5).mean()) if y.size else float("nan"),
+        "mean_per_class_recall": mean_per_class_recall(pred, y),
+        "n": int(y.size),
+    }
