@@ -24,6 +24,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import pickle
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -116,9 +117,9 @@ class _ImageFiles(torch.utils.data.Dataset):
             with Image.open(self.paths[i]) as im:
                 im.load()
                 return i, self.preprocess(im.convert("RGB")), ""
-        except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as e:
+        except Exception as e:  # any one bad file (truncated, not an image, decompression bomb) is skipped
             reason = "not an image" if isinstance(e, UnidentifiedImageError) else (str(e).splitlines() or ["unreadable"])[0]
-            return i, None, reason or "unreadable"
+            return i, None, reason or type(e).__name__
 
 
 def _collate(batch):
@@ -149,6 +150,21 @@ def find_images(inputs: Sequence[str]) -> List[str]:
 
 # ----------------------------------------------------------------------------- the encoder
 
+def _local_dir_weights(folder: Path) -> Optional[str]:
+    """The weights file open_clip picks in a ``local-dir:`` folder, or ``None`` if there is none."""
+    try:
+        from open_clip.factory import _find_checkpoint_in_dir
+
+        return _find_checkpoint_in_dir(Path(folder))
+    except ImportError:  # pragma: no cover - older/newer open_clip: same preference order by hand
+        for name in ("open_clip_model.safetensors", "open_clip_pytorch_model.safetensors",
+                     "open_clip_pytorch_model.bin", "open_clip_pytorch_model.pth"):
+            if (Path(folder) / name).is_file():
+                return str(Path(folder) / name)
+        found = sorted(p for ext in ("*.safetensors", "*.bin", "*.pth") for p in Path(folder).glob(ext))
+        return str(found[0]) if found else None
+
+
 class ClipEncoder:
     """A frozen open_clip model in inference mode, with batched text and image encoding."""
 
@@ -177,6 +193,11 @@ class ClipEncoder:
             folder = Path(model[len("local-dir:"):])
             if not (folder / "open_clip_config.json").is_file():
                 raise SvgenError(f"local-dir:{folder} must be a folder holding open_clip_config.json and weights")
+            weights = _local_dir_weights(folder)
+            if weights is None:  # open_clip would only warn and go on with random weights
+                raise SvgenError(f"local-dir:{folder} holds no weights (*.safetensors, *.bin or *.pth) "
+                                 "beside open_clip_config.json")
+            self.checkpoint_sha256 = file_sha256(weights)  # the cache key follows the weights, not the path
         elif not model.startswith("hf-hub:") and model not in open_clip.list_models():
             raise SvgenError(f"unknown open_clip model {model!r}; see open_clip.list_models() for built-in names")
         if self.checkpoint:
@@ -202,6 +223,13 @@ class ClipEncoder:
             raise unavailable(what, (str(e).splitlines() or ["load failed"])[0][:200], model) from None
         except (OSError, ValueError) as e:
             raise SvgenError(f"cannot load {self.checkpoint or model}: {(str(e).splitlines() or [''])[0][:200]}") from None
+        except pickle.UnpicklingError:
+            raise SvgenError(f"cannot load {self.checkpoint or model}: torch.load(weights_only=True) refused it "
+                             "(not a torch file, or it holds pickled objects besides tensors); "
+                             "convert it to .safetensors") from None
+        except Exception as e:  # e.g. safetensors' own error for a damaged file: still one line, no traceback
+            first = (str(e).splitlines() or [""])[0][:200]
+            raise SvgenError(f"cannot load {self.checkpoint or model}: {type(e).__name__}: {first}") from None
         self.model.eval().requires_grad_(False)
         self.truncate_text = _truncation_exact(self.model)
         if not self.truncate_text:
@@ -301,7 +329,7 @@ class ClipEncoder:
             feats.append(f)
             ok.extend(paths[i] for i in idx)
         for p, why in failed:
-            log.warning("skipped %s: %s", p, why)
+            log.info("skipped %s: %s", p, why)  # returned in `failed`; the caller reports them
         dim = feats[0].shape[1] if feats else 0
         return (torch.cat(feats) if feats else torch.zeros(0, dim)), ok, failed
 
