@@ -82,7 +82,33 @@ def hf_cached(repo_id: str, filenames: Sequence[str]) -> bool:
 
 
 def hub_host() -> str:
-    return urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co")).hostname or "huggingface.co"
+    """The Hugging Face endpoint as ``host`` or ``host:port`` (``$HF_ENDPOINT`` honoured)."""
+    return _netloc(os.environ.get("HF_ENDPOINT", "https://huggingface.co")) or "huggingface.co"
+
+
+def _netloc(url: str) -> str:
+    """``host`` for a URL on its scheme's default port, else ``host:port``."""
+    u = urlparse(url)
+    try:
+        port = u.port
+    except ValueError:
+        port = None
+    if not u.hostname:
+        return ""
+    return f"{u.hostname}:{port}" if port and port != _default_port(u.scheme) else u.hostname
+
+
+def _default_port(scheme: str) -> int:
+    return 80 if scheme == "http" else 443
+
+
+def _split_host(host: str) -> Tuple[str, int]:
+    """``"host:port"`` → (host, port); a bare host gets its scheme's default port (https: 443)."""
+    name, sep, port = host.rpartition(":")
+    if sep and port.isdigit():
+        return name, int(port)
+    endpoint = urlparse(os.environ.get("HF_ENDPOINT", ""))
+    return host, _default_port(endpoint.scheme) if endpoint.hostname == host else 443
 
 
 def download_plan(model: str, pretrained: Optional[str]) -> Optional[Tuple[str, str, bool]]:
@@ -107,7 +133,7 @@ def download_plan(model: str, pretrained: Optional[str]) -> Optional[Tuple[str, 
     url = cfg.get("url", "")
     if url:
         cached = os.path.isfile(os.path.join(os.path.expanduser("~/.cache/clip"), os.path.basename(url)))
-        return f"{model} weights '{pretrained}' ({url})", urlparse(url).hostname or url, cached
+        return f"{model} weights '{pretrained}' ({url})", _netloc(url) or url, cached
     return None
 
 
@@ -129,5 +155,5 @@ def check_weights_reachable(model: str, pretrained: Optional[str]) -> None:
         return
     if hf_offline() and "hf-hub:" in what:
         raise unavailable(what, "not in the local cache and HF_HUB_OFFLINE is set", model)
-    if not host_reachable(host):
+    if not host_reachable(*_split_host(host)):
         raise unavailable(what, f"not in the local cache and {host} is unreachable (no network?)", model)
