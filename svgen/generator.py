@@ -1,13 +1,15 @@
 """The support vector generator: one shared MLP that expands a prototype into K support vectors.
 
-``s_{c,k} = normalize(a_{c,k} + ρ · tanh(g(p_c))_k)`` with ``g: D → 2D → K·D`` (GELU).
+``s_{c,k} = normalize(a_{c,k} + ρ · tanh(||h_k||) · h_k / ||h_k||)``, ``h = g(p_c)`` with
+``g: D → 2D → K·D`` (GELU).
 
 * ``a_{c,k}`` is the k-th *anchor* of class c: a mean over a group of the class's per-template
   embeddings (templates are dealt round-robin into K groups), or the prototype itself when the
   class has a single template. Support vectors therefore start at real text embeddings of their
   own class, never at random points.
-* ``ρ`` bounds how far the MLP can move a support vector from its anchor (tanh keeps the raw
-  output in [-1, 1]); the result is projected onto the unit sphere.
+* ``ρ`` bounds how far the MLP can move a support vector from its anchor: the residual's norm
+  is squashed by tanh below ρ (a per-coordinate tanh would allow ρ·√D), so a support vector
+  stays within about ρ radians of its anchor; the result is projected onto the unit sphere.
 * The last layer starts small (not zero) so the K vectors of a single-template class can separate.
 
 The generator is shared by all classes, so a new class needs nothing but its prototype (and
@@ -56,5 +58,7 @@ class SupportVectorGenerator(nn.Module):
         B = prototypes.shape[0]
         if anchors is None:
             anchors = prototypes[:, None, :].expand(B, self.n_support, self.dim)
-        delta = self.radius * torch.tanh(self.net(prototypes)).view(B, self.n_support, self.dim)
+        h = self.net(prototypes).view(B, self.n_support, self.dim)
+        norm = h.norm(dim=-1, keepdim=True).clamp_min(1e-12)
+        delta = self.radius * torch.tanh(norm) * h / norm  # ||delta|| < radius: a trust region
         return F.normalize(anchors + delta, dim=-1)

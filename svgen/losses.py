@@ -6,8 +6,6 @@ one-hot class indicator, so ``YYᵀ`` is block diagonal with C blocks of K×K on
 
 from __future__ import annotations
 
-import math
-
 import torch
 import torch.nn.functional as F
 
@@ -68,10 +66,3 @@ def rff_alignment_terms(phi: torch.Tensor, n_classes: int, n_support: int):
     gram = phi.T @ phi
     return (per_class * per_class).sum(), (gram * gram).sum()
 
-
-def effective_rank(eigvals: torch.Tensor) -> float:
-    """``exp(entropy(λ/Σλ))`` of a PSD spectrum (Roy & Vetterli 2007)."""
-    lam = eigvals.clamp_min(0)
-    p = lam / lam.sum()
-    p = p[p > 0]
-    return float(math.exp(float(-(p * p.log()).sum())))

@@ -1,12 +1,63 @@
-"""`svgen add-classes` (not built yet)."""
+"""``svgen add-classes``: extend an artifact with new classes, no retraining."""
 
-from ..errors import SvgenError
+from __future__ import annotations
+
+import argparse
+
+from ._common import add_encoder_args, load_array, load_encoder
 
 
 def add_parser(sub):
-    p = sub.add_parser("add-classes", help="(not built yet)", description="Not built yet.")
+    p = sub.add_parser(
+        "add-classes",
+        help="add classes to an artifact (the shared generator expands their prototypes)",
+        description="Encode the new classes' prompts with the artifact's encoder (or read their embeddings with "
+                    "--prototypes), expand them with the artifact's trained generator, give them linear-head rows "
+                    "and re-solve the vote weights over all classes. The artifact is replaced atomically.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument("artifact", metavar="ARTIFACT_DIR")
+    p.add_argument("--classes", required=True, metavar="FILE", help="new class names, one per line")
+    p.add_argument("--prototypes", metavar="EMB.npy", help="their text embeddings (C×D or C×T×D) instead of encoding")
+    add_encoder_args(p, with_model_default=False)
     p.set_defaults(func=run)
 
 
-def run(args):
-    raise SvgenError("'svgen add-classes' is not built yet")
+def run(args) -> int:
+    from .. import SVGClassifier
+    from ..errors import SvgenError
+    from ..prompts import _read_lines
+
+    names = _read_lines(args.classes, "classes")
+    if not names:
+        raise SvgenError(f"classes file {args.classes} is empty: expected one class name per line")
+    clf = SVGClassifier.load(args.artifact)
+    if args.prototypes:
+        emb = load_array(args.prototypes, "prototypes")
+        if emb.ndim not in (2, 3) or emb.shape[0] != len(names):
+            raise SvgenError(f"prototypes file {args.prototypes} has shape {emb.shape}; expected {len(names)} rows "
+                             "(C×D or C×T×D), one per new class")
+    else:
+        from ..encoders import identity_key
+        from ..prototypes import build_prototypes
+
+        enc = clf.encoder_ or {}
+        if enc.get("source") == "prototypes" or not enc.get("model"):
+            raise SvgenError(f"{args.artifact} was fitted from precomputed embeddings; pass --prototypes for the new classes")
+        templates = clf.templates_ or ["a photo of a {}."]
+        args.model = args.model or enc["model"]
+        if not args.checkpoint and enc.get("checkpoint_sha256"):
+            raise SvgenError(f"{args.artifact} was fitted with checkpoint {enc.get('checkpoint')}; pass --checkpoint FILE")
+        if not args.pretrained and not args.checkpoint:
+            args.pretrained = enc.get("pretrained")
+        encoder = load_encoder(args)
+        if encoder.identity_key() != identity_key(enc):
+            raise SvgenError(f"the encoder ({encoder.identity()['model']}) does not match the one the artifact was "
+                             f"fitted with ({enc.get('model')}, {enc.get('pretrained') or enc.get('checkpoint')})")
+        emb = build_prototypes(encoder, names, templates, progress=args.progress).per_template.numpy()
+    before = len(clf.classes_)
+    clf.add_classes(emb, names)
+    clf.save(args.artifact, force=True)
+    print(f"{args.artifact}: {before} → {len(clf.classes_)} classes")
+    return 0
+

@@ -1,0 +1,94 @@
+"""The troubleshooting table, automated: what is wrong with a kernel over support vectors.
+
+From ``K_SS`` (over all support vectors, or a random subset of classes when there are many):
+
+==========================  =====================================  ==========================
+symptom                     measured as                            likely cause
+==========================  =====================================  ==========================
+near-identity kernel        mean off-diagonal k < 0.01             σ too small / unnormalised
+near-constant kernel        std of off-diagonal k < 0.01·mean      σ too large
+clumped support vectors     mean within-class cos > 0.999 (K>1)    margin term missing / weak
+ill-conditioned kernel      cond(K_SS) > 1e8                       margin term too strong
+==========================  =====================================  ==========================
+
+plus the spectrum, its effective rank (``exp`` of the eigenvalue entropy) and the kernel-target
+alignment.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Dict, List
+
+import torch
+
+from .kernels import kernel
+from .losses import block_alignment
+
+NEAR_IDENTITY = 0.01
+NEAR_CONSTANT = 0.01
+CLUMPED = 0.999
+ILL_CONDITIONED = 1e8
+
+
+def effective_rank(eigvals: torch.Tensor) -> float:
+    """``exp(entropy(λ/Σλ))`` of a PSD spectrum (Roy & Vetterli 2007): 1 for rank one, n for λ ∝ 1."""
+    lam = eigvals.double().clamp_min(0)
+    p = lam / lam.sum()
+    p = p[p > 0]
+    return float(math.exp(float(-(p * p.log()).sum())))
+
+
+def diagnose(support: torch.Tensor, sigma: float, kind: str = "rbf", max_classes: int = 1024, seed: int = 0) -> Dict:
+    """Measurements and findings for C×K×D support vectors (a class subset when C is large)."""
+    C, K, D = support.shape
+    subset = C > max_classes
+    if subset:
+        idx = torch.randperm(C, generator=torch.Generator().manual_seed(seed))[:max_classes]
+        support = support[idx]
+        C = max_classes
+    flat = support.reshape(C * K, D).double()
+    K_ss = kernel(flat, flat, sigma, kind)
+    M = K_ss.shape[0]
+    off = K_ss[~torch.eye(M, dtype=torch.bool)]
+    eig = torch.linalg.eigvalsh(K_ss)
+    cond = float(eig[-1] / eig[0]) if eig[0] > 0 else float("inf")
+    within = None
+    if K > 1:
+        cos = torch.einsum("ckd,cjd->ckj", support.double(), support.double())
+        within = float(((cos.sum(dim=(1, 2)) - K) / (K * K - K)).mean())
+    report = {
+        "classes_measured": C,
+        "subset": subset,
+        "n_support": K,
+        "sigma": float(sigma),
+        "kernel": kind,
+        "alignment": float(block_alignment(K_ss, C, K)),
+        "offdiag_mean": float(off.mean()),
+        "offdiag_std": float(off.std()),
+        "condition_number": cond,
+        "effective_rank": effective_rank(eig),
+        "eigenvalues_top": [float(v) for v in eig.flip(0)[:10]],
+        "within_class_cos": within,
+    }
+    report["findings"] = findings(report)
+    report["spectrum"] = eig.flip(0)
+    return report
+
+
+def findings(r: Dict) -> List[str]:
+    """Plain-language findings from :func:`diagnose`'s measurements (empty: nothing wrong)."""
+    out = []
+    if r["offdiag_mean"] < NEAR_IDENTITY:
+        out.append(f"near-identity kernel (mean off-diagonal {r['offdiag_mean']:.2g}): σ={r['sigma']:.3g} is too "
+                   "small or features are not normalised; every point is only similar to itself")
+    elif r["offdiag_std"] < NEAR_CONSTANT * max(r["offdiag_mean"], 1e-12):
+        out.append(f"near-constant kernel (off-diagonal {r['offdiag_mean']:.3g} ± {r['offdiag_std']:.2g}): "
+                   f"σ={r['sigma']:.3g} is too large; the kernel cannot tell classes apart")
+    if r["within_class_cos"] is not None and r["within_class_cos"] > CLUMPED:
+        out.append(f"clumped support vectors (mean within-class cos {r['within_class_cos']:.4f}): the K vectors of a "
+                   "class coincide; the margin term is missing or too weak")
+    if not r["condition_number"] < ILL_CONDITIONED:
+        out.append(f"ill-conditioned kernel (condition number {r['condition_number']:.3g}): the margin term may be "
+                   "too strong, or support vectors nearly coincide; the ridge λ keeps the vote solve stable")
+    return out
