@@ -237,7 +237,7 @@ def verify_onnx(model, clf, head: str, x: Optional[np.ndarray] = None, atol: flo
     got = sess.run(["scores"], {"embeddings": x})[0]
     ref = torch_scores(clf, x, head)
     diff = float(np.abs(got - ref).max())
-    scale = max(1.0, float(np.abs(ref).max()))
+    scale = float(np.abs(ref).max()) or 1.0  # relative: kernel scores can be tiny
     if diff > atol * scale:
         raise SvgenError(f"ONNX {head} head disagrees with svgen: max |difference| {diff:.3g}")
     agree = got.argmax(1) == ref.argmax(1)
@@ -252,8 +252,13 @@ def verify_onnx(model, clf, head: str, x: Optional[np.ndarray] = None, atol: flo
 
 # ----------------------------------------------------------------------------- files
 
-def export_head(clf, path, fmt: str, head: str = "linear", force: bool = False, verify: bool = True) -> Path:
-    """Write one head of a fitted classifier as ``fmt`` (safetensors, npz or onnx) to ``path``."""
+def export_head(clf, path, fmt: str, head: str = "linear", force: bool = False, verify: bool = True) -> dict:
+    """Write one head of a fitted classifier as ``fmt`` (safetensors, npz or onnx) to ``path``.
+
+    Returns ``{"path", "format", "head", "checked"}`` where ``checked`` is the max absolute
+    difference between onnxruntime and svgen (ONNX with ``verify`` and onnxruntime installed) or None.
+    """
+    info = {"path": str(path), "format": fmt, "head": head, "checked": None}
     if fmt not in EXPORT_FORMATS:
         raise SvgenError(f"unknown export format {fmt!r}; expected one of {', '.join(EXPORT_FORMATS)}")
     if head not in EXPORT_HEADS:
@@ -262,19 +267,21 @@ def export_head(clf, path, fmt: str, head: str = "linear", force: bool = False, 
         model = onnx_model(clf, head)
         if verify:
             try:
-                diff = verify_onnx(model, clf, head)
+                diff = info["checked"] = verify_onnx(model, clf, head)
                 log.info("ONNX %s head checked with onnxruntime: max |difference| %.2g", head, diff)
             except SvgenError as e:
                 if "needs onnxruntime" not in str(e):
                     raise
                 log.warning("onnxruntime is not installed; the ONNX export was not checked")
-        return write_atomic_file(path, lambda p: p.write_bytes(model.SerializeToString()), force=force)
+        write_atomic_file(path, lambda p: p.write_bytes(model.SerializeToString()), force=force)
+        return info
     arrays = head_tensors(clf, head)
     meta = head_metadata(clf, head)
     if fmt == "safetensors":
         from safetensors.numpy import save_file
 
-        return write_atomic_file(path, lambda p: save_file(arrays, str(p), metadata=meta), force=force)
+        write_atomic_file(path, lambda p: save_file(arrays, str(p), metadata=meta), force=force)
+        return info
 
     def write_npz(p):
         strings = {k: np.asarray(v) for k, v in meta.items() if k != "classes"}
@@ -282,7 +289,8 @@ def export_head(clf, path, fmt: str, head: str = "linear", force: bool = False, 
         with open(p, "wb") as f:
             np.savez(f, **arrays, **strings)
 
-    return write_atomic_file(path, write_npz, force=force)
+    write_atomic_file(path, write_npz, force=force)
+    return info
 
 
 def load_head(path) -> dict:

@@ -63,7 +63,8 @@ def run(args) -> int:
         except ImportError:
             raise SvgenError("ONNX export needs the onnx package: pip install 'svgen[onnx]'") from None
     clf = SVGClassifier.load(args.artifact)
-    export_head(clf, args.out, fmt, head=args.head, force=args.force, verify=not args.no_verify)
+    info = export_head(clf, args.out, fmt, head=args.head, force=args.force, verify=not args.no_verify)
     C, D = len(clf.classes_), clf.n_features_in_
-    print(f"wrote {args.out}: {args.head} head, {fmt}, {C} classes, D={D}")
+    checked = "" if info["checked"] is None else f"; onnxruntime matches svgen (max |difference| {info['checked']:.2g})"
+    print(f"wrote {args.out}: {args.head} head, {fmt}, {C} classes, D={D}{checked}")
     return 0

@@ -1,0 +1,234 @@
+#!/usr/bin/env python
+"""Classify a folder of images with open_clip and an exported svgen head — without svgen.
+
+The deployment story: ``svgen export`` writes a head file (``.safetensors``, ``.npz`` or
+``.onnx``); this script needs only open_clip, torch, numpy, Pillow, safetensors (for
+``.safetensors``) and onnxruntime (for ``.onnx``).
+
+    python scripts/zero_shot_classify.py lvis-linear.safetensors photos/ --top-k 3
+    python scripts/zero_shot_classify.py head.onnx photos/ --model ViT-B-32 --pretrained openai
+
+Scores, given raw image embeddings ``x`` and ``x̂ = x / ||x||``:
+
+* linear / cosine head file: ``logits = logit_scale * (x̂ @ weight + bias)`` (weight D×C);
+* kernel head file: ``exp(-||x̂ - s||² / (2σ²)) @ vote_weights`` over the support vectors ``s``
+  (``exp(-||x̂ - s|| / σ)`` for the Laplacian kernel);
+* ONNX: ``session.run(["scores"], {"embeddings": x})``.
+
+The model defaults to the one recorded in the head file (``--model``/``--pretrained``/
+``--checkpoint`` as in open_clip; a model-config ``.json`` path registers a custom architecture).
+A checkpoint whose sha256 differs from the recorded one, or a model of another embedding
+dimension, is refused. Output: one CSV (or JSON Lines) row per image with the top-k labels and
+scores, the same columns as ``svgen classify``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import hashlib
+import json
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+
+IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm", ".pgm"}
+
+
+class Failure(Exception):
+    """A user-fixable problem: printed as one line, exit status 2."""
+
+
+# ----------------------------------------------------------------------------- head files
+
+def load_head(path: str) -> dict:
+    """``{"head", "classes", "encoder", "score": fn(x_raw N×D) -> N×C}`` from an exported file."""
+    p = Path(path)
+    if not p.is_file():
+        raise Failure(f"head file not found: {path}")
+    suffix = p.suffix.lower()
+    try:
+        if suffix == ".onnx":
+            import onnxruntime as ort
+
+            sess = ort.InferenceSession(str(p), providers=["CPUExecutionProvider"])
+            meta = dict(sess.get_modelmeta().custom_metadata_map)
+            head = {"head": meta.get("head", "onnx"), "classes": json.loads(meta["classes"]),
+                    "encoder": json.loads(meta.get("encoder") or "{}"), "dim": int(meta["dim"])}
+            head["score"] = lambda x: sess.run(["scores"], {"embeddings": x.astype(np.float32)})[0]
+            return head
+        if suffix == ".safetensors":
+            from safetensors import safe_open
+
+            with safe_open(str(p), framework="numpy") as f:
+                meta = dict(f.metadata() or {})
+                arrays = {k: f.get_tensor(k) for k in f.keys()}
+            classes = json.loads(meta["classes"])
+        elif suffix == ".npz":
+            with np.load(p, allow_pickle=False) as z:
+                arrays = {k: z[k] for k in z.files}
+            classes = [str(c) for c in arrays.pop("classes")]
+            meta = {k: str(arrays.pop(k)) for k in list(arrays) if arrays[k].dtype.kind == "U"}
+        else:
+            raise Failure(f"{path}: expected a .safetensors, .npz or .onnx head file")
+    except (KeyError, ValueError, OSError) as e:
+        raise Failure(f"{path} is not an exported svgen head ({e})") from None
+    if meta.get("format") != "svgen-head":
+        raise Failure(f"{path} is not an exported svgen head (format {meta.get('format')!r})")
+    head = {"head": meta["head"], "classes": classes, "encoder": json.loads(meta.get("encoder") or "{}")}
+    if "weight" in arrays:  # linear or cosine: an open_clip-style D×C classifier
+        W, b = arrays["weight"].astype(np.float32), arrays["bias"].astype(np.float32)
+        scale = float(arrays["logit_scale"])
+        head["dim"] = W.shape[0]
+        head["score"] = lambda x: scale * (normalize(x) @ W + b)
+    else:  # kernel vote
+        S, A = arrays["support_vectors"].astype(np.float32), arrays["vote_weights"].astype(np.float32)
+        sigma, kind = float(arrays["bandwidth"]), meta.get("kernel", "rbf")
+        head["dim"] = S.shape[1]
+
+        def score(x):
+            d2 = np.maximum(2.0 - 2.0 * normalize(x) @ S.T, 0.0)
+            k = np.exp(-d2 / np.float32(2.0 * sigma * sigma)) if kind == "rbf" else np.exp(-np.sqrt(d2 + 1e-12) / sigma)
+            return k @ A
+
+        head["score"] = score
+    return head
+
+
+def normalize(x: np.ndarray) -> np.ndarray:
+    x = x.astype(np.float32)
+    return x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
+
+
+# ----------------------------------------------------------------------------- the model
+
+def sha256(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def load_model(args, recorded: dict):
+    import open_clip
+
+    model = args.model or recorded.get("model")
+    if not model:
+        raise Failure("the head file does not record its encoder; name it with --model and --pretrained/--checkpoint")
+    if recorded.get("model") and Path(model).stem != recorded["model"] and model != recorded["model"]:
+        raise Failure(f"--model {model} is not the model the head was fit with ({recorded['model']})")
+    if args.checkpoint and not os.path.isfile(args.checkpoint):
+        raise Failure(f"checkpoint file not found: {args.checkpoint}")
+    if recorded.get("checkpoint_sha256"):
+        if not args.checkpoint:
+            raise Failure(f"the head was fit from checkpoint {recorded.get('checkpoint')!r}; pass --checkpoint FILE")
+        if sha256(args.checkpoint) != recorded["checkpoint_sha256"]:
+            raise Failure(f"checkpoint {args.checkpoint} is not the one the head was fit with ({recorded.get('checkpoint')})")
+        pretrained = args.checkpoint
+    elif args.checkpoint:
+        if recorded.get("pretrained"):
+            raise Failure(f"the head was fit from {recorded['model']} pretrained {recorded['pretrained']!r}, not a checkpoint")
+        pretrained = args.checkpoint
+    elif args.pretrained:
+        if recorded.get("pretrained") and args.pretrained != recorded["pretrained"]:
+            raise Failure(f"--pretrained {args.pretrained} is not the tag the head was fit with ({recorded['pretrained']})")
+        pretrained = args.pretrained
+    elif recorded.get("model"):
+        pretrained = recorded.get("pretrained")
+    else:  # the head does not know its encoder: open_clip's usual default for built-in names
+        pretrained = None if model.startswith(("hf-hub:", "local-dir:")) or model.endswith(".json") else "openai"
+    if model.endswith(".json") and os.path.isfile(model):
+        open_clip.add_model_config(model)
+        model = Path(model).stem
+    try:
+        m, _, preprocess = open_clip.create_model_and_transforms(model, pretrained=pretrained, device=args.device)
+    except (RuntimeError, OSError, ValueError) as e:
+        raise Failure(f"cannot load {model} ({pretrained}): {(str(e).splitlines() or [''])[0][:200]}") from None
+    return m.eval(), preprocess
+
+
+def find_images(inputs):
+    out = []
+    for item in inputs:
+        p = Path(item)
+        if p.is_dir():
+            out += sorted(str(f) for f in p.rglob("*") if f.is_file() and f.suffix.lower() in IMAGE_SUFFIXES)
+        elif p.is_file():
+            out.append(str(p))
+        else:
+            raise Failure(f"no such file or folder: {item}")
+    return out
+
+
+def encode(model, preprocess, paths, batch_size, device):
+    """Raw image embeddings of the readable files; unreadable ones are reported on stderr."""
+    import torch
+    from PIL import Image
+
+    feats, ok = [], []
+    for start in range(0, len(paths), batch_size):
+        batch, names = [], []
+        for path in paths[start:start + batch_size]:
+            try:
+                with Image.open(path) as im:
+                    im.load()
+                    batch.append(preprocess(im.convert("RGB")))
+                names.append(path)
+            except (OSError, ValueError, SyntaxError) as e:
+                print(f"zero_shot_classify: skipped {path}: {e}", file=sys.stderr)
+        if batch:
+            with torch.inference_mode():
+                feats.append(model.encode_image(torch.stack(batch).to(device)).float().cpu().numpy())
+            ok += names
+    return (np.concatenate(feats) if feats else np.zeros((0, 0), np.float32)), ok
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description="Classify images with open_clip and an exported svgen head "
+                                             "(.safetensors, .npz or .onnx); prints the top-k per image.")
+    ap.add_argument("head", metavar="HEAD_FILE", help="file written by 'svgen export'")
+    ap.add_argument("inputs", nargs="+", metavar="IMAGE|DIR", help="images and/or folders (searched recursively)")
+    ap.add_argument("--model", help="open_clip architecture, hf-hub:/local-dir: name, or a model-config .json "
+                                    "(default: the one recorded in the head file)")
+    src = ap.add_mutually_exclusive_group()
+    src.add_argument("--pretrained", metavar="TAG", help="pretrained tag (default: the recorded one)")
+    src.add_argument("--checkpoint", metavar="FILE", help="local weights file")
+    ap.add_argument("-k", "--top-k", type=int, default=5)
+    ap.add_argument("--format", choices=("csv", "jsonl"), default="csv")
+    ap.add_argument("--batch-size", type=int, default=32)
+    ap.add_argument("--device", default="cpu")
+    args = ap.parse_args(argv)
+    try:
+        head = load_head(args.head)
+        paths = find_images(args.inputs)
+        if not paths:
+            raise Failure(f"no image files found in {', '.join(args.inputs)}")
+        model, preprocess = load_model(args, head["encoder"])
+        x, ok = encode(model, preprocess, paths, args.batch_size, args.device)
+        if not ok:
+            raise Failure("none of the files could be read as an image")
+        if x.shape[1] != head["dim"]:
+            raise Failure(f"the model embeds to dimension {x.shape[1]} but the head expects {head['dim']}")
+        scores = head["score"](x)
+    except Failure as e:
+        print(f"zero_shot_classify: error: {e}", file=sys.stderr)
+        return 2
+    classes, k = head["classes"], max(1, min(args.top_k, len(head["classes"])))
+    order = np.argsort(-scores, axis=1, kind="stable")[:, :k]
+    if args.format == "csv":
+        w = csv.writer(sys.stdout, lineterminator="\n")
+        w.writerow(["path"] + [f"{what}_{r}" for r in range(1, k + 1) for what in ("label", "score")])
+        for path, idx, row in zip(ok, order, scores):
+            w.writerow([path] + [v for i in idx for v in (classes[i], f"{float(row[i]):.6g}")])
+    else:
+        for path, idx, row in zip(ok, order, scores):
+            print(json.dumps({"path": path, "labels": [classes[i] for i in idx],
+                              "scores": [float(row[i]) for i in idx]}, ensure_ascii=False))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
