@@ -48,6 +48,12 @@ def file_sha256(path, chunk: int = 1 << 20) -> str:
     return h.hexdigest()
 
 
+def identity_key(identity: dict) -> str:
+    """A short stable hash of an encoder identity (model, pretrained tag, checkpoint sha256)."""
+    text = f"{identity.get('model')}|{identity.get('pretrained')}|{identity.get('checkpoint_sha256')}"
+    return hashlib.sha256(text.encode()).hexdigest()[:20]
+
+
 def resolve_device(device: Optional[str]) -> torch.device:
     """``None``/``"auto"`` picks CUDA when present; an unavailable CUDA request is a clear error."""
     if device in (None, "auto"):
@@ -235,6 +241,21 @@ class ClipEncoder:
         if not self.truncate_text:
             log.info("text tower is not causal/EOT-pooled; using stock encode_text")
 
+    @classmethod
+    def from_model(cls, model, tokenizer, preprocess=None, name: str = "custom", device: Optional[str] = None):
+        """Wrap an open_clip model that is already built (e.g. ``open_clip.create_model(...)``).
+
+        No weights are loaded or checked; the identity is ``name`` alone, so give each distinct set of
+        weights its own name if the prompt cache is used.
+        """
+        self = cls.__new__(cls)
+        self.model_name, self.pretrained, self.checkpoint, self.checkpoint_sha256 = name, None, None, None
+        self.device = resolve_device(device) if device else next(model.parameters()).device
+        self.model = model.to(self.device).eval().requires_grad_(False)
+        self.tokenizer, self.preprocess = tokenizer, preprocess
+        self.truncate_text = _truncation_exact(self.model)
+        return self
+
     # identity -------------------------------------------------------------------------------
     @property
     def embed_dim(self) -> int:
@@ -256,9 +277,7 @@ class ClipEncoder:
 
     def identity_key(self) -> str:
         """A short stable hash of :meth:`identity` minus the checkpoint's file name."""
-        ident = self.identity()
-        text = f"{ident['model']}|{ident['pretrained']}|{ident['checkpoint_sha256']}"
-        return hashlib.sha256(text.encode()).hexdigest()[:20]
+        return identity_key(self.identity())
 
     # text -----------------------------------------------------------------------------------
     def too_long(self, prompts: Sequence[str]) -> List[str]:

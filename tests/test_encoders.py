@@ -286,3 +286,9 @@ def test_find_images_errors_and_explicit_files(tmp_path):
     assert find_images([str(f)]) == [str(f)]  # named explicitly: kept, checked when read
     with pytest.raises(SvgenError, match="no such file"):
         find_images([str(tmp_path / "missing")])
+
+
+def test_from_model_wraps_a_built_model(encoder):
+    wrapped = ClipEncoder.from_model(encoder.model, encoder.tokenizer, encoder.preprocess, name="mine")
+    assert wrapped.truncate_text and wrapped.identity()["model"] == "mine"
+    assert _min_cos(wrapped.encode_text(PROMPTS), _stock(encoder, PROMPTS)) >= 0.99999
