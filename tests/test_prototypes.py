@@ -145,3 +145,36 @@ def test_prototypes_from_embeddings_shapes():
     per_template, mean = prototypes_from_embeddings(torch.randn(5, 3, 8) * 7)
     assert torch.allclose(per_template.norm(dim=-1), torch.ones(5, 3), atol=1e-5)
     assert torch.allclose(mean.norm(dim=-1), torch.ones(5), atol=1e-5)
+
+
+# ----------------------------------------------------------------------------- through the CLI
+
+@pytest.mark.parametrize("source", ["checkpoint", "local_dir"])
+def test_cli_fit_from_local_weights_then_from_cache(cli, tiny_model, classes_file, tmp_path, monkeypatch, source):
+    import json
+
+    encoded = []
+    real = ClipEncoder.encode_text
+
+    def spy(self, prompts, *args, **kwargs):
+        encoded.extend(prompts)
+        return real(self, prompts, *args, **kwargs)
+
+    monkeypatch.setattr(ClipEncoder, "encode_text", spy)
+    weights = (["--model", tiny_model["config"], "--checkpoint", tiny_model["safetensors"]] if source == "checkpoint"
+               else ["--model", tiny_model["local_dir"]])
+    classes = classes_file(["cat", "dog", "bird"])
+    common = ["fit", "--classes", classes, *weights, "--templates", "compact", "-K", "2", "--steps", "2",
+              "--ridge", "0.01"]
+    code, out, err = cli(*common, "--out", tmp_path / "a")
+    assert code == 0, err
+    meta = json.loads((tmp_path / "a" / "svgen.json").read_text())
+    assert len(meta["encoder"]["checkpoint_sha256"]) == 64 and meta["encoder"]["embed_dim"] == tiny_model["dim"]
+    from svgen.prompts import load_templates
+
+    assert len(encoded) == 3 * len(load_templates("compact"))
+
+    encoded.clear()
+    code, _, err = cli(*common, "--out", tmp_path / "b")
+    assert code == 0, err
+    assert encoded == []  # every prompt came from the cache
