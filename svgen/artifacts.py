@@ -11,6 +11,13 @@
 ``prototypes``         C×D         unit rows (the cosine baseline)
 =====================  ==========  ==============================================
 
+Large-C artifacts (where a dense CK×C ``vote_weights`` would not fit in memory, see
+:mod:`svgen.scale`) store A as a sparse COO matrix instead: ``vote_weights.indices`` (2×nnz
+int64: row, column) and ``vote_weights.values`` (nnz float32), with ``svgen.json`` saying so
+under ``"vote_weights": {"layout": "coo", "shape": [CK, C], "nnz": …}``. Scores are still exactly
+``k(x̂, S) @ A`` (e.g. ``scipy.sparse.coo_matrix((values, (rows, cols)), shape)``);
+:func:`load_artifact` returns A as a torch sparse COO tensor under ``vote_weights``.
+
 plus ``per_template`` (C×T×D) and the generator's parameters (``generator.*``) so classes can
 be added later. Writes are atomic: everything goes to a temporary sibling directory that is
 renamed into place; an existing artifact is replaced only with ``force=True``.
@@ -85,6 +92,17 @@ def save_artifact(path, tensors: Dict[str, torch.Tensor], meta: dict, force: boo
     if missing:
         raise ValueError(f"artifact is missing tensors: {missing}")
     meta = {"format_version": FORMAT_VERSION, **meta}
+    tensors = dict(tensors)
+    A = tensors.get("vote_weights")
+    if A is not None and A.is_sparse:
+        A = A.detach().cpu().coalesce()
+        tensors.pop("vote_weights")
+        tensors["vote_weights.indices"] = A.indices().to(torch.int64)
+        tensors["vote_weights.values"] = A.values()
+        meta["vote_weights"] = {"layout": "coo", "shape": list(A.shape), "nnz": int(A._nnz()),
+                                "tensors": ["vote_weights.indices", "vote_weights.values"]}
+    else:
+        meta.pop("vote_weights", None)
     tensors = {k: v.detach().cpu().contiguous().float() if v.is_floating_point() else v.detach().cpu().contiguous()
                for k, v in tensors.items()}
 
@@ -118,11 +136,36 @@ def load_artifact(path) -> Tuple[dict, Dict[str, torch.Tensor]]:
         raise SvgenError(f"{path} is incomplete: {WEIGHTS_FILE} is missing") from None
     except (SafetensorError, OSError, ValueError) as e:
         raise SvgenError(f"{path / WEIGHTS_FILE} is unreadable or truncated ({str(e).splitlines()[0] if str(e) else 'bad file'})") from None
+    _sparse_vote_weights(meta, tensors, path)
     missing = [k for k in REQUIRED if k not in tensors]
     if missing:
         raise SvgenError(f"{path / WEIGHTS_FILE} lacks required tensor(s): {', '.join(missing)}")
     check_shapes(meta, tensors, path)
     return meta, tensors
+
+
+def _sparse_vote_weights(meta: dict, tensors: Dict[str, torch.Tensor], path) -> None:
+    """Rebuild a sparse COO ``vote_weights`` from its two tensors when ``svgen.json`` says so."""
+    info = meta.get("vote_weights")
+    if info is None:
+        return
+    if not isinstance(info, dict) or info.get("layout") != "coo":
+        raise SvgenError(f"{path / META_FILE}: 'vote_weights' must describe a 'coo' layout, got {info!r}")
+    try:
+        idx, val = tensors.pop("vote_weights.indices"), tensors.pop("vote_weights.values")
+    except KeyError:
+        raise SvgenError(f"{path / WEIGHTS_FILE} lacks vote_weights.indices / vote_weights.values "
+                         "(svgen.json declares sparse vote weights)") from None
+    shape = info.get("shape")
+    if not (isinstance(shape, list) and len(shape) == 2 and all(isinstance(n, int) and n > 0 for n in shape)):
+        raise SvgenError(f"{path / META_FILE}: vote_weights shape must be [rows, columns], got {shape!r}")
+    if idx.dim() != 2 or idx.shape[0] != 2 or val.dim() != 1 or idx.shape[1] != val.shape[0]:
+        raise SvgenError(f"{path}: sparse vote weights have indices {tuple(idx.shape)} and values "
+                         f"{tuple(val.shape)}; expected (2, nnz) and (nnz,)")
+    idx = idx.to(torch.int64)
+    if idx.numel() and (int(idx.min()) < 0 or int(idx[0].max()) >= shape[0] or int(idx[1].max()) >= shape[1]):
+        raise SvgenError(f"{path}: sparse vote-weight indices fall outside the declared shape {shape}")
+    tensors["vote_weights"] = torch.sparse_coo_tensor(idx, val, tuple(shape)).coalesce()
 
 
 def check_shapes(meta: dict, t: Dict[str, torch.Tensor], where="artifact") -> None:
@@ -145,7 +188,8 @@ def check_shapes(meta: dict, t: Dict[str, torch.Tensor], where="artifact") -> No
         if tuple(t[name].shape) != shape:
             raise SvgenError(f"{where}: {name} has shape {tuple(t[name].shape)}, expected {shape}")
     for name in REQUIRED:
-        if not torch.isfinite(t[name]).all():
+        values = t[name].coalesce().values() if t[name].is_sparse else t[name]
+        if not torch.isfinite(values).all():
             raise SvgenError(f"{where}: {name} contains NaN or inf")
     if not float(t["bandwidth"]) > 0:
         raise SvgenError(f"{where}: bandwidth must be positive, got {float(t['bandwidth'])}")

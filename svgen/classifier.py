@@ -75,6 +75,8 @@ class SVGClassifier:
         metric: str = "neighbour",
         metric_condition: float = 1.5,
         rff_dim: Optional[int] = None,
+        solver: str = "auto",
+        vote_solver: str = "auto",
         seed: int = 0,
         device: str = "cpu",
         progress: bool = False,
@@ -95,6 +97,8 @@ class SVGClassifier:
         self.metric = metric
         self.metric_condition = metric_condition
         self.rff_dim = rff_dim
+        self.solver = solver
+        self.vote_solver = vote_solver
         self.seed = seed
         self.device = device
         self.progress = progress
@@ -108,7 +112,7 @@ class SVGClassifier:
             query_weight=float(self.query_weight), radius=float(self.radius),
             batch_classes=int(self.batch_classes), learn_sigma=bool(self.learn_sigma), ridge=self.ridge,
             metric=self.metric, metric_condition=float(self.metric_condition), rff_dim=self.rff_dim,
-            seed=int(self.seed),
+            solver=self.solver, vote_solver=self.vote_solver, seed=int(self.seed),
         )
         cfg.validate()
         return cfg
@@ -150,7 +154,7 @@ class SVGClassifier:
         self.generator_ = state.generator.eval().requires_grad_(False)
         self.metric_precision_ = state.precision
         self.history_ = state.history
-        self.fit_metrics_ = fit_metrics(state, S, P, K_ss, lam, cfg, wall)
+        self.fit_metrics_ = fit_metrics(state, S, P, K_ss, lam, cfg, wall, vote_weights=A)
         self.fit_metrics_["ridge_selection"] = path
         return self
 
@@ -233,7 +237,7 @@ class SVGClassifier:
         self = cls(**{k: getattr(cfg, k) for k in ("n_support", "kernel", "steps", "lr", "margin", "alignment_weight",
                                                    "margin_weight", "grounding_weight", "query_weight", "radius",
                                                    "batch_classes", "learn_sigma", "ridge", "metric", "metric_condition",
-                                                   "rff_dim", "seed")})
+                                                   "rff_dim", "solver", "vote_solver", "seed")})
         C, K, D = t["support_vectors"].shape
         self.fit_config_ = cfg
         self.classes_ = list(meta["classes"])

@@ -12,6 +12,8 @@ KERNELS = ("rbf", "laplacian")
 MARGIN_NAMES = ("hinge", "ce")
 RIDGE_RULES = ("auto", "loo", "gcv")
 METRICS = ("neighbour", "none")
+SOLVERS = ("auto", "exact", "blocked", "rff")      # alignment path per class batch (svgen.scale)
+VOTE_SOLVERS = ("auto", "dense", "local")          # vote weights: dense Cholesky or sparse neighbourhoods
 
 
 @dataclass
@@ -38,6 +40,10 @@ class FitConfig:
     metric_condition: float = 1.5
     query_ridge: float = 1e-3
     rff_dim: Optional[int] = None
+    rff_orthogonal: bool = True
+    solver: str = "auto"
+    vote_solver: str = "auto"
+    vote_neighbours: int = 32
     seed: int = 0
 
     def validate(self) -> None:
@@ -63,6 +69,12 @@ class FitConfig:
             raise SvgenError(f"ridge must be positive, got {self.ridge}")
         if self.rff_dim is not None and int(self.rff_dim) < 1:
             raise SvgenError(f"--rff-dim must be a positive number of features, got {self.rff_dim}")
+        if self.solver not in SOLVERS:
+            raise SvgenError(f"unknown solver {self.solver!r}; expected one of {', '.join(SOLVERS)}")
+        if self.vote_solver not in VOTE_SOLVERS:
+            raise SvgenError(f"unknown vote solver {self.vote_solver!r}; expected one of {', '.join(VOTE_SOLVERS)}")
+        if int(self.vote_neighbours) < 1:
+            raise SvgenError(f"vote_neighbours must be >= 1, got {self.vote_neighbours}")
 
 
 def config_dict(cfg: FitConfig) -> dict:

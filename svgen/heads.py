@@ -32,6 +32,32 @@ def linear_logits(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> 
     return F.normalize(x, dim=-1) @ weight.T + bias
 
 
+def _kernel_from_gram_(G: torch.Tensor, sigma: float, kind: str) -> torch.Tensor:
+    """In place on ``G = x̂ Ŝᵀ``: RBF ``exp(-(2 - 2G)/2σ²) = exp((G - 1)/σ²)`` or Laplacian
+    ``exp(-sqrt(2 - 2G)/σ)`` (same clamping as :func:`svgen.kernels.kernel`), without temporaries."""
+    if kind == "rbf":
+        return G.clamp_(max=1.0).sub_(1.0).mul_(1.0 / (sigma * sigma)).exp_()
+    if kind == "laplacian":
+        return G.mul_(-2.0).add_(2.0).clamp_(min=0.0).add_(1e-12).sqrt_().mul_(-1.0 / sigma).exp_()
+    raise ValueError(f"unknown kernel {kind!r}")
+
+
+def sparse_row_blocks(A: torch.Tensor, block_size: int):
+    """Row blocks ``A[s:s+block_size]`` of a sparse COO matrix, each a sparse COO (block×C) tensor."""
+    A = A.coalesce()
+    idx, val = A.indices(), A.values()
+    M, C = A.shape
+    bounds = torch.searchsorted(idx[0].contiguous(), torch.arange(0, M + block_size, block_size))
+    out = []
+    for b, start in enumerate(range(0, M, block_size)):
+        lo, hi = int(bounds[b]), int(bounds[b + 1])
+        rows = min(block_size, M - start)
+        sub = torch.stack([idx[0, lo:hi] - start, idx[1, lo:hi]])
+        out.append(torch.sparse_coo_tensor(sub, val[lo:hi], (rows, C), is_coalesced=True,
+                                               check_invariants=False))
+    return out
+
+
 def kernel_scores(
     x: torch.Tensor,
     support: torch.Tensor,
@@ -42,14 +68,28 @@ def kernel_scores(
 ) -> torch.Tensor:
     """Kernel-vote scores ``k(x̂, S) @ A`` (N×C), streamed over blocks of support vectors.
 
-    ``support`` is M×D (class-major) or C×K×D; memory is O(N·block_size) whatever M is.
+    ``support`` is M×D (class-major) or C×K×D; ``vote_weights`` is dense M×C or a sparse COO
+    M×C tensor (large-C artifacts, see :mod:`svgen.scale`). Memory is O(N·block_size + N·C)
+    whatever M is; without autograd the kernel block is computed in place.
     """
     support = support.reshape(-1, support.shape[-1])
+    if (x.requires_grad or support.requires_grad or getattr(sigma, "requires_grad", False)) and torch.is_grad_enabled():
+        out = None
+        for start in range(0, support.shape[0], block_size):
+            part = kernel(x, support[start:start + block_size], sigma, kind) @ vote_weights[start:start + block_size]
+            out = part if out is None else out + part
+        return out
+    sigma = float(sigma)
     x = F.normalize(x, dim=-1)
-    out = None
-    for start in range(0, support.shape[0], block_size):
-        part = kernel(x, support[start:start + block_size], sigma, kind) @ vote_weights[start:start + block_size]
-        out = part if out is None else out + part
+    S = F.normalize(support, dim=-1)
+    blocks = sparse_row_blocks(vote_weights, block_size) if vote_weights.is_sparse else None
+    out = torch.zeros(x.shape[0], vote_weights.shape[1], dtype=x.dtype, device=x.device)
+    for b, start in enumerate(range(0, S.shape[0], block_size)):
+        kern = _kernel_from_gram_(x @ S[start:start + block_size].T, sigma, kind)
+        if blocks is None:
+            out.addmm_(kern, vote_weights[start:start + block_size].to(kern.dtype))
+        else:
+            out += torch.mm(kern, blocks[b].to(kern.dtype))
     return out
 
 

@@ -18,6 +18,7 @@ support vectors with λ chosen in closed form (leave-one-out or GCV) — no imag
 from __future__ import annotations
 
 import copy
+import dataclasses
 import logging
 import math
 import time
@@ -33,6 +34,7 @@ from .heads import DEFAULT_LAMBDAS, krr_vote_weights, one_hot_blocks, ridge_path
 from .kernels import kernel, median_heuristic
 from .config import FitConfig, config_dict
 from .losses import MARGINS, block_alignment, grounding_loss
+from . import scale
 from .metric import lda_head, text_precision, whiten_directions
 
 log = logging.getLogger(__name__)
@@ -86,14 +88,9 @@ class TrainState:
 
 
 def alignment_estimate(S: torch.Tensor, sigma: float, kind: str, seed: int = 0, max_classes: int = 2048) -> float:
-    """Kernel-target alignment of C×K×D support vectors (over a random subset of classes if C is large)."""
-    C, K = S.shape[0], S.shape[1]
-    if C > max_classes:
-        S = S[torch.randperm(C, generator=torch.Generator().manual_seed(seed))[:max_classes]]
-        C = max_classes
-    flat = S.reshape(C * K, -1).double()
-    with torch.no_grad():
-        return float(block_alignment(kernel(flat, flat, sigma, kind), C, K))
+    """Kernel-target alignment of C×K×D support vectors (over a random subset of classes if C is large),
+    streamed in row blocks so memory stays O(block·M) (:func:`svgen.scale.alignment_value`)."""
+    return scale.alignment_value(S, sigma, kind, max_classes=max_classes, seed=seed)[0]
 
 
 def generate_all(generator, prototypes, anchors, chunk: int = 4096) -> torch.Tensor:
@@ -107,8 +104,10 @@ def _batch_loss(cfg: FitConfig, state: TrainState, P, anchors, E, idx, y_cache):
     S3 = state.generator(P[idx], anchors[idx])
     S = S3.reshape(B * K, -1)
     sigma = state.log_sigma.exp()
-    K_ss = kernel(S, S, sigma, cfg.kernel)
-    align = block_alignment(K_ss, B, K)
+    plan = scale.plan_fit(cfg, P.shape[0], P.shape[1])
+    if cfg.query_weight > 0:
+        plan = dataclasses.replace(plan, alignment_path="exact")  # the query loss needs K_SS itself
+    align, K_ss = scale.batch_alignment(S3, sigma, cfg.kernel, plan, seed=cfg.seed)
     labels = y_cache[: B * K] if B * K <= len(y_cache) else torch.arange(B).repeat_interleave(K)
     logits = S @ state.weight[idx].T + state.bias[idx]
     margin = MARGINS[cfg.margin](logits, labels)
@@ -261,38 +260,88 @@ def choose_ridge(K_ss: torch.Tensor, Y: torch.Tensor, ridge, lambdas=DEFAULT_LAM
     return float(lams[best]), {f"{lam:g}": s for lam, s in zip(lams, scores)}
 
 
+RIDGE_SUBSET_CLASSES = 1024  # λ selection for large M runs on this many random classes
+
+
 def solve_vote_weights(S: torch.Tensor, sigma: float, cfg: FitConfig, n_classes: int):
-    """(A, λ, K_SS, selection scores): KRR vote weights over all C·K support vectors."""
-    flat = S.reshape(-1, S.shape[-1]).double()
-    K_ss = kernel(flat, flat, sigma, cfg.kernel)
-    Y = one_hot_blocks(n_classes, cfg.n_support, dtype=torch.float64)
-    lam, path = choose_ridge(K_ss, Y, cfg.ridge, parzen_factor=cfg.parzen_factor)
-    A = krr_vote_weights(K_ss, Y, lam)
-    return A.float(), lam, K_ss, path
+    """(A, λ, K_SS or None, selection scores): KRR vote weights over all C·K support vectors.
+
+    Ordinary sizes: one dense float64 Cholesky, A dense M×C. Large M (:func:`svgen.scale.plan_fit`):
+    λ is chosen on a random subset of classes (it is in the ``M·λ`` convention, so it transfers) and
+    A is a sparse COO matrix solved class by class on neighbourhoods
+    (:func:`svgen.scale.local_vote_weights`); K_SS is never formed and None is returned for it.
+    """
+    plan = scale.plan_fit(cfg, n_classes, S.shape[-1])
+    if plan.vote_solver == "dense":
+        flat = S.reshape(-1, S.shape[-1]).double()
+        K_ss = kernel(flat, flat, sigma, cfg.kernel)
+        Y = one_hot_blocks(n_classes, cfg.n_support, dtype=torch.float64)
+        lam, path = choose_ridge(K_ss, Y, cfg.ridge, parzen_factor=cfg.parzen_factor)
+        A = krr_vote_weights(K_ss, Y, lam)
+        return A.float(), lam, K_ss, path
+    sub = scale.subset_classes(n_classes, RIDGE_SUBSET_CLASSES, cfg.seed)
+    S_sub = S if sub is None else S[sub]
+    flat = S_sub.reshape(-1, S.shape[-1]).double()
+    lam, path = choose_ridge(kernel(flat, flat, sigma, cfg.kernel),
+                             one_hot_blocks(S_sub.shape[0], cfg.n_support, dtype=torch.float64),
+                             cfg.ridge, parzen_factor=cfg.parzen_factor)
+    del flat
+    t0 = time.perf_counter()
+    A = scale.local_vote_weights(S, sigma, cfg.kernel, lam, plan.vote_neighbours)
+    log.info("local vote weights: %d classes × %d neighbours, nnz=%d, %.1fs", n_classes, plan.vote_neighbours,
+             A._nnz(), time.perf_counter() - t0)
+    return A, lam, None, path
 
 
-def fit_metrics(state: TrainState, S, P, K_ss, lam, cfg: FitConfig, wall_s: float) -> dict:
-    """What ``svgen.json`` records about a fit."""
+def _hinge_chunked(flat, labels, weight, bias, chunk: int = 2048) -> float:
+    """Mean multi-class hinge of the linear head on the support vectors, in row chunks (M×C can be GBs)."""
+    total = 0.0
+    for s in range(0, flat.shape[0], chunk):
+        z = flat[s:s + chunk] @ weight.T + bias
+        total += float(MARGINS["hinge"](z, labels[s:s + chunk])) * z.shape[0]
+    return total / flat.shape[0]
+
+
+def fit_metrics(state: TrainState, S, P, K_ss, lam, cfg: FitConfig, wall_s: float, vote_weights=None) -> dict:
+    """What ``svgen.json`` records about a fit.
+
+    For large M (no K_SS) the alignment and condition number are estimated on a random subset of
+    classes, and ``*_method`` / ``*_classes`` keys say so; ``scale`` records how the fit scaled.
+    """
     C, K = S.shape[0], S.shape[1]
     flat = S.reshape(-1, S.shape[-1])
     labels = torch.arange(C).repeat_interleave(K)
+    sigma = float(state.log_sigma.detach().exp())
+    plan = scale.plan_fit(cfg, C, S.shape[-1])
+    extra = {"scale": plan.as_dict()}
     with torch.no_grad():
-        align_end = float(block_alignment(K_ss, C, K))
-        hinge = float(MARGINS["hinge"](flat @ state.weight.detach().T + state.bias.detach(), labels))
-        eig = torch.linalg.eigvalsh(K_ss.double())
-        cond = float(eig.max() / eig.min()) if eig.min() > 0 else None  # None: numerically singular
+        if K_ss is not None:
+            align_end, align_classes = float(block_alignment(K_ss, C, K)), C
+        else:
+            align_end, align_classes = scale.alignment_value(S, sigma, cfg.kernel, seed=cfg.seed)
+        hinge = _hinge_chunked(flat, labels, state.weight.detach(), state.bias.detach())
+        cond = scale.condition_estimate(S, sigma, cfg.kernel, K_ss=K_ss, seed=cfg.seed)
         cos_proto = float(torch.einsum("ckd,cd->ck", S, F.normalize(P, dim=-1)).mean())
+        if vote_weights is not None and vote_weights.is_sparse:
+            extra["vote_weights"] = {**scale.sparse_layout(vote_weights), "solver": plan.vote_solver,
+                                     "neighbours": plan.vote_neighbours,
+                                     "relative_residual": scale.vote_residual(S, sigma, cfg.kernel, lam, vote_weights,
+                                                                              seed=cfg.seed),
+                                     "residual_columns": min(8, C)}
     return {
         "alignment_start": state.alignment_start,
         "alignment_end": align_end,
+        "alignment_classes": align_classes,
         "hinge": hinge,
-        "condition_number": cond,
+        "condition_number": cond["value"],
+        "condition_number_method": cond["method"],
+        "condition_number_classes": cond["classes"],
         "mean_cos_support_prototype": cos_proto,
         "ridge_lambda": lam,
         "sigma_init": state.sigma_init,
-        "sigma": float(state.log_sigma.detach().exp()),
+        "sigma": sigma,
         "steps_done": state.steps_done,
         "diverged_at_step": state.diverged_at,
         "wall_time_s": wall_s,
+        **extra,
     }
-
