@@ -111,11 +111,11 @@ def encode_paths(args, encoder, paths, command: str):
         raise SvgenError(f"--batch-size must be at least 1, got {args.batch_size}")
     feats, ok, failed = encoder.encode_images(paths, batch_size=args.batch_size, num_workers=args.workers,
                                               progress=getattr(args, "progress", False))
-    for path, why in failed:
-        print(f"svgen {command}: skipped {path}: {why}", file=sys.stderr)
     if not ok:
         raise SvgenError(f"none of the {len(paths)} file(s) could be read as an image "
                          f"(first: {failed[0][0]}: {failed[0][1]})")
+    for path, why in failed:
+        print(f"svgen {command}: skipped {path}: {why}", file=sys.stderr)
     if failed:
         print(f"svgen {command}: skipped {len(failed)} of {len(paths)} file(s) that are not readable images",
               file=sys.stderr)
