@@ -16,6 +16,8 @@ import sys
 import time
 from pathlib import Path
 
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as svgen does: spinning OpenMP waits stall LAPACK on shared cores
+
 import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -133,6 +133,9 @@ def run_step(C, path, n_steps, extra=False):
             return {"skipped": f"needs ≈{need / 2**30:.0f} GiB for the (C·K)² kernel graph"}
     if path == "blocked" and M > 20000:
         return {"skipped": f"(C·K)²·D = {M * M * 512:.1e} flops per step (minutes on 2 cores)"}
+    if path == "rff" and M > 20000:
+        return {"skipped": f"full-batch Φ is {M}×2048 and (C·K)·m² = {M * 2048 ** 2:.1e} flops per step; "
+                           "class mini-batches are the answer at this size"}
     proc = subprocess.run([sys.executable, __file__, "--worker", f"{C},{path},{n_steps},{int(extra)}"],
                           capture_output=True, text=True, cwd=str(ROOT / "scripts"))
     if proc.returncode != 0:

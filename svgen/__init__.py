@@ -6,8 +6,14 @@ estimator; :mod:`svgen.encoders` and :mod:`svgen.prototypes` turn class names in
 """
 
 import logging
+import os
 
 from .errors import SvgenError
+
+# OpenMP threads that spin while they wait turn small LAPACK calls (eigvalsh of a 512×512 matrix)
+# from 0.05 s into 20 s when the CPU cores are shared (measured on the 2-core benchmark machine);
+# passive waiting costs nothing measurable in GEMM. Only takes effect if torch is not imported yet.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 __version__ = "0.1.0"
 __all__ = ["SVGClassifier", "SvgenError", "__version__"]

@@ -192,8 +192,10 @@ def rff_alignment(S3: torch.Tensor, sigma, features: RandomFourierFeatures) -> t
 
 @functools.lru_cache(maxsize=8)
 def rff_features(dim: int, n_features: int, kind: str, orthogonal: bool, seed: int) -> RandomFourierFeatures:
-    """One fixed draw of features per (dim, m, kernel, orthogonal, seed): σ rescales it at call time."""
-    return RandomFourierFeatures(dim, n_features, kind, orthogonal=orthogonal and kind == "rbf", seed=seed)
+    """One fixed draw of cos/sin-paired features per (dim, m, kernel, orthogonal, seed); σ rescales it
+    at call time. Orthogonal directions apply to the RBF kernel only."""
+    return RandomFourierFeatures(dim, n_features + n_features % 2, kind, orthogonal=orthogonal and kind == "rbf",
+                                 seed=seed, paired=True)
 
 
 def batch_alignment(S3: torch.Tensor, sigma, kind: str, plan: ScalePlan, seed: int = 0):

@@ -47,25 +47,34 @@ def test_blocked_alignment_gradients_match_exact():
         assert torch.allclose(a, b, atol=1e-5)
 
 
-def _rff_error(m, orthogonal, seeds=4):
+def _rff_error(m, orthogonal, seeds=4, paired=False):
     X = clustered(30, 4, 32, seed=1).reshape(-1, 32)
     Kx = kernel(X, X, 0.9)
     errs = []
     for s in range(seeds):
-        phi = RandomFourierFeatures(32, m, orthogonal=orthogonal, seed=s)(X, 0.9)
+        phi = RandomFourierFeatures(32, m, orthogonal=orthogonal, seed=s, paired=paired)(X, 0.9)
         errs.append(float((phi @ phi.T - Kx).norm() / Kx.norm()))
     return float(np.mean(errs))
 
 
-@pytest.mark.parametrize("orthogonal", [False, True])
-def test_rff_error_shrinks_as_m_grows(orthogonal):
-    errs = [_rff_error(m, orthogonal) for m in (64, 256, 1024)]
+@pytest.mark.parametrize("orthogonal,paired", [(False, False), (True, False), (True, True)])
+def test_rff_error_shrinks_as_m_grows(orthogonal, paired):
+    errs = [_rff_error(m, orthogonal, paired=paired) for m in (64, 256, 1024)]
     assert errs[0] > errs[1] > errs[2]
     assert errs[2] < 0.1
 
 
 def test_orthogonal_features_beat_plain_at_equal_m():
     assert _rff_error(256, True, seeds=6) < _rff_error(256, False, seeds=6)
+    assert _rff_error(256, True, seeds=6, paired=True) < _rff_error(256, True, seeds=6)
+
+
+def test_rff_features_follow_sigma():
+    X = clustered(10, 4, 32, seed=6).reshape(-1, 32)
+    f = RandomFourierFeatures(32, 4096, orthogonal=True, paired=True)
+    for sigma in (0.5, 1.5):
+        phi = f(X, sigma)
+        assert float((phi @ phi.T - kernel(X, X, sigma)).abs().max()) < 0.1
 
 
 def test_rff_alignment_close_to_exact():
