@@ -68,7 +68,8 @@ class SVGClassifier:
         margin_weight: float = 0.1,
         grounding_weight: float = 1.0,
         query_weight: float = 0.0,
-        radius: float = 0.5,
+        radius: float = 0.25,
+        head_lr: float = 0.0,
         batch_classes: int = 256,
         learn_sigma: bool = True,
         ridge="auto",
@@ -91,6 +92,7 @@ class SVGClassifier:
         self.grounding_weight = grounding_weight
         self.query_weight = query_weight
         self.radius = radius
+        self.head_lr = head_lr
         self.batch_classes = batch_classes
         self.learn_sigma = learn_sigma
         self.ridge = ridge
@@ -109,7 +111,7 @@ class SVGClassifier:
             n_support=int(self.n_support), kernel=self.kernel, steps=int(self.steps), lr=float(self.lr),
             margin=self.margin, alignment_weight=float(self.alignment_weight),
             margin_weight=float(self.margin_weight), grounding_weight=float(self.grounding_weight),
-            query_weight=float(self.query_weight), radius=float(self.radius),
+            query_weight=float(self.query_weight), radius=float(self.radius), head_lr=float(self.head_lr),
             batch_classes=int(self.batch_classes), learn_sigma=bool(self.learn_sigma), ridge=self.ridge,
             metric=self.metric, metric_condition=float(self.metric_condition), rff_dim=self.rff_dim,
             solver=self.solver, vote_solver=self.vote_solver, seed=int(self.seed),
@@ -235,7 +237,7 @@ class SVGClassifier:
         cfg.n_support = int(t["support_vectors"].shape[1])
         cfg.kernel = meta.get("kernel", cfg.kernel)
         self = cls(**{k: getattr(cfg, k) for k in ("n_support", "kernel", "steps", "lr", "margin", "alignment_weight",
-                                                   "margin_weight", "grounding_weight", "query_weight", "radius",
+                                                   "margin_weight", "grounding_weight", "query_weight", "radius", "head_lr",
                                                    "batch_classes", "learn_sigma", "ridge", "metric", "metric_condition",
                                                    "rff_dim", "solver", "vote_solver", "seed")})
         C, K, D = t["support_vectors"].shape

@@ -29,11 +29,12 @@ class FitConfig:
     margin_weight: float = 0.1
     grounding_weight: float = 1.0
     query_weight: float = 0.0
-    radius: float = 0.5
+    radius: float = 0.25
     batch_classes: int = 256
     neighbours: int = 7
     learn_sigma: bool = True
     linear_init_scale: float = 10.0
+    head_lr: float = 0.0
     ridge: Union[str, float] = "auto"
     parzen_factor: float = 100.0
     metric: str = "neighbour"
@@ -57,6 +58,8 @@ class FitConfig:
             raise SvgenError(f"--steps must be >= 0, got {self.steps}")
         if not (self.lr > 0 and math.isfinite(self.lr)):
             raise SvgenError(f"--lr must be a positive number, got {self.lr}")
+        if not (self.head_lr >= 0 and math.isfinite(self.head_lr)):
+            raise SvgenError(f"head_lr must be >= 0 (0 keeps the closed-form linear head), got {self.head_lr}")
         if int(self.batch_classes) < 2:
             raise SvgenError(f"batch_classes must be >= 2, got {self.batch_classes}")
         if isinstance(self.ridge, str) and self.ridge not in RIDGE_RULES:

@@ -172,8 +172,15 @@ def train_generator(
         anchors=anchors,
         precision=precision,
     )
-    params = list(generator.parameters()) + [state.weight, state.bias] + ([state.log_sigma] if cfg.learn_sigma else [])
-    opt = torch.optim.Adam(params, lr=cfg.lr)
+    params = list(generator.parameters()) + ([state.log_sigma] if cfg.learn_sigma else [])
+    groups = [{"params": params, "lr": cfg.lr}]
+    if cfg.head_lr > 0:
+        groups.append({"params": [state.weight, state.bias], "lr": cfg.head_lr})
+        params = params + [state.weight, state.bias]
+    else:  # the closed-form head stays fixed; the margin term shapes the support vectors only
+        state.weight.requires_grad_(False)
+        state.bias.requires_grad_(False)
+    opt = torch.optim.Adam(groups)
     sampler = ClassBatchSampler(P, cfg.batch_classes, cfg.neighbours, cfg.seed)
     y_cache = torch.arange(min(C, cfg.batch_classes)).repeat_interleave(cfg.n_support).to(device)
 

@@ -45,7 +45,8 @@ def add_parser(sub):
     m.add_argument("--margin-weight", type=float, default=d.margin_weight, help="weight of the margin term")
     m.add_argument("--grounding-weight", type=float, default=d.grounding_weight, help="weight of the grounding term")
     m.add_argument("--ridge", default=str(d.ridge),
-                   help="vote-weight ridge λ: a number, or 'loo' / 'gcv' for closed-form selection")
+                   help="vote-weight ridge λ in A = (K_SS + M·λ·I)⁻¹Y: a number; 'auto' (Parzen regime, "
+                        "M·λ = 100·λ_max(K_SS)); or 'loo' / 'gcv' for closed-form selection over the support vectors")
     m.add_argument("--batch-classes", type=int, default=d.batch_classes, help="classes per optimisation step")
     m.add_argument("--rff-dim", type=int, default=None, metavar="M",
                    help="random Fourier features for very many classes (default: chosen from C·K)")
@@ -54,12 +55,14 @@ def add_parser(sub):
 
 
 def _ridge(value: str):
-    if value in ("loo", "gcv"):
+    from ..config import RIDGE_RULES
+
+    if value in RIDGE_RULES:
         return value
     try:
         return float(value)
     except ValueError:
-        raise SvgenError(f"--ridge must be a number, 'loo' or 'gcv'; got {value!r}") from None
+        raise SvgenError(f"--ridge must be a number or one of {', '.join(RIDGE_RULES)}; got {value!r}") from None
 
 
 def run(args) -> int:
