@@ -12,7 +12,7 @@ Scores, given raw image embeddings ``x`` and ``x̂ = x / ||x||``:
 
 * linear / cosine head file: ``logits = logit_scale * (x̂ @ weight + bias)`` (weight D×C);
 * kernel head file: ``exp(-||x̂ - s||² / (2σ²)) @ vote_weights`` over the support vectors ``s``
-  (``exp(-||x̂ - s|| / σ)`` for the Laplacian kernel);
+  (``exp(-||x̂ - s|| / σ)`` for the Laplacian kernel; vote weights dense or COO);
 * ONNX: ``session.run(["scores"], {"embeddings": x})``.
 
 The model defaults to the one recorded in the head file (``--model``/``--pretrained``/
@@ -84,14 +84,27 @@ def load_head(path: str) -> dict:
         head["dim"] = W.shape[0]
         head["score"] = lambda x: scale * (normalize(x) @ W + b)
     else:  # kernel vote
-        S, A = arrays["support_vectors"].astype(np.float32), arrays["vote_weights"].astype(np.float32)
+        S = arrays["support_vectors"].astype(np.float32)
+        if "vote_weights" in arrays:
+            A = arrays["vote_weights"].astype(np.float32)
+        else:  # sparse COO vote weights (large-C artifacts)
+            rows, cols = arrays["vote_weights.indices"]
+            vals = arrays["vote_weights.values"].astype(np.float32)
+            M, C = (int(v) for v in arrays["vote_weights.shape"])
+            A = None
         sigma, kind = float(arrays["bandwidth"]), meta.get("kernel", "rbf")
         head["dim"] = S.shape[1]
 
         def score(x):
             d2 = np.maximum(2.0 - 2.0 * normalize(x) @ S.T, 0.0)
             k = np.exp(-d2 / np.float32(2.0 * sigma * sigma)) if kind == "rbf" else np.exp(-np.sqrt(d2 + 1e-12) / sigma)
-            return k @ A
+            if A is not None:
+                return k @ A
+            out = np.zeros((k.shape[0], C), dtype=np.float32)
+            for start in range(0, len(vals), 1 << 20):  # scores[:, col] += k[:, row] * value
+                r, c, v = rows[start:start + (1 << 20)], cols[start:start + (1 << 20)], vals[start:start + (1 << 20)]
+                np.add.at(out.T, c, (k[:, r] * v).T)
+            return out
 
         head["score"] = score
     return head

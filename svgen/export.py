@@ -16,7 +16,9 @@ artifact's head (to float rounding). Class names travel inside the file.
   open_clip's zero-shot classifier).
 * ``kernel`` head — ``scores = exp(-||x̂ - s||² / (2σ²)) @ vote_weights`` over the rows ``s`` of
   ``support_vectors`` (M×D unit rows, class-major), ``bandwidth`` σ, ``vote_weights`` M×C; with
-  ``kernel = laplacian`` the kernel is ``exp(-||x̂ - s|| / σ)``.
+  ``kernel = laplacian`` the kernel is ``exp(-||x̂ - s|| / σ)``. Large-C artifacts whose vote
+  weights are sparse export them as COO: ``vote_weights.indices`` (2×nnz: row, column),
+  ``vote_weights.values`` (nnz) and ``vote_weights.shape`` ([M, C]).
 
 In ``.safetensors`` the strings (``format``, ``head``, ``classes`` as a JSON list, ``encoder``
 as JSON, ``kernel``) are in the header metadata; in ``.npz`` they are string arrays (readable
@@ -111,11 +113,19 @@ def head_tensors(clf, head: str = "linear") -> Dict[str, np.ndarray]:
     if head == "kernel":
         S = clf.support_vectors_.float()
         S = F.normalize(S.reshape(-1, S.shape[-1]), dim=-1)
-        return {
+        out = {
             "support_vectors": S.contiguous().numpy(),
             "bandwidth": np.asarray(clf.bandwidth_, dtype=np.float32),
-            "vote_weights": clf.vote_weights_.float().contiguous().numpy(),
         }
+        A = clf.vote_weights_
+        if A.is_sparse:  # large-C artifacts: keep A as COO (rows, columns, values) and its shape
+            A = A.coalesce()
+            out["vote_weights.indices"] = A.indices().to(torch.int64).contiguous().numpy()
+            out["vote_weights.values"] = A.values().float().contiguous().numpy()
+            out["vote_weights.shape"] = np.asarray(A.shape, dtype=np.int64)
+        else:
+            out["vote_weights"] = A.float().contiguous().numpy()
+        return out
     raise SvgenError(f"unknown head {head!r}; expected one of {', '.join(EXPORT_HEADS)}")
 
 
@@ -140,6 +150,23 @@ def head_metadata(clf, head: str) -> Dict[str, str]:
 
 
 # ----------------------------------------------------------------------------- ONNX graph
+
+ONNX_MAX_BYTES = 1 << 30  # protobuf caps a model at 2 GiB
+
+
+def _dense_votes(t: dict) -> np.ndarray:
+    """The M×C vote weights as a dense array (ONNX graphs carry them dense)."""
+    if "vote_weights" in t:
+        return t["vote_weights"]
+    M, C = (int(v) for v in t["vote_weights.shape"])
+    if M * C * 4 > ONNX_MAX_BYTES:
+        raise SvgenError(f"the kernel head's {M}×{C} vote weights are too large for an ONNX graph; "
+                         "export --format safetensors or npz (they keep them sparse)")
+    A = np.zeros((M, C), dtype=np.float32)
+    rows, cols = t["vote_weights.indices"]
+    np.add.at(A, (rows, cols), t["vote_weights.values"])
+    return A
+
 
 def onnx_model(clf, head: str = "linear"):
     """An ``onnx.ModelProto``: ``embeddings`` (N×D, raw) → ``scores`` (N×C) for one head."""
@@ -194,7 +221,7 @@ def onnx_model(clf, head: str = "linear"):
         nodes += [
             helper.make_node("Neg", ["expo"], ["neg"]),
             helper.make_node("Exp", ["neg"], ["k"]),
-            helper.make_node("MatMul", ["k", const("vote_weights", t["vote_weights"])], ["scores"]),
+            helper.make_node("MatMul", ["k", const("vote_weights", _dense_votes(t))], ["scores"]),
         ]
     graph = helper.make_graph(
         nodes, f"svgen_{head}_head",

@@ -265,3 +265,30 @@ def test_help_texts_explain(capsys):
         text = " ".join(capsys.readouterr().out.split())
         for w in words:
             assert w in text, (command, w)
+
+
+def test_sparse_vote_weights_export(synth, tmp_path):
+    """Large-C artifacts keep A sparse: head files store COO, ONNX densifies, both match svgen."""
+    import runpy
+
+    from svgen.export import export_head
+
+    clf = SVGClassifier.load(synth["art"])
+    A = clf.vote_weights_.clone()
+    A[A.abs() < A.abs().median()] = 0  # a genuinely sparse A
+    clf.vote_weights_ = A.to_sparse()
+    ref = clf.decision_function(synth["x"], head="kernel").numpy()
+    dense = _normalize(synth["x"])
+    d2 = np.maximum(2 - 2 * dense @ _normalize(clf.support_vectors_.reshape(-1, D).numpy()).T, 0)
+    np.testing.assert_allclose(ref, np.exp(-d2 / (2 * clf.bandwidth_ ** 2)) @ A.numpy(), rtol=1e-4,
+                               atol=1e-6 * np.abs(ref).max())
+    script = runpy.run_path(str(Path(__file__).resolve().parent.parent / "scripts" / "zero_shot_classify.py"))
+    for fmt in ("safetensors", "npz"):
+        f = tmp_path / f"sparse.{fmt}"
+        export_head(clf, f, fmt, head="kernel")
+        h = load_head(f)
+        assert "vote_weights" not in h and h["vote_weights.values"].size == int((A != 0).sum())
+        got = script["load_head"](str(f))["score"](synth["x"])
+        np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-6 * np.abs(ref).max())
+    if pytest.importorskip("onnx") and pytest.importorskip("onnxruntime"):
+        export_head(clf, tmp_path / "sparse.onnx", "onnx", head="kernel")  # verified against svgen inside
