@@ -23,7 +23,8 @@ from .metric import lda_head, whiten_directions
 from .heads import HEADS, cosine_logits, kernel_scores, linear_logits
 from .prompts import validate_classes
 from .prototypes import prototypes_from_embeddings
-from .training import FitConfig, config_dict, fit_metrics, generate_all, solve_vote_weights, train_generator
+from .training import (FitConfig, config_dict, fit_metrics, generate_all, solve_vote_weights, spread_anchors,
+                       train_generator)
 
 log = logging.getLogger(__name__)
 
@@ -306,7 +307,8 @@ class SVGClassifier:
         if E_new.shape[1] != T:
             # keep one per-template tensor: pad/cycle the new templates to the artifact's T
             E_new = E_new[:, [t % E_new.shape[1] for t in range(T)]]
-        anchors = template_anchors(E_new, self.fit_config_.n_support)
+        anchors = spread_anchors(template_anchors(E_new, self.fit_config_.n_support),
+                                 torch.cat([self.prototypes_, P_new]), n_templates=E_new.shape[1])
         if self.metric_precision_ is not None:
             anchors = whiten_directions(anchors, self.metric_precision_)
         S_new = generate_all(self.generator_, P_new, anchors)

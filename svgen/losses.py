@@ -51,10 +51,9 @@ MARGINS = {"hinge": multiclass_hinge, "ce": softmax_ce}
 
 
 def grounding_loss(support: torch.Tensor, anchors: torch.Tensor) -> torch.Tensor:
-    """``mean_{c,k} (1 - max_t cos(s_{c,k}, E[c,t]))``: each support vector stays close to one of its
-    class's own text embeddings (``support`` B×K×D, ``anchors`` B×T×D, both unit rows)."""
-    cos = torch.einsum("bkd,btd->bkt", support, anchors)
-    return (1.0 - cos.max(dim=-1).values).mean()
+    """``mean_{c,k} (1 - cos(s_{c,k}, a_{c,k}))``: each support vector stays near its own anchor,
+    a text embedding of its class (``support`` and ``anchors`` B×K×D, unit rows)."""
+    return (1.0 - (support * anchors).sum(dim=-1)).mean()
 
 
 def rff_alignment_terms(phi: torch.Tensor, n_classes: int, n_support: int):

@@ -39,6 +39,22 @@ def neighbour_difference_covariance(prototypes: torch.Tensor, chunk: int = 4096)
     return diff.T @ diff / C
 
 
+def confusion_directions(prototypes: torch.Tensor, n: int):
+    """(top-``n`` eigenvectors of Σ_loc as rows, half the median nearest-prototype distance)."""
+    P = F.normalize(prototypes.double(), dim=-1)
+    cov = neighbour_difference_covariance(P)
+    _, vecs = torch.linalg.eigh(cov)
+    sims = P @ P.T if P.shape[0] <= 8192 else None
+    if sims is None:  # large C: the median over a subset of classes is plenty
+        idx = torch.randperm(P.shape[0], generator=torch.Generator().manual_seed(0))[:8192]
+        sims = P[idx] @ P.T
+        sims[torch.arange(len(idx)), idx] = -float("inf")
+    else:
+        sims.fill_diagonal_(-float("inf"))
+    nn_dist = torch.sqrt((2 - 2 * sims.max(dim=1).values).clamp_min(0))
+    return vecs[:, -n:].flip(1).T.float(), float(nn_dist.median()) / 2
+
+
 def shrink_to_condition(cov: torch.Tensor, kappa: float):
     """(Σ, δ): ``Σ = (1−δ)·cov + δ·(tr cov / D)·I`` with the smallest δ giving ``cond(Σ) ≤ κ``.
 

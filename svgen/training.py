@@ -35,7 +35,7 @@ from .kernels import kernel, median_heuristic
 from .config import FitConfig, config_dict
 from .losses import MARGINS, block_alignment, grounding_loss
 from . import scale
-from .metric import lda_head, text_precision, whiten_directions
+from .metric import confusion_directions, lda_head, text_precision, whiten_directions
 
 log = logging.getLogger(__name__)
 
@@ -111,7 +111,7 @@ def _batch_loss(cfg: FitConfig, state: TrainState, P, anchors, E, idx, y_cache):
     labels = y_cache[: B * K] if B * K <= len(y_cache) else torch.arange(B).repeat_interleave(K)
     logits = S @ state.weight[idx].T + state.bias[idx]
     margin = MARGINS[cfg.margin](logits, labels)
-    ground = grounding_loss(S3, E[idx])
+    ground = grounding_loss(S3, anchors[idx])
     loss = -cfg.alignment_weight * align + cfg.margin_weight * margin + cfg.grounding_weight * ground
     parts = {"align": align, "margin": margin, "ground": ground}
     if cfg.query_weight > 0:
@@ -126,16 +126,39 @@ def _batch_loss(cfg: FitConfig, state: TrainState, P, anchors, E, idx, y_cache):
 
 
 def setup_geometry(P: torch.Tensor, E: torch.Tensor, cfg: FitConfig):
-    """(Σ⁻¹ or None, anchors C×K×D, grounding targets C×T×D) from the text embeddings alone.
+    """(Σ⁻¹ or None, anchors C×K×D) from the text embeddings alone.
 
-    With the neighbour metric, anchors and grounding targets are the whitened, re-normalised
-    text embeddings ``normalize(Σ⁻¹ e)`` (see :mod:`svgen.metric`); otherwise the raw ones.
+    Anchors are template-group means (:func:`template_anchors`). When a class has fewer templates
+    than K, the surplus slots are spread along the class-confusion directions (:func:`spread_anchors`)
+    so the K support vectors of a class start apart. With the neighbour metric, anchors are then
+    whitened and re-normalised, ``normalize(Σ⁻¹ a)`` (see :mod:`svgen.metric`).
     """
-    anchors = template_anchors(E, cfg.n_support)
+    anchors = spread_anchors(template_anchors(E, cfg.n_support), P, n_templates=E.shape[1])
     if cfg.metric == "none":
-        return None, anchors, E
+        return None, anchors
     precision = text_precision(P, cfg.metric_condition).to(P.device)
-    return precision, whiten_directions(anchors, precision), whiten_directions(E, precision)
+    return precision, whiten_directions(anchors, precision)
+
+
+def spread_anchors(anchors: torch.Tensor, P: torch.Tensor, n_templates: int) -> torch.Tensor:
+    # P: the prototypes that define the confusion directions (all classes of the artifact)
+    """Move anchor slots k ≥ T (copies of template groups) to ``normalize(a ± θ v_j)``.
+
+    ``v_j`` are the top eigenvectors of the neighbour-difference covariance (the directions in
+    which confusable classes differ) and ``θ`` is half the median nearest-prototype distance, so
+    the spread stays inside each class's own neighbourhood. Slot ``T + i`` uses direction
+    ``i // 2`` with sign ``(−1)^i``.
+    """
+    C, K, D = anchors.shape
+    extra = K - n_templates
+    if extra <= 0:
+        return anchors
+    dirs, theta = confusion_directions(P, (extra + 1) // 2)
+    out = anchors.clone()
+    for i in range(extra):
+        sign = 1.0 if i % 2 == 0 else -1.0
+        out[:, n_templates + i] = F.normalize(anchors[:, n_templates + i] + sign * theta * dirs[i // 2].to(anchors.dtype), dim=-1)
+    return out
 
 
 def initial_linear_head(P: torch.Tensor, precision: Optional[torch.Tensor], scale: float):
@@ -156,7 +179,8 @@ def train_generator(
     torch.manual_seed(cfg.seed)
     C, D = P.shape
     P, E = P.to(device), E.to(device)
-    precision, anchors, G = setup_geometry(P, E, cfg)
+    precision, anchors = setup_geometry(P, E, cfg)
+    queries = E if precision is None else whiten_directions(E, precision)  # text queries for query_weight > 0
     generator = SupportVectorGenerator(D, cfg.n_support, radius=cfg.radius).to(device)
     S0 = generate_all(generator, P, anchors)
     sigma0 = median_heuristic(S0) or median_heuristic(P) or 1.0
@@ -194,7 +218,7 @@ def train_generator(
     good = _snapshot(state)
     for step in steps:
         idx = sampler().to(device)
-        loss, parts = _batch_loss(cfg, state, P, anchors, G, idx, y_cache)
+        loss, parts = _batch_loss(cfg, state, P, anchors, queries, idx, y_cache)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         grads_ok = all(p.grad is None or torch.isfinite(p.grad).all() for p in params)

@@ -122,11 +122,27 @@ def test_hinge_and_ce_match_direct_formulas():
     assert softmax_ce(z, y).item() == pytest.approx(-logp[torch.arange(3), y].mean().item())
 
 
-def test_grounding_is_distance_to_the_nearest_own_embedding():
-    E = F.normalize(torch.tensor([[[1.0, 0, 0], [0, 1.0, 0]]]), dim=-1)
+def test_grounding_is_one_minus_cosine_to_own_anchor():
+    A = F.normalize(torch.tensor([[[1.0, 0, 0], [0, 1.0, 0]]]), dim=-1)
     S = F.normalize(torch.tensor([[[1.0, 0.2, 0], [0, 0, 1.0]]]), dim=-1)
-    expected = ((1 - S[0, 0] @ E[0, 0]) + (1 - 0.0)) / 2
-    assert grounding_loss(S, E).item() == pytest.approx(expected.item())
+    expected = ((1 - S[0, 0] @ A[0, 0]) + (1 - S[0, 1] @ A[0, 1])) / 2
+    assert grounding_loss(S, A).item() == pytest.approx(expected.item())
+
+
+def test_spread_anchors_move_surplus_slots_along_confusion_directions():
+    from svgen.metric import confusion_directions
+    from svgen.training import spread_anchors
+
+    P = _unit(30, 8, 14).float()
+    anchors = template_anchors(P[:, None, :], 4)  # T=1: four copies of the prototype
+    spread = spread_anchors(anchors, P, n_templates=1)
+    dirs, theta = confusion_directions(P, 2)
+    np.testing.assert_allclose(spread[:, 0].numpy(), P.numpy(), atol=1e-6)  # slot 0 stays
+    np.testing.assert_allclose(spread[:, 1].numpy(), F.normalize(P + theta * dirs[0], dim=-1).numpy(), atol=1e-6)
+    np.testing.assert_allclose(spread[:, 2].numpy(), F.normalize(P - theta * dirs[0], dim=-1).numpy(), atol=1e-6)
+    np.testing.assert_allclose(spread[:, 3].numpy(), F.normalize(P + theta * dirs[1], dim=-1).numpy(), atol=1e-6)
+    cos = torch.einsum("ckd,cjd->ckj", spread, spread)
+    assert (cos[:, 1, 2] < 0.999).all()  # distinct starting points within each class
 
 
 def test_generator_outputs_unit_vectors_starting_at_anchors():
