@@ -240,7 +240,7 @@ def train_generator(
         h = state.history
         h["loss"].append(float(loss.detach())); h["sigma"].append(sigma)
         for k in ("align", "margin", "ground"):
-            h[k].append(float(parts[k]))
+            h[k].append(float(parts[k].detach()))
         if bar is not None:
             bar.set_postfix(loss=f"{float(loss):.4f}", align=f"{float(parts['align']):.4f}", sigma=f"{sigma:.3f}")
     if bar is not None:
