@@ -324,6 +324,9 @@ def solve_vote_weights(S: torch.Tensor, sigma: float, cfg: FitConfig, n_classes:
     return A, lam, None, path
 
 
+HINGE_MAX_ROWS = 8192  # above this many support vectors the recorded hinge is a random-row estimate
+
+
 def _hinge_chunked(flat, labels, weight, bias, chunk: int = 2048) -> float:
     """Mean multi-class hinge of the linear head on the support vectors, in row chunks (M×C can be GBs)."""
     total = 0.0
@@ -350,7 +353,11 @@ def fit_metrics(state: TrainState, S, P, K_ss, lam, cfg: FitConfig, wall_s: floa
             align_end, align_classes = float(block_alignment(K_ss, C, K)), C
         else:
             align_end, align_classes = scale.alignment_value(S, sigma, cfg.kernel, seed=cfg.seed)
-        hinge = _hinge_chunked(flat, labels, state.weight.detach(), state.bias.detach())
+        rows = scale.subset_classes(flat.shape[0], HINGE_MAX_ROWS, cfg.seed)  # O(M·C·D) in full: sample rows
+        if rows is not None:
+            extra["hinge_rows"] = HINGE_MAX_ROWS
+        hinge = _hinge_chunked(flat if rows is None else flat[rows], labels if rows is None else labels[rows],
+                               state.weight.detach(), state.bias.detach())
         cond = scale.condition_estimate(S, sigma, cfg.kernel, K_ss=K_ss, seed=cfg.seed)
         cos_proto = float(torch.einsum("ckd,cd->ck", S, F.normalize(P, dim=-1)).mean())
         if vote_weights is not None and vote_weights.is_sparse:
