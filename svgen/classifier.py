@@ -62,7 +62,7 @@ class SVGClassifier:
         self,
         n_support: int = 4,
         kernel: str = "rbf",
-        steps: int = 300,
+        steps: int = 100,
         lr: float = 1e-3,
         margin: str = "hinge",
         alignment_weight: float = 1.0,
