@@ -182,7 +182,7 @@ def main(argv=None):
         step_rows.append(row)
     result = {"benchmark": "fit", "steps": default_steps, "K": 4, "D": 512, "machine": machine(),
               "fits": fits, "steps_full_batch": step_rows}
-    path = save_result("fit" + ("-quick" if args.quick else ""), result)
+    path = save_result("fit-" + "-".join(map(str, classes)) + ("-quick" if args.quick else ""), result)
     if args.json:
         print(json.dumps(result))
     else:

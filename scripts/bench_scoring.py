@@ -18,6 +18,7 @@ head). Large C uses sparse vote weights (the large-C artifact layout), whose GEM
 from __future__ import annotations
 
 import argparse
+import warnings
 import json
 import sys
 
@@ -25,6 +26,8 @@ import torch
 import torch.nn.functional as F
 
 from bench_common import machine, make_prototypes, peak_rss_mb, print_table, save_result, timed
+
+warnings.filterwarnings("ignore", message="Sparse")
 
 
 def sparse_votes(P, K, neighbours=32, seed=0):
