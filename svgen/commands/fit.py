@@ -50,6 +50,9 @@ def add_parser(sub):
     m.add_argument("--batch-classes", type=int, default=d.batch_classes, help="classes per optimisation step")
     m.add_argument("--rff-dim", type=int, default=None, metavar="M",
                    help="random Fourier features for very many classes (default: chosen from C·K)")
+    m.add_argument("--solver", choices=("auto", "exact", "blocked", "rff"), default=d.solver,
+                   help="alignment path per class batch: the full kernel, row blocks, or random Fourier features "
+                        "(auto: from the batch size and available memory; recorded in svgen.json)")
     m.add_argument("--seed", type=int, default=d.seed, help="random seed (same seed, same tensors on CPU)")
     p.set_defaults(func=run)
 
@@ -85,7 +88,7 @@ def run(args) -> int:
     clf = SVGClassifier(
         n_support=args.n_support, kernel=args.kernel, steps=args.steps, lr=args.lr, margin=args.margin,
         margin_weight=args.margin_weight, grounding_weight=args.grounding_weight, ridge=_ridge(args.ridge),
-        batch_classes=args.batch_classes, rff_dim=args.rff_dim, seed=args.seed, device=args.device,
+        batch_classes=args.batch_classes, rff_dim=args.rff_dim, solver=args.solver, seed=args.seed, device=args.device,
         progress=args.progress,
     )
     clf._config()  # validate settings before any expensive work
