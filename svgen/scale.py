@@ -312,17 +312,20 @@ def vote_residual(S3: torch.Tensor, sigma: float, kind: str, lam: float, A: torc
 EXACT_SPECTRUM_MAX_M = 2048
 
 
-def extreme_eigenvalues(K: torch.Tensor, iters: int = 60) -> Optional[tuple]:
+def extreme_eigenvalues(K: torch.Tensor, iters: int = 60, tol: float = 1e-6) -> Optional[tuple]:
     """(λ_min, λ_max) of a PSD matrix: power iteration for λ_max, inverse iteration (on a Cholesky of
-    ``K + δI``, δ = 1e-13·λ_max) for λ_min. None when K is numerically singular (Cholesky fails)."""
+    ``K + δI``, δ = 1e-13·λ_max) for λ_min, each stopped once the estimate changes by less than
+    ``tol`` (relative). None when K is numerically singular (Cholesky fails)."""
     K = K.double()
     M = K.shape[0]
     v = torch.ones(M, dtype=torch.float64) / math.sqrt(M)
     lam_max = 0.0
     for _ in range(iters):
         w = K @ v
-        lam_max = float(w.norm())
+        prev, lam_max = lam_max, float(w.norm())
         v = w / max(lam_max, 1e-300)
+        if abs(lam_max - prev) <= tol * lam_max:
+            break
     delta = 1e-13 * lam_max
     L, info = torch.linalg.cholesky_ex(K + delta * torch.eye(M, dtype=torch.float64))
     if int(info) != 0:
@@ -332,8 +335,10 @@ def extreme_eigenvalues(K: torch.Tensor, iters: int = 60) -> Optional[tuple]:
     mu = 0.0
     for _ in range(iters):
         w = torch.cholesky_solve(v, L)
-        mu = float(w.norm())
+        prev, mu = mu, float(w.norm())
         v = w / mu
+        if abs(mu - prev) <= tol * mu:
+            break
     lam_min = 1.0 / mu - delta
     return (lam_min, lam_max) if lam_min > 0 else None
 
