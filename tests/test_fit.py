@@ -243,3 +243,29 @@ def test_alignment_alone_clumps_margin_alone_ill_conditions_default_does_neither
     # the default keeps the support vectors apart and the kernel well away from singular
     assert within_default < 0.995
     assert cond_default < 1e6
+
+
+def test_cli_add_classes_and_diagnose(tmp_path, cli):
+    emb = _protos(C=14)
+    emb_path, classes = _cli_files(tmp_path, emb[:12], [f"c{i}" for i in range(12)])
+    code, _, err = cli("fit", "--prototypes", emb_path, "--classes", classes, "--out", tmp_path / "a.svgen", "--steps", "3")
+    assert code == 0, err
+    np.save(tmp_path / "new.npy", emb[12:].astype(np.float32))
+    (tmp_path / "new.txt").write_text("new0\nnew1\n")
+    code, out, err = cli("add-classes", tmp_path / "a.svgen", "--classes", tmp_path / "new.txt",
+                         "--prototypes", tmp_path / "new.npy")
+    assert code == 0, err
+    assert "12 → 14 classes" in out
+    meta, t = load_artifact(tmp_path / "a.svgen")
+    assert meta["classes"][-2:] == ["new0", "new1"] and t["vote_weights"].shape == (14 * 4, 14)
+    # adding a class that is already there is one line, exit 2, and the artifact is untouched
+    before = (tmp_path / "a.svgen" / "weights.safetensors").read_bytes()
+    (tmp_path / "dup.txt").write_text("c3\n")
+    np.save(tmp_path / "dup.npy", emb[:1].astype(np.float32))
+    code, _, err = cli("add-classes", tmp_path / "a.svgen", "--classes", tmp_path / "dup.txt", "--prototypes", tmp_path / "dup.npy")
+    assert code == 2 and "already in the artifact" in err and len(err.strip().splitlines()) == 1
+    assert (tmp_path / "a.svgen" / "weights.safetensors").read_bytes() == before
+    code, out, err = cli("diagnose", tmp_path / "a.svgen")
+    assert code == 0 and "condition number" in out and "findings" in out
+    code, _, err = cli("diagnose", tmp_path / "missing.svgen")
+    assert code == 2 and "not an svgen artifact" in err
