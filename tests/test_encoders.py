@@ -18,6 +18,9 @@ import torch.nn.functional as F
 from svgen.encoders import ClipEncoder, _truncation_exact, encode_text_truncated, find_images
 from svgen.errors import SvgenError
 
+# A real, downloadable tag; the tests that name it never reach the network (refused before any load: "not both").
+REAL_TAG = "openai"
+
 # One word up to well past the 77-token context: every batch mixes very different lengths.
 PROMPTS = [
     "a",
@@ -123,7 +126,7 @@ def test_bad_names_and_options(tiny_model, tmp_path):
     with pytest.raises(SvgenError, match="checkpoint file not found"):
         ClipEncoder(tiny_model["config"], checkpoint=str(tmp_path / "missing.safetensors"))
     with pytest.raises(SvgenError, match="not both"):
-        ClipEncoder("ViT-B-32", pretrained="openai", checkpoint=tiny_model["safetensors"])
+        ClipEncoder("ViT-B-32", pretrained=REAL_TAG, checkpoint=tiny_model["safetensors"])
     with pytest.raises(SvgenError, match="unknown pretrained tag 'nope'.*openai"):
         ClipEncoder("ViT-B-32", pretrained="nope")
     with pytest.raises(SvgenError, match="open_clip_config.json"):

@@ -17,6 +17,9 @@ import pytest
 from svgen import hub
 from svgen.errors import EncoderUnavailableError
 
+# A real, downloadable tag; the tests that name it never reach the network (HF_HUB_OFFLINE is set and the model builder is patched to fail: nothing is fetched).
+REAL_TAG = "openai"
+
 ROOT = Path(__file__).resolve().parent.parent
 CIFAR10 = ROOT / "prompts" / "classes" / "cifar10.txt"
 
@@ -96,7 +99,7 @@ def test_library_raises_before_building_the_model(nothing_cached, monkeypatch):
 
     monkeypatch.setattr(open_clip, "create_model_and_transforms", must_not_run)
     with pytest.raises(EncoderUnavailableError) as e:
-        ClipEncoder("ViT-B-32", pretrained="openai")
+        ClipEncoder("ViT-B-32", pretrained=REAL_TAG)
     assert "\n" not in str(e.value) and "--checkpoint" in str(e.value)
 
 
