@@ -11,6 +11,7 @@ One implementation each, shared by the Python API, the CLI and the exporters:
 
 from __future__ import annotations
 
+import math
 import weakref
 from typing import Iterable, Optional, Sequence, Tuple
 
@@ -161,6 +162,20 @@ def ridge_path_scores(
         mse = float((loo_resid ** 2).sum(dim=1).mean())
         scores.append(err + 1e-6 * mse)
     return scores, list(lambdas)
+
+
+def top_eigenvalue(K: torch.Tensor, iters: int = 50, tol: float = 0.0) -> float:
+    """Largest eigenvalue of a PSD matrix by power iteration from the all-ones vector; stops early
+    once the estimate changes by at most ``tol`` (relative; 0 runs all ``iters``)."""
+    v = torch.ones(K.shape[0], dtype=K.dtype) / math.sqrt(K.shape[0])
+    lam = 0.0
+    for _ in range(iters):
+        w = K @ v
+        prev, lam = lam, float(w.norm())
+        v = w / max(lam, 1e-300)
+        if abs(lam - prev) <= tol * lam:
+            break
+    return lam
 
 
 def topk(scores: torch.Tensor, k: int) -> Tuple[torch.Tensor, torch.Tensor]:

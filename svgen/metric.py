@@ -21,37 +21,45 @@ Two uses, both preserving the contract's formulas:
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 import torch.nn.functional as F
 
 
-def neighbour_difference_covariance(prototypes: torch.Tensor, chunk: int = 4096) -> torch.Tensor:
-    """``Σ_loc = mean_c (p_c − p_nn(c))(p_c − p_nn(c))ᵀ`` over unit prototypes (D×D, float64)."""
-    P = F.normalize(prototypes.double(), dim=-1)
+def nearest_classes(prototypes: torch.Tensor, n: int, chunk: int = 2048) -> torch.Tensor:
+    """C×n indices of each class's n nearest *other* classes by cosine, nearest first (chunked,
+    so memory is O(chunk·C) whatever C is)."""
+    P = F.normalize(prototypes.float(), dim=-1)
     C = P.shape[0]
-    nn = torch.empty(C, dtype=torch.long)
+    n = min(n, C - 1)
+    out = torch.empty(C, n, dtype=torch.long)
     for s in range(0, C, chunk):
         sims = P[s:s + chunk] @ P.T
         rows = torch.arange(sims.shape[0])
         sims[rows, rows + s] = -float("inf")
-        nn[s:s + chunk] = sims.argmax(dim=1)
-    diff = P - P[nn]
-    return diff.T @ diff / C
+        out[s:s + chunk] = sims.topk(n, dim=1).indices
+    return out
 
 
-def confusion_directions(prototypes: torch.Tensor, n: int):
-    """(top-``n`` eigenvectors of Σ_loc as rows, half the median nearest-prototype distance)."""
+def neighbour_difference_covariance(prototypes: torch.Tensor) -> torch.Tensor:
+    """``Σ_loc = mean_c (p_c − p_nn(c))(p_c − p_nn(c))ᵀ`` over unit prototypes (D×D, float64)."""
     P = F.normalize(prototypes.double(), dim=-1)
-    cov = neighbour_difference_covariance(P)
+    diff = P - P[nearest_classes(P, 1)[:, 0]]
+    return diff.T @ diff / P.shape[0]
+
+
+def confusion_directions(prototypes: torch.Tensor, n: int, cov: Optional[torch.Tensor] = None):
+    """(top-``n`` eigenvectors of Σ_loc as rows, half the median nearest-prototype distance).
+
+    ``cov``: Σ_loc of these prototypes when already computed.
+    """
+    P = F.normalize(prototypes.double(), dim=-1)
+    if cov is None:
+        cov = neighbour_difference_covariance(P)
     _, vecs = torch.linalg.eigh(cov)
-    sims = P @ P.T if P.shape[0] <= 8192 else None
-    if sims is None:  # large C: the median over a subset of classes is plenty
-        idx = torch.randperm(P.shape[0], generator=torch.Generator().manual_seed(0))[:8192]
-        sims = P[idx] @ P.T
-        sims[torch.arange(len(idx)), idx] = -float("inf")
-    else:
-        sims.fill_diagonal_(-float("inf"))
-    nn_dist = torch.sqrt((2 - 2 * sims.max(dim=1).values).clamp_min(0))
+    nn_cos = (P * P[nearest_classes(P, 1)[:, 0]]).sum(dim=1)
+    nn_dist = torch.sqrt((2 - 2 * nn_cos).clamp_min(0))
     return vecs[:, -n:].flip(1).T.float(), float(nn_dist.median()) / 2
 
 
@@ -72,12 +80,14 @@ def shrink_to_condition(cov: torch.Tensor, kappa: float):
     return (1 - delta) * cov + delta * mu * eye, delta
 
 
-def text_precision(prototypes: torch.Tensor, kappa: float = 1.5) -> torch.Tensor:
+def text_precision(prototypes: torch.Tensor, kappa: float = 1.5, cov: Optional[torch.Tensor] = None) -> torch.Tensor:
     """``Σ⁻¹`` of the shrunk neighbour-difference covariance, rescaled to unit mean eigenvalue (D×D float32).
 
     The overall scale of Σ⁻¹ changes no ranking, so it is normalised for numerical comfort.
     """
-    sigma, _ = shrink_to_condition(neighbour_difference_covariance(prototypes), kappa)
+    if cov is None:
+        cov = neighbour_difference_covariance(prototypes)
+    sigma, _ = shrink_to_condition(cov, kappa)
     prec = torch.linalg.inv(sigma)
     prec = (prec + prec.T) / 2
     return (prec * (prec.shape[0] / torch.trace(prec))).float()

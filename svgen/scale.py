@@ -42,7 +42,9 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
+from .heads import top_eigenvalue
 from .kernels import RandomFourierFeatures, kernel, kernel_from_sq_dists
+from .metric import nearest_classes
 
 log = logging.getLogger(__name__)
 
@@ -230,18 +232,10 @@ def alignment_value(S3: torch.Tensor, sigma: float, kind: str, max_classes: int 
 
 
 # ---------------------------------------------------------------------------------- vote weights
-def class_neighbours(centres: torch.Tensor, n: int, chunk: int = 2048) -> torch.Tensor:
+def class_neighbours(centres: torch.Tensor, n: int) -> torch.Tensor:
     """C×n class indices: each class itself first, then its n−1 nearest classes by cosine."""
-    C = centres.shape[0]
-    n = min(n, C)
-    P = F.normalize(centres.float(), dim=-1)
-    out = torch.empty(C, n, dtype=torch.long)
-    for s in range(0, C, chunk):
-        sims = P[s:s + chunk] @ P.T
-        rows = torch.arange(sims.shape[0])
-        sims[rows, rows + s] = float("inf")  # self first
-        out[s:s + chunk] = sims.topk(n, dim=1).indices
-    return out
+    n = min(n, centres.shape[0])
+    return torch.cat([torch.arange(centres.shape[0])[:, None], nearest_classes(centres, n - 1)], dim=1)
 
 
 def local_vote_weights(S3: torch.Tensor, sigma: float, kind: str, lam: float, n_neighbours: int = 32,
@@ -318,14 +312,7 @@ def extreme_eigenvalues(K: torch.Tensor, iters: int = 60, tol: float = 1e-6) -> 
     ``tol`` (relative). None when K is numerically singular (Cholesky fails)."""
     K = K.double()
     M = K.shape[0]
-    v = torch.ones(M, dtype=torch.float64) / math.sqrt(M)
-    lam_max = 0.0
-    for _ in range(iters):
-        w = K @ v
-        prev, lam_max = lam_max, float(w.norm())
-        v = w / max(lam_max, 1e-300)
-        if abs(lam_max - prev) <= tol * lam_max:
-            break
+    lam_max = top_eigenvalue(K, iters, tol)
     delta = 1e-13 * lam_max
     L, info = torch.linalg.cholesky_ex(K + delta * torch.eye(M, dtype=torch.float64))
     if int(info) != 0:

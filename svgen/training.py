@@ -30,12 +30,13 @@ import torch
 import torch.nn.functional as F
 
 from .generator import SupportVectorGenerator, template_anchors
-from .heads import DEFAULT_LAMBDAS, krr_vote_weights, one_hot_blocks, ridge_path_scores
+from .heads import DEFAULT_LAMBDAS, krr_vote_weights, top_eigenvalue, one_hot_blocks, ridge_path_scores
 from .kernels import kernel, median_heuristic
 from .config import FitConfig, config_dict
 from .losses import MARGINS, block_alignment, grounding_loss
 from . import scale
-from .metric import confusion_directions, lda_head, text_precision, whiten_directions
+from .metric import (confusion_directions, lda_head, nearest_classes, neighbour_difference_covariance,
+                     text_precision, whiten_directions)
 
 log = logging.getLogger(__name__)
 
@@ -50,13 +51,7 @@ class ClassBatchSampler:
         self.rng = np.random.default_rng(seed)
         self.nn = None
         if self.batch < self.C and self.neighbours > 0:
-            P = F.normalize(prototypes, dim=-1)
-            nn_idx = []
-            for start in range(0, self.C, 4096):
-                sims = P[start:start + 4096] @ P.T
-                sims[torch.arange(sims.shape[0]), torch.arange(start, start + sims.shape[0])] = -2
-                nn_idx.append(sims.topk(self.neighbours, dim=1).indices)
-            self.nn = torch.cat(nn_idx).numpy()
+            self.nn = nearest_classes(prototypes, self.neighbours).numpy()
 
     def __call__(self) -> torch.Tensor:
         if self.batch >= self.C:
@@ -133,27 +128,29 @@ def setup_geometry(P: torch.Tensor, E: torch.Tensor, cfg: FitConfig):
     so the K support vectors of a class start apart. With the neighbour metric, anchors are then
     whitened and re-normalised, ``normalize(Σ⁻¹ a)`` (see :mod:`svgen.metric`).
     """
-    anchors = spread_anchors(template_anchors(E, cfg.n_support), P, n_templates=E.shape[1])
+    cov = neighbour_difference_covariance(P)  # computed once for the spread and the metric
+    anchors = spread_anchors(template_anchors(E, cfg.n_support), P, n_templates=E.shape[1], cov=cov)
     if cfg.metric == "none":
         return None, anchors
-    precision = text_precision(P, cfg.metric_condition).to(P.device)
+    precision = text_precision(P, cfg.metric_condition, cov=cov).to(P.device)
     return precision, whiten_directions(anchors, precision)
 
 
-def spread_anchors(anchors: torch.Tensor, P: torch.Tensor, n_templates: int) -> torch.Tensor:
-    # P: the prototypes that define the confusion directions (all classes of the artifact)
+def spread_anchors(anchors: torch.Tensor, P: torch.Tensor, n_templates: int,
+                   cov: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Move anchor slots k ≥ T (copies of template groups) to ``normalize(a ± θ v_j)``.
 
     ``v_j`` are the top eigenvectors of the neighbour-difference covariance (the directions in
     which confusable classes differ) and ``θ`` is half the median nearest-prototype distance, so
     the spread stays inside each class's own neighbourhood. Slot ``T + i`` uses direction
-    ``i // 2`` with sign ``(−1)^i``.
+    ``i // 2`` with sign ``(−1)^i``. ``P`` are the prototypes that define the directions (all
+    classes of the artifact); ``cov`` their neighbour-difference covariance if already computed.
     """
     C, K, D = anchors.shape
     extra = K - n_templates
     if extra <= 0:
         return anchors
-    dirs, theta = confusion_directions(P, (extra + 1) // 2)
+    dirs, theta = confusion_directions(P, (extra + 1) // 2, cov=cov)
     out = anchors.clone()
     for i in range(extra):
         sign = 1.0 if i % 2 == 0 else -1.0
@@ -260,17 +257,6 @@ def _restore(state: TrainState, snap) -> None:
         state.log_sigma.copy_(log_sigma)
         state.weight.copy_(weight)
         state.bias.copy_(bias)
-
-
-def top_eigenvalue(K_ss: torch.Tensor, iters: int = 50) -> float:
-    """Largest eigenvalue of a PSD matrix by power iteration (started from the all-ones vector)."""
-    v = torch.ones(K_ss.shape[0], dtype=K_ss.dtype) / math.sqrt(K_ss.shape[0])
-    lam = 0.0
-    for _ in range(iters):
-        w = K_ss @ v
-        lam = float(w.norm())
-        v = w / max(lam, 1e-300)
-    return lam
 
 
 def choose_ridge(K_ss: torch.Tensor, Y: torch.Tensor, ridge, lambdas=DEFAULT_LAMBDAS, parzen_factor: float = 100.0):

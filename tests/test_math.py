@@ -8,11 +8,12 @@ import torch
 import torch.nn.functional as F
 
 from svgen.generator import SupportVectorGenerator, template_anchors
-from svgen.heads import cosine_logits, kernel_scores, krr_vote_weights, linear_logits, one_hot_blocks, ridge_path_scores
+from svgen.heads import (cosine_logits, kernel_scores, krr_vote_weights, linear_logits, one_hot_blocks,
+                         ridge_path_scores, top_eigenvalue)
 from svgen.kernels import kernel, median_heuristic
 from svgen.losses import block_alignment, grounding_loss, kernel_alignment, multiclass_hinge, softmax_ce
 from svgen.metric import lda_head, neighbour_difference_covariance, shrink_to_condition, text_precision
-from svgen.training import choose_ridge, top_eigenvalue
+from svgen.training import choose_ridge
 
 
 def _unit(n, d, seed=0):
