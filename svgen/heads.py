@@ -99,15 +99,22 @@ def kernel_scores(
     sigma = float(sigma)
     x = F.normalize(x, dim=-1)
     S = F.normalize(support, dim=-1)
-    blocks = _csr_blocks(vote_weights, block_size) if vote_weights.is_sparse else None
-    out = torch.zeros(x.shape[0], vote_weights.shape[1], dtype=x.dtype, device=x.device)
-    for b, start in enumerate(range(0, S.shape[0], block_size)):
-        kern = _kernel_from_gram_(x @ S[start:start + block_size].T, sigma, kind)
-        if blocks is None:
+    if not vote_weights.is_sparse:
+        out = torch.zeros(x.shape[0], vote_weights.shape[1], dtype=x.dtype, device=x.device)
+        for start in range(0, S.shape[0], block_size):
+            kern = _kernel_from_gram_(x @ S[start:start + block_size].T, sigma, kind)
             out.addmm_(kern, vote_weights[start:start + block_size].to(kern.dtype))
-        else:
-            out += (blocks[b].to(kern.dtype) @ kern.T).T
-    return out
+        return out
+    # Sparse votes: work transposed, so that both operands of the sparse product are row-major.
+    # ``Aᵀ[:, block] (CSR) @ k(S_block, x̂)`` accumulated in place into ``scoresᵀ`` is ~2× faster
+    # than ``(CSR @ kernᵀ)ᵀ`` on a transposed view plus a temporary per block (measured in
+    # scripts/bench_scoring.py: 0.30× → 0.70× of GEMM at C = 21,843).
+    blocks = _csr_blocks(vote_weights, block_size)
+    out_t = torch.zeros(vote_weights.shape[1], x.shape[0], dtype=x.dtype, device=x.device)
+    for b, start in enumerate(range(0, S.shape[0], block_size)):
+        kern_t = _kernel_from_gram_(S[start:start + block_size] @ x.T, sigma, kind)
+        out_t.addmm_(blocks[b].to(kern_t.dtype), kern_t)
+    return out_t.T.contiguous()
 
 
 def one_hot_blocks(n_classes: int, n_support: int, dtype=torch.float32) -> torch.Tensor:

@@ -118,6 +118,22 @@ def test_local_vote_weights_match_dense_solve(lam_scale):
     assert agree > 0.98
 
 
+@pytest.mark.parametrize("kind", ["rbf", "laplacian"])
+def test_sparse_kernel_scores_equal_dense_product(kind):
+    """The blocked, transposed sparse scoring path is k(x̂, S) @ A for the same A, over uneven blocks."""
+    C, K, D = 150, 4, 32
+    S3 = clustered(C, K, D, seed=6)
+    g = torch.Generator().manual_seed(7)
+    A = torch.randn(C * K, C, generator=g)
+    A[torch.rand(C * K, C, generator=g) > 0.05] = 0.0
+    X = torch.randn(37, D, generator=g)
+    by_formula = kernel(F.normalize(X, dim=-1), S3.reshape(-1, D), 0.8, kind) @ A
+    for block in (333, 600, 8192):
+        got = kernel_scores(X, S3, 0.8, A.to_sparse(), kind=kind, block_size=block)
+        assert got.shape == (37, C) and got.is_contiguous()
+        torch.testing.assert_close(got, by_formula, atol=1e-5, rtol=1e-5)
+
+
 def test_sparse_vote_weights_round_trip(tmp_path):
     g = torch.Generator().manual_seed(0)
     emb = F.normalize(torch.randn(40, 3, 16, generator=g), dim=-1).numpy()
