@@ -88,7 +88,9 @@ def machine() -> dict:
     import torch
 
     return {"cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(), "torch": torch.__version__,
-            "python": platform.python_version(), "machine": platform.machine()}
+            "python": platform.python_version(), "machine": platform.machine(),
+            # other jobs on shared cores inflate absolute times (ratios are from the same run)
+            "load_average_1m": round(os.getloadavg()[0], 2)}
 
 
 def print_table(rows, columns, title=None, out=sys.stdout):

@@ -148,7 +148,7 @@ def main(argv=None):
     ap.add_argument("--quick", action="store_true", help="C ∈ {100, 1000}, 30 fit steps, 2 timed steps per path")
     ap.add_argument("--json", action="store_true", help="print one JSON object instead of the tables")
     ap.add_argument("--classes", default=None, help="comma-separated class counts (default 100,1000,21843)")
-    ap.add_argument("--steps", type=int, default=None, help="fit steps (default: svgen's default, 300)")
+    ap.add_argument("--steps", type=int, default=None, help="fit steps (default: svgen's default, FitConfig.steps)")
     ap.add_argument("--step-repeats", type=int, default=3, help="timed steps per path (best is reported)")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -159,7 +159,9 @@ def main(argv=None):
     classes = [int(c) for c in args.classes.split(",")] if args.classes else ([100, 1000] if args.quick else [100, 1000, 21843])
     steps = args.steps if args.steps is not None else (30 if args.quick else None)
     n_steps = 2 if args.quick else args.step_repeats
-    default_steps = steps if steps is not None else 300
+    from svgen.config import FitConfig
+
+    default_steps = steps if steps is not None else FitConfig().steps
     fits, step_rows = [], []
     for C in classes:
         fits.append(run_fit(C, steps))

@@ -165,7 +165,8 @@ def _sparse_vote_weights(meta: dict, tensors: Dict[str, torch.Tensor], path) -> 
     idx = idx.to(torch.int64)
     if idx.numel() and (int(idx.min()) < 0 or int(idx[0].max()) >= shape[0] or int(idx[1].max()) >= shape[1]):
         raise SvgenError(f"{path}: sparse vote-weight indices fall outside the declared shape {shape}")
-    tensors["vote_weights"] = torch.sparse_coo_tensor(idx, val, tuple(shape)).coalesce()
+    # the bounds were checked just above, so torch's own (warning, slower) check is opted out of
+    tensors["vote_weights"] = torch.sparse_coo_tensor(idx, val, tuple(shape), check_invariants=False).coalesce()
 
 
 def check_shapes(meta: dict, t: Dict[str, torch.Tensor], where="artifact") -> None:

@@ -12,6 +12,7 @@ One implementation each, shared by the Python API, the CLI and the exporters:
 from __future__ import annotations
 
 import math
+import warnings
 import weakref
 from typing import Iterable, Optional, Sequence, Tuple
 
@@ -68,7 +69,9 @@ def _csr_blocks(A: torch.Tensor, block_size: int):
     hit = _CSR_CACHE.get(id(A))
     if hit is not None and hit[0]() is A and hit[1] == block_size:
         return hit[2]
-    blocks = [blk.t().coalesce().to_sparse_csr() for blk in sparse_row_blocks(A, block_size)]
+    with warnings.catch_warnings():  # "Sparse CSR tensor support is in beta state" — once per process
+        warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta")
+        blocks = [blk.t().coalesce().to_sparse_csr() for blk in sparse_row_blocks(A, block_size)]
     for key in [k for k, v in _CSR_CACHE.items() if v[0]() is None]:
         del _CSR_CACHE[key]
     _CSR_CACHE[id(A)] = (weakref.ref(A), block_size, blocks)
