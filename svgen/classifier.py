@@ -79,6 +79,7 @@ class SVGClassifier:
         rff_dim: Optional[int] = None,
         solver: str = "auto",
         vote_solver: str = "auto",
+        vote_neighbours: int = 32,
         seed: int = 0,
         device: str = "cpu",
         progress: bool = False,
@@ -102,6 +103,7 @@ class SVGClassifier:
         self.rff_dim = rff_dim
         self.solver = solver
         self.vote_solver = vote_solver
+        self.vote_neighbours = vote_neighbours
         self.seed = seed
         self.device = device
         self.progress = progress
@@ -115,7 +117,8 @@ class SVGClassifier:
             query_weight=float(self.query_weight), radius=float(self.radius), head_lr=float(self.head_lr),
             batch_classes=int(self.batch_classes), learn_sigma=bool(self.learn_sigma), ridge=self.ridge,
             metric=self.metric, metric_condition=float(self.metric_condition), rff_dim=self.rff_dim,
-            solver=self.solver, vote_solver=self.vote_solver, seed=int(self.seed),
+            solver=self.solver, vote_solver=self.vote_solver,
+            vote_neighbours=int(self.vote_neighbours), seed=int(self.seed),
         )
         cfg.validate()
         return cfg
@@ -240,7 +243,7 @@ class SVGClassifier:
         self = cls(**{k: getattr(cfg, k) for k in ("n_support", "kernel", "steps", "lr", "margin", "alignment_weight",
                                                    "margin_weight", "grounding_weight", "query_weight", "radius", "head_lr",
                                                    "batch_classes", "learn_sigma", "ridge", "metric", "metric_condition",
-                                                   "rff_dim", "solver", "vote_solver", "seed")})
+                                                   "rff_dim", "solver", "vote_solver", "vote_neighbours", "seed")})
         C, K, D = t["support_vectors"].shape
         self.fit_config_ = cfg
         self.classes_ = list(meta["classes"])

@@ -14,6 +14,7 @@ RIDGE_RULES = ("auto", "loo", "gcv")
 METRICS = ("neighbour", "none")
 SOLVERS = ("auto", "exact", "blocked", "rff")      # alignment path per class batch (svgen.scale)
 VOTE_SOLVERS = ("auto", "dense", "local")          # vote weights: dense Cholesky or sparse neighbourhoods
+DEFAULT_RFF_DIM = 2048                             # random features per step on the rff path
 
 
 @dataclass
@@ -77,7 +78,7 @@ class FitConfig:
         if self.vote_solver not in VOTE_SOLVERS:
             raise SvgenError(f"unknown vote solver {self.vote_solver!r}; expected one of {', '.join(VOTE_SOLVERS)}")
         if int(self.vote_neighbours) < 1:
-            raise SvgenError(f"vote_neighbours must be >= 1, got {self.vote_neighbours}")
+            raise SvgenError(f"--vote-neighbours must be >= 1, got {self.vote_neighbours}")
 
 
 def config_dict(cfg: FitConfig) -> dict:

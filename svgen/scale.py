@@ -42,6 +42,8 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
+from .config import DEFAULT_RFF_DIM, VOTE_SOLVERS  # noqa: F401  (re-exported)
+from .errors import SvgenError
 from .heads import top_eigenvalue
 from .kernels import RandomFourierFeatures, kernel, kernel_from_sq_dists
 from .metric import nearest_classes
@@ -50,8 +52,6 @@ log = logging.getLogger(__name__)
 
 ALIGNMENT_PATHS = ("exact", "blocked", "rff")
 SOLVERS = ("auto",) + ALIGNMENT_PATHS
-VOTE_SOLVERS = ("auto", "dense", "local")
-DEFAULT_RFF_DIM = 2048
 DENSE_VOTE_MAX_M = 12288         # float64 M×M system ≈ 1.2 GB at this size
 EXACT_BYTES_PER_ENTRY = 4 * 6    # float32 kernel, distances, squares and their gradients
 MEMORY_FRACTION = 0.25           # of the memory available when the fit starts
@@ -106,7 +106,7 @@ def choose_alignment_path(batch_m: int, dim: int, rff_dim: Optional[int], budget
 
 def choose_vote_solver(m_total: int, n_classes: int, budget: int) -> tuple:
     """(solver, reason): a dense float64 Cholesky when the M×M system and dense A fit, else local."""
-    dense_bytes = 8 * m_total * m_total * 2 + 4 * m_total * n_classes
+    dense_bytes = dense_vote_bytes(m_total, n_classes)
     if m_total <= DENSE_VOTE_MAX_M and dense_bytes <= max(budget, 1 << 30):
         return "dense", f"M={m_total}: dense system ≈ {dense_bytes / 2**20:.0f} MiB"
     return "local", (f"M={m_total}: a dense system ({8 * m_total ** 2 / 2**30:.1f} GiB) and dense A "
@@ -126,17 +126,33 @@ def _plan(n_classes, n_support, dim, batch_classes, solver, rff_dim, orthogonal,
         vs, vwhy = choose_vote_solver(m_total, n_classes, budget)
     else:
         vs, vwhy = vote_solver, "requested"
-    m = (rff_dim or DEFAULT_RFF_DIM) if path == "rff" else rff_dim
-    return ScalePlan(path, batch_m, m, bool(orthogonal), vs, int(vote_neighbours) if vs == "local" else None,
-                     m_total, budget, f"alignment: {why}; vote weights: {vwhy}")
+    return ScalePlan(path, batch_m, (rff_dim or DEFAULT_RFF_DIM) if path == "rff" else rff_dim, bool(orthogonal), vs,
+                     int(vote_neighbours) if vs == "local" else None, m_total, budget,
+                     f"alignment: {why}; vote weights: {vwhy}")
+
+
+def dense_vote_bytes(m_total: int, n_classes: int) -> int:
+    """Peak bytes of the dense vote solve: the float64 M×M system and its Cholesky factor, and A."""
+    return 8 * m_total * m_total * 2 + 4 * m_total * n_classes
+
+
+def _check_requested_dense(plan: ScalePlan, n_classes: int, available: int) -> None:
+    need = dense_vote_bytes(plan.n_support_vectors, n_classes)
+    if need > 0.8 * available:
+        raise SvgenError(f"--vote-solver dense needs ≈ {need / 2**30:.1f} GiB for M = {plan.n_support_vectors} "
+                         f"support vectors but {available / 2**30:.1f} GiB is available; use --vote-solver "
+                         "auto or local (sparse vote weights)")
 
 
 def plan_fit(cfg, n_classes: int, dim: int, available: Optional[int] = None) -> ScalePlan:
     """The :class:`ScalePlan` of a fit (memoised: the same inputs give the same plan in a process)."""
     budget = memory_budget(available) if available is not None else _budget_once()
-    return _plan(int(n_classes), int(cfg.n_support), int(dim), int(cfg.batch_classes),
+    plan = _plan(int(n_classes), int(cfg.n_support), int(dim), int(cfg.batch_classes),
                  getattr(cfg, "solver", "auto"), cfg.rff_dim, bool(getattr(cfg, "rff_orthogonal", True)),
                  getattr(cfg, "vote_solver", "auto"), int(getattr(cfg, "vote_neighbours", 32)), budget)
+    if plan.vote_solver == "dense" and getattr(cfg, "vote_solver", "auto") == "dense":
+        _check_requested_dense(plan, int(n_classes), available_memory() if available is None else int(available))
+    return plan
 
 
 @functools.lru_cache(maxsize=1)

@@ -97,6 +97,39 @@ def test_plan_chooses_by_size_and_memory():
     assert forced.alignment_path == "blocked" and forced.vote_solver == "local"
 
 
+def test_requested_dense_vote_solve_that_cannot_fit_is_refused_before_training():
+    from svgen.errors import SvgenError
+
+    with pytest.raises(SvgenError, match="--vote-solver dense needs"):
+        scale.plan_fit(FitConfig(vote_solver="dense"), 21843, 512, available=24 << 30)  # 114 GiB system
+    ok = scale.plan_fit(FitConfig(vote_solver="dense"), 1000, 512, available=24 << 30)  # 0.25 GiB
+    assert ok.vote_solver == "dense" and ok.reason.endswith("requested")
+    emb = F.normalize(torch.randn(30, 16, generator=torch.Generator().manual_seed(0)), dim=-1).numpy()
+    with pytest.raises(SvgenError, match="--vote-neighbours"):
+        SVGClassifier(vote_neighbours=0).fit(emb)
+
+
+def test_cli_vote_solver_and_neighbours(cli, classes_file, tmp_path):
+    """--vote-solver local --vote-neighbours N reach the fit, are recorded, and survive a reload."""
+    import json
+
+    C, D = 24, 16
+    emb = F.normalize(torch.randn(C, D, generator=torch.Generator().manual_seed(2)), dim=-1).numpy()
+    np.save(tmp_path / "p.npy", emb)
+    names = classes_file([f"class {i}" for i in range(C)])
+    code, out, err = cli("fit", "--prototypes", tmp_path / "p.npy", "--classes", names, "--out", tmp_path / "a.svgen",
+                         "--steps", 2, "-K", 2, "--vote-solver", "local", "--vote-neighbours", 5)
+    assert code == 0, err
+    meta = json.loads((tmp_path / "a.svgen" / "svgen.json").read_text())
+    assert meta["metrics"]["scale"]["vote_solver"] == "local" and meta["metrics"]["scale"]["vote_neighbours"] == 5
+    assert meta["vote_weights"]["nnz"] == C * 5 * 2          # each column on 5 classes × K=2 support vectors
+    assert SVGClassifier.load(tmp_path / "a.svgen").vote_neighbours == 5
+    code, out, err = cli("fit", "--prototypes", tmp_path / "p.npy", "--classes", names, "--out", tmp_path / "b.svgen",
+                         "--vote-neighbours", 0)
+    assert code != 0 and "--vote-neighbours must be >= 1" in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "b.svgen").exists()
+
+
 @pytest.mark.parametrize("lam_scale", [100.0, 10.0])
 def test_local_vote_weights_match_dense_solve(lam_scale):
     C, K, D = 150, 4, 32

@@ -13,11 +13,21 @@ from ..errors import SvgenError
 log = logging.getLogger(__name__)
 
 
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Show ``(default: …)`` only where there is a default worth reading (not for None or flags)."""
+
+    def _get_help_string(self, action):
+        if action.default is None or action.default is False:
+            return action.help
+        return super()._get_help_string(action)
+
+
 def add_encoder_args(p: argparse.ArgumentParser, with_model_default: bool = True) -> None:
     g = p.add_argument_group("encoder (open_clip)")
     g.add_argument("--model", default="ViT-B-32" if with_model_default else None,
                    help="open_clip architecture (ViT-B-32), 'hf-hub:ORG/REPO', 'local-dir:PATH', "
-                        "or an open_clip model-config .json file (default: %(default)s)")
+                        "or an open_clip model-config .json file (default: "
+                        + ("%(default)s)" if with_model_default else "the one recorded in the artifact)"))
     src = g.add_mutually_exclusive_group()
     src.add_argument("--pretrained", metavar="TAG",
                      help="pretrained tag for a built-in architecture (default: openai, downloaded once)")

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import argparse
 
-from ._common import add_encoder_args, load_array, load_encoder
+from ._common import HelpFormatter, add_encoder_args, load_array, load_encoder
 
 
 def add_parser(sub):
@@ -14,7 +13,7 @@ def add_parser(sub):
         description="Encode the new classes' prompts with the artifact's encoder (or read their embeddings with "
                     "--prototypes), expand them with the artifact's trained generator, give them linear-head rows "
                     "and re-solve the vote weights over all classes. The artifact is replaced atomically.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=HelpFormatter,
     )
     p.add_argument("artifact", metavar="ARTIFACT_DIR")
     p.add_argument("--classes", required=True, metavar="FILE", help="new class names, one per line")

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-import argparse
 import json
+
+from ._common import HelpFormatter
 
 
 def add_parser(sub):
@@ -13,7 +14,7 @@ def add_parser(sub):
         description="Measure the kernel over the artifact's support vectors (a random subset of classes when "
                     "there are many): alignment, off-diagonal statistics, condition number, effective rank, "
                     "within-class spread; then say in plain words what looks wrong and why.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=HelpFormatter,
     )
     p.add_argument("artifact", metavar="ARTIFACT_DIR")
     p.add_argument("--plot", metavar="FILE.png", help="also save the eigenvalue spectrum as a PNG (needs matplotlib)")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import os
@@ -10,13 +9,13 @@ import sys
 from pathlib import Path
 
 from ..errors import SvgenError
-from ._common import add_encoder_args, default_pretrained, load_array, load_encoder
+from ._common import HelpFormatter, add_encoder_args, default_pretrained, load_array, load_encoder
 
 log = logging.getLogger(__name__)
 
 
 def add_parser(sub):
-    from ..config import FitConfig
+    from ..config import DEFAULT_RFF_DIM, VOTE_SOLVERS, FitConfig
 
     d = FitConfig()
     p = sub.add_parser(
@@ -25,7 +24,7 @@ def add_parser(sub):
         description="Encode every (template, class) prompt with a frozen open_clip model, expand each class "
                     "into K unit-norm support vectors with the generator, and write an artifact directory. "
                     "With --prototypes the text embeddings come from a .npy file and no encoder is loaded.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=HelpFormatter,
     )
     p.add_argument("--classes", required=True, metavar="FILE",
                    help="class names, one per line (UTF-8; blank lines and # comments ignored)")
@@ -49,10 +48,18 @@ def add_parser(sub):
                         "M·λ = 100·λ_max(K_SS)); or 'loo' / 'gcv' for closed-form selection over the support vectors")
     m.add_argument("--batch-classes", type=int, default=d.batch_classes, help="classes per optimisation step")
     m.add_argument("--rff-dim", type=int, default=None, metavar="M",
-                   help="random Fourier features for very many classes (default: chosen from C·K)")
+                   help="random Fourier features per alignment step when the rff path is used "
+                        f"(default: {DEFAULT_RFF_DIM})")
     m.add_argument("--solver", choices=("auto", "exact", "blocked", "rff"), default=d.solver,
                    help="alignment path per class batch: the full kernel, row blocks, or random Fourier features "
                         "(auto: from the batch size and available memory; recorded in svgen.json)")
+    m.add_argument("--vote-solver", choices=VOTE_SOLVERS, default=d.vote_solver,
+                   help="vote weights A: one dense Cholesky of the M×M system, or 'local' (sparse: each class's "
+                        "column solved on its nearest classes' support vectors; for very many classes). auto: "
+                        "dense while it fits in memory; recorded in svgen.json")
+    m.add_argument("--vote-neighbours", type=int, default=d.vote_neighbours, metavar="N",
+                   help="classes (itself included) whose support vectors carry each class's vote with "
+                        "--vote-solver local")
     m.add_argument("--seed", type=int, default=d.seed, help="random seed (same seed, same tensors on CPU)")
     p.set_defaults(func=run)
 
@@ -88,7 +95,8 @@ def run(args) -> int:
     clf = SVGClassifier(
         n_support=args.n_support, kernel=args.kernel, steps=args.steps, lr=args.lr, margin=args.margin,
         margin_weight=args.margin_weight, grounding_weight=args.grounding_weight, ridge=_ridge(args.ridge),
-        batch_classes=args.batch_classes, rff_dim=args.rff_dim, solver=args.solver, seed=args.seed, device=args.device,
+        batch_classes=args.batch_classes, rff_dim=args.rff_dim, solver=args.solver, vote_solver=args.vote_solver,
+        vote_neighbours=args.vote_neighbours, seed=args.seed, device=args.device,
         progress=args.progress,
     )
     clf._config()  # validate settings before any expensive work
