@@ -310,6 +310,7 @@ def solve_vote_weights(S: torch.Tensor, sigma: float, cfg: FitConfig, n_classes:
     return A, lam, None, path
 
 
+VOTE_RESIDUAL_WARN = 0.05  # above this relative residual the sparse vote weights are not the KRR solution
 HINGE_MAX_ROWS = 8192  # above this many support vectors the recorded hinge is a random-row estimate
 
 
@@ -352,6 +353,11 @@ def fit_metrics(state: TrainState, S, P, K_ss, lam, cfg: FitConfig, wall_s: floa
                                      "relative_residual": scale.vote_residual(S, sigma, cfg.kernel, lam, vote_weights,
                                                                               seed=cfg.seed),
                                      "residual_columns": min(8, C)}
+            res = extra["vote_weights"]["relative_residual"]
+            if res > VOTE_RESIDUAL_WARN:
+                log.warning("sparse vote weights solve (K_SS + M·λ·I) A = Y only to a relative residual of %.3g "
+                            "(λ = %.3g): the neighbourhood solve needs the large ridge of --ridge auto, or more "
+                            "--vote-neighbours", res, lam)
     return {
         "alignment_start": state.alignment_start,
         "alignment_end": align_end,
