@@ -9,6 +9,9 @@ from svgen.metrics import check_labels, evaluate, mean_per_class_recall, top_k_a
 sk = pytest.importorskip("sklearn.metrics")
 
 
+# k = C and classes absent from y are edge cases checked on purpose; sklearn warns about both
+@pytest.mark.filterwarnings("ignore:'k' .* greater than or equal to 'n_classes'")
+@pytest.mark.filterwarnings("ignore:y_pred contains classes not in y_true")
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_metrics_match_sklearn(seed):
     rng = np.random.default_rng(seed)
