@@ -42,7 +42,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from .config import DEFAULT_RFF_DIM, VOTE_SOLVERS  # noqa: F401  (re-exported)
+from .config import DEFAULT_RFF_DIM
 from .errors import SvgenError
 from .heads import top_eigenvalue
 from .kernels import RandomFourierFeatures, kernel, kernel_from_sq_dists
@@ -50,8 +50,6 @@ from .metric import nearest_classes
 
 log = logging.getLogger(__name__)
 
-ALIGNMENT_PATHS = ("exact", "blocked", "rff")
-SOLVERS = ("auto",) + ALIGNMENT_PATHS
 DENSE_VOTE_MAX_M = 12288         # float64 M×M system ≈ 1.2 GB at this size
 EXACT_BYTES_PER_ENTRY = 4 * 6    # float32 kernel, distances, squares and their gradients
 MEMORY_FRACTION = 0.25           # of the memory available when the fit starts
@@ -113,9 +111,15 @@ def choose_vote_solver(m_total: int, n_classes: int, budget: int) -> tuple:
                      f"({4 * m_total * n_classes / 2**30:.1f} GiB) do not fit; sparse neighbourhood solve")
 
 
+def dense_vote_bytes(m_total: int, n_classes: int) -> int:
+    """Peak bytes of the dense vote solve: the float64 M×M system and its Cholesky factor, and A."""
+    return 8 * m_total * m_total * 2 + 4 * m_total * n_classes
+
+
 @functools.lru_cache(maxsize=32)
 def _plan(n_classes, n_support, dim, batch_classes, solver, rff_dim, orthogonal, vote_solver, vote_neighbours,
-          budget) -> ScalePlan:
+          available) -> ScalePlan:
+    budget = memory_budget(available)
     batch_m = min(n_classes, batch_classes) * n_support
     if solver == "auto":
         path, why = choose_alignment_path(batch_m, dim, rff_dim, budget)
@@ -126,38 +130,30 @@ def _plan(n_classes, n_support, dim, batch_classes, solver, rff_dim, orthogonal,
         vs, vwhy = choose_vote_solver(m_total, n_classes, budget)
     else:
         vs, vwhy = vote_solver, "requested"
-    return ScalePlan(path, batch_m, (rff_dim or DEFAULT_RFF_DIM) if path == "rff" else rff_dim, bool(orthogonal), vs,
-                     int(vote_neighbours) if vs == "local" else None, m_total, budget,
-                     f"alignment: {why}; vote weights: {vwhy}")
-
-
-def dense_vote_bytes(m_total: int, n_classes: int) -> int:
-    """Peak bytes of the dense vote solve: the float64 M×M system and its Cholesky factor, and A."""
-    return 8 * m_total * m_total * 2 + 4 * m_total * n_classes
-
-
-def _check_requested_dense(plan: ScalePlan, n_classes: int, available: int) -> None:
-    need = dense_vote_bytes(plan.n_support_vectors, n_classes)
-    if need > 0.8 * available:
-        raise SvgenError(f"--vote-solver dense needs ≈ {need / 2**30:.1f} GiB for M = {plan.n_support_vectors} "
-                         f"support vectors but {available / 2**30:.1f} GiB is available; use --vote-solver "
-                         "auto or local (sparse vote weights)")
+        need = dense_vote_bytes(m_total, n_classes)
+        if vs == "dense" and need > 0.8 * available:  # refused at the first plan, i.e. before any training
+            raise SvgenError(f"--vote-solver dense needs ≈ {need / 2**30:.1f} GiB for M = {m_total} support "
+                             f"vectors but {available / 2**30:.1f} GiB is available; use --vote-solver auto or "
+                             "local (sparse vote weights)")
+    m = (rff_dim or DEFAULT_RFF_DIM) if path == "rff" else rff_dim
+    return ScalePlan(path, batch_m, m, bool(orthogonal), vs, int(vote_neighbours) if vs == "local" else None,
+                     m_total, budget, f"alignment: {why}; vote weights: {vwhy}")
 
 
 def plan_fit(cfg, n_classes: int, dim: int, available: Optional[int] = None) -> ScalePlan:
-    """The :class:`ScalePlan` of a fit (memoised: the same inputs give the same plan in a process)."""
-    budget = memory_budget(available) if available is not None else _budget_once()
-    plan = _plan(int(n_classes), int(cfg.n_support), int(dim), int(cfg.batch_classes),
+    """The :class:`ScalePlan` of a fit (memoised: the same inputs give the same plan in a process).
+
+    It is asked for on every training step, so the memory available is read once per process.
+    """
+    return _plan(int(n_classes), int(cfg.n_support), int(dim), int(cfg.batch_classes),
                  getattr(cfg, "solver", "auto"), cfg.rff_dim, bool(getattr(cfg, "rff_orthogonal", True)),
-                 getattr(cfg, "vote_solver", "auto"), int(getattr(cfg, "vote_neighbours", 32)), budget)
-    if plan.vote_solver == "dense" and getattr(cfg, "vote_solver", "auto") == "dense":
-        _check_requested_dense(plan, int(n_classes), available_memory() if available is None else int(available))
-    return plan
+                 getattr(cfg, "vote_solver", "auto"), int(getattr(cfg, "vote_neighbours", 32)),
+                 _available_once() if available is None else int(available))
 
 
 @functools.lru_cache(maxsize=1)
-def _budget_once() -> int:
-    return memory_budget()
+def _available_once() -> int:
+    return available_memory()
 
 
 # ---------------------------------------------------------------------------------- alignment
