@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 from ..errors import SvgenError
+from ._common import load_array
 
 log = logging.getLogger(__name__)
 
@@ -103,6 +104,18 @@ def encoder_for_artifact(args, clf):
         raise SvgenError(f"{model} embeds to dimension {got} but the artifact expects {dim}; "
                          "use the model the artifact was fit with")
     return encoder
+
+
+def load_features(path, clf):
+    """N×D image embeddings from a .npy file, checked against the artifact's dimension."""
+    x = load_array(path, "features")
+    if x.ndim != 2:
+        raise SvgenError(f"features file {path} has shape {x.shape}; expected N×D")
+    if x.shape[1] != clf.n_features_in_:
+        raise SvgenError(f"features have dimension {x.shape[1]} but the artifact expects {clf.n_features_in_}")
+    if x.shape[0] == 0:
+        raise SvgenError(f"features file {path} has no rows")
+    return x
 
 
 def encode_paths(args, encoder, paths, command: str):

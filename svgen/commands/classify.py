@@ -9,8 +9,7 @@ import json
 import logging
 
 from ..errors import SvgenError
-from ._common import load_array
-from ._images import add_image_encoder_args, check_out, emit, encode_paths, encoder_for_artifact
+from ._images import add_image_encoder_args, check_out, emit, encode_paths, encoder_for_artifact, load_features
 
 log = logging.getLogger(__name__)
 
@@ -84,13 +83,7 @@ def run(args) -> int:
     if args.features:
         import torch
 
-        x = load_array(args.features, "features")
-        if x.ndim != 2:
-            raise SvgenError(f"features file {args.features} has shape {x.shape}; expected N×D")
-        if x.shape[1] != clf.n_features_in_:
-            raise SvgenError(f"features have dimension {x.shape[1]} but the artifact expects {clf.n_features_in_}")
-        if x.shape[0] == 0:
-            raise SvgenError(f"features file {args.features} has no rows")
+        x = load_features(args.features, clf)
         scores = torch.cat([clf.decision_function(x[s:s + FEATURE_BATCH], head=args.head)
                             for s in range(0, x.shape[0], FEATURE_BATCH)])
         names, key = list(range(x.shape[0])), "index"

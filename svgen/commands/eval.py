@@ -8,7 +8,7 @@ import logging
 
 from ..errors import SvgenError
 from ._common import load_array
-from ._images import add_image_encoder_args, check_out, emit, encode_paths, encoder_for_artifact
+from ._images import add_image_encoder_args, check_out, emit, encode_paths, encoder_for_artifact, load_features
 
 log = logging.getLogger(__name__)
 
@@ -72,14 +72,8 @@ def run(args) -> int:
     check_out(args.out, args.force)
     clf = SVGClassifier.load(args.artifact)
     if args.features:
-        x = load_array(args.features, "features")
+        x = load_features(args.features, clf)
         y = load_array(args.labels, "labels")
-        if x.ndim != 2:
-            raise SvgenError(f"features file {args.features} has shape {x.shape}; expected N×D")
-        if x.shape[1] != clf.n_features_in_:
-            raise SvgenError(f"features have dimension {x.shape[1]} but the artifact expects {clf.n_features_in_}")
-        if x.shape[0] == 0:
-            raise SvgenError(f"features file {args.features} has no rows")
     else:
         import numpy as np
 
