@@ -15,7 +15,7 @@ log = logging.getLogger(__name__)
 
 
 def add_parser(sub):
-    from ..config import DEFAULT_RFF_DIM, VOTE_SOLVERS, FitConfig
+    from ..config import DEFAULT_RFF_DIM, SOLVERS, VOTE_SOLVERS, FitConfig
 
     d = FitConfig()
     p = sub.add_parser(
@@ -50,7 +50,7 @@ def add_parser(sub):
     m.add_argument("--rff-dim", type=int, default=None, metavar="M",
                    help="random Fourier features per alignment step when the rff path is used "
                         f"(default: {DEFAULT_RFF_DIM})")
-    m.add_argument("--solver", choices=("auto", "exact", "blocked", "rff"), default=d.solver,
+    m.add_argument("--solver", choices=SOLVERS, default=d.solver,
                    help="alignment path per class batch: the full kernel, row blocks, or random Fourier features "
                         "(auto: from the batch size and available memory; recorded in svgen.json)")
     m.add_argument("--vote-solver", choices=VOTE_SOLVERS, default=d.vote_solver,
