@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from . import artifacts
 from .errors import SvgenError
 from .generator import SupportVectorGenerator, template_anchors
-from .metric import lda_head, whiten_directions
+from .metric import lda_head, whiten_directions, whitened_cosine_head
 from .heads import HEADS, cosine_logits, kernel_scores, linear_logits
 from .prompts import validate_classes
 from .prototypes import prototypes_from_embeddings
@@ -62,7 +62,7 @@ class SVGClassifier:
         self,
         n_support: int = 4,
         kernel: str = "rbf",
-        steps: int = 100,
+        steps: int = 0,
         lr: float = 1e-3,
         margin: str = "hinge",
         alignment_weight: float = 1.0,
@@ -75,7 +75,8 @@ class SVGClassifier:
         learn_sigma: bool = True,
         ridge="auto",
         metric: str = "neighbour",
-        metric_condition: float = 1.5,
+        metric_condition: float = 1.3,
+        linear_head: str = "whitened",
         rff_dim: Optional[int] = None,
         solver: str = "auto",
         vote_solver: str = "auto",
@@ -100,6 +101,7 @@ class SVGClassifier:
         self.ridge = ridge
         self.metric = metric
         self.metric_condition = metric_condition
+        self.linear_head = linear_head
         self.rff_dim = rff_dim
         self.solver = solver
         self.vote_solver = vote_solver
@@ -116,7 +118,8 @@ class SVGClassifier:
             margin_weight=float(self.margin_weight), grounding_weight=float(self.grounding_weight),
             query_weight=float(self.query_weight), radius=float(self.radius), head_lr=float(self.head_lr),
             batch_classes=int(self.batch_classes), learn_sigma=bool(self.learn_sigma), ridge=self.ridge,
-            metric=self.metric, metric_condition=float(self.metric_condition), rff_dim=self.rff_dim,
+            metric=self.metric, metric_condition=float(self.metric_condition),
+            linear_head=self.linear_head, rff_dim=self.rff_dim,
             solver=self.solver, vote_solver=self.vote_solver,
             vote_neighbours=int(self.vote_neighbours), seed=int(self.seed),
         )
@@ -238,11 +241,13 @@ class SVGClassifier:
         meta, t = artifacts.load_artifact(path)
         fit = dict(meta.get("fit") or {})
         cfg = FitConfig(**{k: v for k, v in fit.items() if k in FitConfig.__dataclass_fields__})
+        if fit and "linear_head" not in fit:
+            cfg.linear_head = "lda"  # artifacts written before the whitened-cosine head carry an LDA head
         cfg.n_support = int(t["support_vectors"].shape[1])
         cfg.kernel = meta.get("kernel", cfg.kernel)
         self = cls(**{k: getattr(cfg, k) for k in ("n_support", "kernel", "steps", "lr", "margin", "alignment_weight",
                                                    "margin_weight", "grounding_weight", "query_weight", "radius", "head_lr",
-                                                   "batch_classes", "learn_sigma", "ridge", "metric", "metric_condition",
+                                                   "batch_classes", "learn_sigma", "ridge", "metric", "metric_condition", "linear_head",
                                                    "rff_dim", "solver", "vote_solver", "vote_neighbours", "seed")})
         C, K, D = t["support_vectors"].shape
         self.fit_config_ = cfg
@@ -274,13 +279,15 @@ class SVGClassifier:
     def _new_head_rows(self, P_new: torch.Tensor, S_new: torch.Tensor):
         """Linear-head rows for new classes on the scale of the fitted ones.
 
-        With the text metric: the LDA closed form ``β(2Σ⁻¹p, −pᵀΣ⁻¹p)``, β matching the mean row
-        norm of the fitted head. Without: ``τ̄ · normalize(mean_k s_{c,k})`` and the mean bias.
+        With the text metric: the fitted closed form (whitened cosine ``normalize(Σ⁻¹p)``, zero
+        bias; or LDA ``β(2Σ⁻¹p, −pᵀΣ⁻¹p)``), β matching the mean row norm of the fitted head.
+        Without: ``τ̄ · normalize(mean_k s_{c,k})`` and the mean bias.
         """
         scale = self.linear_weight_.norm(dim=1).mean()
         if self.metric_precision_ is not None:
-            W, b = lda_head(P_new, self.metric_precision_)
-            W_old, _ = lda_head(self.prototypes_, self.metric_precision_)
+            head = lda_head if getattr(self.fit_config_, "linear_head", "lda") == "lda" else whitened_cosine_head
+            W, b = head(P_new, self.metric_precision_)
+            W_old, _ = head(self.prototypes_, self.metric_precision_)
             beta = scale / W_old.norm(dim=1).mean()
             return beta * W, beta * b
         W = scale * F.normalize(S_new.mean(dim=1), dim=-1)
@@ -311,7 +318,7 @@ class SVGClassifier:
             # keep one per-template tensor: pad/cycle the new templates to the artifact's T
             E_new = E_new[:, [t % E_new.shape[1] for t in range(T)]]
         anchors = spread_anchors(template_anchors(E_new, self.fit_config_.n_support),
-                                 torch.cat([self.prototypes_, P_new]), n_templates=E_new.shape[1])
+                                 torch.cat([self.prototypes_, P_new]), n_templates=E_new.shape[1], centres=P_new)
         if self.metric_precision_ is not None:
             anchors = whiten_directions(anchors, self.metric_precision_)
         S_new = generate_all(self.generator_, P_new, anchors)

@@ -12,6 +12,7 @@ KERNELS = ("rbf", "laplacian")
 MARGIN_NAMES = ("hinge", "ce")
 RIDGE_RULES = ("auto", "loo", "gcv")
 METRICS = ("neighbour", "none")
+LINEAR_HEADS = ("whitened", "lda")                 # closed-form linear head under the text metric
 SOLVERS = ("auto", "exact", "blocked", "rff")      # alignment path per class batch (svgen.scale)
 VOTE_SOLVERS = ("auto", "dense", "local")          # vote weights: dense Cholesky or sparse neighbourhoods
 DEFAULT_RFF_DIM = 2048                             # random features per step on the rff path
@@ -23,7 +24,7 @@ class FitConfig:
 
     n_support: int = 4
     kernel: str = "rbf"
-    steps: int = 100
+    steps: int = 0  # text-only training costs image accuracy (docs/accuracy.md); --steps N trains
     lr: float = 1e-3
     margin: str = "hinge"
     alignment_weight: float = 1.0
@@ -39,7 +40,8 @@ class FitConfig:
     ridge: Union[str, float] = "auto"
     parzen_factor: float = 100.0
     metric: str = "neighbour"
-    metric_condition: float = 1.5
+    metric_condition: float = 1.3
+    linear_head: str = "whitened"
     query_ridge: float = 1e-3
     rff_dim: Optional[int] = None
     rff_orthogonal: bool = True
@@ -67,6 +69,8 @@ class FitConfig:
             raise SvgenError(f"ridge must be one of {', '.join(RIDGE_RULES)} or a positive number, got {self.ridge!r}")
         if self.metric not in METRICS:
             raise SvgenError(f"unknown metric {self.metric!r}; expected one of {', '.join(METRICS)}")
+        if self.linear_head not in LINEAR_HEADS:
+            raise SvgenError(f"unknown linear head {self.linear_head!r}; expected one of {', '.join(LINEAR_HEADS)}")
         if not self.metric_condition >= 1:
             raise SvgenError(f"metric_condition must be >= 1, got {self.metric_condition}")
         if not isinstance(self.ridge, str) and not self.ridge > 0:

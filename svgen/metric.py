@@ -7,16 +7,23 @@ its nearest other prototype. From the prototypes alone (no images):
     Σ_loc = (1/C) Σ_c (p_c − p_nn(c)) (p_c − p_nn(c))ᵀ          nn(c) = argmax_{c'≠c} p_c·p_c'
     Σ     = (1 − δ) Σ_loc + δ (tr Σ_loc / D) I                   δ such that cond(Σ) = κ
 
-Shrinkage to a fixed condition number κ (default 1.5) keeps the metric a gentle re-weighting:
-directions in which neighbouring class names differ most are down-weighted by at most κ.
-(κ is scale free; it was chosen on the LVIS dev half, see docs/accuracy.md.)
+Shrinkage to a condition number κ keeps the metric a gentle re-weighting: directions in which
+neighbouring class names differ most are down-weighted by at most κ, and κ = 1 is exactly the
+cosine rule. How strong the metric may be is decided from the text embeddings alone
+(:func:`metric_strength`): the requested κ (default 1.3, chosen by the worst case over inputs
+and class folds, docs/accuracy.md) is pulled towards 1 when the prototypes already average T
+prompts (their prompt noise, which the metric corrects, shrinks like 1/T) and when too few
+distinct neighbour pairs exist to estimate a D×D covariance.
 
 Two uses, both preserving the contract's formulas:
 
 * support-vector anchors ``normalize(Σ⁻¹ e)`` for each text embedding e (the kernel-vote head
   then ranks by the whitened, re-normalised direction);
-* the linear head's closed form, Fisher's LDA with shared covariance Σ:
-  ``W_c = 2 Σ⁻¹ p_c``, ``b_c = −p_cᵀ Σ⁻¹ p_c`` (i.e. ranking by −(x̂ − p_c)ᵀ Σ⁻¹ (x̂ − p_c)).
+* the linear head, the whitened cosine ``W_c = normalize(Σ⁻¹ p_c)``, ``b_c = 0`` (κ = 1: the
+  CLIP cosine rule). Fisher's LDA with shared covariance Σ (``W_c = 2 Σ⁻¹ p_c``,
+  ``b_c = −p_cᵀ Σ⁻¹ p_c``) remains an option: its bias assumes images lie near the text
+  prototypes, which CLIP's modality gap breaks, and it lost up to 4 points on ensemble-like
+  prototypes (docs/accuracy.md).
 """
 
 from __future__ import annotations
@@ -93,9 +100,50 @@ def text_precision(prototypes: torch.Tensor, kappa: float = 1.5, cov: Optional[t
     return (prec * (prec.shape[0] / torch.trace(prec))).float()
 
 
+def neighbour_pairs(prototypes: torch.Tensor) -> int:
+    """Number of distinct unordered (class, nearest other class) pairs: the independent samples
+    behind the neighbour-difference covariance (mutual nearest neighbours count once)."""
+    nn = nearest_classes(prototypes, 1)[:, 0]
+    c = torch.arange(prototypes.shape[0])
+    pairs = torch.stack([torch.minimum(c, nn), torch.maximum(c, nn)], dim=1)
+    return int(torch.unique(pairs, dim=0).shape[0])
+
+
+def metric_strength(kappa: float, n_templates: int, n_pairs: int, dim: int) -> dict:
+    """The condition number actually used, decided from the text embeddings alone.
+
+        reliability r = min(1, n_pairs / D)            (a D×D covariance needs ≥ D samples)
+        κ_eff         = 1 + (κ − 1) · r / T
+
+    T prompts averaged per prototype divide the prompt noise variance by T; κ − 1 is scaled the
+    same way, so an 80-prompt ensemble gets a metric within 1% of the identity (cosine), a
+    single prompt gets κ. With fewer neighbour pairs than dimensions the covariance is a guess
+    and the metric fades towards cosine. Returns the decision as a dict for ``svgen.json``.
+    """
+    T = max(int(n_templates), 1)
+    reliability = min(1.0, n_pairs / float(dim)) if dim > 0 else 0.0
+    eff = 1.0 + (float(kappa) - 1.0) * reliability / T
+    reasons = []
+    if T > 1:
+        reasons.append(f"prototypes average {T} prompts: strength divided by {T}")
+    if reliability < 1:
+        reasons.append(f"{n_pairs} neighbour pairs for a {dim}-d covariance: strength × {reliability:.2f}")
+    return {"kappa_requested": float(kappa), "kappa": eff, "templates_averaged": T,
+            "neighbour_pairs": int(n_pairs), "reliability": reliability,
+            "reason": "; ".join(reasons) or "single-prompt prototypes, enough classes: full strength"}
+
+
 def whiten_directions(x: torch.Tensor, precision: torch.Tensor) -> torch.Tensor:
     """``normalize(Σ⁻¹ x)`` row-wise (Σ⁻¹ is symmetric, so rows are multiplied by it directly)."""
     return F.normalize(F.normalize(x, dim=-1) @ precision, dim=-1)
+
+
+def whitened_cosine_head(prototypes: torch.Tensor, precision: Optional[torch.Tensor], scale: float = 1.0):
+    """``W_c = scale · normalize(Σ⁻¹ p̂_c)``, ``b = 0``: cosine between x̂ and the whitened prototype
+    direction. Without a metric (``precision`` None) it is ``scale · p̂_c``, the CLIP cosine rule."""
+    P = F.normalize(prototypes, dim=-1)
+    W = P if precision is None else whiten_directions(P, precision)
+    return scale * W, torch.zeros(P.shape[0], dtype=W.dtype, device=W.device)
 
 
 def lda_head(prototypes: torch.Tensor, precision: torch.Tensor, scale: float = 1.0):

@@ -85,3 +85,25 @@ def evaluate(scores, labels) -> Dict[str, float]:
         "mean_per_class_recall": mean_per_class_recall(pred, y),
         "n": int(y.size),
     }
+
+
+def paired_bootstrap(correct_a, correct_b, n_resamples: int = 2000, seed: int = 0, level: float = 0.95) -> Dict[str, float]:
+    """Paired bootstrap of ``mean(a) − mean(b)`` for per-sample 0/1 outcomes of two classifiers on the
+    same samples: resample the samples with replacement ``n_resamples`` times, keep the pairing,
+    and report the difference with its percentile interval (all in the units of the inputs).
+
+    Returns ``{"diff", "low", "high", "n", "resamples"}``.
+    """
+    a = np.asarray(correct_a, dtype=np.float64).ravel()
+    b = np.asarray(correct_b, dtype=np.float64).ravel()
+    if a.shape != b.shape or a.size == 0:
+        raise SvgenError(f"paired bootstrap needs two equally long, non-empty outcome arrays, got {a.shape} and {b.shape}")
+    d = a - b
+    rng = np.random.default_rng(seed)
+    means = np.empty(n_resamples)
+    for s in range(0, n_resamples, 256):  # bounded memory: 256 resamples at a time
+        idx = rng.integers(0, d.size, size=(min(256, n_resamples - s), d.size))
+        means[s:s + idx.shape[0]] = d[idx].mean(axis=1)
+    tail = 100 * (1 - level) / 2
+    return {"diff": float(d.mean()), "low": float(np.percentile(means, tail)),
+            "high": float(np.percentile(means, 100 - tail)), "n": int(d.size), "resamples": int(n_resamples)}

@@ -35,8 +35,8 @@ from .kernels import kernel, median_heuristic
 from .config import FitConfig, config_dict
 from .losses import MARGINS, block_alignment, grounding_loss
 from . import scale
-from .metric import (confusion_directions, lda_head, nearest_classes, neighbour_difference_covariance,
-                     text_precision, whiten_directions)
+from .metric import (confusion_directions, lda_head, metric_strength, nearest_classes, neighbour_difference_covariance,
+                     neighbour_pairs, text_precision, whiten_directions, whitened_cosine_head)
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +80,7 @@ class TrainState:
     alignment_start: float = float("nan")
     anchors: Optional[torch.Tensor] = None  # C×K×D starting points of the support vectors
     precision: Optional[torch.Tensor] = None  # Σ⁻¹ of the text metric (None: plain cosine geometry)
+    geometry: Dict[str, object] = field(default_factory=dict)  # what setup_geometry decided, for svgen.json
 
 
 def alignment_estimate(S: torch.Tensor, sigma: float, kind: str, seed: int = 0, max_classes: int = 2048) -> float:
@@ -121,49 +122,75 @@ def _batch_loss(cfg: FitConfig, state: TrainState, P, anchors, E, idx, y_cache):
 
 
 def setup_geometry(P: torch.Tensor, E: torch.Tensor, cfg: FitConfig):
-    """(Σ⁻¹ or None, anchors C×K×D) from the text embeddings alone.
+    """(Σ⁻¹ or None, anchors C×K×D, decision dict) from the text embeddings alone.
 
     Anchors are template-group means (:func:`template_anchors`). When a class has fewer templates
-    than K, the surplus slots are spread along the class-confusion directions (:func:`spread_anchors`)
-    so the K support vectors of a class start apart. With the neighbour metric, anchors are then
-    whitened and re-normalised, ``normalize(Σ⁻¹ a)`` (see :mod:`svgen.metric`).
+    than K, the surplus slots are spread in ± pairs along the class-confusion directions around the
+    class prototype (:func:`spread_anchors`), so the K support vectors of a class start apart while
+    their mean direction stays the prototype. With the neighbour metric, anchors are then whitened
+    and re-normalised, ``normalize(Σ⁻¹ a)`` (see :mod:`svgen.metric`); the metric's strength is
+    decided by :func:`svgen.metric.metric_strength` and recorded.
     """
     cov = neighbour_difference_covariance(P)  # computed once for the spread and the metric
     anchors = spread_anchors(template_anchors(E, cfg.n_support), P, n_templates=E.shape[1], cov=cov)
     if cfg.metric == "none":
-        return None, anchors
-    precision = text_precision(P, cfg.metric_condition, cov=cov).to(P.device)
-    return precision, whiten_directions(anchors, precision)
+        return None, anchors, {"metric": "none", "kappa": 1.0, "linear_head": cfg.linear_head,
+                               "reason": "metric switched off: plain cosine geometry"}
+    decision = metric_strength(cfg.metric_condition, E.shape[1], neighbour_pairs(P), P.shape[1])
+    decision = {"metric": cfg.metric, **decision, "linear_head": cfg.linear_head}
+    precision = text_precision(P, decision["kappa"], cov=cov).to(P.device)
+    return precision, whiten_directions(anchors, precision), decision
 
 
 def spread_anchors(anchors: torch.Tensor, P: torch.Tensor, n_templates: int,
-                   cov: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """Move anchor slots k ≥ T (copies of template groups) to ``normalize(a ± θ v_j)``.
+                   cov: Optional[torch.Tensor] = None, centres: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """Fill the anchor slots that templates cannot fill in ± pairs around the class prototype.
 
-    ``v_j`` are the top eigenvectors of the neighbour-difference covariance (the directions in
-    which confusable classes differ) and ``θ`` is half the median nearest-prototype distance, so
-    the spread stays inside each class's own neighbourhood. Slot ``T + i`` uses direction
-    ``i // 2`` with sign ``(−1)^i``. ``P`` are the prototypes that define the directions (all
-    classes of the artifact); ``cov`` their neighbour-difference covariance if already computed.
+    With T ≥ 2 templates, slots k < T keep their template-group means and the surplus slots
+    k ≥ T are filled; with one template every slot is (the group mean *is* the prototype, and K
+    copies of it would make K_SS singular). Free slot ``2j`` is ``normalize(p + θ u_j)``, slot
+    ``2j + 1`` is ``normalize(p − θ u_j)``, and an odd last free slot is ``p`` itself. ``u_j`` is
+    ``v_j`` projected onto the tangent plane of ``p`` (unit length), ``v_j`` the top eigenvectors
+    of the neighbour-difference covariance (the directions in which confusable classes differ),
+    and ``θ`` is half the median nearest-prototype distance over ``√T`` (the prompt noise that the
+    spread tolerates shrinks like ``1/√T`` when T prompts are averaged), so the spread stays
+    inside each class's own neighbourhood. The pairs are symmetric, so the free anchors average to the
+    prototype direction: the cosine prototype is never lost, and θ → 0 recovers it.
+    ``P``: the prototypes that define the directions (all classes of the artifact); ``cov``:
+    their neighbour-difference covariance if already computed; ``centres``: the prototypes of the
+    rows of ``anchors`` (default: ``P``, when they are the same classes).
     """
     C, K, D = anchors.shape
-    extra = K - n_templates
+    keep = n_templates if n_templates > 1 else 0
+    extra = K - keep
     if extra <= 0:
         return anchors
-    dirs, theta = confusion_directions(P, (extra + 1) // 2, cov=cov)
+    centre = F.normalize((P if centres is None else centres).to(anchors.dtype), dim=-1)
+    dirs, theta = confusion_directions(P, max(extra // 2, 1), cov=cov)
+    theta = theta / math.sqrt(max(n_templates, 1))  # averaged prompts: their spread shrinks like 1/√T
     out = anchors.clone()
     for i in range(extra):
+        slot = keep + i
+        if i // 2 >= extra // 2:  # odd number of free slots: the prototype itself
+            out[:, slot] = centre
+            continue
         sign = 1.0 if i % 2 == 0 else -1.0
-        out[:, n_templates + i] = F.normalize(anchors[:, n_templates + i] + sign * theta * dirs[i // 2].to(anchors.dtype), dim=-1)
+        v = dirs[i // 2].to(anchors.dtype)
+        tangent = F.normalize(v - (centre @ v)[:, None] * centre, dim=-1)  # v projected onto each class's tangent plane
+        out[:, slot] = F.normalize(centre + sign * theta * tangent, dim=-1)
     return out
 
 
-def initial_linear_head(P: torch.Tensor, precision: Optional[torch.Tensor], scale: float):
-    """W, b to start from: the LDA closed form under the text metric (rows rescaled to mean norm
-    ``scale``, which changes no ranking), or ``scale · P`` with zero bias without a metric."""
-    if precision is None:
-        return scale * P.clone(), torch.zeros(P.shape[0], device=P.device)
-    W, b = lda_head(P, precision)
+def initial_linear_head(P: torch.Tensor, precision: Optional[torch.Tensor], scale: float, kind: str = "whitened"):
+    """W, b of the closed-form linear head, rows rescaled to mean norm ``scale`` (no ranking changes).
+
+    ``whitened`` (default): ``normalize(Σ⁻¹ p_c)``, zero bias (:func:`whitened_cosine_head`);
+    without a metric it is ``p̂_c``, the cosine rule. ``lda``: Fisher's LDA under the metric.
+    """
+    if kind == "lda" and precision is not None:
+        W, b = lda_head(P, precision)
+    else:
+        W, b = whitened_cosine_head(P, precision)
     beta = scale / W.norm(dim=1).mean()
     return beta * W, beta * b
 
@@ -176,12 +203,12 @@ def train_generator(
     torch.manual_seed(cfg.seed)
     C, D = P.shape
     P, E = P.to(device), E.to(device)
-    precision, anchors = setup_geometry(P, E, cfg)
+    precision, anchors, geometry = setup_geometry(P, E, cfg)
     queries = E if precision is None else whiten_directions(E, precision)  # text queries for query_weight > 0
     generator = SupportVectorGenerator(D, cfg.n_support, radius=cfg.radius).to(device)
     S0 = generate_all(generator, P, anchors)
     sigma0 = median_heuristic(S0) or median_heuristic(P) or 1.0
-    weight, bias = initial_linear_head(P, precision, cfg.linear_init_scale)
+    weight, bias = initial_linear_head(P, precision, cfg.linear_init_scale, cfg.linear_head)
     state = TrainState(
         generator=generator,
         log_sigma=torch.tensor(math.log(sigma0), device=device, requires_grad=cfg.learn_sigma),
@@ -192,6 +219,7 @@ def train_generator(
         alignment_start=alignment_estimate(S0, sigma0, cfg.kernel, cfg.seed),
         anchors=anchors,
         precision=precision,
+        geometry=geometry,
     )
     params = list(generator.parameters()) + ([state.log_sigma] if cfg.learn_sigma else [])
     groups = [{"params": params, "lr": cfg.lr}]
@@ -373,5 +401,6 @@ def fit_metrics(state: TrainState, S, P, K_ss, lam, cfg: FitConfig, wall_s: floa
         "steps_done": state.steps_done,
         "diverged_at_step": state.diverged_at,
         "wall_time_s": wall_s,
+        "geometry": dict(state.geometry),
         **extra,
     }

@@ -7,6 +7,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from svgen.errors import SvgenError
+
 from svgen.generator import SupportVectorGenerator, template_anchors
 from svgen.heads import (cosine_logits, kernel_scores, krr_vote_weights, linear_logits, one_hot_blocks,
                          ridge_path_scores, top_eigenvalue)
@@ -130,7 +132,7 @@ def test_grounding_is_one_minus_cosine_to_own_anchor():
     assert grounding_loss(S, A).item() == pytest.approx(expected.item())
 
 
-def test_spread_anchors_move_surplus_slots_along_confusion_directions():
+def test_spread_anchors_are_symmetric_pairs_around_the_prototype():
     from svgen.metric import confusion_directions
     from svgen.training import spread_anchors
 
@@ -138,12 +140,80 @@ def test_spread_anchors_move_surplus_slots_along_confusion_directions():
     anchors = template_anchors(P[:, None, :], 4)  # T=1: four copies of the prototype
     spread = spread_anchors(anchors, P, n_templates=1)
     dirs, theta = confusion_directions(P, 2)
-    np.testing.assert_allclose(spread[:, 0].numpy(), P.numpy(), atol=1e-6)  # slot 0 stays
-    np.testing.assert_allclose(spread[:, 1].numpy(), F.normalize(P + theta * dirs[0], dim=-1).numpy(), atol=1e-6)
-    np.testing.assert_allclose(spread[:, 2].numpy(), F.normalize(P - theta * dirs[0], dim=-1).numpy(), atol=1e-6)
-    np.testing.assert_allclose(spread[:, 3].numpy(), F.normalize(P + theta * dirs[1], dim=-1).numpy(), atol=1e-6)
+    for j in range(2):
+        tangent = F.normalize(dirs[j] - (P @ dirs[j])[:, None] * P, dim=-1)  # v minus its component along p
+        np.testing.assert_allclose(spread[:, 2 * j].numpy(), F.normalize(P + theta * tangent, dim=-1).numpy(), atol=1e-6)
+        np.testing.assert_allclose(spread[:, 2 * j + 1].numpy(), F.normalize(P - theta * tangent, dim=-1).numpy(), atol=1e-6)
+    # each slot sits at angle atan(θ) from the prototype, and no two slots coincide
+    np.testing.assert_allclose((spread * P[:, None]).sum(-1).numpy(), 1 / np.sqrt(1 + theta ** 2), atol=1e-6)
     cos = torch.einsum("ckd,cjd->ckj", spread, spread)
-    assert (cos[:, 1, 2] < 0.999).all()  # distinct starting points within each class
+    assert (cos - 2 * torch.eye(4) < 0.999).all()
+    # the mean direction of every class's anchors is its prototype: the cosine rule is never lost
+    np.testing.assert_allclose(F.normalize(spread.mean(1), dim=-1).numpy(), P.numpy(), atol=1e-5)
+    # odd K with one template: the prototype fills the last slot
+    odd = spread_anchors(template_anchors(P[:, None, :], 3), P, n_templates=1)
+    np.testing.assert_allclose(odd[:, 2].numpy(), P.numpy(), atol=1e-6)
+    # T=2, K=4: the two template groups stay, the two surplus slots straddle the template mean
+    E = F.normalize(P[:, None, :] + 0.1 * torch.randn(30, 2, 8, generator=torch.Generator().manual_seed(1)), dim=-1)
+    P2 = F.normalize(E.mean(1), dim=-1)
+    sp2 = spread_anchors(template_anchors(E, 4), P2, n_templates=2)
+    np.testing.assert_allclose(sp2[:, :2].numpy(), E.numpy(), atol=1e-6)
+    np.testing.assert_allclose(F.normalize(sp2[:, 2] + sp2[:, 3], dim=-1).numpy(), P2.numpy(), atol=1e-5)
+
+
+def test_metric_strength_rule_and_its_limits():
+    from svgen.metric import metric_strength, neighbour_pairs
+
+    full = metric_strength(1.3, n_templates=1, n_pairs=600, dim=512)
+    assert full["kappa"] == pytest.approx(1.3) and full["reliability"] == 1.0
+    assert metric_strength(1.3, 2, 600, 512)["kappa"] == pytest.approx(1.15)
+    assert metric_strength(1.3, 80, 600, 512)["kappa"] == pytest.approx(1 + 0.3 / 80)
+    few = metric_strength(1.3, 1, 128, 512)
+    assert few["kappa"] == pytest.approx(1 + 0.3 * 0.25) and "neighbour pairs" in few["reason"]
+    # neighbour pairs against a direct count of distinct {c, nn(c)} sets
+    P = _unit(40, 6, 21)
+    sims = (P @ P.T).numpy()
+    np.fill_diagonal(sims, -np.inf)
+    direct = {frozenset((c, int(n))) for c, n in enumerate(sims.argmax(1))}
+    assert neighbour_pairs(P) == len(direct)
+
+
+def test_whitened_cosine_head_is_cosine_at_kappa_one_and_whitened_direction_otherwise():
+    from svgen.metric import whitened_cosine_head
+
+    P = _unit(12, 6, 31)
+    x = _unit(20, 6, 32)
+    prec1 = text_precision(P, 1.0).double()
+    np.testing.assert_allclose(prec1.numpy(), np.eye(6), atol=1e-6)  # κ = 1: identity metric
+    W, b = whitened_cosine_head(P, prec1)
+    np.testing.assert_allclose((x @ W.T + b).numpy(), (x @ P.T).numpy(), atol=1e-6)  # the cosine rule
+    prec = text_precision(P, 1.5).double()
+    W, b = whitened_cosine_head(P, prec, scale=3.0)
+    direct = np.stack([3 * prec.numpy() @ p / np.linalg.norm(prec.numpy() @ p) for p in P.numpy()])
+    np.testing.assert_allclose(W.numpy(), direct, atol=1e-6)
+    assert (b == 0).all()
+
+
+def test_paired_bootstrap_matches_a_direct_loop():
+    from svgen.metrics import paired_bootstrap
+
+    rng = np.random.default_rng(3)
+    a, b = rng.random(200) < 0.7, rng.random(200) < 0.6
+    out = paired_bootstrap(a, b, n_resamples=500, seed=11)
+    ref_rng = np.random.default_rng(11)
+    d = a.astype(float) - b.astype(float)
+    means = []
+    for s in range(0, 500, 256):
+        idx = ref_rng.integers(0, 200, size=(min(256, 500 - s), 200))
+        means.extend(d[i].mean() for i in idx)
+    assert out["diff"] == pytest.approx(d.mean())
+    assert out["low"] == pytest.approx(np.percentile(means, 2.5))
+    assert out["high"] == pytest.approx(np.percentile(means, 97.5))
+    assert out["low"] < out["diff"] < out["high"]
+    same = paired_bootstrap(a, a)
+    assert same["diff"] == same["low"] == same["high"] == 0.0  # identical classifiers: a zero-width interval
+    with pytest.raises(SvgenError):
+        paired_bootstrap(a, b[:10])
 
 
 def test_generator_outputs_unit_vectors_starting_at_anchors():

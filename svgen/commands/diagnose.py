@@ -33,6 +33,8 @@ def run(args) -> int:
         raise SvgenError(f"--max-classes must be at least 2, got {args.max_classes}")
     report = diagnose(t["support_vectors"], float(t["bandwidth"]), meta.get("kernel", "rbf"), args.max_classes)
     spectrum = report.pop("spectrum")
+    geometry = (meta.get("metrics") or {}).get("geometry")
+    report["geometry"] = geometry  # the text-metric decision made at fit time (None: older artifact)
     if args.plot:
         _plot(spectrum, args.plot)
     if args.json:
@@ -45,6 +47,9 @@ def run(args) -> int:
             ("condition number", f"{report['condition_number']:.4g}"),
             ("effective rank", f"{report['effective_rank']:.1f} of {report['classes_measured'] * report['n_support']}"),
             ("within-class cos", "n/a (K=1)" if report["within_class_cos"] is None else f"{report['within_class_cos']:.4f}")]
+    if geometry:
+        rows.append(("text metric", f"κ={geometry.get('kappa', 1.0):.4g}, {geometry.get('linear_head', 'lda')} "
+                                    f"linear head — {geometry.get('reason', '')}"))
     for name, value in rows:
         print(f"  {name:<32} {value}")
     print("findings:" if report["findings"] else "findings: none — the kernel looks healthy")
