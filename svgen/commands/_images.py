@@ -108,7 +108,8 @@ def encoder_for_artifact(args, clf):
         if quick_gelu is not None and quick_gelu != bool(recorded):
             raise SvgenError(f"{activation_flag(quick_gelu)} contradicts the artifact, whose encoder was built with "
                              f"{activation_name(bool(recorded))}; images must be embedded the way its prompts were")
-        quick_gelu = bool(recorded)
+        if not pretrained:  # a tag decides its own activation; a mismatch is refused just below
+            quick_gelu = bool(recorded)
     encoder = ClipEncoder(model, pretrained=pretrained, checkpoint=args.checkpoint, device=args.device,
                           quick_gelu=quick_gelu)
     if enc.get("model") and enc.get("source") != "prototypes":

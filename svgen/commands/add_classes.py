@@ -49,8 +49,8 @@ def run(args) -> int:
             raise SvgenError(f"{args.artifact} was fitted with checkpoint {enc.get('checkpoint')}; pass --checkpoint FILE")
         if not args.pretrained and not args.checkpoint:
             args.pretrained = enc.get("pretrained")
-        if args.quick_gelu is None and enc.get("quick_gelu") is not None:
-            args.quick_gelu = bool(enc["quick_gelu"])  # the artifact's activation, unless told otherwise
+        if args.quick_gelu is None and enc.get("quick_gelu") is not None and not args.pretrained:
+            args.quick_gelu = bool(enc["quick_gelu"])  # the artifact's activation (a tag decides its own)
         encoder = load_encoder(args)
         check_artifact_activation(enc, encoder)  # a different activation: refused; none recorded: a warning
         if encoder.identity_key() != identity_key({**enc, "quick_gelu": enc.get("quick_gelu", encoder.quick_gelu)}):
