@@ -48,7 +48,7 @@ def run(args) -> int:
     source = f"pretrained '{pretrained}'" if pretrained else (encoder.identity()["checkpoint"] or "")
     print(f"encoder: {encoder.model_name} {source}".rstrip()
           + f", {activation_name(encoder.quick_gelu)} ({encoder.quick_gelu_reason})")
-    print(f"reference: {reference.name} ({reference.source})")
+    print(f"reference: {reference.name}, {reference.source}")
     for label, cos in zip(result.labels, result.cosines):
         mark = "ok" if cos >= result.threshold else "FAIL"
         print(f"  cosine {cos:.6f}  {mark:4}  {label}")
