@@ -237,19 +237,25 @@ def _fit(cli, classes_file, out, *encoder_args):
     return json.loads((Path(out) / "svgen.json").read_text())["encoder"], err
 
 
-def test_done_when_default_fit_builds_quickgelu_for_openai(hf_cache, tmp_path, cli, classes_file, monkeypatch):
-    """`svgen fit --classes …` (ViT-B-32, openai by default) with the cache seeded: QuickGELU, no warning."""
+@pytest.fixture
+def built(monkeypatch):
+    """Every ClipEncoder the commands build, in order."""
     import svgen.encoders as encoders
 
-    _seed_tag(hf_cache, tmp_path)
-    built = []
+    made = []
 
     class Spy(encoders.ClipEncoder):
         def __init__(self, *a, **k):
             super().__init__(*a, **k)
-            built.append(self)
+            made.append(self)
 
     monkeypatch.setattr(encoders, "ClipEncoder", Spy)
+    return made
+
+
+def test_done_when_default_fit_builds_quickgelu_for_openai(hf_cache, tmp_path, cli, classes_file, built):
+    """`svgen fit --classes …` (ViT-B-32, openai by default) with the cache seeded: QuickGELU, no warning."""
+    _seed_tag(hf_cache, tmp_path)
     with warnings.catch_warnings(record=True) as rec:
         warnings.simplefilter("always")
         enc, err = _fit(cli, classes_file, tmp_path / "art")
@@ -298,7 +304,7 @@ def test_cli_bare_checkpoint_warns_in_one_line(hf_cache, tmp_path, cli, classes_
 
 
 def test_classify_uses_and_enforces_the_recorded_activation(tmp_path, cli, classes_file, tiny_model, shared_data,
-                                                            monkeypatch):
+                                                            monkeypatch, built):
     import svgen.encoders as encoders
 
     image = sorted((shared_data / "images-30class").glob("*.jpg"))[0]
@@ -306,14 +312,6 @@ def test_classify_uses_and_enforces_the_recorded_activation(tmp_path, cli, class
     ckpt = ["--model", tiny_model["config"], "--checkpoint", tiny_model["safetensors"]]
     enc, _ = _fit(cli, classes_file, art, *ckpt, "--quick-gelu")
     assert enc["quick_gelu"] is True
-    built = []
-
-    class Spy(encoders.ClipEncoder):
-        def __init__(self, *a, **k):
-            super().__init__(*a, **k)
-            built.append(self)
-
-    monkeypatch.setattr(encoders, "ClipEncoder", Spy)
     code, out, err = cli("classify", art, image, *ckpt)  # no flag: the artifact's QuickGELU
     assert code == 0, err
     assert _acts(built[-1].model) == _expect(True)
