@@ -37,7 +37,7 @@ def add_image_encoder_args(p) -> None:
     src = g.add_mutually_exclusive_group()
     src.add_argument("--pretrained", metavar="TAG", help="pretrained tag (default: the artifact's)")
     src.add_argument("--checkpoint", metavar="FILE", help="local weights file (must be the artifact's checkpoint)")
-    add_quick_gelu_arg(g, " the artifact's recorded activation, else")
+    add_quick_gelu_arg(g, ": the artifact's recorded activation; without one")
     g.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto (default: %(default)s)")
     g.add_argument("--batch-size", type=int, default=32, help="images per encoder batch (default: %(default)s)")
     g.add_argument("--workers", type=int, default=None, metavar="N",

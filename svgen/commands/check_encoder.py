@@ -12,7 +12,7 @@ def add_parser(sub):
     p = sub.add_parser(
         "check-encoder",
         help="check that an encoder reproduces OpenAI CLIP ViT-B/32's embeddings (activation, preprocessing, weights)",
-        description="Encode \"a diagram\", \"a dog\", \"a cat\" and the CLIP logo image with the encoder and compare "
+        description="Encode \"a diagram\", \"a dog\", \"a cat\" and CLIP's overview figure (CLIP.png) with the encoder and compare "
                     "them with OpenAI CLIP ViT-B/32's published embeddings (shipped with svgen; NumPyCLIP, MIT). "
                     "Prints the cosine per vector and a verdict: every cosine >= 0.999 passes; on a failure it "
                     "re-encodes with the other MLP activation and with CLIP's own preprocessing and says which "
