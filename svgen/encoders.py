@@ -21,6 +21,7 @@ does not hold (a non-causal mask, last-token pooling, HF text towers) use stock 
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import os
@@ -40,7 +41,17 @@ IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".ti
 
 
 def file_sha256(path, chunk: int = 1 << 20) -> str:
-    """Hex sha256 of a file's bytes (identifies a checkpoint in caches and artifacts)."""
+    """Hex sha256 of a file's bytes (identifies a checkpoint in caches and artifacts).
+
+    Memoised on (real path, size, modification time): a command that checks the prompt cache
+    and then loads the model hashes a 600 MB checkpoint once.
+    """
+    st = os.stat(path)
+    return _sha256_of(os.path.realpath(path), st.st_size, st.st_mtime_ns, chunk)
+
+
+@functools.lru_cache(maxsize=16)
+def _sha256_of(path: str, size: int, mtime_ns: int, chunk: int) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(chunk), b""):
@@ -169,6 +180,33 @@ def _local_dir_weights(folder: Path) -> Optional[str]:
                 return str(Path(folder) / name)
         found = sorted(p for ext in ("*.safetensors", "*.bin", "*.pth") for p in Path(folder).glob(ext))
         return str(found[0]) if found else None
+
+
+def encoder_identity(model: str, pretrained: Optional[str] = None,
+                     checkpoint: Optional[str] = None) -> Optional[Dict[str, Optional[str]]]:
+    """What ``ClipEncoder(model, pretrained, checkpoint).identity()`` will be, without building the model.
+
+    Lets a command look its prompts up in the cache (and compare against an artifact's encoder)
+    before paying for a model load. ``None`` when a named file is missing: the caller then builds
+    the :class:`ClipEncoder`, which reports the problem in its own words.
+    """
+    name, sha = model, None
+    if model.endswith(".json"):
+        if not os.path.isfile(model):
+            return None
+        name = Path(model).stem
+    elif model.startswith("local-dir:"):
+        folder = Path(model[len("local-dir:"):])
+        weights = _local_dir_weights(folder) if (folder / "open_clip_config.json").is_file() else None
+        if weights is None:
+            return None
+        sha = file_sha256(weights)
+    if checkpoint:
+        if not os.path.isfile(checkpoint):
+            return None
+        sha = file_sha256(checkpoint)
+    return {"model": name, "pretrained": pretrained,
+            "checkpoint": os.path.basename(str(checkpoint)) if checkpoint else None, "checkpoint_sha256": sha}
 
 
 class ClipEncoder:
