@@ -336,6 +336,14 @@ def test_human_lines_of_export_and_add_classes_go_to_stderr(cli, emb_files, art,
     assert code == 0 and out == "" and "5 → 6 classes" in err
 
 
+def test_classify_and_eval_out_say_what_they_wrote(cli, art, emb_files, tmp_path):
+    code, out, err = cli("classify", art, "--features", emb_files["feats"], "--out", tmp_path / "p.csv")
+    assert code == 0 and out == "" and err.startswith(f"wrote {tmp_path / 'p.csv'}: {len(emb_files['y'])} row(s)")
+    code, out, err = cli("eval", art, "--features", emb_files["feats"], "--labels", emb_files["labels"],
+                         "--out", tmp_path / "e.txt", "-q")
+    assert code == 0 and out == "" and err == "" and (tmp_path / "e.txt").read_text().startswith("head")
+
+
 def test_eval_json_is_strict(cli, art, emb_files):
     code, out, err = cli("eval", art, "--features", emb_files["feats"], "--labels", emb_files["labels"], "--json")
     assert code == 0, err

@@ -102,5 +102,6 @@ def run(args) -> int:
         feats, names, _ = encode_paths(args, encoder, paths, "classify")
         scores = clf.decision_function(feats, head=args.head)
         key = "path"
-    emit(format_rows(names, scores, clf.classes_, args.top_k, args.format, key), args.out, args.force)
+    emit(format_rows(names, scores, clf.classes_, args.top_k, args.format, key), args.out, args.force, args,
+         f"{len(names)} row(s), {args.head} head, top {min(args.top_k, len(clf.classes_))}, {args.format}")
     return 0

@@ -85,5 +85,5 @@ def run(args) -> int:
         y = np.asarray([label_of[p] for p in ok], dtype=np.int64)
     results = evaluate_heads(clf, x, y)
     text = json_text(results) + "\n" if args.json else format_table(results)
-    emit(text, args.out, args.force)
+    emit(text, args.out, args.force, args, f"{', '.join(HEAD_ORDER)} heads on {len(y)} example(s)")
     return 0
