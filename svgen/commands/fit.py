@@ -8,7 +8,8 @@ import sys
 from pathlib import Path
 
 from ..errors import SvgenError
-from ._common import HelpFormatter, add_encoder_args, json_text, load_array, note, text_prototypes
+from ._common import (DEFAULT_MODEL, HelpFormatter, add_encoder_args, default_pretrained, json_text, load_array, note,
+                      text_prototypes)
 
 log = logging.getLogger(__name__)
 
@@ -95,7 +96,10 @@ def run(args) -> int:
                              "made and no encoder is loaded; drop {} (name the model when classifying images)"
                              .format("it" if len(named) == 1 else "them"))
     else:
+        from ..hub import check_weights_reachable
+
         templates = load_templates(args.templates or "single")
+        check_weights_reachable(args.model or DEFAULT_MODEL, default_pretrained(args))  # fail fast, before torch loads
 
     import numpy as np
 
