@@ -242,7 +242,18 @@ def main(argv=None) -> int:
     except Failure as e:
         print(f"zero_shot_classify: error: {e}", file=sys.stderr)
         return 2
-    classes, k = head["classes"], max(1, min(args.top_k, len(head["classes"])))
+    try:
+        write_rows(ok, scores, head["classes"], args)
+        sys.stdout.flush()
+    except BrokenPipeError:  # the reader stopped early (`| head`): not our error, and no traceback at exit
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+    return 0
+
+
+def write_rows(ok, scores, classes, args) -> None:
+    """One CSV row or JSON line per image: the top-k labels and scores."""
+    k = max(1, min(args.top_k, len(classes)))
     if args.top_k > len(classes):
         print(f"zero_shot_classify: --top-k {args.top_k} is more than the head's {len(classes)} classes; "
               f"showing all {len(classes)}", file=sys.stderr)
@@ -256,7 +267,6 @@ def main(argv=None) -> int:
         for path, idx, row in zip(ok, order, scores):
             print(json.dumps({"path": path, "labels": [classes[i] for i in idx],
                               "scores": [float(row[i]) for i in idx]}, ensure_ascii=False))
-    return 0
 
 
 if __name__ == "__main__":

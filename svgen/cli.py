@@ -87,7 +87,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     except KeyboardInterrupt:
         print("svgen: interrupted", file=sys.stderr)
         return 130
-    except BrokenPipeError:
+    except BrokenPipeError:  # the reader stopped early (`| head`): not our error, and no traceback at exit
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1
 
 

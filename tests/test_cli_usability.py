@@ -556,3 +556,40 @@ def test_very_long_class_name_warning_names_it_briefly(cli, tiny_model, classes_
     assert len(warned) == 1
     assert "'extremely extremely" in warned[0] and f"({len(long_name)} characters)" in warned[0]
     assert len(warned[0]) < 300  # was 6 KB: every long prompt in full
+
+
+# ----------------------------------------------------------------------------- piping into `head`
+
+class _ClosedPipe:
+    """A stdout whose reader has gone away (``| head``): every write raises BrokenPipeError."""
+
+    def __init__(self, fd):
+        self.fd = fd
+
+    def write(self, text):
+        raise BrokenPipeError(32, "Broken pipe")
+
+    def flush(self):
+        pass
+
+    def fileno(self):
+        return self.fd
+
+
+def test_a_closed_pipe_is_not_a_traceback(art, emb_files, tmp_path, capsys, monkeypatch, tiny_art, cli, images):
+    from svgen.cli import main
+
+    spare = os.open(tmp_path / "spare", os.O_WRONLY | os.O_CREAT)  # the fd main points at /dev/null
+    try:
+        monkeypatch.setattr(sys, "stdout", _ClosedPipe(spare))
+        assert main(["classify", str(art), "--features", str(emb_files["feats"])]) == 1
+        assert capsys.readouterr().err == ""
+        monkeypatch.undo()
+        assert cli("export", tiny_art["path"], "--out", tmp_path / "h.npz")[0] == 0
+        script = runpy.run_path(str(ROOT / "scripts" / "zero_shot_classify.py"))["main"]
+        monkeypatch.setattr(sys, "stdout", _ClosedPipe(spare))
+        assert script([str(tmp_path / "h.npz"), *map(str, images), "--checkpoint", tiny_art["enc"][3],
+                       "--model", tiny_art["enc"][1]]) == 1
+        assert "Traceback" not in capsys.readouterr().err
+    finally:
+        os.close(spare)
