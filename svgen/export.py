@@ -29,7 +29,7 @@ with ``allow_pickle=False``).
 (opset 17), with the same strings in ``metadata_props``. :func:`verify_onnx` runs it with
 onnxruntime and compares against the PyTorch heads.
 
-All files are written atomically (temporary sibling + rename).
+All files are written atomically (temporary sibling + rename), with the permissions the umask gives.
 """
 
 from __future__ import annotations
@@ -45,6 +45,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from .artifacts import follow_umask
 from .errors import SvgenError
 from .heads import COSINE_LOGIT_SCALE
 
@@ -69,7 +70,7 @@ def write_atomic_file(path, writer: Callable[[Path], None], force: bool = False)
     if path.is_dir():
         raise SvgenError(f"{path} is a folder; give a file name to write")
     if path.exists() and not force:
-        raise SvgenError(f"{path} already exists; pass --force to overwrite it")
+        raise SvgenError(f"{path} already exists; pass force=True to replace it")
     parent = path.resolve().parent
     if not parent.is_dir():
         raise SvgenError(f"cannot write {path}: folder {parent} does not exist")
@@ -77,6 +78,7 @@ def write_atomic_file(path, writer: Callable[[Path], None], force: bool = False)
     os.close(fd)
     try:
         writer(Path(tmp))
+        follow_umask(tmp)  # mkstemp (and safetensors) create files 0600
         os.replace(tmp, path)
     except BaseException:
         try:
@@ -241,7 +243,7 @@ def onnx_model(clf, head: str = "linear"):
 
 def torch_scores(clf, x, head: str) -> np.ndarray:
     """The library's own scores (the reference every export is checked against)."""
-    return clf.decision_function(x, head=head).numpy()
+    return np.asarray(clf.decision_function(x, head=head))
 
 
 def verify_onnx(model, clf, head: str, x: Optional[np.ndarray] = None, atol: float = 1e-4) -> float:

@@ -274,7 +274,7 @@ def train_generator(
         for k in ("align", "margin", "ground"):
             h[k].append(float(parts[k].detach()))
         if bar is not None:
-            bar.set_postfix(loss=f"{float(loss):.4f}", align=f"{float(parts['align']):.4f}", sigma=f"{sigma:.3f}")
+            bar.set_postfix(loss=f"{h['loss'][-1]:.4f}", align=f"{h['align'][-1]:.4f}", sigma=f"{sigma:.3f}")
     if bar is not None:
         bar.close()
     return state

@@ -255,7 +255,7 @@ def test_cli_add_classes_and_diagnose(tmp_path, cli):
     code, out, err = cli("add-classes", tmp_path / "a.svgen", "--classes", tmp_path / "new.txt",
                          "--prototypes", tmp_path / "new.npy")
     assert code == 0, err
-    assert "12 → 14 classes" in out
+    assert "12 → 14 classes" in err and out == ""
     meta, t = load_artifact(tmp_path / "a.svgen")
     assert meta["classes"][-2:] == ["new0", "new1"] and t["vote_weights"].shape == (14 * 4, 14)
     # adding a class that is already there is one line, exit 2, and the artifact is untouched

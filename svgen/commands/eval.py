@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 
 from ..errors import SvgenError
-from ._common import load_array
+from ._common import json_text, load_array
 from ._images import add_image_encoder_args, check_out, emit, encode_paths, encoder_for_artifact, load_features
 
 log = logging.getLogger(__name__)
@@ -85,6 +84,6 @@ def run(args) -> int:
         label_of = dict(zip(data.paths, data.labels))
         y = np.asarray([label_of[p] for p in ok], dtype=np.int64)
     results = evaluate_heads(clf, x, y)
-    text = json.dumps(results) + "\n" if args.json else format_table(results)
-    emit(text, args.out, args.force)
+    text = json_text(results) + "\n" if args.json else format_table(results)
+    emit(text, args.out, args.force, args, f"{', '.join(HEAD_ORDER)} heads on {len(y)} example(s)")
     return 0
