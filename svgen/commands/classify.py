@@ -82,9 +82,6 @@ def run(args) -> int:
         raise SvgenError("nothing to classify: give image files or folders, or --features FEATS.npy")
     check_out(args.out, args.force)
     clf = SVGClassifier.load(args.artifact)
-    if args.top_k > len(clf.classes_):
-        note(args, f"svgen classify: --top-k {args.top_k} is more than the artifact's {len(clf.classes_)} classes; "
-                   f"showing all {len(clf.classes_)}")
     if args.features:
         import torch
 
@@ -102,6 +99,9 @@ def run(args) -> int:
         feats, names, _ = encode_paths(args, encoder, paths, "classify")
         scores = clf.decision_function(feats, head=args.head)
         key = "path"
+    if args.top_k > len(clf.classes_):  # said once the inputs are known good, so an error stays one line
+        note(args, f"svgen classify: --top-k {args.top_k} is more than the artifact's {len(clf.classes_)} classes; "
+                   f"showing all {len(clf.classes_)}")
     emit(format_rows(names, scores, clf.classes_, args.top_k, args.format, key), args.out, args.force, args,
          f"{len(names)} row(s), {args.head} head, top {min(args.top_k, len(clf.classes_))}, {args.format}")
     return 0
