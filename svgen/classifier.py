@@ -234,7 +234,7 @@ class SVGClassifier:
         text_rows = SupportSet.from_text(text["support_vectors"])
         support, sigma, A, kchoice = fewshot.fit_kernel_head(text_rows, self._text_votes(text, text_rows), shots, C,
                                                              kind=self.fit_config_.kernel, seed=self.fit_config_.seed)
-        W, b, lchoice = fewshot.fit_linear_head(text["linear_weight"], text["linear_bias"], shots, C)
+        W, b, lchoice = fewshot.fit_lda_head(self.prototypes_, shots, C)
         wall = time.perf_counter() - t0
         self.text_ = text
         self.support_vectors_ = support.rows.float()
@@ -252,9 +252,10 @@ class SVGClassifier:
             "kernel": kchoice.as_dict(), "linear": lchoice.as_dict(), "loo_better_head": better,
             "text_bandwidth": float(text["bandwidth"]), "wall_time_s": wall,
         }
-        log.info("adapted to %d shots in %.2fs: kernel σ=%.3g λ=%.3g α=%g (LOO error %.3f), linear α=%g "
-                 "(LOO error %.3f)", len(shots), wall, sigma, self.ridge_lambda_, kchoice.settings["prior_weight"],
-                 kchoice.loo_error, lchoice.settings["prior_weight"], lchoice.loo_error)
+        log.info("adapted to %d shots in %.2fs: kernel σ=%.3g λ=%.3g α=%g (LOO error %.3f), linear LDA γ=%g κ=%g "
+                 "(LOO error %.3f)", len(shots), wall, sigma, kchoice.settings["ridge_lambda"],
+                 kchoice.settings["prior_weight"], kchoice.loo_error, lchoice.settings["shrinkage"],
+                 lchoice.settings["prior_shots"], lchoice.loo_error)
         return self
 
     # ------------------------------------------------------------------------------ inference

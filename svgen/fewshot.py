@@ -1,7 +1,6 @@
 """Labelled images ("shots") in the kernel machine: closed-form heads chosen by exact leave-one-out.
 
-Both heads are ridge regressions of the class indicator Y on the shots, *towards the zero-shot
-head* (the text head is the prior mean; the images fit what it gets wrong):
+Both heads are closed-form and lean on the zero-shot (text) side as a prior:
 
 * kernel vote over the support set ``[T; X]`` (text rows T, image rows X), one bandwidth σ::
 
@@ -13,20 +12,23 @@ head* (the text head is the prior mean; the images fit what it gets wrong):
   (``(K_TT + M_T λ_T I)⁻¹ Y_T`` with the artifact's own λ rule), and ``s₀`` puts F on the scale of
   Y (the mean spread ``max_c F − mean_c F`` over the shots). α = 1 with no images is the
   zero-shot head exactly; as shots accumulate, the data term dominates the fixed prior.
-* linear: ``argmin ||X̂ ΔWᵀ + Δb − (Y − α F_lin(X)/s₀)||² + λ||ΔW||²`` (unpenalised bias),
-  i.e. ridge towards the text head ``W = α W_T + s₀ ΔW`` — ``λ||W − αW_T||²`` in the issue's words.
+* linear: shared-covariance LDA on the shots with the text prototypes as prior means,
+  ``logits_c(x) = (x̂ − ½μ_c)ᵀ Σ⁻¹ μ_c`` with ``μ_c = (n_c x̄_c + κ m_c)/(n_c + κ)`` (``m_c`` the
+  prototype moved onto the shots' centre, :func:`prior_means`) and
+  ``Σ = (1−γ) S_w/(N−C) + γ τ I`` (within-class scatter shrunk towards its mean eigenvalue τ).
 
-σ, λ (c) and α are chosen by exact leave-one-out over the shots (image to image): for a linear
-smoother ``Ŷ = αF + H(Y − αF)`` the LOO prediction is
-``αF_i + ((HR)_i − H_ii R_i)/(1 − H_ii)`` with ``R = Y − αF``, so one eigendecomposition of
-``K_XX`` per σ (one SVD of the centred shots for the linear head) scores every (λ, α) pair.
+All settings — σ, λ (c) and α for the kernel head, γ and κ for the linear head — are chosen by
+exact leave-one-out over the shots (image to image). For the kernel head's linear smoother
+``Ŷ = αF + H(Y − αF)`` the LOO prediction is ``αF_i + ((HR)_i − H_ii R_i)/(1 − H_ii)`` with
+``R = Y − αF``: one eigendecomposition of ``K_XX`` per σ scores every (λ, α) pair. The LDA
+head's LOO downdates the class mean and the scatter matrix by rank one (:func:`lda_loo`).
 The rule is the one-standard-error rule towards the smoother model: among settings whose LOO
-error is within one binomial standard error of the best, take the largest σ, then the largest
-λ. Shots in the benchmark are averages of augmented views, tighter than single-crop queries; the
-plain LOO minimum then prefers too small a σ, the 1-SE rule does not (docs/fewshot.md).
+error is within one binomial standard error of the best, take the largest σ then λ (kernel),
+the most shrinkage (LDA). Shots in the benchmark are averages of augmented views, tighter than
+single-crop queries; the plain LOO minimum then prefers too small a σ and λ (docs/fewshot.md).
 
-Classes without shots cannot be judged by LOO; when there are any, α is fixed at 1 (the text
-head keeps its full weight and the shots correct it) instead of being chosen.
+Classes without shots cannot be judged by LOO; when there are any, the kernel head's α is fixed
+at 1 (the text head keeps its full weight and the shots correct it) and κ = 0 is not offered.
 """
 
 from __future__ import annotations
@@ -71,15 +73,13 @@ def prior_scale(F: torch.Tensor) -> float:
 
 
 def prior_loo(U: torch.Tensor, shrinks: Sequence[torch.Tensor], Y: torch.Tensor, F: torch.Tensor,
-              alphas: Sequence[float], intercept: bool = False):
+              alphas: Sequence[float]):
     """Exact LOO of ``Ŷ = αF + H(Y − αF)`` for every shrinkage vector and every α.
 
-    ``H = U diag(g) Uᵀ`` (plus ``11ᵀ/N`` with ``intercept``, where U must be orthogonal to 1,
-    e.g. from the SVD of centred data). Returns (error, mse) arrays of shape
+    ``H = U diag(g) Uᵀ`` (e.g. ``K = U diag(e) Uᵀ``, ``g = e/(e + c)``). Returns (error, mse) arrays of shape
     (len(shrinks), len(alphas)): the LOO misclassification rate (argmax of the LOO prediction
     against argmax Y) and the mean squared LOO residual.
     """
-    N = Y.shape[0]
     truth = Y.argmax(dim=1)
     UY, UF = U.T @ Y, U.T @ F
     U2 = U * U
@@ -87,10 +87,7 @@ def prior_loo(U: torch.Tensor, shrinks: Sequence[torch.Tensor], Y: torch.Tensor,
     mse = np.zeros_like(err)
     for i, g in enumerate(shrinks):
         HY, HF = U @ (g[:, None] * UY), U @ (g[:, None] * UF)
-        h = U2 @ g
-        if intercept:
-            HY, HF, h = HY + Y.mean(dim=0), HF + F.mean(dim=0), h + 1.0 / N
-        h = h.clamp(max=1 - 1e-9)[:, None]
+        h = (U2 @ g).clamp(max=1 - 1e-9)[:, None]
         for j, a in enumerate(alphas):
             R = Y - a * F
             loo = a * F + (HY - a * HF - h * R) / (1 - h)
@@ -186,35 +183,116 @@ def fit_kernel_head(text: SupportSet, text_votes: Callable[[float], torch.Tensor
     return text.join(shots), sigma, votes, choice
 
 
-# ----------------------------------------------------------------------------- linear head
+# ----------------------------------------------------------------------------- LDA head
 
-def fit_linear_head(weight: torch.Tensor, bias: torch.Tensor, shots: SupportSet, n_classes: int):
-    """(W, b, HeadChoice): ridge of Y on the shots towards the text head (W_T, b_T), λ and α by LOO."""
-    X = shots.rows.double()
+LDA_SHRINKAGE = (0.02, 0.05, 0.1, 0.2, 0.4, 0.7)     # γ: Σ = (1−γ)·S_w/df + γ·(tr/D)·I
+LDA_PRIOR = (0.0, 0.5, 1.0, 2.0, 4.0, 8.0)          # κ: prior shots on each class mean
+
+
+def prior_means(prototypes: torch.Tensor, X: torch.Tensor) -> torch.Tensor:
+    """Text prototypes moved onto the images: ``m_c = p̂_c − mean_c p̂_c + mean_i x̂_i``.
+
+    CLIP's image and text embeddings sit in two cones (the modality gap); shifting the text
+    cloud's centre onto the shots' centre keeps the prototypes' relative geometry.
+    """
+    P = torch.nn.functional.normalize(prototypes.double(), dim=-1)
+    return P - P.mean(dim=0) + X.mean(dim=0)
+
+
+def lda_loo(X: torch.Tensor, y: torch.Tensor, m: torch.Tensor, gammas: Sequence[float], kappas: Sequence[float]):
+    """Exact leave-one-out error (and mean negative margin) of shared-covariance LDA with prior means.
+
+    The head for one (γ, κ) is ``scores_c(x) = (x − ½μ_c)ᵀ Σ⁻¹ μ_c`` with
+    ``μ_c = (n_c x̄_c + κ m_c)/(n_c + κ)`` and ``Σ = (1−γ) S_w/df + γ τ I``, ``df = N − C``, and the
+    shrinkage target ``τ = tr S_w/(df·D)`` of all shots held fixed. Leaving shot i (class c,
+    n_c shots) out downdates ``S_w`` by ``n_c/(n_c−1)·u uᵀ`` (``u = x_i − x̄_c``), ``df`` by one and
+    ``x̄_c``; in the eigenbasis of ``S_w`` Σ is then diagonal minus a rank-one term, inverted by
+    Sherman–Morrison, so every LOO score comes from a few N×C matrix products.
+    Returns (error, mean negative margin) arrays of shape (len(gammas), len(kappas)).
+    """
     N, D = X.shape
-    Y = shots.one_hot(n_classes)
-    W_T, b_T = weight.double(), bias.double()
-    F = X @ W_T.T + b_T
-    s0 = prior_scale(F)
-    Ft = F / s0
-    mean = X.mean(dim=0)
-    Xc = X - mean
-    U, s, Vh = torch.linalg.svd(Xc, full_matrices=False)
-    keep = s > s.max() * 1e-10 if s.numel() else s > 0
-    U, s, Vh = U[:, keep], s[keep], Vh[keep]
-    unit = float((s ** 2).sum()) / D or 1.0        # mean eigenvalue of X̂cᵀX̂c
-    lams = [r * unit for r in LINEAR_RIDGES]
-    alphas = _alphas(bool((shots.counts(n_classes) == 0).any()))
-    err, mse = prior_loo(U, [s ** 2 / (s ** 2 + lam) for lam in lams], Y, Ft, alphas, intercept=True)
-    j, a = one_se_choice(err, mse, N)
-    lam, alpha = lams[j], float(alphas[a])
-    R = Y - alpha * Ft
-    dW = (Vh.T @ ((s / (s ** 2 + lam))[:, None] * (U.T @ (R - R.mean(dim=0))))).T      # C×D
-    db = R.mean(dim=0) - mean @ dW.T
-    W = (alpha * W_T + s0 * dW).float()
-    b = (alpha * b_T + s0 * db).float()
-    choice = HeadChoice(float(err[j, a]), {"ridge_lambda": float(lam), "ridge_relative": float(LINEAR_RIDGES[j]),
-                                           "prior_weight": alpha, "prior_scale": s0, "rule": "1-SE (largest λ)"},
-                        grid=[{"lambda_relative": float(r), "alpha": float(al), "loo_error": float(err[p, t])}
-                              for p, r in enumerate(LINEAR_RIDGES) for t, al in enumerate(alphas)])
-    return W, b, choice
+    C = m.shape[0]
+    n = torch.bincount(y, minlength=C).to(X.dtype)
+    sums = torch.zeros(C, D, dtype=X.dtype).index_add_(0, y, X)
+    xbar = sums / n.clamp_min(1)[:, None]
+    R = X - xbar[y]
+    omega, V = torch.linalg.eigh(R.T @ R)
+    omega = omega.clamp_min(0)
+    Xv, xbar_v, m_v, U = X @ V, xbar @ V, m @ V, R @ V
+    C_shot = int((n > 0).sum())
+    df_all = max(N - C_shot, 1)
+    trace = float(omega.sum())
+    tau = trace / (df_all * D) if trace > 0 else 1.0
+    n_i = n[y]
+    many = n_i > 1                                     # leaving i out keeps class y_i in the data
+    scale = torch.where(many, n_i / (n_i - 1).clamp_min(1), torch.zeros_like(n_i))
+    df = {True: max(N - 1 - C_shot, 1), False: df_all}
+    own_sum = sums[y] @ V - Xv                         # class sum without shot i (eigenbasis)
+    rows = torch.arange(N)
+    err = np.zeros((len(gammas), len(kappas)))
+    tie = np.zeros_like(err)
+    for a, g in enumerate(gammas):
+        binv = {f: 1.0 / ((1 - g) * omega / df[f] + g * tau) for f in (True, False)}
+        Binv = torch.where(many[:, None], binv[True][None], binv[False][None])          # N×D
+        beta = (1 - g) * scale / torch.where(many, torch.tensor(float(df[True])), torch.tensor(float(df[False])))
+        w = Binv * U
+        coef = beta / (1 - beta * (U * w).sum(dim=1))
+        XB, xw = Xv * Binv, (Xv * w).sum(dim=1)
+        for b, k in enumerate(kappas):
+            mu = (n[:, None] * xbar_v + k * m_v) / (n + k).clamp_min(1e-12)[:, None]
+            q = torch.where(many[:, None], ((mu * mu) @ binv[True])[None], ((mu * mu) @ binv[False])[None])
+            WM = w @ mu.T
+            sc = XB @ mu.T - 0.5 * q + coef[:, None] * (xw[:, None] * WM - 0.5 * WM * WM)
+            own = (own_sum + k * m_v[y]) / (n_i - 1 + k).clamp_min(1e-12)[:, None]
+            wo = (w * own).sum(dim=1)
+            sc[rows, y] = ((Xv - 0.5 * own) * Binv * own).sum(dim=1) + coef * (xw * wo - 0.5 * wo * wo)
+            dead = (n_i - 1 + k) == 0                  # a class whose only shot is left out, no prior
+            sc[rows[dead], y[dead]] = -float("inf")
+            err[a, b] = float((sc.argmax(dim=1) != y).double().mean())
+            true = sc[rows, y]
+            other = sc.scatter(1, y[:, None], -float("inf")).max(dim=1).values
+            tie[a, b] = float((other - true).clamp(-1e6, 1e6).mean())
+    return err, tie
+
+
+def lda_head_weights(X, y, m, gamma: float, kappa: float):
+    """(W C×D, b C): the LDA head of :func:`lda_loo` on all shots (classes without shots: μ_c = m_c)."""
+    N, D = X.shape
+    C = m.shape[0]
+    n = torch.bincount(y, minlength=C).double()
+    xbar = torch.zeros(C, D, dtype=X.dtype).index_add_(0, y, X) / n.clamp_min(1)[:, None]
+    R = X - xbar[y]
+    df = max(N - int((n > 0).sum()), 1)
+    S = R.T @ R / df
+    Sigma = (1 - gamma) * S + gamma * float(torch.diagonal(S).sum()) / D * torch.eye(D, dtype=X.dtype)
+    if float(torch.diagonal(Sigma).sum()) <= 0:      # one shot per class: no within-class scatter at all
+        Sigma = torch.eye(D, dtype=X.dtype)
+    mu = (n[:, None] * xbar + kappa * m) / (n + kappa).clamp_min(1e-12)[:, None]
+    mu[n == 0] = m[n == 0]
+    W = torch.linalg.solve(Sigma, mu.T).T
+    return W, -0.5 * (W * mu).sum(dim=1)
+
+
+def fit_lda_head(prototypes: torch.Tensor, shots: SupportSet, n_classes: int):
+    """(W, b, HeadChoice): shared-covariance LDA on the shots with the text prototypes as prior means.
+
+    Shrinkage γ and prior strength κ are chosen by exact LOO over the shots (:func:`lda_loo`),
+    1-SE rule towards more shrinkage. ``logits = x̂ Wᵀ + b``.
+    """
+    X = shots.rows.double()
+    y = shots.labels
+    m = prior_means(prototypes, X)
+    if (shots.counts(n_classes) == 0).any():
+        kappas = tuple(k for k in LDA_PRIOR if k > 0)
+    else:
+        kappas = LDA_PRIOR
+    single = bool((shots.counts(n_classes) <= 1).all())
+    gammas = (1.0,) if single else LDA_SHRINKAGE     # no within-class scatter to estimate with 1 shot
+    err, tie = lda_loo(X, y, m, gammas, kappas)
+    a, b = one_se_choice(err, tie, X.shape[0])
+    W, bias = lda_head_weights(X, y, m, gammas[a], kappas[b])
+    choice = HeadChoice(float(err[a, b]), {"kind": "lda", "shrinkage": float(gammas[a]), "prior_shots": float(kappas[b]),
+                                           "rule": "1-SE (most shrinkage), then lowest LOO error"},
+                        grid=[{"shrinkage": float(g), "prior_shots": float(k), "loo_error": float(err[p, q])}
+                              for p, g in enumerate(gammas) for q, k in enumerate(kappas)])
+    return W.float(), bias.float(), choice
