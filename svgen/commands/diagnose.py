@@ -31,7 +31,9 @@ def run(args) -> int:
     meta, t = load_artifact(args.artifact)
     if args.max_classes < 2:
         raise SvgenError(f"--max-classes must be at least 2, got {args.max_classes}")
-    report = diagnose(t["support_vectors"], float(t["bandwidth"]), meta.get("kernel", "rbf"), args.max_classes)
+    # format 2 (images added): the generated text support vectors are what this diagnoses
+    report = diagnose(t.get("text.support_vectors", t["support_vectors"]), float(t.get("text.bandwidth", t["bandwidth"])),
+                      meta.get("kernel", "rbf"), args.max_classes)
     spectrum = report.pop("spectrum")
     if args.plot:
         _plot(spectrum, args.plot)
