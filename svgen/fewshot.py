@@ -240,14 +240,14 @@ def lda_loo(X: torch.Tensor, y: torch.Tensor, m: torch.Tensor, gammas: Sequence[
         XB, xw = Xv * Binv, (Xv * w).sum(dim=1)
         for b, k in enumerate(kappas):
             mu = (n[:, None] * xbar_v + k * m_v) / (n + k).clamp_min(1e-12)[:, None]
+            mu[n == 0] = m_v[n == 0]                   # a class without shots: its prior mean, as in the head
             q = torch.where(many[:, None], ((mu * mu) @ binv[True])[None], ((mu * mu) @ binv[False])[None])
             WM = w @ mu.T
             sc = XB @ mu.T - 0.5 * q + coef[:, None] * (xw[:, None] * WM - 0.5 * WM * WM)
             own = (own_sum + k * m_v[y]) / (n_i - 1 + k).clamp_min(1e-12)[:, None]
+            own[~many] = m_v[y[~many]]                 # the class's only shot left out: its prior mean
             wo = (w * own).sum(dim=1)
             sc[rows, y] = ((Xv - 0.5 * own) * Binv * own).sum(dim=1) + coef * (xw * wo - 0.5 * wo * wo)
-            dead = (n_i - 1 + k) == 0                  # a class whose only shot is left out, no prior
-            sc[rows[dead], y[dead]] = -float("inf")
             err[a, b] = float((sc.argmax(dim=1) != y).double().mean())
             true = sc[rows, y]
             other = sc.scatter(1, y[:, None], -float("inf")).max(dim=1).values
@@ -255,8 +255,10 @@ def lda_loo(X: torch.Tensor, y: torch.Tensor, m: torch.Tensor, gammas: Sequence[
     return err, tie
 
 
-def lda_head_weights(X, y, m, gamma: float, kappa: float):
-    """(W C×D, b C): the LDA head of :func:`lda_loo` on all shots (classes without shots: μ_c = m_c)."""
+def lda_head_weights(X, y, m, gamma: float, kappa: float, tau: Optional[float] = None):
+    """(W C×D, b C): the LDA head of :func:`lda_loo` on all shots (classes without shots: μ_c = m_c).
+
+    ``tau`` overrides the shrinkage target ``tr S_w/(df·D)`` (LOO holds the all-shot value fixed)."""
     N, D = X.shape
     C = m.shape[0]
     n = torch.bincount(y, minlength=C).double()
@@ -264,7 +266,9 @@ def lda_head_weights(X, y, m, gamma: float, kappa: float):
     R = X - xbar[y]
     df = max(N - int((n > 0).sum()), 1)
     S = R.T @ R / df
-    Sigma = (1 - gamma) * S + gamma * float(torch.diagonal(S).sum()) / D * torch.eye(D, dtype=X.dtype)
+    if tau is None:
+        tau = float(torch.diagonal(S).sum()) / D
+    Sigma = (1 - gamma) * S + gamma * tau * torch.eye(D, dtype=X.dtype)
     if float(torch.diagonal(Sigma).sum()) <= 0:      # one shot per class: no within-class scatter at all
         Sigma = torch.eye(D, dtype=X.dtype)
     mu = (n[:, None] * xbar + kappa * m) / (n + kappa).clamp_min(1e-12)[:, None]
