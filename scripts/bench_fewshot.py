@@ -209,12 +209,20 @@ def paired_bootstrap(per_dataset, a, b, reps=2000, seed=0):
 
 
 def main(argv=None):
+    import json
+
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--datasets", nargs="+", default=list(DATASETS), choices=DATASETS)
     ap.add_argument("--shots", nargs="+", type=int, default=list(SHOTS))
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--out", default="bench_fewshot", help="result name under bench-results/")
+    ap.add_argument("--render", metavar="RESULT.json", help="print the markdown tables of a saved result and stop")
     args = ap.parse_args(argv)
+    if args.render:
+        import json
+
+        print(markdown(json.loads(Path(args.render).read_text())), end="")
+        return 0
     if not FEWSHOT.is_dir():
         print(f"bench_fewshot: {FEWSHOT} is absent; nothing to measure", file=sys.stderr)
         return 2
@@ -255,12 +263,52 @@ def main(argv=None):
     path = save_result(args.out, {"datasets": args.datasets, "shots": args.shots, "seeds": seeds,
                                   "prototypes": "stand-in: class means of the shots", "summary": summary,
                                   "per_dataset": results, "machine": machine()})
-    print(f"\nwrote {path}")
+    print(f"\nwrote {path}\n")
+    print(markdown(json.loads(path.read_text())), end="")
     return 0
 
 
 def _ci(r):
     return f"{r['diff']:+.2f} [{r['ci95'][0]:+.2f}, {r['ci95'][1]:+.2f}]"
+
+
+NAMES = {"ncm": "nearest class mean", "logreg": "logistic regression", "tip": "Tip-Adapter", "lda": "LDA (GDA)",
+         "svgen_kernel": "svgen kernel", "svgen_linear": "svgen linear", "svgen_loo": "svgen (LOO-chosen head)"}
+
+
+def markdown(result: dict) -> str:
+    """The docs tables (mean over datasets, intervals, fit times, per dataset) from a saved result."""
+    shots, datasets = result["shots"], result["datasets"]
+    summ = {int(k): v for k, v in result["summary"].items()}
+    methods = list(BASELINES + SVGEN)
+    out = ["| method | " + " | ".join(f"{k} shot{'s' if k > 1 else ''}" for k in shots) + " |",
+           "|---|" + "---:|" * len(shots)]
+    for m in methods:
+        cells = []
+        for k in shots:
+            v = summ[k]["mean_acc"][m]
+            best = max(summ[k]["mean_acc"][b] for b in methods)
+            cells.append(f"**{v:.2f}**" if v == best else f"{v:.2f}")
+        out.append(f"| {NAMES[m]} | " + " | ".join(cells) + " |")
+    out += ["", "| shots | best baseline | svgen kernel − best | svgen linear − best | better svgen head − logreg |",
+            "|---:|---|---|---|---|"]
+    for k in shots:
+        s = summ[k]
+        out.append(f"| {k} | {NAMES[s['best_baseline']]} | {_ci(s['svgen_kernel_vs_best'])} | "
+                   f"{_ci(s['svgen_linear_vs_best'])} | {_ci(s['svgen_better_vs_logreg'])} |")
+    fit_cols = list(summ[shots[0]]["fit_s"])
+    out += ["", "| shots | " + " | ".join(fit_cols) + " (zero-shot fit + adapt) | svgen adapt only |",
+            "|---:|" + "---:|" * (len(fit_cols) + 1)]
+    for k in shots:
+        adapt = np.mean([c["adapt_s"] for n in datasets for c in result["per_dataset"][n][str(k)]["choices"]["svgen"]])
+        out.append(f"| {k} | " + " | ".join(f"{summ[k]['fit_s'][m]:.2f}" for m in fit_cols) + f" | {adapt:.2f} |")
+    out += ["", "| dataset | shots | " + " | ".join(NAMES[m] for m in methods) + " |",
+            "|---|---:|" + "---:|" * len(methods)]
+    for n in datasets:
+        for k in shots:
+            acc = result["per_dataset"][n][str(k)]["acc"]
+            out.append(f"| {n} | {k} | " + " | ".join(f"{acc[m]:.1f}" for m in methods) + " |")
+    return "\n".join(out) + "\n"
 
 
 if __name__ == "__main__":

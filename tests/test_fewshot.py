@@ -249,6 +249,8 @@ def test_format_2_exports_reproduce_scores(data, tmp_path, fmt, head):
     if fmt != "onnx" and head == "kernel":
         h = load_head(out)
         assert h["support_vectors"].shape == (C * 2 + len(data["y"]), D)
+        assert h["support_labels"].tolist() == np.repeat(np.arange(C), 2).tolist() + data["y"].tolist()
+        assert h["support_source"].tolist() == [0] * (C * 2) + [1] * len(data["y"])
 
 
 # ----------------------------------------------------------------------------- CLI
