@@ -371,3 +371,13 @@ def test_real_few_shot_features(shared_data):
     ncm = (( _unit(Xv) @ P.T).argmax(1) == yv).mean()
     lda = ((_unit(Xv) @ W.numpy().T + b.numpy()).argmax(1) == yv).mean()
     assert lda > ncm + 0.05, (lda, ncm)   # measured: 0.76 vs 0.66
+
+
+def test_loo_subset_keeps_every_class_in_proportion():
+    from svgen.fewshot import _stratified
+
+    labels = np.repeat(np.arange(4), [10, 200, 1000, 1])
+    assert _stratified(labels, 5000, seed=0) is None
+    idx = _stratified(labels, 606, seed=0)
+    counts = np.bincount(labels[idx], minlength=4)
+    assert counts.tolist() == [5, 100, 500, 1] and len(np.unique(idx)) == len(idx)
