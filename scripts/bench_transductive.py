@@ -63,7 +63,9 @@ def evaluate(clf, U, P, yv):
 
     from svgen import transductive as td
 
-    head = "kernel" if clf.fewshot_ is None else clf.fewshot_["loo_better_head"]
+    from svgen.classifier import prior_head_of
+
+    head = prior_head_of(clf)
     other = "linear" if head == "kernel" else "kernel"
     out = {"cosine": U @ unit(P).T, "inductive": clf.decision_function(U, head).numpy(),
            "inductive_other": clf.decision_function(U, other).numpy()}

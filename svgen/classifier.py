@@ -32,6 +32,13 @@ from .training import (FitConfig, choose_ridge, config_dict, fit_metrics, genera
 log = logging.getLogger(__name__)
 
 
+def prior_head_of(clf) -> str:
+    """The head whose prediction is the transductive prior: the kernel vote zero-shot; with shots the
+    linear (LDA) head, whose logits are the log-likelihood ratios of a Gaussian class model — the
+    model the transduction continues to solve on the pool."""
+    return "kernel" if clf.fewshot_ is None else "linear"
+
+
 def check_pool(U, dim: int) -> torch.Tensor:
     """Validate an unlabelled pool (N×D image embeddings) against the artifact's dimension."""
     u = check_embeddings(U, "unlabelled images", ndims=(2,))
@@ -266,7 +273,7 @@ class SVGClassifier:
         if self.inductive_linear_ is not None:   # back to the inductive linear head
             self.linear_weight_, self.linear_bias_ = self.inductive_linear_
             self.inductive_linear_ = None
-        head = "kernel" if self.fewshot_ is None else self.fewshot_.get("loo_better_head", "kernel")
+        head = prior_head_of(self)
         t0 = time.perf_counter()
         with torch.no_grad():
             prior = self.decision_function(U, head).float()
@@ -274,7 +281,7 @@ class SVGClassifier:
         if reason is not None:
             log.warning("transductive: %s", reason)
             self.transductive_ = {"pool": N, "fallback": reason, "prior_head": head}
-            self.transductive_labels_ = torch.softmax(prior, dim=1)
+            self.transductive_labels_ = torch.softmax(prior.double(), dim=1)
             return self
         with torch.no_grad():
             target = td._entropy(td.CLIP_LOGIT_SCALE * U @ F.normalize(self.prototypes_.float(), dim=-1).T)
@@ -282,9 +289,14 @@ class SVGClassifier:
             lin = self.decision_function(U, "linear").float()
             t_lin = td.match_entropy(lin, target)
             shots = self.support_set_.part(IMAGE) if self.fewshot_ is not None else None
+            precision = None
+            if shots is not None and bool((shots.counts(C) > 1).any()):   # a within-class scatter to use
+                Sigma = fewshot.lda_covariance(shots.rows.double(), shots.labels, C,
+                                               float(self.fewshot_["linear"]["shrinkage"]))
+                precision = torch.linalg.inv(Sigma).float()
             res = td.transduce(U, t_prior * prior, fewshot.prior_means(self.prototypes_, U.double()).float(),
                                shots_x=None if shots is None else shots.rows.float(),
-                               shots_y=None if shots is None else shots.labels,
+                               shots_y=None if shots is None else shots.labels, precision=precision,
                                progress=self.progress if progress is None else progress)
         beta = res.info["prior_strength"]
         self.inductive_linear_ = (self.linear_weight_, self.linear_bias_)

@@ -133,9 +133,10 @@ def _propagate(Z: torch.Tensor, idx: torch.Tensor, w: torch.Tensor) -> torch.Ten
     return out
 
 
-def gmm_head(mu: torch.Tensor, var: torch.Tensor):
-    """(W, b) with ``x̂ Wᵀ + b`` = the Gaussian log-likelihood of each class up to a per-row constant."""
-    W = mu / var
+def gmm_head(mu: torch.Tensor, var: torch.Tensor, precision: Optional[torch.Tensor] = None):
+    """(W, b) with ``x̂ Wᵀ + b`` = the Gaussian log-likelihood of each class up to a per-row constant
+    (shared diagonal variance ``var``, or a fixed shared ``precision`` matrix Σ⁻¹ when given)."""
+    W = mu / var if precision is None else mu @ precision
     return W, -0.5 * (mu * W).sum(dim=1)
 
 
@@ -163,12 +164,15 @@ def class_model(U, Z, shots_x, shots_y, means, kappa: float = PRIOR_PSEUDO_IMAGE
 
 def transduce(U: torch.Tensor, prior_logits: torch.Tensor, means: torch.Tensor, shots_x=None, shots_y=None,
               strength: Optional[float] = None, rounds: int = ROUNDS, steps: int = STEPS,
-              neighbours: int = NEIGHBOURS, progress: bool = False) -> Transduction:
+              neighbours: int = NEIGHBOURS, precision: Optional[torch.Tensor] = None,
+              progress: bool = False) -> Transduction:
     """Pseudo-label the pool and re-solve the class model in closed form, ``rounds`` times.
 
     ``U`` N×D unit rows; ``prior_logits`` N×C (the inductive head's calibrated logits; only their
     log-softmax matters); ``means`` C×D prior means. ``strength`` β defaults to
-    :func:`prior_strength`. Returns the soft labels and the class model as a linear head.
+    :func:`prior_strength`. ``precision`` (D×D) fixes the shared covariance (with shots: the
+    inductive LDA head's shrunk within-class covariance, estimated on labels) instead of
+    re-estimating a diagonal one from the soft labels. Returns the soft labels and the class model as a linear head.
     """
     N, D = U.shape
     C = prior_logits.shape[1]
@@ -181,6 +185,7 @@ def transduce(U: torch.Tensor, prior_logits: torch.Tensor, means: torch.Tensor, 
         raise SvgenError(f"prior strength must be ≥ 0, got {strength}")
     idx, w = knn_graph(U, neighbours) if neighbours > 0 else (None, None)
     sx = None if shots_x is None else shots_x.float()
+    prec = None if precision is None else precision.float()
     Z = logp0.exp()
     agreement = []
     it = range(rounds)
@@ -191,7 +196,7 @@ def transduce(U: torch.Tensor, prior_logits: torch.Tensor, means: torch.Tensor, 
     mu = var = None
     for _ in it:
         mu, var = class_model(U, Z, sx, shots_y, means.float())
-        W, b = gmm_head(mu, var)
+        W, b = gmm_head(mu, var, prec)
         base = U @ W.T + b
         if beta:
             base = base + beta * logp0
@@ -203,8 +208,9 @@ def transduce(U: torch.Tensor, prior_logits: torch.Tensor, means: torch.Tensor, 
         if agreement[-1] >= STABLE and len(agreement) > 1:
             break
     mu, var = class_model(U, Z, sx, shots_y, means.float())
-    W, b = gmm_head(mu, var)
+    W, b = gmm_head(mu, var, prec)
     info = {"pool": N, "prior_strength": beta, "rounds": len(agreement), "round_agreement": agreement,
             "neighbours": neighbours, "prior_pseudo_images": PRIOR_PSEUDO_IMAGES,
+            "covariance": "diagonal, re-estimated" if precision is None else "fixed (from the shots)",
             "changed_from_prior": float((Z.argmax(dim=1) != logp0.argmax(dim=1)).float().mean())}
     return Transduction(Z, W, b, info)
