@@ -78,7 +78,8 @@ def evaluate(clf, U, P, yv):
     out["svgen_labels"] = clf.transductive_labels_.numpy()
     out["svgen_linear"] = clf.decision_function(U, "linear").numpy()
     info = {k: clf.transductive_.get(k) for k in ("prior_head", "prior_strength", "rounds", "round_agreement",
-                                                  "changed_from_prior", "fallback", "prior_temperature")}
+                                                  "changed_from_prior", "fallback", "prior_temperature",
+                                                  "held_out_check")}
     info["adapt_s"] = wall
     return {m: (np.asarray(s).argmax(1) == yv).astype(float) for m, s in out.items()}, info
 
@@ -105,7 +106,8 @@ def run_coop(name, shots_list, seeds, log):
                 correct[m] += c[m] / len(seeds)
         out[k] = {"acc": {m: float(100 * v.mean()) for m, v in correct.items()}, "correct": correct, "choices": infos}
         log(f"{name:>15} {k:>2} shots: " + "  ".join(f"{m} {a:.1f}" for m, a in out[k]["acc"].items())
-            + f"  | β {infos[0]['prior_strength']:.2f} rounds {infos[0]['rounds']} adapt {infos[0]['adapt_s']:.1f}s")
+            + "  | " + "; ".join(f"β {i['prior_strength']:.2f} rounds {i['rounds']}" if not i["fallback"]
+                                 else "fallback" for i in infos) + f" adapt {infos[0]['adapt_s']:.1f}s")
     return out
 
 

@@ -254,7 +254,7 @@ class SVGClassifier:
             self.adapt_pool(unlabelled)
         return self
 
-    def adapt_pool(self, unlabelled, progress: Optional[bool] = None):
+    def adapt_pool(self, unlabelled, strength: Optional[float] = None, progress: Optional[bool] = None):
         """Transductive adaptation to unlabelled images (:mod:`svgen.transductive`).
 
         The pool is pseudo-labelled by the current heads and the class model re-solved in closed
@@ -285,25 +285,37 @@ class SVGClassifier:
             return self
         with torch.no_grad():
             target = td._entropy(td.CLIP_LOGIT_SCALE * U @ F.normalize(self.prototypes_.float(), dim=-1).T)
-            t_prior = td.match_entropy(prior, target)
             lin = self.decision_function(U, "linear").float()
-            t_lin = td.match_entropy(lin, target)
+            if self.fewshot_ is not None:
+                # the LDA head's logits are already log-likelihood ratios of the Gaussian class model
+                t_prior = t_lin = 1.0
+            else:
+                t_prior, t_lin = td.match_entropy(prior, target), td.match_entropy(lin, target)
             shots = self.support_set_.part(IMAGE) if self.fewshot_ is not None else None
             precision = None
             if shots is not None and bool((shots.counts(C) > 1).any()):   # a within-class scatter to use
                 Sigma = fewshot.lda_covariance(shots.rows.double(), shots.labels, C,
                                                float(self.fewshot_["linear"]["shrinkage"]))
                 precision = torch.linalg.inv(Sigma).float()
-            res = td.transduce(U, t_prior * prior, fewshot.prior_means(self.prototypes_, U.double()).float(),
-                               shots_x=None if shots is None else shots.rows.float(),
-                               shots_y=None if shots is None else shots.labels, precision=precision,
-                               progress=self.progress if progress is None else progress)
+            beta0 = td.prior_strength(N, C, 0 if shots is None else len(shots)) if strength is None else float(strength)
+            res, tries = td.settle(U, t_prior * prior, fewshot.prior_means(self.prototypes_, U.double()).float(),
+                                   beta0, shots_x=None if shots is None else shots.rows.float(),
+                                   shots_y=None if shots is None else shots.labels, precision=precision,
+                                   progress=self.progress if progress is None else progress)
+        if res is None:
+            reason = (f"the rounds did not settle at any prior strength up to {tries[-1]['prior_strength']:.3g}; "
+                      "kept the inductive heads")
+            log.warning("transductive: %s", reason)
+            self.transductive_ = {"pool": N, "fallback": reason, "prior_head": head, "tries": tries}
+            self.transductive_labels_ = torch.softmax(prior.double(), dim=1)
+            return self
         beta = res.info["prior_strength"]
         self.inductive_linear_ = (self.linear_weight_, self.linear_bias_)
         self.linear_weight_ = res.weight + beta * t_lin * self.linear_weight_.float()
         self.linear_bias_ = res.bias + beta * t_lin * self.linear_bias_.float()
         self.transductive_labels_ = res.labels
-        self.transductive_ = {**res.info, "fallback": None, "prior_head": head, "prior_temperature": t_prior,
+        self.transductive_ = {**res.info, "fallback": None, "prior_head": head, "tries": tries,
+                              "prior_temperature": t_prior,
                               "linear_prior_temperature": t_lin, "calibration": "entropy of softmax(100·cos)",
                               "heads": {"linear": "transductive posterior", "kernel": "inductive (unchanged)"},
                               "wall_time_s": time.perf_counter() - t0}

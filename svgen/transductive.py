@@ -24,10 +24,12 @@ Safety:
 
 * fall-back: a pool with fewer images than classes carries no per-class information; the heads are
   left as they were and ``transductive.fallback`` says why (:data:`MIN_POOL_PER_CLASS`).
-* the prior strength β grows as the pool thins (``β = 1 + C/N``): with many images per class the
-  pool speaks, with few the prior does.
-* the rounds stop when the argmax labels of two rounds agree on ≥ :data:`STABLE` of the pool; the
-  agreement of every round is recorded.
+* the prior strength starts at β₀ (:func:`prior_strength`: from the pool size per class and the
+  number of shots) and is raised (× :data:`ESCALATE`) while the rounds do not settle — when after
+  :data:`ROUNDS` rounds the argmax labels of the last two still disagree on more than
+  1 − :data:`STABLE` of the pool, the pool's clusters are not locking onto the classes and the
+  prior must hold them. After :data:`MAX_ESCALATIONS` raises without settling, the inductive heads
+  are kept (:func:`settle`). Every try is recorded.
 
 Memory: ``N×C`` float32 matrices (a few at a time) and an ``N×k`` neighbour list; the k-NN search
 runs in row blocks of ``U Uᵀ``.
@@ -55,6 +57,8 @@ MIN_POOL_PER_CLASS = 1.0     # fall back when N < this × C
 STABLE = 0.999               # stop when two rounds' argmax agree on this fraction of the pool
 CLIP_LOGIT_SCALE = 100.0     # CLIP's own calibration: softmax(100 · cos)
 KNN_BLOCK = 2048
+ESCALATE = 4.0               # β × this when the rounds do not settle
+MAX_ESCALATIONS = 4          # then fall back to the inductive heads
 
 
 @dataclass
@@ -67,8 +71,16 @@ class Transduction:
     info: dict = field(default_factory=dict)
 
 
-def prior_strength(n_pool: int, n_classes: int) -> float:
-    """β = 1 + C/N: the KL weight of the inductive prior, larger for thinner pools."""
+def prior_strength(n_pool: int, n_classes: int, n_shots: int = 0) -> float:
+    """The starting KL weight β₀ of the inductive prior, from the pool size per class.
+
+    Zero-shot (calibrated text-side probabilities): ``1 + C/N`` — TransCLIP's weight 1, larger
+    for thinner pools. With shots (the prior is the LDA head, whose logits are log-likelihood
+    ratios fitted on the shots): ``n/N`` (shots over pool images, i.e. shots per class over pool
+    images per class): the prior counts as much as the labelled evidence it was fitted on.
+    """
+    if n_shots:
+        return n_shots / max(n_pool, 1)
     return 1.0 + n_classes / max(n_pool, 1)
 
 
@@ -214,3 +226,23 @@ def transduce(U: torch.Tensor, prior_logits: torch.Tensor, means: torch.Tensor, 
             "covariance": "diagonal, re-estimated" if precision is None else "fixed (from the shots)",
             "changed_from_prior": float((Z.argmax(dim=1) != logp0.argmax(dim=1)).float().mean())}
     return Transduction(Z, W, b, info)
+
+
+def settle(U: torch.Tensor, prior_logits: torch.Tensor, means: torch.Tensor, beta0: float, **kw):
+    """(Transduction or None, tries): :func:`transduce` at β₀, β₀·4, … until the rounds settle.
+
+    ``None`` when no strength up to β₀·4^:data:`MAX_ESCALATIONS` settles (keep the inductive heads).
+    """
+    tries = []
+    beta = beta0
+    for _ in range(MAX_ESCALATIONS + 1):
+        res = transduce(U, prior_logits, means, strength=beta, **kw)
+        settled = res.info["round_agreement"][-1] >= STABLE
+        tries.append({"prior_strength": beta, "rounds": res.info["rounds"],
+                      "last_agreement": res.info["round_agreement"][-1], "settled": settled})
+        if settled:
+            return res, tries
+        log.info("transductive: β=%.3g did not settle (agreement %.4f); raising it", beta,
+                 res.info["round_agreement"][-1])
+        beta *= ESCALATE
+    return None, tries
