@@ -10,6 +10,7 @@ from pathlib import Path
 
 from ..errors import SvgenError
 from ._common import HelpFormatter, add_encoder_args, default_pretrained, load_array, load_encoder
+from ._pool import add_pool_args, encode_pool, pool_array, pool_paths, wants_pool
 from ._shots import add_shot_args, encode_shots, shot_arrays, shot_images, wants_shots
 
 log = logging.getLogger(__name__)
@@ -26,7 +27,8 @@ def add_parser(sub):
                     "into K unit-norm support vectors with the generator, and write an artifact directory. "
                     "With --prototypes the text embeddings come from a .npy file and no encoder is loaded. "
                     "With --shots or --shot-features labelled images join as support vectors afterwards "
-                    "(as 'svgen adapt' does).",
+                    "(as 'svgen adapt' does); with --unlabelled or --unlabelled-features the result is then "
+                    "adapted transductively to those unlabelled images.",
         formatter_class=HelpFormatter,
     )
     p.add_argument("--classes", required=True, metavar="FILE",
@@ -39,6 +41,7 @@ def add_parser(sub):
     p.add_argument("--templates", default="single", metavar="NAME|FILE",
                    help="prompt templates: a built-in set (single, compact, ensemble) or a file with one '{}' template per line")
     add_shot_args(p)
+    add_pool_args(p)
     m = p.add_argument_group("method")
     m.add_argument("-K", "--n-support", type=int, default=d.n_support, help="support vectors per class")
     m.add_argument("--steps", type=int, default=d.steps, help="optimisation steps")
@@ -91,6 +94,10 @@ def run(args) -> int:
         # read (and check) the labelled images before any expensive work
         shots = shot_arrays(args) if args.shot_features else None
         shot_folder = shot_images(args, classes) if args.shots else None
+    pool = pool_folder = None
+    if wants_pool(args):
+        pool = pool_array(args) if args.unlabelled_features else None
+        pool_folder = pool_paths(args) if args.unlabelled else None
     templates = None
     if not args.prototypes:
         from ..hub import check_weights_reachable
@@ -126,15 +133,19 @@ def run(args) -> int:
                  len(classes) * len(templates) - protos.encoded)
         emb = protos.per_template
         encoder_id = {**encoder.identity(), "embed_dim": int(emb.shape[-1])}
-    if shot_folder is not None:
+    if shot_folder is not None or pool_folder is not None:
         if args.prototypes:
             from ..hub import check_weights_reachable
 
             check_weights_reachable(args.model, default_pretrained(args))
             encoder = load_encoder(args)
             encoder_id = {**encoder_id, "images": encoder.identity()}
-        shots = encode_shots(args, encoder, shot_folder, "fit")
-    clf.fit(np.asarray(emb, dtype=np.float32), classes=classes, templates=templates, encoder=encoder_id, shots=shots)
+        if shot_folder is not None:
+            shots = encode_shots(args, encoder, shot_folder, "fit")
+        if pool_folder is not None:
+            pool = encode_pool(args, encoder, pool_folder, "fit")
+    clf.fit(np.asarray(emb, dtype=np.float32), classes=classes, templates=templates, encoder=encoder_id, shots=shots,
+            unlabelled=pool)
     clf.save(out, force=args.force)
     m = clf.fit_metrics_
     if m.get("diverged_at_step") is not None:
@@ -144,6 +155,8 @@ def run(args) -> int:
                                  "condition_number", "mean_cos_support_prototype", "wall_time_s") if k in m}
     if clf.fewshot_:
         summary["fewshot"] = {k: clf.fewshot_[k] for k in ("shots", "classes_with_shots", "loo_better_head")}
+    if clf.transductive_:
+        summary["transductive"] = {k: clf.transductive_.get(k) for k in ("pool", "fallback", "prior_strength", "rounds")}
     print(f"wrote {out}: {len(classes)} classes × K={clf.fit_config_.n_support}, D={clf.n_features_in_}")
     print(json.dumps(summary))
     return 0
