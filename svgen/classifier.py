@@ -276,7 +276,7 @@ class SVGClassifier:
         head = prior_head_of(self)
         t0 = time.perf_counter()
         with torch.no_grad():
-            prior = self.decision_function(U, head).float()
+            prior = self._scores(U, head)
         reason = td.fallback_reason(N, C)
         if reason is not None:
             log.warning("transductive: %s", reason)
@@ -285,7 +285,7 @@ class SVGClassifier:
             return self
         with torch.no_grad():
             target = td._entropy(td.CLIP_LOGIT_SCALE * U @ F.normalize(self.prototypes_.float(), dim=-1).T)
-            lin = self.decision_function(U, "linear").float()
+            lin = self._scores(U, "linear")
             if self.fewshot_ is not None:
                 # the LDA head's logits are already log-likelihood ratios of the Gaussian class model
                 t_prior = t_lin = 1.0
@@ -322,6 +322,10 @@ class SVGClassifier:
         log.info("transductive: %d images, β=%.3g, %d rounds, %.1f%% of the pool relabelled from the prior, %.2fs",
                  N, beta, res.info["rounds"], 100 * res.info["changed_from_prior"], self.transductive_["wall_time_s"])
         return self
+
+    def _scores(self, U: torch.Tensor, head: str, block: int = 8192) -> torch.Tensor:
+        """N×C float32 scores in row blocks (a kernel head's N×M kernel never whole)."""
+        return torch.cat([self.decision_function(U[s:s + block], head).float() for s in range(0, U.shape[0], block)])
 
     def adapt_shots(self, X, y):
         """Add labelled images ("shots") as support vectors; no text is re-encoded.
