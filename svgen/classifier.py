@@ -286,18 +286,20 @@ class SVGClassifier:
         with torch.no_grad():
             target = td._entropy(td.CLIP_LOGIT_SCALE * U @ F.normalize(self.prototypes_.float(), dim=-1).T)
             lin = self._scores(U, "linear")
-            if self.fewshot_ is not None:
-                # the LDA head's logits are already log-likelihood ratios of the Gaussian class model
-                t_prior = t_lin = 1.0
-            else:
-                t_prior, t_lin = td.match_entropy(prior, target), td.match_entropy(lin, target)
             shots = self.support_set_.part(IMAGE) if self.fewshot_ is not None else None
+            # with a within-class scatter the LDA head's Σ is fitted on the shots and its logits are
+            # log-likelihood ratios of that Gaussian model: both are used as they are; otherwise (zero-shot,
+            # or one shot per class, Σ = I) the prior's scale is calibrated without labels
+            fitted = shots is not None and bool((shots.counts(C) > 1).any())
             precision = None
-            if shots is not None and bool((shots.counts(C) > 1).any()):   # a within-class scatter to use
+            if fitted:
                 Sigma = fewshot.lda_covariance(shots.rows.double(), shots.labels, C,
                                                float(self.fewshot_["linear"]["shrinkage"]))
                 precision = torch.linalg.inv(Sigma).float()
-            beta0 = td.prior_strength(N, C, 0 if shots is None else len(shots)) if strength is None else float(strength)
+                t_prior = t_lin = 1.0
+            else:
+                t_prior, t_lin = td.match_entropy(prior, target), td.match_entropy(lin, target)
+            beta0 = td.prior_strength(N, C, len(shots) if fitted else 0) if strength is None else float(strength)
             res, tries = td.settle(U, t_prior * prior, fewshot.prior_means(self.prototypes_, U.double()).float(),
                                    beta0, shots_x=None if shots is None else shots.rows.float(),
                                    shots_y=None if shots is None else shots.labels, precision=precision,

@@ -74,10 +74,11 @@ class Transduction:
 def prior_strength(n_pool: int, n_classes: int, n_shots: int = 0) -> float:
     """The starting KL weight β₀ of the inductive prior, from the pool size per class.
 
-    Zero-shot (calibrated text-side probabilities): ``1 + C/N`` — TransCLIP's weight 1, larger
-    for thinner pools. With shots (the prior is the LDA head, whose logits are log-likelihood
-    ratios fitted on the shots): ``n/N`` (shots over pool images, i.e. shots per class over pool
-    images per class): the prior counts as much as the labelled evidence it was fitted on.
+    A prior calibrated by :func:`match_entropy` (zero-shot, or one shot per class): ``1 + C/N`` —
+    TransCLIP's weight 1, larger for thinner pools. A prior that is a Gaussian model fitted on
+    ``n_shots`` labelled images (the LDA head with a within-class covariance): ``n_shots/N``
+    (shots per class over pool images per class), so it counts as much as the labelled evidence
+    it was fitted on.
     """
     if n_shots:
         return n_shots / max(n_pool, 1)
