@@ -19,7 +19,8 @@ Data:
   1,203 classes are candidates.
 * CoOp dev sets (``coop-fewshot/``): 1 and 4 shots per class from the ``train16`` rows; the
   validation images are the unlabelled pool and the queries; stand-in prototypes = class means of
-  the shots (as in ``bench_fewshot.py``).
+  the shots (as in ``bench_fewshot.py``). With ``--zero-shot-path`` the shots only make the
+  stand-in prototypes and are not given to ``adapt``: the zero-shot code path on per-image pools.
 
 Nothing is chosen on the validation labels: they are only scored. Paired bootstrap 95% intervals
 (images resampled within each dataset, seeds averaged per image) of transductive − inductive on the
@@ -84,7 +85,7 @@ def evaluate(clf, U, P, yv):
     return {m: (np.asarray(s).argmax(1) == yv).astype(float) for m, s in out.items()}, info
 
 
-def run_coop(name, shots_list, seeds, log):
+def run_coop(name, shots_list, seeds, log, zero_shot_path=False):
     from svgen import SVGClassifier
 
     d = FEWSHOT / name
@@ -99,7 +100,9 @@ def run_coop(name, shots_list, seeds, log):
             idx = sample_shots(ytr, k, seed)
             X, y = Xtr[idx], ytr[idx]
             P = class_means(X, y, C)
-            clf = SVGClassifier(seed=seed).fit(P).adapt(X, y)
+            clf = SVGClassifier(seed=seed).fit(P)
+            if not zero_shot_path:
+                clf.adapt(X, y)
             c, info = evaluate(clf, U, P, yv)
             infos.append(info)
             for m in METHODS:
@@ -147,6 +150,9 @@ def main(argv=None):
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--no-lvis", action="store_true", help="skip the LVIS zero-shot pool")
     ap.add_argument("--only-lvis", action="store_true", help="only the LVIS zero-shot pool")
+    ap.add_argument("--zero-shot-path", action="store_true",
+                    help="CoOp: the shots only make the stand-in prototypes and are not given to adapt, so the "
+                         "zero-shot path runs (kernel-vote prior, entropy calibration, diagonal Σ) on per-image pools")
     ap.add_argument("--out", default="bench_transductive", help="result name under bench-results/")
     args = ap.parse_args(argv)
     if not FEWSHOT.is_dir():
@@ -155,7 +161,7 @@ def main(argv=None):
     logging.basicConfig(level=logging.WARNING)
     log = lambda s: print(s, flush=True)  # noqa: E731
     seeds = list(range(args.seeds))
-    result = {"datasets": args.datasets, "shots": args.shots, "seeds": seeds,
+    result = {"datasets": args.datasets, "shots": args.shots, "seeds": seeds, "zero_shot_path": args.zero_shot_path,
               "prototypes": "CoOp: stand-in (class means of the shots); LVIS: 'a {class}' text embeddings",
               "machine": machine()}
     if not args.no_lvis:
@@ -166,7 +172,7 @@ def main(argv=None):
     if args.only_lvis:
         print(f"\nwrote {save_result(args.out, result)}")
         return 0
-    results = {n: run_coop(n, args.shots, seeds, log) for n in args.datasets}
+    results = {n: run_coop(n, args.shots, seeds, log, args.zero_shot_path) for n in args.datasets}
     rows, summary = [], {}
     for k in args.shots:
         per = [results[n][k] for n in args.datasets]

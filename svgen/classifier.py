@@ -201,6 +201,7 @@ class SVGClassifier:
         self.fewshot_ = None
         self.transductive_ = None
         self.inductive_linear_ = None
+        self.transductive_labels_ = None
         return self
 
     # ------------------------------------------------------------------------------ few-shot
@@ -494,6 +495,7 @@ class SVGClassifier:
         self.text_, self.fewshot_ = None, None
         self.transductive_ = meta.get("transductive")
         self.inductive_linear_ = None
+        self.transductive_labels_ = None   # the pool's soft labels are not stored; adapt again to get them
         if "inductive.linear_head.weight" in t and "inductive.linear_head.bias" in t:
             W0, b0 = t["inductive.linear_head.weight"], t["inductive.linear_head.bias"]
             if W0.shape != self.linear_weight_.shape or b0.shape != self.linear_bias_.shape:

@@ -53,6 +53,7 @@ def run(args) -> int:
     if out.exists() and not args.force:
         raise SvgenError(f"{out} already exists; pass --force to overwrite it")
     clf = SVGClassifier.load(args.artifact)
+    clf.progress = args.progress
     paths = pool_paths(args) if args.unlabelled else None   # fail on a bad folder before any encoding
     data = shot_images(args, clf.classes_) if args.shots else None
     encoder = None
@@ -82,4 +83,7 @@ def run(args) -> int:
                     + (" (fell back to the inductive heads)" if td.get("fallback") else ""))
     print(f"wrote {out}: " + " and ".join(what))
     print(json.dumps(summary))
+    if pool and not td.get("fallback"):
+        print("the transductive posterior is the linear head: classify with --head linear (the kernel head is "
+              "the inductive one)")
     return 0

@@ -86,6 +86,7 @@ def run(args) -> int:
         raise SvgenError("nothing to classify: give image files or folders, or --features FEATS.npy")
     check_out(args.out, args.force)
     clf = SVGClassifier.load(args.artifact)
+    clf.progress = args.progress
     if args.features:
         import torch
 
@@ -114,5 +115,5 @@ def _transductive(clf, x):
     """The inputs' transductive class probabilities (the inputs are the pool)."""
     if x.shape[0] < 2:
         raise SvgenError(f"--transductive needs at least 2 inputs to use as a pool, got {x.shape[0]}")
-    clf.adapt(unlabelled=x)
+    clf.adapt(unlabelled=x)  # progress on rounds follows clf.progress (set from --quiet / the terminal)
     return clf.transductive_labels_.float()
