@@ -293,19 +293,19 @@ def test_cli_fit_and_adapt_with_shot_features(cli, files):
                "--out", files / "ad.svgen", "--force")[0] == 0
 
 
-@pytest.mark.parametrize("args, msg", [
+BAD_SHOTS = [
     (("--shot-features", "X.npy", "--shot-labels", "ybad.npy"), "label 7 at row 16 is not a class"),
     (("--shot-features", "Xnan.npy", "--shot-labels", "y.npy"), "NaN"),
     (("--shot-features", "Xdim.npy", "--shot-labels", "y.npy"), "dimension 8"),
     (("--shot-features", "Xempty.npy", "--shot-labels", "yempty.npy"), "empty"),
     (("--shot-features", "X.npy"), "go together"),
-    ((), "no labelled images"),
     (("--shots", "nowhere"), "nowhere"),
-])
-@pytest.mark.parametrize("command", ["adapt", "fit"])
-def test_cli_bad_shots_write_nothing(cli, files, args, msg, command):
-    if command == "fit" and not args:
-        pytest.skip("fit without shots is the zero-shot fit")
+]
+
+
+@pytest.mark.parametrize("command, args, msg", [("adapt", a, m) for a, m in BAD_SHOTS + [((), "no labelled images")]]
+                         + [("fit", a, m) for a, m in BAD_SHOTS])
+def test_cli_bad_shots_write_nothing(cli, files, command, args, msg):
     args = tuple(files / a if a.endswith(".npy") else a for a in args)
     if command == "adapt":
         assert cli("fit", "--prototypes", files / "P.npy", "--classes", files / "classes.txt", "-K", "2",
@@ -371,3 +371,13 @@ def test_real_few_shot_features(shared_data):
     ncm = (( _unit(Xv) @ P.T).argmax(1) == yv).mean()
     lda = ((_unit(Xv) @ W.numpy().T + b.numpy()).argmax(1) == yv).mean()
     assert lda > ncm + 0.05, (lda, ncm)   # measured: 0.76 vs 0.66
+
+
+def test_loo_subset_keeps_every_class_in_proportion():
+    from svgen.fewshot import _stratified
+
+    labels = np.repeat(np.arange(4), [10, 200, 1000, 1])
+    assert _stratified(labels, 5000, seed=0) is None
+    idx = _stratified(labels, 606, seed=0)
+    counts = np.bincount(labels[idx], minlength=4)
+    assert counts.tolist() == [5, 100, 500, 1] and len(np.unique(idx)) == len(idx)
