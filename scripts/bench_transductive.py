@@ -143,6 +143,46 @@ def _ci(r):
     return f"{r['diff']:+.2f} [{r['ci95'][0]:+.2f}, {r['ci95'][1]:+.2f}]"
 
 
+NAMES = {"cosine": "cosine (stand-in prototypes)", "inductive": "inductive (the prior head)",
+         "inductive_other": "inductive, other head", "refine": "one-step prototype refinement",
+         "svgen_labels": "svgen transductive (pool labels)", "svgen_linear": "svgen transductive (linear head)"}
+
+
+def markdown(result: dict) -> str:
+    """The docs tables from a saved result."""
+    out = []
+    lv = result.get("lvis_dev")
+    if lv:
+        out += ["LVIS dev pool (zero-shot, 602 images, 1,203 candidate classes):", "",
+                "| method | top-1 | − cosine [95% CI] |", "|---|---:|---|"]
+        for m, a in lv["acc"].items():
+            ci = _ci(lv["vs_cosine"][m]) if m in lv["vs_cosine"] else ""
+            out.append(f"| {m} | {a:.2f} | {ci} |")
+        out.append("")
+    shots, datasets = result["shots"], result["datasets"]
+    summ = {int(k): v for k, v in result["summary"].items()}
+    out += [f"CoOp dev sets, mean over {len(datasets)} datasets, {len(result['seeds'])} seeds"
+            + (" (zero-shot path: shots not given to adapt)" if result.get("zero_shot_path") else "") + ":", "",
+            "| method | " + " | ".join(f"{k} shot{'s' if k > 1 else ''}" for k in shots) + " |",
+            "|---|" + "---:|" * len(shots)]
+    for m in METHODS:
+        out.append(f"| {NAMES[m]} | " + " | ".join(f"{summ[k]['mean_acc'][m]:.2f}" for k in shots) + " |")
+    out += ["", "| shots | svgen labels − inductive | svgen linear − inductive | refine − inductive |",
+            "|---:|---|---|---|"]
+    for k in shots:
+        out.append(f"| {k} | {_ci(summ[k]['svgen_labels_vs_inductive'])} | {_ci(summ[k]['svgen_linear_vs_inductive'])}"
+                   f" | {_ci(summ[k]['refine_vs_inductive'])} |")
+    out += ["", "| dataset | shots | inductive | refine | svgen labels | labels − inductive [95% CI] | β per seed |",
+            "|---|---:|---:|---:|---:|---|---|"]
+    for n in datasets:
+        for k in shots:
+            r = result["per_dataset"][n][str(k)]
+            betas = ", ".join("fall-back" if c["fallback"] else f"{c['prior_strength']:.2g}" for c in r["choices"])
+            out.append(f"| {n} | {k} | {r['acc']['inductive']:.1f} | {r['acc']['refine']:.1f} | "
+                       f"{r['acc']['svgen_labels']:.1f} | {_ci(summ[k]['per_dataset_labels_vs_inductive'][n])} | {betas} |")
+    return "\n".join(out) + "\n"
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--datasets", nargs="+", default=list(DATASETS), choices=DATASETS)
@@ -154,7 +194,13 @@ def main(argv=None):
                     help="CoOp: the shots only make the stand-in prototypes and are not given to adapt, so the "
                          "zero-shot path runs (kernel-vote prior, entropy calibration, diagonal Σ) on per-image pools")
     ap.add_argument("--out", default="bench_transductive", help="result name under bench-results/")
+    ap.add_argument("--render", metavar="RESULT.json", help="print the markdown tables of a saved result and stop")
     args = ap.parse_args(argv)
+    if args.render:
+        import json
+
+        print(markdown(json.loads(Path(args.render).read_text())), end="")
+        return 0
     if not FEWSHOT.is_dir():
         print(f"bench_transductive: {FEWSHOT} is absent; nothing to measure", file=sys.stderr)
         return 2
