@@ -285,7 +285,8 @@ class SVGClassifier:
             self.transductive_labels_ = torch.softmax(prior.double(), dim=1)
             return self
         with torch.no_grad():
-            target = td._entropy(td.CLIP_LOGIT_SCALE * U @ F.normalize(self.prototypes_.float(), dim=-1).T)
+            cal = U[td.calibration_rows(N)]
+            target = td._entropy(td.CLIP_LOGIT_SCALE * cal @ F.normalize(self.prototypes_.float(), dim=-1).T)
             lin = self._scores(U, "linear")
             shots = self.support_set_.part(IMAGE) if self.fewshot_ is not None else None
             # with a within-class scatter the LDA head's Σ is fitted on the shots and its logits are

@@ -98,13 +98,22 @@ def _entropy(logits: torch.Tensor) -> float:
     return float(-(lp.exp() * lp).sum(dim=1).mean())
 
 
-def match_entropy(scores: torch.Tensor, target: float, iters: int = 60) -> float:
+CALIBRATION_ROWS = 2048      # match_entropy looks at this many evenly spaced pool rows at most
+
+
+def calibration_rows(n: int) -> torch.Tensor:
+    """Evenly spaced row indices (at most :data:`CALIBRATION_ROWS`) for the entropy calibration."""
+    return torch.linspace(0, n - 1, min(n, CALIBRATION_ROWS)).round().long()
+
+
+def match_entropy(scores: torch.Tensor, target: float, iters: int = 40) -> float:
     """The scale t for which ``softmax(t·scores)`` has mean entropy ``target`` (bisection on log t).
 
     How a head's scores are turned into probabilities without labels: the target is the mean
-    entropy of CLIP's own calibrated ``softmax(100·cos)`` on the same images.
+    entropy of CLIP's own calibrated ``softmax(100·cos)`` on the same images. Large pools are
+    calibrated on :func:`calibration_rows`.
     """
-    s = scores.double()
+    s = scores[calibration_rows(scores.shape[0])].float()
     s = s - s.mean(dim=1, keepdim=True)
     spread = float(s.abs().max())
     if spread == 0 or not math.isfinite(spread):
@@ -178,14 +187,15 @@ def class_model(U, Z, shots_x, shots_y, means, kappa: float = PRIOR_PSEUDO_IMAGE
 def transduce(U: torch.Tensor, prior_logits: torch.Tensor, means: torch.Tensor, shots_x=None, shots_y=None,
               strength: Optional[float] = None, rounds: int = ROUNDS, steps: int = STEPS,
               neighbours: int = NEIGHBOURS, precision: Optional[torch.Tensor] = None,
-              progress: bool = False) -> Transduction:
+              graph=None, progress: bool = False) -> Transduction:
     """Pseudo-label the pool and re-solve the class model in closed form, ``rounds`` times.
 
     ``U`` N×D unit rows; ``prior_logits`` N×C (the inductive head's calibrated logits; only their
     log-softmax matters); ``means`` C×D prior means. ``strength`` β defaults to
     :func:`prior_strength`. ``precision`` (D×D) fixes the shared covariance (with shots: the
     inductive LDA head's shrunk within-class covariance, estimated on labels) instead of
-    re-estimating a diagonal one from the soft labels. Returns the soft labels and the class model as a linear head.
+    re-estimating a diagonal one from the soft labels. ``graph`` is a precomputed
+    :func:`knn_graph` (idx, w) of ``U``. Returns the soft labels and the class model as a linear head.
     """
     N, D = U.shape
     C = prior_logits.shape[1]
@@ -196,7 +206,9 @@ def transduce(U: torch.Tensor, prior_logits: torch.Tensor, means: torch.Tensor, 
     beta = prior_strength(N, C) if strength is None else float(strength)
     if not beta >= 0:
         raise SvgenError(f"prior strength must be ≥ 0, got {strength}")
-    idx, w = knn_graph(U, neighbours) if neighbours > 0 else (None, None)
+    if graph is None:
+        graph = knn_graph(U, neighbours) if neighbours > 0 else (None, None)
+    idx, w = graph
     sx = None if shots_x is None else shots_x.float()
     prec = None if precision is None else precision.float()
     Z = logp0.exp()
@@ -236,8 +248,10 @@ def settle(U: torch.Tensor, prior_logits: torch.Tensor, means: torch.Tensor, bet
     """
     tries = []
     beta = beta0
+    k = kw.pop("neighbours", NEIGHBOURS)
+    graph = knn_graph(U.float(), k) if k > 0 else (None, None)   # once for every try
     for _ in range(MAX_ESCALATIONS + 1):
-        res = transduce(U, prior_logits, means, strength=beta, **kw)
+        res = transduce(U, prior_logits, means, strength=beta, neighbours=k, graph=graph, **kw)
         settled = res.info["round_agreement"][-1] >= STABLE
         tries.append({"prior_strength": beta, "rounds": res.info["rounds"],
                       "last_agreement": res.info["round_agreement"][-1], "settled": settled})

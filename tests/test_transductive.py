@@ -136,7 +136,7 @@ def test_match_entropy_hits_the_target():
     S = torch.randn(30, 6, generator=g)
     for target in (0.3, 1.0, 1.6):
         t = td.match_entropy(S, target)
-        assert abs(td._entropy(S.double() * t) - target) < 1e-6
+        assert abs(td._entropy(S.double() * t) - target) < 1e-4
 
 
 def test_settle_raises_the_strength_then_gives_up(data, monkeypatch):
