@@ -262,9 +262,14 @@ class SVGClassifier:
         form for a few rounds, with the inductive prediction kept as a prior. The linear head
         becomes the posterior ``β·t·(inductive linear logits) + Gaussian log-likelihood``; the kernel
         head is unchanged. :attr:`transductive_labels_` holds the soft labels of the pool (what
-        ``svgen classify --transductive`` prints). A pool with fewer images than classes changes
-        nothing (``transductive_["fallback"]``). Adapting again starts from the inductive heads.
-        Returns ``self``.
+        ``svgen classify --transductive`` prints).
+
+        The prior is the kernel head zero-shot (entropy-calibrated), the LDA head with shots.
+        Safety: a pool with fewer images than classes changes nothing; the prior strength starts at
+        :func:`svgen.transductive.prior_strength` (``strength`` overrides it) and is raised while the
+        rounds do not settle; if they never do, nothing changes (:func:`svgen.transductive.settle`).
+        ``transductive_`` records what was chosen (``fallback`` says why when nothing changed).
+        Adapting again starts from the inductive heads. Returns ``self``.
         """
         from . import transductive as td
 
