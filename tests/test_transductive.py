@@ -312,3 +312,14 @@ def test_cli_image_folder_pool_is_embedded_with_the_artifacts_encoder(cli, tiny_
     clf = SVGClassifier.load(tmp_path / "zs.svgen").adapt(unlabelled=np.asarray(feats))
     want = clf.transductive_labels_.argmax(1).tolist()
     assert [r["labels"][0] for r in rows] == [names[i] for i in want]
+
+
+def test_classifier_keeps_the_inductive_heads_when_the_rounds_never_settle(data, monkeypatch):
+    monkeypatch.setattr(td, "STABLE", 1.5)
+    clf = SVGClassifier(n_support=2, steps=5, seed=0).fit(data["protos"])
+    W, b = clf.linear_weight_.clone(), clf.linear_bias_.clone()
+    clf.adapt(unlabelled=data["U"])
+    t = clf.transductive_
+    assert "did not settle" in t["fallback"] and len(t["tries"]) == td.MAX_ESCALATIONS + 1
+    assert torch.equal(clf.linear_weight_, W) and torch.equal(clf.linear_bias_, b)
+    assert clf.inductive_linear_ is None
