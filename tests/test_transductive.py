@@ -298,6 +298,13 @@ def test_cli_image_folder_pool_is_embedded_with_the_artifacts_encoder(cli, tiny_
                          "--out", tmp_path / "t.svgen")
     assert code == 0, err
     assert "unlabelled pool of 9 images" in out
+    code, out, err = cli("fit", "--classes", tmp_path / "classes.txt", *enc, "-K", "2", "--steps", "3",
+                         "--unlabelled", tmp_path / "pool", "--out", tmp_path / "tf.svgen")
+    assert code == 0, err
+    a, b = SVGClassifier.load(tmp_path / "t.svgen"), SVGClassifier.load(tmp_path / "tf.svgen")
+    # the same solve; the artifact round trip (float32 kernel scores) moves the calibration in the 7th digit
+    assert b.transductive_["pool"] == 9
+    assert float((a.linear_weight_ - b.linear_weight_).abs().max()) <= 1e-4 * float(a.linear_weight_.abs().max())
     code, out, err = cli("classify", tmp_path / "zs.svgen", tmp_path / "pool", "--transductive", *enc,
                          "--format", "jsonl", "-k", "3")
     assert code == 0, err
