@@ -216,6 +216,10 @@ def train_generator(
     precision, anchors, geometry = setup_geometry(P, E, cfg)
     queries = E if precision is None else whiten_directions(E, precision)  # text queries for query_weight > 0
     generator = SupportVectorGenerator(D, cfg.n_support, radius=cfg.radius).to(device)
+    if cfg.steps == 0:  # no training: the support vectors are the anchors, not anchors plus random init noise
+        with torch.no_grad():
+            generator.net[2].weight.zero_()
+            generator.net[2].bias.zero_()
     S0 = generate_all(generator, P, anchors)
     sigma0 = median_heuristic(S0) or median_heuristic(P) or 1.0
     weight, bias = initial_linear_head(P, precision, cfg.linear_init_scale, cfg.linear_head)

@@ -286,3 +286,17 @@ def test_setup_geometry_pulls_template_groups_towards_the_prototype_by_the_metri
     P_big = F.normalize(E_big.mean(1), dim=-1)
     _, anchors, _ = setup_geometry(P_big, E_big, FitConfig(n_support=2, metric="none"))
     assert (torch.einsum("ckd,cd->ck", anchors, P_big) > 0.99).all()
+
+
+def test_without_training_the_support_vectors_are_the_anchors():
+    from svgen.config import FitConfig
+    from svgen.training import generate_all, train_generator
+
+    g = torch.Generator().manual_seed(7)
+    E = F.normalize(torch.randn(30, 2, 12, generator=g), dim=-1)
+    P = F.normalize(E.mean(1), dim=-1)
+    state = train_generator(P, E, FitConfig(n_support=4, steps=0))
+    S = generate_all(state.generator, P, state.anchors)
+    np.testing.assert_allclose(S.numpy(), state.anchors.numpy(), atol=1e-6)
+    trained = train_generator(P, E, FitConfig(n_support=4, steps=2, batch_classes=8))
+    assert not torch.allclose(generate_all(trained.generator, P, trained.anchors), trained.anchors, atol=1e-4)
