@@ -620,13 +620,6 @@ class SVGClassifier:
         return self
 
     # ------------------------------------------------------------------------------ open set
-    def _fitted_trust(self):
-        """The metric's trust r/T recorded at fit time (None for artifacts from before it: 1/T is used)."""
-        geo = (self.fit_metrics_ or {}).get("geometry") or {}
-        if "reliability" in geo and "templates_averaged" in geo:
-            return float(geo["reliability"]) / max(int(geo["templates_averaged"]), 1)
-        return None
-
     def _new_head_rows(self, P_new: torch.Tensor, S_new: torch.Tensor):
         """Linear-head rows for new classes on the scale of the fitted ones.
 
@@ -683,8 +676,7 @@ class SVGClassifier:
             # keep one per-template tensor: pad/cycle the new templates to the artifact's T
             E_new = E_new[:, [t % E_new.shape[1] for t in range(T)]]
         anchors = spread_anchors(template_anchors(E_new, self.fit_config_.n_support),
-                                 torch.cat([self.prototypes_, P_new]), n_templates=E_new.shape[1], centres=P_new,
-                                 trust=self._fitted_trust())
+                                 torch.cat([self.prototypes_, P_new]), n_templates=E_new.shape[1], centres=P_new)
         if self.metric_precision_ is not None:
             anchors = whiten_directions(anchors, self.metric_precision_)
         S_new = generate_all(self.generator_, P_new, anchors)
