@@ -156,8 +156,14 @@ def load_model(args, recorded: dict):
     if model.endswith(".json") and os.path.isfile(model):
         open_clip.add_model_config(model)
         model = Path(model).stem
+    # The MLP activation the head's prompts were encoded with: recorded by svgen, else the tag's own
+    # (open_clip 3.x would build GELU for OpenAI's QuickGELU weights); else open_clip's config default.
+    quick_gelu = recorded.get("quick_gelu")
+    if quick_gelu is None and pretrained and not os.path.isfile(pretrained):
+        quick_gelu = open_clip.get_pretrained_cfg(model, pretrained).get("quick_gelu")
+    act = {} if quick_gelu is None else {"quick_gelu": bool(quick_gelu), "force_quick_gelu": bool(quick_gelu)}
     try:
-        m, _, preprocess = open_clip.create_model_and_transforms(model, pretrained=pretrained, device=args.device)
+        m, _, preprocess = open_clip.create_model_and_transforms(model, pretrained=pretrained, device=args.device, **act)
     except (RuntimeError, OSError, ValueError) as e:
         raise Failure(f"cannot load {model} ({pretrained}): {(str(e).splitlines() or [''])[0][:200]}") from None
     return m.eval(), preprocess

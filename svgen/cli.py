@@ -17,7 +17,7 @@ from typing import List, Optional
 from . import __version__
 from .errors import SvgenError
 
-COMMANDS = ("fit", "classify", "eval", "export", "diagnose", "add-classes")
+COMMANDS = ("fit", "classify", "eval", "export", "diagnose", "add-classes", "check-encoder")
 
 
 def build_parser() -> argparse.ArgumentParser:

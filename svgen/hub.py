@@ -137,11 +137,24 @@ def download_plan(model: str, pretrained: Optional[str]) -> Optional[Tuple[str, 
     return None
 
 
-def unavailable(what: str, why: str, model: str) -> EncoderUnavailableError:
+def unavailable(what: str, why: str, model: str, pretrained: Optional[str] = None) -> EncoderUnavailableError:
+    """The one-line error for weights that cannot be had, with the local-weights command that is right for them.
+
+    Weights trained with QuickGELU (the tag's pretrained config says so: OpenAI's, LAION-400M's…)
+    get ``--quick-gelu`` in the suggestion: a bare checkpoint would otherwise be built with GELU.
+    """
     arch = model if not model.startswith(("hf-hub:", "local-dir:")) else "ARCH"
+    quick = False
+    if pretrained and arch != "ARCH":
+        try:
+            quick = bool(_pretrained_module().get_pretrained_cfg(model, pretrained).get("quick_gelu", False))
+        except ImportError:  # pragma: no cover - open_clip is a dependency
+            quick = False
+    flag = " --quick-gelu" if quick and not model.endswith("-quickgelu") else ""
+    why_flag = f"; '{pretrained}' weights need QuickGELU" if quick else ""
     return EncoderUnavailableError(
         f"cannot load {what}: {why}. Pass local weights instead: "
-        f"--model {arch} --checkpoint FILE (safetensors or .pt), or --model local-dir:PATH"
+        f"--model {arch} --checkpoint FILE{flag} (safetensors or .pt{why_flag}), or --model local-dir:PATH"
     )
 
 
@@ -154,6 +167,6 @@ def check_weights_reachable(model: str, pretrained: Optional[str]) -> None:
     if cached:
         return
     if hf_offline() and "hf-hub:" in what:
-        raise unavailable(what, "not in the local cache and HF_HUB_OFFLINE is set", model)
+        raise unavailable(what, "not in the local cache and HF_HUB_OFFLINE is set", model, pretrained)
     if not host_reachable(*_split_host(host)):
-        raise unavailable(what, f"not in the local cache and {host} is unreachable (no network?)", model)
+        raise unavailable(what, f"not in the local cache and {host} is unreachable (no network?)", model, pretrained)

@@ -33,7 +33,18 @@ def add_encoder_args(p: argparse.ArgumentParser, with_model_default: bool = True
                      help="pretrained tag for a built-in architecture (default: openai, downloaded once)")
     src.add_argument("--checkpoint", metavar="FILE",
                      help="local weights for --model: .safetensors, or a torch file (read with weights_only=True)")
+    add_quick_gelu_arg(g)
     g.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto (default: %(default)s)")
+
+
+def add_quick_gelu_arg(g, default_help: str = "") -> None:
+    """``--quick-gelu/--no-quick-gelu``: the MLP activation, for weights whose source does not say it."""
+    g.add_argument("--quick-gelu", action=argparse.BooleanOptionalAction, default=None,
+                   help="build the MLPs with QuickGELU (OpenAI CLIP, LAION-400M, MetaCLIP weights) or GELU. "
+                        "Default" + default_help + ": a pretrained tag's own setting (a contradicting flag is "
+                        "refused); for --checkpoint or a .json config the config's quick_gelu or a '-quickgelu' "
+                        "model name, else GELU (with a warning where the architecture has a -quickgelu variant); "
+                        "hf-hub:/local-dir: their open_clip_config.json")
 
 
 def default_pretrained(args):
@@ -49,7 +60,8 @@ def load_encoder(args):
     """A ClipEncoder from the CLI's encoder options."""
     from ..encoders import ClipEncoder
 
-    return ClipEncoder(args.model, pretrained=default_pretrained(args), checkpoint=args.checkpoint, device=args.device)
+    return ClipEncoder(args.model, pretrained=default_pretrained(args), checkpoint=args.checkpoint, device=args.device,
+                       quick_gelu=getattr(args, "quick_gelu", None))
 
 
 def load_array(path, what: str) -> np.ndarray:

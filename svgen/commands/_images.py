@@ -5,7 +5,10 @@ The encoder that embeds images must be the one the artifact was fit with:
 * an artifact fit from an open_clip model records ``model``, ``pretrained`` or ``checkpoint`` +
   ``checkpoint_sha256``, and ``embed_dim``. The model and tag default to the recorded ones; a
   different ``--model``/``--pretrained`` is refused; a checkpoint artifact needs
-  ``--checkpoint FILE`` whose sha256 matches.
+  ``--checkpoint FILE`` whose sha256 matches. The MLP activation (``quick_gelu``) is the recorded
+  one; an encoder built with the other is refused. Artifacts from before svgen recorded it get a
+  warning when today's activation differs from what open_clip built then (see
+  :func:`svgen.encoders.check_artifact_activation`).
 * an artifact fit with ``--prototypes`` does not know its encoder: the user names it with
   ``--model`` and ``--pretrained``/``--checkpoint``, and only the dimension can be checked.
 """
@@ -17,7 +20,7 @@ import sys
 from pathlib import Path
 
 from ..errors import SvgenError
-from ._common import load_array
+from ._common import add_quick_gelu_arg, load_array
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +37,7 @@ def add_image_encoder_args(p) -> None:
     src = g.add_mutually_exclusive_group()
     src.add_argument("--pretrained", metavar="TAG", help="pretrained tag (default: the artifact's)")
     src.add_argument("--checkpoint", metavar="FILE", help="local weights file (must be the artifact's checkpoint)")
+    add_quick_gelu_arg(g, ": the artifact's recorded activation; without one")
     g.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto (default: %(default)s)")
     g.add_argument("--batch-size", type=int, default=32, help="images per encoder batch (default: %(default)s)")
     g.add_argument("--workers", type=int, default=None, metavar="N",
@@ -46,7 +50,7 @@ def _model_name(model: str) -> str:
 
 def encoder_for_artifact(args, clf):
     """Load the encoder the artifact expects, refusing any mismatch with one clear line."""
-    from ..encoders import ClipEncoder, file_sha256
+    from ..encoders import ClipEncoder, activation_flag, activation_name, check_artifact_activation, file_sha256
 
     enc = clf.encoder_ or {}
     dim = clf.n_features_in_
@@ -98,7 +102,18 @@ def encoder_for_artifact(args, clf):
         edim = enc.get("embed_dim")
         if edim is not None and int(edim) != dim:
             raise SvgenError(f"the artifact records embed_dim {edim} but its tensors have dimension {dim}")
-    encoder = ClipEncoder(model, pretrained=pretrained, checkpoint=args.checkpoint, device=args.device)
+    quick_gelu = getattr(args, "quick_gelu", None)
+    recorded = enc.get("quick_gelu")
+    if recorded is not None:
+        if quick_gelu is not None and quick_gelu != bool(recorded):
+            raise SvgenError(f"{activation_flag(quick_gelu)} contradicts the artifact, whose encoder was built with "
+                             f"{activation_name(bool(recorded))}; images must be embedded the way its prompts were")
+        if not pretrained:  # a tag decides its own activation; a mismatch is refused just below
+            quick_gelu = bool(recorded)
+    encoder = ClipEncoder(model, pretrained=pretrained, checkpoint=args.checkpoint, device=args.device,
+                          quick_gelu=quick_gelu)
+    if enc.get("model") and enc.get("source") != "prototypes":
+        check_artifact_activation(enc, encoder)
     got = encoder.embed_dim
     if got != dim:
         raise SvgenError(f"{model} embeds to dimension {got} but the artifact expects {dim}; "

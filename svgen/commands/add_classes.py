@@ -37,7 +37,7 @@ def run(args) -> int:
             raise SvgenError(f"prototypes file {args.prototypes} has shape {emb.shape}; expected {len(names)} rows "
                              "(C×D or C×T×D), one per new class")
     else:
-        from ..encoders import identity_key
+        from ..encoders import check_artifact_activation, identity_key
         from ..prototypes import build_prototypes
 
         enc = clf.encoder_ or {}
@@ -49,8 +49,11 @@ def run(args) -> int:
             raise SvgenError(f"{args.artifact} was fitted with checkpoint {enc.get('checkpoint')}; pass --checkpoint FILE")
         if not args.pretrained and not args.checkpoint:
             args.pretrained = enc.get("pretrained")
+        if args.quick_gelu is None and enc.get("quick_gelu") is not None and not args.pretrained:
+            args.quick_gelu = bool(enc["quick_gelu"])  # the artifact's activation (a tag decides its own)
         encoder = load_encoder(args)
-        if encoder.identity_key() != identity_key(enc):
+        check_artifact_activation(enc, encoder)  # a different activation: refused; none recorded: a warning
+        if encoder.identity_key() != identity_key({**enc, "quick_gelu": enc.get("quick_gelu", encoder.quick_gelu)}):
             raise SvgenError(f"the encoder ({encoder.identity()['model']}) does not match the one the artifact was "
                              f"fitted with ({enc.get('model')}, {enc.get('pretrained') or enc.get('checkpoint')})")
         emb = build_prototypes(encoder, names, templates, progress=args.progress).per_template.numpy()
