@@ -131,11 +131,17 @@ def load_model(args, recorded: dict):
     model = args.model or recorded.get("model")
     if not model:
         raise Failure("the head file does not record its encoder; name it with --model and --pretrained/--checkpoint")
-    if recorded.get("model") and Path(model).stem != recorded["model"] and model != recorded["model"]:
+    self_contained = model.startswith(("hf-hub:", "local-dir:"))  # config and weights come with the name
+    moved = self_contained and model.startswith("local-dir:") and str(recorded.get("model")).startswith("local-dir:")
+    if recorded.get("model") and Path(model).stem != recorded["model"] and model != recorded["model"] and not moved:
         raise Failure(f"--model {model} is not the model the head was fit with ({recorded['model']})")
     if args.checkpoint and not os.path.isfile(args.checkpoint):
         raise Failure(f"checkpoint file not found: {args.checkpoint}")
-    if recorded.get("checkpoint_sha256"):
+    if self_contained:
+        if args.checkpoint or args.pretrained:
+            raise Failure(f"{model} holds its own weights; drop --checkpoint/--pretrained")
+        pretrained = None
+    elif recorded.get("checkpoint_sha256"):
         if not args.checkpoint:
             raise Failure(f"the head was fit from checkpoint {recorded.get('checkpoint')!r}; pass --checkpoint FILE")
         if sha256(args.checkpoint) != recorded["checkpoint_sha256"]:
@@ -166,7 +172,23 @@ def load_model(args, recorded: dict):
         m, _, preprocess = open_clip.create_model_and_transforms(model, pretrained=pretrained, device=args.device, **act)
     except (RuntimeError, OSError, ValueError) as e:
         raise Failure(f"cannot load {model} ({pretrained}): {(str(e).splitlines() or [''])[0][:200]}") from None
+    if self_contained and recorded.get("checkpoint_sha256"):
+        got = sha256(self_contained_weights(model))
+        if got != recorded["checkpoint_sha256"]:
+            raise Failure(f"the weights of {model} (sha256 {got[:12]}...) are not the ones the head was fit with "
+                          f"({recorded['model']}, sha256 {recorded['checkpoint_sha256'][:12]}...)")
     return m.eval(), preprocess
+
+
+def self_contained_weights(model: str) -> str:
+    """The weights file open_clip loads for a ``local-dir:`` or ``hf-hub:`` name."""
+    if model.startswith("local-dir:"):
+        from open_clip.factory import _find_checkpoint_in_dir
+
+        return _find_checkpoint_in_dir(Path(model[len("local-dir:"):]))
+    from open_clip.pretrained import download_pretrained_from_hf
+
+    return download_pretrained_from_hf(model[len("hf-hub:"):])
 
 
 def find_images(inputs):

@@ -333,6 +333,18 @@ def _local_dir_weights(folder: Path) -> Optional[str]:
         return str(found[0]) if found else None
 
 
+def _hf_hub_weights_sha256(model: str) -> Optional[str]:
+    """sha256 of the weights file open_clip loaded for ``hf-hub:ORG/REPO`` (resolved from the local
+    cache the way open_clip resolves it), so artifacts can check that the same weights embed images."""
+    from open_clip.pretrained import download_pretrained_from_hf
+
+    try:
+        return file_sha256(download_pretrained_from_hf(model[len("hf-hub:"):]))
+    except Exception as e:  # the model loaded, so this only fails if the cache changed underneath: not fatal
+        log.warning("could not hash the weights of %s (%s)", model, (str(e).splitlines() or [""])[0][:200])
+        return None
+
+
 class ClipEncoder:
     """A frozen open_clip model in inference mode, with batched text and image encoding."""
 
@@ -406,6 +418,8 @@ class ClipEncoder:
             first = (str(e).splitlines() or [""])[0][:200]
             raise SvgenError(f"cannot load {self.checkpoint or model}: {type(e).__name__}: {first}") from None
         self.model.eval().requires_grad_(False)
+        if model.startswith("hf-hub:"):
+            self.checkpoint_sha256 = _hf_hub_weights_sha256(model)
         self.quick_gelu = built_quick_gelu(self.model)
         if want is not None and self.quick_gelu is not None and self.quick_gelu != want:  # pragma: no cover
             raise SvgenError(f"asked open_clip for {activation_name(want)} ({self.quick_gelu_reason}) "

@@ -45,7 +45,8 @@ def run(args) -> int:
             raise SvgenError(f"{args.artifact} was fitted from precomputed embeddings; pass --prototypes for the new classes")
         templates = clf.templates_ or ["a photo of a {}."]
         args.model = args.model or enc["model"]
-        if not args.checkpoint and enc.get("checkpoint_sha256"):
+        self_contained = enc["model"].startswith(("hf-hub:", "local-dir:"))  # their weights come with the name
+        if not args.checkpoint and enc.get("checkpoint_sha256") and not self_contained:
             raise SvgenError(f"{args.artifact} was fitted with checkpoint {enc.get('checkpoint')}; pass --checkpoint FILE")
         if not args.pretrained and not args.checkpoint:
             args.pretrained = enc.get("pretrained")
@@ -53,7 +54,10 @@ def run(args) -> int:
             args.quick_gelu = bool(enc["quick_gelu"])  # the artifact's activation (a tag decides its own)
         encoder = load_encoder(args)
         check_artifact_activation(enc, encoder)  # a different activation: refused; none recorded: a warning
-        if encoder.identity_key() != identity_key({**enc, "quick_gelu": enc.get("quick_gelu", encoder.quick_gelu)}):
+        recorded = {**enc, "quick_gelu": enc.get("quick_gelu", encoder.quick_gelu)}
+        if self_contained and not enc.get("checkpoint_sha256"):  # hf-hub: artifacts from before svgen hashed them
+            recorded["checkpoint_sha256"] = encoder.checkpoint_sha256
+        if encoder.identity_key() != identity_key(recorded):
             raise SvgenError(f"the encoder ({encoder.identity()['model']}) does not match the one the artifact was "
                              f"fitted with ({enc.get('model')}, {enc.get('pretrained') or enc.get('checkpoint')})")
         emb = build_prototypes(encoder, names, templates, progress=args.progress).per_template.numpy()
