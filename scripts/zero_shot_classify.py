@@ -15,6 +15,9 @@ Scores, given raw image embeddings ``x`` and ``x̂ = x / ||x||``:
   (``exp(-||x̂ - s|| / σ)`` for the Laplacian kernel; vote weights dense or COO);
 * ONNX: ``session.run(["scores"], {"embeddings": x})``.
 
+``--probs`` prints probabilities instead: ``softmax(logits / temperature)`` with the head file's
+``temperature`` (the kernel head's logits are ``log(max(scores, 1e-30))``; ONNX: the ``probs`` output).
+
 The model defaults to the one recorded in the head file (``--model``/``--pretrained``/
 ``--checkpoint`` as in open_clip; a model-config ``.json`` path registers a custom architecture).
 A checkpoint whose sha256 differs from the recorded one, or a model of another embedding
@@ -58,6 +61,9 @@ def load_head(path: str) -> dict:
             head = {"head": meta.get("head", "onnx"), "classes": json.loads(meta["classes"]),
                     "encoder": json.loads(meta.get("encoder") or "{}"), "dim": int(meta["dim"])}
             head["score"] = lambda x: sess.run(["scores"], {"embeddings": x.astype(np.float32)})[0]
+            outputs = {o.name for o in sess.get_outputs()}
+            if "probs" in outputs:  # heads exported before probabilities have scores only
+                head["probs"] = lambda x: sess.run(["probs"], {"embeddings": x.astype(np.float32)})[0]
             return head
         if suffix == ".safetensors":
             from safetensors import safe_open
@@ -107,7 +113,18 @@ def load_head(path: str) -> dict:
             return out
 
         head["score"] = score
+    if "temperature" in arrays:  # p = softmax(logits / T); the kernel head's logits are log scores
+        T = float(arrays["temperature"])
+        floor = 1e-30
+        to_logits = (lambda s: np.log(np.maximum(s, floor))) if head["head"] == "kernel" else (lambda s: s)
+        head["probs"] = lambda x: softmax(to_logits(head["score"](x).astype(np.float64)) / T)
     return head
+
+
+def softmax(z: np.ndarray) -> np.ndarray:
+    z = z - z.max(axis=1, keepdims=True)
+    e = np.exp(z)
+    return (e / e.sum(axis=1, keepdims=True)).astype(np.float32)
 
 
 def normalize(x: np.ndarray) -> np.ndarray:
@@ -237,6 +254,8 @@ def main(argv=None) -> int:
     src = ap.add_mutually_exclusive_group()
     src.add_argument("--pretrained", metavar="TAG", help="pretrained tag (default: the recorded one)")
     src.add_argument("--checkpoint", metavar="FILE", help="local weights file")
+    ap.add_argument("--probs", action="store_true",
+                    help="print probabilities (softmax with the head's stored temperature) instead of scores")
     ap.add_argument("-k", "--top-k", type=int, default=5)
     ap.add_argument("--format", choices=("csv", "jsonl"), default="csv")
     ap.add_argument("--batch-size", type=int, default=32)
@@ -253,7 +272,9 @@ def main(argv=None) -> int:
             raise Failure("none of the files could be read as an image")
         if x.shape[1] != head["dim"]:
             raise Failure(f"the model embeds to dimension {x.shape[1]} but the head expects {head['dim']}")
-        scores = head["score"](x)
+        if args.probs and "probs" not in head:
+            raise Failure(f"{args.head} carries no temperature (exported by an older svgen); re-export it for --probs")
+        scores = head["probs" if args.probs else "score"](x)
     except Failure as e:
         print(f"zero_shot_classify: error: {e}", file=sys.stderr)
         return 2

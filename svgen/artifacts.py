@@ -19,7 +19,11 @@ under ``"vote_weights": {"layout": "coo", "shape": [CK, C], "nnz": …}``. Score
 :func:`load_artifact` returns A as a torch sparse COO tensor under ``vote_weights``.
 
 plus ``per_template`` (C×T×D) and the generator's parameters (``generator.*``) so classes can
-be added later. Writes are atomic: everything goes to a temporary sibling directory that is
+be added later, and ``temperature.kernel`` / ``temperature.linear`` / ``temperature.cosine``
+(scalars: ``predict_proba`` is ``softmax(logits / T)``, see :mod:`svgen.calibration`; svgen.json
+says how they were set under ``calibration``). The vote weights are stored times M·λ
+(``svgen.json``: ``"vote_weights_scale": {"factor": M·λ, ...}``) so scores read as kernel mass;
+artifacts without that key are scaled when loaded, once. Writes are atomic: everything goes to a temporary sibling directory that is
 renamed into place; an existing artifact is replaced only with ``force=True``.
 """
 
@@ -194,3 +198,6 @@ def check_shapes(meta: dict, t: Dict[str, torch.Tensor], where="artifact") -> No
             raise SvgenError(f"{where}: {name} contains NaN or inf")
     if not float(t["bandwidth"]) > 0:
         raise SvgenError(f"{where}: bandwidth must be positive, got {float(t['bandwidth'])}")
+    for name in (k for k in t if k.startswith("temperature.")):  # optional: per-head softmax temperatures
+        if t[name].dim() != 0 or not (torch.isfinite(t[name]) and float(t[name]) > 0):
+            raise SvgenError(f"{where}: {name} must be a positive scalar, got shape {tuple(t[name].shape)}")

@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import time
 from typing import List, Optional, Sequence
 
@@ -16,7 +17,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from . import artifacts
+from . import artifacts, calibration
 from .errors import SvgenError
 from .generator import SupportVectorGenerator, template_anchors
 from .metric import lda_head, whiten_directions, whitened_cosine_head
@@ -165,7 +166,52 @@ class SVGClassifier:
         self.history_ = state.history
         self.fit_metrics_ = fit_metrics(state, S, P, K_ss, lam, cfg, wall, vote_weights=A)
         self.fit_metrics_["ridge_selection"] = path
+        self._scale_votes(lam)
+        self._text_temperatures()
         return self
+
+    # ------------------------------------------------------------------------------ readable votes
+    def _scale_votes(self, lam) -> None:
+        """Store the vote weights times M·λ (M support vectors): in the Parzen regime
+        ``(K + M·λ·I)⁻¹ ≈ I/(M·λ)``, so a score ≈ the summed kernel mass of the class's own support
+        vectors instead of a number like 2e-05. A positive factor: no ranking changes."""
+        M = self.support_vectors_.shape[0] * self.support_vectors_.shape[1]
+        factor = float(M * lam) if lam else 1.0
+        self.vote_weights_ = self.vote_weights_ * factor
+        self.vote_scale_ = {"factor": factor, "rule": "M·λ"}
+
+    # ------------------------------------------------------------------------------ probabilities
+    def _text_temperatures(self) -> None:
+        """Per-head temperatures from the text side (:func:`svgen.calibration.text_temperatures`)."""
+        info = calibration.text_temperatures(lambda q, head: self.decision_function(q, head), self.per_template_)
+        self.temperatures_ = info.pop("temperatures")
+        self.calibration_ = info
+
+    def set_temperatures(self, temperatures: dict, method: str, **details) -> "SVGClassifier":
+        """Replace some heads' temperatures, e.g. fitted on labelled shots::
+
+            clf.set_temperatures({"kernel": calibration.fit_temperature(z_loo, y)}, method="loo-nll")
+
+        ``method`` and ``details`` are recorded in ``svgen.json`` under ``calibration``.
+        """
+        self._check_fitted()
+        for head, t in temperatures.items():
+            if head not in HEADS:
+                raise SvgenError(f"unknown head {head!r}; expected one of {', '.join(HEADS)}")
+            if not (isinstance(t, (int, float)) and math.isfinite(t) and t > 0):
+                raise SvgenError(f"temperature of the {head} head must be a positive number, got {t!r}")
+        self.temperatures_ = {**self.temperatures_, **{h: float(t) for h, t in temperatures.items()}}
+        self.calibration_ = {**self.calibration_, "method": method, **details}
+        return self
+
+    def predict_proba(self, X, head: str = "kernel") -> torch.Tensor:
+        """N×C probabilities of one head: ``softmax(z / T_head)`` with z the head's logits (the kernel
+        vote's are ``log score``; see :mod:`svgen.calibration`). Rows sum to one (float64)."""
+        return calibration.softmax(self.logits(X, head), self.temperatures_[head])
+
+    def logits(self, X, head: str = "kernel") -> torch.Tensor:
+        """N×C logits of one head, the input of :meth:`predict_proba`'s softmax (kernel: ``log score``)."""
+        return calibration.head_logits(self.decision_function(X, head), head)
 
     # ------------------------------------------------------------------------------ inference
     def _check_fitted(self):
@@ -212,6 +258,7 @@ class SVGClassifier:
             "prototypes": self.prototypes_,
             "per_template": self.per_template_,
         }
+        t.update({f"temperature.{h}": torch.tensor(float(v)) for h, v in self.temperatures_.items()})
         if self.metric_precision_ is not None:
             t["metric.precision"] = self.metric_precision_
         t.update({f"generator.{k}": v for k, v in self.generator_.state_dict().items()})
@@ -228,6 +275,10 @@ class SVGClassifier:
             "templates": self.templates_,
             "fit": config_dict(self.fit_config_),
             "metrics": self.fit_metrics_,
+            "vote_weights_scale": self.vote_scale_,
+            "calibration": {**self.calibration_, "temperatures": self.temperatures_,
+                            "probabilities": "softmax(logits / temperature); logits: kernel log(max(score, 1e-30)), "
+                                             "linear and cosine their scores"},
         }
 
     def save(self, path, force: bool = False):
@@ -273,7 +324,25 @@ class SVGClassifier:
             except RuntimeError:
                 raise SvgenError(f"{path}: generator tensors do not match K={K}, D={D}") from None
             self.generator_ = gen.eval().requires_grad_(False)
+        self._load_votes_and_temperatures(meta, t)
         return self
+
+    def _load_votes_and_temperatures(self, meta: dict, t: dict) -> None:
+        """Vote scaling and temperatures as recorded; artifacts from before either existed get them now
+        (votes times M·λ, text-side temperatures), so every loaded classifier reads the same."""
+        scale = meta.get("vote_weights_scale")
+        if isinstance(scale, dict) and "factor" in scale:
+            self.vote_scale_ = dict(scale)  # already stored scaled: never again
+        else:
+            self._scale_votes(self.ridge_lambda_)
+            self.vote_scale_["applied_on_load"] = True
+        temps = {h: float(t[f"temperature.{h}"]) for h in HEADS if f"temperature.{h}" in t}
+        if len(temps) == len(HEADS):
+            self.temperatures_ = temps
+            self.calibration_ = {k: v for k, v in (meta.get("calibration") or {}).items()
+                                 if k not in ("temperatures", "probabilities")}
+        else:
+            self._text_temperatures()
 
     # ------------------------------------------------------------------------------ open set
     def _new_head_rows(self, P_new: torch.Tensor, S_new: torch.Tensor):
@@ -332,4 +401,10 @@ class SVGClassifier:
         lam = self.ridge_lambda_ if self.ridge_lambda_ is not None else 1e-3
         cfg = FitConfig(**{**config_dict(self.fit_config_), "ridge": float(lam)})
         self.vote_weights_, _, _, _ = solve_vote_weights(self.support_vectors_, self.bandwidth_, cfg, len(self.classes_))
+        self._scale_votes(lam)
+        if self.calibration_.get("method") == "text":
+            self._text_temperatures()
+        else:
+            log.warning("temperatures were fit by %s for the old classes; they are kept for the new ones",
+                        self.calibration_.get("method"))
         return self

@@ -114,6 +114,16 @@ def test_every_loading_path_classifies_and_evaluates_images(kind, request, tmp_p
     assert [r["label_1"] for r in theirs] == [r["label_1"] for r in rows]
     np.testing.assert_allclose([float(r["score_1"]) for r in theirs], [float(r["score_1"]) for r in rows], rtol=1e-4)
 
+    code, out, err = cli("classify", art, image_folder, "--head", "linear", "--top-k", 2, "--probs", *again)
+    assert code == 0, err
+    ours = _rows(out)
+    code, out, err = _script(capsys, head, image_folder, "--top-k", 2, "--probs", *again)
+    assert code == 0, err
+    theirs = _rows(out)
+    assert [r["label_1"] for r in theirs] == [r["label_1"] for r in ours]
+    np.testing.assert_allclose([float(r["score_1"]) for r in theirs], [float(r["score_1"]) for r in ours], rtol=1e-4)
+    assert all(0 < float(r["score_1"]) <= 1 for r in ours)
+
     code, out, err = cli("add-classes", art, "--classes", classes_file(["bird"], "more.txt"), *again)
     assert code == 0, err
     assert json.loads((art / "svgen.json").read_text())["classes"] == CLASSES + ["bird"]
