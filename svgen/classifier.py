@@ -3,6 +3,7 @@
 >>> clf = SVGClassifier(n_support=4).fit(prototypes, classes=names)   # C×D or C×T×D, text only
 >>> clf.decision_function(image_features, head="kernel")              # N×C scores
 >>> clf.predict(image_features)                                       # class names
+>>> clf.predict_proba(image_features, head="linear")                 # N×C, softmax with the head's temperature
 >>> clf.save("lvis.svgen"); SVGClassifier.load("lvis.svgen")
 """
 
