@@ -212,18 +212,21 @@ def plot_reliability(per_head: Dict[str, dict], path, title: Optional[str] = Non
         r = info["reliability"]
         edges = r["edges"]
         width = edges[1] - edges[0]
-        acc = np.nan_to_num(r["accuracy"])
-        ax.bar(edges[:-1], acc, width=width, align="edge", edgecolor="black", color="#4c72b0", label="accuracy")
-        gap = np.where(r["count"] > 0, np.nan_to_num(r["confidence"]) - acc, 0.0)
-        ax.bar(edges[:-1], gap, bottom=acc, width=width, align="edge", color="#dd8452", alpha=0.5,
-               edgecolor="#dd8452", label="confidence − accuracy")
-        ax.plot([0, 1], [0, 1], "k--", lw=1)
+        used = r["count"] > 0
+        ax.bar(edges[:-1][used], r["accuracy"][used], width=width, align="edge", edgecolor="black", color="#4c72b0",
+               label="accuracy in the bin")
+        ax.plot((edges[:-1] + width / 2)[used], r["confidence"][used], "o", color="#c44e52", ms=5,
+                label="mean confidence in the bin")
+        ax.plot([0, 1], [0, 1], "k--", lw=1, label="perfect calibration")
+        share = r["count"] / max(int(r["count"].sum()), 1)  # where the examples are
+        ax.bar(edges[:-1], 0.15 * share / max(float(share.max()), 1e-12), width=width, align="edge", color="#999999",
+               alpha=0.6, label="examples per bin (scaled)")
         ax.set_xlim(0, 1)
         ax.set_ylim(0, 1)
         ax.set_xlabel("confidence (max probability)")
         ax.set_title(f"{head}: T={info['temperature']:.3g}\nECE {info['ece']:.3f}, NLL {info['nll']:.3f}")
     axes[0][0].set_ylabel("accuracy")
-    axes[0][0].legend(loc="upper left", fontsize=8)
+    axes[0][0].legend(loc="lower right", fontsize=7)
     if title:
         fig.suptitle(title)
     fig.tight_layout()
