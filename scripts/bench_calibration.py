@@ -27,22 +27,13 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_common import DATA, ROOT, machine, print_table, save_result  # noqa: E402
+from bench_accuracy import load_data  # noqa: E402  (the two LVIS inputs and the dev half)
+from bench_common import ROOT, machine, print_table, save_result  # noqa: E402
 
 from svgen import SVGClassifier, calibration  # noqa: E402
 
 HEADS = ("cosine", "kernel", "linear")
 BOOT = 2000
-
-
-def load_data():
-    if not DATA.is_dir():
-        sys.exit(f"bench_calibration: {DATA} is absent; this benchmark needs the shared CLIP embeddings")
-    a = np.load(DATA / "lvis_v1_clip_a+cname.npy").astype(np.float32)
-    g = np.load(DATA / "lvis_gpt3_text-davinci-002_features_author.npy").astype(np.float32)
-    x = np.load(DATA / "lvis_dev_image_features.npy").astype(np.float32)
-    y = np.load(DATA / "lvis_dev_labels.npy").astype(np.int64)
-    return {"CxD": a, "T=2": np.stack([a, g], axis=1)}, x, y
 
 
 def ece_bootstrap(p_head, p_cos, y, n=BOOT, seed=0):
@@ -161,7 +152,7 @@ def main(argv=None):
     ap.add_argument("--out", default=str(ROOT / "docs" / "calibration.md"), help="markdown report to write")
     args = ap.parse_args(argv)
     torch.manual_seed(0)
-    inputs, x, y = load_data()
+    inputs, x, y, _ = load_data()
     rows, extra, fits = run(inputs, x, y)
     meta = {"date": time.strftime("%Y-%m-%d"), "machine": machine()}
     print_table(rows + extra, COLS, title="calibration on the LVIS dev half (602 image features, 1,203 classes)")

@@ -210,8 +210,7 @@ def test_cli_probs_and_eval_calibration(fitted, tmp_path, cli):
     assert all(abs(sum(r["scores"]) - 1) < 1e-4 for r in rows)
     np.testing.assert_allclose(rows[0]["scores"][0], clf.predict_proba(x[:1], "linear").max().item(), rtol=1e-5)
 
-    code, out, err = cli("eval", art, "--features", tmp_path / "x.npy", "--labels", tmp_path / "y.npy", "--json",
-                         "--plot", tmp_path / "rel.png")
+    code, out, err = cli("eval", art, "--features", tmp_path / "x.npy", "--labels", tmp_path / "y.npy", "--json")
     assert code == 0, err
     res = json.loads(out)
     for head in ("cosine", "kernel", "linear"):
@@ -221,9 +220,21 @@ def test_cli_probs_and_eval_calibration(fitted, tmp_path, cli):
         assert res[head]["nll"] == pytest.approx(-log_p[np.arange(len(y)), y].mean(), rel=1e-6)
         assert res[head]["ece"] == pytest.approx(calibration.ece(p, y), abs=1e-9)
         assert res[head]["temperature"] == pytest.approx(clf.temperatures_[head])
-    assert (tmp_path / "rel.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     code, out, err = cli("eval", art, "--features", tmp_path / "x.npy", "--labels", tmp_path / "y.npy")
     assert code == 0 and "nll" in out.splitlines()[0] and "ece" in out.splitlines()[0]
+
+
+def test_eval_plot_writes_a_png(fitted, tmp_path, cli):
+    pytest.importorskip("matplotlib")
+    clf, _, centres = fitted
+    x, y = _images(centres)
+    art = clf.save(tmp_path / "a.svgen")
+    np.save(tmp_path / "x.npy", x)
+    np.save(tmp_path / "y.npy", y)
+    code, out, err = cli("eval", art, "--features", tmp_path / "x.npy", "--labels", tmp_path / "y.npy",
+                         "--plot", tmp_path / "rel.png")
+    assert code == 0 and "ece" in out, err
+    assert (tmp_path / "rel.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     code, out, err = cli("eval", art, "--features", tmp_path / "x.npy", "--labels", tmp_path / "y.npy",
                          "--plot", tmp_path / "rel.png")  # exists, no --force
     assert code == 2 and "already exists" in err and len(err.strip().splitlines()) == 1
