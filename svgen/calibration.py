@@ -17,8 +17,8 @@ Each head's probabilities are a softmax of its *logits* divided by a temperature
   ridge λ), which get probability ≈ 0.
 
 **Without images** (:func:`text_temperatures`): the text embeddings of the classes (each
-prompt's embedding ``E[c, t]``, at most :data:`MAX_QUERIES` of them) are scored as queries by
-every head. The cosine head at logit scale 100 has a mean max-probability ``m`` on them; each
+prompt's embedding ``E[c, t]``; a seeded sample for many classes, :func:`query_rows`) are scored
+as queries by every head. The cosine head at logit scale 100 has a mean max-probability ``m`` on them; each
 other head's T is the one that gives the same mean max-probability (:func:`match_confidence`;
 max-probability falls monotonically with T, so bisection finds it). So no head is more
 confident than CLIP's own rule on the same prototypes. No image, labelled or not, is used.
@@ -45,6 +45,7 @@ from .errors import SvgenError
 
 KERNEL_LOG_FLOOR = 1e-30
 MAX_QUERIES = 2048
+MAX_LOGITS = 4_000_000  # queries × classes scored when choosing a temperature (the bisection's cost)
 ECE_BINS = 15
 LOG_T_RANGE = (-30.0, 30.0)  # bisection bracket for log T
 
@@ -70,7 +71,7 @@ def mean_max_prob(logits, temperature: float) -> float:
     return float(softmax(logits, temperature).max(dim=1).values.mean())
 
 
-def match_confidence(logits, target: float, iters: int = 100) -> float:
+def match_confidence(logits, target: float, iters: int = 60) -> float:
     """The temperature T at which ``mean max softmax(logits / T) = target``, by bisection on log T.
 
     Each row's max-probability ``1 / Σ_j exp((z_j − z_max)/T)`` falls monotonically with T (from 1 to
@@ -116,8 +117,11 @@ def fit_temperature(logits_loo, labels, iters: int = 100) -> float:
 
 
 def query_rows(per_template: torch.Tensor, max_queries: int = MAX_QUERIES, seed: int = 0) -> torch.Tensor:
-    """The text queries: every prompt embedding ``E[c, t]`` (C·T×D), or a seeded sample of ``max_queries``."""
+    """The text queries: every prompt embedding ``E[c, t]`` (C·T×D), or a seeded sample of at most
+    ``max_queries`` — fewer for many classes, so a query's N×C logits stay about
+    :data:`MAX_LOGITS` numbers (256 queries at least: the mean max-probability is an average)."""
     Q = per_template.reshape(-1, per_template.shape[-1])
+    max_queries = min(max_queries, max(256, MAX_LOGITS // per_template.shape[0]))
     if Q.shape[0] > max_queries:
         g = torch.Generator().manual_seed(seed)
         Q = Q[torch.randperm(Q.shape[0], generator=g)[:max_queries].sort().values]
