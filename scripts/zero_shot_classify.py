@@ -79,8 +79,11 @@ def load_head(path: str) -> dict:
             meta = {k: str(arrays.pop(k)) for k in list(arrays) if arrays[k].dtype.kind == "U"}
         else:
             raise Failure(f"{path}: expected a .safetensors, .npz or .onnx head file")
-    except (KeyError, ValueError, OSError) as e:
-        raise Failure(f"{path} is not an exported svgen head ({e})") from None
+    except Failure:
+        raise
+    except Exception as e:  # any unreadable file (wrong bytes for its suffix, truncated, …): one line
+        first = (str(e).splitlines() or [""])[0][:200]
+        raise Failure(f"{path} is not a readable exported svgen head ({type(e).__name__}: {first})") from None
     if meta.get("format") != "svgen-head":
         raise Failure(f"{path} is not an exported svgen head (format {meta.get('format')!r})")
     head = {"head": meta["head"], "classes": classes, "encoder": json.loads(meta.get("encoder") or "{}")}
@@ -244,9 +247,17 @@ def encode(model, preprocess, paths, batch_size, device):
     return (np.concatenate(feats) if feats else np.zeros((0, 0), np.float32)), ok
 
 
+class _Defaults(argparse.ArgumentDefaultsHelpFormatter):
+    """``(default: …)`` where there is one to show (not for None)."""
+
+    def _get_help_string(self, action):
+        return action.help if action.default is None else super()._get_help_string(action)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description="Classify images with open_clip and an exported svgen head "
-                                             "(.safetensors, .npz or .onnx); prints the top-k per image.")
+                                             "(.safetensors, .npz or .onnx); prints the top-k per image.",
+                                 formatter_class=_Defaults)
     ap.add_argument("head", metavar="HEAD_FILE", help="file written by 'svgen export'")
     ap.add_argument("inputs", nargs="+", metavar="IMAGE|DIR", help="images and/or folders (searched recursively)")
     ap.add_argument("--model", help="open_clip architecture, hf-hub:/local-dir: name, or a model-config .json "
@@ -256,11 +267,13 @@ def main(argv=None) -> int:
     src.add_argument("--checkpoint", metavar="FILE", help="local weights file")
     ap.add_argument("--probs", action="store_true",
                     help="print probabilities (softmax with the head's stored temperature) instead of scores")
-    ap.add_argument("-k", "--top-k", type=int, default=5)
-    ap.add_argument("--format", choices=("csv", "jsonl"), default="csv")
-    ap.add_argument("--batch-size", type=int, default=32)
-    ap.add_argument("--device", default="cpu")
-    args = ap.parse_args(argv)
+    ap.add_argument("-k", "-K", "--top-k", type=int, default=5,
+                    help="classes per row (more than the head has gives all of them)")
+    ap.add_argument("--format", choices=("csv", "jsonl"), default="csv",
+                    help="csv: path,label_1,score_1,...; jsonl: one {path, labels, scores} object per line")
+    ap.add_argument("--batch-size", type=int, default=32, help="images per encoder batch")
+    ap.add_argument("--device", default="cpu", help="torch device for the image encoder")
+    args = ap.parse_intermixed_args(argv)
     try:
         head = load_head(args.head)
         paths = find_images(args.inputs)
@@ -278,7 +291,21 @@ def main(argv=None) -> int:
     except Failure as e:
         print(f"zero_shot_classify: error: {e}", file=sys.stderr)
         return 2
-    classes, k = head["classes"], max(1, min(args.top_k, len(head["classes"])))
+    try:
+        write_rows(ok, scores, head["classes"], args)
+        sys.stdout.flush()
+    except BrokenPipeError:  # the reader stopped early (`| head`): not our error, and no traceback at exit
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+    return 0
+
+
+def write_rows(ok, scores, classes, args) -> None:
+    """One CSV row or JSON line per image: the top-k labels and scores."""
+    k = max(1, min(args.top_k, len(classes)))
+    if args.top_k > len(classes):
+        print(f"zero_shot_classify: --top-k {args.top_k} is more than the head's {len(classes)} classes; "
+              f"showing all {len(classes)}", file=sys.stderr)
     order = np.argsort(-scores, axis=1, kind="stable")[:, :k]
     if args.format == "csv":
         w = csv.writer(sys.stdout, lineterminator="\n")
@@ -289,7 +316,6 @@ def main(argv=None) -> int:
         for path, idx, row in zip(ok, order, scores):
             print(json.dumps({"path": path, "labels": [classes[i] for i in idx],
                               "scores": [float(row[i]) for i in idx]}, ensure_ascii=False))
-    return 0
 
 
 if __name__ == "__main__":

@@ -59,6 +59,15 @@ def _json_default(o):
     raise TypeError(f"cannot serialise {type(o).__name__}")
 
 
+def follow_umask(path, directory: bool = False) -> None:
+    """Give a ``mkstemp``/``mkdtemp`` path (created 0600/0700) the mode a plain ``open``/``mkdir``
+    would have: 0666/0777 minus the umask (0644/0755 under 022), so artifacts and exported
+    heads can be shared and deployed."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    os.chmod(path, (0o777 if directory else 0o666) & ~mask)
+
+
 def write_atomic_dir(path, files: Dict[str, callable], force: bool = False) -> Path:
     """Create directory ``path`` from ``{name: writer(file_path)}`` atomically.
 
@@ -67,7 +76,7 @@ def write_atomic_dir(path, files: Dict[str, callable], force: bool = False) -> P
     """
     path = Path(path)
     if path.exists() and not force:
-        raise SvgenError(f"{path} already exists; pass --force to overwrite it")
+        raise SvgenError(f"{path} already exists; pass force=True to replace it")
     if path.exists() and not path.is_dir():
         raise SvgenError(f"{path} exists and is not a directory")
     parent = path.resolve().parent
@@ -75,8 +84,10 @@ def write_atomic_dir(path, files: Dict[str, callable], force: bool = False) -> P
         raise SvgenError(f"cannot write {path}: folder {parent} does not exist")
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=parent))
     try:
+        follow_umask(tmp, directory=True)
         for name, writer in files.items():
             writer(tmp / name)
+            follow_umask(tmp / name)  # some writers (safetensors) create their file 0600
         if path.exists():
             old = Path(tempfile.mkdtemp(prefix=f".{path.name}.old-", dir=parent))
             os.replace(path, old / "artifact")

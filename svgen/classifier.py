@@ -53,6 +53,45 @@ def check_embeddings(x, what: str = "prototypes", ndims=(2, 3)) -> torch.Tensor:
     return t
 
 
+DUPLICATE_COS = 0.9999  # prototypes at least this close are one class to the kernel (tied scores, a singular solve)
+
+
+def duplicate_prototypes(P: torch.Tensor, threshold: float = DUPLICATE_COS, block: int = 1024) -> List[tuple]:
+    """Pairs ``(i, j, cos)``, i < j, of unit rows of ``P`` (C×D) with ``cos(p_i, p_j) ≥ threshold``.
+
+    Computed in row blocks, so memory stays ``block × C`` however many classes there are.
+    """
+    P = F.normalize(P.float(), dim=-1)
+    pairs = []
+    for s in range(0, P.shape[0], block):
+        cos = P[s:s + block] @ P.T
+        rows, cols = torch.nonzero(cos >= threshold, as_tuple=True)
+        for r, c in zip(rows.tolist(), cols.tolist()):
+            if s + r < c:
+                pairs.append((s + r, c, float(cos[r, c])))
+    return pairs
+
+
+def check_distinct(P: torch.Tensor, classes: Sequence[str]) -> None:
+    """Refuse classes whose prototypes coincide (cos ≥ 0.9999), naming them, before any solve."""
+    from .prototypes import short_name
+
+    pairs = duplicate_prototypes(P)
+    if pairs:
+        shown = "; ".join(f"{short_name(classes[i])} and {short_name(classes[j])} (cos {c:.6f})"
+                          for i, j, c in pairs[:5]) + (" …" if len(pairs) > 5 else "")
+        raise SvgenError(f"{len(pairs)} pair(s) of classes have identical or near-identical prototypes, so no "
+                         f"classifier can tell them apart: {shown}. Names that differ only in case or spacing "
+                         "encode alike (CLIP's tokenizer lower-cases); remove or rename one of each pair")
+
+
+def _same(a, b) -> bool:
+    try:
+        return bool(a == b) and type(a) is type(b)
+    except Exception:  # arrays and the like: shown
+        return False
+
+
 class SVGClassifier:
     """Support vector generation over text prototypes, with kernel-vote, linear and cosine heads.
 
@@ -144,6 +183,7 @@ class SVGClassifier:
         if len(classes) != C:
             raise SvgenError(f"prototypes have {C} rows but there are {len(classes)} class names; they must match")
         E, P = prototypes_from_embeddings(emb)
+        check_distinct(P, classes)
         t0 = time.perf_counter()
         state = train_generator(P, E, cfg, progress=self.progress)
         S = generate_all(state.generator, P, state.anchors)
@@ -205,14 +245,21 @@ class SVGClassifier:
         self.calibration_ = {**self.calibration_, "method": method, **details}
         return self
 
-    def predict_proba(self, X, head: str = "kernel") -> torch.Tensor:
+    def predict_proba(self, X, head: str = "kernel"):
         """N×C probabilities of one head: ``softmax(z / T_head)`` with z the head's logits (the kernel
-        vote's are ``log score``; see :mod:`svgen.calibration`). Rows sum to one (float64)."""
-        return calibration.softmax(self.logits(X, head), self.temperatures_[head])
+        vote's are ``log score``; see :mod:`svgen.calibration`). Rows sum to one (float64; a torch
+        tensor for a torch input, else numpy, as :meth:`decision_function`)."""
+        p = calibration.softmax(self._logits(X, head), self.temperatures_[head])
+        return p if isinstance(X, torch.Tensor) else p.numpy()
 
-    def logits(self, X, head: str = "kernel") -> torch.Tensor:
-        """N×C logits of one head, the input of :meth:`predict_proba`'s softmax (kernel: ``log score``)."""
-        return calibration.head_logits(self.decision_function(X, head), head)
+    def logits(self, X, head: str = "kernel"):
+        """N×C logits of one head, the input of :meth:`predict_proba`'s softmax (kernel: ``log score``);
+        a torch tensor for a torch input, else numpy, as :meth:`decision_function`."""
+        z = self._logits(X, head)
+        return z if isinstance(X, torch.Tensor) else z.numpy()
+
+    def _logits(self, X, head: str) -> torch.Tensor:
+        return calibration.head_logits(torch.as_tensor(self.decision_function(X, head)), head)
 
     # ------------------------------------------------------------------------------ inference
     def _check_fitted(self):
@@ -230,22 +277,70 @@ class SVGClassifier:
             raise SvgenError(f"features have dimension {x.shape[1]} but the artifact expects {self.n_features_in_}")
         return x
 
-    def decision_function(self, X, head: str = "kernel") -> torch.Tensor:
-        """N×C scores of one head: ``kernel`` (vote), ``linear`` or ``cosine`` (the CLIP baseline)."""
+    def decision_function(self, X, head: str = "kernel"):
+        """N×C scores of one head: ``kernel`` (vote), ``linear`` or ``cosine`` (the CLIP baseline).
+
+        A torch tensor for a torch input; a float32 numpy array for anything else (numpy, lists),
+        as scikit-learn returns.
+        """
         x = self._features(X)
         with torch.no_grad():
             if head == "kernel":
-                return kernel_scores(x, self.support_vectors_, self.bandwidth_, self.vote_weights_, self.fit_config_.kernel)
-            if head == "linear":
-                return linear_logits(x, self.linear_weight_, self.linear_bias_)
-            if head == "cosine":
-                return cosine_logits(x, self.prototypes_)
-        raise SvgenError(f"unknown head {head!r}; expected one of {', '.join(HEADS)}")
+                scores = kernel_scores(x, self.support_vectors_, self.bandwidth_, self.vote_weights_,
+                                       self.fit_config_.kernel)
+            elif head == "linear":
+                scores = linear_logits(x, self.linear_weight_, self.linear_bias_)
+            elif head == "cosine":
+                scores = cosine_logits(x, self.prototypes_)
+            else:
+                raise SvgenError(f"unknown head {head!r}; expected one of {', '.join(HEADS)}")
+        return scores if isinstance(X, torch.Tensor) else scores.cpu().numpy()
 
     def predict(self, X, head: str = "kernel") -> np.ndarray:
         """Predicted class names (array of str)."""
-        idx = self.decision_function(X, head).argmax(dim=1).numpy()
+        idx = np.asarray(self.decision_function(X, head).argmax(1))
         return np.asarray(self.classes_, dtype=object)[idx]
+
+    def score(self, X, y, head: str = "kernel") -> float:
+        """Top-1 accuracy on ``X`` (N×D image embeddings) against ``y``: class names, or integer
+        class indices into ``classes_`` (scikit-learn's ``ClassifierMixin.score``)."""
+        from .metrics import check_labels
+
+        y = np.asarray(y.cpu() if isinstance(y, torch.Tensor) else y)
+        pred = self.predict(X, head)
+        if y.dtype.kind in "USO":
+            if len(y) != len(pred):
+                raise SvgenError(f"y has {len(y)} entries but there are {len(pred)} feature rows; they must match")
+            return float(np.mean(pred == y.astype(object)))
+        y = check_labels(y, len(pred), len(self.classes_), what="y")
+        return float(np.mean(pred == np.asarray(self.classes_, dtype=object)[y]))
+
+    # ------------------------------------------------------------------------------ scikit-learn protocol
+    @classmethod
+    def _param_names(cls) -> List[str]:
+        import inspect
+
+        return [n for n in inspect.signature(cls.__init__).parameters if n != "self"]
+
+    def get_params(self, deep: bool = True) -> dict:
+        """The constructor settings (scikit-learn's estimator protocol; ``sklearn.base.clone`` works)."""
+        return {name: getattr(self, name) for name in self._param_names()}
+
+    def set_params(self, **params) -> "SVGClassifier":
+        """Change constructor settings; unknown names are refused. Returns ``self``."""
+        valid = set(self._param_names())
+        for name, value in params.items():
+            if name not in valid:
+                raise SvgenError(f"invalid parameter {name!r} for SVGClassifier; valid: {', '.join(sorted(valid))}")
+            setattr(self, name, value)
+        return self
+
+    def __repr__(self) -> str:
+        import inspect
+
+        defaults = {n: p.default for n, p in inspect.signature(type(self).__init__).parameters.items() if n != "self"}
+        changed = [f"{n}={v!r}" for n, v in self.get_params().items() if not _same(v, defaults.get(n))]
+        return f"{type(self).__name__}({', '.join(changed)})"
 
     # ------------------------------------------------------------------------------ persistence
     def tensors(self) -> dict:
@@ -383,6 +478,7 @@ class SVGClassifier:
             raise SvgenError(f"class(es) already in the artifact: {', '.join(map(repr, clash[:10]))}")
         validate_classes(self.classes_ + classes, source="combined class list")
         E_new, P_new = prototypes_from_embeddings(emb)
+        check_distinct(torch.cat([self.prototypes_, P_new]), self.classes_ + classes)
         T = self.per_template_.shape[1]
         if E_new.shape[1] != T:
             # keep one per-template tensor: pad/cycle the new templates to the artifact's T

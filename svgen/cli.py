@@ -3,6 +3,10 @@
 Each sub-command lives in ``svgen/commands/<name>.py`` with ``add_parser(subparsers)`` and
 ``run(args) -> int``. Only this module prints errors and exits: a :class:`SvgenError` becomes
 one line on stderr and exit status 2; Ctrl-C exits 130.
+
+Every sub-command gets, from :func:`main` and :func:`build_parser` alone: options and paths in
+any order (``classify ART --top-k 1 img.jpg`` = ``classify ART img.jpg --top-k 1``, argparse's
+intermixed parsing), and the global ``-q``/``-v`` before or after the sub-command's name.
 """
 
 from __future__ import annotations
@@ -29,17 +33,44 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"svgen {__version__}")
     parser.add_argument("-v", "--verbose", action="count", default=0, help="more log output (-vv for debug)")
-    parser.add_argument("-q", "--quiet", action="store_true", help="no progress bars, warnings only")
+    parser.add_argument("-q", "--quiet", action="store_true",
+                        help="no progress bars and no 'wrote …' lines; warnings and errors only")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMANDS:
         module = importlib.import_module(f".commands.{name.replace('-', '_')}", __package__)
         module.add_parser(sub)
+    for command in sub.choices.values():
+        _add_global_flags(command)
     return parser
+
+
+def _add_global_flags(p: argparse.ArgumentParser) -> None:
+    """``-q``/``-v`` after the sub-command too; SUPPRESS keeps what came before it (``svgen -v fit -v`` = -vv)."""
+    g = p.add_argument_group("global options (also accepted before the command)")
+    g.add_argument("-v", "--verbose", action="count", default=argparse.SUPPRESS, help="more log output (-vv for debug)")
+    g.add_argument("-q", "--quiet", action="store_true", default=argparse.SUPPRESS,
+                   help="no progress bars and no 'wrote …' lines; warnings and errors only")
+
+
+def parse_args(parser: argparse.ArgumentParser, argv: List[str]) -> argparse.Namespace:
+    """Global options, then the sub-command's options and positionals in any order.
+
+    argparse's plain parsing stops filling a ``nargs='*'`` positional at the first option, so
+    ``classify ART --top-k 1 img.jpg`` would reject ``img.jpg``; the sub-command's own parser is
+    therefore run with :meth:`~argparse.ArgumentParser.parse_intermixed_args`.
+    """
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    at = next((i for i, a in enumerate(argv) if not a.startswith("-")), None)
+    if at is None or argv[at] not in sub.choices:  # --help, --version, no or an unknown command
+        return parser.parse_args(argv)
+    args = parser.parse_args(argv[:at])
+    args.command = argv[at]
+    return sub.choices[argv[at]].parse_intermixed_args(argv[at + 1:], namespace=args)
 
 
 def main(argv: Optional[List[str]] = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parse_args(parser, list(sys.argv[1:] if argv is None else argv))
     if not args.command:
         parser.print_help(sys.stderr)
         return 2
@@ -56,7 +87,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     except KeyboardInterrupt:
         print("svgen: interrupted", file=sys.stderr)
         return 130
-    except BrokenPipeError:
+    except BrokenPipeError:  # the reader stopped early (`| head`): not our error, and no traceback at exit
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1
 
 

@@ -9,7 +9,12 @@ near-identity kernel        mean off-diagonal k < 0.01             σ too small 
 near-constant kernel        std of off-diagonal k < 0.01·mean      σ too large
 clumped support vectors     mean within-class cos > 0.999 (K>1)    margin term missing / weak
 ill-conditioned kernel      cond(K_SS) > 1e8                       margin term too strong
+duplicate classes           two prototypes with cos ≥ 0.9999        same name up to case/space
 ==========================  =====================================  ==========================
+
+Duplicate classes come first: their support vectors coincide, which alone makes ``K_SS``
+singular and the two classes' scores tie, so the other findings then name them as the cause
+instead of the margin term.
 
 plus the spectrum, its effective rank (``exp`` of the eigenvalue entropy) and the kernel-target
 alignment.
@@ -18,7 +23,7 @@ alignment.
 from __future__ import annotations
 
 import math
-from typing import Dict, List
+from typing import Dict, List, Optional, Sequence
 
 import torch
 
@@ -39,8 +44,19 @@ def effective_rank(eigvals: torch.Tensor) -> float:
     return float(math.exp(float(-(p * p.log()).sum())))
 
 
-def diagnose(support: torch.Tensor, sigma: float, kind: str = "rbf", max_classes: int = 1024, seed: int = 0) -> Dict:
-    """Measurements and findings for C×K×D support vectors (a class subset when C is large)."""
+def diagnose(support: torch.Tensor, sigma: float, kind: str = "rbf", max_classes: int = 1024, seed: int = 0,
+             prototypes: Optional[torch.Tensor] = None, classes: Optional[Sequence[str]] = None) -> Dict:
+    """Measurements and findings for C×K×D support vectors (a class subset when C is large).
+
+    With ``prototypes`` (C×D) and ``classes``, all pairs of classes whose prototypes coincide
+    are listed under ``duplicate_classes`` as ``[name, name, cos]``.
+    """
+    duplicates = []
+    if prototypes is not None:
+        from .classifier import duplicate_prototypes
+
+        names = list(classes) if classes is not None else [f"class_{i}" for i in range(prototypes.shape[0])]
+        duplicates = [[names[i], names[j], c] for i, j, c in duplicate_prototypes(prototypes)]
     C, K, D = support.shape
     subset = C > max_classes
     if subset:
@@ -70,6 +86,7 @@ def diagnose(support: torch.Tensor, sigma: float, kind: str = "rbf", max_classes
         "effective_rank": effective_rank(eig),
         "eigenvalues_top": [float(v) for v in eig.flip(0)[:10]],
         "within_class_cos": within,
+        "duplicate_classes": duplicates,
     }
     report["findings"] = findings(report)
     report["spectrum"] = eig.flip(0)
@@ -78,7 +95,16 @@ def diagnose(support: torch.Tensor, sigma: float, kind: str = "rbf", max_classes
 
 def findings(r: Dict) -> List[str]:
     """Plain-language findings from :func:`diagnose`'s measurements (empty: nothing wrong)."""
+    from .prototypes import short_name
+
     out = []
+    dup = r.get("duplicate_classes") or []
+    if dup:
+        shown = "; ".join(f"{short_name(a)} and {short_name(b)} (cos {c:.6f})" for a, b, c in dup[:5])
+        out.append(f"duplicate classes: {len(dup)} pair(s) have identical or near-identical prototypes — {shown}"
+                   f"{' …' if len(dup) > 5 else ''}. Their support vectors coincide, so their scores tie and K_SS is "
+                   "singular; names that differ only in case or spacing encode alike. Remove or rename one of each "
+                   "pair and fit again")
     if r["offdiag_mean"] < NEAR_IDENTITY:
         out.append(f"near-identity kernel (mean off-diagonal {r['offdiag_mean']:.2g}): σ={r['sigma']:.3g} is too "
                    "small or features are not normalised; every point is only similar to itself")
@@ -89,6 +115,8 @@ def findings(r: Dict) -> List[str]:
         out.append(f"clumped support vectors (mean within-class cos {r['within_class_cos']:.4f}): the K vectors of a "
                    "class coincide; the margin term is missing or too weak")
     if not r["condition_number"] < ILL_CONDITIONED:
-        out.append(f"ill-conditioned kernel (condition number {r['condition_number']:.3g}): the margin term may be "
-                   "too strong, or support vectors nearly coincide; the ridge λ keeps the vote solve stable")
+        cause = ("the duplicate classes above: their support vectors coincide" if dup else
+                 "the margin term may be too strong, or support vectors nearly coincide")
+        out.append(f"ill-conditioned kernel (condition number {r['condition_number']:.3g}): {cause}; "
+                   "the ridge λ keeps the vote solve stable")
     return out

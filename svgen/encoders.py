@@ -33,7 +33,9 @@ does not hold (a non-causal mask, last-token pooling, HF text towers) use stock 
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import json
 import logging
 import os
 import pickle
@@ -56,7 +58,17 @@ IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".ti
 
 
 def file_sha256(path, chunk: int = 1 << 20) -> str:
-    """Hex sha256 of a file's bytes (identifies a checkpoint in caches and artifacts)."""
+    """Hex sha256 of a file's bytes (identifies a checkpoint in caches and artifacts).
+
+    Memoised on (real path, size, modification time): a command that checks the prompt cache
+    and then loads the model hashes a 600 MB checkpoint once.
+    """
+    st = os.stat(path)
+    return _sha256_of(os.path.realpath(path), st.st_size, st.st_mtime_ns, chunk)
+
+
+@functools.lru_cache(maxsize=16)
+def _sha256_of(path: str, size: int, mtime_ns: int, chunk: int) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(chunk), b""):
@@ -343,6 +355,52 @@ def _hf_hub_weights_sha256(model: str) -> Optional[str]:
     except Exception as e:  # the model loaded, so this only fails if the cache changed underneath: not fatal
         log.warning("could not hash the weights of %s (%s)", model, (str(e).splitlines() or [""])[0][:200])
         return None
+
+
+def encoder_identity(model: str, pretrained: Optional[str] = None, checkpoint: Optional[str] = None,
+                     quick_gelu: Optional[bool] = None) -> Optional[Dict[str, object]]:
+    """What ``ClipEncoder(model, pretrained, checkpoint, quick_gelu=…).identity()`` will be, without
+    building the model.
+
+    Lets a command look its prompts up in the cache (and compare against an artifact's encoder)
+    before paying for a model load. ``None`` when it cannot be known without loading (a named file
+    is missing, or an ``hf-hub:`` model decides its activation in a config that is not read here):
+    the caller then builds the :class:`ClipEncoder`, which reports problems in its own words. The
+    activation is :func:`decide_quick_gelu`'s decision; a model whose towers have no open_clip MLPs
+    records ``None`` once built, so its key differs and the cache is simply not used.
+    """
+    name, sha = model, None
+    if model.startswith("hf-hub:"):  # its weights' sha256 is known once open_clip has resolved them
+        return None
+    if model.endswith(".json"):
+        if not os.path.isfile(model):
+            return None
+        import open_clip
+
+        open_clip.add_model_config(model)  # as ClipEncoder does: the decision reads the registered config
+        name = Path(model).stem
+    elif model.startswith("local-dir:"):
+        folder = Path(model[len("local-dir:"):])
+        weights = _local_dir_weights(folder) if (folder / "open_clip_config.json").is_file() else None
+        if weights is None:
+            return None
+        sha = file_sha256(weights)
+    if checkpoint:
+        if not os.path.isfile(checkpoint):
+            return None
+        sha = file_sha256(checkpoint)
+    act, _ = decide_quick_gelu(name, pretrained, checkpoint, quick_gelu)
+    if act is None and name.startswith("local-dir:"):
+        try:
+            cfg = json.loads((Path(name[len("local-dir:"):]) / "open_clip_config.json").read_text(encoding="utf-8"))
+            act = bool((cfg.get("model_cfg") or {}).get("quick_gelu", False))
+        except (OSError, ValueError, AttributeError):
+            return None
+    if act is None:
+        return None
+    return {"model": name, "pretrained": pretrained,
+            "checkpoint": os.path.basename(str(checkpoint)) if checkpoint else None, "checkpoint_sha256": sha,
+            "quick_gelu": act}
 
 
 class ClipEncoder:

@@ -32,7 +32,7 @@ linear, cosine or kernel head, built with ``onnx.helper``
 (opset 17), with the same strings in ``metadata_props``. :func:`verify_onnx` runs it with
 onnxruntime and compares against the PyTorch heads.
 
-All files are written atomically (temporary sibling + rename).
+All files are written atomically (temporary sibling + rename), with the permissions the umask gives.
 """
 
 from __future__ import annotations
@@ -48,6 +48,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from .artifacts import follow_umask
 from .errors import SvgenError
 from .calibration import KERNEL_LOG_FLOOR
 from .heads import COSINE_LOGIT_SCALE
@@ -75,7 +76,7 @@ def write_atomic_file(path, writer: Callable[[Path], None], force: bool = False)
     if path.is_dir():
         raise SvgenError(f"{path} is a folder; give a file name to write")
     if path.exists() and not force:
-        raise SvgenError(f"{path} already exists; pass --force to overwrite it")
+        raise SvgenError(f"{path} already exists; pass force=True to replace it")
     parent = path.resolve().parent
     if not parent.is_dir():
         raise SvgenError(f"cannot write {path}: folder {parent} does not exist")
@@ -83,6 +84,7 @@ def write_atomic_file(path, writer: Callable[[Path], None], force: bool = False)
     os.close(fd)
     try:
         writer(Path(tmp))
+        follow_umask(tmp)  # mkstemp (and safetensors) create files 0600
         os.replace(tmp, path)
     except BaseException:
         try:
@@ -265,7 +267,7 @@ def onnx_model(clf, head: str = "linear"):
 
 def torch_scores(clf, x, head: str) -> np.ndarray:
     """The library's own scores (the reference every export is checked against)."""
-    return clf.decision_function(x, head=head).numpy()
+    return np.asarray(clf.decision_function(x, head=head))
 
 
 def verify_onnx(model, clf, head: str, x: Optional[np.ndarray] = None, atol: float = 1e-4) -> float:
@@ -288,7 +290,7 @@ def verify_onnx(model, clf, head: str, x: Optional[np.ndarray] = None, atol: flo
     got, probs = sess.run(["scores", "probs"], {"embeddings": x})
     ref = torch_scores(clf, x, head)
     diff = float(np.abs(got - ref).max())
-    pdiff = float(np.abs(probs - clf.predict_proba(x, head=head).numpy()).max())
+    pdiff = float(np.abs(probs - np.asarray(clf.predict_proba(x, head=head))).max())
     if pdiff > 1e-3:
         raise SvgenError(f"ONNX {head} head's probabilities disagree with svgen: max |difference| {pdiff:.3g}")
     scale = float(np.abs(ref).max()) or 1.0  # relative: kernel scores can be tiny

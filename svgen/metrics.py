@@ -29,10 +29,17 @@ def _as_scores(scores) -> np.ndarray:
 
 
 def check_labels(labels, n: int, n_classes: int, what: str = "labels") -> np.ndarray:
-    """Validate class indices: 1-D integers, ``n`` of them, each in ``[0, n_classes)``."""
+    """Validate class indices: 1-D integers (or whole-number floats), ``n`` of them, each in ``[0, n_classes)``."""
     y = np.asarray(labels)
     if y.ndim != 1:
         raise SvgenError(f"{what} must be a 1-D array of class indices, got shape {y.shape}")
+    if np.issubdtype(y.dtype, np.floating):  # 0.0, 1.0, … (e.g. saved from a float tensor) are indices too
+        whole = np.isfinite(y) & (y == np.round(y))
+        if not whole.all():
+            i = int(np.flatnonzero(~whole)[0])
+            raise SvgenError(f"{what} must hold integer class indices; got {y.dtype} values, "
+                             f"{float(y[i])!r} at position {i} is not a whole number")
+        y = y.astype(np.int64)
     if not (np.issubdtype(y.dtype, np.integer) or y.dtype == np.bool_):
         raise SvgenError(f"{what} must hold integer class indices, got {y.dtype} values")
     if y.shape[0] != n:

@@ -3,7 +3,8 @@
 ``classes.txt`` holds one class name per line (UTF-8); blank lines and lines starting with
 ``#`` are ignored. A template file holds one template per line, each containing ``{}`` where
 the class name goes. Built-in templates live in ``prompts/templates/NAME.txt`` and are
-selected by ``NAME`` (``single``, ``compact``, ``ensemble``).
+selected by ``NAME`` (``single``, ``compact``, ``ensemble``); built-in class lists likewise
+(``prompts/classes/NAME.txt``: ``cifar10``, ``cifar100``, ``imagenet1k``).
 """
 
 from __future__ import annotations
@@ -60,9 +61,24 @@ def validate_classes(classes: Sequence[str], source: str = "class list") -> List
     return classes
 
 
+def read_class_names(name_or_path) -> List[str]:
+    """The lines of a class file, or of a built-in list by name (``cifar10``, ``cifar100``, ``imagenet1k``).
+
+    A file that exists wins over a built-in name; anything else is one line naming both options.
+    """
+    name_or_path = str(name_or_path)
+    if Path(name_or_path).exists():
+        return _read_lines(name_or_path, "classes")
+    builtin = _builtin_dir("classes") / f"{name_or_path}.txt"
+    if builtin.is_file():
+        return _read_lines(builtin, "classes")
+    raise SvgenError(f"classes file not found: {name_or_path} (built-in class lists: "
+                     f"{', '.join(builtin_class_lists())})")
+
+
 def read_classes(path) -> List[str]:
-    """Read and validate a class file (see module docstring for the format)."""
-    return validate_classes(_read_lines(path, "classes"), source=f"classes file {path}")
+    """Read and validate a class file or built-in list (see module docstring for the format)."""
+    return validate_classes(read_class_names(path), source=f"classes file {path}")
 
 
 def _builtin_dir(kind: str):

@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from .artifacts import follow_umask
 from .prompts import build_prompts
 
 log = logging.getLogger(__name__)
@@ -43,6 +44,11 @@ class Prototypes:
     classes: List[str]
     templates: List[str]
     encoded: int = 0  # prompts actually run through the encoder (the rest came from the cache)
+
+
+def short_name(name: str, limit: int = 40) -> str:
+    """A class name fit for a one-line message: quoted, cut at ``limit`` characters with its length said."""
+    return repr(name) if len(name) <= limit else f"{name[:limit]!r}… ({len(name)} characters)"
 
 
 def prototypes_from_embeddings(emb: torch.Tensor) -> tuple:
@@ -95,6 +101,7 @@ class PromptCache:
             fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".tmp-", suffix=".safetensors")
             os.close(fd)
             save_file({"embeddings": emb}, tmp, metadata={"prompts": json.dumps(prompts)})
+            follow_umask(tmp)
             os.replace(tmp, self.path)
         except OSError as e:  # a read-only cache dir slows later runs down but breaks nothing
             log.warning("could not write prompt cache %s (%s)", self.path, e)
@@ -114,17 +121,31 @@ def build_prototypes(
     """Encode every (class, template) prompt (cached ones excepted) into :class:`Prototypes`."""
     grid = build_prompts(classes, templates)
     flat = [p for row in grid for p in row]
-    too_long = encoder.too_long(sorted(set(flat)))
+    too_long = set(encoder.too_long(sorted(set(flat))))
     if too_long:
-        shown = "; ".join(repr(p) for p in too_long[:5]) + (" ..." if len(too_long) > 5 else "")
-        log.warning("%d prompt(s) exceed the %d-token context and will be truncated: %s",
-                    len(too_long), encoder.context_length, shown)
+        named = [short_name(c) for c, row in zip(classes, grid) if any(p in too_long for p in row)]
+        log.warning("%d class(es) give prompts longer than the %d-token context, which the tokenizer truncates: %s",
+                    len(named), encoder.context_length, ", ".join(named[:5]) + (", …" if len(named) > 5 else ""))
     cache = PromptCache(encoder.identity_key() if use_cache else None)
     todo = cache.missing(flat)
     if todo:
         log.info("encoding %d of %d prompts (%d cached)", len(todo), len(set(flat)), len(set(flat)) - len(todo))
         cache.add(todo, encoder.encode_text(todo, batch_size=batch_size, progress=progress))
         cache.save()
+    return _from_cache(cache, classes, templates, encoded=len(todo))
+
+
+def cached_prototypes(key: str, classes: Sequence[str], templates: Sequence[str]) -> Optional[Prototypes]:
+    """:class:`Prototypes` from the prompt cache of encoder identity ``key`` alone, or ``None``
+    when any prompt is missing (then the encoder has to be loaded: :func:`build_prototypes`)."""
+    cache = PromptCache(key)
+    if cache.missing([p for row in build_prompts(classes, templates) for p in row]):
+        return None
+    return _from_cache(cache, classes, templates, encoded=0)
+
+
+def _from_cache(cache: PromptCache, classes, templates, encoded: int) -> Prototypes:
+    flat = [p for row in build_prompts(classes, templates) for p in row]
     raw = cache.lookup(flat).view(len(classes), len(templates), -1)
     per_template, mean = prototypes_from_embeddings(raw)
-    return Prototypes(per_template, mean, list(classes), list(templates), encoded=len(todo))
+    return Prototypes(per_template, mean, list(classes), list(templates), encoded=encoded)

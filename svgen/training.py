@@ -124,19 +124,26 @@ def _batch_loss(cfg: FitConfig, state: TrainState, P, anchors, E, idx, y_cache):
 def setup_geometry(P: torch.Tensor, E: torch.Tensor, cfg: FitConfig):
     """(Σ⁻¹ or None, anchors C×K×D, decision dict) from the text embeddings alone.
 
-    Anchors are template-group means (:func:`template_anchors`). When a class has fewer templates
-    than K, the surplus slots are spread in ± pairs along the class-confusion directions around the
-    class prototype (:func:`spread_anchors`), so the K support vectors of a class start apart while
-    their mean direction stays the prototype. With the neighbour metric, anchors are then whitened
+    Anchors are template-group means (:func:`template_anchors`), pulled towards the prototype to
+    ``normalize(p + ω (ḡ − p))`` with the metric's trust ``ω = r / T`` (:func:`metric_strength`:
+    averaged prompts and few classes mean less trust in text-side deviations, and ω → 0 leaves the
+    prototype alone, the cosine rule). When a class has fewer templates than K, the surplus slots
+    are spread in ± pairs along the class-confusion directions around the class prototype
+    (:func:`spread_anchors`), so the K support vectors of a class start apart while their mean
+    direction stays the prototype. With the neighbour metric, anchors are then whitened
     and re-normalised, ``normalize(Σ⁻¹ a)`` (see :mod:`svgen.metric`); the metric's strength is
     decided by :func:`svgen.metric.metric_strength` and recorded.
     """
     cov = neighbour_difference_covariance(P)  # computed once for the spread and the metric
-    anchors = spread_anchors(template_anchors(E, cfg.n_support), P, n_templates=E.shape[1], cov=cov)
+    decision = metric_strength(cfg.metric_condition, E.shape[1], neighbour_pairs(P), P.shape[1])
+    groups = template_anchors(E, cfg.n_support)
+    if E.shape[1] > 1:  # template groups trusted as far as the text geometry is: pulled towards the prototype
+        w = decision["reliability"] / decision["templates_averaged"]
+        groups = F.normalize(P[:, None, :] + w * (groups - P[:, None, :]), dim=-1)
+    anchors = spread_anchors(groups, P, n_templates=E.shape[1], cov=cov)
     if cfg.metric == "none":
         return None, anchors, {"metric": "none", "kappa": 1.0, "linear_head": cfg.linear_head,
                                "reason": "metric switched off: plain cosine geometry"}
-    decision = metric_strength(cfg.metric_condition, E.shape[1], neighbour_pairs(P), P.shape[1])
     decision = {"metric": cfg.metric, **decision, "linear_head": cfg.linear_head}
     precision = text_precision(P, decision["kappa"], cov=cov).to(P.device)
     return precision, whiten_directions(anchors, precision), decision
@@ -267,7 +274,7 @@ def train_generator(
         for k in ("align", "margin", "ground"):
             h[k].append(float(parts[k].detach()))
         if bar is not None:
-            bar.set_postfix(loss=f"{float(loss):.4f}", align=f"{float(parts['align']):.4f}", sigma=f"{sigma:.3f}")
+            bar.set_postfix(loss=f"{h['loss'][-1]:.4f}", align=f"{h['align'][-1]:.4f}", sigma=f"{sigma:.3f}")
     if bar is not None:
         bar.close()
     return state

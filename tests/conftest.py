@@ -37,11 +37,20 @@ def _isolated_cache(tmp_path, monkeypatch):
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory):
     """Paths of a random-weight open_clip model: config, .safetensors, .pt and a local-dir folder."""
+    return build_tiny_model(tmp_path_factory.mktemp("tiny-model"))
+
+
+def build_tiny_model(root) -> dict:
+    """Write the tiny random-weight model (seed 0: the same bytes every time) under ``root``.
+
+    Also used by ``scripts/readme_sessions.py``, whose README sessions run on ``tiny/``.
+    """
     import open_clip
     import torch
     from safetensors.torch import save_file
 
-    root = tmp_path_factory.mktemp("tiny-model")
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
     config = root / "svgen-tiny.json"
     config.write_text(json.dumps(TINY_CFG))
     open_clip.add_model_config(str(config))

@@ -102,16 +102,17 @@ def test_predict_proba_formulas(fitted):
     xn = x / np.linalg.norm(x, axis=1, keepdims=True)
     P = clf.prototypes_.numpy()
     clip = torch.softmax(torch.as_tensor(100 * xn @ (P / np.linalg.norm(P, axis=1, keepdims=True)).T), dim=1)
-    np.testing.assert_allclose(clf.predict_proba(x, "cosine").numpy(), clip.numpy(), atol=1e-5)  # open_clip's own
-    s = clf.decision_function(x, "kernel").double().numpy()
+    np.testing.assert_allclose(np.asarray(clf.predict_proba(x, "cosine")), clip.numpy(), atol=1e-5)  # open_clip's own
+    s = np.asarray(clf.decision_function(x, "kernel"), dtype=np.float64)
     assert (s > 0).all()
     powered = (s / s.max(1, keepdims=True)) ** (1 / clf.temperatures_["kernel"])
     powered /= powered.sum(1, keepdims=True)
-    np.testing.assert_allclose(clf.predict_proba(x, "kernel").numpy(), powered, atol=1e-5)  # ∝ score^(1/T)
+    np.testing.assert_allclose(np.asarray(clf.predict_proba(x, "kernel")), powered, atol=1e-5)  # ∝ score^(1/T)
     for head in ("kernel", "linear", "cosine"):
         p = clf.predict_proba(x, head)
-        assert torch.allclose(p.sum(dim=1), torch.ones(len(x), dtype=p.dtype), atol=1e-9)
-        assert torch.equal(p.argmax(1), clf.decision_function(x, head).argmax(1))
+        assert isinstance(p, np.ndarray) and isinstance(clf.predict_proba(torch.as_tensor(x), head), torch.Tensor)
+        np.testing.assert_allclose(p.sum(axis=1), 1.0, atol=1e-9)
+        assert np.array_equal(p.argmax(1), clf.decision_function(x, head).argmax(1))
 
 
 # ----------------------------------------------------------------------------- readable kernel votes
@@ -128,7 +129,7 @@ def test_votes_scaled_by_m_lambda_read_as_own_class_kernel_mass(fitted):
     # at a support vector of class c the score is about the kernel mass of c's own K support vectors
     x = S[::K].float()
     mass = kernel(x.double(), S, clf.bandwidth_, "rbf").reshape(C, C, K).sum(-1)
-    np.testing.assert_allclose(np.diag(clf.decision_function(x, "kernel").numpy()), np.diag(mass.numpy()), rtol=0.1)
+    np.testing.assert_allclose(np.diag(np.asarray(clf.decision_function(x, "kernel"))), np.diag(mass.numpy()), rtol=0.1)
 
 
 def test_older_artifacts_are_scaled_once_and_get_temperatures(fitted, tmp_path):
@@ -147,12 +148,12 @@ def test_older_artifacts_are_scaled_once_and_get_temperatures(fitted, tmp_path):
 
     old = SVGClassifier.load(art)
     assert old.vote_scale_.get("applied_on_load") is True
-    np.testing.assert_allclose(old.decision_function(x, "kernel").numpy(), clf.decision_function(x, "kernel").numpy(),
+    np.testing.assert_allclose(np.asarray(old.decision_function(x, "kernel")), np.asarray(clf.decision_function(x, "kernel")),
                                rtol=1e-4)
     assert old.temperatures_ == pytest.approx(clf.temperatures_, rel=1e-3)
     old.save(tmp_path / "resaved.svgen")
     again = SVGClassifier.load(tmp_path / "resaved.svgen")  # recorded as scaled: not scaled a second time
-    np.testing.assert_allclose(again.decision_function(x, "kernel").numpy(), clf.decision_function(x, "kernel").numpy(),
+    np.testing.assert_allclose(np.asarray(again.decision_function(x, "kernel")), np.asarray(clf.decision_function(x, "kernel")),
                                rtol=1e-4)
 
 
@@ -194,7 +195,7 @@ def test_exports_carry_the_temperature(fitted, tmp_path, fmt):
             assert float(h["temperature"]) == pytest.approx(clf.temperatures_[head], rel=1e-6)
             assert "softmax" in h["probabilities"]
             continue
-        np.testing.assert_allclose(probs, clf.predict_proba(x, head).numpy(), atol=1e-4)
+        np.testing.assert_allclose(probs, np.asarray(clf.predict_proba(x, head)), atol=1e-4)
 
 
 def test_cli_probs_and_eval_calibration(fitted, tmp_path, cli):
@@ -208,14 +209,14 @@ def test_cli_probs_and_eval_calibration(fitted, tmp_path, cli):
     assert code == 0, err
     rows = [json.loads(line) for line in out.splitlines()]
     assert all(abs(sum(r["scores"]) - 1) < 1e-4 for r in rows)
-    np.testing.assert_allclose(rows[0]["scores"][0], clf.predict_proba(x[:1], "linear").max().item(), rtol=1e-5)
+    np.testing.assert_allclose(rows[0]["scores"][0], float(clf.predict_proba(x[:1], "linear").max()), rtol=1e-5)
 
     code, out, err = cli("eval", art, "--features", tmp_path / "x.npy", "--labels", tmp_path / "y.npy", "--json")
     assert code == 0, err
     res = json.loads(out)
     for head in ("cosine", "kernel", "linear"):
-        p = clf.predict_proba(x, head).numpy()
-        z = clf.logits(x, head).double().numpy() / clf.temperatures_[head]
+        p = np.asarray(clf.predict_proba(x, head))
+        z = np.asarray(clf.logits(x, head), dtype=np.float64) / clf.temperatures_[head]
         log_p = z - z.max(1, keepdims=True) - np.log(np.exp(z - z.max(1, keepdims=True)).sum(1, keepdims=True))
         assert res[head]["nll"] == pytest.approx(-log_p[np.arange(len(y)), y].mean(), rel=1e-6)
         assert res[head]["ece"] == pytest.approx(calibration.ece(p, y), abs=1e-9)

@@ -255,7 +255,7 @@ def test_cli_add_classes_and_diagnose(tmp_path, cli):
     code, out, err = cli("add-classes", tmp_path / "a.svgen", "--classes", tmp_path / "new.txt",
                          "--prototypes", tmp_path / "new.npy")
     assert code == 0, err
-    assert "12 → 14 classes" in out
+    assert "12 → 14 classes" in err and out == ""
     meta, t = load_artifact(tmp_path / "a.svgen")
     assert meta["classes"][-2:] == ["new0", "new1"] and t["vote_weights"].shape == (14 * 4, 14)
     # adding a class that is already there is one line, exit 2, and the artifact is untouched
@@ -269,3 +269,38 @@ def test_cli_add_classes_and_diagnose(tmp_path, cli):
     assert code == 0 and "condition number" in out and "findings" in out
     code, _, err = cli("diagnose", tmp_path / "missing.svgen")
     assert code == 2 and "not an svgen artifact" in err
+
+
+def test_metric_decision_is_recorded_shown_by_diagnose_and_kept_by_add_classes(tmp_path, cli):
+    from svgen.metric import metric_strength, neighbour_pairs, text_precision, whitened_cosine_head
+
+    emb = _protos(C=14, D=16, T=3, seed=4)
+    emb_path, classes = _cli_files(tmp_path, emb[:12], [f"c{i}" for i in range(12)])
+    code, _, err = cli("fit", "--prototypes", emb_path, "--classes", classes, "--out", tmp_path / "a.svgen")
+    assert code == 0, err
+    meta, t = load_artifact(tmp_path / "a.svgen")
+    geo = meta["metrics"]["geometry"]
+    P = torch.nn.functional.normalize(torch.nn.functional.normalize(torch.tensor(emb[:12], dtype=torch.float32), dim=-1).mean(1), dim=-1)
+    expected = metric_strength(1.3, 3, neighbour_pairs(P), 16)
+    assert geo["kappa"] == pytest.approx(expected["kappa"]) and geo["templates_averaged"] == 3
+    assert 1 < geo["kappa"] < 1.1  # three prompts averaged and 12 classes for a 16-d covariance: weak
+    # the stored linear head is the whitened cosine under the recorded metric, up to its scale
+    W, b = whitened_cosine_head(t["prototypes"], t["metric.precision"])
+    np.testing.assert_allclose((t["linear_head.weight"] / t["linear_head.weight"].norm(dim=1, keepdim=True)).numpy(),
+                               W.numpy(), atol=1e-5)
+    assert (t["linear_head.bias"] == 0).all()
+    code, out, err = cli("diagnose", tmp_path / "a.svgen")
+    assert code == 0 and "text metric" in out and "prompts" in out
+    code, out, err = cli("diagnose", tmp_path / "a.svgen", "--json")
+    assert json.loads(out)["geometry"]["kappa"] == pytest.approx(geo["kappa"])
+    # classes added later get rows of the same kind, on the same scale
+    np.save(tmp_path / "new.npy", emb[12:].astype(np.float32))
+    (tmp_path / "new.txt").write_text("n0\nn1\n")
+    code, _, err = cli("add-classes", tmp_path / "a.svgen", "--classes", tmp_path / "new.txt", "--prototypes", tmp_path / "new.npy")
+    assert code == 0, err
+    _, t2 = load_artifact(tmp_path / "a.svgen")
+    W_new, _ = whitened_cosine_head(t2["prototypes"][12:], t["metric.precision"])
+    rows = t2["linear_head.weight"][12:]
+    np.testing.assert_allclose((rows / rows.norm(dim=1, keepdim=True)).numpy(), W_new.numpy(), atol=1e-5)
+    np.testing.assert_allclose(rows.norm(dim=1).numpy(), t["linear_head.weight"].norm(dim=1).mean().item(), rtol=1e-5)
+    assert (t2["linear_head.bias"][12:] == 0).all()

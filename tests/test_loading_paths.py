@@ -139,7 +139,7 @@ def test_local_dir_weights_that_changed_are_refused_in_one_line(tmp_path, cli, c
     code, out, err = cli("classify", art, image_folder, "--model", f"local-dir:{moved}")  # a moved copy: same bytes
     assert code == 0, err
     save_file(_state(seed=1), str(folder / "open_clip_model.safetensors"))  # other weights under the recorded name
-    for argv in (("classify", art, image_folder), ("eval", art, "--data", image_folder)):
+    for argv in (("classify", art, image_folder, "--top-k", 3), ("eval", art, "--data", image_folder)):
         code, out, err = cli(*argv)
         assert code == 2 and out == "" and len(err.strip().splitlines()) == 1, err
         assert "are not the ones the artifact was fit with" in err and "sha256" in err
@@ -158,5 +158,5 @@ def test_hf_hub_weights_that_changed_are_refused(hf_cache, tmp_path, cli, classe
     shutil.rmtree(hf_cache / "models--svgen-test--tiny")
     _seed_repo(hf_cache, "svgen-test/tiny", {"open_clip_config.json": cfg,
                                              "open_clip_model.safetensors": _weights_bytes(_state(seed=2), tmp_path)})
-    code, out, err = cli("classify", art, image_folder)
+    code, out, err = cli("classify", art, image_folder, "--top-k", 3)
     assert code == 2 and len(err.strip().splitlines()) == 1 and "sha256" in err, err

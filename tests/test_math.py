@@ -265,3 +265,24 @@ def test_metric_shrinkage_hits_the_condition_number_and_lda_is_mahalanobis():
     maha = -np.einsum("ncd,de,nce->nc", (x[:, None] - P[None]).numpy(), prec.numpy(), (x[:, None] - P[None]).numpy())
     # LDA logits = −Mahalanobis distance + a per-sample constant: identical rankings
     np.testing.assert_allclose(lda - lda.mean(1, keepdims=True), maha - maha.mean(1, keepdims=True), atol=1e-5)
+
+
+def test_setup_geometry_pulls_template_groups_towards_the_prototype_by_the_metric_trust():
+    from svgen.config import FitConfig
+    from svgen.metric import metric_strength, neighbour_pairs
+    from svgen.training import setup_geometry
+
+    g = torch.Generator().manual_seed(5)
+    E = F.normalize(torch.randn(40, 1, 8, generator=g) + 0.3 * torch.randn(40, 2, 8, generator=g), dim=-1)
+    P = F.normalize(E.mean(1), dim=-1)
+    cfg = FitConfig(n_support=2, metric="none")
+    _, anchors, _ = setup_geometry(P, E, cfg)
+    w = metric_strength(cfg.metric_condition, 2, neighbour_pairs(P), 8)["reliability"] / 2
+    assert w == pytest.approx(0.5)  # 40 classes give enough pairs for an 8-d covariance; T = 2
+    expected = F.normalize(P[:, None] + w * (E - P[:, None]), dim=-1)  # K = T = 2: one template per group
+    np.testing.assert_allclose(anchors.numpy(), expected.numpy(), atol=1e-6)
+    # few classes for the dimension: almost no trust, so the anchors sit on the prototype
+    E_big = F.normalize(torch.randn(6, 1, 64, generator=g) + 0.3 * torch.randn(6, 2, 64, generator=g), dim=-1)
+    P_big = F.normalize(E_big.mean(1), dim=-1)
+    _, anchors, _ = setup_geometry(P_big, E_big, FitConfig(n_support=2, metric="none"))
+    assert (torch.einsum("ckd,cd->ck", anchors, P_big) > 0.99).all()

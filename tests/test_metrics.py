@@ -47,7 +47,8 @@ def test_fewer_classes_than_k_counts_everything():
     (np.array([0, 1, 7]), "outside 0..4"),
     (np.array([0, -1, 2]), "outside 0..4"),
     (np.array([0, 1]), "has 2 entries but there are 3"),
-    (np.array([0.0, 1.0, 2.0]), "integer class indices"),
+    (np.array([0.0, 1.5, 2.0]), "1.5 at position 1 is not a whole number"),  # 0.0, 1.0, … are accepted (issue 16)
+    (np.array([0.0, np.nan, 2.0]), "integer class indices"),
     (np.zeros((3, 1), dtype=int), "1-D"),
 ])
 def test_bad_labels_are_one_clear_error(labels, msg):

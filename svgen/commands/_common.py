@@ -1,9 +1,18 @@
-"""Helpers shared by the sub-commands (argument groups, reading arrays, loading encoders)."""
+"""Helpers shared by the sub-commands (argument groups, reading arrays, loading encoders, output).
+
+Output convention: stdout carries only the command's result (a table, CSV/JSON Lines rows, one
+JSON object), so it can be piped (``svgen fit … | jq .sigma``); human lines such as
+``wrote X: …`` go to stderr through :func:`note`, which ``-q`` silences. JSON is strict
+(:func:`json_text`): no ``NaN``/``Infinity``, non-finite numbers are ``null``.
+"""
 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
+import math
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -22,15 +31,22 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
         return super()._get_help_string(action)
 
 
+DEFAULT_MODEL = "ViT-B-32"
+
+
 def add_encoder_args(p: argparse.ArgumentParser, with_model_default: bool = True) -> None:
+    """--model/--pretrained/--checkpoint/--device. ``--model`` stays None unless given (so a command
+    can tell whether it was named); :func:`default_pretrained` and :func:`load_encoder` fill in
+    ``DEFAULT_MODEL`` for commands ``with_model_default``."""
     g = p.add_argument_group("encoder (open_clip)")
-    g.add_argument("--model", default="ViT-B-32" if with_model_default else None,
+    g.add_argument("--model", default=None,
                    help="open_clip architecture (ViT-B-32), 'hf-hub:ORG/REPO', 'local-dir:PATH', "
                         "or an open_clip model-config .json file (default: "
-                        + ("%(default)s)" if with_model_default else "the one recorded in the artifact)"))
+                        + (f"{DEFAULT_MODEL})" if with_model_default else "the one recorded in the artifact)"))
     src = g.add_mutually_exclusive_group()
     src.add_argument("--pretrained", metavar="TAG",
-                     help="pretrained tag for a built-in architecture (default: openai, downloaded once)")
+                     help="pretrained tag for a built-in architecture (default: "
+                          + ("openai, downloaded once)" if with_model_default else "the artifact's)"))
     src.add_argument("--checkpoint", metavar="FILE",
                      help="local weights for --model: .safetensors, or a torch file (read with weights_only=True)")
     add_quick_gelu_arg(g)
@@ -49,6 +65,7 @@ def add_quick_gelu_arg(g, default_help: str = "") -> None:
 
 def default_pretrained(args):
     """The pretrained tag implied by CLI options: a plain built-in architecture defaults to 'openai'."""
+    args.model = args.model or DEFAULT_MODEL
     if args.pretrained or getattr(args, "checkpoint", None):
         return args.pretrained
     if args.model.startswith(("hf-hub:", "local-dir:")) or args.model.endswith(".json"):
@@ -60,8 +77,73 @@ def load_encoder(args):
     """A ClipEncoder from the CLI's encoder options."""
     from ..encoders import ClipEncoder
 
-    return ClipEncoder(args.model, pretrained=default_pretrained(args), checkpoint=args.checkpoint, device=args.device,
+    pretrained = default_pretrained(args)
+    return ClipEncoder(args.model or DEFAULT_MODEL, pretrained=pretrained, checkpoint=args.checkpoint, device=args.device,
                        quick_gelu=getattr(args, "quick_gelu", None))
+
+
+def text_prototypes(args, classes, templates, expect: dict = None):
+    """``(Prototypes, encoder identity)`` of ``classes`` × ``templates`` under the CLI's encoder options.
+
+    When every prompt is already in the prompt cache, the encoder is not loaded at all (the
+    identity, a checkpoint's sha256 included, is known without it). ``expect``, an artifact's
+    recorded encoder, is compared before anything is loaded.
+    """
+    from ..encoders import check_artifact_activation, encoder_identity, identity_key
+    from ..prototypes import build_prototypes, cached_prototypes
+
+    pretrained = default_pretrained(args)
+    ident = encoder_identity(args.model or DEFAULT_MODEL, pretrained, args.checkpoint, getattr(args, "quick_gelu", None))
+
+    def same(identity):  # an artifact from before svgen recorded the activation matches on the rest
+        want = {**expect, "quick_gelu": expect.get("quick_gelu", identity.get("quick_gelu"))}
+        if str(want.get("model")).startswith("hf-hub:") and not want.get("checkpoint_sha256"):
+            want["checkpoint_sha256"] = identity.get("checkpoint_sha256")  # from before svgen hashed hf-hub: weights
+        return identity_key(identity) == identity_key(want)
+
+    if expect is not None and ident is not None and not same(ident):
+        raise SvgenError(f"the encoder ({ident['model']}, {ident['pretrained'] or ident['checkpoint']}) does not "
+                         f"match the one the artifact was fitted with ({expect.get('model')}, "
+                         f"{expect.get('pretrained') or expect.get('checkpoint')})")
+    if ident is not None:
+        protos = cached_prototypes(identity_key(ident), classes, templates)
+        if protos is not None:
+            log.info("all %d prompts are in the prompt cache; the encoder is not loaded", len(classes) * len(templates))
+            return protos, ident
+    from ..hub import check_weights_reachable
+
+    check_weights_reachable(args.model, pretrained)  # fail fast, before torch loads
+    encoder = load_encoder(args)
+    if expect is not None:
+        check_artifact_activation(expect, encoder)  # a different activation: refused; none recorded: a warning
+    if expect is not None and not same(encoder.identity()):
+        raise SvgenError(f"the encoder ({encoder.identity()['model']}) does not match the one the artifact was "
+                         f"fitted with ({expect.get('model')}, {expect.get('pretrained') or expect.get('checkpoint')})")
+    protos = build_prototypes(encoder, classes, templates, progress=args.progress)
+    log.info("encoded %d prompts (%d from cache)", len(classes) * len(templates),
+             len(classes) * len(templates) - protos.encoded)
+    return protos, encoder.identity()
+
+
+def note(args, text: str) -> None:
+    """A line for the person at the terminal ('wrote X: …'): stderr, silenced by ``-q``."""
+    if not getattr(args, "quiet", False):
+        print(text, file=sys.stderr)
+
+
+def _finite(o):
+    if isinstance(o, float) and not math.isfinite(o):
+        return None
+    if isinstance(o, dict):
+        return {k: _finite(v) for k, v in o.items()}
+    if isinstance(o, (list, tuple)):
+        return [_finite(v) for v in o]
+    return o
+
+
+def json_text(obj, **kw) -> str:
+    """Strict JSON (RFC 8259) of ``obj``: NaN and ±inf become ``null``, as in ``svgen.json``."""
+    return json.dumps(_finite(obj), allow_nan=False, **kw)
 
 
 def load_array(path, what: str) -> np.ndarray:
@@ -69,6 +151,11 @@ def load_array(path, what: str) -> np.ndarray:
     path = Path(path)
     if not path.is_file():
         raise SvgenError(f"{what} file not found: {path}")
+    with open(path, "rb") as f:
+        magic = f.read(6)
+    if magic != b"\x93NUMPY" and not magic.startswith(b"PK"):
+        raise SvgenError(f"{what} file {path} is not a .npy file (no NumPy header; a text or CSV file?); "
+                         "save the array with numpy.save")
     try:
         arr = np.load(path, allow_pickle=False)
     except ValueError as e:

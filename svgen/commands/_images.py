@@ -182,12 +182,14 @@ def encode_paths(args, encoder, paths, command: str):
     return feats, ok, failed
 
 
-def emit(text: str, out, force: bool) -> None:
-    """Print ``text`` to stdout, or write it atomically to ``out``."""
+def emit(text: str, out, force: bool, args=None, what: str = "") -> None:
+    """Print ``text`` to stdout, or write it atomically to ``out`` and say so on stderr (unless -q)."""
     if out:
         from ..export import write_text_atomic
+        from ._common import note
 
         write_text_atomic(out, text, force=force)
+        note(args, f"wrote {out}" + (f": {what}" if what else ""))
     else:
         sys.stdout.write(text)
         sys.stdout.flush()

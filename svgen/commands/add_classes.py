@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 
-from ._common import HelpFormatter, add_encoder_args, load_array, load_encoder
+from ._common import HelpFormatter, add_encoder_args, load_array, note, text_prototypes
 
 
 def add_parser(sub):
@@ -12,11 +12,14 @@ def add_parser(sub):
         help="add classes to an artifact (the shared generator expands their prototypes)",
         description="Encode the new classes' prompts with the artifact's encoder (or read their embeddings with "
                     "--prototypes), expand them with the artifact's trained generator, give them linear-head rows "
-                    "and re-solve the vote weights over all classes. The artifact is replaced atomically.",
+                    "and re-solve the vote weights over all classes. The artifact is replaced atomically. "
+                    "The names are checked against the artifact before any encoder is loaded, and prompts "
+                    "already in the prompt cache are not encoded again.",
         formatter_class=HelpFormatter,
     )
-    p.add_argument("artifact", metavar="ARTIFACT_DIR")
-    p.add_argument("--classes", required=True, metavar="FILE", help="new class names, one per line")
+    p.add_argument("artifact", metavar="ARTIFACT_DIR", help="artifact written by 'svgen fit' (replaced in place)")
+    p.add_argument("--classes", required=True, metavar="FILE|NAME",
+                   help="new class names, one per line, or a built-in list (cifar10, cifar100, imagenet1k)")
     p.add_argument("--prototypes", metavar="EMB.npy", help="their text embeddings (C×D or C×T×D) instead of encoding")
     add_encoder_args(p, with_model_default=False)
     p.set_defaults(func=run)
@@ -25,21 +28,23 @@ def add_parser(sub):
 def run(args) -> int:
     from .. import SVGClassifier
     from ..errors import SvgenError
-    from ..prompts import _read_lines
+    from ..prompts import read_class_names, validate_classes
 
-    names = _read_lines(args.classes, "classes")
+    names = read_class_names(args.classes)
     if not names:
         raise SvgenError(f"classes file {args.classes} is empty: expected one class name per line")
     clf = SVGClassifier.load(args.artifact)
+    clash = sorted(set(n.strip() for n in names) & set(clf.classes_))
+    if clash:
+        raise SvgenError(f"class(es) already in the artifact {args.artifact}: {', '.join(map(repr, clash[:10]))}"
+                         + (" …" if len(clash) > 10 else ""))
+    validate_classes(clf.classes_ + names, source="combined class list")
     if args.prototypes:
         emb = load_array(args.prototypes, "prototypes")
         if emb.ndim not in (2, 3) or emb.shape[0] != len(names):
             raise SvgenError(f"prototypes file {args.prototypes} has shape {emb.shape}; expected {len(names)} rows "
                              "(C×D or C×T×D), one per new class")
     else:
-        from ..encoders import check_artifact_activation, identity_key
-        from ..prototypes import build_prototypes
-
         enc = clf.encoder_ or {}
         if enc.get("source") == "prototypes" or not enc.get("model"):
             raise SvgenError(f"{args.artifact} was fitted from precomputed embeddings; pass --prototypes for the new classes")
@@ -52,18 +57,10 @@ def run(args) -> int:
             args.pretrained = enc.get("pretrained")
         if args.quick_gelu is None and enc.get("quick_gelu") is not None and not args.pretrained:
             args.quick_gelu = bool(enc["quick_gelu"])  # the artifact's activation (a tag decides its own)
-        encoder = load_encoder(args)
-        check_artifact_activation(enc, encoder)  # a different activation: refused; none recorded: a warning
-        recorded = {**enc, "quick_gelu": enc.get("quick_gelu", encoder.quick_gelu)}
-        if self_contained and not enc.get("checkpoint_sha256"):  # hf-hub: artifacts from before svgen hashed them
-            recorded["checkpoint_sha256"] = encoder.checkpoint_sha256
-        if encoder.identity_key() != identity_key(recorded):
-            raise SvgenError(f"the encoder ({encoder.identity()['model']}) does not match the one the artifact was "
-                             f"fitted with ({enc.get('model')}, {enc.get('pretrained') or enc.get('checkpoint')})")
-        emb = build_prototypes(encoder, names, templates, progress=args.progress).per_template.numpy()
+        protos, _ = text_prototypes(args, names, templates, expect=enc)
+        emb = protos.per_template.numpy()
     before = len(clf.classes_)
     clf.add_classes(emb, names)
     clf.save(args.artifact, force=True)
-    print(f"{args.artifact}: {before} → {len(clf.classes_)} classes")
+    note(args, f"wrote {args.artifact}: {before} → {len(clf.classes_)} classes")
     return 0
-

@@ -9,6 +9,7 @@ import json
 import logging
 
 from ..errors import SvgenError
+from ._common import note
 from ._images import add_image_encoder_args, check_out, emit, encode_paths, encoder_for_artifact, load_features
 
 log = logging.getLogger(__name__)
@@ -41,7 +42,8 @@ def add_parser(sub):
                    help="kernel vote (default), linear head, or cosine (the plain CLIP baseline)")
     p.add_argument("--probs", action="store_true",
                    help="print probabilities (each row sums to one over all classes) instead of scores")
-    p.add_argument("-k", "--top-k", type=int, default=5, help="classes per row (default: %(default)s)")
+    p.add_argument("-k", "-K", "--top-k", type=int, default=5,
+                   help="classes per row; more than the artifact has gives all of them (default: %(default)s)")
     p.add_argument("--format", choices=("csv", "jsonl"), default="csv",
                    help="csv: path,label_1,score_1,...; jsonl: one {path, labels, scores} object per line "
                         "(default: %(default)s)")
@@ -85,10 +87,13 @@ def run(args) -> int:
         raise SvgenError("nothing to classify: give image files or folders, or --features FEATS.npy")
     check_out(args.out, args.force)
     clf = SVGClassifier.load(args.artifact)
+    if args.top_k > len(clf.classes_):
+        note(args, f"svgen classify: --top-k {args.top_k} is more than the artifact's {len(clf.classes_)} classes; "
+                   f"showing all {len(clf.classes_)}")
     if args.features:
         import torch
 
-        x = load_features(args.features, clf)
+        x = torch.from_numpy(load_features(args.features, clf))
         score = clf.predict_proba if args.probs else clf.decision_function
         scores = torch.cat([score(x[s:s + FEATURE_BATCH], head=args.head)
                             for s in range(0, x.shape[0], FEATURE_BATCH)])
@@ -103,5 +108,6 @@ def run(args) -> int:
         feats, names, _ = encode_paths(args, encoder, paths, "classify")
         scores = (clf.predict_proba if args.probs else clf.decision_function)(feats, head=args.head)
         key = "path"
-    emit(format_rows(names, scores, clf.classes_, args.top_k, args.format, key), args.out, args.force)
+    emit(format_rows(names, scores, clf.classes_, args.top_k, args.format, key), args.out, args.force, args,
+         f"{len(names)} row(s), {args.head} head, top {min(args.top_k, len(clf.classes_))}, {args.format}")
     return 0

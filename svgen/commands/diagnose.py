@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import json
-
-from ._common import HelpFormatter
+from ._common import HelpFormatter, json_text, note
 
 
 def add_parser(sub):
@@ -13,13 +11,17 @@ def add_parser(sub):
         help="check an artifact's kernel: σ too small/large, clumped support vectors, ill-conditioning",
         description="Measure the kernel over the artifact's support vectors (a random subset of classes when "
                     "there are many): alignment, off-diagonal statistics, condition number, effective rank, "
-                    "within-class spread; then say in plain words what looks wrong and why.",
+                    "within-class spread, classes whose prototypes coincide; then say in plain words what looks "
+                    "wrong and why.",
         formatter_class=HelpFormatter,
     )
-    p.add_argument("artifact", metavar="ARTIFACT_DIR")
-    p.add_argument("--plot", metavar="FILE.png", help="also save the eigenvalue spectrum as a PNG (needs matplotlib)")
+    p.add_argument("artifact", metavar="ARTIFACT_DIR", help="artifact written by 'svgen fit'")
+    p.add_argument("--plot", metavar="FILE.png",
+                   help="also save the eigenvalue spectrum as a PNG (needs matplotlib: pip install 'svgen[plot]')")
+    p.add_argument("--force", action="store_true", help="overwrite --plot if it exists")
     p.add_argument("--max-classes", type=int, default=1024, help="measure at most this many classes")
-    p.add_argument("--json", action="store_true", help="print one JSON object instead of a report")
+    p.add_argument("--json", action="store_true",
+                   help="print one JSON object instead of a report (strict JSON: an infinite condition number is null)")
     p.set_defaults(func=run)
 
 
@@ -28,17 +30,20 @@ def run(args) -> int:
     from ..diagnostics import diagnose
     from ..errors import SvgenError
 
-    meta, t = load_artifact(args.artifact)
     if args.max_classes < 2:
         raise SvgenError(f"--max-classes must be at least 2, got {args.max_classes}")
-    report = diagnose(t["support_vectors"], float(t["bandwidth"]), meta.get("kernel", "rbf"), args.max_classes)
+    plt = _check_plot(args.plot, args.force) if args.plot else None
+    meta, t = load_artifact(args.artifact)
+    report = diagnose(t["support_vectors"], float(t["bandwidth"]), meta.get("kernel", "rbf"), args.max_classes,
+                      prototypes=t["prototypes"], classes=meta["classes"])
     spectrum = report.pop("spectrum")
     geometry = (meta.get("metrics") or {}).get("geometry")
     report["geometry"] = geometry  # the text-metric decision made at fit time (None: older artifact)
-    if args.plot:
-        _plot(spectrum, args.plot)
+    if plt is not None:
+        _plot(plt, spectrum, args.plot, args.force)
+        note(args, f"wrote {args.plot}: eigenvalue spectrum of K_SS ({spectrum.numel()} eigenvalues)")
     if args.json:
-        print(json.dumps(report))
+        print(json_text(report))
         return 0
     print(f"{args.artifact}: {len(meta['classes'])} classes × K={report['n_support']}, {report['kernel']} kernel, "
           f"σ={report['sigma']:.4g}" + (f" (measured on {report['classes_measured']} classes)" if report["subset"] else ""))
@@ -58,18 +63,28 @@ def run(args) -> int:
     return 0
 
 
-def _plot(spectrum, path) -> None:
-    from ..errors import SvgenError
+def _check_plot(path, force: bool):
+    """Everything about ``--plot`` that can fail, before any work: suffix, folder, --force, matplotlib."""
+    from pathlib import Path
 
+    from ..errors import SvgenError
+    from ._images import check_out
+
+    if Path(path).suffix.lower() != ".png":
+        raise SvgenError(f"--plot {path}: the spectrum is written as PNG; give a file name ending in .png")
+    check_out(path, force)
     try:
         import matplotlib
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        raise SvgenError("--plot needs matplotlib (pip install matplotlib)") from None
-    import os
-    import tempfile
+        raise SvgenError("--plot needs matplotlib: pip install 'svgen[plot]'") from None
+    return plt
+
+
+def _plot(plt, spectrum, path, force: bool) -> None:
+    from ..export import write_atomic_file
 
     fig, ax = plt.subplots(figsize=(6, 4))
     ax.semilogy(spectrum.clamp_min(1e-16).numpy())
@@ -77,13 +92,7 @@ def _plot(spectrum, path) -> None:
     ax.set_ylabel("eigenvalue of K_SS")
     ax.set_title("kernel spectrum")
     fig.tight_layout()
-    folder = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(dir=folder, suffix=".png")
-    os.close(fd)
     try:
-        fig.savefig(tmp)
-        os.replace(tmp, path)
+        write_atomic_file(path, lambda p: fig.savefig(p, format="png"), force=force)
     finally:
         plt.close(fig)
-        if os.path.exists(tmp):
-            os.remove(tmp)

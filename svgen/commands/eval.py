@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 
 from ..errors import SvgenError
-from ._common import load_array
+from ._common import json_text, load_array
 from ._images import add_image_encoder_args, check_out, emit, encode_paths, encoder_for_artifact, load_features
 
 log = logging.getLogger(__name__)
@@ -116,11 +115,11 @@ def run(args) -> int:
         y = np.asarray([label_of[p] for p in ok], dtype=np.int64)
     bins = {} if args.plot else None
     results = evaluate_heads(clf, x, y, bins)
-    text = json.dumps(results) + "\n" if args.json else format_table(results)
+    text = json_text(results) + "\n" if args.json else format_table(results)
     if args.plot:
         from ..calibration import plot_reliability
 
         plot_reliability({h: {**results[h], "reliability": bins[h]} for h in HEAD_ORDER}, args.plot,
                          title=f"{args.artifact}: reliability ({results['cosine']['n']} examples)", force=args.force)
-    emit(text, args.out, args.force)
+    emit(text, args.out, args.force, args, f"{', '.join(HEAD_ORDER)} heads on {len(y)} example(s)")
     return 0

@@ -6,6 +6,7 @@ import argparse
 import logging
 
 from ..errors import SvgenError
+from ._common import note
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +35,7 @@ def add_parser(sub):
     )
     p.add_argument("artifact", metavar="ARTIFACT_DIR", help="artifact written by 'svgen fit'")
     p.add_argument("--format", choices=tuple(SUFFIX), default=None,
-                   help="file format (default: from the --out suffix)")
+                   help="file format (default: from the --out suffix; a suffix naming another format is refused)")
     p.add_argument("--head", choices=("linear", "kernel", "cosine"), default="linear",
                    help="which head to export (default: %(default)s)")
     p.add_argument("--out", required=True, metavar="FILE", help="file to write (atomically)")
@@ -51,11 +52,15 @@ def run(args) -> int:
     from ._images import check_out
 
     fmt = args.format
+    by_suffix = {v: k for k, v in SUFFIX.items()}
+    implied = by_suffix.get(Path(args.out).suffix.lower())
     if fmt is None:
-        by_suffix = {v: k for k, v in SUFFIX.items()}
-        fmt = by_suffix.get(Path(args.out).suffix.lower())
+        fmt = implied
         if fmt is None:
             raise SvgenError(f"cannot tell the format from {args.out!r}; pass --format safetensors, npz or onnx")
+    elif implied is not None and implied != fmt:
+        raise SvgenError(f"--out {args.out} names a {implied} file but --format is {fmt}; "
+                         f"use a {SUFFIX[fmt]} name or drop --format")
     check_out(args.out, args.force)
     if fmt == "onnx":
         try:
@@ -66,5 +71,5 @@ def run(args) -> int:
     info = export_head(clf, args.out, fmt, head=args.head, force=args.force, verify=not args.no_verify)
     C, D = len(clf.classes_), clf.n_features_in_
     checked = "" if info["checked"] is None else f"; onnxruntime matches svgen (max |difference| {info['checked']:.2g})"
-    print(f"wrote {args.out}: {args.head} head, {fmt}, {C} classes, D={D}{checked}")
+    note(args, f"wrote {args.out}: {args.head} head, {fmt}, {C} classes, D={D}{checked}")
     return 0

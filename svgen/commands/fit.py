@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import sys
 from pathlib import Path
 
 from ..errors import SvgenError
-from ._common import HelpFormatter, add_encoder_args, default_pretrained, load_array, load_encoder
+from ._common import (DEFAULT_MODEL, HelpFormatter, add_encoder_args, default_pretrained, json_text, load_array, note,
+                      text_prototypes)
 
 log = logging.getLogger(__name__)
 
@@ -23,20 +23,24 @@ def add_parser(sub):
         help="fit a kernel classifier from class names (no images needed)",
         description="Encode every (template, class) prompt with a frozen open_clip model, expand each class "
                     "into K unit-norm support vectors with the generator, and write an artifact directory. "
-                    "With --prototypes the text embeddings come from a .npy file and no encoder is loaded.",
+                    "With --prototypes the text embeddings come from a .npy file and no encoder is loaded. "
+                    "stdout gets one JSON object of fit metrics (svgen fit … | jq .sigma); the 'wrote …' line "
+                    "goes to stderr.",
         formatter_class=HelpFormatter,
     )
-    p.add_argument("--classes", required=True, metavar="FILE",
-                   help="class names, one per line (UTF-8; blank lines and # comments ignored)")
+    p.add_argument("--classes", required=True, metavar="FILE|NAME",
+                   help="class names, one per line (UTF-8; blank lines and # comments ignored), or a built-in "
+                        "list: cifar10, cifar100, imagenet1k")
     p.add_argument("--prototypes", metavar="EMB.npy",
                    help="precomputed text embeddings, C×D or C×T×D, rows in the order of --classes")
     p.add_argument("--out", required=True, metavar="ARTIFACT_DIR", help="artifact directory to create")
     p.add_argument("--force", action="store_true", help="replace an existing artifact")
     add_encoder_args(p)
-    p.add_argument("--templates", default="single", metavar="NAME|FILE",
-                   help="prompt templates: a built-in set (single, compact, ensemble) or a file with one '{}' template per line")
+    p.add_argument("--templates", default=None, metavar="NAME|FILE",
+                   help="prompt templates: a built-in set (single, compact, ensemble) or a file with one '{}' "
+                        "template per line (default: single)")
     m = p.add_argument_group("method")
-    m.add_argument("-K", "--n-support", type=int, default=d.n_support, help="support vectors per class")
+    m.add_argument("-K", "-k", "--n-support", type=int, default=d.n_support, help="support vectors per class")
     m.add_argument("--steps", type=int, default=d.steps,
                    help="optimisation steps of the support vector generator; 0 keeps the closed-form text "
                         "geometry (text-only training cost image accuracy on LVIS, docs/accuracy.md); "
@@ -91,11 +95,20 @@ def run(args) -> int:
     if out.exists() and not args.force:
         raise SvgenError(f"{out} already exists; pass --force to overwrite it")
     templates = None
-    if not args.prototypes:
+    if args.prototypes:
+        named = [opt for opt, value in (("--model", args.model), ("--pretrained", args.pretrained),
+                                        ("--checkpoint", args.checkpoint), ("--templates", args.templates),
+                                        ("--quick-gelu/--no-quick-gelu", getattr(args, "quick_gelu", None)))
+                 if value is not None]
+        if named:
+            raise SvgenError(f"{' and '.join(named)} cannot be used with --prototypes: the embeddings are already "
+                             "made and no encoder is loaded; drop {} (name the model when classifying images)"
+                             .format("it" if len(named) == 1 else "them"))
+    else:
         from ..hub import check_weights_reachable
 
-        templates = load_templates(args.templates)
-        check_weights_reachable(args.model, default_pretrained(args))  # fail fast, before torch loads
+        templates = load_templates(args.templates or "single")
+        check_weights_reachable(args.model or DEFAULT_MODEL, default_pretrained(args))  # fail fast, before torch loads
 
     import numpy as np
 
@@ -117,14 +130,9 @@ def run(args) -> int:
                              f"lists {len(classes)} classes; they must match")
         encoder_id = {"source": "prototypes", "file": os.path.basename(args.prototypes)}
     else:
-        from ..prototypes import build_prototypes
-
-        encoder = load_encoder(args)
-        protos = build_prototypes(encoder, classes, templates, progress=args.progress)
-        log.info("encoded %d prompts (%d from cache)", len(classes) * len(templates),
-                 len(classes) * len(templates) - protos.encoded)
+        protos, identity = text_prototypes(args, classes, templates)
         emb = protos.per_template
-        encoder_id = {**encoder.identity(), "embed_dim": int(emb.shape[-1])}
+        encoder_id = {**identity, "embed_dim": int(emb.shape[-1])}
     clf.fit(np.asarray(emb, dtype=np.float32), classes=classes, templates=templates, encoder=encoder_id)
     clf.save(out, force=args.force)
     m = clf.fit_metrics_
@@ -135,6 +143,6 @@ def run(args) -> int:
                                  "condition_number", "mean_cos_support_prototype", "wall_time_s") if k in m}
     if m.get("geometry"):
         summary["metric_kappa"] = m["geometry"].get("kappa")
-    print(f"wrote {out}: {len(classes)} classes × K={clf.fit_config_.n_support}, D={clf.n_features_in_}")
-    print(json.dumps(summary))
+    note(args, f"wrote {out}: {len(classes)} classes × K={clf.fit_config_.n_support}, D={clf.n_features_in_}")
+    print(json_text(summary))
     return 0
