@@ -23,7 +23,16 @@ be added later, and ``temperature.kernel`` / ``temperature.linear`` / ``temperat
 (scalars: ``predict_proba`` is ``softmax(logits / T)``, see :mod:`svgen.calibration`; svgen.json
 says how they were set under ``calibration``). The vote weights are stored times M·λ
 (``svgen.json``: ``"vote_weights_scale": {"factor": M·λ, ...}``) so scores read as kernel mass;
-artifacts without that key are scaled when loaded, once. Writes are atomic: everything goes to a temporary sibling directory that is
+artifacts without that key are scaled when loaded, once.
+
+**Format version 2** (labelled images as support vectors, :mod:`svgen.fewshot`): ``support_vectors``
+is M×D (text rows first, class-major, then the image rows), with ``support_labels`` (M, int64:
+the class of each row) and ``support_source`` (M, uint8: 0 = text, 1 = image; the names are in
+``svgen.json`` under ``"support_source"``); ``vote_weights`` is M×C and the scores keep the same
+formula. The zero-shot state the images were added to travels as ``text.support_vectors``
+(C×K×D), ``text.bandwidth``, ``text.vote_weights``, ``text.linear_head.weight`` and
+``text.linear_head.bias``, so more shots can be added later without re-encoding any text.
+Artifacts without images are written as version 1, exactly as before; both versions load. Writes are atomic: everything goes to a temporary sibling directory that is
 renamed into place; an existing artifact is replaced only with ``force=True``.
 """
 
@@ -45,7 +54,9 @@ from .errors import SvgenError
 
 log = logging.getLogger(__name__)
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 1          # zero-shot artifacts (text support vectors only)
+FORMAT_VERSION_SHOTS = 2    # artifacts with image support vectors
+FORMAT_VERSIONS = (FORMAT_VERSION, FORMAT_VERSION_SHOTS)
 META_FILE = "svgen.json"
 WEIGHTS_FILE = "weights.safetensors"
 REQUIRED = ("support_vectors", "bandwidth", "vote_weights", "linear_head.weight", "linear_head.bias", "prototypes")
@@ -106,7 +117,8 @@ def save_artifact(path, tensors: Dict[str, torch.Tensor], meta: dict, force: boo
     missing = [k for k in REQUIRED if k not in tensors]
     if missing:
         raise ValueError(f"artifact is missing tensors: {missing}")
-    meta = {"format_version": FORMAT_VERSION, **meta}
+    meta = dict(meta)
+    meta = {"format_version": meta.pop("format_version", FORMAT_VERSION), **meta}
     tensors = dict(tensors)
     A = tensors.get("vote_weights")
     if A is not None and A.is_sparse:
@@ -143,8 +155,9 @@ def load_artifact(path) -> Tuple[dict, Dict[str, torch.Tensor]]:
     if not isinstance(meta, dict):
         raise SvgenError(f"{path / META_FILE} must hold a JSON object")
     version = meta.get("format_version")
-    if version != FORMAT_VERSION:
-        raise SvgenError(f"{path} has format_version {version!r}; this svgen reads version {FORMAT_VERSION}")
+    if version not in FORMAT_VERSIONS:
+        raise SvgenError(f"{path} has format_version {version!r}; this svgen reads versions "
+                         f"{', '.join(map(str, FORMAT_VERSIONS))}")
     try:
         tensors = load_file(str(path / WEIGHTS_FILE))
     except FileNotFoundError:
@@ -189,6 +202,9 @@ def check_shapes(meta: dict, t: Dict[str, torch.Tensor], where="artifact") -> No
     if not isinstance(classes, list) or len(classes) < 2:
         raise SvgenError(f"{where}: svgen.json must list at least 2 class names under 'classes'")
     C = len(classes)
+    _check_temperatures(t, where)
+    if meta.get("format_version") == FORMAT_VERSION_SHOTS:
+        return _check_shapes_v2(C, t, where)
     S = t["support_vectors"]
     if S.dim() != 3 or S.shape[0] != C:
         raise SvgenError(f"{where}: support_vectors has shape {tuple(S.shape)}, expected ({C}, K, D)")
@@ -203,12 +219,55 @@ def check_shapes(meta: dict, t: Dict[str, torch.Tensor], where="artifact") -> No
     for name, shape in expected.items():
         if tuple(t[name].shape) != shape:
             raise SvgenError(f"{where}: {name} has shape {tuple(t[name].shape)}, expected {shape}")
-    for name in REQUIRED:
+    _check_finite(t, REQUIRED, where)
+
+
+def _check_finite(t: Dict[str, torch.Tensor], names, where) -> None:
+    for name in names:
         values = t[name].coalesce().values() if t[name].is_sparse else t[name]
         if not torch.isfinite(values).all():
             raise SvgenError(f"{where}: {name} contains NaN or inf")
-    if not float(t["bandwidth"]) > 0:
-        raise SvgenError(f"{where}: bandwidth must be positive, got {float(t['bandwidth'])}")
+    for name in names:
+        if name.endswith("bandwidth") and not float(t[name]) > 0:
+            raise SvgenError(f"{where}: {name} must be positive, got {float(t[name])}")
+
+
+REQUIRED_V2 = ("support_labels", "support_source", "text.support_vectors", "text.bandwidth", "text.vote_weights",
+               "text.linear_head.weight", "text.linear_head.bias")
+
+
+def _check_shapes_v2(C: int, t: Dict[str, torch.Tensor], where) -> None:
+    """Version 2: M×D support rows with a class and a source each, M×C vote weights, the text state."""
+    missing = [k for k in REQUIRED_V2 if k not in t]
+    if missing:
+        raise SvgenError(f"{where}: a version-2 artifact needs tensor(s) {', '.join(missing)}")
+    S, T = t["support_vectors"], t["text.support_vectors"]
+    if S.dim() != 2 or T.dim() != 3 or T.shape[0] != C or T.shape[2] != S.shape[1]:
+        raise SvgenError(f"{where}: support_vectors {tuple(S.shape)} / text.support_vectors {tuple(T.shape)} "
+                         f"are not M×D / ({C}, K, D)")
+    M, D = S.shape
+    K = T.shape[1]
+    if t["vote_weights"].is_sparse or t["text.vote_weights"].is_sparse:
+        raise SvgenError(f"{where}: version-2 vote weights must be dense")
+    expected = {
+        "bandwidth": (), "text.bandwidth": (),
+        "vote_weights": (M, C), "support_labels": (M,), "support_source": (M,),
+        "text.vote_weights": (C * K, C), "text.linear_head.weight": (C, D), "text.linear_head.bias": (C,),
+        "linear_head.weight": (C, D), "linear_head.bias": (C,), "prototypes": (C, D),
+    }
+    for name, shape in expected.items():
+        if tuple(t[name].shape) != shape:
+            raise SvgenError(f"{where}: {name} has shape {tuple(t[name].shape)}, expected {shape}")
+    labels, source = t["support_labels"].to(torch.int64), t["support_source"].to(torch.int64)
+    if M and (int(labels.min()) < 0 or int(labels.max()) >= C):
+        raise SvgenError(f"{where}: support_labels must be class indices 0..{C - 1}")
+    if not ((source == 0) | (source == 1)).all():
+        raise SvgenError(f"{where}: support_source must be 0 (text) or 1 (image)")
+    _check_finite(t, REQUIRED + ("text.support_vectors", "text.bandwidth", "text.vote_weights",
+                                 "text.linear_head.weight", "text.linear_head.bias"), where)
+
+
+def _check_temperatures(t: Dict[str, torch.Tensor], where) -> None:
     for name in (k for k in t if k.startswith("temperature.")):  # optional: per-head softmax temperatures
         if t[name].dim() != 0 or not (torch.isfinite(t[name]) and float(t[name]) > 0):
             raise SvgenError(f"{where}: {name} must be a positive scalar, got shape {tuple(t[name].shape)}")

@@ -18,10 +18,12 @@ Each head's probabilities are a softmax of its *logits* divided by a temperature
 
 **Without images** (:func:`text_temperatures`): the text embeddings of the classes (each
 prompt's embedding ``E[c, t]``; a seeded sample for many classes, :func:`query_rows`) are scored
-as queries by every head. The cosine head at logit scale 100 has a mean max-probability ``m`` on them; each
-other head's T is the one that gives the same mean max-probability (:func:`match_confidence`;
-max-probability falls monotonically with T, so bisection finds it). So no head is more
-confident than CLIP's own rule on the same prototypes. No image, labelled or not, is used.
+as queries by every head. The cosine head at logit scale 100 has a mean log-odds of its top class
+``m = mean log(p_max / (1 − p_max))`` on them; each other head's T is the one that gives the same
+mean log-odds (:func:`match_confidence`; it falls monotonically with T, so bisection finds it;
+log-odds, not p_max, because on text the cosine head is often certain to many decimals). So no
+head is more confident than CLIP's own rule on the same prototypes. No image, labelled or not,
+is used.
 
 **With labelled images** (few-shot support, svgen issue 11): :func:`fit_temperature` takes
 leave-one-out logits of the labelled features and their labels and minimises the negative
@@ -71,16 +73,28 @@ def mean_max_prob(logits, temperature: float) -> float:
     return float(softmax(logits, temperature).max(dim=1).values.mean())
 
 
-def match_confidence(logits, target: float, iters: int = 60) -> float:
-    """The temperature T at which ``mean max softmax(logits / T) = target``, by bisection on log T.
+def mean_log_odds(logits, temperature: float) -> float:
+    """Mean log-odds of the top class, ``mean_i log(p_max / (1 − p_max))`` of ``softmax(z_i / T)``,
+    computed as ``z_max/T − logsumexp_{j≠max}(z_j/T)`` (finite where p_max rounds to 1)."""
+    z = torch.as_tensor(logits, dtype=torch.float64) / float(temperature)
+    top = z.max(dim=1)
+    rest = z.scatter(1, top.indices[:, None], -math.inf)
+    return float((top.values - torch.logsumexp(rest, dim=1)).mean())
 
-    Each row's max-probability ``1 / Σ_j exp((z_j − z_max)/T)`` falls monotonically with T (from 1 to
-    1/C), so the mean does too; a target outside the reachable range gives the bracket's end.
+
+def match_confidence(logits, target: float, iters: int = 60) -> float:
+    """The temperature T at which the mean log-odds of the top class (:func:`mean_log_odds`) of
+    ``softmax(logits / T)`` equals ``target``, by bisection on log T.
+
+    Each row's log-odds ``−log Σ_{j≠max} exp((z_j − z_max)/T)`` falls monotonically with T, so the
+    mean does too. Log-odds rather than the max-probability itself: on text queries the cosine head
+    is often all but certain (p_max = 1 − 10⁻⁹), where probabilities cannot tell temperatures apart
+    but log-odds still can. A target outside the reachable range gives the bracket's end.
     """
     lo, hi = LOG_T_RANGE
     for _ in range(iters):
         mid = (lo + hi) / 2
-        if mean_max_prob(logits, math.exp(mid)) > target:
+        if mean_log_odds(logits, math.exp(mid)) > target:
             lo = mid
         else:
             hi = mid
@@ -136,13 +150,15 @@ def text_temperatures(score_fn, per_template: torch.Tensor, heads=("kernel", "li
     what they were matched to, for ``svgen.json``.
     """
     Q = query_rows(per_template, max_queries)
-    target = mean_max_prob(head_logits(score_fn(Q, "cosine"), "cosine"), 1.0)
+    cos = head_logits(score_fn(Q, "cosine"), "cosine")
+    target = mean_log_odds(cos, 1.0)
     temps = {}
     for head in heads:
         temps[head] = 1.0 if head == "cosine" else match_confidence(head_logits(score_fn(Q, head), head), target)
     return {"temperatures": temps, "method": "text",
-            "rule": "each head's mean max-probability on the text queries equals the cosine head's at logit scale 100",
-            "queries": int(Q.shape[0]), "cosine_mean_max_prob": target}
+            "rule": "each head's mean log-odds of its top class on the text queries equals the cosine head's "
+                    "at logit scale 100",
+            "queries": int(Q.shape[0]), "cosine_mean_log_odds": target, "cosine_mean_max_prob": mean_max_prob(cos, 1.0)}
 
 
 # ----------------------------------------------------------------------------- judging probabilities

@@ -5,6 +5,7 @@
 >>> clf.predict(image_features)                                       # class names
 >>> clf.predict_proba(image_features, head="linear")                 # N×C, softmax with the head's temperature
 >>> clf.save("lvis.svgen"); SVGClassifier.load("lvis.svgen")
+>>> clf.adapt(shot_features, shot_labels)                             # labelled images join (format 2)
 """
 
 from __future__ import annotations
@@ -18,15 +19,17 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from . import artifacts, calibration
+from . import artifacts, calibration, fewshot
 from .errors import SvgenError
 from .generator import SupportVectorGenerator, template_anchors
 from .metric import lda_head, whiten_directions, whitened_cosine_head
-from .heads import HEADS, cosine_logits, kernel_scores, linear_logits
+from .heads import HEADS, cosine_logits, kernel_scores, krr_vote_weights, linear_logits
+from .kernels import kernel
 from .prompts import validate_classes
 from .prototypes import prototypes_from_embeddings
-from .training import (FitConfig, config_dict, fit_metrics, generate_all, solve_vote_weights, spread_anchors,
-                       train_generator)
+from .support import IMAGE, SOURCES, SupportSet, image_rows
+from .training import (FitConfig, choose_ridge, config_dict, fit_metrics, generate_all, solve_vote_weights,
+                       spread_anchors, train_generator)
 
 log = logging.getLogger(__name__)
 
@@ -168,12 +171,21 @@ class SVGClassifier:
         return cfg
 
     def fit(self, prototypes, classes: Optional[Sequence[str]] = None, templates: Optional[Sequence[str]] = None,
-            encoder: Optional[dict] = None):
-        """Fit from text embeddings alone: ``prototypes`` is C×D or C×T×D (raw or normalised).
+            encoder: Optional[dict] = None, shots=None):
+        """Fit from text embeddings: ``prototypes`` is C×D or C×T×D (raw or normalised).
 
         ``classes`` names the rows (default ``class_0`` …); ``templates`` and ``encoder`` are
-        recorded in the artifact. Returns ``self``.
+        recorded in the artifact. ``shots=(X, y)`` (N×D image embeddings, N class indices) adds
+        labelled images after the zero-shot fit, exactly as :meth:`adapt`. Returns ``self``.
         """
+        if shots is not None:
+            try:
+                X, y = shots
+            except (TypeError, ValueError):
+                raise SvgenError("shots must be a pair (X, y): N×D image embeddings and N class indices") from None
+            emb = check_embeddings(prototypes, "prototypes")
+            image_rows(X, y, emb.shape[0], emb.shape[-1])  # fail before the zero-shot fit, not after
+            return self.fit(prototypes, classes, templates, encoder).adapt(X, y)
         cfg = self._config()
         emb = check_embeddings(prototypes, "prototypes")
         C = emb.shape[0]
@@ -207,7 +219,94 @@ class SVGClassifier:
         self.history_ = state.history
         self.fit_metrics_ = fit_metrics(state, S, P, K_ss, lam, cfg, wall, vote_weights=A)
         self.fit_metrics_["ridge_selection"] = path
+        self.text_ = None
+        self.fewshot_ = None
         self._scale_votes(lam)
+        self._text_temperatures()
+        return self
+
+    # ------------------------------------------------------------------------------ few-shot
+    @property
+    def support_set_(self) -> SupportSet:
+        """The support set behind the kernel head: rows, class of each row, source of each row."""
+        self._check_fitted()
+        if self.text_ is None:
+            return SupportSet.from_text(self.support_vectors_)
+        return SupportSet(self.support_vectors_, self.support_labels_, self.support_source_)
+
+    def _text_state(self) -> dict:
+        """The zero-shot head the images are added to (the current one before any :meth:`adapt`)."""
+        if self.text_ is not None:
+            return self.text_
+        return {"support_vectors": self.support_vectors_, "bandwidth": float(self.bandwidth_),
+                "vote_weights": self.vote_weights_, "linear_weight": self.linear_weight_,
+                "linear_bias": self.linear_bias_}
+
+    def _text_votes(self, text: dict, support: SupportSet):
+        """``σ ↦`` the text rows' vote weights at σ: the stored ones at the text σ, else re-solved with
+        the fit's own λ rule (``A_T = (K_TT + M_T·λ·I)⁻¹ Y_T``)."""
+        cache = {}
+        C = len(self.classes_)
+
+        def votes(sigma: float) -> torch.Tensor:
+            if sigma == text["bandwidth"]:
+                return text["vote_weights"].double()
+            if sigma not in cache:
+                K_tt = kernel(support.rows.double(), support.rows.double(), sigma, self.fit_config_.kernel)
+                Y = support.one_hot(C)
+                lam, _ = choose_ridge(K_tt, Y, self.fit_config_.ridge, parzen_factor=self.fit_config_.parzen_factor)
+                cache[sigma] = krr_vote_weights(K_tt, Y, lam)
+                if self.vote_scale_.get("rule") == "M·λ":  # on the scale of the stored text votes
+                    cache[sigma] = cache[sigma] * (K_tt.shape[0] * lam)
+            return cache[sigma]
+
+        return votes
+
+    def adapt(self, X, y):
+        """Add labelled images ("shots") as support vectors; no text is re-encoded.
+
+        ``X`` is N×D raw image embeddings from the artifact's encoder, ``y`` N class indices
+        (rows of ``classes_``). Shots added earlier are kept and joined by the new ones. Both
+        heads are re-solved in closed form towards the zero-shot head, with σ, λ and the
+        text/image weight chosen by exact leave-one-out over all shots (:mod:`svgen.fewshot`).
+        Classes without shots keep their text support vectors. Returns ``self``.
+        """
+        self._check_fitted()
+        C = len(self.classes_)
+        new = image_rows(X, y, C, self.n_features_in_)
+        text = self._text_state()
+        if text["vote_weights"].is_sparse:
+            raise SvgenError(f"this artifact's {C} classes have sparse (local) vote weights; adding images needs "
+                             "dense ones (fit with --vote-solver dense)")
+        shots = new if self.fewshot_ is None else self.support_set_.part(IMAGE).join(new)
+        t0 = time.perf_counter()
+        text_rows = SupportSet.from_text(text["support_vectors"])
+        support, sigma, A, kchoice = fewshot.fit_kernel_head(text_rows, self._text_votes(text, text_rows), shots, C,
+                                                             kind=self.fit_config_.kernel, seed=self.fit_config_.seed)
+        W, b, lchoice = fewshot.fit_lda_head(self.prototypes_, shots, C)
+        wall = time.perf_counter() - t0
+        self.text_ = text
+        self.support_vectors_ = support.rows.float()
+        self.support_labels_ = support.labels
+        self.support_source_ = support.source
+        self.bandwidth_ = sigma
+        self.vote_weights_ = A
+        self.linear_weight_, self.linear_bias_ = W, b
+        counts = shots.counts(C)
+        better = "kernel" if kchoice.loo_error <= lchoice.loo_error else "linear"
+        self.fewshot_ = {
+            "shots": int(counts.sum()), "classes_with_shots": int((counts > 0).sum()),
+            "shots_per_class": {"min": int(counts.min()), "max": int(counts.max()), "mean": float(counts.mean())},
+            "shots_by_class": {name: int(n) for name, n in zip(self.classes_, counts) if n},
+            "kernel": kchoice.as_dict(), "linear": lchoice.as_dict(), "loo_better_head": better,
+            "text_bandwidth": float(text["bandwidth"]), "wall_time_s": wall,
+        }
+        log.info("adapted to %d shots in %.2fs: kernel σ=%.3g λ=%.3g α=%g (LOO error %.3f), linear LDA γ=%g κ=%g "
+                 "(LOO error %.3f)", len(shots), wall, sigma, kchoice.settings["ridge_lambda"],
+                 kchoice.settings["prior_weight"], kchoice.loo_error, lchoice.settings["shrinkage"],
+                 lchoice.settings["prior_shots"], lchoice.loo_error)
+        # The text rule on the adapted heads. Hook for the shots' own evidence: leave-one-out logits
+        # of the shots through calibration.fit_temperature, recorded with set_temperatures(..., "loo-nll").
         self._text_temperatures()
         return self
 
@@ -216,7 +315,7 @@ class SVGClassifier:
         """Store the vote weights times M·λ (M support vectors): in the Parzen regime
         ``(K + M·λ·I)⁻¹ ≈ I/(M·λ)``, so a score ≈ the summed kernel mass of the class's own support
         vectors instead of a number like 2e-05. A positive factor: no ranking changes."""
-        M = self.support_vectors_.shape[0] * self.support_vectors_.shape[1]
+        M = self.support_vectors_.reshape(-1, self.support_vectors_.shape[-1]).shape[0]
         factor = float(M * lam) if lam else 1.0
         self.vote_weights_ = self.vote_weights_ * factor
         self.vote_scale_ = {"factor": factor, "rule": "M·λ"}
@@ -357,12 +456,27 @@ class SVGClassifier:
         t.update({f"temperature.{h}": torch.tensor(float(v)) for h, v in self.temperatures_.items()})
         if self.metric_precision_ is not None:
             t["metric.precision"] = self.metric_precision_
-        t.update({f"generator.{k}": v for k, v in self.generator_.state_dict().items()})
+        if self.generator_ is not None:
+            t.update({f"generator.{k}": v for k, v in self.generator_.state_dict().items()})
+        if self.text_ is not None:
+            t.update({"support_labels": self.support_labels_.to(torch.int64),
+                      "support_source": self.support_source_.to(torch.uint8),
+                      "text.support_vectors": self.text_["support_vectors"],
+                      "text.bandwidth": torch.tensor(float(self.text_["bandwidth"])),
+                      "text.vote_weights": self.text_["vote_weights"],
+                      "text.linear_head.weight": self.text_["linear_weight"],
+                      "text.linear_head.bias": self.text_["linear_bias"]})
         return t
 
     def metadata(self) -> dict:
         self._check_fitted()
+        extra = {}
+        if self.text_ is not None:
+            extra = {"format_version": artifacts.FORMAT_VERSION_SHOTS,
+                     "support_source": {str(i): name for i, name in enumerate(SOURCES)},
+                     "fewshot": self.fewshot_}
         return {
+            **extra,
             "classes": self.classes_,
             "n_support": self.fit_config_.n_support,
             "kernel": self.fit_config_.kernel,
@@ -390,13 +504,15 @@ class SVGClassifier:
         cfg = FitConfig(**{k: v for k, v in fit.items() if k in FitConfig.__dataclass_fields__})
         if fit and "linear_head" not in fit:
             cfg.linear_head = "lda"  # artifacts written before the whitened-cosine head carry an LDA head
-        cfg.n_support = int(t["support_vectors"].shape[1])
+        v2 = meta.get("format_version") == artifacts.FORMAT_VERSION_SHOTS
+        text_sv = t["text.support_vectors"] if v2 else t["support_vectors"]
+        cfg.n_support = int(text_sv.shape[1])
         cfg.kernel = meta.get("kernel", cfg.kernel)
         self = cls(**{k: getattr(cfg, k) for k in ("n_support", "kernel", "steps", "lr", "margin", "alignment_weight",
                                                    "margin_weight", "grounding_weight", "query_weight", "radius", "head_lr",
                                                    "batch_classes", "learn_sigma", "ridge", "metric", "metric_condition", "linear_head",
                                                    "rff_dim", "solver", "vote_solver", "vote_neighbours", "seed")})
-        C, K, D = t["support_vectors"].shape
+        C, K, D = text_sv.shape
         self.fit_config_ = cfg
         self.classes_ = list(meta["classes"])
         self.templates_ = meta.get("templates")
@@ -411,6 +527,14 @@ class SVGClassifier:
         self.ridge_lambda_ = (meta.get("metrics") or {}).get("ridge_lambda")
         self.fit_metrics_ = meta.get("metrics") or {}
         self.metric_precision_ = t.get("metric.precision")
+        self.text_, self.fewshot_ = None, None
+        if v2:
+            self.support_labels_ = t["support_labels"].to(torch.int64)
+            self.support_source_ = t["support_source"].to(torch.uint8)
+            self.text_ = {"support_vectors": text_sv, "bandwidth": float(t["text.bandwidth"]),
+                          "vote_weights": t["text.vote_weights"], "linear_weight": t["text.linear_head.weight"],
+                          "linear_bias": t["text.linear_head.bias"]}
+            self.fewshot_ = meta.get("fewshot") or {}
         gen_state = {k[len("generator."):]: v for k, v in t.items() if k.startswith("generator.")}
         self.generator_ = None
         if gen_state:
@@ -429,6 +553,8 @@ class SVGClassifier:
         scale = meta.get("vote_weights_scale")
         if isinstance(scale, dict) and "factor" in scale:
             self.vote_scale_ = dict(scale)  # already stored scaled: never again
+        elif self.text_ is not None:  # format 2 from before the scaling: its text and image votes stay as they are
+            self.vote_scale_ = {"factor": 1.0, "rule": "none (format 2 written before the M·λ scaling)"}
         else:
             self._scale_votes(self.ridge_lambda_)
             self.vote_scale_["applied_on_load"] = True
@@ -462,7 +588,8 @@ class SVGClassifier:
         """Add classes without retraining: the shared generator expands their prototypes.
 
         New linear-head rows come from :meth:`_new_head_rows`; the vote weights are re-solved
-        over all classes with the fitted λ. Returns ``self``.
+        over all classes with the fitted λ. An artifact with shots has its zero-shot state
+        extended, then its shots solved in again as by :meth:`adapt`. Returns ``self``.
         """
         self._check_fitted()
         if self.generator_ is None:
@@ -477,6 +604,14 @@ class SVGClassifier:
         if clash:
             raise SvgenError(f"class(es) already in the artifact: {', '.join(map(repr, clash[:10]))}")
         validate_classes(self.classes_ + classes, source="combined class list")
+        shots = None
+        if self.text_ is not None:  # back to the zero-shot state; the shots are solved in again below
+            shots = self.support_set_.part(IMAGE)
+            text = self.text_
+            self.support_vectors_, self.bandwidth_, self.vote_weights_ = (text["support_vectors"], text["bandwidth"],
+                                                                          text["vote_weights"])
+            self.linear_weight_, self.linear_bias_ = text["linear_weight"], text["linear_bias"]
+            self.text_ = self.fewshot_ = None
         E_new, P_new = prototypes_from_embeddings(emb)
         check_distinct(torch.cat([self.prototypes_, P_new]), self.classes_ + classes)
         T = self.per_template_.shape[1]
@@ -499,7 +634,9 @@ class SVGClassifier:
         cfg = FitConfig(**{**config_dict(self.fit_config_), "ridge": float(lam)})
         self.vote_weights_, _, _, _ = solve_vote_weights(self.support_vectors_, self.bandwidth_, cfg, len(self.classes_))
         self._scale_votes(lam)
-        if self.calibration_.get("method") == "text":
+        if shots is not None:
+            self.adapt(shots.rows, shots.labels)  # its temperatures follow the adapted heads
+        elif self.calibration_.get("method") == "text":
             self._text_temperatures()
         else:
             log.warning("temperatures were fit by %s for the old classes; they are kept for the new ones",

@@ -21,7 +21,7 @@ from typing import List, Optional
 from . import __version__
 from .errors import SvgenError
 
-COMMANDS = ("fit", "classify", "eval", "export", "diagnose", "add-classes", "check-encoder")
+COMMANDS = ("fit", "classify", "eval", "export", "diagnose", "add-classes", "adapt", "check-encoder")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -21,6 +21,8 @@ artifact's head (to float rounding). Class names travel inside the file.
   ``kernel = laplacian`` the kernel is ``exp(-||x̂ - s|| / σ)``. Large-C artifacts whose vote
   weights are sparse export them as COO: ``vote_weights.indices`` (2×nnz: row, column),
   ``vote_weights.values`` (nnz) and ``vote_weights.shape`` ([M, C]).
+  Artifacts with labelled images (format 2) add ``support_labels`` (M, class of each row) and
+  ``support_source`` (M, 0 = text, 1 = image); the formula is the same.
 
 In ``.safetensors`` the strings (``format``, ``head``, ``classes`` as a JSON list, ``encoder``
 as JSON, ``kernel``) are in the header metadata; in ``.npz`` they are string arrays (readable
@@ -140,6 +142,9 @@ def _head_arrays(clf, head: str) -> Dict[str, np.ndarray]:
             out["vote_weights.shape"] = np.asarray(A.shape, dtype=np.int64)
         else:
             out["vote_weights"] = A.float().contiguous().numpy()
+        if getattr(clf, "text_", None) is not None:  # format 2: which rows are text, which are images
+            out["support_labels"] = clf.support_labels_.to(torch.int64).numpy()
+            out["support_source"] = clf.support_source_.to(torch.uint8).numpy()
         return out
     raise SvgenError(f"unknown head {head!r}; expected one of {', '.join(EXPORT_HEADS)}")
 

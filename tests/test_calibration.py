@@ -75,25 +75,45 @@ def test_fit_temperature_minimises_the_nll():
     assert 1 < T  # over-confident logits are cooled
 
 
-def test_match_confidence_hits_its_target():
+def test_match_confidence_hits_its_target_in_log_odds():
     p, _ = _random_probs()
     z = np.log(p)
-    for target in (0.3, 0.6, 0.95):
+    for target in (-1.0, 0.5, 4.0, 40.0):  # floor: log(1/(C−1)) = −1.79 as T → ∞; 40: p_max = 1 − 4e-18, where probabilities cannot tell T apart
         T = calibration.match_confidence(z, target)
-        assert calibration.mean_max_prob(z, T) == pytest.approx(target, abs=1e-9)
+        assert calibration.mean_log_odds(z, T) == pytest.approx(target, abs=1e-6)
+        assert _log_odds(z / T) == pytest.approx(target, abs=1e-6)
+        if target < 10:  # where p_max is not 1 to float precision: log p_max − log(1 − p_max) directly
+            top = calibration.softmax(z, T).numpy().max(1)
+            assert np.mean(np.log(top) - np.log1p(-top)) == pytest.approx(target, abs=1e-6)
 
 
 # ----------------------------------------------------------------------------- the text-side rule
 
-def test_text_rule_every_head_as_confident_as_cosine_on_the_text_queries(fitted):
-    clf, emb, _ = fitted
+def _log_odds(z):
+    """mean_i [z_max − log Σ_{j≠max} exp z_j], row by row with numpy (an independent form of the log-odds)."""
+    out = []
+    for row in np.asarray(z, dtype=np.float64):
+        srt = np.sort(row)
+        rest = srt[:-1]
+        out.append(srt[-1] - (rest.max() + np.log(np.exp(rest - rest.max()).sum())))
+    return float(np.mean(out))
+
+
+@pytest.mark.parametrize("spread", [0.3, 1.5])  # well separated (cosine all but certain on text) and confusable
+def test_text_rule_every_head_as_confident_as_cosine_on_the_text_queries(spread):
+    rng = np.random.default_rng(2)
+    emb = (rng.normal(size=(12, 1, 32)) + spread * rng.normal(size=(12, 3, 32))).astype(np.float32)
+    clf = SVGClassifier(n_support=4).fit(emb)
     Q = torch.as_tensor(emb).reshape(-1, emb.shape[-1])
-    cos = clf.predict_proba(Q, "cosine").max(dim=1).values.mean()
+    cos = clf.predict_proba(Q, "cosine")
     assert clf.temperatures_["cosine"] == 1.0 and clf.calibration_["method"] == "text"
-    assert clf.calibration_["cosine_mean_max_prob"] == pytest.approx(float(cos), abs=1e-6)
+    assert clf.calibration_["cosine_mean_max_prob"] == pytest.approx(float(cos.max(dim=1).values.mean()), abs=1e-9)
+    target = clf.calibration_["cosine_mean_log_odds"]
+    assert target == pytest.approx(_log_odds(clf.logits(Q, "cosine")), rel=1e-6)
     for head in ("kernel", "linear"):
-        got = clf.predict_proba(Q, head).max(dim=1).values.mean()
-        assert float(got) == pytest.approx(float(cos), abs=1e-4), head
+        T = clf.temperatures_[head]
+        assert 1e-6 < T < 1e3, head  # never the bisection bracket's end
+        assert _log_odds(clf.logits(Q, head) / T) == pytest.approx(target, rel=1e-6), head
 
 
 def test_predict_proba_formulas(fitted):
@@ -261,3 +281,20 @@ def test_plot_without_matplotlib_is_one_line(fitted, tmp_path, cli, monkeypatch)
                          "--plot", tmp_path / "rel.png")
     assert code == 2 and out == "" and "svgen[plot]" in err and len(err.strip().splitlines()) == 1
     assert not (tmp_path / "rel.png").exists()
+
+
+def test_adapted_votes_keep_the_kernel_mass_scale(fitted, tmp_path):
+    """Shots (format 2): the text rows' votes are α·A_T(σ) with A_T on the M·λ scale at whatever σ the
+    shots choose, so own-class votes stay ≈ α (Parzen regime), and temperatures follow the new heads."""
+    clf, emb, centres = fitted
+    x, y = _images(centres, n=48, noise=1.0, seed=7)
+    a = SVGClassifier.load(clf.save(tmp_path / "z.svgen")).adapt(x, y)
+    C, K = clf.support_vectors_.shape[:2]
+    text_votes = np.asarray(a.vote_weights_[:C * K])
+    alpha = a.fewshot_["kernel"]["prior_weight"]
+    own = text_votes[np.arange(C * K), np.repeat(np.arange(C), K)]
+    assert own.mean() == pytest.approx(alpha, rel=0.1)
+    assert np.abs(text_votes).sum(1).mean() == pytest.approx(alpha, rel=0.2)
+    assert a.calibration_["method"] == "text" and a.temperatures_["kernel"] > 1e-6
+    back = SVGClassifier.load(a.save(tmp_path / "v2.svgen"))
+    np.testing.assert_allclose(back.predict_proba(x, "kernel"), a.predict_proba(x, "kernel"), atol=1e-6)

@@ -87,9 +87,6 @@ def run(args) -> int:
         raise SvgenError("nothing to classify: give image files or folders, or --features FEATS.npy")
     check_out(args.out, args.force)
     clf = SVGClassifier.load(args.artifact)
-    if args.top_k > len(clf.classes_):
-        note(args, f"svgen classify: --top-k {args.top_k} is more than the artifact's {len(clf.classes_)} classes; "
-                   f"showing all {len(clf.classes_)}")
     if args.features:
         import torch
 
@@ -108,6 +105,9 @@ def run(args) -> int:
         feats, names, _ = encode_paths(args, encoder, paths, "classify")
         scores = (clf.predict_proba if args.probs else clf.decision_function)(feats, head=args.head)
         key = "path"
+    if args.top_k > len(clf.classes_):  # said once the inputs are known good, so an error stays one line
+        note(args, f"svgen classify: --top-k {args.top_k} is more than the artifact's {len(clf.classes_)} classes; "
+                   f"showing all {len(clf.classes_)}")
     emit(format_rows(names, scores, clf.classes_, args.top_k, args.format, key), args.out, args.force, args,
          f"{len(names)} row(s), {args.head} head, top {min(args.top_k, len(clf.classes_))}, {args.format}")
     return 0

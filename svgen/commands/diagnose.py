@@ -34,8 +34,9 @@ def run(args) -> int:
         raise SvgenError(f"--max-classes must be at least 2, got {args.max_classes}")
     plt = _check_plot(args.plot, args.force) if args.plot else None
     meta, t = load_artifact(args.artifact)
-    report = diagnose(t["support_vectors"], float(t["bandwidth"]), meta.get("kernel", "rbf"), args.max_classes,
-                      prototypes=t["prototypes"], classes=meta["classes"])
+    # format 2 (images added): the generated text support vectors are what this diagnoses
+    report = diagnose(t.get("text.support_vectors", t["support_vectors"]), float(t.get("text.bandwidth", t["bandwidth"])),
+                      meta.get("kernel", "rbf"), args.max_classes, prototypes=t["prototypes"], classes=meta["classes"])
     spectrum = report.pop("spectrum")
     geometry = (meta.get("metrics") or {}).get("geometry")
     report["geometry"] = geometry  # the text-metric decision made at fit time (None: older artifact)

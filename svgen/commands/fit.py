@@ -8,8 +8,9 @@ import sys
 from pathlib import Path
 
 from ..errors import SvgenError
-from ._common import (DEFAULT_MODEL, HelpFormatter, add_encoder_args, default_pretrained, json_text, load_array, note,
-                      text_prototypes)
+from ._common import (DEFAULT_MODEL, HelpFormatter, add_encoder_args, default_pretrained, json_text, load_array,
+                      load_encoder, note, text_prototypes)
+from ._shots import add_shot_args, encode_shots, shot_arrays, shot_images, wants_shots
 
 log = logging.getLogger(__name__)
 
@@ -25,7 +26,8 @@ def add_parser(sub):
                     "into K unit-norm support vectors with the generator, and write an artifact directory. "
                     "With --prototypes the text embeddings come from a .npy file and no encoder is loaded. "
                     "stdout gets one JSON object of fit metrics (svgen fit … | jq .sigma); the 'wrote …' line "
-                    "goes to stderr.",
+                    "goes to stderr. With --shots or --shot-features labelled images join as support vectors "
+                    "afterwards (as 'svgen adapt' does).",
         formatter_class=HelpFormatter,
     )
     p.add_argument("--classes", required=True, metavar="FILE|NAME",
@@ -39,6 +41,7 @@ def add_parser(sub):
     p.add_argument("--templates", default=None, metavar="NAME|FILE",
                    help="prompt templates: a built-in set (single, compact, ensemble) or a file with one '{}' "
                         "template per line (default: single)")
+    add_shot_args(p)
     m = p.add_argument_group("method")
     m.add_argument("-K", "-k", "--n-support", type=int, default=d.n_support, help="support vectors per class")
     m.add_argument("--steps", type=int, default=d.steps,
@@ -94,12 +97,18 @@ def run(args) -> int:
     out = Path(args.out)
     if out.exists() and not args.force:
         raise SvgenError(f"{out} already exists; pass --force to overwrite it")
+    shots = shot_folder = None
+    if wants_shots(args):
+        # read (and check) the labelled images before any expensive work
+        shots = shot_arrays(args) if args.shot_features else None
+        shot_folder = shot_images(args, classes) if args.shots else None
     templates = None
     if args.prototypes:
         named = [opt for opt, value in (("--model", args.model), ("--pretrained", args.pretrained),
-                                        ("--checkpoint", args.checkpoint), ("--templates", args.templates),
+                                        ("--checkpoint", args.checkpoint),
                                         ("--quick-gelu/--no-quick-gelu", getattr(args, "quick_gelu", None)))
-                 if value is not None]
+                 if value is not None and not args.shots]  # --shots DIR: the encoder embeds the images
+        named += ["--templates"] if args.templates is not None else []
         if named:
             raise SvgenError(f"{' and '.join(named)} cannot be used with --prototypes: the embeddings are already "
                              "made and no encoder is loaded; drop {} (name the model when classifying images)"
@@ -133,7 +142,15 @@ def run(args) -> int:
         protos, identity = text_prototypes(args, classes, templates)
         emb = protos.per_template
         encoder_id = {**identity, "embed_dim": int(emb.shape[-1])}
-    clf.fit(np.asarray(emb, dtype=np.float32), classes=classes, templates=templates, encoder=encoder_id)
+    if shot_folder is not None:  # images to embed: the encoder is needed even when every prompt was cached
+        from ..hub import check_weights_reachable
+
+        check_weights_reachable(args.model or DEFAULT_MODEL, default_pretrained(args))
+        encoder = load_encoder(args)
+        if args.prototypes:
+            encoder_id = {**encoder_id, "images": encoder.identity()}
+        shots = encode_shots(args, encoder, shot_folder, "fit")
+    clf.fit(np.asarray(emb, dtype=np.float32), classes=classes, templates=templates, encoder=encoder_id, shots=shots)
     clf.save(out, force=args.force)
     m = clf.fit_metrics_
     if m.get("diverged_at_step") is not None:
@@ -143,6 +160,8 @@ def run(args) -> int:
                                  "condition_number", "mean_cos_support_prototype", "wall_time_s") if k in m}
     if m.get("geometry"):
         summary["metric_kappa"] = m["geometry"].get("kappa")
+    if clf.fewshot_:
+        summary["fewshot"] = {k: clf.fewshot_[k] for k in ("shots", "classes_with_shots", "loo_better_head")}
     note(args, f"wrote {out}: {len(classes)} classes × K={clf.fit_config_.n_support}, D={clf.n_features_in_}")
     print(json_text(summary))
     return 0

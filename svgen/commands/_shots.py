@@ -1,0 +1,62 @@
+"""Labelled images for ``svgen fit`` and ``svgen adapt``: ``--shots DIR`` or ``--shot-features/--shot-labels``."""
+
+from __future__ import annotations
+
+import logging
+
+from ..errors import SvgenError
+from ._common import load_array
+
+log = logging.getLogger(__name__)
+
+
+def add_shot_args(p, required: bool = False) -> None:
+    g = p.add_argument_group(
+        "labelled images (few-shot)" + ("; one of" if required else ""),
+        "Image embeddings with their classes join the text support vectors; both heads are re-solved in closed "
+        "form with σ, λ and the text/image weight chosen by leave-one-out over these images.")
+    g.add_argument("--shots", metavar="DIR",
+                   help="labelled image folder (ImageFolder layout or DIR/labels.csv), embedded with the "
+                        "artifact's encoder")
+    g.add_argument("--shot-features", metavar="X.npy", help="N×D image embeddings of the labelled images")
+    g.add_argument("--shot-labels", metavar="Y.npy",
+                   help="N integer class indices, in the order of the classes file (with --shot-features)")
+
+
+def wants_shots(args, required: bool = False) -> bool:
+    """Check the shot options go together; True when some were given."""
+    feats, labels, folder = args.shot_features, args.shot_labels, args.shots
+    if folder and (feats or labels):
+        raise SvgenError("give --shots DIR or --shot-features with --shot-labels, not both")
+    if bool(feats) != bool(labels):
+        raise SvgenError("--shot-features and --shot-labels go together; give both")
+    if required and not (folder or feats):
+        raise SvgenError("no labelled images: give --shots DIR, or --shot-features X.npy --shot-labels Y.npy")
+    return bool(folder or feats)
+
+
+def shot_arrays(args):
+    """(X, y) from ``--shot-features``/``--shot-labels`` (checked against the classes by the library)."""
+    X = load_array(args.shot_features, "shot features")
+    y = load_array(args.shot_labels, "shot labels")
+    return X, y
+
+
+def shot_images(args, classes):
+    """The labelled folder's paths and class indices (unknown class names fail here, before any encoding)."""
+    from ..data import labelled_images
+
+    return labelled_images(args.shots, classes)
+
+
+def encode_shots(args, encoder, data, command: str):
+    """(X, y) for the readable images of a labelled folder."""
+    import numpy as np
+
+    from ._images import encode_paths
+
+    if not hasattr(args, "batch_size"):
+        args.batch_size, args.workers = 32, None
+    x, ok, _ = encode_paths(args, encoder, data.paths, command)
+    label_of = dict(zip(data.paths, data.labels))
+    return x, np.asarray([label_of[p] for p in ok], dtype=np.int64)

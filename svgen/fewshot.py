@@ -1,0 +1,302 @@
+"""Labelled images ("shots") in the kernel machine: closed-form heads chosen by exact leave-one-out.
+
+Both heads are closed-form and lean on the zero-shot (text) side as a prior:
+
+* kernel vote over the support set ``[T; X]`` (text rows T, image rows X), one bandwidth σ::
+
+      f(x) = α·F(x) + s₀·k(x, X) B,     F(x) = k(x, T) A_T(σ),
+      B = (K_XX + c·I)⁻¹ (Y − α F(X)/s₀)                      (c = N·λ; K_XX has a unit diagonal)
+
+  so the artifact's vote weights are ``[α A_T ; s₀ B]`` and the scoring formula is unchanged,
+  ``exp(-||x̂ - s||²/2σ²) @ vote_weights``. ``A_T(σ)`` is the zero-shot solve over the text rows
+  (``(K_TT + M_T λ_T I)⁻¹ Y_T`` with the artifact's own λ rule), and ``s₀`` puts F on the scale of
+  Y (the mean spread ``max_c F − mean_c F`` over the shots). α = 1 with no images is the
+  zero-shot head exactly; as shots accumulate, the data term dominates the fixed prior.
+* linear: shared-covariance LDA on the shots with the text prototypes as prior means,
+  ``logits_c(x) = (x̂ − ½μ_c)ᵀ Σ⁻¹ μ_c`` with ``μ_c = (n_c x̄_c + κ m_c)/(n_c + κ)`` (``m_c`` the
+  prototype moved onto the shots' centre, :func:`prior_means`) and
+  ``Σ = (1−γ) S_w/(N−C) + γ τ I`` (within-class scatter shrunk towards its mean eigenvalue τ).
+
+All settings — σ, λ (c) and α for the kernel head, γ and κ for the linear head — are chosen by
+exact leave-one-out over the shots (image to image). For the kernel head's linear smoother
+``Ŷ = αF + H(Y − αF)`` the LOO prediction is ``αF_i + ((HR)_i − H_ii R_i)/(1 − H_ii)`` with
+``R = Y − αF``: one eigendecomposition of ``K_XX`` per σ scores every (λ, α) pair. The LDA
+head's LOO downdates the class mean and the scatter matrix by rank one (:func:`lda_loo`).
+The rule is the one-standard-error rule towards the smoother model: among settings whose LOO
+error is within one binomial standard error of the best, take the largest σ then λ (kernel),
+the most shrinkage (LDA). Shots in the benchmark are averages of augmented views, tighter than
+single-crop queries; the plain LOO minimum then prefers too small a σ and λ (docs/fewshot.md).
+
+Classes without shots cannot be judged by LOO; when there are any, the kernel head's α is fixed
+at 1 (the text head keeps its full weight and the shots correct it) and κ = 0 is not offered.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass, field
+from typing import Callable, Optional, Sequence
+
+import numpy as np
+import torch
+
+from .kernels import kernel, median_heuristic
+from .support import SupportSet
+
+log = logging.getLogger(__name__)
+
+SIGMA_FACTORS = (0.35, 0.5, 0.7, 1.0, 1.4)          # × the median image-to-image distance
+KERNEL_RIDGES = tuple(10.0 ** p for p in np.arange(-3.0, 2.01, 0.5))   # c = N·λ (K_XX has unit diagonal)
+LINEAR_RIDGES = tuple(10.0 ** p for p in np.arange(-3.0, 3.01, 0.5))   # λ / (mean eigenvalue of X̂cᵀX̂c)
+PRIOR_WEIGHTS = (0.0, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0)    # α
+LOO_MAX_SHOTS = 3000   # above this many shots, σ/λ/α are chosen on a class-stratified subset
+MAX_SHOTS = 16384      # the kernel head's dense N×N solve
+
+
+@dataclass
+class HeadChoice:
+    """What LOO chose for one head, and how well it did (recorded in ``svgen.json``)."""
+
+    loo_error: float
+    settings: dict
+    grid: list = field(default_factory=list)
+
+    def as_dict(self) -> dict:
+        return {"loo_error": self.loo_error, **self.settings}
+
+
+def prior_scale(F: torch.Tensor) -> float:
+    """``s₀ = mean_i (max_c F_ic − mean_c F_ic)``: the spread of the prior's scores over the shots."""
+    s = float((F.max(dim=1).values - F.mean(dim=1)).mean())
+    return s if s > 1e-12 and math.isfinite(s) else 1.0
+
+
+def prior_loo(U: torch.Tensor, shrinks: Sequence[torch.Tensor], Y: torch.Tensor, F: torch.Tensor,
+              alphas: Sequence[float]):
+    """Exact LOO of ``Ŷ = αF + H(Y − αF)`` for every shrinkage vector and every α.
+
+    ``H = U diag(g) Uᵀ`` (e.g. ``K = U diag(e) Uᵀ``, ``g = e/(e + c)``). Returns (error, mse) arrays of shape
+    (len(shrinks), len(alphas)): the LOO misclassification rate (argmax of the LOO prediction
+    against argmax Y) and the mean squared LOO residual.
+    """
+    truth = Y.argmax(dim=1)
+    UY, UF = U.T @ Y, U.T @ F
+    U2 = U * U
+    err = np.zeros((len(shrinks), len(alphas)))
+    mse = np.zeros_like(err)
+    for i, g in enumerate(shrinks):
+        HY, HF = U @ (g[:, None] * UY), U @ (g[:, None] * UF)
+        h = (U2 @ g).clamp(max=1 - 1e-9)[:, None]
+        for j, a in enumerate(alphas):
+            R = Y - a * F
+            loo = a * F + (HY - a * HF - h * R) / (1 - h)
+            err[i, j] = float((loo.argmax(dim=1) != truth).double().mean())
+            mse[i, j] = float(((Y - loo) ** 2).sum(dim=1).mean())
+    return err, mse
+
+
+def one_se_choice(err: np.ndarray, mse: np.ndarray, n: int) -> tuple:
+    """Index into ``err`` (any shape, axes ordered from least to most important smoothness, larger
+    index = smoother on every axis but the last) by the one-standard-error rule.
+
+    Among entries with error ≤ best + sqrt(best(1−best)/n), take the smoothest on the leading
+    axes (lexicographically largest indices); the last axis (α) is then chosen by lowest error,
+    then lowest mse, ties to the larger α.
+    """
+    best = float(err.min())
+    tol = best + math.sqrt(max(best * (1 - best), 1.0 / n) / n)
+    lead = err.reshape(-1, err.shape[-1])
+    ok = np.flatnonzero((lead <= tol + 1e-12).any(axis=1))
+    lead_idx = np.unravel_index(int(ok.max()), err.shape[:-1])
+    e, m = err[lead_idx], mse[lead_idx]
+    last = min(range(e.shape[0]), key=lambda j: (e[j], m[j], -j))
+    return tuple(int(i) for i in lead_idx) + (last,)
+
+
+def _stratified(labels: np.ndarray, n_max: int, seed: int) -> Optional[np.ndarray]:
+    """Indices of at most ``n_max`` shots, the same fraction of each class (None: use them all)."""
+    if labels.shape[0] <= n_max:
+        return None
+    rng = np.random.default_rng(seed)
+    keep = []
+    frac = n_max / labels.shape[0]
+    for c in np.unique(labels):
+        idx = np.flatnonzero(labels == c)
+        keep.append(rng.choice(idx, size=max(1, int(round(frac * len(idx)))), replace=False))
+    return np.sort(np.concatenate(keep))
+
+
+def _alphas(has_unshot: bool) -> tuple:
+    return (1.0,) if has_unshot else PRIOR_WEIGHTS
+
+
+# ----------------------------------------------------------------------------- kernel head
+
+def fit_kernel_head(text: SupportSet, text_votes: Callable[[float], torch.Tensor], shots: SupportSet, n_classes: int,
+                    kind: str = "rbf", sigmas: Optional[Sequence[float]] = None, seed: int = 0):
+    """(support set, σ, vote weights M×C, HeadChoice) for the kernel vote over ``[text; shots]``.
+
+    ``text_votes(σ)`` returns the text rows' zero-shot vote weights at bandwidth σ (the
+    classifier re-solves them with its own λ rule, or returns the stored ones at its own σ).
+    ``sigmas`` defaults to :data:`SIGMA_FACTORS` × the median distance between shots.
+    """
+    X = shots.rows.double()
+    N = X.shape[0]
+    if N > MAX_SHOTS:
+        from .errors import SvgenError
+        raise SvgenError(f"{N} shots: the kernel head solves an N×N system and takes at most {MAX_SHOTS}")
+    Y = shots.one_hot(n_classes)
+    T = text.rows.double()
+    labels = shots.labels.numpy()
+    sub = _stratified(labels, LOO_MAX_SHOTS, seed)
+    Xs, Ys = (X, Y) if sub is None else (X[sub], Y[sub])
+    n = Xs.shape[0]
+    if sigmas is None:
+        med = median_heuristic(X.float(), seed=seed)
+        sigmas = [f * med for f in SIGMA_FACTORS]
+    alphas = _alphas(bool((shots.counts(n_classes) == 0).any()))
+    ridges = KERNEL_RIDGES
+    err = np.zeros((len(sigmas), len(ridges), len(alphas)))
+    mse = np.zeros_like(err)
+    for i, sigma in enumerate(sigmas):
+        F = kernel(Xs, T, sigma, kind) @ text_votes(sigma).double()
+        F = F / prior_scale(F)
+        e, U = torch.linalg.eigh(kernel(Xs, Xs, sigma, kind))
+        e = e.clamp_min(0)
+        # c is in units of n (c = n·λ); the full solve uses the same λ
+        err[i], mse[i] = prior_loo(U, [e / (e + c * n / N) for c in ridges], Ys, F, alphas)
+    i, j, a = one_se_choice(err, mse, n)
+    sigma, c, alpha = float(sigmas[i]), float(ridges[j]), float(alphas[a])
+    A_T = text_votes(sigma).double()
+    F = kernel(X, T, sigma, kind) @ A_T
+    s0 = prior_scale(F)
+    K = kernel(X, X, sigma, kind)
+    K.diagonal().add_(c)
+    B = torch.cholesky_solve(Y - alpha * F / s0, torch.linalg.cholesky(K))
+    votes = torch.cat([alpha * A_T, s0 * B]).float()
+    choice = HeadChoice(float(err[i, j, a]), {"sigma": sigma, "ridge_lambda": c / N, "ridge_c": c,
+                                              "prior_weight": alpha, "prior_scale": s0,
+                                              "loo_shots": n, "rule": "1-SE (largest σ, then λ)"},
+                        grid=[{"sigma": float(s), "c": float(r), "alpha": float(al), "loo_error": float(err[p, q, t])}
+                              for p, s in enumerate(sigmas) for q, r in enumerate(ridges) for t, al in enumerate(alphas)])
+    return text.join(shots), sigma, votes, choice
+
+
+# ----------------------------------------------------------------------------- LDA head
+
+LDA_SHRINKAGE = (0.02, 0.05, 0.1, 0.2, 0.4, 0.7)     # γ: Σ = (1−γ)·S_w/df + γ·(tr/D)·I
+LDA_PRIOR = (0.0, 0.5, 1.0, 2.0, 4.0, 8.0)          # κ: prior shots on each class mean
+
+
+def prior_means(prototypes: torch.Tensor, X: torch.Tensor) -> torch.Tensor:
+    """Text prototypes moved onto the images: ``m_c = p̂_c − mean_c p̂_c + mean_i x̂_i``.
+
+    CLIP's image and text embeddings sit in two cones (the modality gap); shifting the text
+    cloud's centre onto the shots' centre keeps the prototypes' relative geometry.
+    """
+    P = torch.nn.functional.normalize(prototypes.double(), dim=-1)
+    return P - P.mean(dim=0) + X.mean(dim=0)
+
+
+def lda_loo(X: torch.Tensor, y: torch.Tensor, m: torch.Tensor, gammas: Sequence[float], kappas: Sequence[float]):
+    """Exact leave-one-out error (and mean negative margin) of shared-covariance LDA with prior means.
+
+    The head for one (γ, κ) is ``scores_c(x) = (x − ½μ_c)ᵀ Σ⁻¹ μ_c`` with
+    ``μ_c = (n_c x̄_c + κ m_c)/(n_c + κ)`` and ``Σ = (1−γ) S_w/df + γ τ I``, ``df = N − C``, and the
+    shrinkage target ``τ = tr S_w/(df·D)`` of all shots held fixed. Leaving shot i (class c,
+    n_c shots) out downdates ``S_w`` by ``n_c/(n_c−1)·u uᵀ`` (``u = x_i − x̄_c``), ``df`` by one and
+    ``x̄_c``; in the eigenbasis of ``S_w`` Σ is then diagonal minus a rank-one term, inverted by
+    Sherman–Morrison, so every LOO score comes from a few N×C matrix products.
+    Returns (error, mean negative margin) arrays of shape (len(gammas), len(kappas)).
+    """
+    N, D = X.shape
+    C = m.shape[0]
+    n = torch.bincount(y, minlength=C).to(X.dtype)
+    sums = torch.zeros(C, D, dtype=X.dtype).index_add_(0, y, X)
+    xbar = sums / n.clamp_min(1)[:, None]
+    R = X - xbar[y]
+    omega, V = torch.linalg.eigh(R.T @ R)
+    omega = omega.clamp_min(0)
+    Xv, xbar_v, m_v, U = X @ V, xbar @ V, m @ V, R @ V
+    C_shot = int((n > 0).sum())
+    df_all = max(N - C_shot, 1)
+    trace = float(omega.sum())
+    tau = trace / (df_all * D) if trace > 0 else 1.0
+    n_i = n[y]
+    many = n_i > 1                                     # leaving i out keeps class y_i in the data
+    scale = torch.where(many, n_i / (n_i - 1).clamp_min(1), torch.zeros_like(n_i))
+    df = {True: max(N - 1 - C_shot, 1), False: df_all}
+    own_sum = sums[y] @ V - Xv                         # class sum without shot i (eigenbasis)
+    rows = torch.arange(N)
+    err = np.zeros((len(gammas), len(kappas)))
+    tie = np.zeros_like(err)
+    for a, g in enumerate(gammas):
+        binv = {f: 1.0 / ((1 - g) * omega / df[f] + g * tau) for f in (True, False)}
+        Binv = torch.where(many[:, None], binv[True][None], binv[False][None])          # N×D
+        beta = (1 - g) * scale / torch.where(many, torch.tensor(float(df[True])), torch.tensor(float(df[False])))
+        w = Binv * U
+        coef = beta / (1 - beta * (U * w).sum(dim=1))
+        XB, xw = Xv * Binv, (Xv * w).sum(dim=1)
+        for b, k in enumerate(kappas):
+            mu = (n[:, None] * xbar_v + k * m_v) / (n + k).clamp_min(1e-12)[:, None]
+            mu[n == 0] = m_v[n == 0]                   # a class without shots: its prior mean, as in the head
+            q = torch.where(many[:, None], ((mu * mu) @ binv[True])[None], ((mu * mu) @ binv[False])[None])
+            WM = w @ mu.T
+            sc = XB @ mu.T - 0.5 * q + coef[:, None] * (xw[:, None] * WM - 0.5 * WM * WM)
+            own = (own_sum + k * m_v[y]) / (n_i - 1 + k).clamp_min(1e-12)[:, None]
+            own[~many] = m_v[y[~many]]                 # the class's only shot left out: its prior mean
+            wo = (w * own).sum(dim=1)
+            sc[rows, y] = ((Xv - 0.5 * own) * Binv * own).sum(dim=1) + coef * (xw * wo - 0.5 * wo * wo)
+            err[a, b] = float((sc.argmax(dim=1) != y).double().mean())
+            true = sc[rows, y]
+            other = sc.scatter(1, y[:, None], -float("inf")).max(dim=1).values
+            tie[a, b] = float((other - true).clamp(-1e6, 1e6).mean())
+    return err, tie
+
+
+def lda_head_weights(X, y, m, gamma: float, kappa: float, tau: Optional[float] = None):
+    """(W C×D, b C): the LDA head of :func:`lda_loo` on all shots (classes without shots: μ_c = m_c).
+
+    ``tau`` overrides the shrinkage target ``tr S_w/(df·D)`` (LOO holds the all-shot value fixed)."""
+    N, D = X.shape
+    C = m.shape[0]
+    n = torch.bincount(y, minlength=C).double()
+    xbar = torch.zeros(C, D, dtype=X.dtype).index_add_(0, y, X) / n.clamp_min(1)[:, None]
+    R = X - xbar[y]
+    df = max(N - int((n > 0).sum()), 1)
+    S = R.T @ R / df
+    if tau is None:
+        tau = float(torch.diagonal(S).sum()) / D
+    Sigma = (1 - gamma) * S + gamma * tau * torch.eye(D, dtype=X.dtype)
+    if float(torch.diagonal(Sigma).sum()) <= 0:      # one shot per class: no within-class scatter at all
+        Sigma = torch.eye(D, dtype=X.dtype)
+    mu = (n[:, None] * xbar + kappa * m) / (n + kappa).clamp_min(1e-12)[:, None]
+    mu[n == 0] = m[n == 0]
+    W = torch.linalg.solve(Sigma, mu.T).T
+    return W, -0.5 * (W * mu).sum(dim=1)
+
+
+def fit_lda_head(prototypes: torch.Tensor, shots: SupportSet, n_classes: int):
+    """(W, b, HeadChoice): shared-covariance LDA on the shots with the text prototypes as prior means.
+
+    Shrinkage γ and prior strength κ are chosen by exact LOO over the shots (:func:`lda_loo`),
+    1-SE rule towards more shrinkage. ``logits = x̂ Wᵀ + b``.
+    """
+    X = shots.rows.double()
+    y = shots.labels
+    m = prior_means(prototypes, X)
+    if (shots.counts(n_classes) == 0).any():
+        kappas = tuple(k for k in LDA_PRIOR if k > 0)
+    else:
+        kappas = LDA_PRIOR
+    single = bool((shots.counts(n_classes) <= 1).all())
+    gammas = (1.0,) if single else LDA_SHRINKAGE     # no within-class scatter to estimate with 1 shot
+    err, tie = lda_loo(X, y, m, gammas, kappas)
+    a, b = one_se_choice(err, tie, X.shape[0])
+    W, bias = lda_head_weights(X, y, m, gammas[a], kappas[b])
+    choice = HeadChoice(float(err[a, b]), {"kind": "lda", "shrinkage": float(gammas[a]), "prior_shots": float(kappas[b]),
+                                           "rule": "1-SE (most shrinkage), then lowest LOO error"},
+                        grid=[{"shrinkage": float(g), "prior_shots": float(k), "loo_error": float(err[p, q])}
+                              for p, g in enumerate(gammas) for q, k in enumerate(kappas)])
+    return W.float(), bias.float(), choice
