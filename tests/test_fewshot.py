@@ -151,7 +151,7 @@ def test_fit_with_shots_equals_fit_then_adapt(data):
     a = SVGClassifier(n_support=2, steps=5, seed=0).fit(data["protos"], shots=(data["X"], data["y"]))
     b = SVGClassifier(n_support=2, steps=5, seed=0).fit(data["protos"]).adapt(data["X"], data["y"])
     for head in ("kernel", "linear", "cosine"):
-        assert torch.equal(a.decision_function(data["q"], head), b.decision_function(data["q"], head))
+        assert np.array_equal(a.decision_function(data["q"], head), b.decision_function(data["q"], head))
 
 
 def test_format_2_round_trip_and_formula(data, tmp_path):
@@ -175,9 +175,9 @@ def test_format_2_round_trip_and_formula(data, tmp_path):
     d2 = ((xh[:, None] - _unit(t["support_vectors"])[None]) ** 2).sum(-1)
     ref = np.exp(-d2 / (2 * float(t["bandwidth"]) ** 2)) @ t["vote_weights"]
     loaded = SVGClassifier.load(art)
-    np.testing.assert_allclose(loaded.decision_function(data["q"]).numpy(), ref, rtol=1e-4, atol=1e-6 * np.abs(ref).max())
+    np.testing.assert_allclose(loaded.decision_function(data["q"]), ref, rtol=1e-4, atol=1e-6 * np.abs(ref).max())
     lin = xh @ t["linear_head.weight"].T + t["linear_head.bias"]
-    np.testing.assert_allclose(loaded.decision_function(data["q"], "linear").numpy(), lin, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(loaded.decision_function(data["q"], "linear"), lin, rtol=1e-4, atol=1e-5)
 
 
 def _saved(clf, path):
@@ -222,11 +222,11 @@ def test_bad_shots_are_one_line_errors(data, X, y, msg):
     from svgen.errors import SvgenError
 
     clf = SVGClassifier(n_support=2, steps=5, seed=0).fit(data["protos"])
-    before = clf.decision_function(data["q"]).clone()
+    before = clf.decision_function(data["q"]).copy()
     with pytest.raises(SvgenError, match=msg) as e:
         clf.adapt(X, y)
     assert "\n" not in str(e.value) and clf.fewshot_ is None
-    assert torch.equal(clf.decision_function(data["q"]), before)
+    assert np.array_equal(clf.decision_function(data["q"]), before)
 
 
 # ----------------------------------------------------------------------------- exports
@@ -244,7 +244,7 @@ def test_format_2_exports_reproduce_scores(data, tmp_path, fmt, head):
     out = tmp_path / f"h.{fmt}"
     export_head(clf, out, fmt, head=head)
     got = zero_shot_classify.load_head(str(out))["score"](data["q"] * 3.0)
-    ref = clf.decision_function(data["q"], head).numpy()
+    ref = clf.decision_function(data["q"], head)
     np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-5 * np.abs(ref).max())
     if fmt != "onnx" and head == "kernel":
         h = load_head(out)
@@ -278,15 +278,15 @@ def test_cli_fit_and_adapt_with_shot_features(cli, files):
     code, out, err = cli(*base, "--out", files / "fs.svgen", "--shot-features", files / "X.npy",
                          "--shot-labels", files / "y.npy")
     assert code == 0, err
-    assert json.loads(out.splitlines()[1])["fewshot"]["shots"] == 17
+    assert json.loads(out)["fewshot"]["shots"] == 17
     code, out, err = cli("adapt", files / "zs.svgen", "--shot-features", files / "X.npy", "--shot-labels",
                          files / "y.npy", "--out", files / "ad.svgen")
     assert code == 0, err
-    assert "17 shots over 5 of 5 classes" in out
+    assert "17 shots over 5 of 5 classes" in err and json.loads(out)["loo_better_head"] in ("kernel", "linear")
     a, b = SVGClassifier.load(files / "fs.svgen"), SVGClassifier.load(files / "ad.svgen")
     q = np.load(files / "X.npy")
     for head in ("kernel", "linear"):
-        assert torch.equal(a.decision_function(q, head), b.decision_function(q, head))
+        assert np.array_equal(a.decision_function(q, head), b.decision_function(q, head))
     assert cli("adapt", files / "zs.svgen", "--shot-features", files / "X.npy", "--shot-labels", files / "y.npy",
                "--out", files / "ad.svgen")[0] == 2  # exists, no --force
     assert cli("adapt", files / "zs.svgen", "--shot-features", files / "X.npy", "--shot-labels", files / "y.npy",

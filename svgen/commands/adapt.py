@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 from pathlib import Path
 
 from ..errors import SvgenError
+from ._common import json_text, note
 from ._images import add_image_encoder_args
 from ._shots import add_shot_args, encode_shots, shot_arrays, shot_images, wants_shots
 
@@ -56,6 +56,6 @@ def run(args) -> int:
     clf.adapt(X, y)
     clf.save(out, force=args.force)
     fs = clf.fewshot_
-    print(f"wrote {out}: {fs['shots']} shots over {fs['classes_with_shots']} of {len(clf.classes_)} classes")
-    print(json.dumps({"kernel": fs["kernel"], "linear": fs["linear"], "loo_better_head": fs["loo_better_head"]}))
+    note(args, f"wrote {out}: {fs['shots']} shots over {fs['classes_with_shots']} of {len(clf.classes_)} classes")
+    print(json_text({"kernel": fs["kernel"], "linear": fs["linear"], "loo_better_head": fs["loo_better_head"]}))
     return 0
