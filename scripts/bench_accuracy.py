@@ -22,6 +22,7 @@ precomputed prompt-ensemble prototypes, the input that the single-prompt metric 
     python scripts/bench_accuracy.py            # writes docs/accuracy.md and bench-results/accuracy.json
     python scripts/bench_accuracy.py --quick    # default rows only (a smoke run, writes no docs)
     python scripts/bench_accuracy.py --render bench-results/accuracy.json   # only rewrite the docs
+    python scripts/bench_accuracy.py --subsets  # few classes: random 10- and 100-class subsets of the dev half
 
 Everything here is dev data: the odd-indexed LVIS classes and other data sets are held out.
 """
@@ -130,7 +131,12 @@ def main(argv=None) -> int:
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     ap.add_argument("--out", default=str(ROOT / "docs" / "accuracy.md"))
     ap.add_argument("--render", metavar="RESULTS.json", help="only rewrite --out from a saved results file")
+    ap.add_argument("--subsets", action="store_true",
+                    help="only the few-classes check: 20 random draws of 10 and 100 dev classes, each fit on its own "
+                         "classes; mean and worst top-1 difference to cosine (writes bench-results/accuracy-subsets.json)")
     args = ap.parse_args(argv)
+    if args.subsets:
+        return run_subsets()
     if args.render:
         saved = json.loads(Path(args.render).read_text())
         _write_atomic(Path(args.out), render_markdown(saved))
@@ -182,6 +188,37 @@ def main(argv=None) -> int:
     return 0
 
 
+def run_subsets(sizes=(10, 100), draws: int = 20, seed: int = 0) -> int:
+    """Does the metric fade to cosine when there are few classes? Fit on random subsets of dev classes."""
+    from svgen import SVGClassifier
+
+    inputs, x, y = load_data()
+    xt = torch.from_numpy(x)
+    rng = np.random.default_rng(seed)
+    out = []
+    for C in sizes:
+        for name in ("CxD", "T=2"):
+            diffs = {"kernel": [], "linear": []}
+            kappas = []
+            for _ in range(draws):
+                cls = np.sort(rng.choice(np.unique(y), C, replace=False))
+                keep = np.isin(y, cls)
+                yy = np.searchsorted(cls, y[keep])
+                clf = SVGClassifier(seed=seed).fit(inputs[name][cls])
+                kappas.append(clf.fit_metrics_["geometry"]["kappa"])
+                cos = (np.asarray(clf.decision_function(xt[keep], "cosine")).argmax(1) == yy).mean()
+                for h in diffs:
+                    diffs[h].append(100 * float((np.asarray(clf.decision_function(xt[keep], h)).argmax(1) == yy).mean() - cos))
+            row = {"classes": C, "input": name, "draws": draws, "kappa": float(np.mean(kappas)),
+                   **{h: {"mean": float(np.mean(v)), "worst": float(np.min(v))} for h, v in diffs.items()}}
+            out.append(row)
+            print(f"C={C:4d} {name:4s} κ_eff={row['kappa']:.3f}  " + "  ".join(
+                f"{h} {row[h]['mean']:+.2f} (worst {row[h]['worst']:+.2f})" for h in diffs), flush=True)
+    (ROOT / "bench-results").mkdir(exist_ok=True)
+    _write_atomic(ROOT / "bench-results" / "accuracy-subsets.json", json.dumps(out, indent=1))
+    return 0
+
+
 def _mean_proto(emb: np.ndarray) -> torch.Tensor:
     t = torch.from_numpy(emb).float()
     if t.dim() == 2:
@@ -220,9 +257,20 @@ and top-5, the whole half and the four folds. One fold has about 150 images, so 
   80-prompt ensemble: 1.004, i.e. cosine) and for too few classes (`r = min(1, pairs/D)`).
   κ = 1.3 sits between 1.25 and 1.5 (single prompts gain more at 1.5; ensemble-like prototypes
   lose at 1.5, rows below). It is recorded in `svgen.json` and printed by `svgen diagnose`.
-* **Anchors**: the K support vectors of a class start at its template-group means; surplus
-  slots are ± pairs along the confusion directions around the prototype, so their mean is the
-  prototype itself.
+* **Anchors**: the K support vectors of a class start at its template-group means, pulled
+  towards the prototype by the metric's trust r/T; the slots templates cannot fill are ± pairs
+  along the confusion directions (projected onto the class's tangent plane, step θ/√T) around
+  the prototype, so a class's anchors average to the prototype itself.
+* **How the rule was arrived at (honestly).** κ = 1.3 and the whitened head came from a grid on
+  this half (κ ∈ {1.1 … 2}, single prompts gaining most at 1.5, ensemble-like prototypes at
+  1.1–1.25). The 1/T scaling of κ − 1 is the noise argument above; the θ/√T spread and the
+  r/T pull of template anchors were added after the T=2 kernel vote showed a one-image top-5
+  loss on one fold and a −0.35 mean loss on 100-class subsets, and both follow the same
+  argument (less prompt noise, less correction). A check on class subsets
+  (`python scripts/bench_accuracy.py --subsets`: 20 random draws of 10 and 100 dev classes,
+  each fit on its own classes) gave +0.00 top-1 on average for both
+  heads and both inputs at 10 classes (κ_eff ≈ 1.005), and +0.15 / +0.25 (C×D) and +0.00 /
+  +0.10 (T=2, kernel / linear) at 100 classes: with few classes the heads fall back to cosine.
 * **λ = auto (Parzen regime)** as before: leave-one-out and GCV over text support vectors pick
   small λ and lose (measured in the previous version of this table: 33.6 top-1 on `CxD`).
 

@@ -32,7 +32,12 @@ the class of each row) and ``support_source`` (M, uint8: 0 = text, 1 = image; th
 formula. The zero-shot state the images were added to travels as ``text.support_vectors``
 (C×K×D), ``text.bandwidth``, ``text.vote_weights``, ``text.linear_head.weight`` and
 ``text.linear_head.bias``, so more shots can be added later without re-encoding any text.
-Artifacts without images are written as version 1, exactly as before; both versions load. Writes are atomic: everything goes to a temporary sibling directory that is
+Artifacts without images are written as version 1, exactly as before; both versions load.
+
+An artifact adapted to unlabelled images (:mod:`svgen.transductive`) keeps its version; its
+``linear_head.*`` is then the transductive posterior and the inductive linear head travels as
+``inductive.linear_head.weight`` (C×D) and ``inductive.linear_head.bias`` (C), with
+``svgen.json`` recording the solve under ``"transductive"``. Writes are atomic: everything goes to a temporary sibling directory that is
 renamed into place; an existing artifact is replaced only with ``force=True``.
 """
 

@@ -34,6 +34,23 @@ from .training import (FitConfig, choose_ridge, config_dict, fit_metrics, genera
 log = logging.getLogger(__name__)
 
 
+def prior_head_of(clf) -> str:
+    """The head whose prediction is the transductive prior: the kernel vote zero-shot; with shots the
+    linear (LDA) head, whose logits are the log-likelihood ratios of a Gaussian class model — the
+    model the transduction continues to solve on the pool."""
+    return "kernel" if clf.fewshot_ is None else "linear"
+
+
+def check_pool(U, dim: int) -> torch.Tensor:
+    """Validate an unlabelled pool (N×D image embeddings) against the artifact's dimension."""
+    u = check_embeddings(U, "unlabelled images", ndims=(2,))
+    if u.shape[1] != dim:
+        raise SvgenError(f"unlabelled images have dimension {u.shape[1]} but the artifact expects {dim}")
+    if u.shape[0] < 2:
+        raise SvgenError(f"the unlabelled pool has {u.shape[0]} image(s); it needs at least 2")
+    return u
+
+
 def check_embeddings(x, what: str = "prototypes", ndims=(2, 3)) -> torch.Tensor:
     """Validate an embedding array once, at the boundary: float, right rank, finite, no zero rows."""
     try:
@@ -171,13 +188,19 @@ class SVGClassifier:
         return cfg
 
     def fit(self, prototypes, classes: Optional[Sequence[str]] = None, templates: Optional[Sequence[str]] = None,
-            encoder: Optional[dict] = None, shots=None):
+            encoder: Optional[dict] = None, shots=None, unlabelled=None):
         """Fit from text embeddings: ``prototypes`` is C×D or C×T×D (raw or normalised).
 
         ``classes`` names the rows (default ``class_0`` …); ``templates`` and ``encoder`` are
         recorded in the artifact. ``shots=(X, y)`` (N×D image embeddings, N class indices) adds
-        labelled images after the zero-shot fit, exactly as :meth:`adapt`. Returns ``self``.
+        labelled images after the zero-shot fit, exactly as :meth:`adapt`; ``unlabelled=U`` (N×D
+        image embeddings without labels) then adapts transductively to that pool. Returns ``self``.
         """
+        if unlabelled is not None:
+            emb = check_embeddings(prototypes, "prototypes")
+            check_pool(unlabelled, emb.shape[-1])  # fail before the zero-shot fit, not after
+            self.fit(prototypes, classes, templates, encoder, shots=shots)
+            return self.adapt(unlabelled=unlabelled)
         if shots is not None:
             try:
                 X, y = shots
@@ -221,6 +244,9 @@ class SVGClassifier:
         self.fit_metrics_["ridge_selection"] = path
         self.text_ = None
         self.fewshot_ = None
+        self.transductive_ = None
+        self.inductive_linear_ = None
+        self.transductive_labels_ = None
         self._scale_votes(lam)
         self._text_temperatures()
         return self
@@ -262,7 +288,105 @@ class SVGClassifier:
 
         return votes
 
-    def adapt(self, X, y):
+    def adapt(self, X=None, y=None, unlabelled=None):
+        """Add labelled images (``X``, ``y``) and/or an unlabelled pool (``unlabelled``); see
+        :meth:`adapt_shots` and :meth:`adapt_pool` (shots first, then the pool). Returns ``self``."""
+        if X is None and y is None and unlabelled is None:
+            raise SvgenError("nothing to adapt to: give labelled images (X, y) and/or unlabelled images")
+        if (X is None) != (y is None):
+            raise SvgenError("labelled images need both X (embeddings) and y (class indices)")
+        if unlabelled is not None:
+            self._check_fitted()
+            check_pool(unlabelled, self.n_features_in_)  # fail before the shots are solved in, not after
+        if X is not None:
+            self.adapt_shots(X, y)
+        if unlabelled is not None:
+            self.adapt_pool(unlabelled)
+        return self
+
+    def adapt_pool(self, unlabelled, strength: Optional[float] = None, progress: Optional[bool] = None):
+        """Transductive adaptation to unlabelled images (:mod:`svgen.transductive`).
+
+        The pool is pseudo-labelled by the current heads and the class model re-solved in closed
+        form for a few rounds, with the inductive prediction kept as a prior. The linear head
+        becomes the posterior ``β·t·(inductive linear logits) + Gaussian log-likelihood``; the kernel
+        head is unchanged. :attr:`transductive_labels_` holds the soft labels of the pool (what
+        ``svgen classify --transductive`` prints).
+
+        The prior is the kernel head zero-shot (entropy-calibrated), the LDA head with shots.
+        Safety: a pool with fewer images than classes changes nothing; the prior strength starts at
+        :func:`svgen.transductive.prior_strength` (``strength`` overrides it) and is raised while the
+        rounds do not settle; if they never do, nothing changes (:func:`svgen.transductive.settle`).
+        ``transductive_`` records what was chosen (``fallback`` says why when nothing changed).
+        Adapting again starts from the inductive heads. Returns ``self``.
+        """
+        from . import transductive as td
+
+        self._check_fitted()
+        U = F.normalize(check_pool(unlabelled, self.n_features_in_), dim=-1)
+        C, N = len(self.classes_), U.shape[0]
+        if self.inductive_linear_ is not None:   # back to the inductive linear head
+            self.linear_weight_, self.linear_bias_ = self.inductive_linear_
+            self.inductive_linear_ = None
+        head = prior_head_of(self)
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            prior = self._scores(U, head)
+        reason = td.fallback_reason(N, C)
+        if reason is not None:
+            log.warning("transductive: %s", reason)
+            self.transductive_ = {"pool": N, "fallback": reason, "prior_head": head}
+            self.transductive_labels_ = torch.softmax(prior.double(), dim=1)
+            return self
+        with torch.no_grad():
+            cal = U[td.calibration_rows(N)]
+            target = td._entropy(td.CLIP_LOGIT_SCALE * cal @ F.normalize(self.prototypes_.float(), dim=-1).T)
+            lin = self._scores(U, "linear")
+            shots = self.support_set_.part(IMAGE) if self.fewshot_ is not None else None
+            # with a within-class scatter the LDA head's Σ is fitted on the shots and its logits are
+            # log-likelihood ratios of that Gaussian model: both are used as they are; otherwise (zero-shot,
+            # or one shot per class, Σ = I) the prior's scale is calibrated without labels
+            fitted = shots is not None and bool((shots.counts(C) > 1).any())
+            precision = None
+            if fitted:
+                Sigma = fewshot.lda_covariance(shots.rows.double(), shots.labels, C,
+                                               float(self.fewshot_["linear"]["shrinkage"]))
+                precision = torch.linalg.inv(Sigma).float()
+                t_prior = t_lin = 1.0
+            else:
+                t_prior, t_lin = td.match_entropy(prior, target), td.match_entropy(lin, target)
+            beta0 = td.prior_strength(N, C, len(shots) if fitted else 0) if strength is None else float(strength)
+            res, tries = td.settle(U, t_prior * prior, fewshot.prior_means(self.prototypes_, U.double()).float(),
+                                   beta0, shots_x=None if shots is None else shots.rows.float(),
+                                   shots_y=None if shots is None else shots.labels, precision=precision,
+                                   progress=self.progress if progress is None else progress)
+        if res is None:
+            reason = (f"the rounds did not settle at any prior strength up to {tries[-1]['prior_strength']:.3g}; "
+                      "kept the inductive heads")
+            log.warning("transductive: %s", reason)
+            self.transductive_ = {"pool": N, "fallback": reason, "prior_head": head, "tries": tries}
+            self.transductive_labels_ = torch.softmax(prior.double(), dim=1)
+            return self
+        beta = res.info["prior_strength"]
+        self.inductive_linear_ = (self.linear_weight_, self.linear_bias_)
+        self.linear_weight_ = res.weight + beta * t_lin * self.linear_weight_.float()
+        self.linear_bias_ = res.bias + beta * t_lin * self.linear_bias_.float()
+        self.transductive_labels_ = res.labels
+        self._text_temperatures()  # the linear head changed: its temperature follows (text rule)
+        self.transductive_ = {**res.info, "fallback": None, "prior_head": head, "tries": tries,
+                              "prior_temperature": t_prior,
+                              "linear_prior_temperature": t_lin, "calibration": "entropy of softmax(100·cos)",
+                              "heads": {"linear": "transductive posterior", "kernel": "inductive (unchanged)"},
+                              "wall_time_s": time.perf_counter() - t0}
+        log.info("transductive: %d images, β=%.3g, %d rounds, %.1f%% of the pool relabelled from the prior, %.2fs",
+                 N, beta, res.info["rounds"], 100 * res.info["changed_from_prior"], self.transductive_["wall_time_s"])
+        return self
+
+    def _scores(self, U: torch.Tensor, head: str, block: int = 8192) -> torch.Tensor:
+        """N×C float32 scores in row blocks (a kernel head's N×M kernel never whole)."""
+        return torch.cat([self.decision_function(U[s:s + block], head).float() for s in range(0, U.shape[0], block)])
+
+    def adapt_shots(self, X, y):
         """Add labelled images ("shots") as support vectors; no text is re-encoded.
 
         ``X`` is N×D raw image embeddings from the artifact's encoder, ``y`` N class indices
@@ -279,6 +403,7 @@ class SVGClassifier:
             raise SvgenError(f"this artifact's {C} classes have sparse (local) vote weights; adding images needs "
                              "dense ones (fit with --vote-solver dense)")
         shots = new if self.fewshot_ is None else self.support_set_.part(IMAGE).join(new)
+        self.transductive_ = self.inductive_linear_ = None   # the heads are re-solved from the shots below
         t0 = time.perf_counter()
         text_rows = SupportSet.from_text(text["support_vectors"])
         support, sigma, A, kchoice = fewshot.fit_kernel_head(text_rows, self._text_votes(text, text_rows), shots, C,
@@ -456,6 +581,8 @@ class SVGClassifier:
         t.update({f"temperature.{h}": torch.tensor(float(v)) for h, v in self.temperatures_.items()})
         if self.metric_precision_ is not None:
             t["metric.precision"] = self.metric_precision_
+        if getattr(self, "inductive_linear_", None) is not None:
+            t["inductive.linear_head.weight"], t["inductive.linear_head.bias"] = self.inductive_linear_
         if self.generator_ is not None:
             t.update({f"generator.{k}": v for k, v in self.generator_.state_dict().items()})
         if self.text_ is not None:
@@ -475,6 +602,8 @@ class SVGClassifier:
             extra = {"format_version": artifacts.FORMAT_VERSION_SHOTS,
                      "support_source": {str(i): name for i, name in enumerate(SOURCES)},
                      "fewshot": self.fewshot_}
+        if getattr(self, "transductive_", None):
+            extra["transductive"] = self.transductive_
         return {
             **extra,
             "classes": self.classes_,
@@ -528,6 +657,15 @@ class SVGClassifier:
         self.fit_metrics_ = meta.get("metrics") or {}
         self.metric_precision_ = t.get("metric.precision")
         self.text_, self.fewshot_ = None, None
+        self.transductive_ = meta.get("transductive")
+        self.inductive_linear_ = None
+        self.transductive_labels_ = None   # the pool's soft labels are not stored; adapt again to get them
+        if "inductive.linear_head.weight" in t and "inductive.linear_head.bias" in t:
+            W0, b0 = t["inductive.linear_head.weight"], t["inductive.linear_head.bias"]
+            if W0.shape != self.linear_weight_.shape or b0.shape != self.linear_bias_.shape:
+                raise SvgenError(f"{path}: inductive.linear_head has shape {tuple(W0.shape)}, expected "
+                                 f"{tuple(self.linear_weight_.shape)}")
+            self.inductive_linear_ = (W0, b0)
         if v2:
             self.support_labels_ = t["support_labels"].to(torch.int64)
             self.support_source_ = t["support_source"].to(torch.uint8)
@@ -567,6 +705,13 @@ class SVGClassifier:
             self._text_temperatures()
 
     # ------------------------------------------------------------------------------ open set
+    def _fitted_trust(self):
+        """The metric's trust r/T recorded at fit time (None for artifacts from before it: 1/T is used)."""
+        geo = (self.fit_metrics_ or {}).get("geometry") or {}
+        if "reliability" in geo and "templates_averaged" in geo:
+            return float(geo["reliability"]) / max(int(geo["templates_averaged"]), 1)
+        return None
+
     def _new_head_rows(self, P_new: torch.Tensor, S_new: torch.Tensor):
         """Linear-head rows for new classes on the scale of the fitted ones.
 
@@ -605,6 +750,10 @@ class SVGClassifier:
             raise SvgenError(f"class(es) already in the artifact: {', '.join(map(repr, clash[:10]))}")
         validate_classes(self.classes_ + classes, source="combined class list")
         shots = None
+        if getattr(self, "inductive_linear_", None) is not None:  # the pool knew only the old classes
+            log.warning("add_classes: the transductive linear head is dropped; adapt to the pool again")
+            self.linear_weight_, self.linear_bias_ = self.inductive_linear_
+        self.transductive_ = self.inductive_linear_ = None
         if self.text_ is not None:  # back to the zero-shot state; the shots are solved in again below
             shots = self.support_set_.part(IMAGE)
             text = self.text_
@@ -619,7 +768,8 @@ class SVGClassifier:
             # keep one per-template tensor: pad/cycle the new templates to the artifact's T
             E_new = E_new[:, [t % E_new.shape[1] for t in range(T)]]
         anchors = spread_anchors(template_anchors(E_new, self.fit_config_.n_support),
-                                 torch.cat([self.prototypes_, P_new]), n_templates=E_new.shape[1], centres=P_new)
+                                 torch.cat([self.prototypes_, P_new]), n_templates=E_new.shape[1], centres=P_new,
+                                 trust=self._fitted_trust())
         if self.metric_precision_ is not None:
             anchors = whiten_directions(anchors, self.metric_precision_)
         S_new = generate_all(self.generator_, P_new, anchors)

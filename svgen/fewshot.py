@@ -255,14 +255,11 @@ def lda_loo(X: torch.Tensor, y: torch.Tensor, m: torch.Tensor, gammas: Sequence[
     return err, tie
 
 
-def lda_head_weights(X, y, m, gamma: float, kappa: float, tau: Optional[float] = None):
-    """(W C×D, b C): the LDA head of :func:`lda_loo` on all shots (classes without shots: μ_c = m_c).
-
-    ``tau`` overrides the shrinkage target ``tr S_w/(df·D)`` (LOO holds the all-shot value fixed)."""
+def lda_covariance(X, y, n_classes: int, gamma: float, tau: Optional[float] = None) -> torch.Tensor:
+    """The LDA head's shared covariance ``Σ = (1−γ) S_w/df + γ τ I`` (identity when there is no scatter)."""
     N, D = X.shape
-    C = m.shape[0]
-    n = torch.bincount(y, minlength=C).double()
-    xbar = torch.zeros(C, D, dtype=X.dtype).index_add_(0, y, X) / n.clamp_min(1)[:, None]
+    n = torch.bincount(y, minlength=n_classes).double()
+    xbar = torch.zeros(n_classes, D, dtype=X.dtype).index_add_(0, y, X) / n.clamp_min(1)[:, None]
     R = X - xbar[y]
     df = max(N - int((n > 0).sum()), 1)
     S = R.T @ R / df
@@ -271,6 +268,17 @@ def lda_head_weights(X, y, m, gamma: float, kappa: float, tau: Optional[float] =
     Sigma = (1 - gamma) * S + gamma * tau * torch.eye(D, dtype=X.dtype)
     if float(torch.diagonal(Sigma).sum()) <= 0:      # one shot per class: no within-class scatter at all
         Sigma = torch.eye(D, dtype=X.dtype)
+    return Sigma
+
+
+def lda_head_weights(X, y, m, gamma: float, kappa: float, tau: Optional[float] = None):
+    """(W C×D, b C): the LDA head of :func:`lda_loo` on all shots (classes without shots: μ_c = m_c).
+
+    ``tau`` overrides the shrinkage target ``tr S_w/(df·D)`` (LOO holds the all-shot value fixed)."""
+    C = m.shape[0]
+    n = torch.bincount(y, minlength=C).double()
+    xbar = torch.zeros(C, X.shape[1], dtype=X.dtype).index_add_(0, y, X) / n.clamp_min(1)[:, None]
+    Sigma = lda_covariance(X, y, C, gamma, tau)
     mu = (n[:, None] * xbar + kappa * m) / (n + kappa).clamp_min(1e-12)[:, None]
     mu[n == 0] = m[n == 0]
     W = torch.linalg.solve(Sigma, mu.T).T

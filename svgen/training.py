@@ -125,7 +125,8 @@ def setup_geometry(P: torch.Tensor, E: torch.Tensor, cfg: FitConfig):
     """(Σ⁻¹ or None, anchors C×K×D, decision dict) from the text embeddings alone.
 
     Anchors are template-group means (:func:`template_anchors`), pulled towards the prototype to
-    ``normalize(p + ω (ḡ − p))`` with the metric's trust ``ω = r / T`` (:func:`metric_strength`:
+    ``normalize(p + ω (ḡ − p))`` with the metric's trust ``ω = r / T`` (which also scales the
+    spread of the free slots, ``θ√ω``) (:func:`metric_strength`:
     averaged prompts and few classes mean less trust in text-side deviations, and ω → 0 leaves the
     prototype alone, the cosine rule). When a class has fewer templates than K, the surplus slots
     are spread in ± pairs along the class-confusion directions around the class prototype
@@ -137,10 +138,10 @@ def setup_geometry(P: torch.Tensor, E: torch.Tensor, cfg: FitConfig):
     cov = neighbour_difference_covariance(P)  # computed once for the spread and the metric
     decision = metric_strength(cfg.metric_condition, E.shape[1], neighbour_pairs(P), P.shape[1])
     groups = template_anchors(E, cfg.n_support)
-    if E.shape[1] > 1:  # template groups trusted as far as the text geometry is: pulled towards the prototype
-        w = decision["reliability"] / decision["templates_averaged"]
+    w = decision["reliability"] / decision["templates_averaged"]  # how far text-side deviations are trusted
+    if E.shape[1] > 1:  # template groups pulled towards the prototype
         groups = F.normalize(P[:, None, :] + w * (groups - P[:, None, :]), dim=-1)
-    anchors = spread_anchors(groups, P, n_templates=E.shape[1], cov=cov)
+    anchors = spread_anchors(groups, P, n_templates=E.shape[1], cov=cov, trust=w)
     if cfg.metric == "none":
         return None, anchors, {"metric": "none", "kappa": 1.0, "linear_head": cfg.linear_head,
                                "reason": "metric switched off: plain cosine geometry"}
@@ -150,7 +151,8 @@ def setup_geometry(P: torch.Tensor, E: torch.Tensor, cfg: FitConfig):
 
 
 def spread_anchors(anchors: torch.Tensor, P: torch.Tensor, n_templates: int,
-                   cov: Optional[torch.Tensor] = None, centres: Optional[torch.Tensor] = None) -> torch.Tensor:
+                   cov: Optional[torch.Tensor] = None, centres: Optional[torch.Tensor] = None,
+                   trust: Optional[float] = None) -> torch.Tensor:
     """Fill the anchor slots that templates cannot fill in ± pairs around the class prototype.
 
     With T ≥ 2 templates, slots k < T keep their template-group means and the surplus slots
@@ -159,9 +161,10 @@ def spread_anchors(anchors: torch.Tensor, P: torch.Tensor, n_templates: int,
     ``2j + 1`` is ``normalize(p − θ u_j)``, and an odd last free slot is ``p`` itself. ``u_j`` is
     ``v_j`` projected onto the tangent plane of ``p`` (unit length), ``v_j`` the top eigenvectors
     of the neighbour-difference covariance (the directions in which confusable classes differ),
-    and ``θ`` is half the median nearest-prototype distance over ``√T`` (the prompt noise that the
-    spread tolerates shrinks like ``1/√T`` when T prompts are averaged), so the spread stays
-    inside each class's own neighbourhood. The pairs are symmetric, so the free anchors average to the
+    and ``θ`` is half the median nearest-prototype distance times ``√trust`` (the metric's trust
+    ``r/T`` of :func:`svgen.metric.metric_strength`, default ``1/T``: the prompt noise the spread
+    tolerates shrinks like ``1/√T`` when T prompts are averaged, and directions estimated from
+    few classes are not trusted), so the spread stays inside each class's own neighbourhood. The pairs are symmetric, so the free anchors average to the
     prototype direction: the cosine prototype is never lost, and θ → 0 recovers it.
     ``P``: the prototypes that define the directions (all classes of the artifact); ``cov``:
     their neighbour-difference covariance if already computed; ``centres``: the prototypes of the
@@ -174,7 +177,7 @@ def spread_anchors(anchors: torch.Tensor, P: torch.Tensor, n_templates: int,
         return anchors
     centre = F.normalize((P if centres is None else centres).to(anchors.dtype), dim=-1)
     dirs, theta = confusion_directions(P, max(extra // 2, 1), cov=cov)
-    theta = theta / math.sqrt(max(n_templates, 1))  # averaged prompts: their spread shrinks like 1/√T
+    theta = theta * math.sqrt(1.0 / max(n_templates, 1) if trust is None else trust)
     out = anchors.clone()
     for i in range(extra):
         slot = keep + i

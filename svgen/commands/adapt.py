@@ -1,4 +1,4 @@
-"""``svgen adapt``: add labelled images to an artifact (no text is re-encoded)."""
+"""``svgen adapt``: add labelled images and/or an unlabelled pool to an artifact (no text is re-encoded)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from pathlib import Path
 from ..errors import SvgenError
 from ._common import json_text, note
 from ._images import add_image_encoder_args
+from ._pool import add_pool_args, encode_pool, pool_array, pool_paths, wants_pool
 from ._shots import add_shot_args, encode_shots, shot_arrays, shot_images, wants_shots
 
 log = logging.getLogger(__name__)
@@ -17,23 +18,28 @@ log = logging.getLogger(__name__)
 def add_parser(sub):
     p = sub.add_parser(
         "adapt",
-        help="add labelled images (few-shot) to an artifact; writes a new artifact",
+        help="add labelled images (few-shot) and/or unlabelled images (transductive) to an artifact",
         description="Labelled image embeddings join the artifact's text support vectors as support vectors of "
                     "their class. The kernel-vote head is re-solved in closed form over text + image rows, the "
                     "linear head becomes shared-covariance LDA with the text prototypes as prior means; σ, λ, "
                     "the text/image weight and the shrinkage are chosen by exact leave-one-out over the images. "
                     "No text is re-encoded. Classes without images keep their text support vectors. Images "
                     "added earlier are kept. The result is a format-2 artifact; svgen.json records the shots "
-                    "per class and what leave-one-out chose under 'fewshot'.",
+                    "per class and what leave-one-out chose under 'fewshot'. With --unlabelled / --unlabelled-features "
+                    "(alone or after the shots) the artifact is then adapted transductively to those images "
+                    "(docs/transductive.md); svgen.json records it under 'transductive'.",
         epilog="examples:\n"
                "  svgen adapt pets.svgen --shots pets-16shot/ --out pets-16.svgen\n"
-               "  svgen adapt pets.svgen --shot-features X.npy --shot-labels y.npy --out pets-16.svgen",
+               "  svgen adapt pets.svgen --shot-features X.npy --shot-labels y.npy --out pets-16.svgen\n"
+               "  svgen adapt pets.svgen --unlabelled-features U.npy --out pets-pool.svgen\n"
+               "  svgen adapt pets.svgen --shots pets-4shot/ --unlabelled photos/ --out pets-4-pool.svgen",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("artifact", metavar="ARTIFACT_DIR", help="artifact written by 'svgen fit' (or an earlier adapt)")
     p.add_argument("--out", required=True, metavar="NEW_DIR", help="artifact directory to write")
     p.add_argument("--force", action="store_true", help="replace --out if it exists")
-    add_shot_args(p, required=True)
+    add_shot_args(p)
+    add_pool_args(p)
     add_image_encoder_args(p)
     p.set_defaults(func=run)
 
@@ -41,21 +47,43 @@ def add_parser(sub):
 def run(args) -> int:
     from .. import SVGClassifier
 
-    wants_shots(args, required=True)
+    pool = wants_pool(args)
+    shots = wants_shots(args, required=not pool)
     out = Path(args.out)
     if out.exists() and not args.force:
         raise SvgenError(f"{out} already exists; pass --force to overwrite it")
     clf = SVGClassifier.load(args.artifact)
-    if args.shots:
+    clf.progress = args.progress
+    paths = pool_paths(args) if args.unlabelled else None   # fail on a bad folder before any encoding
+    data = shot_images(args, clf.classes_) if args.shots else None
+    encoder = None
+    if args.shots or args.unlabelled:
         from ._images import encoder_for_artifact
 
-        data = shot_images(args, clf.classes_)
-        X, y = encode_shots(args, encoder_for_artifact(args, clf), data, "adapt")
-    else:
-        X, y = shot_arrays(args)
-    clf.adapt(X, y)
+        encoder = encoder_for_artifact(args, clf)
+    X = y = U = None
+    if shots:
+        X, y = encode_shots(args, encoder, data, "adapt") if args.shots else shot_arrays(args)
+    if pool:
+        U = encode_pool(args, encoder, paths, "adapt") if args.unlabelled else pool_array(args)
+    clf.adapt(X, y, unlabelled=U)
     clf.save(out, force=args.force)
-    fs = clf.fewshot_
-    note(args, f"wrote {out}: {fs['shots']} shots over {fs['classes_with_shots']} of {len(clf.classes_)} classes")
-    print(json_text({"kernel": fs["kernel"], "linear": fs["linear"], "loo_better_head": fs["loo_better_head"]}))
+    fs, td = clf.fewshot_, clf.transductive_
+    summary = {}
+    if shots:
+        summary.update({"kernel": fs["kernel"], "linear": fs["linear"], "loo_better_head": fs["loo_better_head"]})
+    if pool:
+        summary["transductive"] = {k: td.get(k) for k in ("pool", "fallback", "prior_strength", "rounds",
+                                                           "changed_from_prior")}
+    what = []
+    if shots:
+        what.append(f"{fs['shots']} shots over {fs['classes_with_shots']} of {len(clf.classes_)} classes")
+    if pool:
+        what.append(f"an unlabelled pool of {td['pool']} images"
+                    + (" (fell back to the inductive heads)" if td.get("fallback") else ""))
+    note(args, f"wrote {out}: " + " and ".join(what))
+    print(json_text(summary))
+    if pool and not td.get("fallback"):
+        note(args, "the transductive posterior is the linear head: classify with --head linear (the kernel head "
+                   "is the inductive one)")
     return 0

@@ -31,10 +31,16 @@ def add_parser(sub):
         epilog="examples:\n"
                "  svgen classify lvis.svgen photos/ --top-k 3\n"
                "  svgen classify lvis.svgen photos/ --probs --head linear\n"
-               "  svgen classify lvis.svgen --features feats.npy --head cosine --format jsonl --out preds.jsonl",
+               "  svgen classify lvis.svgen --features feats.npy --head cosine --format jsonl --out preds.jsonl\n"
+               "  svgen classify pets.svgen photos/ --transductive",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("artifact", metavar="ARTIFACT_DIR", help="artifact written by 'svgen fit'")
+    p.add_argument("--transductive", action="store_true",
+                   help="use the inputs themselves as an unlabelled pool: embed once, adapt the artifact to them "
+                        "(as 'svgen adapt --unlabelled'; the artifact on disk is not changed) and print each "
+                        "input's transductive class probabilities (--head is then not used). Fewer inputs than "
+                        "classes: the inductive head's softmax, with a warning")
     p.add_argument("inputs", nargs="*", metavar="IMAGE|DIR", help="image files and/or folders (searched recursively)")
     p.add_argument("--features", metavar="FEATS.npy",
                    help="precomputed N×D image embeddings instead of images (raw or normalised)")
@@ -87,13 +93,17 @@ def run(args) -> int:
         raise SvgenError("nothing to classify: give image files or folders, or --features FEATS.npy")
     check_out(args.out, args.force)
     clf = SVGClassifier.load(args.artifact)
+    clf.progress = args.progress
     if args.features:
         import torch
 
         x = torch.from_numpy(load_features(args.features, clf))
-        score = clf.predict_proba if args.probs else clf.decision_function
-        scores = torch.cat([score(x[s:s + FEATURE_BATCH], head=args.head)
-                            for s in range(0, x.shape[0], FEATURE_BATCH)])
+        if args.transductive:
+            scores = _transductive(clf, x)
+        else:
+            score = clf.predict_proba if args.probs else clf.decision_function
+            scores = torch.cat([score(x[s:s + FEATURE_BATCH], head=args.head)
+                                for s in range(0, x.shape[0], FEATURE_BATCH)])
         names, key = list(range(x.shape[0])), "index"
     else:
         from ..encoders import find_images
@@ -103,7 +113,10 @@ def run(args) -> int:
             raise SvgenError(f"no image files found in {', '.join(args.inputs)}")
         encoder = encoder_for_artifact(args, clf)
         feats, names, _ = encode_paths(args, encoder, paths, "classify")
-        scores = (clf.predict_proba if args.probs else clf.decision_function)(feats, head=args.head)
+        if args.transductive:
+            scores = _transductive(clf, feats)
+        else:
+            scores = (clf.predict_proba if args.probs else clf.decision_function)(feats, head=args.head)
         key = "path"
     if args.top_k > len(clf.classes_):  # said once the inputs are known good, so an error stays one line
         note(args, f"svgen classify: --top-k {args.top_k} is more than the artifact's {len(clf.classes_)} classes; "
@@ -111,3 +124,11 @@ def run(args) -> int:
     emit(format_rows(names, scores, clf.classes_, args.top_k, args.format, key), args.out, args.force, args,
          f"{len(names)} row(s), {args.head} head, top {min(args.top_k, len(clf.classes_))}, {args.format}")
     return 0
+
+
+def _transductive(clf, x):
+    """The inputs' transductive class probabilities (the inputs are the pool)."""
+    if x.shape[0] < 2:
+        raise SvgenError(f"--transductive needs at least 2 inputs to use as a pool, got {x.shape[0]}")
+    clf.adapt(unlabelled=x)  # progress on rounds follows clf.progress (set from --quiet / the terminal)
+    return clf.transductive_labels_.float()

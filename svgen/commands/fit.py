@@ -10,6 +10,7 @@ from pathlib import Path
 from ..errors import SvgenError
 from ._common import (DEFAULT_MODEL, HelpFormatter, add_encoder_args, default_pretrained, json_text, load_array,
                       load_encoder, note, text_prototypes)
+from ._pool import add_pool_args, encode_pool, pool_array, pool_paths, wants_pool
 from ._shots import add_shot_args, encode_shots, shot_arrays, shot_images, wants_shots
 
 log = logging.getLogger(__name__)
@@ -27,7 +28,8 @@ def add_parser(sub):
                     "With --prototypes the text embeddings come from a .npy file and no encoder is loaded. "
                     "stdout gets one JSON object of fit metrics (svgen fit … | jq .sigma); the 'wrote …' line "
                     "goes to stderr. With --shots or --shot-features labelled images join as support vectors "
-                    "afterwards (as 'svgen adapt' does).",
+                    "afterwards (as 'svgen adapt' does); with --unlabelled or --unlabelled-features the result is "
+                    "then adapted transductively to those unlabelled images.",
         formatter_class=HelpFormatter,
     )
     p.add_argument("--classes", required=True, metavar="FILE|NAME",
@@ -42,6 +44,7 @@ def add_parser(sub):
                    help="prompt templates: a built-in set (single, compact, ensemble) or a file with one '{}' "
                         "template per line (default: single)")
     add_shot_args(p)
+    add_pool_args(p)
     m = p.add_argument_group("method")
     m.add_argument("-K", "-k", "--n-support", type=int, default=d.n_support, help="support vectors per class")
     m.add_argument("--steps", type=int, default=d.steps,
@@ -102,12 +105,16 @@ def run(args) -> int:
         # read (and check) the labelled images before any expensive work
         shots = shot_arrays(args) if args.shot_features else None
         shot_folder = shot_images(args, classes) if args.shots else None
+    pool = pool_folder = None
+    if wants_pool(args):
+        pool = pool_array(args) if args.unlabelled_features else None
+        pool_folder = pool_paths(args) if args.unlabelled else None
     templates = None
     if args.prototypes:
         named = [opt for opt, value in (("--model", args.model), ("--pretrained", args.pretrained),
                                         ("--checkpoint", args.checkpoint),
                                         ("--quick-gelu/--no-quick-gelu", getattr(args, "quick_gelu", None)))
-                 if value is not None and not args.shots]  # --shots DIR: the encoder embeds the images
+                 if value is not None and not (args.shots or args.unlabelled)]  # image folders: the encoder embeds them
         named += ["--templates"] if args.templates is not None else []
         if named:
             raise SvgenError(f"{' and '.join(named)} cannot be used with --prototypes: the embeddings are already "
@@ -142,15 +149,19 @@ def run(args) -> int:
         protos, identity = text_prototypes(args, classes, templates)
         emb = protos.per_template
         encoder_id = {**identity, "embed_dim": int(emb.shape[-1])}
-    if shot_folder is not None:  # images to embed: the encoder is needed even when every prompt was cached
-        from ..hub import check_weights_reachable
+    if shot_folder is not None or pool_folder is not None:  # images to embed: the encoder is needed even
+        from ..hub import check_weights_reachable               # when every prompt was cached
 
         check_weights_reachable(args.model or DEFAULT_MODEL, default_pretrained(args))
         encoder = load_encoder(args)
         if args.prototypes:
             encoder_id = {**encoder_id, "images": encoder.identity()}
-        shots = encode_shots(args, encoder, shot_folder, "fit")
-    clf.fit(np.asarray(emb, dtype=np.float32), classes=classes, templates=templates, encoder=encoder_id, shots=shots)
+        if shot_folder is not None:
+            shots = encode_shots(args, encoder, shot_folder, "fit")
+        if pool_folder is not None:
+            pool = encode_pool(args, encoder, pool_folder, "fit")
+    clf.fit(np.asarray(emb, dtype=np.float32), classes=classes, templates=templates, encoder=encoder_id, shots=shots,
+            unlabelled=pool)
     clf.save(out, force=args.force)
     m = clf.fit_metrics_
     if m.get("diverged_at_step") is not None:
@@ -162,6 +173,8 @@ def run(args) -> int:
         summary["metric_kappa"] = m["geometry"].get("kappa")
     if clf.fewshot_:
         summary["fewshot"] = {k: clf.fewshot_[k] for k in ("shots", "classes_with_shots", "loo_better_head")}
+    if clf.transductive_:
+        summary["transductive"] = {k: clf.transductive_.get(k) for k in ("pool", "fallback", "prior_strength", "rounds")}
     note(args, f"wrote {out}: {len(classes)} classes × K={clf.fit_config_.n_support}, D={clf.n_features_in_}")
     print(json_text(summary))
     return 0

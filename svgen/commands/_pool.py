@@ -1,0 +1,55 @@
+"""Unlabelled images for ``svgen fit`` and ``svgen adapt``: ``--unlabelled DIR`` or ``--unlabelled-features U.npy``."""
+
+from __future__ import annotations
+
+import logging
+
+from ..errors import SvgenError
+from ._common import load_array
+
+log = logging.getLogger(__name__)
+
+
+def add_pool_args(p) -> None:
+    g = p.add_argument_group(
+        "unlabelled images (transductive)",
+        "Images without labels — typically the ones to classify. They are pseudo-labelled by the inductive heads "
+        "and the class model is re-solved in closed form over them for a few rounds, with the inductive "
+        "prediction kept as a prior; the linear head becomes the transductive posterior. A pool with fewer "
+        "images than classes changes nothing. svgen.json records what was chosen under 'transductive'.")
+    src = g.add_mutually_exclusive_group()
+    src.add_argument("--unlabelled", metavar="DIR",
+                     help="folder of images (searched recursively), embedded with the artifact's encoder")
+    src.add_argument("--unlabelled-features", metavar="U.npy", help="N×D image embeddings without labels")
+
+
+def wants_pool(args) -> bool:
+    return bool(args.unlabelled or args.unlabelled_features)
+
+
+def pool_paths(args):
+    """The image files of ``--unlabelled DIR`` (found before any expensive work)."""
+    from pathlib import Path
+
+    from ..encoders import find_images
+
+    if not Path(args.unlabelled).is_dir():
+        raise SvgenError(f"--unlabelled: {args.unlabelled} is not a folder")
+    paths = find_images([args.unlabelled])
+    if not paths:
+        raise SvgenError(f"--unlabelled: no image files found in {args.unlabelled}")
+    return paths
+
+
+def pool_array(args):
+    return load_array(args.unlabelled_features, "unlabelled features")
+
+
+def encode_pool(args, encoder, paths, command: str):
+    """N×D embeddings of the readable images of the pool folder."""
+    from ._images import encode_paths
+
+    if not hasattr(args, "batch_size"):
+        args.batch_size, args.workers = 32, None
+    x, _, _ = encode_paths(args, encoder, paths, command)
+    return x

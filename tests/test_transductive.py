@@ -1,0 +1,332 @@
+"""Unlabelled images as support vectors (issue 12): the transductive solve against an independent
+numpy computation of its formulas, the limits that make it safe (infinite prior strength is the
+inductive prediction; a pool smaller than the classes changes nothing; rounds that never settle
+fall back), the API, the artifact and the CLI."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from svgen import SVGClassifier
+from svgen import transductive as td
+
+C, D = 4, 12
+
+
+def _unit(x):
+    x = np.asarray(x, dtype=np.float64)
+    return x / np.linalg.norm(x, axis=1, keepdims=True)
+
+
+@pytest.fixture(scope="module")
+def data():
+    rng = np.random.default_rng(0)
+    centres = _unit(rng.normal(size=(C, D)))
+    protos = (centres + 0.5 * rng.normal(size=(C, D)) / np.sqrt(D)).astype(np.float32)
+    yu = np.repeat(np.arange(C), 10)
+    U = _unit(centres[yu] + 0.9 * rng.normal(size=(len(yu), D)) / np.sqrt(D)).astype(np.float32)
+    ys = np.repeat(np.arange(C), 2)
+    X = _unit(centres[ys] + 0.9 * rng.normal(size=(len(ys), D)) / np.sqrt(D)).astype(np.float32)
+    clf = SVGClassifier(n_support=2, steps=5, seed=0).fit(protos)
+    return {"protos": protos, "U": U, "yu": yu, "X": X, "ys": ys, "clf": clf}
+
+
+def _softmax(a):
+    a = a - a.max(axis=1, keepdims=True)
+    e = np.exp(a)
+    return e / e.sum(axis=1, keepdims=True)
+
+
+def _brute_force(U, L0, M, X, y, beta, rounds, steps, k, precision=None):
+    """The module docstring's formulas, in float64 numpy, with a dense N×N affinity."""
+    U, L0, M = (np.asarray(a, dtype=np.float64) for a in (U, L0, M))
+    N, Dm = U.shape
+    Cn = L0.shape[1]
+    logp0 = L0 - np.log(np.exp(L0 - L0.max(1, keepdims=True)).sum(1, keepdims=True)) - L0.max(1, keepdims=True)
+    G = U @ U.T
+    np.fill_diagonal(G, -np.inf)
+    Wd = np.zeros((N, N))
+    for i in range(N):
+        nb = np.argsort(-G[i])[:k]
+        Wd[i, nb] = np.maximum(G[i, nb], 0)
+    Z = np.exp(logp0)
+
+    def model(Z):
+        mu, var = np.zeros((Cn, Dm)), np.zeros(Dm)
+        for c in range(Cn):
+            num = (Z[:, c:c + 1] * U).sum(0) + X[y == c].sum(0) + 1.0 * M[c]
+            mu[c] = num / (Z[:, c].sum() + (y == c).sum() + 1.0)
+        for c in range(Cn):
+            var += (Z[:, c:c + 1] * (U - mu[c]) ** 2).sum(0)
+        var += ((X - mu[y]) ** 2).sum(0)
+        var /= N + len(y)
+        if precision is None:
+            ll = np.stack([-0.5 * (((U - mu[c]) ** 2) / var).sum(1) for c in range(Cn)], 1)
+        else:
+            ll = np.stack([-0.5 * np.einsum("nd,de,ne->n", U - mu[c], precision, U - mu[c]) for c in range(Cn)], 1)
+        return mu, var, ll
+
+    for _ in range(rounds):
+        _, _, ll = model(Z)
+        for _ in range(steps):
+            Z = _softmax(beta * logp0 + ll + Wd @ Z)
+    return Z, model(Z)
+
+
+@pytest.mark.parametrize("with_precision", [False, True])
+def test_transduce_matches_brute_force(data, with_precision):
+    rng = np.random.default_rng(1)
+    U = data["U"]
+    L0 = 3 * rng.normal(size=(len(U), C))
+    M = _unit(data["protos"])
+    P = None
+    if with_precision:
+        A = rng.normal(size=(D, D))
+        P = A @ A.T / D + np.eye(D)
+    res = td.transduce(torch.as_tensor(U), torch.as_tensor(L0), torch.as_tensor(M).float(),
+                       shots_x=torch.as_tensor(data["X"]), shots_y=torch.as_tensor(data["ys"]), strength=0.7,
+                       rounds=2, steps=3, precision=None if P is None else torch.as_tensor(P).float())
+    Z, (mu, var, ll) = _brute_force(U, L0, M, data["X"], data["ys"], 0.7, res.info["rounds"], 3, td.NEIGHBOURS, P)
+    assert np.allclose(res.labels.numpy(), Z, atol=2e-4)
+    # the returned linear head is the class log-likelihood up to a per-row constant
+    lin = U @ res.weight.numpy().T + res.bias.numpy()
+    diff = lin - ll
+    assert np.allclose(diff, diff[:, :1], atol=1e-2 * np.abs(ll).max())
+
+
+def test_infinite_prior_strength_is_the_inductive_prediction(data):
+    rng = np.random.default_rng(2)
+    L0 = torch.as_tensor(rng.normal(size=(len(data["U"]), C)))
+    res = td.transduce(torch.as_tensor(data["U"]), L0, torch.as_tensor(data["protos"]), strength=1e7)
+    assert torch.equal(res.labels.argmax(1), L0.argmax(1))
+    assert res.info["changed_from_prior"] == 0
+    # and in the classifier: the posterior linear head predicts as the inductive one
+    clf = SVGClassifier(n_support=2, steps=5, seed=0).fit(data["protos"]).adapt(data["X"], data["ys"])
+    q = data["U"]
+    before = clf.decision_function(q, "linear").argmax(1)
+    clf.adapt_pool(q, strength=1e7)
+    assert np.array_equal(clf.decision_function(q, "linear").argmax(1), before)
+    assert np.array_equal(clf.transductive_labels_.argmax(1).numpy(), before)
+
+
+def test_zero_strength_and_no_graph_is_plain_soft_gmm(data):
+    """β = 0, no neighbours: Z is the posterior of the fitted Gaussian model alone (EM fixed point)."""
+    U = torch.as_tensor(data["U"])
+    res = td.transduce(U, torch.zeros(len(U), C), torch.as_tensor(data["protos"]), strength=0.0, neighbours=0,
+                       rounds=1, steps=1)
+    mu, var = td.class_model(U, torch.full((len(U), C), 1.0 / C), None, None, torch.as_tensor(data["protos"]))
+    W, b = td.gmm_head(mu, var)
+    assert torch.allclose(res.labels, torch.softmax(U @ W.T + b, dim=1), atol=1e-5)
+
+
+def test_knn_graph_matches_sorting():
+    g = torch.Generator().manual_seed(0)
+    U = torch.nn.functional.normalize(torch.randn(50, 8, generator=g), dim=-1)
+    idx, w = td.knn_graph(U, k=4, block=7)
+    G = (U @ U.T).fill_diagonal_(-2)
+    want = G.argsort(dim=1, descending=True)[:, :4]
+    assert torch.equal(idx.sort(dim=1).values, want.sort(dim=1).values)
+    assert torch.allclose(w, G.gather(1, idx).clamp_min(0))
+
+
+def test_match_entropy_hits_the_target():
+    g = torch.Generator().manual_seed(0)
+    S = torch.randn(30, 6, generator=g)
+    for target in (0.3, 1.0, 1.6):
+        t = td.match_entropy(S, target)
+        assert abs(td._entropy(S.double() * t) - target) < 1e-4
+
+
+def test_settle_raises_the_strength_then_gives_up(data, monkeypatch):
+    monkeypatch.setattr(td, "STABLE", 1.5)   # no pool can agree on 150% of itself: never settles
+    res, tries = td.settle(torch.as_tensor(data["U"]), torch.zeros(len(data["U"]), C), torch.as_tensor(data["protos"]),
+                           0.5, rounds=2)
+    assert res is None
+    assert [t["prior_strength"] for t in tries] == [0.5 * td.ESCALATE ** i for i in range(td.MAX_ESCALATIONS + 1)]
+
+
+def test_prior_strength_rule():
+    assert td.prior_strength(200, 100) == 1.5
+    assert td.prior_strength(1000, 100, n_shots=400) == 0.4
+
+
+# ----------------------------------------------------------------------------- classifier
+
+def test_pool_smaller_than_classes_changes_nothing(data, tmp_path):
+    clf = SVGClassifier(n_support=2, steps=5, seed=0).fit(data["protos"])
+    W, b = clf.linear_weight_.clone(), clf.linear_bias_.clone()
+    clf.adapt(unlabelled=data["U"][:C - 1])
+    assert "smaller than the 4 classes" in clf.transductive_["fallback"]
+    assert torch.equal(clf.linear_weight_, W) and torch.equal(clf.linear_bias_, b)
+    assert np.array_equal(clf.transductive_labels_.argmax(1).numpy(), clf.decision_function(data["U"][:C - 1]).argmax(1))
+    clf.save(tmp_path / "a.svgen")
+    meta = json.loads((tmp_path / "a.svgen" / "svgen.json").read_text())
+    assert meta["transductive"]["fallback"] and meta["format_version"] == 1
+
+
+def test_fit_with_unlabelled_equals_fit_then_adapt(data, tmp_path):
+    a = SVGClassifier(n_support=2, steps=5, seed=0).fit(data["protos"], unlabelled=data["U"])
+    b = SVGClassifier(n_support=2, steps=5, seed=0).fit(data["protos"]).adapt(unlabelled=data["U"])
+    assert a.transductive_["fallback"] is None and a.transductive_["prior_head"] == "kernel"
+    for head in ("kernel", "linear"):
+        assert np.array_equal(a.decision_function(data["U"], head), b.decision_function(data["U"], head))
+    # adapting again to the same pool starts from the inductive heads: the same result
+    W = b.linear_weight_.clone()
+    b.adapt(unlabelled=data["U"])
+    assert torch.allclose(b.linear_weight_, W)
+    # save/load: the transductive linear head, the inductive one and the record travel
+    b.save(tmp_path / "t.svgen")
+    c = SVGClassifier.load(tmp_path / "t.svgen")
+    assert torch.equal(c.linear_weight_, b.linear_weight_)
+    assert torch.equal(c.inductive_linear_[0], b.inductive_linear_[0])
+    assert c.transductive_["prior_strength"] == b.transductive_["prior_strength"]
+    zs = SVGClassifier(n_support=2, steps=5, seed=0).fit(data["protos"])
+    c.adapt(unlabelled=data["U"][:2])   # falls back: the inductive linear head comes back
+    assert torch.equal(c.linear_weight_, zs.linear_weight_)
+
+
+def test_shots_then_pool(data):
+    clf = SVGClassifier(n_support=2, steps=5, seed=0).fit(data["protos"])
+    clf.adapt(data["X"], data["ys"], unlabelled=data["U"])
+    t = clf.transductive_
+    assert t["prior_head"] == "linear" and t["covariance"].startswith("fixed")
+    assert t["tries"][0]["prior_strength"] == pytest.approx(len(data["ys"]) / len(data["U"]))
+    assert clf.fewshot_["shots"] == len(data["ys"])
+    # more shots re-solve the heads from the shots: the pool must be given again
+    clf.adapt(data["X"][:2], data["ys"][:2])
+    assert clf.transductive_ is None and clf.inductive_linear_ is None
+
+
+@pytest.mark.parametrize("pool, msg", [
+    (np.ones((5, D + 1), np.float32), "dimension 13"),
+    (np.zeros((5, D), np.float32), "all-zero"),
+    (np.full((5, D), np.nan, np.float32), "NaN"),
+    (np.ones((1, D), np.float32), "at least 2"),
+])
+def test_bad_pools(data, pool, msg):
+    from svgen.errors import SvgenError
+
+    clf = SVGClassifier(n_support=2, steps=5, seed=0).fit(data["protos"])
+    with pytest.raises(SvgenError, match=msg):
+        clf.adapt(unlabelled=pool)
+    with pytest.raises(SvgenError, match=msg):
+        SVGClassifier(n_support=2, steps=5).fit(data["protos"], unlabelled=pool)
+    with pytest.raises(SvgenError, match="nothing to adapt"):
+        clf.adapt()
+
+
+# ----------------------------------------------------------------------------- CLI
+
+@pytest.fixture
+def files(tmp_path, data):
+    np.save(tmp_path / "P.npy", data["protos"])
+    (tmp_path / "classes.txt").write_text("".join(f"c{i}\n" for i in range(C)))
+    np.save(tmp_path / "U.npy", data["U"])
+    np.save(tmp_path / "X.npy", data["X"])
+    np.save(tmp_path / "y.npy", data["ys"])
+    np.save(tmp_path / "Udim.npy", data["U"][:, :5])
+    return tmp_path
+
+
+def test_cli_fit_adapt_classify_transductive(cli, files):
+    base = ("fit", "--prototypes", files / "P.npy", "--classes", files / "classes.txt", "-K", "2", "--steps", "5")
+    assert cli(*base, "--out", files / "zs.svgen")[0] == 0
+    code, out, err = cli(*base, "--out", files / "tf.svgen", "--unlabelled-features", files / "U.npy")
+    assert code == 0, err
+    assert json.loads(out)["transductive"]["pool"] == 40
+    code, out, err = cli("adapt", files / "zs.svgen", "--unlabelled-features", files / "U.npy", "--out",
+                         files / "ta.svgen")
+    assert code == 0, err
+    assert "unlabelled pool of 40 images" in err
+    a, b = SVGClassifier.load(files / "tf.svgen"), SVGClassifier.load(files / "ta.svgen")
+    assert torch.equal(a.linear_weight_, b.linear_weight_)
+    code, out, err = cli("adapt", files / "zs.svgen", "--shot-features", files / "X.npy", "--shot-labels",
+                         files / "y.npy", "--unlabelled-features", files / "U.npy", "--out", files / "fa.svgen")
+    assert code == 0, err
+    assert "8 shots" in err and "unlabelled pool" in err
+    assert SVGClassifier.load(files / "fa.svgen").transductive_["prior_head"] == "linear"
+    # classify --transductive: the pool's own soft labels, as the library computes them
+    code, out, err = cli("classify", files / "zs.svgen", "--features", files / "U.npy", "--transductive",
+                         "--format", "jsonl", "-k", "1")
+    assert code == 0, err
+    rows = [json.loads(line) for line in out.splitlines()]
+    clf = SVGClassifier.load(files / "zs.svgen").adapt(unlabelled=np.load(files / "U.npy"))
+    want = clf.transductive_labels_.argmax(1).tolist()
+    assert [r["labels"][0] for r in rows] == [f"c{i}" for i in want]
+    assert all(0 < r["scores"][0] <= 1 for r in rows)
+
+
+@pytest.mark.parametrize("args, msg", [
+    (("--unlabelled-features", "Udim.npy"), "dimension 5"),
+    (("--unlabelled-features", "missing.npy"), "not found"),
+    (("--unlabelled", "nowhere"), "not a folder"),
+])
+@pytest.mark.parametrize("command", ["adapt", "fit"])
+def test_cli_bad_pools_write_nothing(cli, files, args, msg, command):
+    args = tuple(files / a if a.endswith(".npy") else a for a in args)
+    if command == "adapt":
+        assert cli("fit", "--prototypes", files / "P.npy", "--classes", files / "classes.txt", "-K", "2",
+                   "--steps", "3", "--out", files / "zs.svgen")[0] == 0
+        argv = ("adapt", files / "zs.svgen", *args, "--out", files / "new.svgen")
+    else:
+        argv = ("fit", "--prototypes", files / "P.npy", "--classes", files / "classes.txt", "-K", "2", "--steps", "3",
+                *args, "--out", files / "new.svgen")
+    code, out, err = cli(*argv)
+    assert code == 2 and msg in err and len(err.strip().splitlines()) == 1, err
+    assert not (files / "new.svgen").exists()
+    assert not [p for p in files.iterdir() if p.name.startswith(".new.svgen")]
+
+
+def test_cli_image_folder_pool_is_embedded_with_the_artifacts_encoder(cli, tiny_model, tmp_path):
+    from PIL import Image
+
+    names = ["red", "green", "blue"]
+    (tmp_path / "classes.txt").write_text("\n".join(names) + "\n")
+    rng = np.random.default_rng(0)
+    (tmp_path / "pool").mkdir()
+    for i in range(9):
+        img = np.clip(rng.normal(60 + 70 * (i % 3), 30, size=(40, 40, 3)), 0, 255).astype(np.uint8)
+        Image.fromarray(img).save(tmp_path / "pool" / f"{i}.png")
+    (tmp_path / "pool" / "notes.txt").write_text("not an image")
+    enc = ("--model", tiny_model["config"], "--checkpoint", tiny_model["safetensors"])
+    code, out, err = cli("fit", "--classes", tmp_path / "classes.txt", *enc, "-K", "2", "--steps", "3",
+                         "--out", tmp_path / "zs.svgen")
+    assert code == 0, err
+    code, out, err = cli("adapt", tmp_path / "zs.svgen", "--unlabelled", tmp_path / "pool", *enc,
+                         "--out", tmp_path / "t.svgen")
+    assert code == 0, err
+    assert "unlabelled pool of 9 images" in err
+    code, out, err = cli("fit", "--classes", tmp_path / "classes.txt", *enc, "-K", "2", "--steps", "3",
+                         "--unlabelled", tmp_path / "pool", "--out", tmp_path / "tf.svgen")
+    assert code == 0, err
+    a, b = SVGClassifier.load(tmp_path / "t.svgen"), SVGClassifier.load(tmp_path / "tf.svgen")
+    # the same solve; the artifact round trip (float32 kernel scores) moves the calibration in the 7th digit
+    assert b.transductive_["pool"] == 9
+    assert float((a.linear_weight_ - b.linear_weight_).abs().max()) <= 1e-4 * float(a.linear_weight_.abs().max())
+    code, out, err = cli("classify", tmp_path / "zs.svgen", tmp_path / "pool", "--transductive", *enc,
+                         "--format", "jsonl", "-k", "3")
+    assert code == 0, err
+    rows = [json.loads(line) for line in out.splitlines()]
+    assert len(rows) == 9 and all(abs(sum(r["scores"]) - 1) < 1e-4 for r in rows)   # 3 of 3 classes: probabilities
+    # the same as adapting to the encoder's own embeddings of those files
+    from svgen.encoders import ClipEncoder
+
+    encoder = ClipEncoder(tiny_model["config"], checkpoint=tiny_model["safetensors"])
+    paths = [r["path"] for r in rows]
+    feats, ok, _ = encoder.encode_images(paths)
+    clf = SVGClassifier.load(tmp_path / "zs.svgen").adapt(unlabelled=np.asarray(feats))
+    want = clf.transductive_labels_.argmax(1).tolist()
+    assert [r["labels"][0] for r in rows] == [names[i] for i in want]
+
+
+def test_classifier_keeps_the_inductive_heads_when_the_rounds_never_settle(data, monkeypatch):
+    monkeypatch.setattr(td, "STABLE", 1.5)
+    clf = SVGClassifier(n_support=2, steps=5, seed=0).fit(data["protos"])
+    W, b = clf.linear_weight_.clone(), clf.linear_bias_.clone()
+    clf.adapt(unlabelled=data["U"])
+    t = clf.transductive_
+    assert "did not settle" in t["fallback"] and len(t["tries"]) == td.MAX_ESCALATIONS + 1
+    assert torch.equal(clf.linear_weight_, W) and torch.equal(clf.linear_bias_, b)
+    assert clf.inductive_linear_ is None
