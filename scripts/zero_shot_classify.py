@@ -15,6 +15,9 @@ Scores, given raw image embeddings ``x`` and ``x̂ = x / ||x||``:
   (``exp(-||x̂ - s|| / σ)`` for the Laplacian kernel; vote weights dense or COO);
 * ONNX: ``session.run(["scores"], {"embeddings": x})``.
 
+``--probs`` prints probabilities instead: ``softmax(logits / temperature)`` with the head file's
+``temperature`` (the kernel head's logits are ``log(max(scores, 1e-30))``; ONNX: the ``probs`` output).
+
 The model defaults to the one recorded in the head file (``--model``/``--pretrained``/
 ``--checkpoint`` as in open_clip; a model-config ``.json`` path registers a custom architecture).
 A checkpoint whose sha256 differs from the recorded one, or a model of another embedding
@@ -58,6 +61,9 @@ def load_head(path: str) -> dict:
             head = {"head": meta.get("head", "onnx"), "classes": json.loads(meta["classes"]),
                     "encoder": json.loads(meta.get("encoder") or "{}"), "dim": int(meta["dim"])}
             head["score"] = lambda x: sess.run(["scores"], {"embeddings": x.astype(np.float32)})[0]
+            outputs = {o.name for o in sess.get_outputs()}
+            if "probs" in outputs:  # heads exported before probabilities have scores only
+                head["probs"] = lambda x: sess.run(["probs"], {"embeddings": x.astype(np.float32)})[0]
             return head
         if suffix == ".safetensors":
             from safetensors import safe_open
@@ -110,7 +116,18 @@ def load_head(path: str) -> dict:
             return out
 
         head["score"] = score
+    if "temperature" in arrays:  # p = softmax(logits / T); the kernel head's logits are log scores
+        T = float(arrays["temperature"])
+        floor = 1e-30
+        to_logits = (lambda s: np.log(np.maximum(s, floor))) if head["head"] == "kernel" else (lambda s: s)
+        head["probs"] = lambda x: softmax(to_logits(head["score"](x).astype(np.float64)) / T)
     return head
+
+
+def softmax(z: np.ndarray) -> np.ndarray:
+    z = z - z.max(axis=1, keepdims=True)
+    e = np.exp(z)
+    return (e / e.sum(axis=1, keepdims=True)).astype(np.float32)
 
 
 def normalize(x: np.ndarray) -> np.ndarray:
@@ -134,11 +151,17 @@ def load_model(args, recorded: dict):
     model = args.model or recorded.get("model")
     if not model:
         raise Failure("the head file does not record its encoder; name it with --model and --pretrained/--checkpoint")
-    if recorded.get("model") and Path(model).stem != recorded["model"] and model != recorded["model"]:
+    self_contained = model.startswith(("hf-hub:", "local-dir:"))  # config and weights come with the name
+    moved = self_contained and model.startswith("local-dir:") and str(recorded.get("model")).startswith("local-dir:")
+    if recorded.get("model") and Path(model).stem != recorded["model"] and model != recorded["model"] and not moved:
         raise Failure(f"--model {model} is not the model the head was fit with ({recorded['model']})")
     if args.checkpoint and not os.path.isfile(args.checkpoint):
         raise Failure(f"checkpoint file not found: {args.checkpoint}")
-    if recorded.get("checkpoint_sha256"):
+    if self_contained:
+        if args.checkpoint or args.pretrained:
+            raise Failure(f"{model} holds its own weights; drop --checkpoint/--pretrained")
+        pretrained = None
+    elif recorded.get("checkpoint_sha256"):
         if not args.checkpoint:
             raise Failure(f"the head was fit from checkpoint {recorded.get('checkpoint')!r}; pass --checkpoint FILE")
         if sha256(args.checkpoint) != recorded["checkpoint_sha256"]:
@@ -169,7 +192,23 @@ def load_model(args, recorded: dict):
         m, _, preprocess = open_clip.create_model_and_transforms(model, pretrained=pretrained, device=args.device, **act)
     except (RuntimeError, OSError, ValueError) as e:
         raise Failure(f"cannot load {model} ({pretrained}): {(str(e).splitlines() or [''])[0][:200]}") from None
+    if self_contained and recorded.get("checkpoint_sha256"):
+        got = sha256(self_contained_weights(model))
+        if got != recorded["checkpoint_sha256"]:
+            raise Failure(f"the weights of {model} (sha256 {got[:12]}...) are not the ones the head was fit with "
+                          f"({recorded['model']}, sha256 {recorded['checkpoint_sha256'][:12]}...)")
     return m.eval(), preprocess
+
+
+def self_contained_weights(model: str) -> str:
+    """The weights file open_clip loads for a ``local-dir:`` or ``hf-hub:`` name."""
+    if model.startswith("local-dir:"):
+        from open_clip.factory import _find_checkpoint_in_dir
+
+        return _find_checkpoint_in_dir(Path(model[len("local-dir:"):]))
+    from open_clip.pretrained import download_pretrained_from_hf
+
+    return download_pretrained_from_hf(model[len("hf-hub:"):])
 
 
 def find_images(inputs):
@@ -226,6 +265,8 @@ def main(argv=None) -> int:
     src = ap.add_mutually_exclusive_group()
     src.add_argument("--pretrained", metavar="TAG", help="pretrained tag (default: the recorded one)")
     src.add_argument("--checkpoint", metavar="FILE", help="local weights file")
+    ap.add_argument("--probs", action="store_true",
+                    help="print probabilities (softmax with the head's stored temperature) instead of scores")
     ap.add_argument("-k", "-K", "--top-k", type=int, default=5,
                     help="classes per row (more than the head has gives all of them)")
     ap.add_argument("--format", choices=("csv", "jsonl"), default="csv",
@@ -244,7 +285,9 @@ def main(argv=None) -> int:
             raise Failure("none of the files could be read as an image")
         if x.shape[1] != head["dim"]:
             raise Failure(f"the model embeds to dimension {x.shape[1]} but the head expects {head['dim']}")
-        scores = head["score"](x)
+        if args.probs and "probs" not in head:
+            raise Failure(f"{args.head} carries no temperature (exported by an older svgen); re-export it for --probs")
+        scores = head["probs" if args.probs else "score"](x)
     except Failure as e:
         print(f"zero_shot_classify: error: {e}", file=sys.stderr)
         return 2

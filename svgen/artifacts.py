@@ -19,7 +19,11 @@ under ``"vote_weights": {"layout": "coo", "shape": [CK, C], "nnz": …}``. Score
 :func:`load_artifact` returns A as a torch sparse COO tensor under ``vote_weights``.
 
 plus ``per_template`` (C×T×D) and the generator's parameters (``generator.*``) so classes can
-be added later.
+be added later, and ``temperature.kernel`` / ``temperature.linear`` / ``temperature.cosine``
+(scalars: ``predict_proba`` is ``softmax(logits / T)``, see :mod:`svgen.calibration`; svgen.json
+says how they were set under ``calibration``). The vote weights are stored times M·λ
+(``svgen.json``: ``"vote_weights_scale": {"factor": M·λ, ...}``) so scores read as kernel mass;
+artifacts without that key are scaled when loaded, once.
 
 **Format version 2** (labelled images as support vectors, :mod:`svgen.fewshot`): ``support_vectors``
 is M×D (text rows first, class-major, then the image rows), with ``support_labels`` (M, int64:
@@ -203,6 +207,7 @@ def check_shapes(meta: dict, t: Dict[str, torch.Tensor], where="artifact") -> No
     if not isinstance(classes, list) or len(classes) < 2:
         raise SvgenError(f"{where}: svgen.json must list at least 2 class names under 'classes'")
     C = len(classes)
+    _check_temperatures(t, where)
     if meta.get("format_version") == FORMAT_VERSION_SHOTS:
         return _check_shapes_v2(C, t, where)
     S = t["support_vectors"]
@@ -265,3 +270,9 @@ def _check_shapes_v2(C: int, t: Dict[str, torch.Tensor], where) -> None:
         raise SvgenError(f"{where}: support_source must be 0 (text) or 1 (image)")
     _check_finite(t, REQUIRED + ("text.support_vectors", "text.bandwidth", "text.vote_weights",
                                  "text.linear_head.weight", "text.linear_head.bias"), where)
+
+
+def _check_temperatures(t: Dict[str, torch.Tensor], where) -> None:
+    for name in (k for k in t if k.startswith("temperature.")):  # optional: per-head softmax temperatures
+        if t[name].dim() != 0 or not (torch.isfinite(t[name]) and float(t[name]) > 0):
+            raise SvgenError(f"{where}: {name} must be a positive scalar, got shape {tuple(t[name].shape)}")

@@ -3,6 +3,7 @@
 >>> clf = SVGClassifier(n_support=4).fit(prototypes, classes=names)   # C×D or C×T×D, text only
 >>> clf.decision_function(image_features, head="kernel")              # N×C scores
 >>> clf.predict(image_features)                                       # class names
+>>> clf.predict_proba(image_features, head="linear")                 # N×C, softmax with the head's temperature
 >>> clf.save("lvis.svgen"); SVGClassifier.load("lvis.svgen")
 >>> clf.adapt(shot_features, shot_labels)                             # labelled images join (format 2)
 """
@@ -10,6 +11,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import time
 from typing import List, Optional, Sequence
 
@@ -17,7 +19,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from . import artifacts, fewshot
+from . import artifacts, calibration, fewshot
 from .errors import SvgenError
 from .generator import SupportVectorGenerator, template_anchors
 from .metric import lda_head, whiten_directions, whitened_cosine_head
@@ -245,6 +247,8 @@ class SVGClassifier:
         self.transductive_ = None
         self.inductive_linear_ = None
         self.transductive_labels_ = None
+        self._scale_votes(lam)
+        self._text_temperatures()
         return self
 
     # ------------------------------------------------------------------------------ few-shot
@@ -278,6 +282,8 @@ class SVGClassifier:
                 Y = support.one_hot(C)
                 lam, _ = choose_ridge(K_tt, Y, self.fit_config_.ridge, parzen_factor=self.fit_config_.parzen_factor)
                 cache[sigma] = krr_vote_weights(K_tt, Y, lam)
+                if self.vote_scale_.get("rule") == "M·λ":  # on the scale of the stored text votes
+                    cache[sigma] = cache[sigma] * (K_tt.shape[0] * lam)
             return cache[sigma]
 
         return votes
@@ -366,6 +372,7 @@ class SVGClassifier:
         self.linear_weight_ = res.weight + beta * t_lin * self.linear_weight_.float()
         self.linear_bias_ = res.bias + beta * t_lin * self.linear_bias_.float()
         self.transductive_labels_ = res.labels
+        self._text_temperatures()  # the linear head changed: its temperature follows (text rule)
         self.transductive_ = {**res.info, "fallback": None, "prior_head": head, "tries": tries,
                               "prior_temperature": t_prior,
                               "linear_prior_temperature": t_lin, "calibration": "entropy of softmax(100·cos)",
@@ -423,7 +430,60 @@ class SVGClassifier:
                  "(LOO error %.3f)", len(shots), wall, sigma, kchoice.settings["ridge_lambda"],
                  kchoice.settings["prior_weight"], kchoice.loo_error, lchoice.settings["shrinkage"],
                  lchoice.settings["prior_shots"], lchoice.loo_error)
+        # The text rule on the adapted heads. Hook for the shots' own evidence: leave-one-out logits
+        # of the shots through calibration.fit_temperature, recorded with set_temperatures(..., "loo-nll").
+        self._text_temperatures()
         return self
+
+    # ------------------------------------------------------------------------------ readable votes
+    def _scale_votes(self, lam) -> None:
+        """Store the vote weights times M·λ (M support vectors): in the Parzen regime
+        ``(K + M·λ·I)⁻¹ ≈ I/(M·λ)``, so a score ≈ the summed kernel mass of the class's own support
+        vectors instead of a number like 2e-05. A positive factor: no ranking changes."""
+        M = self.support_vectors_.reshape(-1, self.support_vectors_.shape[-1]).shape[0]
+        factor = float(M * lam) if lam else 1.0
+        self.vote_weights_ = self.vote_weights_ * factor
+        self.vote_scale_ = {"factor": factor, "rule": "M·λ"}
+
+    # ------------------------------------------------------------------------------ probabilities
+    def _text_temperatures(self) -> None:
+        """Per-head temperatures from the text side (:func:`svgen.calibration.text_temperatures`)."""
+        info = calibration.text_temperatures(lambda q, head: self.decision_function(q, head), self.per_template_)
+        self.temperatures_ = info.pop("temperatures")
+        self.calibration_ = info
+
+    def set_temperatures(self, temperatures: dict, method: str, **details) -> "SVGClassifier":
+        """Replace some heads' temperatures, e.g. fitted on labelled shots::
+
+            clf.set_temperatures({"kernel": calibration.fit_temperature(z_loo, y)}, method="loo-nll")
+
+        ``method`` and ``details`` are recorded in ``svgen.json`` under ``calibration``.
+        """
+        self._check_fitted()
+        for head, t in temperatures.items():
+            if head not in HEADS:
+                raise SvgenError(f"unknown head {head!r}; expected one of {', '.join(HEADS)}")
+            if not (isinstance(t, (int, float)) and math.isfinite(t) and t > 0):
+                raise SvgenError(f"temperature of the {head} head must be a positive number, got {t!r}")
+        self.temperatures_ = {**self.temperatures_, **{h: float(t) for h, t in temperatures.items()}}
+        self.calibration_ = {**self.calibration_, "method": method, **details}
+        return self
+
+    def predict_proba(self, X, head: str = "kernel"):
+        """N×C probabilities of one head: ``softmax(z / T_head)`` with z the head's logits (the kernel
+        vote's are ``log score``; see :mod:`svgen.calibration`). Rows sum to one (float64; a torch
+        tensor for a torch input, else numpy, as :meth:`decision_function`)."""
+        p = calibration.softmax(self._logits(X, head), self.temperatures_[head])
+        return p if isinstance(X, torch.Tensor) else p.numpy()
+
+    def logits(self, X, head: str = "kernel"):
+        """N×C logits of one head, the input of :meth:`predict_proba`'s softmax (kernel: ``log score``);
+        a torch tensor for a torch input, else numpy, as :meth:`decision_function`."""
+        z = self._logits(X, head)
+        return z if isinstance(X, torch.Tensor) else z.numpy()
+
+    def _logits(self, X, head: str) -> torch.Tensor:
+        return calibration.head_logits(torch.as_tensor(self.decision_function(X, head)), head)
 
     # ------------------------------------------------------------------------------ inference
     def _check_fitted(self):
@@ -518,6 +578,7 @@ class SVGClassifier:
             "prototypes": self.prototypes_,
             "per_template": self.per_template_,
         }
+        t.update({f"temperature.{h}": torch.tensor(float(v)) for h, v in self.temperatures_.items()})
         if self.metric_precision_ is not None:
             t["metric.precision"] = self.metric_precision_
         if getattr(self, "inductive_linear_", None) is not None:
@@ -553,6 +614,10 @@ class SVGClassifier:
             "templates": self.templates_,
             "fit": config_dict(self.fit_config_),
             "metrics": self.fit_metrics_,
+            "vote_weights_scale": self.vote_scale_,
+            "calibration": {**self.calibration_, "temperatures": self.temperatures_,
+                            "probabilities": "softmax(logits / temperature); logits: kernel log(max(score, 1e-30)), "
+                                             "linear and cosine their scores"},
         }
 
     def save(self, path, force: bool = False):
@@ -617,7 +682,27 @@ class SVGClassifier:
             except RuntimeError:
                 raise SvgenError(f"{path}: generator tensors do not match K={K}, D={D}") from None
             self.generator_ = gen.eval().requires_grad_(False)
+        self._load_votes_and_temperatures(meta, t)
         return self
+
+    def _load_votes_and_temperatures(self, meta: dict, t: dict) -> None:
+        """Vote scaling and temperatures as recorded; artifacts from before either existed get them now
+        (votes times M·λ, text-side temperatures), so every loaded classifier reads the same."""
+        scale = meta.get("vote_weights_scale")
+        if isinstance(scale, dict) and "factor" in scale:
+            self.vote_scale_ = dict(scale)  # already stored scaled: never again
+        elif self.text_ is not None:  # format 2 from before the scaling: its text and image votes stay as they are
+            self.vote_scale_ = {"factor": 1.0, "rule": "none (format 2 written before the M·λ scaling)"}
+        else:
+            self._scale_votes(self.ridge_lambda_)
+            self.vote_scale_["applied_on_load"] = True
+        temps = {h: float(t[f"temperature.{h}"]) for h in HEADS if f"temperature.{h}" in t}
+        if len(temps) == len(HEADS):
+            self.temperatures_ = temps
+            self.calibration_ = {k: v for k, v in (meta.get("calibration") or {}).items()
+                                 if k not in ("temperatures", "probabilities")}
+        else:
+            self._text_temperatures()
 
     # ------------------------------------------------------------------------------ open set
     def _new_head_rows(self, P_new: torch.Tensor, S_new: torch.Tensor):
@@ -690,6 +775,12 @@ class SVGClassifier:
         lam = self.ridge_lambda_ if self.ridge_lambda_ is not None else 1e-3
         cfg = FitConfig(**{**config_dict(self.fit_config_), "ridge": float(lam)})
         self.vote_weights_, _, _, _ = solve_vote_weights(self.support_vectors_, self.bandwidth_, cfg, len(self.classes_))
+        self._scale_votes(lam)
         if shots is not None:
-            self.adapt(shots.rows, shots.labels)
+            self.adapt(shots.rows, shots.labels)  # its temperatures follow the adapted heads
+        elif self.calibration_.get("method") == "text":
+            self._text_temperatures()
+        else:
+            log.warning("temperatures were fit by %s for the old classes; they are kept for the new ones",
+                        self.calibration_.get("method"))
         return self

@@ -345,6 +345,18 @@ def _local_dir_weights(folder: Path) -> Optional[str]:
         return str(found[0]) if found else None
 
 
+def _hf_hub_weights_sha256(model: str) -> Optional[str]:
+    """sha256 of the weights file open_clip loaded for ``hf-hub:ORG/REPO`` (resolved from the local
+    cache the way open_clip resolves it), so artifacts can check that the same weights embed images."""
+    from open_clip.pretrained import download_pretrained_from_hf
+
+    try:
+        return file_sha256(download_pretrained_from_hf(model[len("hf-hub:"):]))
+    except Exception as e:  # the model loaded, so this only fails if the cache changed underneath: not fatal
+        log.warning("could not hash the weights of %s (%s)", model, (str(e).splitlines() or [""])[0][:200])
+        return None
+
+
 def encoder_identity(model: str, pretrained: Optional[str] = None, checkpoint: Optional[str] = None,
                      quick_gelu: Optional[bool] = None) -> Optional[Dict[str, object]]:
     """What ``ClipEncoder(model, pretrained, checkpoint, quick_gelu=…).identity()`` will be, without
@@ -358,6 +370,8 @@ def encoder_identity(model: str, pretrained: Optional[str] = None, checkpoint: O
     records ``None`` once built, so its key differs and the cache is simply not used.
     """
     name, sha = model, None
+    if model.startswith("hf-hub:"):  # its weights' sha256 is known once open_clip has resolved them
+        return None
     if model.endswith(".json"):
         if not os.path.isfile(model):
             return None
@@ -462,6 +476,8 @@ class ClipEncoder:
             first = (str(e).splitlines() or [""])[0][:200]
             raise SvgenError(f"cannot load {self.checkpoint or model}: {type(e).__name__}: {first}") from None
         self.model.eval().requires_grad_(False)
+        if model.startswith("hf-hub:"):
+            self.checkpoint_sha256 = _hf_hub_weights_sha256(model)
         self.quick_gelu = built_quick_gelu(self.model)
         if want is not None and self.quick_gelu is not None and self.quick_gelu != want:  # pragma: no cover
             raise SvgenError(f"asked open_clip for {activation_name(want)} ({self.quick_gelu_reason}) "

@@ -14,6 +14,8 @@ artifact's head (to float rounding). Class names travel inside the file.
   ``100. * image_features @ weight`` is a drop-in (add ``100 * bias`` for the exact logits; for
   the cosine head ``bias`` is zero and ``weight`` is the normalised text prototypes, i.e. exactly
   open_clip's zero-shot classifier).
+* every head file has ``temperature`` (scalar): probabilities are ``softmax(logits / temperature)``,
+  with the kernel head's logits ``log(max(scores, 1e-30))`` (see :mod:`svgen.calibration`).
 * ``kernel`` head — ``scores = exp(-||x̂ - s||² / (2σ²)) @ vote_weights`` over the rows ``s`` of
   ``support_vectors`` (M×D unit rows, class-major), ``bandwidth`` σ, ``vote_weights`` M×C; with
   ``kernel = laplacian`` the kernel is ``exp(-||x̂ - s|| / σ)``. Large-C artifacts whose vote
@@ -27,7 +29,8 @@ as JSON, ``kernel``) are in the header metadata; in ``.npz`` they are string arr
 with ``allow_pickle=False``).
 
 **ONNX** (``svgen[onnx]``): a graph from input ``embeddings`` (N×D float32, raw) to output
-``scores`` (N×C float32) for the linear, cosine or kernel head, built with ``onnx.helper``
+``scores`` (N×C float32) and ``probs`` (N×C, the softmax with the head's temperature) for the
+linear, cosine or kernel head, built with ``onnx.helper``
 (opset 17), with the same strings in ``metadata_props``. :func:`verify_onnx` runs it with
 onnxruntime and compares against the PyTorch heads.
 
@@ -49,6 +52,7 @@ import torch.nn.functional as F
 
 from .artifacts import follow_umask
 from .errors import SvgenError
+from .calibration import KERNEL_LOG_FLOOR
 from .heads import COSINE_LOGIT_SCALE
 
 log = logging.getLogger(__name__)
@@ -59,6 +63,8 @@ EXPORT_FORMATS = ("safetensors", "npz", "onnx")
 EXPORT_HEADS = ("linear", "kernel", "cosine")
 LOGIT_SCALE = COSINE_LOGIT_SCALE  # 100, as in open_clip
 ONNX_OPSET = 17
+PROBS_USAGE = {"kernel": f"probs = softmax(log(max(scores, {KERNEL_LOG_FLOOR:g})) / temperature)",
+               "linear": "probs = softmax(logits / temperature)"}
 NORM_EPS = 1e-12  # F.normalize's eps
 
 
@@ -99,7 +105,14 @@ def write_text_atomic(path, text: str, force: bool = False) -> Path:
 # ----------------------------------------------------------------------------- head tensors
 
 def head_tensors(clf, head: str = "linear") -> Dict[str, np.ndarray]:
-    """The float32 arrays of one exported head (see module docstring for the formulas)."""
+    """The float32 arrays of one exported head (see module docstring for the formulas), with the
+    head's softmax ``temperature``."""
+    out = _head_arrays(clf, head)
+    out["temperature"] = np.asarray(clf.temperatures_[head], dtype=np.float32)
+    return out
+
+
+def _head_arrays(clf, head: str) -> Dict[str, np.ndarray]:
     clf._check_fitted()
     if head == "linear":
         return {
@@ -151,8 +164,10 @@ def head_metadata(clf, head: str) -> Dict[str, str]:
         meta["kernel"] = clf.fit_config_.kernel
         meta["usage"] = ("scores = k(x/||x||, support_vectors) @ vote_weights; "
                          "rbf k = exp(-||a-b||^2/(2 bandwidth^2)), laplacian k = exp(-||a-b||/bandwidth)")
+        meta["probabilities"] = PROBS_USAGE["kernel"]
     else:
         meta["usage"] = "logits = logit_scale * (x/||x|| @ weight + bias)"
+        meta["probabilities"] = PROBS_USAGE["linear"]
     return meta
 
 
@@ -230,17 +245,26 @@ def onnx_model(clf, head: str = "linear"):
             helper.make_node("Exp", ["neg"], ["k"]),
             helper.make_node("MatMul", ["k", const("vote_weights", _dense_votes(t))], ["scores"]),
         ]
+    logits = "scores"
+    if head == "kernel":
+        nodes += [helper.make_node("Max", ["scores", const("log_floor", KERNEL_LOG_FLOOR)], ["scores_pos"]),
+                  helper.make_node("Log", ["scores_pos"], ["log_scores"])]
+        logits = "log_scores"
+    nodes += [helper.make_node("Div", [logits, const("temperature", t["temperature"])], ["tempered"]),
+              helper.make_node("Softmax", ["tempered"], ["probs"], axis=1)]
     graph = helper.make_graph(
         nodes, f"svgen_{head}_head",
         [helper.make_tensor_value_info("embeddings", TensorProto.FLOAT, ["N", D])],
-        [helper.make_tensor_value_info("scores", TensorProto.FLOAT, ["N", C])],
+        [helper.make_tensor_value_info("scores", TensorProto.FLOAT, ["N", C]),
+         helper.make_tensor_value_info("probs", TensorProto.FLOAT, ["N", C])],
         initializer=init,
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", ONNX_OPSET)],
                               producer_name="svgen", doc_string=f"svgen {head} head: raw N×D image embeddings → N×C scores")
     model.ir_version = 8
     meta = head_metadata(clf, head)
-    meta["usage"] = "scores = session.run(['scores'], {'embeddings': raw_image_embeddings})[0]"
+    meta["usage"] = ("scores, probs = session.run(['scores', 'probs'], {'embeddings': raw_image_embeddings}); "
+                     "probs: " + PROBS_USAGE["kernel" if head == "kernel" else "linear"])
     helper.set_model_props(model, meta)
     onnx.checker.check_model(model)
     return model
@@ -268,9 +292,12 @@ def verify_onnx(model, clf, head: str, x: Optional[np.ndarray] = None, atol: flo
         x = torch.cat([clf.prototypes_.float(), noise]).numpy()
     x = np.ascontiguousarray(x, dtype=np.float32)
     sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
-    got = sess.run(["scores"], {"embeddings": x})[0]
+    got, probs = sess.run(["scores", "probs"], {"embeddings": x})
     ref = torch_scores(clf, x, head)
     diff = float(np.abs(got - ref).max())
+    pdiff = float(np.abs(probs - np.asarray(clf.predict_proba(x, head=head))).max())
+    if pdiff > 1e-3:
+        raise SvgenError(f"ONNX {head} head's probabilities disagree with svgen: max |difference| {pdiff:.3g}")
     scale = float(np.abs(ref).max()) or 1.0  # relative: kernel scores can be tiny
     if diff > atol * scale:
         raise SvgenError(f"ONNX {head} head disagrees with svgen: max |difference| {diff:.3g}")

@@ -6,7 +6,7 @@ One implementation each, shared by the Python API, the CLI and the exporters:
 * kernel vote:                      ``k(x̂, S) @ A`` with ``A = (K_SS + M·λ·I)⁻¹ Y``
 * linear:                           ``x̂ Wᵀ + b``
 
-``x̂ = x / ||x||``. Scores are not probabilities.
+``x̂ = x / ||x||``. Scores are not probabilities; :mod:`svgen.calibration` turns them into some.
 """
 
 from __future__ import annotations

@@ -120,7 +120,7 @@ def test_eval_json_matches_independent_metrics(cli, synth):
     code, table, _ = cli("eval", synth["art"], "--features", synth["feats"], "--labels", synth["labels"])
     assert code == 0
     lines = table.splitlines()
-    assert lines[0].split() == ["head", "acc1", "acc5", "mean_per_class_recall", "n"]
+    assert lines[0].split() == ["head", "acc1", "acc5", "mean_per_class_recall", "nll", "ece", "T", "n"]
     assert [ln.split()[0] for ln in lines[1:]] == ["cosine", "kernel", "linear"]
     assert lines[1].split()[1] == f"{100 * res['cosine']['acc1']:.2f}%"
 

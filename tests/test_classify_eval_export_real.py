@@ -142,7 +142,10 @@ def test_imagefolder_layout_gives_the_same_numbers(cli, jpegs, tmp_path):
         shutil.copy(jpegs["images"] / f, d / f)
     a = json.loads(cli("eval", jpegs["art"], "--data", folder, *jpegs["enc"], "--json")[1])
     b = json.loads(cli("eval", jpegs["art"], "--data", jpegs["images"], *jpegs["enc"], "--json")[1])
-    assert a == b
+    for head in a:  # the images come in another order: float sums (nll, ece) may round apart
+        assert a[head] == pytest.approx(b[head], rel=1e-12)
+    assert {h: {k: v for k, v in r.items() if k not in ("nll", "ece")} for h, r in a.items()} == \
+        {h: {k: v for k, v in r.items() if k not in ("nll", "ece")} for h, r in b.items()}
     (folder / "zebra").mkdir()
     code, out, err = cli("eval", jpegs["art"], "--data", folder, *jpegs["enc"])
     assert code == 2 and out == "" and "'zebra'" in err and len(err.strip().splitlines()) == 1

@@ -96,7 +96,10 @@ def text_prototypes(args, classes, templates, expect: dict = None):
     ident = encoder_identity(args.model or DEFAULT_MODEL, pretrained, args.checkpoint, getattr(args, "quick_gelu", None))
 
     def same(identity):  # an artifact from before svgen recorded the activation matches on the rest
-        return identity_key(identity) == identity_key({**expect, "quick_gelu": expect.get("quick_gelu", identity.get("quick_gelu"))})
+        want = {**expect, "quick_gelu": expect.get("quick_gelu", identity.get("quick_gelu"))}
+        if str(want.get("model")).startswith("hf-hub:") and not want.get("checkpoint_sha256"):
+            want["checkpoint_sha256"] = identity.get("checkpoint_sha256")  # from before svgen hashed hf-hub: weights
+        return identity_key(identity) == identity_key(want)
 
     if expect is not None and ident is not None and not same(ident):
         raise SvgenError(f"the encoder ({ident['model']}, {ident['pretrained'] or ident['checkpoint']}) does not "

@@ -5,7 +5,9 @@ The encoder that embeds images must be the one the artifact was fit with:
 * an artifact fit from an open_clip model records ``model``, ``pretrained`` or ``checkpoint`` +
   ``checkpoint_sha256``, and ``embed_dim``. The model and tag default to the recorded ones; a
   different ``--model``/``--pretrained`` is refused; a checkpoint artifact needs
-  ``--checkpoint FILE`` whose sha256 matches. The MLP activation (``quick_gelu``) is the recorded
+  ``--checkpoint FILE`` whose sha256 matches. ``hf-hub:`` and ``local-dir:`` artifacts reload the
+  recorded name with no extra flags (``--model local-dir:OTHER`` for a moved copy) and the
+  loaded weights' sha256 must match the recorded one. The MLP activation (``quick_gelu``) is the recorded
   one; an encoder built with the other is refused. Artifacts from before svgen recorded it get a
   warning when today's activation differs from what open_clip built then (see
   :func:`svgen.encoders.check_artifact_activation`).
@@ -28,7 +30,8 @@ log = logging.getLogger(__name__)
 def add_image_encoder_args(p) -> None:
     g = p.add_argument_group(
         "encoder for images (default: the artifact's own)",
-        "Images are embedded with the model the artifact was fit with. Artifacts fit from a "
+        "Images are embedded with the model the artifact was fit with: a tag, hf-hub: or local-dir: "
+        "name is reloaded as recorded (hf-hub:/local-dir: weights' sha256 is checked). Artifacts fit from a "
         "--checkpoint need the same file again (its sha256 is checked); artifacts fit from "
         "--prototypes need --model and --pretrained/--checkpoint naming the model that made them.")
     g.add_argument("--model", default=None,
@@ -48,6 +51,31 @@ def _model_name(model: str) -> str:
     return Path(model).stem if model.endswith(".json") else model
 
 
+_SELF_CONTAINED = ("hf-hub:", "local-dir:")  # names that carry their own config and weights
+
+
+def _self_contained_model(args, enc):
+    """(model, pretrained) for an artifact fit from ``hf-hub:`` or ``local-dir:``: the recorded name
+    reloads config and weights, so no --checkpoint/--pretrained; ``--model local-dir:OTHER`` may
+    point at a moved copy (its weights' sha256 is checked after loading)."""
+    want = enc["model"]
+    if args.checkpoint or args.pretrained:
+        flag = "--checkpoint" if args.checkpoint else "--pretrained"
+        raise SvgenError(f"the artifact was fit from {want}, which holds its own weights; drop {flag}")
+    if args.model and args.model != want and not (args.model.startswith("local-dir:") and want.startswith("local-dir:")):
+        raise SvgenError(f"--model {args.model} does not match the artifact's encoder {want!r}; "
+                         "images must be embedded by the model the artifact was fit with")
+    return args.model or want, None
+
+
+def check_weights_sha256(recorded: dict, encoder) -> None:
+    """Refuse (one line) weights whose sha256 differs from the one the artifact recorded."""
+    want, got = recorded.get("checkpoint_sha256"), encoder.checkpoint_sha256
+    if want and got and want != got:
+        raise SvgenError(f"the weights of {encoder.model_name} (sha256 {got[:12]}…) are not the ones the artifact was "
+                         f"fit with ({recorded['model']}, sha256 {want[:12]}…)")
+
+
 def encoder_for_artifact(args, clf):
     """Load the encoder the artifact expects, refusing any mismatch with one clear line."""
     from ..encoders import ClipEncoder, activation_flag, activation_name, check_artifact_activation, file_sha256
@@ -64,6 +92,8 @@ def encoder_for_artifact(args, clf):
                 and not args.model.endswith(".json"):
             pretrained = "openai"
         model = args.model
+    elif enc["model"].startswith(_SELF_CONTAINED):
+        model, pretrained = _self_contained_model(args, enc)
     else:
         want = enc["model"]
         if args.model and _model_name(args.model) != want:
@@ -114,6 +144,8 @@ def encoder_for_artifact(args, clf):
                           quick_gelu=quick_gelu)
     if enc.get("model") and enc.get("source") != "prototypes":
         check_artifact_activation(enc, encoder)
+        if enc["model"].startswith(_SELF_CONTAINED):
+            check_weights_sha256(enc, encoder)
     got = encoder.embed_dim
     if got != dim:
         raise SvgenError(f"{model} embeds to dimension {got} but the artifact expects {dim}; "

@@ -50,7 +50,8 @@ def run(args) -> int:
             raise SvgenError(f"{args.artifact} was fitted from precomputed embeddings; pass --prototypes for the new classes")
         templates = clf.templates_ or ["a photo of a {}."]
         args.model = args.model or enc["model"]
-        if not args.checkpoint and enc.get("checkpoint_sha256"):
+        self_contained = enc["model"].startswith(("hf-hub:", "local-dir:"))  # their weights come with the name
+        if not args.checkpoint and enc.get("checkpoint_sha256") and not self_contained:
             raise SvgenError(f"{args.artifact} was fitted with checkpoint {enc.get('checkpoint')}; pass --checkpoint FILE")
         if not args.pretrained and not args.checkpoint:
             args.pretrained = enc.get("pretrained")

@@ -24,10 +24,13 @@ def add_parser(sub):
         description="Score each input with one head of an artifact and print a row per input: its path (or, "
                     "with --features, its row index) and the top-k class names with their scores. Folders are "
                     "searched recursively for images; files that are not readable images are reported on "
-                    "stderr and skipped. Scores are not probabilities: kernel-vote scores, linear logits, or "
-                    "cosine logits (100 · cosine similarity, plain CLIP).",
+                    "stderr and skipped. Scores are kernel-vote scores (about the summed kernel mass of the class's "
+                    "support vectors), linear logits, or cosine logits (100 · cosine similarity, plain CLIP); "
+                    "--probs prints probabilities instead: softmax(logits / T) with the head's temperature "
+                    "stored in the artifact (cosine: T = 1, CLIP's own softmax; kernel logits are log scores).",
         epilog="examples:\n"
                "  svgen classify lvis.svgen photos/ --top-k 3\n"
+               "  svgen classify lvis.svgen photos/ --probs --head linear\n"
                "  svgen classify lvis.svgen --features feats.npy --head cosine --format jsonl --out preds.jsonl\n"
                "  svgen classify pets.svgen photos/ --transductive",
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -43,6 +46,8 @@ def add_parser(sub):
                    help="precomputed N×D image embeddings instead of images (raw or normalised)")
     p.add_argument("--head", choices=("kernel", "linear", "cosine"), default="kernel",
                    help="kernel vote (default), linear head, or cosine (the plain CLIP baseline)")
+    p.add_argument("--probs", action="store_true",
+                   help="print probabilities (each row sums to one over all classes) instead of scores")
     p.add_argument("-k", "-K", "--top-k", type=int, default=5,
                    help="classes per row; more than the artifact has gives all of them (default: %(default)s)")
     p.add_argument("--format", choices=("csv", "jsonl"), default="csv",
@@ -96,7 +101,8 @@ def run(args) -> int:
         if args.transductive:
             scores = _transductive(clf, x)
         else:
-            scores = torch.cat([clf.decision_function(x[s:s + FEATURE_BATCH], head=args.head)
+            score = clf.predict_proba if args.probs else clf.decision_function
+            scores = torch.cat([score(x[s:s + FEATURE_BATCH], head=args.head)
                                 for s in range(0, x.shape[0], FEATURE_BATCH)])
         names, key = list(range(x.shape[0])), "index"
     else:
@@ -107,7 +113,10 @@ def run(args) -> int:
             raise SvgenError(f"no image files found in {', '.join(args.inputs)}")
         encoder = encoder_for_artifact(args, clf)
         feats, names, _ = encode_paths(args, encoder, paths, "classify")
-        scores = _transductive(clf, feats) if args.transductive else clf.decision_function(feats, head=args.head)
+        if args.transductive:
+            scores = _transductive(clf, feats)
+        else:
+            scores = (clf.predict_proba if args.probs else clf.decision_function)(feats, head=args.head)
         key = "path"
     if args.top_k > len(clf.classes_):  # said once the inputs are known good, so an error stays one line
         note(args, f"svgen classify: --top-k {args.top_k} is more than the artifact's {len(clf.classes_)} classes; "

@@ -23,10 +23,14 @@ def add_parser(sub):
                     "the classes present in the labels) and the number of examples evaluated. --data DIR is a "
                     "torchvision ImageFolder (one sub-folder per class, named after the class) or a folder with "
                     "labels.csv of file,class rows; --features/--labels are N×D embeddings and N class indices "
-                    "into the artifact's class list.",
+                    "into the artifact's class list. The probabilities of every head (softmax(logits / T), T "
+                    "stored in the artifact) are judged by nll (mean −log p of the true class) and ece "
+                    "(expected calibration error over 15 equal-width confidence bins); T is each head's "
+                    "temperature.",
         epilog="examples:\n"
                "  svgen eval lvis.svgen --features dev_feats.npy --labels dev_labels.npy\n"
-               "  svgen eval pets.svgen --data pets-val/ --json --out pets-eval.json",
+               "  svgen eval pets.svgen --data pets-val/ --json --out pets-eval.json\n"
+               "  svgen eval lvis.svgen --features dev_feats.npy --labels dev_labels.npy --plot reliability.png",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("artifact", metavar="ARTIFACT_DIR", help="artifact written by 'svgen fit'")
@@ -35,27 +39,47 @@ def add_parser(sub):
     src.add_argument("--features", metavar="FEATS.npy", help="N×D image embeddings")
     src.add_argument("--labels", metavar="LABELS.npy", help="N integer class indices (with --features)")
     p.add_argument("--json", action="store_true",
-                   help="print one JSON object {head: {acc1, acc5, mean_per_class_recall, n}} instead of a table")
+                   help="print one JSON object {head: {acc1, acc5, mean_per_class_recall, nll, ece, temperature, n}} "
+                        "instead of a table")
+    p.add_argument("--plot", metavar="FILE.png",
+                   help="also draw reliability diagrams of the three heads side by side (needs svgen[plot]; "
+                        "--force replaces an existing file)")
     p.add_argument("--out", metavar="FILE", help="write here (atomically) instead of stdout")
     p.add_argument("--force", action="store_true", help="overwrite --out if it exists")
     add_image_encoder_args(p)
     p.set_defaults(func=run)
 
 
-def evaluate_heads(clf, x, labels) -> dict:
-    """``{head: {acc1, acc5, mean_per_class_recall, n}}`` for every head of ``clf``."""
+def evaluate_heads(clf, x, labels, bins: dict = None) -> dict:
+    """``{head: {acc1, acc5, mean_per_class_recall, nll, ece, temperature, n}}`` for every head of ``clf``.
+
+    ``nll`` and ``ece`` (15 bins) judge ``clf.predict_proba``; ``bins``, when given, receives each
+    head's reliability bins (for ``--plot``).
+    """
+    from ..calibration import calibration_metrics, head_logits, reliability, softmax
     from ..metrics import check_labels, evaluate
 
     y = check_labels(labels, x.shape[0], len(clf.classes_))
-    return {head: evaluate(clf.decision_function(x, head=head), y) for head in HEAD_ORDER}
+    out = {}
+    for head in HEAD_ORDER:
+        scores = clf.decision_function(x, head=head)
+        logits, T = head_logits(scores, head), clf.temperatures_[head]
+        r = evaluate(scores, y)
+        n = r.pop("n")
+        out[head] = {**r, **calibration_metrics(logits, T, y), "temperature": T, "n": n}
+        if bins is not None:
+            bins[head] = reliability(softmax(logits, T), y)
+    return out
 
 
 def format_table(results: dict) -> str:
-    lines = [f"{'head':<8} {'acc1':>8} {'acc5':>8} {'mean_per_class_recall':>22} {'n':>7}"]
+    lines = [f"{'head':<8} {'acc1':>8} {'acc5':>8} {'mean_per_class_recall':>22} {'nll':>7} {'ece':>7} "
+             f"{'T':>9} {'n':>7}"]
     for head in HEAD_ORDER:
         r = results[head]
         lines.append(f"{head:<8} {100 * r['acc1']:>7.2f}% {100 * r['acc5']:>7.2f}% "
-                     f"{100 * r['mean_per_class_recall']:>21.2f}% {r['n']:>7d}")
+                     f"{100 * r['mean_per_class_recall']:>21.2f}% {r['nll']:>7.3f} {r['ece']:>7.4f} "
+                     f"{r['temperature']:>9.4g} {r['n']:>7d}")
     return "\n".join(lines) + "\n"
 
 
@@ -69,6 +93,12 @@ def run(args) -> int:
             raise SvgenError("--features and --labels go together; give both")
         raise SvgenError("nothing to evaluate: give --data DIR, or --features FEATS.npy --labels LABELS.npy")
     check_out(args.out, args.force)
+    if args.plot:
+        check_out(args.plot, args.force)
+        try:
+            import matplotlib  # noqa: F401  (fail before any work)
+        except ImportError:
+            raise SvgenError("--plot needs matplotlib: pip install 'svgen[plot]'") from None
     clf = SVGClassifier.load(args.artifact)
     if args.features:
         x = load_features(args.features, clf)
@@ -83,7 +113,13 @@ def run(args) -> int:
         x, ok, _ = encode_paths(args, encoder, data.paths, "eval")
         label_of = dict(zip(data.paths, data.labels))
         y = np.asarray([label_of[p] for p in ok], dtype=np.int64)
-    results = evaluate_heads(clf, x, y)
+    bins = {} if args.plot else None
+    results = evaluate_heads(clf, x, y, bins)
     text = json_text(results) + "\n" if args.json else format_table(results)
+    if args.plot:
+        from ..calibration import plot_reliability
+
+        plot_reliability({h: {**results[h], "reliability": bins[h]} for h in HEAD_ORDER}, args.plot,
+                         title=f"{args.artifact}: reliability ({results['cosine']['n']} examples)", force=args.force)
     emit(text, args.out, args.force, args, f"{', '.join(HEAD_ORDER)} heads on {len(y)} example(s)")
     return 0

@@ -1,0 +1,175 @@
+#!/usr/bin/env python
+"""Calibration of the three heads' probabilities on real CLIP ViT-B/32 embeddings (LVIS dev half).
+
+Text-only default fits of both LVIS inputs ("a {class}", C×D; and stacked with the GPT-3
+description embedding, T=2). The 602 dev-half image features (even-indexed classes, all 1,203
+classes as candidates) judge each head's ``predict_proba``: top-1 accuracy, NLL, ECE (15 bins),
+and the temperature, which comes from the text side only (svgen.calibration.text_temperatures);
+no dev label, and no image, sets anything. The stock alternative is the cosine head at CLIP's
+logit scale 100 (open_clip's ``(100 * image @ text.T).softmax(-1)``); ``ece − cosine`` carries a
+paired bootstrap 95% interval over the dev examples. Two rows explain the design and are not
+used: the kernel vote with softmax of its raw scores (same text rule), and, for reference only,
+the temperature that would minimise each head's NLL on the dev labels.
+
+    python scripts/bench_calibration.py            # writes docs/calibration.md and bench-results/calibration.json
+    python scripts/bench_calibration.py --json     # also print one JSON object
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_accuracy import load_data  # noqa: E402  (the two LVIS inputs and the dev half)
+from bench_common import ROOT, machine, print_table, save_result  # noqa: E402
+
+from svgen import SVGClassifier, calibration  # noqa: E402
+
+HEADS = ("cosine", "kernel", "linear")
+BOOT = 2000
+
+
+def ece_bootstrap(p_head, p_cos, y, n=BOOT, seed=0):
+    """Paired bootstrap of ECE(head) − ECE(cosine) over examples: (low, high) 95% interval."""
+    rng = np.random.default_rng(seed)
+    diffs = []
+    for _ in range(n):
+        i = rng.integers(0, len(y), len(y))
+        diffs.append(calibration.ece(p_head[i], y[i]) - calibration.ece(p_cos[i], y[i]))
+    return float(np.percentile(diffs, 2.5)), float(np.percentile(diffs, 97.5))
+
+
+def row(name, head, logits, T, y, p_cos=None):
+    p = calibration.softmax(logits, T).numpy()
+    r = {"input": name, "head": head, "acc1": 100 * float((p.argmax(1) == y).mean()),
+         "nll": calibration.nll_from_logits(logits, T, y), "ece": calibration.ece(p, y),
+         "mean_conf": float(p.max(1).mean()), "temperature": float(T)}
+    if p_cos is not None:
+        r["ece_minus_cosine"] = r["ece"] - calibration.ece(p_cos, y)
+        r["ci95"] = ece_bootstrap(p, p_cos, y)
+    return r, p
+
+
+def run(inputs, x, y):
+    rows, extra, fits = [], [], {}
+    for name, emb in inputs.items():
+        t0 = time.perf_counter()
+        clf = SVGClassifier().fit(emb)
+        fits[name] = {"wall_s": time.perf_counter() - t0, "calibration": clf.calibration_,
+                      "temperatures": clf.temperatures_, "vote_weights_scale": clf.vote_scale_}
+        logits = {h: clf.logits(x, h) for h in HEADS}
+        _, p_cos = row(name, "cosine", logits["cosine"], 1.0, y)
+        for h in HEADS:
+            r, _ = row(name, h, logits[h], clf.temperatures_[h], y, None if h == "cosine" else p_cos)
+            rows.append(r)
+        # why the kernel's logits are log scores: softmax of the raw scores under the same text rule
+        Q = calibration.query_rows(clf.per_template_)
+        target = clf.calibration_["cosine_mean_max_prob"]
+        raw_T = calibration.match_confidence(clf.decision_function(Q, "kernel"), target)
+        r, _ = row(name, "kernel, softmax(score / T) (not used)", clf.decision_function(x, "kernel"), raw_T, y, p_cos)
+        extra.append(r)
+        for h in HEADS:  # reference only: what the dev labels would pick (never used by svgen)
+            T = calibration.fit_temperature(logits[h], y)
+            r, _ = row(name, f"{h}, NLL-optimal T on dev labels (reference only)", logits[h], T, y)
+            extra.append(r)
+    return rows, extra, fits
+
+
+COLS = ["input", "head", "acc1", "nll", "ece", "mean_conf", "temperature", "ece_minus_cosine"]
+
+
+def markdown(rows, extra, fits, meta):
+    def table(rs):
+        out = ["| input | head | top-1 % | NLL | ECE | mean confidence | T | ECE − cosine [95% CI] |",
+               "|---|---|---:|---:|---:|---:|---:|---|"]
+        for r in rs:
+            ci = "–" if "ci95" not in r else f"{r['ece_minus_cosine']:+.4f} [{r['ci95'][0]:+.4f}, {r['ci95'][1]:+.4f}]"
+            out.append(f"| {r['input']} | {r['head']} | {r['acc1']:.2f} | {r['nll']:.3f} | {r['ece']:.4f} | "
+                       f"{r['mean_conf']:.3f} | {r['temperature']:.4g} | {ci} |")
+        return "\n".join(out)
+
+    met = [r for r in rows if r["head"] != "cosine"]
+    opt = {(r["input"], r["head"].split(",")[0]): r["temperature"] for r in extra if "NLL-optimal" in r["head"]}
+    ratios = ", ".join(f"{r['input']} {r['head']} {r['temperature'] / opt[(r['input'], r['head'])]:.2f}" for r in rows)
+    def judge(r):
+        if r["ece_minus_cosine"] <= 0:
+            return "met"
+        return "missed on the point estimate (the 95% interval includes 0)" if r["ci95"][0] <= 0 else "missed"
+
+    verdict = ["- {input} {head}: ECE {ece:.4f} vs cosine {cos:.4f} — {v}".format(
+        **r, cos=r["ece"] - r["ece_minus_cosine"], v=judge(r)) for r in met]
+    return f"""# Calibration of the heads' probabilities (LVIS dev half)
+
+Generated by `python scripts/bench_calibration.py` ({meta['date']}, {meta['machine']['cpus']} CPUs, load
+average {meta['machine']['load_average_1m']}). Text-only default fits (`SVGClassifier().fit(emb)`) of
+both LVIS inputs; the 602 dev-half image features (even-indexed classes; all 1,203 classes are
+candidates) judge `predict_proba` of each head. ECE uses 15 equal-width confidence bins; NLL is the
+mean −log p of the true class; "ECE − cosine" is paired-bootstrapped over the dev examples
+({BOOT} resamples).
+
+**How the temperatures are set — text only.** p = softmax(z / T): cosine z = 100·cos (CLIP's
+logit scale, T = 1), linear z = its logits, kernel z = log(score). Each non-cosine head's T makes
+its mean log-odds of the top class, log(p_max / (1 − p_max)), on the text queries (every prompt
+embedding E[c, t]) equal to the cosine head's at logit scale 100 — no head is more confident than
+CLIP's own rule on the same prototypes. No dev label and no image sets anything.
+
+{table(rows)}
+
+Target (issue 13): each head's ECE ≤ the cosine head's at logit scale 100.
+
+{chr(10).join(verdict)}
+
+**Reading it.** CLIP's cosine softmax at logit scale 100 is *under*-confident on these features
+(mean confidence well below its accuracy), so ECE here mostly measures under-confidence. The text
+rule gives the other heads the cosine head's confidence on text; they are more accurate on images
+at about the same confidence, so their gap between accuracy and confidence — their ECE — is about
+the same or a little larger than cosine's, while their NLL is lower. Meeting the ECE target
+would need heads *more* confident than CLIP's rule, which the text side gives no grounds for
+(on the text queries every head is ≥ 99.9% confident; the images sit across CLIP's modality gap).
+
+## Why the kernel vote's logits are log scores, and what the dev labels would choose
+
+Not used by svgen; shown to explain the design. The first row per input is the kernel vote with
+softmax of its raw scores under the same text rule: images sit far from every support vector,
+where all classes' kernel masses are alike, so the text-matched temperature leaves it almost
+uniform. The "NLL-optimal T on dev labels" rows are what fitting T on the dev labels would give —
+a reference for how far the text rule is from the best temperature, **never** used to set one.
+The ratio of the text rule's T to that reference is about the same for every head ({ratios}): the
+rule carries the cosine head's own miscalibration over to the other heads, and nothing else —
+one shared factor, if images were available to set it, would calibrate all three.
+
+{table(extra)}
+
+Fits: {json.dumps({k: {"wall_s": round(v["wall_s"], 1), "temperatures": v["temperatures"]} for k, v in fits.items()})}
+"""
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[1])
+    ap.add_argument("--json", action="store_true", help="also print one JSON object")
+    ap.add_argument("--out", default=str(ROOT / "docs" / "calibration.md"), help="markdown report to write")
+    args = ap.parse_args(argv)
+    torch.manual_seed(0)
+    inputs, x, y = load_data()
+    inputs = {k: inputs[k] for k in ("CxD", "T=2")}
+    rows, extra, fits = run(inputs, x, y)
+    meta = {"date": time.strftime("%Y-%m-%d"), "machine": machine()}
+    print_table(rows + extra, COLS, title="calibration on the LVIS dev half (602 image features, 1,203 classes)")
+    result = {"rows": rows, "reference_rows": extra, "fits": fits, **meta}
+    path = save_result("calibration", result)
+    Path(args.out).write_text(markdown(rows, extra, fits, meta), encoding="utf-8")
+    print(f"wrote {args.out} and {path}")
+    if args.json:
+        print(json.dumps(result, default=float))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,256 @@
+"""Probabilities from every head: per-head temperatures, chosen without images, and how to judge them.
+
+Each head's probabilities are a softmax of its *logits* divided by a temperature T:
+
+    p(c | x) = softmax(z(x) / T)_c
+
+* cosine: ``z = 100 · x̂ p̂ᵀ`` (CLIP's logit scale 100) and T = 1 — open_clip's
+  ``(100 * image_features @ text_features.T).softmax(dim=-1)``, exactly;
+* linear: ``z = x̂ Wᵀ + b``;
+* kernel vote: ``z = log max(score, ε)``. With vote weights scaled by M·λ a score is about the
+  summed kernel mass of the class's own support vectors (a Parzen density up to a constant), so
+  ``softmax(log score / T) ∝ score^(1/T)`` is the normalised mass, sharpened. Softmax of the raw
+  scores would be almost flat on images: they sit far from every support vector, where all
+  classes' masses are alike (measured in docs/calibration.md). ``log`` makes the kernel's logits
+  move linearly with cosine, as the other heads' do, so a temperature set on text carries over
+  to images; ε (:data:`KERNEL_LOG_FLOOR`) only matters for votes that are not positive (a small
+  ridge λ), which get probability ≈ 0.
+
+**Without images** (:func:`text_temperatures`): the text embeddings of the classes (each
+prompt's embedding ``E[c, t]``; a seeded sample for many classes, :func:`query_rows`) are scored
+as queries by every head. The cosine head at logit scale 100 has a mean log-odds of its top class
+``m = mean log(p_max / (1 − p_max))`` on them; each other head's T is the one that gives the same
+mean log-odds (:func:`match_confidence`; it falls monotonically with T, so bisection finds it;
+log-odds, not p_max, because on text the cosine head is often certain to many decimals). So no
+head is more confident than CLIP's own rule on the same prototypes. No image, labelled or not,
+is used.
+
+**With labelled images** (few-shot support, svgen issue 11): :func:`fit_temperature` takes
+leave-one-out logits of the labelled features and their labels and minimises the negative
+log-likelihood over T (convex in 1/T). The hook is
+``clf.set_temperatures({head: fit_temperature(z_loo, y)}, method="loo-nll")``.
+
+**Judging them**: :func:`nll` (mean −log p of the true class, ``sklearn.metrics.log_loss``) and
+:func:`ece` (expected calibration error over 15 equal-width confidence bins,
+``Σ_b n_b/N · |acc_b − conf_b|``); :func:`reliability` gives the bins for a diagram.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Dict, Optional
+
+import numpy as np
+import torch
+
+from .errors import SvgenError
+
+KERNEL_LOG_FLOOR = 1e-30
+MAX_QUERIES = 2048
+MAX_LOGITS = 4_000_000  # queries × classes scored when choosing a temperature (the bisection's cost)
+ECE_BINS = 15
+LOG_T_RANGE = (-30.0, 30.0)  # bisection bracket for log T
+
+
+def head_logits(scores: torch.Tensor, head: str) -> torch.Tensor:
+    """The logits a head's probabilities are a softmax of: ``log max(score, ε)`` for the kernel vote,
+    the scores themselves for the linear and cosine heads."""
+    scores = torch.as_tensor(scores)
+    if head == "kernel":
+        return scores.clamp_min(KERNEL_LOG_FLOOR).log()
+    return scores
+
+
+def softmax(logits, temperature: float) -> torch.Tensor:
+    """``softmax(logits / T)`` row-wise (float64 inside, so small temperatures do not overflow)."""
+    if not temperature > 0:
+        raise SvgenError(f"temperature must be positive, got {temperature}")
+    z = torch.as_tensor(logits, dtype=torch.float64) / float(temperature)
+    return torch.softmax(z, dim=1)
+
+
+def mean_max_prob(logits, temperature: float) -> float:
+    return float(softmax(logits, temperature).max(dim=1).values.mean())
+
+
+def mean_log_odds(logits, temperature: float) -> float:
+    """Mean log-odds of the top class, ``mean_i log(p_max / (1 − p_max))`` of ``softmax(z_i / T)``,
+    computed as ``z_max/T − logsumexp_{j≠max}(z_j/T)`` (finite where p_max rounds to 1)."""
+    z = torch.as_tensor(logits, dtype=torch.float64) / float(temperature)
+    top = z.max(dim=1)
+    rest = z.scatter(1, top.indices[:, None], -math.inf)
+    return float((top.values - torch.logsumexp(rest, dim=1)).mean())
+
+
+def match_confidence(logits, target: float, iters: int = 60) -> float:
+    """The temperature T at which the mean log-odds of the top class (:func:`mean_log_odds`) of
+    ``softmax(logits / T)`` equals ``target``, by bisection on log T.
+
+    Each row's log-odds ``−log Σ_{j≠max} exp((z_j − z_max)/T)`` falls monotonically with T, so the
+    mean does too. Log-odds rather than the max-probability itself: on text queries the cosine head
+    is often all but certain (p_max = 1 − 10⁻⁹), where probabilities cannot tell temperatures apart
+    but log-odds still can. A target outside the reachable range gives the bracket's end.
+    """
+    lo, hi = LOG_T_RANGE
+    for _ in range(iters):
+        mid = (lo + hi) / 2
+        if mean_log_odds(logits, math.exp(mid)) > target:
+            lo = mid
+        else:
+            hi = mid
+    return math.exp((lo + hi) / 2)
+
+
+def fit_temperature(logits_loo, labels, iters: int = 100) -> float:
+    """T minimising the mean negative log-likelihood ``−mean_i log softmax(z_i / T)_{y_i}``.
+
+    ``logits_loo``: N×C logits of labelled examples, each computed without that example (leave-one-out)
+    so the temperature is not fit to scores that have seen their own label. NLL is convex in β = 1/T
+    with derivative ``mean_i (E_p[z_i] − z_{i,y_i})``, increasing in β; bisection finds its zero.
+    When the data never prefer a finite β (every example already ranked first, or none), the
+    bracket's end is returned.
+    """
+    z = torch.as_tensor(logits_loo, dtype=torch.float64)
+    y = torch.as_tensor(np.asarray(labels), dtype=torch.long)
+    if z.dim() != 2 or y.shape != (z.shape[0],) or z.shape[0] == 0:
+        raise SvgenError(f"fit_temperature needs N×C logits and N labels, got {tuple(z.shape)} and {tuple(y.shape)}")
+    z_true = z[torch.arange(z.shape[0]), y]
+
+    def slope(log_beta):
+        p = torch.softmax(z * math.exp(log_beta), dim=1)
+        return float(((p * z).sum(dim=1) - z_true).mean())
+
+    lo, hi = -LOG_T_RANGE[1], -LOG_T_RANGE[0]  # log β
+    for _ in range(iters):
+        mid = (lo + hi) / 2
+        if slope(mid) < 0:
+            lo = mid
+        else:
+            hi = mid
+    return math.exp(-(lo + hi) / 2)
+
+
+def query_rows(per_template: torch.Tensor, max_queries: int = MAX_QUERIES, seed: int = 0) -> torch.Tensor:
+    """The text queries: every prompt embedding ``E[c, t]`` (C·T×D), or a seeded sample of at most
+    ``max_queries`` — fewer for many classes, so a query's N×C logits stay about
+    :data:`MAX_LOGITS` numbers (256 queries at least: the mean max-probability is an average)."""
+    Q = per_template.reshape(-1, per_template.shape[-1])
+    max_queries = min(max_queries, max(256, MAX_LOGITS // per_template.shape[0]))
+    if Q.shape[0] > max_queries:
+        g = torch.Generator().manual_seed(seed)
+        Q = Q[torch.randperm(Q.shape[0], generator=g)[:max_queries].sort().values]
+    return Q
+
+
+def text_temperatures(score_fn, per_template: torch.Tensor, heads=("kernel", "linear", "cosine"),
+                      max_queries: int = MAX_QUERIES) -> dict:
+    """Temperatures from the text side (see module docstring): ``{"temperatures": {head: T}, ...}``.
+
+    ``score_fn(Q, head)`` gives a head's N×C scores for query rows Q. Returns the temperatures and
+    what they were matched to, for ``svgen.json``.
+    """
+    Q = query_rows(per_template, max_queries)
+    cos = head_logits(score_fn(Q, "cosine"), "cosine")
+    target = mean_log_odds(cos, 1.0)
+    temps = {}
+    for head in heads:
+        temps[head] = 1.0 if head == "cosine" else match_confidence(head_logits(score_fn(Q, head), head), target)
+    return {"temperatures": temps, "method": "text",
+            "rule": "each head's mean log-odds of its top class on the text queries equals the cosine head's "
+                    "at logit scale 100",
+            "queries": int(Q.shape[0]), "cosine_mean_log_odds": target, "cosine_mean_max_prob": mean_max_prob(cos, 1.0)}
+
+
+# ----------------------------------------------------------------------------- judging probabilities
+
+def _probs_labels(probs, labels):
+    p = np.asarray(probs.detach().cpu().numpy() if hasattr(probs, "detach") else probs, dtype=np.float64)
+    y = np.asarray(labels, dtype=np.int64)
+    if p.ndim != 2 or y.shape != (p.shape[0],):
+        raise SvgenError(f"probabilities must be N×C with N labels, got {p.shape} and {y.shape}")
+    return p, y
+
+
+def nll(probs, labels, eps: float = 1e-15) -> float:
+    """Mean negative log-likelihood of the true class, ``−mean_i log p_{i,y_i}`` (p clipped to [eps, 1])."""
+    p, y = _probs_labels(probs, labels)
+    return float(-np.log(np.clip(p[np.arange(len(y)), y], eps, 1.0)).mean())
+
+
+def nll_from_logits(logits, temperature: float, labels) -> float:
+    """``−mean_i log softmax(z_i / T)_{y_i}`` computed in log space (exact where p would underflow)."""
+    z = torch.as_tensor(logits, dtype=torch.float64) / float(temperature)
+    y = torch.as_tensor(np.asarray(labels), dtype=torch.long)
+    return float(-torch.log_softmax(z, dim=1)[torch.arange(z.shape[0]), y].mean())
+
+
+def reliability(probs, labels, n_bins: int = ECE_BINS) -> dict:
+    """Confidence (max-probability) bins ``(b/B, (b+1)/B]``: count, mean confidence and accuracy per bin."""
+    p, y = _probs_labels(probs, labels)
+    conf, correct = p.max(axis=1), (p.argmax(axis=1) == y).astype(np.float64)
+    # bin b holds b/B < conf ≤ (b+1)/B (conf > 0 always; the first bin also takes conf = 0)
+    idx = np.clip(np.ceil(conf * n_bins).astype(np.int64) - 1, 0, n_bins - 1)
+    count = np.bincount(idx, minlength=n_bins)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        mean_conf = np.bincount(idx, weights=conf, minlength=n_bins) / count
+        accuracy = np.bincount(idx, weights=correct, minlength=n_bins) / count
+    return {"edges": np.linspace(0, 1, n_bins + 1), "count": count, "confidence": mean_conf, "accuracy": accuracy}
+
+
+def ece(probs, labels, n_bins: int = ECE_BINS) -> float:
+    """Expected calibration error ``Σ_b (n_b / N) · |acc_b − conf_b|`` over equal-width confidence bins."""
+    r = reliability(probs, labels, n_bins)
+    n = r["count"].sum()
+    used = r["count"] > 0
+    return float((r["count"][used] / n * np.abs(r["accuracy"][used] - r["confidence"][used])).sum())
+
+
+def calibration_metrics(logits, temperature: float, labels, n_bins: int = ECE_BINS) -> Dict[str, float]:
+    """``{"nll", "ece"}`` of ``softmax(logits / T)`` against class indices."""
+    return {"nll": nll_from_logits(logits, temperature, labels),
+            "ece": ece(softmax(logits, temperature), labels, n_bins)}
+
+
+def plot_reliability(per_head: Dict[str, dict], path, title: Optional[str] = None, force: bool = False) -> None:
+    """Reliability diagrams side by side (one panel per head) into a PNG; needs ``svgen[plot]``.
+
+    ``per_head``: ``{head: {"reliability": reliability(...), "ece", "nll", "temperature", "acc1"}}``.
+    """
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise SvgenError("--plot needs matplotlib: pip install 'svgen[plot]'") from None
+    from .export import write_atomic_file
+
+    heads = list(per_head)
+    fig, axes = plt.subplots(1, len(heads), figsize=(4 * len(heads), 4.2), sharey=True, squeeze=False)
+    for ax, head in zip(axes[0], heads):
+        info = per_head[head]
+        r = info["reliability"]
+        edges = r["edges"]
+        width = edges[1] - edges[0]
+        used = r["count"] > 0
+        ax.bar(edges[:-1][used], r["accuracy"][used], width=width, align="edge", edgecolor="black", color="#4c72b0",
+               label="accuracy in the bin")
+        ax.plot((edges[:-1] + width / 2)[used], r["confidence"][used], "o", color="#c44e52", ms=5,
+                label="mean confidence in the bin")
+        ax.plot([0, 1], [0, 1], "k--", lw=1, label="perfect calibration")
+        share = r["count"] / max(int(r["count"].sum()), 1)  # where the examples are
+        ax.bar(edges[:-1], 0.15 * share / max(float(share.max()), 1e-12), width=width, align="edge", color="#999999",
+               alpha=0.6, label="examples per bin (scaled)")
+        ax.set_xlim(0, 1)
+        ax.set_ylim(0, 1)
+        ax.set_xlabel("confidence (max probability)")
+        ax.set_title(f"{head}: T={info['temperature']:.3g}\nECE {info['ece']:.3f}, NLL {info['nll']:.3f}")
+    axes[0][0].set_ylabel("accuracy")
+    axes[0][0].legend(loc="lower right", fontsize=7)
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    try:
+        write_atomic_file(path, lambda p: fig.savefig(str(p), format="png", dpi=100), force=force)
+    finally:
+        plt.close(fig)
