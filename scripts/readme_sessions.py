@@ -49,6 +49,15 @@ SKIP = {  # need the real ViT-B-32 weights (downloaded once on a connected machi
     "svgen export cifar10.svgen --format onnx --head kernel --out head.onnx": "needs cifar10.svgen",
     "svgen diagnose cifar10.svgen": "needs cifar10.svgen",
     "svgen add-classes cifar10.svgen --classes more.txt": "real weights; the reader's class list",
+    "svgen adapt cifar10.svgen --shots labelled/ --out cifar10-shots.svgen": "real weights; the reader's labelled images",
+    "svgen classify cifar10.svgen photos/ --transductive": "needs cifar10.svgen (real weights)",
+    "svgen adapt pets.svgen --shots pets-4shot/ --out pets-4.svgen": "the reader's artifact and labelled images",
+    "svgen adapt pets.svgen --shot-features X.npy --shot-labels y.npy --out pets-4.svgen": "the reader's files",
+    "svgen fit --classes pets.txt --shots pets-4shot/ --out pets-4.svgen": "real weights; the reader's files",
+    "svgen classify pets.svgen photos/ --transductive": "the reader's artifact (real weights)",
+    "svgen adapt pets.svgen --unlabelled photos/ --out pets-pool.svgen": "the reader's artifact (real weights)",
+    "svgen adapt pets.svgen --shots pets-4shot/ --unlabelled photos/ --out pets-4-pool.svgen": "the reader's files",
+    "svgen fit --classes pets.txt --unlabelled photos/ --out pets-pool.svgen": "real weights; the reader's files",
 }
 NOT_COMPARED = [re.compile(r'("wall_time_s": )[-+0-9.e]+'), re.compile(r"(max \|difference\| )[-+0-9.e]+")]
 NUMBER = re.compile(r"[-+]?(?:\d+\.\d*|\.\d+|\d+)(?:[eE][-+]?\d+)?")
