@@ -271,7 +271,7 @@ and top-5, the whole half and the four folds. One fold has about 150 images, so 
   each fit on its own classes, top-1 Δ vs cosine, mean (worst draw)): at 10 classes (κ_eff ≈ 1.005)
   C×D kernel +0.00 (+0.00), linear +0.00 (+0.00); T=2 kernel −0.50 (−10.0: one image of ten in
   one draw; the Parzen solve's small decorrelation term still re-ranks near-ties), linear +0.00
-  (+0.00); at 100 classes C×D +0.20 (+0.00) / +0.25 (+0.00), T=2 +0.05 (−1.00) / +0.05 (−1.00).
+  (+0.00); at 100 classes C×D +0.15 (+0.00) / +0.25 (+0.00), T=2 +0.05 (−1.00) / +0.05 (−1.00).
   With few classes the heads fall back to cosine, up to that residual.
 * **Provenance of the rows below.** The table was measured before one last change (with
   `steps = 0` the generator's random init no longer perturbs the anchors); the default rows were
