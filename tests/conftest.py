@@ -29,6 +29,29 @@ TINY_CFG = {
 
 
 @pytest.fixture(autouse=True)
+def _no_network(monkeypatch):
+    """Tests never reach the network: a connection to anything but loopback fails at once (tests that
+    name a downloadable tag such as 'openai' must find it in a seeded cache, never on a hub)."""
+    import ipaddress
+    import socket
+
+    real_connect = socket.socket.connect
+
+    def guarded(sock, address, *args):
+        host = address[0] if isinstance(address, tuple) else None
+        if host is not None:
+            try:
+                loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
+            except ValueError:
+                loopback = False
+            if not loopback:
+                raise OSError(f"tests must not reach the network (tried {host})")
+        return real_connect(sock, address, *args)
+
+    monkeypatch.setattr(socket.socket, "connect", guarded)
+
+
+@pytest.fixture(autouse=True)
 def _isolated_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("SVGEN_CACHE_DIR", str(tmp_path / "svgen-cache"))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
