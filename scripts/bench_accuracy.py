@@ -105,7 +105,7 @@ def _fixed_kappa():
     """Context: the metric at the requested κ for every input (before the strength rule existed)."""
     import contextlib
 
-    from svgen import metric, training
+    from svgen import training
 
     @contextlib.contextmanager
     def ctx():

@@ -714,7 +714,7 @@ class SVGClassifier:
         """
         scale = self.linear_weight_.norm(dim=1).mean()
         if self.metric_precision_ is not None:
-            head = lda_head if getattr(self.fit_config_, "linear_head", "lda") == "lda" else whitened_cosine_head
+            head = lda_head if self.fit_config_.linear_head == "lda" else whitened_cosine_head
             W, b = head(P_new, self.metric_precision_)
             W_old, _ = head(self.prototypes_, self.metric_precision_)
             beta = scale / W_old.norm(dim=1).mean()
