@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 from svgen.blocks import plan_blocks
+from test_classify_eval_export_real import jpegs, lvis  # noqa: F401  (the same artifacts, module-scoped)
 
 
 # ----------------------------------------------------------------------------- fixtures and helpers
@@ -65,36 +66,6 @@ def assert_same(got, want, rtol=1e-5):
     for k in want:
         assert got[k][0] == want[k][0], k  # top-k labels
         np.testing.assert_allclose(got[k][1], want[k][1], rtol=rtol, atol=1e-7, err_msg=str(k))
-
-
-@pytest.fixture(scope="module")
-def jpegs(shared_data, tiny_model, tmp_path_factory):
-    from svgen.cli import main
-
-    images = shared_data / "images-30class"
-    if not (images / "labels.csv").is_file():
-        pytest.skip("images-30class is absent")
-    root = tmp_path_factory.mktemp("ray-jpegs")
-    labels = [ln.split(",") for ln in (images / "labels.csv").read_text().splitlines() if ln.strip()]
-    (root / "classes.txt").write_text("\n".join(sorted({c for _, c in labels})) + "\n")
-    enc = ["--model", tiny_model["config"], "--checkpoint", tiny_model["safetensors"]]
-    art = root / "tiny.svgen"
-    assert main(["-q", "fit", "--classes", str(root / "classes.txt"), *enc, "--steps", "5", "--ridge", "10",
-                 "--out", str(art)]) == 0
-    return {"root": root, "images": images, "art": art, "enc": enc}
-
-
-@pytest.fixture(scope="module")
-def lvis(shared_data, tmp_path_factory):
-    from svgen.cli import main
-
-    d = shared_data / "clip-vit-b32"
-    if not (d / "lvis_dev_image_features.npy").is_file():
-        pytest.skip("LVIS CLIP embeddings are absent")
-    art = tmp_path_factory.mktemp("ray-lvis") / "lvis.svgen"
-    assert main(["-q", "fit", "--prototypes", str(d / "lvis_v1_clip_a+cname.npy"), "--classes",
-                 str(d / "lvis_classes.txt"), "-K", "2", "--steps", "2", "--ridge", "10", "--out", str(art)]) == 0
-    return {"art": art, "feats": d / "lvis_dev_image_features.npy"}
 
 
 RAY = ["--engine", "ray"]
