@@ -192,13 +192,16 @@ class BlockClassifier:
         self.head, self.probs, self.top_k, self.batch_size = head, probs, top_k, batch_size
         self.encoder_factory, self.encoder = encoder_factory, None
 
+    def _encoder(self):
+        if self.encoder is None:
+            self.encoder = self.encoder_factory(self.clf)
+        return self.encoder
+
     def embed(self, images):
         """Raw embeddings of preprocessed images, ``batch_size`` at a time."""
         import torch
 
-        if self.encoder is None:
-            self.encoder = self.encoder_factory(self.clf)
-        return torch.cat([self.encoder.encode_batch(images[s:s + self.batch_size])
+        return torch.cat([self._encoder().encode_batch(images[s:s + self.batch_size])
                           for s in range(0, images.shape[0], self.batch_size)])
 
     def classify(self, block: Block, decoded: Optional[dict] = None) -> dict:
@@ -214,7 +217,7 @@ class BlockClassifier:
             keys = feature_keys(block)
         else:
             if decoded is None:
-                images, ok, failed = decode_block(block, self.encoder_factory(self.clf).preprocess)
+                images, ok, failed = decode_block(block, self._encoder().preprocess)
             else:
                 shape = json.loads(decoded["shape"])
                 ok, failed = json.loads(decoded["ok"]), [tuple(f) for f in json.loads(decoded["failed"])]

@@ -273,8 +273,8 @@ def test_address_auto_without_a_cluster_is_one_line(lvis, tmp_path):
     pytest.importorskip("ray")
     env = dict(__import__("os").environ)
     env.pop("RAY_ADDRESS", None)
-    code = ("import sys, ray._private.services as s\n"
-            "s.find_gcs_addresses = lambda: set()\n"
+    code = ("import functools, sys, ray._private.services as s\n"
+            "s._cached_find_gcs_addresses = functools.lru_cache()(lambda: [])\n"
             "s.find_bootstrap_address = lambda temp_dir: None\n"
             "from svgen.cli import main\n"
             "sys.exit(main(sys.argv[2:]))\n")
@@ -285,3 +285,30 @@ def test_address_auto_without_a_cluster_is_one_line(lvis, tmp_path):
     assert r.stderr.startswith("svgen classify: error: cannot join the Ray cluster at auto: ")
     assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
     assert not (tmp_path / "p").exists()
+
+
+def test_ray_options_without_the_ray_engine_are_refused(cli, lvis):
+    code, out, err = cli("classify", lvis["art"], "--features", lvis["feats"], "--actors", 4, "--block-size", 10)
+    assert code == 2 and out == ""
+    assert err.strip() == "svgen classify: error: --actors, --block-size only apply with --engine ray"
+
+
+def test_block_classifier_in_process_equals_the_plan(lvis):
+    """The actor's class used directly (no Ray): blocks cover every feature row once, in order."""
+    pytest.importorskip("pyarrow")
+    import io
+
+    import pyarrow.parquet as pq
+
+    from svgen.ray_engine import BlockClassifier
+
+    blocks = plan_blocks([str(lvis["feats"])], 250, features=True, dim=512)
+    assert [(b.spec["start"], b.spec["stop"], b.spec["id0"]) for b in blocks] == [(0, 250, 0), (250, 500, 250),
+                                                                                 (500, 602, 500)]
+    worker = BlockClassifier(str(lvis["art"]), "cosine", False, 1)
+    ids = []
+    for b in blocks:
+        r = worker.classify(b)
+        assert r["block"] == b.index and r["failed"] == b""
+        ids += pq.read_table(io.BytesIO(r["part"])).column("index").to_pylist()
+    assert ids == list(range(602))

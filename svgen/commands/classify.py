@@ -97,10 +97,11 @@ def run(args) -> int:
 
     if args.top_k < 1:
         raise SvgenError(f"--top-k must be at least 1, got {args.top_k}")
-    if args.engine == "ray":
-        from .classify_ray import run_ray
+    from .classify_ray import check_local, run_ray
 
+    if args.engine == "ray":
         return run_ray(args)
+    check_local(args)
     args.format = args.format or "csv"
     if args.features and args.inputs:
         raise SvgenError("give images/folders or --features, not both")

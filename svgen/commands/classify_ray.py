@@ -46,6 +46,18 @@ def add_ray_args(p) -> None:
                    help="local instance only: Ray object store size (default: Ray's own, about 30%% of RAM)")
 
 
+_RAY_ONLY = {"address": None, "actors": 1, "actor_cpus": 1, "block_size": None, "path_column": "path",
+             "features_column": None, "cpus": None, "object_store_mb": None}
+
+
+def check_local(args) -> None:
+    """Refuse --engine ray's own options without it (they would be silently ignored)."""
+    given = [k for k, default in _RAY_ONLY.items() if getattr(args, k, default) != default]
+    if given:
+        flags = ", ".join("--" + k.replace("_", "-") for k in given)
+        raise SvgenError(f"{flags} only apply with --engine ray")
+
+
 def _encoder_args(args) -> argparse.Namespace:
     return argparse.Namespace(**{k: getattr(args, k, None) for k in _ENCODER_FIELDS})
 
@@ -82,7 +94,7 @@ def run_ray(args) -> int:
     ray_engine.require_ray()  # before any work: one line saying what to install
     clf = SVGClassifier.load(args.artifact)
     features = bool(args.features)
-    block_size = args.block_size or (65536 if features else 256)
+    block_size = args.block_size if args.block_size is not None else (65536 if features else 256)
     blocks = plan_blocks(args.features if features else args.inputs, block_size, features=features,
                          path_column=args.path_column, features_column=args.features_column,
                          dim=clf.n_features_in_)
