@@ -243,12 +243,18 @@ class BlockClassifier:
 
 # ----------------------------------------------------------------------------- the driver
 
+def check_address(address: Optional[str]) -> None:
+    if address and address != "auto" and not address.startswith("ray://"):
+        raise SvgenError(f"--address takes 'auto' or ray://HOST:PORT, got {address!r}")
+
+
 def connect(address: Optional[str] = None, num_cpus: Optional[int] = None,
             object_store_memory: Optional[int] = None) -> bool:
     """Join ``address`` or start a local Ray; True when this call started it (the caller shuts it down).
 
     An instance already running in this process (``ray.init`` by the caller) is used as it is.
     """
+    check_address(address)
     ray = require_ray()
     if ray.is_initialized():
         return False
@@ -256,8 +262,6 @@ def connect(address: Optional[str] = None, num_cpus: Optional[int] = None,
     quiet = logging.getLogger("svgen").getEffectiveLevel() > logging.INFO
     kwargs = dict(logging_level=logging.ERROR if quiet else logging.WARNING, log_to_driver=not quiet)
     if address:
-        if address != "auto" and not address.startswith("ray://"):
-            raise SvgenError(f"--address takes 'auto' or ray://HOST:PORT, got {address!r}")
         try:
             ray.init(address=address, **kwargs)
         except Exception as e:  # ConnectionError, a gRPC error, a timeout: one line either way

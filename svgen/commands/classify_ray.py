@@ -82,6 +82,9 @@ def _check(args) -> None:
         raise SvgenError(f"--actor-cpus must be positive, got {args.actor_cpus:g}")
     if args.batch_size < 1:
         raise SvgenError(f"--batch-size must be at least 1, got {args.batch_size}")
+    from ..ray_engine import check_address
+
+    check_address(args.address)
     if args.address and (args.cpus or args.object_store_mb):
         raise SvgenError("--cpus and --object-store-mb size a local Ray instance; drop them with --address")
 
