@@ -298,17 +298,8 @@ def run_blocks(blocks: Sequence[Block], out, artifact: str, head: str, probs: bo
     if logging.getLogger("svgen").getEffectiveLevel() > logging.INFO:
         logging.getLogger("ray.data").setLevel(logging.ERROR)
 
-    ds = ray.data.from_items([{"block": b.to_json()} for b in todo], override_num_blocks=len(todo))
-    if images:
-        # Decoding runs in tasks, not in the actors: the tasks' memory reservation (which the actors
-        # do not have) also keeps Ray Data from fusing the two stages into the actor pool.
-        ds = ds.map(_decode_row, fn_kwargs={"preprocess": preprocess}, num_cpus=1,
-                    memory=decode_memory(preprocess, max(b.size for b in todo)))
-    ds = ds.map_batches(BlockClassifier, batch_size=1, batch_format="numpy", num_cpus=actor_cpus,
-                        compute=ray.data.ActorPoolStrategy(size=actors),
-                        fn_constructor_kwargs=dict(artifact=str(artifact), head=head, probs=probs, top_k=top_k,
-                                                   batch_size=batch_size, encoder_factory=encoder_factory,
-                                                   threads=max(1, int(actor_cpus))))
+    ds = build_dataset(todo, artifact, head, probs, top_k, preprocess=preprocess, encoder_factory=encoder_factory,
+                       actors=actors, actor_cpus=actor_cpus, batch_size=batch_size)
     bar = None
     if progress:
         from tqdm.auto import tqdm
@@ -325,3 +316,22 @@ def run_blocks(blocks: Sequence[Block], out, artifact: str, head: str, probs: bo
         if bar is not None:
             bar.close()
     return written
+
+
+def build_dataset(todo: Sequence[Block], artifact, head: str, probs: bool, top_k: int, *, preprocess=None,
+                  encoder_factory=None, actors: int = 1, actor_cpus: float = 1, batch_size: int = 32):
+    """The Ray Dataset of one row per block: decoding tasks (image blocks), then the actor pool."""
+    ray = require_ray()
+    images = todo[0].kind != "features"
+    ds = ray.data.from_items([{"block": b.to_json()} for b in todo], override_num_blocks=len(todo))
+    if images:
+        # Decoding runs in tasks, not in the actors: the tasks' memory reservation (which the actors
+        # do not have) also keeps Ray Data from fusing the two stages into the actor pool.
+        ds = ds.map(_decode_row, fn_kwargs={"preprocess": preprocess}, num_cpus=1,
+                    memory=decode_memory(preprocess, max(b.size for b in todo)))
+    ds = ds.map_batches(BlockClassifier, batch_size=1, batch_format="numpy", num_cpus=actor_cpus,
+                        compute=ray.data.ActorPoolStrategy(size=actors),
+                        fn_constructor_kwargs=dict(artifact=str(artifact), head=head, probs=probs, top_k=top_k,
+                                                   batch_size=batch_size, encoder_factory=encoder_factory,
+                                                   threads=max(1, int(actor_cpus))))
+    return ds

@@ -312,3 +312,25 @@ def test_block_classifier_in_process_equals_the_plan(lvis):
         assert r["block"] == b.index and r["failed"] == b""
         ids += pq.read_table(io.BytesIO(r["part"])).column("index").to_pylist()
     assert ids == list(range(602))
+
+
+def test_images_are_decoded_in_tasks_not_in_the_actors(ray_local, jpegs):
+    """Ray Data fuses compatible stages; the decoding stage must stay its own (task) operator."""
+    import argparse
+    import functools
+
+    from svgen import SVGClassifier
+    from svgen.commands._images import encoder_for_artifact
+    from svgen.ray_engine import build_dataset
+
+    args = argparse.Namespace(model=jpegs["enc"][1], checkpoint=jpegs["enc"][3], pretrained=None, quick_gelu=None,
+                              device="cpu")
+    clf = SVGClassifier.load(jpegs["art"])
+    blocks = plan_blocks([str(jpegs["images"])], 50)
+    ds = build_dataset(blocks, jpegs["art"], "kernel", False, 1, preprocess=encoder_for_artifact(args, clf).preprocess,
+                       encoder_factory=functools.partial(encoder_for_artifact, args))
+    rows = list(ds.iter_rows())
+    assert sorted(int(r["block"]) for r in rows) == [0, 1]
+    stats = ds.stats()
+    assert "Map(_decode_row)" in stats and "MapBatches(BlockClassifier)" in stats
+    assert "Map(_decode_row)->MapBatches(BlockClassifier)" not in stats  # not fused into the actor pool
