@@ -291,15 +291,25 @@ class _ImageFiles(torch.utils.data.Dataset):
         return len(self.paths)
 
     def __getitem__(self, i):
-        from PIL import Image, UnidentifiedImageError
+        x, reason = load_image(self.paths[i], self.preprocess)
+        return i, x, reason
 
-        try:
-            with Image.open(self.paths[i]) as im:
-                im.load()
-                return i, self.preprocess(im.convert("RGB")), ""
-        except Exception as e:  # any one bad file (truncated, not an image, decompression bomb) is skipped
-            reason = "not an image" if isinstance(e, UnidentifiedImageError) else (str(e).splitlines() or ["unreadable"])[0]
-            return i, None, reason or type(e).__name__
+
+def load_image(source, preprocess) -> Tuple[Optional[torch.Tensor], str]:
+    """``(preprocess(RGB image), "")`` for a path or binary file object, or ``(None, reason)``.
+
+    The one place images are decoded: ``svgen classify`` in one process and its Ray engine's
+    decoding tasks both call it, so both see the same pixels.
+    """
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        with Image.open(source) as im:
+            im.load()
+            return preprocess(im.convert("RGB")), ""
+    except Exception as e:  # any one bad file (truncated, not an image, decompression bomb) is skipped
+        reason = "not an image" if isinstance(e, UnidentifiedImageError) else (str(e).splitlines() or ["unreadable"])[0]
+        return None, reason or type(e).__name__
 
 
 def _collate(batch):
@@ -569,6 +579,11 @@ class ClipEncoder:
 
     # images ---------------------------------------------------------------------------------
     @torch.inference_mode()
+    def encode_batch(self, images: torch.Tensor) -> torch.Tensor:
+        """Raw image embeddings (float32, CPU) of a batch of preprocessed images."""
+        return self.model.encode_image(images.to(self.device)).float().cpu()
+
+    @torch.inference_mode()
     def encode_images(
         self,
         paths: Sequence[str],
@@ -597,8 +612,7 @@ class ClipEncoder:
             failed.extend((paths[i], why) for i, why in bad)
             if images is None:
                 continue
-            f = self.model.encode_image(images.to(self.device)).float().cpu()
-            feats.append(f)
+            feats.append(self.encode_batch(images))
             ok.extend(paths[i] for i in idx)
         for p, why in failed:
             log.info("skipped %s: %s", p, why)  # returned in `failed`; the caller reports them

@@ -8,13 +8,14 @@ import io
 import json
 import logging
 
+import numpy as np
+
+from ..blocks import score
 from ..errors import SvgenError
 from ._common import note
 from ._images import add_image_encoder_args, check_out, emit, encode_paths, encoder_for_artifact, load_features
 
 log = logging.getLogger(__name__)
-
-FEATURE_BATCH = 4096
 
 
 def add_parser(sub):
@@ -32,7 +33,10 @@ def add_parser(sub):
                "  svgen classify lvis.svgen photos/ --top-k 3\n"
                "  svgen classify lvis.svgen photos/ --probs --head linear\n"
                "  svgen classify lvis.svgen --features feats.npy --head cosine --format jsonl --out preds.jsonl\n"
-               "  svgen classify pets.svgen photos/ --transductive",
+               "  svgen classify pets.svgen photos/ --transductive\n"
+               "  svgen classify lvis.svgen 'shards/*.tar' --engine ray --out preds.parquet\n"
+               "  svgen classify lvis.svgen --features 'emb/*.npy' --engine ray --address auto --actors 8 "
+               "--out preds.parquet",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("artifact", metavar="ARTIFACT_DIR", help="artifact written by 'svgen fit'")
@@ -41,21 +45,27 @@ def add_parser(sub):
                         "(as 'svgen adapt --unlabelled'; the artifact on disk is not changed) and print each "
                         "input's transductive class probabilities (--head is then not used). Fewer inputs than "
                         "classes: the inductive head's softmax, with a warning")
-    p.add_argument("inputs", nargs="*", metavar="IMAGE|DIR", help="image files and/or folders (searched recursively)")
-    p.add_argument("--features", metavar="FEATS.npy",
-                   help="precomputed N×D image embeddings instead of images (raw or normalised)")
+    p.add_argument("inputs", nargs="*", metavar="IMAGE|DIR",
+                   help="image files and/or folders (searched recursively); with --engine ray also globs, "
+                        "list files (.txt/.lst), tables of paths (.csv/.parquet) and WebDataset .tar shards")
+    p.add_argument("--features", metavar="FEATS.npy", nargs="+",
+                   help="precomputed N×D image embeddings instead of images (raw or normalised); several "
+                        "files are read as one, in order; with --engine ray also .parquet shards and globs")
     p.add_argument("--head", choices=("kernel", "linear", "cosine"), default="kernel",
                    help="kernel vote (default), linear head, or cosine (the plain CLIP baseline)")
     p.add_argument("--probs", action="store_true",
                    help="print probabilities (each row sums to one over all classes) instead of scores")
     p.add_argument("-k", "-K", "--top-k", type=int, default=5,
                    help="classes per row; more than the artifact has gives all of them (default: %(default)s)")
-    p.add_argument("--format", choices=("csv", "jsonl"), default="csv",
+    p.add_argument("--format", choices=("csv", "jsonl"), default=None,
                    help="csv: path,label_1,score_1,...; jsonl: one {path, labels, scores} object per line "
-                        "(default: %(default)s)")
+                        "(default: csv; --engine ray writes Parquet)")
     p.add_argument("--out", metavar="FILE", help="write here (atomically) instead of stdout")
     p.add_argument("--force", action="store_true", help="overwrite --out if it exists")
     add_image_encoder_args(p)
+    from .classify_ray import add_ray_args
+
+    add_ray_args(p)
     p.set_defaults(func=run)
 
 
@@ -87,6 +97,12 @@ def run(args) -> int:
 
     if args.top_k < 1:
         raise SvgenError(f"--top-k must be at least 1, got {args.top_k}")
+    from .classify_ray import check_local, run_ray
+
+    if args.engine == "ray":
+        return run_ray(args)
+    check_local(args)
+    args.format = args.format or "csv"
     if args.features and args.inputs:
         raise SvgenError("give images/folders or --features, not both")
     if not args.features and not args.inputs:
@@ -97,13 +113,8 @@ def run(args) -> int:
     if args.features:
         import torch
 
-        x = torch.from_numpy(load_features(args.features, clf))
-        if args.transductive:
-            scores = _transductive(clf, x)
-        else:
-            score = clf.predict_proba if args.probs else clf.decision_function
-            scores = torch.cat([score(x[s:s + FEATURE_BATCH], head=args.head)
-                                for s in range(0, x.shape[0], FEATURE_BATCH)])
+        x = torch.from_numpy(np.concatenate([load_features(f, clf) for f in args.features]))
+        scores = _transductive(clf, x) if args.transductive else score(clf, x, args.head, args.probs)
         names, key = list(range(x.shape[0])), "index"
     else:
         from ..encoders import find_images
@@ -113,10 +124,7 @@ def run(args) -> int:
             raise SvgenError(f"no image files found in {', '.join(args.inputs)}")
         encoder = encoder_for_artifact(args, clf)
         feats, names, _ = encode_paths(args, encoder, paths, "classify")
-        if args.transductive:
-            scores = _transductive(clf, feats)
-        else:
-            scores = (clf.predict_proba if args.probs else clf.decision_function)(feats, head=args.head)
+        scores = _transductive(clf, feats) if args.transductive else score(clf, feats, args.head, args.probs)
         key = "path"
     if args.top_k > len(clf.classes_):  # said once the inputs are known good, so an error stays one line
         note(args, f"svgen classify: --top-k {args.top_k} is more than the artifact's {len(clf.classes_)} classes; "

@@ -1,0 +1,145 @@
+"""``svgen classify --engine ray``: the options, their checks, and the run (see :mod:`svgen.ray_engine`)."""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import logging
+import os
+from pathlib import Path
+
+from ..errors import SvgenError
+from ._common import note
+
+log = logging.getLogger(__name__)
+
+_ENCODER_FIELDS = ("model", "pretrained", "checkpoint", "quick_gelu", "device")
+
+
+def add_ray_args(p) -> None:
+    g = p.add_argument_group(
+        "large collections (--engine ray)",
+        "Classify on Ray Data: decoding in Ray tasks, the artifact and encoder loaded once per actor, "
+        "Parquet out. --out is a folder of part-NNNNN.parquet files, one per block of inputs, each "
+        "written atomically: rerunning the same command skips the blocks already written, and "
+        "unreadable images are listed in OUT/_failed/. Needs pip install 'svgen[ray]'.")
+    g.add_argument("--engine", choices=("local", "ray"), default="local",
+                   help="local: this process (default); ray: a local Ray instance, or the cluster at --address")
+    g.add_argument("--address", metavar="auto|ray://HOST:PORT",
+                   help="join a running Ray cluster ('auto': the one this machine belongs to) instead of "
+                        "starting a local instance; the artifact, --checkpoint and inputs must be readable "
+                        "at the same paths on every node")
+    g.add_argument("--actors", type=int, default=1, metavar="N",
+                   help="classifier actors, each holding the artifact and encoder (default: %(default)s)")
+    g.add_argument("--actor-cpus", type=float, default=1, metavar="C",
+                   help="CPUs reserved per actor; its torch uses as many threads (default: %(default)s)")
+    g.add_argument("--block-size", type=int, default=None, metavar="N",
+                   help="inputs per output part: the unit of work and of resumption "
+                        "(default: 256 images, 65536 feature rows)")
+    g.add_argument("--path-column", default="path", metavar="NAME",
+                   help="column of image paths in .csv/.parquet sources (default: %(default)s)")
+    g.add_argument("--features-column", metavar="NAME",
+                   help="list column of embeddings in .parquet feature shards (default: the only list column)")
+    g.add_argument("--cpus", type=int, default=None, metavar="N",
+                   help="local instance only: CPUs Ray may use (default: all)")
+    g.add_argument("--object-store-mb", type=int, default=None, metavar="MB",
+                   help="local instance only: Ray object store size (default: Ray's own, about 30%% of RAM)")
+
+
+_RAY_ONLY = {"address": None, "actors": 1, "actor_cpus": 1, "block_size": None, "path_column": "path",
+             "features_column": None, "cpus": None, "object_store_mb": None}
+
+
+def check_local(args) -> None:
+    """Refuse --engine ray's own options without it (they would be silently ignored)."""
+    given = [k for k, default in _RAY_ONLY.items() if getattr(args, k, default) != default]
+    if given:
+        flags = ", ".join("--" + k.replace("_", "-") for k in given)
+        raise SvgenError(f"{flags} only apply with --engine ray")
+
+
+def _encoder_args(args) -> argparse.Namespace:
+    return argparse.Namespace(**{k: getattr(args, k, None) for k in _ENCODER_FIELDS})
+
+
+def _check(args) -> None:
+    if args.transductive:
+        raise SvgenError("--transductive adapts to all inputs at once; it does not run with --engine ray")
+    if args.format:
+        raise SvgenError("--engine ray writes Parquet; drop --format")
+    if not args.out:
+        raise SvgenError("--engine ray needs --out FOLDER (it writes Parquet parts there)")
+    if args.features and args.inputs:
+        raise SvgenError("give images/folders or --features, not both")
+    if not args.features and not args.inputs:
+        raise SvgenError("nothing to classify: give image folders, files, globs, lists, tables or .tar shards, "
+                         "or --features SHARDS")
+    for flag in ("actors", "cpus"):
+        v = getattr(args, flag)
+        if v is not None and v < 1:
+            raise SvgenError(f"--{flag} must be at least 1, got {v}")
+    if args.actor_cpus <= 0:
+        raise SvgenError(f"--actor-cpus must be positive, got {args.actor_cpus:g}")
+    if args.batch_size < 1:
+        raise SvgenError(f"--batch-size must be at least 1, got {args.batch_size}")
+    from ..ray_engine import check_address
+
+    check_address(args.address)
+    if args.address and (args.cpus or args.object_store_mb):
+        raise SvgenError("--cpus and --object-store-mb size a local Ray instance; drop them with --address")
+
+
+def run_ray(args) -> int:
+    from .. import SVGClassifier, ray_engine
+    from ..blocks import plan_blocks, plan_digest
+
+    _check(args)
+    ray_engine.require_ray()  # before any work: one line saying what to install
+    clf = SVGClassifier.load(args.artifact)
+    features = bool(args.features)
+    block_size = args.block_size if args.block_size is not None else (65536 if features else 256)
+    blocks = plan_blocks(args.features if features else args.inputs, block_size, features=features,
+                         path_column=args.path_column, features_column=args.features_column,
+                         dim=clf.n_features_in_)
+    n_inputs = sum(b.size for b in blocks)
+    preprocess = factory = None
+    if not features:
+        from ._images import encoder_for_artifact
+
+        # Checked (and its preprocessing taken) here, so a wrong encoder is one line before Ray starts.
+        preprocess = encoder_for_artifact(args, clf).preprocess
+        factory = functools.partial(encoder_for_artifact, _encoder_args(args))
+    job = {"artifact": str(Path(args.artifact).resolve()), "head": args.head, "probs": bool(args.probs),
+           "top_k": args.top_k, "block_size": block_size, "blocks": len(blocks), "inputs": n_inputs,
+           "plan_sha256": plan_digest(blocks), "kind": "features" if features else "images"}
+    ray_engine.check_output(args.out, job, force=args.force)  # before Ray starts; nothing is written yet
+    if args.top_k > len(clf.classes_):
+        note(args, f"svgen classify: --top-k {args.top_k} is more than the artifact's {len(clf.classes_)} classes; "
+                   f"showing all {len(clf.classes_)}")
+    done = ray_engine.finished_blocks(args.out, job) if not args.force else set()
+    if done:
+        note(args, f"svgen classify: {len(done)} of {len(blocks)} block(s) already in {args.out}; classifying the rest")
+    if len(done) < len(blocks):
+        store = args.object_store_mb * 1024 * 1024 if args.object_store_mb else None
+        started = ray_engine.connect(args.address, num_cpus=args.cpus, object_store_memory=store)
+        try:
+            done = ray_engine.prepare_output(args.out, job, force=args.force)
+            ray_engine.run_blocks(blocks, args.out, args.artifact, args.head, args.probs, args.top_k,
+                                  preprocess=preprocess, encoder_factory=factory, actors=args.actors,
+                                  actor_cpus=args.actor_cpus, batch_size=args.batch_size, done=done,
+                                  progress=args.progress)
+        finally:
+            if started:
+                import ray
+
+                ray.shutdown()
+    rows, failed, parts = ray_engine.count_rows(args.out)
+    if rows + failed != n_inputs or parts != len(blocks):  # pragma: no cover - a bug, never a user error
+        raise SvgenError(f"{args.out} holds {rows} prediction(s) + {failed} failure(s) in {parts} part(s) for "
+                         f"{n_inputs} input(s) in {len(blocks)} block(s); rerun to finish it")
+    if failed:
+        note(args, f"svgen classify: {failed} of {n_inputs} input(s) could not be read; "
+                   f"see {os.path.join(args.out, ray_engine.FAILED_DIR)}")
+    note(args, f"wrote {args.out}: {rows} row(s) in {parts} part(s), {args.head} head, "
+               f"top {min(args.top_k, len(clf.classes_))}, Parquet")
+    return 0
