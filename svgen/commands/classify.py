@@ -39,12 +39,13 @@ def add_parser(sub):
     p.add_argument("--transductive", action="store_true",
                    help="use the inputs themselves as an unlabelled pool: embed once, adapt the artifact to them "
                         "(as 'svgen adapt --unlabelled'; the artifact on disk is not changed) and print each "
-                        "input's transductive class probabilities (--head is then not used). Fewer inputs than "
-                        "classes: the inductive head's softmax, with a warning")
+                        "input's transductive class probabilities; with --head, that adapted head's scores "
+                        "(or --probs) instead (kernel: the vote re-solved with pool rows as support vectors). "
+                        "Fewer inputs than classes: the inductive head's softmax, with a warning")
     p.add_argument("inputs", nargs="*", metavar="IMAGE|DIR", help="image files and/or folders (searched recursively)")
     p.add_argument("--features", metavar="FEATS.npy",
                    help="precomputed N×D image embeddings instead of images (raw or normalised)")
-    p.add_argument("--head", choices=("kernel", "linear", "cosine"), default="kernel",
+    p.add_argument("--head", choices=("kernel", "linear", "cosine"), default=None,
                    help="kernel vote (default), linear head, or cosine (the plain CLIP baseline)")
     p.add_argument("--probs", action="store_true",
                    help="print probabilities (each row sums to one over all classes) instead of scores")
@@ -92,6 +93,7 @@ def run(args) -> int:
     if not args.features and not args.inputs:
         raise SvgenError("nothing to classify: give image files or folders, or --features FEATS.npy")
     check_out(args.out, args.force)
+    head = args.head or "kernel"
     clf = SVGClassifier.load(args.artifact)
     clf.progress = args.progress
     if args.features:
@@ -99,10 +101,10 @@ def run(args) -> int:
 
         x = torch.from_numpy(load_features(args.features, clf))
         if args.transductive:
-            scores = _transductive(clf, x)
+            scores = _transductive(clf, x, args)
         else:
             score = clf.predict_proba if args.probs else clf.decision_function
-            scores = torch.cat([score(x[s:s + FEATURE_BATCH], head=args.head)
+            scores = torch.cat([score(x[s:s + FEATURE_BATCH], head=head)
                                 for s in range(0, x.shape[0], FEATURE_BATCH)])
         names, key = list(range(x.shape[0])), "index"
     else:
@@ -114,21 +116,33 @@ def run(args) -> int:
         encoder = encoder_for_artifact(args, clf)
         feats, names, _ = encode_paths(args, encoder, paths, "classify")
         if args.transductive:
-            scores = _transductive(clf, feats)
+            scores = _transductive(clf, feats, args)
         else:
-            scores = (clf.predict_proba if args.probs else clf.decision_function)(feats, head=args.head)
+            scores = (clf.predict_proba if args.probs else clf.decision_function)(feats, head=head)
         key = "path"
     if args.top_k > len(clf.classes_):  # said once the inputs are known good, so an error stays one line
         note(args, f"svgen classify: --top-k {args.top_k} is more than the artifact's {len(clf.classes_)} classes; "
                    f"showing all {len(clf.classes_)}")
     emit(format_rows(names, scores, clf.classes_, args.top_k, args.format, key), args.out, args.force, args,
-         f"{len(names)} row(s), {args.head} head, top {min(args.top_k, len(clf.classes_))}, {args.format}")
+         f"{len(names)} row(s), {_what(args)}, top {min(args.top_k, len(clf.classes_))}, {args.format}")
     return 0
 
 
-def _transductive(clf, x):
-    """The inputs' transductive class probabilities (the inputs are the pool)."""
+def _what(args) -> str:
+    if args.transductive and args.head is None:
+        return "transductive posterior"
+    return ("transductive " if args.transductive else "") + f"{args.head or 'kernel'} head"
+
+
+def _transductive(clf, x, args):
+    """The inputs' transductive class probabilities (the inputs are the pool), or with ``--head`` the
+    adapted head's scores / probabilities on them."""
     if x.shape[0] < 2:
         raise SvgenError(f"--transductive needs at least 2 inputs to use as a pool, got {x.shape[0]}")
     clf.adapt(unlabelled=x)  # progress on rounds follows clf.progress (set from --quiet / the terminal)
-    return clf.transductive_labels_.float()
+    if args.head is None:
+        return clf.transductive_labels_.float()
+    import torch
+
+    score = clf.predict_proba if args.probs else clf.decision_function
+    return torch.cat([score(x[s:s + FEATURE_BATCH], head=args.head) for s in range(0, x.shape[0], FEATURE_BATCH)])
