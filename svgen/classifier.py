@@ -333,6 +333,7 @@ class SVGClassifier:
         t0 = time.perf_counter()
         with torch.no_grad():
             prior = self._scores(U, head)
+        timings = {"prior_scores": time.perf_counter() - t0}
         reason = td.fallback_reason(N, C)
         if reason is not None:
             log.warning("transductive: %s", reason)
@@ -357,6 +358,8 @@ class SVGClassifier:
             else:
                 t_prior, t_lin = td.match_entropy(prior, target), td.match_entropy(lin, target)
             beta0 = td.prior_strength(N, C, len(shots) if fitted else 0) if strength is None else float(strength)
+            timings["calibration"] = time.perf_counter() - t0 - timings["prior_scores"]
+            t1 = time.perf_counter()
             res, tries = td.settle(U, t_prior * prior, fewshot.prior_means(self.prototypes_, U.double()).float(),
                                    beta0, shots_x=None if shots is None else shots.rows.float(),
                                    shots_y=None if shots is None else shots.labels, precision=precision,
@@ -368,13 +371,16 @@ class SVGClassifier:
             self.transductive_ = {"pool": N, "fallback": reason, "prior_head": head, "tries": tries}
             self.transductive_labels_ = torch.softmax(prior.double(), dim=1)
             return self
+        timings["rounds"] = time.perf_counter() - t1
         beta = res.info["prior_strength"]
         self.inductive_linear_ = (self.linear_weight_, self.linear_bias_)
         self.linear_weight_ = res.weight + beta * t_lin * self.linear_weight_.float()
         self.linear_bias_ = res.bias + beta * t_lin * self.linear_bias_.float()
         self.transductive_labels_ = res.labels
+        t1 = time.perf_counter()
         with torch.no_grad():
             kinfo = self._pool_kernel_head(U, res.labels, shots)
+        timings["kernel_head"] = time.perf_counter() - t1
         self._text_temperatures()  # the heads changed: their temperatures follow (text rule)
         self.transductive_ = {**res.info, "fallback": None, "prior_head": head, "tries": tries,
                               "prior_temperature": t_prior,
@@ -382,7 +388,7 @@ class SVGClassifier:
                               "heads": {"linear": "transductive posterior",
                                         "kernel": "transductive (pool rows, soft targets)" if kinfo["replaced"]
                                         else "inductive (kept: " + kinfo["reason"] + ")"},
-                              "kernel_head": kinfo, "wall_time_s": time.perf_counter() - t0}
+                              "kernel_head": kinfo, "timings_s": timings, "wall_time_s": time.perf_counter() - t0}
         log.info("transductive: %d images, β=%.3g, %d rounds, %.1f%% of the pool relabelled from the prior, %.2fs",
                  N, beta, res.info["rounds"], 100 * res.info["changed_from_prior"], self.transductive_["wall_time_s"])
         return self
@@ -399,6 +405,7 @@ class SVGClassifier:
         from . import transductive as td
 
         C, N = len(self.classes_), U.shape[0]
+        t0 = time.perf_counter()
         text = self._text_state()
         if self.text_ is None and self.inductive_linear_ is not None:   # the zero-shot linear head, not the posterior
             text = {**text, "linear_weight": self.inductive_linear_[0].clone(),
@@ -414,13 +421,17 @@ class SVGClassifier:
         rows = SupportSet(U[picks], Zp.argmax(dim=1), torch.full((picks.numel(),), POOL, dtype=torch.uint8))
         data, targets = (rows, Zp) if shots is None else (shots.join(rows), torch.cat([shots.one_hot(C), Zp]))
         text_rows = SupportSet.from_text(text["support_vectors"])
+        # many text rows: each σ of the grid would re-solve the text head (an M_T×M_T system); keep the current σ
+        sigmas = None if len(text_rows) <= td.SIGMA_GRID_MAX_TEXT_ROWS else [float(self.bandwidth_)]
         support, sigma, A, choice = fewshot.fit_kernel_head(text_rows, self._text_votes(text, text_rows), data, C,
-                                                            kind=self.fit_config_.kernel, seed=self.fit_config_.seed,
-                                                            targets=targets, one_se=td.POOL_ONE_SE)
+                                                            kind=self.fit_config_.kernel, sigmas=sigmas,
+                                                            seed=self.fit_config_.seed, targets=targets,
+                                                            one_se=td.POOL_ONE_SE)
         Uh, Zh = U[held], Z[held]
         new = kernel_scores(Uh, support.rows.float(), sigma, A, self.fit_config_.kernel)
         agree, agree0 = td.kernel_agreement(new, Zh), td.kernel_agreement(self._scores(Uh, "kernel"), Zh)
-        info.update({"agreement": agree, "inductive_agreement": agree0, **choice.as_dict()})
+        info.update({"agreement": agree, "inductive_agreement": agree0, **choice.as_dict(),
+                     "wall_time_s": time.perf_counter() - t0})
         if not agree > agree0:
             return {**info, "replaced": False,
                     "reason": f"held-out agreement with the posterior {agree:.4f} is not above the inductive {agree0:.4f}"}
