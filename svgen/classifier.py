@@ -426,7 +426,8 @@ class SVGClassifier:
         support, sigma, A, choice = fewshot.fit_kernel_head(text_rows, self._text_votes(text, text_rows), data, C,
                                                             kind=self.fit_config_.kernel, sigmas=sigmas,
                                                             seed=self.fit_config_.seed, targets=targets,
-                                                            one_se=td.POOL_ONE_SE)
+                                                            one_se=td.POOL_ONE_SE,
+                                                            loo_max=int(math.sqrt(td.POOL_LOO_BUDGET / C)))
         Uh, Zh = U[held], Z[held]
         new = kernel_scores(Uh, support.rows.float(), sigma, A, self.fit_config_.kernel)
         agree, agree0 = td.kernel_agreement(new, Zh), td.kernel_agreement(self._scores(Uh, "kernel"), Zh)

@@ -135,7 +135,7 @@ def _alphas(has_unshot: bool) -> tuple:
 
 def fit_kernel_head(text: SupportSet, text_votes: Callable[[float], torch.Tensor], shots: SupportSet, n_classes: int,
                     kind: str = "rbf", sigmas: Optional[Sequence[float]] = None, seed: int = 0,
-                    targets: Optional[torch.Tensor] = None, one_se: bool = True):
+                    targets: Optional[torch.Tensor] = None, one_se: bool = True, loo_max: int = LOO_MAX_SHOTS):
     """(support set, σ, vote weights M×C, HeadChoice) for the kernel vote over ``[text; shots]``.
 
     ``text_votes(σ)`` returns the text rows' zero-shot vote weights at bandwidth σ (the
@@ -144,7 +144,8 @@ def fit_kernel_head(text: SupportSet, text_votes: Callable[[float], torch.Tensor
     ``targets`` (N×C, rows on the simplex) replaces the one-hot ``Y`` of the shots' labels: soft
     labels, e.g. the transductive posterior of unlabelled pool rows (:mod:`svgen.transductive`);
     LOO then scores against their argmax. ``one_se=False`` takes the LOO minimum instead of the
-    1-SE rule (rows that are single images like the queries, not tighter view averages).
+    1-SE rule (rows that are single images like the queries, not tighter view averages);
+    ``loo_max`` caps the rows LOO runs on (class-stratified subset; the LOO costs rows²·C).
     """
     X = shots.rows.double()
     N = X.shape[0]
@@ -157,7 +158,7 @@ def fit_kernel_head(text: SupportSet, text_votes: Callable[[float], torch.Tensor
     # --- end issue 12
     T = text.rows.double()
     labels = shots.labels.numpy()
-    sub = _stratified(labels, LOO_MAX_SHOTS, seed)
+    sub = _stratified(labels, loo_max, seed)
     Xs, Ys = (X, Y) if sub is None else (X[sub], Y[sub])
     n = Xs.shape[0]
     if sigmas is None:

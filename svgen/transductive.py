@@ -71,6 +71,7 @@ POOL_ROWS_PER_CLASS = 16     # kernel head: pool support rows per class at most 
 POOL_ROWS_MAX = 2048         # … and in all (the dense solve over them stays small at 1,000 classes)
 POOL_ONE_SE = False          # kernel head: σ, λ, α at the LOO minimum (pool rows are single images, like queries)
 SIGMA_GRID_MAX_TEXT_ROWS = 2048   # kernel head: more text rows than this keep the current σ (no grid)
+POOL_LOO_BUDGET = 2048 ** 2 * 128   # kernel head: LOO on at most sqrt(this / C) rows (its cost is rows²·C)
 HELD_OUT_FRACTION = 0.25     # kernel head: at least this fraction of the pool is never a support row
 HELD_OUT_ROWS = 4096         # kernel head: held-out pool rows scored for the agreement check
 ESCALATE = 4.0               # β × this when the rounds do not settle
