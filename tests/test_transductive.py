@@ -20,13 +20,19 @@ def _unit(x):
     return x / np.linalg.norm(x, axis=1, keepdims=True)
 
 
+def _clusters(seed, proto_noise, per_class, pool_noise):
+    """(rng, C unit centres, prototypes that far off them, a pool of per_class images per centre, its labels)."""
+    rng = np.random.default_rng(seed)
+    centres = _unit(rng.normal(size=(C, D)))
+    protos = (centres + proto_noise * rng.normal(size=(C, D)) / np.sqrt(D)).astype(np.float32)
+    yu = np.repeat(np.arange(C), per_class)
+    U = _unit(centres[yu] + pool_noise * rng.normal(size=(len(yu), D)) / np.sqrt(D)).astype(np.float32)
+    return rng, centres, protos, U, yu
+
+
 @pytest.fixture(scope="module")
 def data():
-    rng = np.random.default_rng(0)
-    centres = _unit(rng.normal(size=(C, D)))
-    protos = (centres + 0.5 * rng.normal(size=(C, D)) / np.sqrt(D)).astype(np.float32)
-    yu = np.repeat(np.arange(C), 10)
-    U = _unit(centres[yu] + 0.9 * rng.normal(size=(len(yu), D)) / np.sqrt(D)).astype(np.float32)
+    rng, centres, protos, U, yu = _clusters(0, 0.5, 10, 0.9)
     ys = np.repeat(np.arange(C), 2)
     X = _unit(centres[ys] + 0.9 * rng.normal(size=(len(ys), D)) / np.sqrt(D)).astype(np.float32)
     clf = SVGClassifier(n_support=2, steps=5, seed=0).fit(protos)
@@ -397,12 +403,8 @@ def test_soft_target_kernel_head_against_numpy(data):
 @pytest.fixture(scope="module")
 def hard():
     """Prototypes far off their clusters (the inductive heads err) and a pool with tight clusters."""
-    rng = np.random.default_rng(7)
-    centres = _unit(rng.normal(size=(C, D)))
-    protos = (centres + 1.6 * rng.normal(size=(C, D)) / np.sqrt(D)).astype(np.float32)
-    yu = np.repeat(np.arange(C), 30)
-    U = _unit(centres[yu] + 0.5 * rng.normal(size=(len(yu), D)) / np.sqrt(D)).astype(np.float32)
-    return {**{k: v for k, v in zip(("protos", "U", "yu"), (protos, U, yu))}}
+    _, _, protos, U, yu = _clusters(7, 1.6, 30, 0.5)
+    return {"protos": protos, "U": U, "yu": yu}
 
 
 def _kernel_resolved(clf):
