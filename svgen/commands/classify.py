@@ -32,7 +32,8 @@ def add_parser(sub):
                "  svgen classify lvis.svgen photos/ --top-k 3\n"
                "  svgen classify lvis.svgen photos/ --probs --head linear\n"
                "  svgen classify lvis.svgen --features feats.npy --head cosine --format jsonl --out preds.jsonl\n"
-               "  svgen classify pets.svgen photos/ --transductive",
+               "  svgen classify pets.svgen photos/ --transductive\n"
+               "  svgen classify pets.svgen photos/ --transductive --head kernel --probs",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("artifact", metavar="ARTIFACT_DIR", help="artifact written by 'svgen fit'")
@@ -46,7 +47,8 @@ def add_parser(sub):
     p.add_argument("--features", metavar="FEATS.npy",
                    help="precomputed N×D image embeddings instead of images (raw or normalised)")
     p.add_argument("--head", choices=("kernel", "linear", "cosine"), default=None,
-                   help="kernel vote (default), linear head, or cosine (the plain CLIP baseline)")
+                   help="kernel vote (default), linear head, or cosine (the plain CLIP baseline); with "
+                        "--transductive the default is the pool's posterior")
     p.add_argument("--probs", action="store_true",
                    help="print probabilities (each row sums to one over all classes) instead of scores")
     p.add_argument("-k", "-K", "--top-k", type=int, default=5,
