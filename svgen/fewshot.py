@@ -186,7 +186,8 @@ def fit_kernel_head(text: SupportSet, text_votes: Callable[[float], torch.Tensor
     votes = torch.cat([alpha * A_T, s0 * B]).float()
     choice = HeadChoice(float(err[i, j, a]), {"sigma": sigma, "ridge_lambda": c / N, "ridge_c": c,
                                               "prior_weight": alpha, "prior_scale": s0,
-                                              "loo_shots": n, "rule": "1-SE (largest σ, then λ)"},
+                                              "loo_shots": n, "rule": "1-SE (largest σ, then λ)" if one_se
+                                              else "LOO minimum (ties: largest σ, then λ)"},
                         grid=[{"sigma": float(s), "c": float(r), "alpha": float(al), "loo_error": float(err[p, q, t])}
                               for p, s in enumerate(sigmas) for q, r in enumerate(ridges) for t, al in enumerate(alphas)])
     return text.join(shots), sigma, votes, choice
