@@ -3,13 +3,14 @@
 
 Side by side, in one run, on the same pools:
 
-* ``inductive``  the svgen heads the pool is adapted from (zero-shot fit; with shots, the few-shot
-                 adapt), the head the transduction uses as its prior (kernel zero-shot; the
-                 LOO-better head few-shot), and the other head too
-* ``refine``     the simple baseline: one-step prototype refinement, ``p'_c = p̂_c + Σ_i z_ic û_i / Σ_i z_ic``
-                 with ``z`` the inductive prior's calibrated probabilities, then cosine to ``p'``
+* ``inductive_kernel`` / ``inductive_linear``  the svgen heads the pool is adapted from (zero-shot
+                 fit; with shots, the few-shot adapt); ``inductive`` is the one the transduction takes
+                 as its prior (kernel zero-shot, linear = LDA with shots)
+* ``refine_kernel`` / ``refine_linear``  the simple baseline: one-step prototype refinement,
+                 ``p'_c = p̂_c + Σ_i z_ic û_i / Σ_i z_ic`` with ``z`` that inductive head's
+                 entropy-calibrated probabilities, then cosine to ``p'``
 * ``svgen_labels``  ``clf.adapt(unlabelled=U)``: the transductive soft labels of the pool
-* ``svgen_linear``  the adapted linear head (the transductive posterior) scored on the pool
+* ``svgen_kernel`` / ``svgen_linear``  the adapted heads (what the artifact keeps) scored on the pool
 * ``cosine``     plain CLIP (cosine to the prototypes)
 
 Data:
@@ -22,7 +23,9 @@ Data:
   the shots (as in ``bench_fewshot.py``). With ``--zero-shot-path`` the shots only make the
   stand-in prototypes and are not given to ``adapt``: the zero-shot code path on per-image pools.
 
-Nothing is chosen on the validation labels: they are only scored. Paired bootstrap 95% intervals
+Nothing is chosen on the validation labels inside a run: they are only scored. ``--fold A|B``
+uses one half of each validation set (a fixed random split) as the pool and the queries: the
+defaults of the kernel re-solve were chosen on fold A (seed 0), fold B confirms them. Paired bootstrap 95% intervals
 (images resampled within each dataset, seeds averaged per image) of transductive − inductive on the
 mean over the datasets, and per dataset.
 
@@ -47,7 +50,21 @@ from bench_common import DATA, machine, print_table, save_result  # noqa: E402
 from bench_fewshot import DATASETS, FEWSHOT, class_means, paired_bootstrap, sample_shots, unit  # noqa: E402
 
 SHOTS = (1, 4)
-METHODS = ("cosine", "inductive", "inductive_other", "refine", "svgen_labels", "svgen_linear")
+METHODS = ("cosine", "inductive", "inductive_kernel", "inductive_linear", "refine_kernel", "refine_linear",
+           "svgen_labels", "svgen_kernel", "svgen_linear")
+#: (method, its inductive reference) pairs with a paired bootstrap interval in the summary
+PAIRS = (("svgen_labels", "inductive"), ("svgen_kernel", "inductive_kernel"), ("svgen_linear", "inductive_linear"),
+         ("refine_kernel", "inductive_kernel"), ("refine_linear", "inductive_linear"))
+FOLD_SEED = 12345
+
+
+def fold_rows(n, fold):
+    """Row indices of one half of a validation set (``all``: every row)."""
+    if fold == "all":
+        return np.arange(n)
+    perm = np.random.default_rng(FOLD_SEED).permutation(n)
+    half = perm[: n // 2] if fold == "A" else perm[n // 2:]
+    return np.sort(half)
 
 
 def refine(U, P, prior_logits):
@@ -67,30 +84,36 @@ def evaluate(clf, U, P, yv):
     from svgen.classifier import prior_head_of
 
     head = prior_head_of(clf)
-    other = "linear" if head == "kernel" else "kernel"
-    out = {"cosine": U @ unit(P).T, "inductive": clf.decision_function(U, head).numpy(),
-           "inductive_other": clf.decision_function(U, other).numpy()}
+    out = {"cosine": U @ unit(P).T}
     target = td._entropy(td.CLIP_LOGIT_SCALE * torch.as_tensor(out["cosine"]))
-    t = td.match_entropy(torch.as_tensor(out["inductive"]), target)
-    out["refine"] = refine(U, P, t * out["inductive"])
+    for h in ("kernel", "linear"):
+        out[f"inductive_{h}"] = np.asarray(clf.decision_function(U, h))
+        t = td.match_entropy(torch.as_tensor(out[f"inductive_{h}"]), target)
+        out[f"refine_{h}"] = refine(U, P, t * out[f"inductive_{h}"])
+    out["inductive"] = out[f"inductive_{head}"]
     t0 = time.perf_counter()
     clf.adapt(unlabelled=U)
     wall = time.perf_counter() - t0
     out["svgen_labels"] = clf.transductive_labels_.numpy()
-    out["svgen_linear"] = clf.decision_function(U, "linear").numpy()
+    out["svgen_kernel"] = np.asarray(clf.decision_function(U, "kernel"))
+    out["svgen_linear"] = np.asarray(clf.decision_function(U, "linear"))
     info = {k: clf.transductive_.get(k) for k in ("prior_head", "prior_strength", "rounds", "round_agreement",
-                                                  "changed_from_prior", "fallback", "prior_temperature",
-                                                  "held_out_check")}
+                                                  "changed_from_prior", "fallback", "prior_temperature")}
+    kh = clf.transductive_.get("kernel_head") or {}
+    info["kernel_head"] = {k: kh.get(k) for k in ("replaced", "reason", "pool_rows", "agreement",
+                                                  "inductive_agreement", "sigma", "ridge_c", "prior_weight")}
     info["adapt_s"] = wall
     return {m: (np.asarray(s).argmax(1) == yv).astype(float) for m, s in out.items()}, info
 
 
-def run_coop(name, shots_list, seeds, log, zero_shot_path=False):
+def run_coop(name, shots_list, seeds, log, zero_shot_path=False, fold="all"):
     from svgen import SVGClassifier
 
     d = FEWSHOT / name
     Xtr, ytr = unit(np.load(d / "train16_features.npy")), np.load(d / "train16_labels.npy").astype(np.int64)
     U, yv = unit(np.load(d / "val_features.npy")), np.load(d / "val_labels.npy").astype(np.int64)
+    rows = fold_rows(len(yv), fold)
+    U, yv = U[rows], yv[rows]
     C = int(ytr.max()) + 1
     out = {}
     for k in shots_list:
@@ -109,8 +132,10 @@ def run_coop(name, shots_list, seeds, log, zero_shot_path=False):
                 correct[m] += c[m] / len(seeds)
         out[k] = {"acc": {m: float(100 * v.mean()) for m, v in correct.items()}, "correct": correct, "choices": infos}
         log(f"{name:>15} {k:>2} shots: " + "  ".join(f"{m} {a:.1f}" for m, a in out[k]["acc"].items())
-            + "  | " + "; ".join(f"β {i['prior_strength']:.2f} rounds {i['rounds']}" if not i["fallback"]
-                                 else "fallback" for i in infos) + f" adapt {infos[0]['adapt_s']:.1f}s")
+            + "  | " + "; ".join(f"β {i['prior_strength']:.2f} rounds {i['rounds']} kernel "
+                                 + ("re-solved" if i["kernel_head"]["replaced"] else "kept")
+                                 if not i["fallback"] else "fallback" for i in infos)
+            + f" adapt {infos[0]['adapt_s']:.1f}s")
     return out
 
 
@@ -131,7 +156,8 @@ def run_lvis(log):
         finally:
             td.MIN_POOL_PER_CLASS = keep
         correct["forced_labels"] = (clf.transductive_labels_.numpy().argmax(1) == yv).astype(float)
-        correct["forced_linear"] = (clf.decision_function(U, "linear").numpy().argmax(1) == yv).astype(float)
+        correct["forced_kernel"] = (np.asarray(clf.decision_function(U, "kernel")).argmax(1) == yv).astype(float)
+        correct["forced_linear"] = (np.asarray(clf.decision_function(U, "linear")).argmax(1) == yv).astype(float)
         info["forced"] = {k: clf.transductive_.get(k) for k in ("prior_strength", "rounds", "tries")}
     acc = {m: float(100 * v.mean()) for m, v in correct.items()}
     log("     lvis (dev pool, zero-shot): " + "  ".join(f"{m} {a:.1f}" for m, a in acc.items())
@@ -144,8 +170,14 @@ def _ci(r):
 
 
 NAMES = {"cosine": "cosine (stand-in prototypes)", "inductive": "inductive (the prior head)",
-         "inductive_other": "inductive, other head", "refine": "one-step prototype refinement",
-         "svgen_labels": "svgen transductive (pool labels)", "svgen_linear": "svgen transductive (linear head)"}
+         "inductive_kernel": "inductive kernel head", "inductive_linear": "inductive linear head",
+         "refine_kernel": "one-step refinement of the kernel head", "refine_linear": "one-step refinement of the linear head",
+         "svgen_labels": "svgen transductive (pool labels)", "svgen_kernel": "svgen transductive kernel head",
+         "svgen_linear": "svgen transductive linear head"}
+
+
+def _pair(a, b):
+    return f"{a}_vs_{b}"
 
 
 def markdown(result: dict) -> str:
@@ -159,27 +191,34 @@ def markdown(result: dict) -> str:
             ci = _ci(lv["vs_cosine"][m]) if m in lv["vs_cosine"] else ""
             out.append(f"| {m} | {a:.2f} | {ci} |")
         out.append("")
+    if "summary" not in result:
+        return "\n".join(out) + "\n"
     shots, datasets = result["shots"], result["datasets"]
     summ = {int(k): v for k, v in result["summary"].items()}
-    out += [f"CoOp dev sets, mean over {len(datasets)} datasets, {len(result['seeds'])} seeds"
+    fold = result.get("fold", "all")
+    where = "" if fold == "all" else f", fold {fold} (half of each validation set as pool and queries)"
+    out += [f"CoOp dev sets, mean over {len(datasets)} datasets, {len(result['seeds'])} seeds{where}"
             + (" (zero-shot path: shots not given to adapt)" if result.get("zero_shot_path") else "") + ":", "",
             "| method | " + " | ".join(f"{k} shot{'s' if k > 1 else ''}" for k in shots) + " |",
             "|---|" + "---:|" * len(shots)]
     for m in METHODS:
         out.append(f"| {NAMES[m]} | " + " | ".join(f"{summ[k]['mean_acc'][m]:.2f}" for k in shots) + " |")
-    out += ["", "| shots | svgen labels − inductive | svgen linear − inductive | refine − inductive |",
-            "|---:|---|---|---|"]
+    out += ["", "| shots | " + " | ".join(f"{a} − {b}" for a, b in PAIRS) + " |", "|---:|" + "---|" * len(PAIRS)]
     for k in shots:
-        out.append(f"| {k} | {_ci(summ[k]['svgen_labels_vs_inductive'])} | {_ci(summ[k]['svgen_linear_vs_inductive'])}"
-                   f" | {_ci(summ[k]['refine_vs_inductive'])} |")
-    out += ["", "| dataset | shots | inductive | refine | svgen labels | labels − inductive [95% CI] | β per seed |",
-            "|---|---:|---:|---:|---:|---|---|"]
+        out.append(f"| {k} | " + " | ".join(_ci(summ[k][_pair(a, b)]) for a, b in PAIRS) + " |")
+    out += ["", "| dataset | shots | inductive kernel | svgen kernel | kernel − inductive [95% CI] | inductive linear | "
+                "svgen linear | linear − inductive [95% CI] | β per seed | kernel re-solved |",
+            "|---|---:|---:|---:|---|---:|---:|---|---|---|"]
     for n in datasets:
         for k in shots:
             r = result["per_dataset"][n][str(k)]
+            a, pd = r["acc"], summ[k]["per_dataset"][n]
             betas = ", ".join("fall-back" if c["fallback"] else f"{c['prior_strength']:.2g}" for c in r["choices"])
-            out.append(f"| {n} | {k} | {r['acc']['inductive']:.1f} | {r['acc']['refine']:.1f} | "
-                       f"{r['acc']['svgen_labels']:.1f} | {_ci(summ[k]['per_dataset_labels_vs_inductive'][n])} | {betas} |")
+            kept = ", ".join("–" if c["fallback"] else ("yes" if c["kernel_head"]["replaced"] else "no")
+                             for c in r["choices"])
+            out.append(f"| {n} | {k} | {a['inductive_kernel']:.1f} | {a['svgen_kernel']:.1f} | "
+                       f"{_ci(pd[_pair('svgen_kernel', 'inductive_kernel')])} | {a['inductive_linear']:.1f} | "
+                       f"{a['svgen_linear']:.1f} | {_ci(pd[_pair('svgen_linear', 'inductive_linear')])} | {betas} | {kept} |")
     return "\n".join(out) + "\n"
 
 
@@ -193,6 +232,9 @@ def main(argv=None):
     ap.add_argument("--zero-shot-path", action="store_true",
                     help="CoOp: the shots only make the stand-in prototypes and are not given to adapt, so the "
                          "zero-shot path runs (kernel-vote prior, entropy calibration, diagonal Σ) on per-image pools")
+    ap.add_argument("--fold", choices=("all", "A", "B"), default="all",
+                    help="CoOp: the whole validation set (default) or one half of it as pool and queries "
+                         "(A: where the kernel re-solve's defaults were chosen; B: the confirming half)")
     ap.add_argument("--out", default="bench_transductive", help="result name under bench-results/")
     ap.add_argument("--render", metavar="RESULT.json", help="print the markdown tables of a saved result and stop")
     args = ap.parse_args(argv)
@@ -208,6 +250,7 @@ def main(argv=None):
     log = lambda s: print(s, flush=True)  # noqa: E731
     seeds = list(range(args.seeds))
     result = {"datasets": args.datasets, "shots": args.shots, "seeds": seeds, "zero_shot_path": args.zero_shot_path,
+              "fold": args.fold,
               "prototypes": "CoOp: stand-in (class means of the shots); LVIS: 'a {class}' text embeddings",
               "machine": machine()}
     if not args.no_lvis:
@@ -218,27 +261,24 @@ def main(argv=None):
     if args.only_lvis:
         print(f"\nwrote {save_result(args.out, result)}")
         return 0
-    results = {n: run_coop(n, args.shots, seeds, log, args.zero_shot_path) for n in args.datasets}
+    results = {n: run_coop(n, args.shots, seeds, log, args.zero_shot_path, args.fold) for n in args.datasets}
     rows, summary = [], {}
     for k in args.shots:
         per = [results[n][k] for n in args.datasets]
         mean = {m: float(np.mean([r["acc"][m] for r in per])) for m in METHODS}
-        summary[k] = {"mean_acc": mean,
-                      **{f"{m}_vs_inductive": paired_bootstrap(per, m, "inductive")
-                         for m in ("refine", "svgen_labels", "svgen_linear")},
-                      "per_dataset_labels_vs_inductive": {n: paired_bootstrap([results[n][k]], "svgen_labels", "inductive")
-                                                          for n in args.datasets}}
-        rows.append({"shots": k, **mean, "labels−inductive [95% CI]": _ci(summary[k]["svgen_labels_vs_inductive"]),
-                     "linear−inductive": _ci(summary[k]["svgen_linear_vs_inductive"]),
-                     "refine−inductive": _ci(summary[k]["refine_vs_inductive"])})
+        summary[k] = {"mean_acc": mean, **{_pair(a, b): paired_bootstrap(per, a, b) for a, b in PAIRS},
+                      "per_dataset": {n: {_pair(a, b): paired_bootstrap([results[n][k]], a, b) for a, b in PAIRS}
+                                      for n in args.datasets}}
+        rows.append({"shots": k, **mean, **{f"{a}−{b}": _ci(summary[k][_pair(a, b)]) for a, b in PAIRS[:3]}})
     print()
-    print_table(rows, ["shots", *METHODS, "labels−inductive [95% CI]", "linear−inductive", "refine−inductive"],
+    print_table(rows, ["shots", *METHODS, *(f"{a}−{b}" for a, b in PAIRS[:3])],
                 title=f"CoOp dev: mean top-1 over {len(args.datasets)} datasets (val pool = queries), {len(seeds)} seeds")
     print()
     print_table([{"dataset": n, "shots": k, **results[n][k]["acc"],
-                  "labels−inductive": _ci(summary[k]["per_dataset_labels_vs_inductive"][n])}
-                 for n in args.datasets for k in args.shots], ["dataset", "shots", *METHODS, "labels−inductive"],
-                title="per dataset")
+                  "kernel−inductive": _ci(summary[k]["per_dataset"][n][_pair("svgen_kernel", "inductive_kernel")]),
+                  "linear−inductive": _ci(summary[k]["per_dataset"][n][_pair("svgen_linear", "inductive_linear")])}
+                 for n in args.datasets for k in args.shots],
+                ["dataset", "shots", *METHODS, "kernel−inductive", "linear−inductive"], title="per dataset")
     for n in results:
         for k in results[n]:
             results[n][k].pop("correct")

@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import resource
 import subprocess
 import sys
@@ -41,15 +42,24 @@ def child(artifact: str, pool: str, threads: int) -> None:
     clf = SVGClassifier.load(artifact)
     clf.progress = True
     U = np.load(pool)
-    rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    ru0 = resource.getrusage(resource.RUSAGE_SELF)
+    rss0 = ru0.ru_maxrss
+    load0 = os.getloadavg()[0]
     t0 = time.perf_counter()
     clf.adapt(unlabelled=U)
     wall = time.perf_counter() - t0
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    peak = ru.ru_maxrss
     t = clf.transductive_
-    print(json.dumps({"adapt_s": wall, "peak_rss_gb": peak / 2 ** 20, "rss_before_adapt_gb": rss0 / 2 ** 20,
+    cpu = ru.ru_utime + ru.ru_stime - ru0.ru_utime - ru0.ru_stime
+    # CPU seconds of the adapting process over the threads it may use: its wall time on an otherwise idle machine
+    print(json.dumps({"adapt_s": wall, "adapt_cpu_s": cpu, "idle_equivalent_s": cpu / threads,
+                      "load_average": [load0, os.getloadavg()[0]], "timings_s": t.get("timings_s"),
+                      "peak_rss_gb": peak / 2 ** 20, "rss_before_adapt_gb": rss0 / 2 ** 20,
                       "rounds": t.get("rounds"), "prior_strength": t.get("prior_strength"),
-                      "fallback": t.get("fallback"), "tries": t.get("tries")}))
+                      "fallback": t.get("fallback"), "tries": t.get("tries"),
+                      "kernel_head": {k: (t.get("kernel_head") or {}).get(k) for k in ("replaced", "reason", "pool_rows", "wall_time_s")},
+                      "wall_time_s": t.get("wall_time_s")}))
 
 
 def main(argv=None):
@@ -86,7 +96,10 @@ def main(argv=None):
     res = json.loads(out.stdout.strip().splitlines()[-1])
     res.update({"pool": args.pool, "classes": args.classes, "threads": args.threads, "fit_s": fit_s,
                 "prototypes": source, "budget": {"adapt_s": 120, "peak_rss_gb": 4.0},
-                "within_budget": res["adapt_s"] <= 120 and res["peak_rss_gb"] <= 4.0, "machine": machine()})
+                "within_budget": res["adapt_s"] <= 120 and res["peak_rss_gb"] <= 4.0,
+                # CPU seconds / threads is a lower bound of the wall time on an idle machine (perfect scaling)
+                "within_budget_idle_lower_bound": res["idle_equivalent_s"] <= 120 and res["peak_rss_gb"] <= 4.0,
+                "machine": machine()})
     print(json.dumps({k: v for k, v in res.items() if k != "machine"}, indent=1))
     print(f"wrote {save_result('bench_transductive_scale', res)}")
     return 0

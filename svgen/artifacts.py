@@ -27,7 +27,7 @@ artifacts without that key are scaled when loaded, once.
 
 **Format version 2** (labelled images as support vectors, :mod:`svgen.fewshot`): ``support_vectors``
 is M×D (text rows first, class-major, then the image rows), with ``support_labels`` (M, int64:
-the class of each row) and ``support_source`` (M, uint8: 0 = text, 1 = image; the names are in
+the class of each row) and ``support_source`` (M, uint8: 0 = text, 1 = image, 2 = pool; the names are in
 ``svgen.json`` under ``"support_source"``); ``vote_weights`` is M×C and the scores keep the same
 formula. The zero-shot state the images were added to travels as ``text.support_vectors``
 (C×K×D), ``text.bandwidth``, ``text.vote_weights``, ``text.linear_head.weight`` and
@@ -37,7 +37,11 @@ Artifacts without images are written as version 1, exactly as before; both versi
 An artifact adapted to unlabelled images (:mod:`svgen.transductive`) keeps its version; its
 ``linear_head.*`` is then the transductive posterior and the inductive linear head travels as
 ``inductive.linear_head.weight`` (C×D) and ``inductive.linear_head.bias`` (C), with
-``svgen.json`` recording the solve under ``"transductive"``. Writes are atomic: everything goes to a temporary sibling directory that is
+``svgen.json`` recording the solve under ``"transductive"``. When the transduction also
+re-solved the kernel vote, the artifact is version 2 with unlabelled ``pool`` rows (source 2,
+labelled by the argmax of their posterior) after the text and image rows, and the inductive
+kernel head travels as ``inductive.vote_weights`` (M₀×C, over the first M₀ = text + image rows)
+and ``inductive.bandwidth``. Writes are atomic: everything goes to a temporary sibling directory that is
 renamed into place; an existing artifact is replaced only with ``force=True``.
 """
 
@@ -266,8 +270,8 @@ def _check_shapes_v2(C: int, t: Dict[str, torch.Tensor], where) -> None:
     labels, source = t["support_labels"].to(torch.int64), t["support_source"].to(torch.int64)
     if M and (int(labels.min()) < 0 or int(labels.max()) >= C):
         raise SvgenError(f"{where}: support_labels must be class indices 0..{C - 1}")
-    if not ((source == 0) | (source == 1)).all():
-        raise SvgenError(f"{where}: support_source must be 0 (text) or 1 (image)")
+    if not ((source >= 0) & (source <= 2)).all():
+        raise SvgenError(f"{where}: support_source must be 0 (text), 1 (image) or 2 (pool)")
     _check_finite(t, REQUIRED + ("text.support_vectors", "text.bandwidth", "text.vote_weights",
                                  "text.linear_head.weight", "text.linear_head.bias"), where)
 

@@ -27,7 +27,7 @@ from .heads import HEADS, cosine_logits, kernel_scores, krr_vote_weights, linear
 from .kernels import kernel
 from .prompts import validate_classes
 from .prototypes import prototypes_from_embeddings
-from .support import IMAGE, SOURCES, SupportSet, image_rows
+from .support import IMAGE, POOL, SOURCES, SupportSet, image_rows
 from .training import (FitConfig, choose_ridge, config_dict, fit_metrics, generate_all, solve_vote_weights,
                        spread_anchors, train_generator)
 
@@ -246,6 +246,7 @@ class SVGClassifier:
         self.fewshot_ = None
         self.transductive_ = None
         self.inductive_linear_ = None
+        self.inductive_kernel_ = None
         self.transductive_labels_ = None
         self._scale_votes(lam)
         self._text_temperatures()
@@ -310,8 +311,10 @@ class SVGClassifier:
         The pool is pseudo-labelled by the current heads and the class model re-solved in closed
         form for a few rounds, with the inductive prediction kept as a prior. The linear head
         becomes the posterior ``β·t·(inductive linear logits) + Gaussian log-likelihood``; the kernel
-        head is unchanged. :attr:`transductive_labels_` holds the soft labels of the pool (what
-        ``svgen classify --transductive`` prints).
+        vote is re-solved over the text (and shot) rows plus pool rows with the posterior as soft
+        targets, and replaces the inductive one when it agrees better with the posterior on held-out
+        pool rows (:meth:`_pool_kernel_head`). :attr:`transductive_labels_` holds the soft labels of
+        the pool (what ``svgen classify --transductive`` prints).
 
         The prior is the kernel head zero-shot (entropy-calibrated), the LDA head with shots.
         Safety: a pool with fewer images than classes changes nothing; the prior strength starts at
@@ -325,13 +328,12 @@ class SVGClassifier:
         self._check_fitted()
         U = F.normalize(check_pool(unlabelled, self.n_features_in_), dim=-1)
         C, N = len(self.classes_), U.shape[0]
-        if self.inductive_linear_ is not None:   # back to the inductive linear head
-            self.linear_weight_, self.linear_bias_ = self.inductive_linear_
-            self.inductive_linear_ = None
+        self._restore_inductive()   # adapting again starts from the inductive heads
         head = prior_head_of(self)
         t0 = time.perf_counter()
         with torch.no_grad():
             prior = self._scores(U, head)
+        timings = {"prior_scores": time.perf_counter() - t0}
         reason = td.fallback_reason(N, C)
         if reason is not None:
             log.warning("transductive: %s", reason)
@@ -356,6 +358,8 @@ class SVGClassifier:
             else:
                 t_prior, t_lin = td.match_entropy(prior, target), td.match_entropy(lin, target)
             beta0 = td.prior_strength(N, C, len(shots) if fitted else 0) if strength is None else float(strength)
+            timings["calibration"] = time.perf_counter() - t0 - timings["prior_scores"]
+            t1 = time.perf_counter()
             res, tries = td.settle(U, t_prior * prior, fewshot.prior_means(self.prototypes_, U.double()).float(),
                                    beta0, shots_x=None if shots is None else shots.rows.float(),
                                    shots_y=None if shots is None else shots.labels, precision=precision,
@@ -367,20 +371,94 @@ class SVGClassifier:
             self.transductive_ = {"pool": N, "fallback": reason, "prior_head": head, "tries": tries}
             self.transductive_labels_ = torch.softmax(prior.double(), dim=1)
             return self
+        timings["rounds"] = time.perf_counter() - t1
         beta = res.info["prior_strength"]
         self.inductive_linear_ = (self.linear_weight_, self.linear_bias_)
         self.linear_weight_ = res.weight + beta * t_lin * self.linear_weight_.float()
         self.linear_bias_ = res.bias + beta * t_lin * self.linear_bias_.float()
         self.transductive_labels_ = res.labels
-        self._text_temperatures()  # the linear head changed: its temperature follows (text rule)
+        t1 = time.perf_counter()
+        with torch.no_grad():
+            kinfo = self._pool_kernel_head(U, res.labels, shots)
+        timings["kernel_head"] = time.perf_counter() - t1
+        self._text_temperatures()  # the heads changed: their temperatures follow (text rule)
         self.transductive_ = {**res.info, "fallback": None, "prior_head": head, "tries": tries,
                               "prior_temperature": t_prior,
                               "linear_prior_temperature": t_lin, "calibration": "entropy of softmax(100·cos)",
-                              "heads": {"linear": "transductive posterior", "kernel": "inductive (unchanged)"},
-                              "wall_time_s": time.perf_counter() - t0}
+                              "heads": {"linear": "transductive posterior",
+                                        "kernel": "transductive (pool rows, soft targets)" if kinfo["replaced"]
+                                        else "inductive (kept: " + kinfo["reason"] + ")"},
+                              "kernel_head": kinfo, "timings_s": timings, "wall_time_s": time.perf_counter() - t0}
         log.info("transductive: %d images, β=%.3g, %d rounds, %.1f%% of the pool relabelled from the prior, %.2fs",
                  N, beta, res.info["rounds"], 100 * res.info["changed_from_prior"], self.transductive_["wall_time_s"])
         return self
+
+    def _pool_kernel_head(self, U: torch.Tensor, Z: torch.Tensor, shots: Optional[SupportSet]) -> dict:
+        """Re-solve the kernel vote with pool rows as support vectors of soft class (the posterior ``Z``).
+
+        :func:`svgen.transductive.pool_support` picks the rows; :func:`svgen.fewshot.fit_kernel_head`
+        solves ``[text; shots; pool]`` towards the text head with targets ``[one-hot(shots); Z_pool]``
+        (σ, λ, the text weight α by exact LOO). The result replaces the inductive kernel head only if
+        its argmax agrees with the posterior's on more held-out pool rows (not support rows) than the
+        inductive head's does. Returns what was done (``svgen.json`` ``transductive.kernel_head``).
+        """
+        from . import transductive as td
+
+        C, N = len(self.classes_), U.shape[0]
+        t0 = time.perf_counter()
+        text = self._text_state()
+        if self.text_ is None and self.inductive_linear_ is not None:   # the zero-shot linear head, not the posterior
+            text = {**text, "linear_weight": self.inductive_linear_[0].clone(),
+                    "linear_bias": self.inductive_linear_[1].clone()}
+        if text["vote_weights"].is_sparse:
+            return {"replaced": False, "reason": "the text vote weights are sparse (local); the re-solve needs dense ones"}
+        picks = td.pool_support(Z)
+        held = td.held_out_rows(N, picks)
+        info = {"pool_rows": int(picks.numel()), "held_out_rows": int(held.numel())}
+        if held.numel() == 0:
+            return {**info, "replaced": False, "reason": "no held-out pool rows to check a re-solved head on"}
+        Zp = Z[picks].double()
+        rows = SupportSet(U[picks], Zp.argmax(dim=1), torch.full((picks.numel(),), POOL, dtype=torch.uint8))
+        data, targets = (rows, Zp) if shots is None else (shots.join(rows), torch.cat([shots.one_hot(C), Zp]))
+        text_rows = SupportSet.from_text(text["support_vectors"])
+        # many text rows: each σ of the grid would re-solve the text head (an M_T×M_T system); keep the current σ
+        sigmas = None if len(text_rows) <= td.SIGMA_GRID_MAX_TEXT_ROWS else [float(self.bandwidth_)]
+        support, sigma, A, choice = fewshot.fit_kernel_head(text_rows, self._text_votes(text, text_rows), data, C,
+                                                            kind=self.fit_config_.kernel, sigmas=sigmas,
+                                                            seed=self.fit_config_.seed, targets=targets,
+                                                            one_se=td.POOL_ONE_SE,
+                                                            loo_max=int(math.sqrt(td.POOL_LOO_BUDGET / C)))
+        Uh, Zh = U[held], Z[held]
+        new = kernel_scores(Uh, support.rows.float(), sigma, A, self.fit_config_.kernel)
+        agree, agree0 = td.kernel_agreement(new, Zh), td.kernel_agreement(self._scores(Uh, "kernel"), Zh)
+        info.update({"agreement": agree, "inductive_agreement": agree0, **choice.as_dict(),
+                     "wall_time_s": time.perf_counter() - t0})
+        if not agree > agree0:
+            return {**info, "replaced": False,
+                    "reason": f"held-out agreement with the posterior {agree:.4f} is not above the inductive {agree0:.4f}"}
+        self.inductive_kernel_ = {"bandwidth": float(self.bandwidth_), "vote_weights": self.vote_weights_}
+        self.text_ = text
+        self.support_vectors_, self.support_labels_, self.support_source_ = (support.rows.float(), support.labels,
+                                                                             support.source)
+        self.bandwidth_, self.vote_weights_ = sigma, A
+        return {**info, "replaced": True, "reason": None}
+
+    def _restore_inductive(self) -> None:
+        """Back to the inductive heads after a transductive adaptation (both, whichever it changed)."""
+        if getattr(self, "inductive_linear_", None) is not None:
+            self.linear_weight_, self.linear_bias_ = self.inductive_linear_
+        ik = getattr(self, "inductive_kernel_", None)
+        if ik is not None:
+            if self.fewshot_ is None:   # a zero-shot artifact: back to its version-1 state
+                text, self.text_ = self.text_, None
+                self.support_vectors_, self.bandwidth_, self.vote_weights_ = (text["support_vectors"], text["bandwidth"],
+                                                                              text["vote_weights"])
+            else:                       # drop the pool rows (they come last) and their votes
+                M0 = ik["vote_weights"].shape[0]
+                self.support_vectors_ = self.support_vectors_[:M0]
+                self.support_labels_, self.support_source_ = self.support_labels_[:M0], self.support_source_[:M0]
+                self.bandwidth_, self.vote_weights_ = ik["bandwidth"], ik["vote_weights"]
+        self.inductive_linear_ = self.inductive_kernel_ = None
 
     def _scores(self, U: torch.Tensor, head: str, block: int = 8192) -> torch.Tensor:
         """N×C float32 scores in row blocks (a kernel head's N×M kernel never whole)."""
@@ -403,7 +481,8 @@ class SVGClassifier:
             raise SvgenError(f"this artifact's {C} classes have sparse (local) vote weights; adding images needs "
                              "dense ones (fit with --vote-solver dense)")
         shots = new if self.fewshot_ is None else self.support_set_.part(IMAGE).join(new)
-        self.transductive_ = self.inductive_linear_ = None   # the heads are re-solved from the shots below
+        self._restore_inductive()   # the heads are re-solved from the text state and the shots below
+        self.transductive_ = None
         t0 = time.perf_counter()
         text_rows = SupportSet.from_text(text["support_vectors"])
         support, sigma, A, kchoice = fewshot.fit_kernel_head(text_rows, self._text_votes(text, text_rows), shots, C,
@@ -583,6 +662,9 @@ class SVGClassifier:
             t["metric.precision"] = self.metric_precision_
         if getattr(self, "inductive_linear_", None) is not None:
             t["inductive.linear_head.weight"], t["inductive.linear_head.bias"] = self.inductive_linear_
+        if getattr(self, "inductive_kernel_", None) is not None:
+            t["inductive.vote_weights"] = self.inductive_kernel_["vote_weights"]
+            t["inductive.bandwidth"] = torch.tensor(float(self.inductive_kernel_["bandwidth"]))
         if self.generator_ is not None:
             t.update({f"generator.{k}": v for k, v in self.generator_.state_dict().items()})
         if self.text_ is not None:
@@ -658,7 +740,7 @@ class SVGClassifier:
         self.metric_precision_ = t.get("metric.precision")
         self.text_, self.fewshot_ = None, None
         self.transductive_ = meta.get("transductive")
-        self.inductive_linear_ = None
+        self.inductive_linear_ = self.inductive_kernel_ = None
         self.transductive_labels_ = None   # the pool's soft labels are not stored; adapt again to get them
         if "inductive.linear_head.weight" in t and "inductive.linear_head.bias" in t:
             W0, b0 = t["inductive.linear_head.weight"], t["inductive.linear_head.bias"]
@@ -672,7 +754,14 @@ class SVGClassifier:
             self.text_ = {"support_vectors": text_sv, "bandwidth": float(t["text.bandwidth"]),
                           "vote_weights": t["text.vote_weights"], "linear_weight": t["text.linear_head.weight"],
                           "linear_bias": t["text.linear_head.bias"]}
-            self.fewshot_ = meta.get("fewshot") or {}
+            # null: a zero-shot artifact whose kernel head has pool rows (no shots); absent: older files
+            self.fewshot_ = None if "fewshot" in meta and meta["fewshot"] is None else (meta.get("fewshot") or {})
+            if "inductive.vote_weights" in t and "inductive.bandwidth" in t:
+                A0 = t["inductive.vote_weights"]
+                if A0.dim() != 2 or A0.shape[0] > self.support_vectors_.shape[0] or A0.shape[1] != C:
+                    raise SvgenError(f"{path}: inductive.vote_weights has shape {tuple(A0.shape)}, expected "
+                                     f"(M0 ≤ {self.support_vectors_.shape[0]}, {C})")
+                self.inductive_kernel_ = {"bandwidth": float(t["inductive.bandwidth"]), "vote_weights": A0}
         gen_state = {k[len("generator."):]: v for k, v in t.items() if k.startswith("generator.")}
         self.generator_ = None
         if gen_state:
@@ -743,10 +832,10 @@ class SVGClassifier:
             raise SvgenError(f"class(es) already in the artifact: {', '.join(map(repr, clash[:10]))}")
         validate_classes(self.classes_ + classes, source="combined class list")
         shots = None
-        if getattr(self, "inductive_linear_", None) is not None:  # the pool knew only the old classes
-            log.warning("add_classes: the transductive linear head is dropped; adapt to the pool again")
-            self.linear_weight_, self.linear_bias_ = self.inductive_linear_
-        self.transductive_ = self.inductive_linear_ = None
+        if self.transductive_ and not self.transductive_.get("fallback"):  # the pool knew only the old classes
+            log.warning("add_classes: the transductive heads are dropped; adapt to the pool again")
+        self._restore_inductive()
+        self.transductive_ = None
         if self.text_ is not None:  # back to the zero-shot state; the shots are solved in again below
             shots = self.support_set_.part(IMAGE)
             text = self.text_

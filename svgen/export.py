@@ -22,7 +22,8 @@ artifact's head (to float rounding). Class names travel inside the file.
   weights are sparse export them as COO: ``vote_weights.indices`` (2×nnz: row, column),
   ``vote_weights.values`` (nnz) and ``vote_weights.shape`` ([M, C]).
   Artifacts with labelled images (format 2) add ``support_labels`` (M, class of each row) and
-  ``support_source`` (M, 0 = text, 1 = image); the formula is the same.
+  ``support_source`` (M, 0 = text, 1 = image, 2 = unlabelled pool image placed by the transductive
+  kernel head); the formula is the same.
 
 In ``.safetensors`` the strings (``format``, ``head``, ``classes`` as a JSON list, ``encoder``
 as JSON, ``kernel``) are in the header metadata; in ``.npz`` they are string arrays (readable

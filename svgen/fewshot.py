@@ -134,28 +134,37 @@ def _alphas(has_unshot: bool) -> tuple:
 # ----------------------------------------------------------------------------- kernel head
 
 def fit_kernel_head(text: SupportSet, text_votes: Callable[[float], torch.Tensor], shots: SupportSet, n_classes: int,
-                    kind: str = "rbf", sigmas: Optional[Sequence[float]] = None, seed: int = 0):
+                    kind: str = "rbf", sigmas: Optional[Sequence[float]] = None, seed: int = 0,
+                    targets: Optional[torch.Tensor] = None, one_se: bool = True, loo_max: int = LOO_MAX_SHOTS):
     """(support set, σ, vote weights M×C, HeadChoice) for the kernel vote over ``[text; shots]``.
 
     ``text_votes(σ)`` returns the text rows' zero-shot vote weights at bandwidth σ (the
     classifier re-solves them with its own λ rule, or returns the stored ones at its own σ).
     ``sigmas`` defaults to :data:`SIGMA_FACTORS` × the median distance between shots.
+    ``targets`` (N×C, rows on the simplex) replaces the one-hot ``Y`` of the shots' labels: soft
+    labels, e.g. the transductive posterior of unlabelled pool rows (:mod:`svgen.transductive`);
+    LOO then scores against their argmax. ``one_se=False`` takes the LOO minimum instead of the
+    1-SE rule (rows that are single images like the queries, not tighter view averages);
+    ``loo_max`` caps the rows LOO runs on (class-stratified subset; the LOO costs rows²·C).
     """
     X = shots.rows.double()
     N = X.shape[0]
     if N > MAX_SHOTS:
         from .errors import SvgenError
         raise SvgenError(f"{N} shots: the kernel head solves an N×N system and takes at most {MAX_SHOTS}")
-    Y = shots.one_hot(n_classes)
+    # --- issue 12 (soft targets): Y is the shots' one-hot labels unless targets are given
+    Y = shots.one_hot(n_classes) if targets is None else targets.double()
+    unjudged = bool((torch.bincount(Y.argmax(dim=1), minlength=n_classes) == 0).any())
+    # --- end issue 12
     T = text.rows.double()
     labels = shots.labels.numpy()
-    sub = _stratified(labels, LOO_MAX_SHOTS, seed)
+    sub = _stratified(labels, loo_max, seed)
     Xs, Ys = (X, Y) if sub is None else (X[sub], Y[sub])
     n = Xs.shape[0]
     if sigmas is None:
         med = median_heuristic(X.float(), seed=seed)
         sigmas = [f * med for f in SIGMA_FACTORS]
-    alphas = _alphas(bool((shots.counts(n_classes) == 0).any()))
+    alphas = _alphas(unjudged)
     ridges = KERNEL_RIDGES
     err = np.zeros((len(sigmas), len(ridges), len(alphas)))
     mse = np.zeros_like(err)
@@ -166,7 +175,7 @@ def fit_kernel_head(text: SupportSet, text_votes: Callable[[float], torch.Tensor
         e = e.clamp_min(0)
         # c is in units of n (c = n·λ); the full solve uses the same λ
         err[i], mse[i] = prior_loo(U, [e / (e + c * n / N) for c in ridges], Ys, F, alphas)
-    i, j, a = one_se_choice(err, mse, n)
+    i, j, a = one_se_choice(err, mse, n if one_se else math.inf)   # n = ∞: tolerance 0, the LOO minimum
     sigma, c, alpha = float(sigmas[i]), float(ridges[j]), float(alphas[a])
     A_T = text_votes(sigma).double()
     F = kernel(X, T, sigma, kind) @ A_T
@@ -177,7 +186,8 @@ def fit_kernel_head(text: SupportSet, text_votes: Callable[[float], torch.Tensor
     votes = torch.cat([alpha * A_T, s0 * B]).float()
     choice = HeadChoice(float(err[i, j, a]), {"sigma": sigma, "ridge_lambda": c / N, "ridge_c": c,
                                               "prior_weight": alpha, "prior_scale": s0,
-                                              "loo_shots": n, "rule": "1-SE (largest σ, then λ)"},
+                                              "loo_shots": n, "rule": "1-SE (largest σ, then λ)" if one_se
+                                              else "LOO minimum (ties: largest σ, then λ)"},
                         grid=[{"sigma": float(s), "c": float(r), "alpha": float(al), "loo_error": float(err[p, q, t])}
                               for p, s in enumerate(sigmas) for q, r in enumerate(ridges) for t, al in enumerate(alphas)])
     return text.join(shots), sigma, votes, choice

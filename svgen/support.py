@@ -7,8 +7,12 @@ class-major rows); labelled image embeddings (few-shot "shots") join as ``image`
 =================  ======  =============================================
 ``rows``           M×D     unit rows
 ``labels``         M       class index of each row (int64)
-``source``         M       0 = text, 1 = image (uint8; names in SOURCES)
+``source``         M       0 = text, 1 = image, 2 = pool (uint8; names in SOURCES)
 =================  ======  =============================================
+
+``pool`` rows are unlabelled images placed by the transductive kernel head
+(:mod:`svgen.transductive`); their ``labels`` are the argmax of the soft posterior they were
+solved towards. They are not shots: adding shots or classes later drops them.
 """
 
 from __future__ import annotations
@@ -21,8 +25,8 @@ import torch.nn.functional as F
 
 from .errors import SvgenError
 
-SOURCES = ("text", "image")
-TEXT, IMAGE = 0, 1
+SOURCES = ("text", "image", "pool")
+TEXT, IMAGE, POOL = 0, 1, 2
 
 
 @dataclass

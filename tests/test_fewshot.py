@@ -159,7 +159,7 @@ def test_format_2_round_trip_and_formula(data, tmp_path):
     art = clf.save(tmp_path / "fs")
     meta = json.loads((art / "svgen.json").read_text())
     t = {k: v.double().numpy() for k, v in load_file(str(art / "weights.safetensors")).items()}
-    assert meta["format_version"] == 2 and meta["support_source"] == {"0": "text", "1": "image"}
+    assert meta["format_version"] == 2 and meta["support_source"] == {"0": "text", "1": "image", "2": "pool"}
     fs = meta["fewshot"]
     assert fs["shots"] == len(data["y"])
     counts = np.bincount(data["y"], minlength=C)

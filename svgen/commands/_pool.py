@@ -15,7 +15,9 @@ def add_pool_args(p) -> None:
         "unlabelled images (transductive)",
         "Images without labels — typically the ones to classify. They are pseudo-labelled by the inductive heads "
         "and the class model is re-solved in closed form over them for a few rounds, with the inductive "
-        "prediction kept as a prior; the linear head becomes the transductive posterior. A pool with fewer "
+        "prediction kept as a prior; the linear head becomes the transductive posterior and the kernel vote is "
+        "re-solved with pool images as support vectors (kept inductive unless it agrees better with the posterior "
+        "on held-out pool images). A pool with fewer "
         "images than classes changes nothing. svgen.json records what was chosen under 'transductive'.")
     src = g.add_mutually_exclusive_group()
     src.add_argument("--unlabelled", metavar="DIR",

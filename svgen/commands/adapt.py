@@ -74,7 +74,7 @@ def run(args) -> int:
         summary.update({"kernel": fs["kernel"], "linear": fs["linear"], "loo_better_head": fs["loo_better_head"]})
     if pool:
         summary["transductive"] = {k: td.get(k) for k in ("pool", "fallback", "prior_strength", "rounds",
-                                                           "changed_from_prior")}
+                                                           "changed_from_prior", "heads")}
     what = []
     if shots:
         what.append(f"{fs['shots']} shots over {fs['classes_with_shots']} of {len(clf.classes_)} classes")
@@ -83,7 +83,7 @@ def run(args) -> int:
                     + (" (fell back to the inductive heads)" if td.get("fallback") else ""))
     note(args, f"wrote {out}: " + " and ".join(what))
     print(json_text(summary))
-    if pool and not td.get("fallback"):
-        note(args, "the transductive posterior is the linear head: classify with --head linear (the kernel head "
-                   "is the inductive one)")
+    if pool and not td.get("fallback") and not (td.get("kernel_head") or {}).get("replaced"):
+        note(args, "the kernel head was kept inductive (" + td["kernel_head"]["reason"] + "); the transductive "
+                   "posterior is the linear head: classify with --head linear")
     return 0

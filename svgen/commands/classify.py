@@ -34,6 +34,7 @@ def add_parser(sub):
                "  svgen classify lvis.svgen photos/ --probs --head linear\n"
                "  svgen classify lvis.svgen --features feats.npy --head cosine --format jsonl --out preds.jsonl\n"
                "  svgen classify pets.svgen photos/ --transductive\n"
+               "  svgen classify pets.svgen photos/ --transductive --head kernel --probs\n"
                "  svgen classify lvis.svgen 'shards/*.tar' --engine ray --out preds.parquet\n"
                "  svgen classify lvis.svgen --features 'emb/*.npy' --engine ray --address auto --actors 8 "
                "--out preds.parquet",
@@ -43,16 +44,18 @@ def add_parser(sub):
     p.add_argument("--transductive", action="store_true",
                    help="use the inputs themselves as an unlabelled pool: embed once, adapt the artifact to them "
                         "(as 'svgen adapt --unlabelled'; the artifact on disk is not changed) and print each "
-                        "input's transductive class probabilities (--head is then not used). Fewer inputs than "
-                        "classes: the inductive head's softmax, with a warning")
+                        "input's transductive class probabilities; with --head, that adapted head's scores "
+                        "(or --probs) instead (kernel: the vote re-solved with pool rows as support vectors). "
+                        "Fewer inputs than classes: the inductive head's softmax, with a warning")
     p.add_argument("inputs", nargs="*", metavar="IMAGE|DIR",
                    help="image files and/or folders (searched recursively); with --engine ray also globs, "
                         "list files (.txt/.lst), tables of paths (.csv/.parquet) and WebDataset .tar shards")
     p.add_argument("--features", metavar="FEATS.npy", nargs="+",
                    help="precomputed N×D image embeddings instead of images (raw or normalised); several "
                         "files are read as one, in order; with --engine ray also .parquet shards and globs")
-    p.add_argument("--head", choices=("kernel", "linear", "cosine"), default="kernel",
-                   help="kernel vote (default), linear head, or cosine (the plain CLIP baseline)")
+    p.add_argument("--head", choices=("kernel", "linear", "cosine"), default=None,
+                   help="kernel vote (default), linear head, or cosine (the plain CLIP baseline); with "
+                        "--transductive the default is the pool's posterior")
     p.add_argument("--probs", action="store_true",
                    help="print probabilities (each row sums to one over all classes) instead of scores")
     p.add_argument("-k", "-K", "--top-k", type=int, default=5,
@@ -108,13 +111,14 @@ def run(args) -> int:
     if not args.features and not args.inputs:
         raise SvgenError("nothing to classify: give image files or folders, or --features FEATS.npy")
     check_out(args.out, args.force)
+    head = args.head or "kernel"
     clf = SVGClassifier.load(args.artifact)
     clf.progress = args.progress
     if args.features:
         import torch
 
         x = torch.from_numpy(np.concatenate([load_features(f, clf) for f in args.features]))
-        scores = _transductive(clf, x) if args.transductive else score(clf, x, args.head, args.probs)
+        scores = _transductive(clf, x, args) if args.transductive else score(clf, x, head, args.probs)
         names, key = list(range(x.shape[0])), "index"
     else:
         from ..encoders import find_images
@@ -124,19 +128,28 @@ def run(args) -> int:
             raise SvgenError(f"no image files found in {', '.join(args.inputs)}")
         encoder = encoder_for_artifact(args, clf)
         feats, names, _ = encode_paths(args, encoder, paths, "classify")
-        scores = _transductive(clf, feats) if args.transductive else score(clf, feats, args.head, args.probs)
+        scores = _transductive(clf, feats, args) if args.transductive else score(clf, feats, head, args.probs)
         key = "path"
     if args.top_k > len(clf.classes_):  # said once the inputs are known good, so an error stays one line
         note(args, f"svgen classify: --top-k {args.top_k} is more than the artifact's {len(clf.classes_)} classes; "
                    f"showing all {len(clf.classes_)}")
     emit(format_rows(names, scores, clf.classes_, args.top_k, args.format, key), args.out, args.force, args,
-         f"{len(names)} row(s), {args.head} head, top {min(args.top_k, len(clf.classes_))}, {args.format}")
+         f"{len(names)} row(s), {_what(args)}, top {min(args.top_k, len(clf.classes_))}, {args.format}")
     return 0
 
 
-def _transductive(clf, x):
-    """The inputs' transductive class probabilities (the inputs are the pool)."""
+def _what(args) -> str:
+    if args.transductive and args.head is None:
+        return "transductive posterior"
+    return ("transductive " if args.transductive else "") + f"{args.head or 'kernel'} head"
+
+
+def _transductive(clf, x, args):
+    """The inputs' transductive class probabilities (the inputs are the pool), or with ``--head`` the
+    adapted head's scores / probabilities on them."""
     if x.shape[0] < 2:
         raise SvgenError(f"--transductive needs at least 2 inputs to use as a pool, got {x.shape[0]}")
     clf.adapt(unlabelled=x)  # progress on rounds follows clf.progress (set from --quiet / the terminal)
-    return clf.transductive_labels_.float()
+    if args.head is None:
+        return clf.transductive_labels_.float()
+    return score(clf, x, args.head, args.probs)

@@ -65,6 +65,7 @@ def _encoder_args(args) -> argparse.Namespace:
 def _check(args) -> None:
     if args.transductive:
         raise SvgenError("--transductive adapts to all inputs at once; it does not run with --engine ray")
+    args.head = args.head or "kernel"  # --head defaults to None (with --transductive: the pool's posterior)
     if args.format:
         raise SvgenError("--engine ray writes Parquet; drop --format")
     if not args.out:
