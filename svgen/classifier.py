@@ -336,7 +336,7 @@ class SVGClassifier:
         if reason is not None:
             log.warning("transductive: %s", reason)
             self.transductive_ = {"pool": N, "fallback": reason, "prior_head": head}
-            self.transductive_labels_ = torch.softmax(prior.double(), dim=1)
+            self.transductive_labels_ = self._fallback_labels(prior, head)
             return self
         with torch.no_grad():
             cal = U[td.calibration_rows(N)]
@@ -365,7 +365,7 @@ class SVGClassifier:
                       "kept the inductive heads")
             log.warning("transductive: %s", reason)
             self.transductive_ = {"pool": N, "fallback": reason, "prior_head": head, "tries": tries}
-            self.transductive_labels_ = torch.softmax(prior.double(), dim=1)
+            self.transductive_labels_ = self._fallback_labels(prior, head)
             return self
         beta = res.info["prior_strength"]
         self.inductive_linear_ = (self.linear_weight_, self.linear_bias_)
@@ -381,6 +381,12 @@ class SVGClassifier:
         log.info("transductive: %d images, β=%.3g, %d rounds, %.1f%% of the pool relabelled from the prior, %.2fs",
                  N, beta, res.info["rounds"], 100 * res.info["changed_from_prior"], self.transductive_["wall_time_s"])
         return self
+
+    def _fallback_labels(self, scores: torch.Tensor, head: str) -> torch.Tensor:
+        """The pool's soft labels when the inductive heads are kept: that head's :meth:`predict_proba`
+        (``softmax(logits / T)``; the kernel vote's logits are ``log score``), not a softmax of raw
+        scores, which is almost uniform for the kernel vote (issue 13)."""
+        return calibration.softmax(calibration.head_logits(scores, head), self.temperatures_[head])
 
     def _scores(self, U: torch.Tensor, head: str, block: int = 8192) -> torch.Tensor:
         """N×C float32 scores in row blocks (a kernel head's N×M kernel never whole)."""
