@@ -161,6 +161,54 @@ def text_temperatures(score_fn, per_template: torch.Tensor, heads=("kernel", "li
             "queries": int(Q.shape[0]), "cosine_mean_log_odds": target, "cosine_mean_max_prob": mean_max_prob(cos, 1.0)}
 
 
+# ----------------------------------------------------------------------------- with labelled shots
+
+def kernel_loo_scores(K: torch.Tensor, image_votes: torch.Tensor, Y: torch.Tensor, c: float,
+                      prior_scale: float) -> torch.Tensor:
+    """Exact leave-one-out kernel-vote scores of the shots (N×C), for the few-shot head of
+    :func:`svgen.fewshot.fit_kernel_head`.
+
+    That head scores ``f(x) = α F(x) + s₀ k(x, X) B`` with ``B = (K + c I)⁻¹ R``, ``R = Y − α F(X)/s₀``
+    (``image_votes`` = ``s₀ B``). On the shots ``f/s₀ = α F/s₀ + K B``, a ridge smoother of R whose
+    residual is ``Y − f/s₀ = c B`` and whose leverage is ``1 − c (K + cI)⁻¹_ii``; the LOO residual is
+    residual / (1 − leverage) = ``B_i / (K + cI)⁻¹_ii``, so ``f_loo = s₀ Y − image_votes / (K + cI)⁻¹_ii``.
+    α, s₀ and F (text-side quantities) are held at their all-shot values.
+    """
+    A = K.double().clone()
+    A.diagonal().add_(float(c))
+    inv_diag = torch.cholesky_inverse(torch.linalg.cholesky(A)).diagonal()
+    return prior_scale * Y.double() - image_votes.double() / inv_diag[:, None]
+
+
+def lda_loo_logits(prototypes: torch.Tensor, shots, n_classes: int, shrinkage: float, prior_shots: float) -> torch.Tensor:
+    """Exact leave-one-out logits (N×C) of the few-shot LDA head at its chosen (γ, κ)
+    (:func:`svgen.fewshot.lda_loo`, rank-one downdates; the shrinkage target held at its all-shot value)."""
+    from .fewshot import lda_loo, prior_means
+
+    X = shots.rows.double()
+    _, _, kept = lda_loo(X, shots.labels, prior_means(prototypes, X), [shrinkage], [prior_shots], keep_scores=True)
+    return kept[0, 0]
+
+
+def loo_temperatures(loo_logits: Dict[str, torch.Tensor], labels, fallback: Dict[str, float]) -> dict:
+    """Per-head T by :func:`fit_temperature` on leave-one-out logits of the shots, and what it gives
+    there: ``{"temperatures": {head: T}, "loo": {head: {"nll", "ece", "acc1", "fitted"}}}`` (LOO, at that T).
+
+    When every shot is ranked first when left out, the NLL falls all the way to T → 0 (certainty): the
+    shots give no finite temperature and the head keeps ``fallback[head]`` (the text rule's), ``fitted``
+    False."""
+    y = np.asarray(labels)
+    temps, loo = {}, {}
+    for head, z in loo_logits.items():
+        z = torch.as_tensor(z, dtype=torch.float64)
+        acc = float((z.argmax(dim=1).numpy() == y).mean())
+        fitted = acc < 1.0
+        T = fit_temperature(z, y) if fitted else float(fallback[head])
+        temps[head] = T
+        loo[head] = {**calibration_metrics(z, T, y), "acc1": acc, "fitted": fitted}
+    return {"temperatures": temps, "loo": loo}
+
+
 # ----------------------------------------------------------------------------- judging probabilities
 
 def _probs_labels(probs, labels):

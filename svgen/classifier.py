@@ -372,7 +372,7 @@ class SVGClassifier:
         self.linear_weight_ = res.weight + beta * t_lin * self.linear_weight_.float()
         self.linear_bias_ = res.bias + beta * t_lin * self.linear_bias_.float()
         self.transductive_labels_ = res.labels
-        self._text_temperatures()  # the linear head changed: its temperature follows (text rule)
+        self._text_temperatures(only="linear")  # the linear head changed: its temperature follows (text rule)
         self.transductive_ = {**res.info, "fallback": None, "prior_head": head, "tries": tries,
                               "prior_temperature": t_prior,
                               "linear_prior_temperature": t_lin, "calibration": "entropy of softmax(100·cos)",
@@ -436,10 +436,29 @@ class SVGClassifier:
                  "(LOO error %.3f)", len(shots), wall, sigma, kchoice.settings["ridge_lambda"],
                  kchoice.settings["prior_weight"], kchoice.loo_error, lchoice.settings["shrinkage"],
                  lchoice.settings["prior_shots"], lchoice.loo_error)
-        # The text rule on the adapted heads. Hook for the shots' own evidence: leave-one-out logits
-        # of the shots through calibration.fit_temperature, recorded with set_temperatures(..., "loo-nll").
-        self._text_temperatures()
+        self._shot_temperatures(shots, kchoice, lchoice)
         return self
+
+    def _shot_temperatures(self, shots: SupportSet, kchoice, lchoice) -> None:
+        """The kernel and linear heads' temperatures fitted by leave-one-out NLL on the shots
+        (:func:`svgen.calibration.loo_temperatures`); the cosine head keeps CLIP's scale (T = 1).
+        The text rule's temperatures are recorded next to them for comparison."""
+        C = len(self.classes_)
+        self._text_temperatures()
+        text_temps = dict(self.temperatures_)
+        X = shots.rows.double()
+        K = kernel(X, X, float(self.bandwidth_), self.fit_config_.kernel)
+        n_text = self.support_vectors_.shape[0] - X.shape[0]   # support = [text rows; shots] (fewshot.fit_kernel_head)
+        scores = calibration.kernel_loo_scores(K, self.vote_weights_[n_text:].double(), shots.one_hot(C),
+                                               kchoice.settings["ridge_c"], kchoice.settings["prior_scale"])
+        lin = calibration.lda_loo_logits(self.prototypes_, shots, C, lchoice.settings["shrinkage"],
+                                         lchoice.settings["prior_shots"])
+        fit = calibration.loo_temperatures({"kernel": calibration.head_logits(scores, "kernel"), "linear": lin},
+                                           shots.labels.numpy(), fallback=text_temps)
+        self.set_temperatures(fit["temperatures"], method="loo-nll", shots=len(shots), loo=fit["loo"],
+                              text_temperatures=text_temps,
+                              rule="kernel and linear: T minimising the leave-one-out NLL of the shots; "
+                                   "cosine: CLIP's logit scale 100")
 
     # ------------------------------------------------------------------------------ readable votes
     def _scale_votes(self, lam) -> None:
@@ -452,10 +471,16 @@ class SVGClassifier:
         self.vote_scale_ = {"factor": factor, "rule": "M·λ"}
 
     # ------------------------------------------------------------------------------ probabilities
-    def _text_temperatures(self) -> None:
-        """Per-head temperatures from the text side (:func:`svgen.calibration.text_temperatures`)."""
+    def _text_temperatures(self, only: Optional[str] = None) -> None:
+        """Per-head temperatures from the text side (:func:`svgen.calibration.text_temperatures`).
+        ``only``: re-set that head's alone when the others were fitted on shots (``loo-nll``) and are unchanged."""
         info = calibration.text_temperatures(lambda q, head: self.decision_function(q, head), self.per_template_)
-        self.temperatures_ = info.pop("temperatures")
+        temps = info.pop("temperatures")
+        if only is not None and getattr(self, "calibration_", {}).get("method") == "loo-nll":
+            self.temperatures_ = {**self.temperatures_, only: temps[only]}
+            self.calibration_ = {**self.calibration_, "text_rule_heads": [only]}
+            return
+        self.temperatures_ = temps
         self.calibration_ = info
 
     def set_temperatures(self, temperatures: dict, method: str, **details) -> "SVGClassifier":
