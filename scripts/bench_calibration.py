@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_accuracy import load_data  # noqa: E402  (the two LVIS inputs and the dev half)
+from bench_accuracy import class_folds, load_data  # noqa: E402  (the two LVIS inputs, the dev half, class folds)
 from bench_common import ROOT, machine, print_table, save_result  # noqa: E402
 
 from svgen import SVGClassifier, calibration  # noqa: E402
@@ -37,24 +37,56 @@ HEADS = ("cosine", "kernel", "linear")
 BOOT = 2000
 
 
-def ece_bootstrap(p_head, p_cos, y, n=BOOT, seed=0):
-    """Paired bootstrap of ECE(head) − ECE(cosine) over examples: (low, high) 95% interval."""
+def ece_bootstrap(p_head, p_cos, y, n=BOOT, seed=0, nll_head=None, nll_cos=None):
+    """Paired bootstrap over examples of ECE(head) − ECE(cosine): its (low, high) 95% interval; with the
+    per-example NLLs also that of NLL(head) − NLL(cosine) on the same resamples: ((low, high), (low, high))."""
     rng = np.random.default_rng(seed)
-    diffs = []
+    d_ece, d_nll = [], []
     for _ in range(n):
         i = rng.integers(0, len(y), len(y))
-        diffs.append(calibration.ece(p_head[i], y[i]) - calibration.ece(p_cos[i], y[i]))
-    return float(np.percentile(diffs, 2.5)), float(np.percentile(diffs, 97.5))
+        d_ece.append(calibration.ece(p_head[i], y[i]) - calibration.ece(p_cos[i], y[i]))
+        if nll_head is not None:
+            d_nll.append(float((nll_head[i] - nll_cos[i]).mean()))
+    ci = (float(np.percentile(d_ece, 2.5)), float(np.percentile(d_ece, 97.5)))
+    if nll_head is None:
+        return ci
+    return ci, (float(np.percentile(d_nll, 2.5)), float(np.percentile(d_nll, 97.5)))
 
 
-def row(name, head, logits, T, y, p_cos=None):
+def example_nll(logits, T, y):
+    """−log softmax(z / T)_y per example (log space)."""
+    z = torch.as_tensor(logits, dtype=torch.float64) / float(T)
+    return -torch.log_softmax(z, dim=1)[torch.arange(len(y)), torch.as_tensor(y)].numpy()
+
+
+def under_confident_gap(p, y):
+    """(accuracy − mean confidence, every occupied bin under-confident?). When every bin is
+    under-confident ECE = Σ_b n_b/N (acc_b − conf_b) = accuracy − mean confidence exactly."""
+    r = calibration.reliability(p, y)
+    used = r["count"] > 0
+    return float((p.argmax(1) == y).mean() - p.max(1).mean()), bool((r["accuracy"][used] >= r["confidence"][used]).all())
+
+
+def row(name, head, logits, T, y, p_cos=None, folds=None, nll_cos=None):
     p = calibration.softmax(logits, T).numpy()
+    nll_i = example_nll(logits, T, y)
+    gap, all_under = under_confident_gap(p, y)
     r = {"input": name, "head": head, "acc1": 100 * float((p.argmax(1) == y).mean()),
-         "nll": calibration.nll_from_logits(logits, T, y), "ece": calibration.ece(p, y),
-         "mean_conf": float(p.max(1).mean()), "temperature": float(T)}
+         "nll": float(nll_i.mean()), "ece": calibration.ece(p, y),
+         "mean_conf": float(p.max(1).mean()), "temperature": float(T), "acc_minus_conf": gap,
+         "all_bins_under_confident": all_under}
     if p_cos is not None:
         r["ece_minus_cosine"] = r["ece"] - calibration.ece(p_cos, y)
-        r["ci95"] = ece_bootstrap(p, p_cos, y)
+        if nll_cos is None:
+            r["ci95"] = ece_bootstrap(p, p_cos, y)
+        else:
+            r["nll_minus_cosine"] = float((nll_i - nll_cos).mean())
+            r["ci95"], r["nll_ci95"] = ece_bootstrap(p, p_cos, y, nll_head=nll_i, nll_cos=nll_cos)
+        if folds is not None:
+            r["fold_ece_minus_cosine"] = [calibration.ece(p[folds == f], y[folds == f])
+                                          - calibration.ece(p_cos[folds == f], y[folds == f]) for f in np.unique(folds)]
+            if nll_cos is not None:
+                r["fold_nll_minus_cosine"] = [float((nll_i - nll_cos)[folds == f].mean()) for f in np.unique(folds)]
     return r, p
 
 
@@ -64,11 +96,17 @@ def run(inputs, x, y):
         t0 = time.perf_counter()
         clf = SVGClassifier().fit(emb)
         fits[name] = {"wall_s": time.perf_counter() - t0, "calibration": clf.calibration_,
-                      "temperatures": clf.temperatures_, "vote_weights_scale": clf.vote_scale_}
+                      "temperatures": clf.temperatures_, "vote_weights_scale": clf.vote_scale_,
+                      # label-free analogues of CLIP's scale 100: log kernel mass ≈ cos/σ², linear rows of norm ‖W‖
+                      "clip_scale_analogues": {"kernel": 1 / (100 * float(clf.bandwidth_) ** 2),
+                                               "linear": float(clf.linear_weight_.norm(dim=1).mean()) / 100}}
         logits = {h: clf.logits(x, h) for h in HEADS}
         _, p_cos = row(name, "cosine", logits["cosine"], 1.0, y)
+        nll_cos = example_nll(logits["cosine"], 1.0, y)
+        folds = class_folds(y)
         for h in HEADS:
-            r, _ = row(name, h, logits[h], clf.temperatures_[h], y, None if h == "cosine" else p_cos)
+            r, _ = row(name, h, logits[h], clf.temperatures_[h], y, None if h == "cosine" else p_cos,
+                       folds=folds, nll_cos=nll_cos)
             rows.append(r)
         # why the kernel's logits are log scores: softmax of the raw scores under the same text rule
         Q = calibration.query_rows(clf.per_template_)
@@ -76,9 +114,13 @@ def run(inputs, x, y):
         raw_T = calibration.match_confidence(clf.decision_function(Q, "kernel"), target)
         r, _ = row(name, "kernel, softmax(score / T) (not used)", clf.decision_function(x, "kernel"), raw_T, y, p_cos)
         extra.append(r)
+        T_opt = {h: calibration.fit_temperature(logits[h], y) for h in HEADS}
         for h in HEADS:  # reference only: what the dev labels would pick (never used by svgen)
-            T = calibration.fit_temperature(logits[h], y)
-            r, _ = row(name, f"{h}, NLL-optimal T on dev labels (reference only)", logits[h], T, y)
+            r, _ = row(name, f"{h}, NLL-optimal T on dev labels (reference only)", logits[h], T_opt[h], y)
+            extra.append(r)
+        for h in HEADS[1:]:  # reference only: exactly the cosine head's miscalibration factor (1 / T_opt cosine)
+            r, _ = row(name, f"{h}, its NLL-optimal T × cosine's factor {1 / T_opt['cosine']:.3g} (reference only)",
+                       logits[h], T_opt[h] / T_opt["cosine"], y, p_cos)
             extra.append(r)
     return rows, extra, fits
 
@@ -232,6 +274,30 @@ def markdown(rows, extra, fits, meta):
 
     verdict = ["- {input} {head}: ECE {ece:.4f} vs cosine {cos:.4f} — {v}".format(
         **r, cos=r["ece"] - r["ece_minus_cosine"], v=judge(r)) for r in met]
+    cos_of = {r["input"]: r for r in rows if r["head"] == "cosine"}
+    fold_rows = ["| input | head | ΔECE [95% CI] | ΔECE per class fold | ΔNLL [95% CI] | ΔNLL per class fold |",
+                 "|---|---|---|---|---|---|"]
+    gap_rows = ["| input | head | every bin under-confident | accuracy − confidence | ECE | "
+                "Δaccuracy − Δconfidence vs cosine | ΔECE |", "|---|---|---|---:|---:|---:|---:|"]
+    for r in rows:
+        c = cos_of[r["input"]]
+        if r["head"] != "cosine":
+            fold_rows.append(
+                f"| {r['input']} | {r['head']} | {r['ece_minus_cosine']:+.4f} [{r['ci95'][0]:+.4f}, {r['ci95'][1]:+.4f}] | "
+                + ", ".join(f"{v:+.4f}" for v in r["fold_ece_minus_cosine"])
+                + f" | {r['nll_minus_cosine']:+.3f} [{r['nll_ci95'][0]:+.3f}, {r['nll_ci95'][1]:+.3f}] | "
+                + ", ".join(f"{v:+.3f}" for v in r["fold_nll_minus_cosine"]) + " |")
+        delta = "–" if r["head"] == "cosine" else f"{r['acc_minus_conf'] - c['acc_minus_conf']:+.4f}"
+        dece = "–" if r["head"] == "cosine" else f"{r['ece_minus_cosine']:+.4f}"
+        gap_rows.append(f"| {r['input']} | {r['head']} | {'yes' if r['all_bins_under_confident'] else 'no'} | "
+                        f"{r['acc_minus_conf']:.4f} | {r['ece']:.4f} | {delta} | {dece} |")
+    fold_table, gap_table = "\n".join(fold_rows), "\n".join(gap_rows)
+    dconf = [r["mean_conf"] - cos_of[r["input"]]["mean_conf"] for r in met]
+    dacc = [r["acc1"] - cos_of[r["input"]]["acc1"] for r in met]
+    conf_gap, acc_gap = f"{min(dconf):+.3f} to {max(dconf):+.3f}", f"{min(dacc):+.1f} to {max(dacc):+.1f}"
+    pairs = [(k, h, v["temperatures"][h], v["clip_scale_analogues"][h]) for k, v in fits.items() for h in ("kernel", "linear")]
+    analogue_gap = 100 * max(abs(t / a - 1) for _, _, t, a in pairs)
+    analogues = "; ".join(f"{k} {h}: text rule {t:.4g}, analogue {a:.4g}" for k, h, t, a in pairs)
     return f"""## Without images: the text rule on the LVIS dev half
 
 Generated by `python scripts/bench_calibration.py` ({meta['date']}, {meta['machine']['cpus']} CPUs, load
@@ -252,6 +318,31 @@ CLIP's own rule on the same prototypes. No dev label and no image sets anything.
 Target (issue 13): each head's ECE ≤ the cosine head's at logit scale 100.
 
 {chr(10).join(verdict)}
+
+**Dev data only.** All numbers here are on the LVIS dev half (even-indexed classes); the odd-indexed
+classes and other data sets are held out, and nothing in svgen was set on these labels. Per class
+fold (dev class index // 2 mod 4, as in `scripts/bench_accuracy.py`) and over the whole half with
+paired bootstrap intervals, head − cosine:
+
+{fold_table}
+
+**Why no text-side rule can meet the ECE target here.** When every occupied bin is under-confident,
+ECE = Σ_b n_b/N·(acc_b − conf_b) = accuracy − mean confidence exactly, so
+ΔECE = Δaccuracy − Δconfidence: a head more accurate than cosine has a lower ECE only if it is more
+confident than cosine by at least its accuracy gain.
+
+{gap_table}
+
+The rule matches each head's confidence to cosine's on the text; on these images the heads'
+mean confidence is then {conf_gap} above cosine's while their accuracy is {acc_gap} points higher,
+and the identity puts their ECE above cosine's by about the difference. The rule is CLIP's logit
+scale carried over: its temperatures sit within {analogue_gap:.1f}% of the two fully label-free analogues of
+"100·cos" — the kernel vote's 1/(100σ²) (its log score is ≈ cos/σ² to the nearest support vectors)
+and the linear head's mean ‖W_c‖/100 ({analogues}). Even a head given *exactly* cosine's own miscalibration factor on
+these images (the "× cosine's factor" reference rows below, which use the dev labels) stays above
+cosine's ECE. Meeting the target takes heads sharper than CLIP's scale in proportion to their
+accuracy gain, which the text side cannot measure (every head is ≥ 99.9% accurate and confident on
+the text queries); with labelled images the temperatures are fitted instead (next section).
 
 **Reading it.** CLIP's cosine softmax at logit scale 100 is *under*-confident on these features
 (mean confidence well below its accuracy), so ECE here mostly measures under-confidence. The text

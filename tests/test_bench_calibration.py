@@ -40,3 +40,52 @@ def test_bench_rows_and_report():
         assert r["nll"] <= used[(r["input"], r["head"].split(",")[0])]["nll"] + 1e-9
     text = bench.markdown(rows, extra, fits, {"date": "today", "machine": {"cpus": 2, "load_average_1m": 0.0}})
     assert "| CxD | kernel |" in text and ("met" in text or "missed" in text)
+    for r in rows + extra:   # all bins under-confident ⇒ ECE = accuracy − confidence (the report's identity)
+        if r["all_bins_under_confident"]:
+            assert r["ece"] == pytest.approx(r["acc_minus_conf"], abs=1e-12)
+    for r in rows:
+        if r["head"] != "cosine":
+            assert len(r["fold_ece_minus_cosine"]) == 4 and r["nll_ci95"][0] <= r["nll_minus_cosine"] <= r["nll_ci95"][1]
+            # the paired NLL difference is the difference of the two heads' mean NLLs
+            cos = next(c for c in rows if c["input"] == r["input"] and c["head"] == "cosine")
+            assert r["nll_minus_cosine"] == pytest.approx(r["nll"] - cos["nll"], abs=1e-9)
+
+
+def test_under_confident_identity_is_not_vacuous():
+    """Every bin under-confident ⇒ ECE = accuracy − mean confidence; one over-confident bin breaks it."""
+    sys.path.insert(0, str(SCRIPTS))
+    try:
+        spec = importlib.util.spec_from_file_location("bench_calibration", SCRIPTS / "bench_calibration.py")
+        bench = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(bench)
+    finally:
+        sys.path.remove(str(SCRIPTS))
+    from svgen import calibration
+
+    rng = np.random.default_rng(1)
+    y = rng.integers(0, 4, 400)
+    z = rng.normal(size=(400, 4))
+    z[np.arange(400), y] += 4.0                 # right 90%+ of the time, at a temperature that is far too soft
+    p = calibration.softmax(z, 8.0).numpy()
+    gap, under = bench.under_confident_gap(p, y)
+    assert under and calibration.ece(p, y) == pytest.approx(gap, abs=1e-12)
+    q = calibration.softmax(z, 0.05).numpy()    # too sharp: over-confident somewhere
+    gap_q, under_q = bench.under_confident_gap(q, y)
+    assert not under_q and calibration.ece(q, y) > gap_q + 1e-6
+
+
+def test_report_sections_are_kept(tmp_path):
+    sys.path.insert(0, str(SCRIPTS))
+    try:
+        spec = importlib.util.spec_from_file_location("bench_calibration", SCRIPTS / "bench_calibration.py")
+        bench = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(bench)
+    finally:
+        sys.path.remove(str(SCRIPTS))
+    out = tmp_path / "cal.md"
+    bench.write_section(out, "fewshot", "## shots\nA")
+    bench.write_section(out, "lvis", "## lvis\nB")
+    bench.write_section(out, "fewshot", "## shots\nC")
+    text = out.read_text()
+    assert text.startswith(bench.TITLE) and text.index("## lvis") < text.index("## shots")
+    assert "\nB\n" in text and "\nC\n" in text and "\nA\n" not in text
