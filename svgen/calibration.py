@@ -25,9 +25,14 @@ log-odds, not p_max, because on text the cosine head is often certain to many de
 head is more confident than CLIP's own rule on the same prototypes. No image, labelled or not,
 is used.
 
-**With labelled images** (few-shot support, svgen issue 11): :func:`fit_temperature` takes
-leave-one-out logits of the labelled features and their labels and minimises the negative
-log-likelihood over T (convex in 1/T). The hook is
+**With labelled images** (``adapt(X, y)``): the kernel and linear heads' T minimise the negative
+log-likelihood of the shots' exact leave-one-out logits (:func:`fit_temperature`, convex in 1/T;
+:func:`kernel_loo_scores` and :func:`lda_loo_logits` give those logits in closed form, so no
+shot's score has seen its own label); :func:`loo_temperatures` records what it gave. The cosine
+head keeps CLIP's scale. Shots that are all ranked first when left out give no finite
+temperature; the head then keeps the text rule's. Caveat: when the shots are tighter than the
+images to classify (e.g. means of augmented views), their LOO logits are too separable and the
+fitted T too low. Any other labelled logits can be used the same way:
 ``clf.set_temperatures({head: fit_temperature(z_loo, y)}, method="loo-nll")``.
 
 **Judging them**: :func:`nll` (mean −log p of the true class, ``sklearn.metrics.log_loss``) and

@@ -399,7 +399,9 @@ class SVGClassifier:
         (rows of ``classes_``). Shots added earlier are kept and joined by the new ones. Both
         heads are re-solved in closed form towards the zero-shot head, with σ, λ and the
         text/image weight chosen by exact leave-one-out over all shots (:mod:`svgen.fewshot`).
-        Classes without shots keep their text support vectors. Returns ``self``.
+        Classes without shots keep their text support vectors. The kernel and linear heads'
+        temperatures are then fitted by leave-one-out NLL on the shots (:mod:`svgen.calibration`;
+        ``calibration_`` records them, their LOO NLL/ECE and the text rule's). Returns ``self``.
         """
         self._check_fitted()
         C = len(self.classes_)

@@ -12,7 +12,8 @@ import pytest
 SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
 
 
-def test_bench_rows_and_report():
+@pytest.fixture(scope="module")
+def bench():
     sys.path.insert(0, str(SCRIPTS))
     try:
         spec = importlib.util.spec_from_file_location("bench_calibration", SCRIPTS / "bench_calibration.py")
@@ -20,6 +21,10 @@ def test_bench_rows_and_report():
         spec.loader.exec_module(bench)
     finally:
         sys.path.remove(str(SCRIPTS))
+    return bench
+
+
+def test_bench_rows_and_report(bench):
     rng = np.random.default_rng(0)
     centres = rng.normal(size=(10, 32))
     emb = (centres[:, None] + 0.3 * rng.normal(size=(10, 2, 32))).astype(np.float32)
@@ -51,15 +56,8 @@ def test_bench_rows_and_report():
             assert r["nll_minus_cosine"] == pytest.approx(r["nll"] - cos["nll"], abs=1e-9)
 
 
-def test_under_confident_identity_is_not_vacuous():
+def test_under_confident_identity_is_not_vacuous(bench):
     """Every bin under-confident ⇒ ECE = accuracy − mean confidence; one over-confident bin breaks it."""
-    sys.path.insert(0, str(SCRIPTS))
-    try:
-        spec = importlib.util.spec_from_file_location("bench_calibration", SCRIPTS / "bench_calibration.py")
-        bench = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(bench)
-    finally:
-        sys.path.remove(str(SCRIPTS))
     from svgen import calibration
 
     rng = np.random.default_rng(1)
@@ -74,14 +72,7 @@ def test_under_confident_identity_is_not_vacuous():
     assert not under_q and calibration.ece(q, y) > gap_q + 1e-6
 
 
-def test_report_sections_are_kept(tmp_path):
-    sys.path.insert(0, str(SCRIPTS))
-    try:
-        spec = importlib.util.spec_from_file_location("bench_calibration", SCRIPTS / "bench_calibration.py")
-        bench = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(bench)
-    finally:
-        sys.path.remove(str(SCRIPTS))
+def test_report_sections_are_kept(bench, tmp_path):
     out = tmp_path / "cal.md"
     bench.write_section(out, "fewshot", "## shots\nA")
     bench.write_section(out, "lvis", "## lvis\nB")
@@ -89,3 +80,18 @@ def test_report_sections_are_kept(tmp_path):
     text = out.read_text()
     assert text.startswith(bench.TITLE) and text.index("## lvis") < text.index("## shots")
     assert "\nB\n" in text and "\nC\n" in text and "\nA\n" not in text
+
+
+def test_fewshot_report_judges_the_loo_chosen_head(bench):
+    rows = []
+    for name, better, ece in (("a", "linear", 0.04), ("b", "kernel", 0.08)):
+        for head in bench.HEADS:
+            r = {"dataset": name, "shots": 16, "seed": 0, "head": head, "better": head == better, "acc1": 80.0,
+                 "nll": 0.5, "ece": ece if head == better else 0.3, "mean_conf": 0.8, "temperature": 1.0}
+            if head != "cosine":
+                r.update({"text_temperature": 2.0, "nll_text_T": 0.6, "ece_text_T": 0.1, "loo_nll": 0.1,
+                          "loo_ece": 0.02, "loo_fitted": True, "ece_ci95": (ece - 0.01, ece + 0.01)})
+            rows.append(r)
+    text = bench.fewshot_markdown(rows, {"date": "today", "machine": {"cpus": 2}})
+    assert "- a: better head ECE 0.040 — met" in text and "- b: better head ECE 0.080 — missed" in text
+    assert "- mean: better head ECE 0.060 — missed" in text
