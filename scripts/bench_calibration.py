@@ -140,13 +140,17 @@ def ece_interval(p, y, n=BOOT, seed=0):
     return float(np.percentile(vals, 2.5)), float(np.percentile(vals, 97.5))
 
 
-def fewshot_run(datasets, shots_list, seeds, log=print):
+def fewshot_run(datasets, shots_list, seeds, log=print, prototypes="shots"):
     """Few-shot calibration on the CoOp validation sets: ``SVGClassifier().fit(class means of the shots)``
     then ``adapt(shots)``, which fits the kernel and linear heads' temperatures by leave-one-out NLL on
     the shots. Per dataset, shot count and head: val top-1, NLL, ECE at the LOO-NLL temperature and at
     the text rule's (what ``adapt`` used before issue 13), and the LOO NLL/ECE on the shots themselves.
     "better" is the head with the lower LOO error on the shots (``fewshot_["loo_better_head"]``), chosen
-    without validation labels. The cosine head is softmax(100·cos) to the stand-in prototypes."""
+    without validation labels. The cosine head is softmax(100·cos) to the stand-in prototypes.
+
+    ``prototypes``: "shots" — class means of the shots (as ``scripts/bench_fewshot.py``; the left-out
+    shot is inside its class's prototype, so LOO sees it through the prior); "rest" — class means
+    of the train16 images that are *not* shots (a leak-free stand-in for text; needs fewer than 16 shots)."""
     from bench_fewshot import FEWSHOT, class_means, sample_shots, unit
 
     rows = []
@@ -158,8 +162,9 @@ def fewshot_run(datasets, shots_list, seeds, log=print):
         for k in shots_list:
             for seed in seeds:
                 idx = sample_shots(ytr, k, seed)
+                proto_idx = idx if prototypes == "shots" else np.setdiff1d(np.arange(len(ytr)), idx)
                 t0 = time.perf_counter()
-                clf = SVGClassifier(seed=seed).fit(class_means(Xtr[idx], ytr[idx], C)).adapt(Xtr[idx], ytr[idx])
+                clf = SVGClassifier(seed=seed).fit(class_means(Xtr[proto_idx], ytr[proto_idx], C)).adapt(Xtr[idx], ytr[idx])
                 wall = time.perf_counter() - t0
                 cal, better = clf.calibration_, clf.fewshot_["loo_better_head"]
                 for head in HEADS:
@@ -167,6 +172,7 @@ def fewshot_run(datasets, shots_list, seeds, log=print):
                     T = clf.temperatures_[head]
                     p = calibration.softmax(z, T).numpy()
                     r = {"dataset": name, "shots": k, "seed": seed, "head": head, "better": head == better,
+                         "prototypes": prototypes,
                          "acc1": 100 * float((p.argmax(1) == yv).mean()), "nll": calibration.nll_from_logits(z, T, yv),
                          "ece": calibration.ece(p, yv), "mean_conf": float(p.max(1).mean()), "temperature": T,
                          "n_val": int(len(yv)), "fit_s": wall}
@@ -175,7 +181,7 @@ def fewshot_run(datasets, shots_list, seeds, log=print):
                         r.update({"text_temperature": Tt, "nll_text_T": calibration.nll_from_logits(z, Tt, yv),
                                   "ece_text_T": calibration.ece(calibration.softmax(z, Tt).numpy(), yv),
                                   "loo_nll": cal["loo"][head]["nll"], "loo_ece": cal["loo"][head]["ece"],
-                                  "loo_fitted": cal["loo"][head]["fitted"]})
+                                  "loo_fitted": cal["loo"][head]["fitted"], "loo_acc1": 100 * cal["loo"][head]["acc1"]})
                         if head == better:
                             r["ece_ci95"] = ece_interval(p, yv)
                     rows.append(r)
@@ -214,23 +220,36 @@ def fewshot_markdown(rows, meta) -> str:
             if k == 16:
                 verdict.append(f"- {name}: better head ECE {mean(b, 'ece'):.3f} — "
                                + ("met" if mean(b, "ece") <= 0.05 else "missed"))
-    loo = ["| data set | shots | kernel LOO NLL / ECE on the shots | linear LOO NLL / ECE on the shots | "
+    loo = ["| data set | shots | kernel LOO top-1 / NLL / ECE on the shots | linear LOO top-1 / NLL / ECE on the shots | "
            "kernel / linear val NLL at the text rule's T |", "|---|---:|---|---|---|"]
     for k in shots:
         for name in datasets:
             sel = [r for r in rows if r["shots"] == k and r["dataset"] == name]
             kr = [r for r in sel if r["head"] == "kernel"]
             lr = [r for r in sel if r["head"] == "linear"]
-            loo.append(f"| {name} | {k} | {mean(kr, 'loo_nll'):.3f} / {mean(kr, 'loo_ece'):.3f} | "
-                       f"{mean(lr, 'loo_nll'):.3f} / {mean(lr, 'loo_ece'):.3f} | "
+            loo.append(f"| {name} | {k} | {mean(kr, 'loo_acc1'):.1f} / {mean(kr, 'loo_nll'):.3f} / {mean(kr, 'loo_ece'):.3f} | "
+                       f"{mean(lr, 'loo_acc1'):.1f} / {mean(lr, 'loo_nll'):.3f} / {mean(lr, 'loo_ece'):.3f} | "
                        f"{mean(kr, 'nll_text_T'):.3f} / {mean(lr, 'nll_text_T'):.3f} |")
-    return f"""## With labelled shots: temperatures fitted by leave-one-out NLL (CoOp validation sets)
+    mode = rows[0].get("prototypes", "shots")
+    if mode == "shots":
+        title = "## With labelled shots: temperatures fitted by leave-one-out NLL (CoOp validation sets)"
+        cmd = "--fewshot"
+        protos = ("the stand-in prototypes are the class means of the shots (these sets have no text "
+                  "embeddings; as in `scripts/bench_fewshot.py`) — so each left-out shot is inside its own "
+                  "class's prototype and the LOO logits see it through the prior, one more reason for them to "
+                  "be too separable (compare LOO top-1 on the shots with validation top-1 below)")
+    else:
+        title = "### The same with leak-free stand-in prototypes"
+        cmd = "--fewshot --prototypes rest"
+        protos = ("the stand-in prototypes are the class means of the train16 images that are *not* shots "
+                  "(16 − k per class), so no shot is inside a prototype — closer to real text prototypes, "
+                  "which never contain the shots")
+    return f"""{title}
 
-Generated by `python scripts/bench_calibration.py --fewshot` ({meta['date']}, {meta['machine']['cpus']} CPUs,
+Generated by `python scripts/bench_calibration.py {cmd}` ({meta['date']}, {meta['machine']['cpus']} CPUs,
 seeds {seeds}). Real CLIP ViT-B/32 features of {len(datasets)} CoOp data sets
-(`../shared/data/clip-vit-b32/coop-fewshot/`): k shots per class drawn from `train16`, the
-stand-in prototypes are the class means of the shots (these sets have no text embeddings; as in
-`scripts/bench_fewshot.py`), `SVGClassifier().fit(prototypes).adapt(shots)`; the validation
+(`../shared/data/clip-vit-b32/coop-fewshot/`): k shots per class drawn from `train16`;
+{protos}. `SVGClassifier().fit(prototypes).adapt(shots)`; the validation
 images (single centre crops) judge each head's `predict_proba`. `adapt` sets the kernel and
 linear heads' T by minimising the exact leave-one-out NLL of the shots; the cosine head stays
 softmax(100·cos). "Better head" is the one with the lower LOO error on the shots — chosen without
@@ -245,7 +264,7 @@ logits are more separable than a new image's, and a temperature fitted on them c
 
 Target (issue 13): with 16 shots, ECE ≤ 0.05 for the better head.
 
-{chr(10).join(verdict)}
+{chr(10).join(verdict) or "(no 16-shot rows in this run)"}
 
 What the shots themselves said (LOO on the shots, at the fitted T) and what the text rule's
 temperature would give on the validation images:
@@ -369,7 +388,7 @@ Fits: {json.dumps({k: {"wall_s": round(v["wall_s"], 1), "temperatures": v["tempe
 """
 
 
-SECTIONS = ("lvis", "fewshot")
+SECTIONS = ("lvis", "fewshot", "fewshot-rest")
 TITLE = "# Calibration of the heads' probabilities\n\n"
 
 
@@ -399,16 +418,22 @@ def main(argv=None):
     ap.add_argument("--datasets", nargs="+", default=None, help="few-shot data sets (default: bench_fewshot's five)")
     ap.add_argument("--shots", nargs="+", type=int, default=list(FEWSHOT_SHOTS), help="few-shot: shots per class")
     ap.add_argument("--seeds", nargs="+", type=int, default=[0], help="few-shot: shot draws")
+    ap.add_argument("--prototypes", choices=("shots", "rest"), default="shots",
+                    help="few-shot stand-in prototypes: class means of the shots (as bench_fewshot), or of the "
+                         "train16 images that are not shots (leak-free; fewer than 16 shots)")
     args = ap.parse_args(argv)
     torch.manual_seed(0)
     meta = {"date": time.strftime("%Y-%m-%d"), "machine": machine()}
     if args.fewshot:
         from bench_fewshot import DATASETS
 
-        rows = fewshot_run(args.datasets or DATASETS, args.shots, args.seeds)
+        if args.prototypes == "rest" and max(args.shots) >= 16:
+            ap.error("--prototypes rest needs fewer than 16 shots (the prototypes are the other train16 images)")
+        rows = fewshot_run(args.datasets or DATASETS, args.shots, args.seeds, prototypes=args.prototypes)
         result = {"rows": rows, **meta}
-        path = save_result("calibration_fewshot", result)
-        write_section(Path(args.out), "fewshot", fewshot_markdown(rows, meta))
+        section = "fewshot" if args.prototypes == "shots" else "fewshot-rest"
+        path = save_result(f"calibration_{section.replace('-', '_')}", result)
+        write_section(Path(args.out), section, fewshot_markdown(rows, meta))
     else:
         inputs, x, y = load_data()
         inputs = {k: inputs[k] for k in ("CxD", "T=2")}

@@ -90,7 +90,7 @@ def test_fewshot_report_judges_the_loo_chosen_head(bench):
                  "nll": 0.5, "ece": ece if head == better else 0.3, "mean_conf": 0.8, "temperature": 1.0}
             if head != "cosine":
                 r.update({"text_temperature": 2.0, "nll_text_T": 0.6, "ece_text_T": 0.1, "loo_nll": 0.1,
-                          "loo_ece": 0.02, "loo_fitted": True, "ece_ci95": (ece - 0.01, ece + 0.01)})
+                          "loo_ece": 0.02, "loo_fitted": True, "loo_acc1": 99.0, "ece_ci95": (ece - 0.01, ece + 0.01)})
             rows.append(r)
     text = bench.fewshot_markdown(rows, {"date": "today", "machine": {"cpus": 2}})
     assert "- a: better head ECE 0.040 — met" in text and "- b: better head ECE 0.080 — missed" in text
