@@ -95,3 +95,4 @@ def test_fewshot_report_judges_the_loo_chosen_head(bench):
     text = bench.fewshot_markdown(rows, {"date": "today", "machine": {"cpus": 2}})
     assert "- a: better head ECE 0.040 — met" in text and "- b: better head ECE 0.080 — missed" in text
     assert "- mean: better head ECE 0.060 — missed" in text
+    assert "ECE ≤ 0.05 on 1 of 2 data sets at 16 shots" in text   # the linear head: 0.04 on a, 0.3 on b
