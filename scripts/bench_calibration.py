@@ -319,7 +319,8 @@ def markdown(rows, extra, fits, meta):
         return "\n".join(out)
 
     met = [r for r in rows if r["head"] != "cosine"]
-    opt = {(r["input"], r["head"].split(",")[0]): r["temperature"] for r in extra if "NLL-optimal" in r["head"]}
+    opt = {(r["input"], r["head"].split(",")[0]): r["temperature"] for r in extra
+           if "NLL-optimal T on dev labels" in r["head"]}
     ratios = ", ".join(f"{r['input']} {r['head']} {r['temperature'] / opt[(r['input'], r['head'])]:.2f}" for r in rows)
     def judge(r):
         if r["ece_minus_cosine"] <= 0:
