@@ -25,9 +25,14 @@ log-odds, not p_max, because on text the cosine head is often certain to many de
 head is more confident than CLIP's own rule on the same prototypes. No image, labelled or not,
 is used.
 
-**With labelled images** (few-shot support, svgen issue 11): :func:`fit_temperature` takes
-leave-one-out logits of the labelled features and their labels and minimises the negative
-log-likelihood over T (convex in 1/T). The hook is
+**With labelled images** (``adapt(X, y)``): the kernel and linear heads' T minimise the negative
+log-likelihood of the shots' exact leave-one-out logits (:func:`fit_temperature`, convex in 1/T;
+:func:`kernel_loo_scores` and :func:`lda_loo_logits` give those logits in closed form, so no
+shot's score has seen its own label); :func:`loo_temperatures` records what it gave. The cosine
+head keeps CLIP's scale. Shots that are all ranked first when left out give no finite
+temperature; the head then keeps the text rule's. Caveat: when the shots are tighter than the
+images to classify (e.g. means of augmented views), their LOO logits are too separable and the
+fitted T too low. Any other labelled logits can be used the same way:
 ``clf.set_temperatures({head: fit_temperature(z_loo, y)}, method="loo-nll")``.
 
 **Judging them**: :func:`nll` (mean −log p of the true class, ``sklearn.metrics.log_loss``) and
@@ -159,6 +164,54 @@ def text_temperatures(score_fn, per_template: torch.Tensor, heads=("kernel", "li
             "rule": "each head's mean log-odds of its top class on the text queries equals the cosine head's "
                     "at logit scale 100",
             "queries": int(Q.shape[0]), "cosine_mean_log_odds": target, "cosine_mean_max_prob": mean_max_prob(cos, 1.0)}
+
+
+# ----------------------------------------------------------------------------- with labelled shots
+
+def kernel_loo_scores(K: torch.Tensor, image_votes: torch.Tensor, Y: torch.Tensor, c: float,
+                      prior_scale: float) -> torch.Tensor:
+    """Exact leave-one-out kernel-vote scores of the shots (N×C), for the few-shot head of
+    :func:`svgen.fewshot.fit_kernel_head`.
+
+    That head scores ``f(x) = α F(x) + s₀ k(x, X) B`` with ``B = (K + c I)⁻¹ R``, ``R = Y − α F(X)/s₀``
+    (``image_votes`` = ``s₀ B``). On the shots ``f/s₀ = α F/s₀ + K B``, a ridge smoother of R whose
+    residual is ``Y − f/s₀ = c B`` and whose leverage is ``1 − c (K + cI)⁻¹_ii``; the LOO residual is
+    residual / (1 − leverage) = ``B_i / (K + cI)⁻¹_ii``, so ``f_loo = s₀ Y − image_votes / (K + cI)⁻¹_ii``.
+    α, s₀ and F (text-side quantities) are held at their all-shot values.
+    """
+    A = K.double().clone()
+    A.diagonal().add_(float(c))
+    inv_diag = torch.cholesky_inverse(torch.linalg.cholesky(A)).diagonal()
+    return prior_scale * Y.double() - image_votes.double() / inv_diag[:, None]
+
+
+def lda_loo_logits(prototypes: torch.Tensor, shots, n_classes: int, shrinkage: float, prior_shots: float) -> torch.Tensor:
+    """Exact leave-one-out logits (N×C) of the few-shot LDA head at its chosen (γ, κ)
+    (:func:`svgen.fewshot.lda_loo`, rank-one downdates; the shrinkage target held at its all-shot value)."""
+    from .fewshot import lda_loo, prior_means
+
+    X = shots.rows.double()
+    _, _, kept = lda_loo(X, shots.labels, prior_means(prototypes, X), [shrinkage], [prior_shots], keep_scores=True)
+    return kept[0, 0]
+
+
+def loo_temperatures(loo_logits: Dict[str, torch.Tensor], labels, fallback: Dict[str, float]) -> dict:
+    """Per-head T by :func:`fit_temperature` on leave-one-out logits of the shots, and what it gives
+    there: ``{"temperatures": {head: T}, "loo": {head: {"nll", "ece", "acc1", "fitted"}}}`` (LOO, at that T).
+
+    When every shot is ranked first when left out, the NLL falls all the way to T → 0 (certainty): the
+    shots give no finite temperature and the head keeps ``fallback[head]`` (the text rule's), ``fitted``
+    False."""
+    y = np.asarray(labels)
+    temps, loo = {}, {}
+    for head, z in loo_logits.items():
+        z = torch.as_tensor(z, dtype=torch.float64)
+        acc = float((z.argmax(dim=1).numpy() == y).mean())
+        fitted = acc < 1.0
+        T = fit_temperature(z, y) if fitted else float(fallback[head])
+        temps[head] = T
+        loo[head] = {**calibration_metrics(z, T, y), "acc1": acc, "fitted": fitted}
+    return {"temperatures": temps, "loo": loo}
 
 
 # ----------------------------------------------------------------------------- judging probabilities

@@ -338,7 +338,7 @@ class SVGClassifier:
         if reason is not None:
             log.warning("transductive: %s", reason)
             self.transductive_ = {"pool": N, "fallback": reason, "prior_head": head}
-            self.transductive_labels_ = torch.softmax(prior.double(), dim=1)
+            self.transductive_labels_ = self._fallback_labels(prior, head)
             return self
         with torch.no_grad():
             cal = U[td.calibration_rows(N)]
@@ -369,7 +369,7 @@ class SVGClassifier:
                       "kept the inductive heads")
             log.warning("transductive: %s", reason)
             self.transductive_ = {"pool": N, "fallback": reason, "prior_head": head, "tries": tries}
-            self.transductive_labels_ = torch.softmax(prior.double(), dim=1)
+            self.transductive_labels_ = self._fallback_labels(prior, head)
             return self
         timings["rounds"] = time.perf_counter() - t1
         beta = res.info["prior_strength"]
@@ -381,7 +381,9 @@ class SVGClassifier:
         with torch.no_grad():
             kinfo = self._pool_kernel_head(U, res.labels, shots)
         timings["kernel_head"] = time.perf_counter() - t1
-        self._text_temperatures()  # the heads changed: their temperatures follow (text rule)
+        # the changed heads' temperatures follow the text rule; a kernel head kept as it was keeps its own
+        # (fitted on the shots by leave-one-out NLL, when there were any)
+        self._text_temperatures(only=None if kinfo.get("replaced") else "linear")
         self.transductive_ = {**res.info, "fallback": None, "prior_head": head, "tries": tries,
                               "prior_temperature": t_prior,
                               "linear_prior_temperature": t_lin, "calibration": "entropy of softmax(100·cos)",
@@ -460,6 +462,12 @@ class SVGClassifier:
                 self.bandwidth_, self.vote_weights_ = ik["bandwidth"], ik["vote_weights"]
         self.inductive_linear_ = self.inductive_kernel_ = None
 
+    def _fallback_labels(self, scores: torch.Tensor, head: str) -> torch.Tensor:
+        """The pool's soft labels when the inductive heads are kept: that head's :meth:`predict_proba`
+        (``softmax(logits / T)``; the kernel vote's logits are ``log score``), not a softmax of raw
+        scores, which is almost uniform for the kernel vote (issue 13)."""
+        return calibration.softmax(calibration.head_logits(scores, head), self.temperatures_[head])
+
     def _scores(self, U: torch.Tensor, head: str, block: int = 8192) -> torch.Tensor:
         """N×C float32 scores in row blocks (a kernel head's N×M kernel never whole)."""
         return torch.cat([self.decision_function(U[s:s + block], head).float() for s in range(0, U.shape[0], block)])
@@ -471,7 +479,9 @@ class SVGClassifier:
         (rows of ``classes_``). Shots added earlier are kept and joined by the new ones. Both
         heads are re-solved in closed form towards the zero-shot head, with σ, λ and the
         text/image weight chosen by exact leave-one-out over all shots (:mod:`svgen.fewshot`).
-        Classes without shots keep their text support vectors. Returns ``self``.
+        Classes without shots keep their text support vectors. The kernel and linear heads'
+        temperatures are then fitted by leave-one-out NLL on the shots (:mod:`svgen.calibration`;
+        ``calibration_`` records them, their LOO NLL/ECE and the text rule's). Returns ``self``.
         """
         self._check_fitted()
         C = len(self.classes_)
@@ -509,10 +519,29 @@ class SVGClassifier:
                  "(LOO error %.3f)", len(shots), wall, sigma, kchoice.settings["ridge_lambda"],
                  kchoice.settings["prior_weight"], kchoice.loo_error, lchoice.settings["shrinkage"],
                  lchoice.settings["prior_shots"], lchoice.loo_error)
-        # The text rule on the adapted heads. Hook for the shots' own evidence: leave-one-out logits
-        # of the shots through calibration.fit_temperature, recorded with set_temperatures(..., "loo-nll").
-        self._text_temperatures()
+        self._shot_temperatures(shots, kchoice, lchoice)
         return self
+
+    def _shot_temperatures(self, shots: SupportSet, kchoice, lchoice) -> None:
+        """The kernel and linear heads' temperatures fitted by leave-one-out NLL on the shots
+        (:func:`svgen.calibration.loo_temperatures`); the cosine head keeps CLIP's scale (T = 1).
+        The text rule's temperatures are recorded next to them for comparison."""
+        C = len(self.classes_)
+        self._text_temperatures()
+        text_temps = dict(self.temperatures_)
+        X = shots.rows.double()
+        K = kernel(X, X, float(self.bandwidth_), self.fit_config_.kernel)
+        n_text = self.support_vectors_.shape[0] - X.shape[0]   # support = [text rows; shots] (fewshot.fit_kernel_head)
+        scores = calibration.kernel_loo_scores(K, self.vote_weights_[n_text:].double(), shots.one_hot(C),
+                                               kchoice.settings["ridge_c"], kchoice.settings["prior_scale"])
+        lin = calibration.lda_loo_logits(self.prototypes_, shots, C, lchoice.settings["shrinkage"],
+                                         lchoice.settings["prior_shots"])
+        fit = calibration.loo_temperatures({"kernel": calibration.head_logits(scores, "kernel"), "linear": lin},
+                                           shots.labels.numpy(), fallback=text_temps)
+        self.set_temperatures(fit["temperatures"], method="loo-nll", shots=len(shots), loo=fit["loo"],
+                              text_temperatures=text_temps,
+                              rule="kernel and linear: T minimising the leave-one-out NLL of the shots; "
+                                   "cosine: CLIP's logit scale 100")
 
     # ------------------------------------------------------------------------------ readable votes
     def _scale_votes(self, lam) -> None:
@@ -525,10 +554,16 @@ class SVGClassifier:
         self.vote_scale_ = {"factor": factor, "rule": "M·λ"}
 
     # ------------------------------------------------------------------------------ probabilities
-    def _text_temperatures(self) -> None:
-        """Per-head temperatures from the text side (:func:`svgen.calibration.text_temperatures`)."""
+    def _text_temperatures(self, only: Optional[str] = None) -> None:
+        """Per-head temperatures from the text side (:func:`svgen.calibration.text_temperatures`).
+        ``only``: re-set that head's alone when the others were fitted on shots (``loo-nll``) and are unchanged."""
         info = calibration.text_temperatures(lambda q, head: self.decision_function(q, head), self.per_template_)
-        self.temperatures_ = info.pop("temperatures")
+        temps = info.pop("temperatures")
+        if only is not None and getattr(self, "calibration_", {}).get("method") == "loo-nll":
+            self.temperatures_ = {**self.temperatures_, only: temps[only]}
+            self.calibration_ = {**self.calibration_, "text_rule_heads": [only]}
+            return
+        self.temperatures_ = temps
         self.calibration_ = info
 
     def set_temperatures(self, temperatures: dict, method: str, **details) -> "SVGClassifier":

@@ -209,7 +209,8 @@ def prior_means(prototypes: torch.Tensor, X: torch.Tensor) -> torch.Tensor:
     return P - P.mean(dim=0) + X.mean(dim=0)
 
 
-def lda_loo(X: torch.Tensor, y: torch.Tensor, m: torch.Tensor, gammas: Sequence[float], kappas: Sequence[float]):
+def lda_loo(X: torch.Tensor, y: torch.Tensor, m: torch.Tensor, gammas: Sequence[float], kappas: Sequence[float],
+            keep_scores: bool = False):
     """Exact leave-one-out error (and mean negative margin) of shared-covariance LDA with prior means.
 
     The head for one (γ, κ) is ``scores_c(x) = (x − ½μ_c)ᵀ Σ⁻¹ μ_c`` with
@@ -218,7 +219,8 @@ def lda_loo(X: torch.Tensor, y: torch.Tensor, m: torch.Tensor, gammas: Sequence[
     n_c shots) out downdates ``S_w`` by ``n_c/(n_c−1)·u uᵀ`` (``u = x_i − x̄_c``), ``df`` by one and
     ``x̄_c``; in the eigenbasis of ``S_w`` Σ is then diagonal minus a rank-one term, inverted by
     Sherman–Morrison, so every LOO score comes from a few N×C matrix products.
-    Returns (error, mean negative margin) arrays of shape (len(gammas), len(kappas)).
+    Returns (error, mean negative margin) arrays of shape (len(gammas), len(kappas)); with
+    ``keep_scores`` also ``{(a, b): N×C LOO logits}`` (svgen.calibration fits temperatures on them).
     """
     N, D = X.shape
     C = m.shape[0]
@@ -241,6 +243,7 @@ def lda_loo(X: torch.Tensor, y: torch.Tensor, m: torch.Tensor, gammas: Sequence[
     rows = torch.arange(N)
     err = np.zeros((len(gammas), len(kappas)))
     tie = np.zeros_like(err)
+    kept = {}
     for a, g in enumerate(gammas):
         binv = {f: 1.0 / ((1 - g) * omega / df[f] + g * tau) for f in (True, False)}
         Binv = torch.where(many[:, None], binv[True][None], binv[False][None])          # N×D
@@ -259,10 +262,12 @@ def lda_loo(X: torch.Tensor, y: torch.Tensor, m: torch.Tensor, gammas: Sequence[
             wo = (w * own).sum(dim=1)
             sc[rows, y] = ((Xv - 0.5 * own) * Binv * own).sum(dim=1) + coef * (xw * wo - 0.5 * wo * wo)
             err[a, b] = float((sc.argmax(dim=1) != y).double().mean())
+            if keep_scores:
+                kept[a, b] = sc
             true = sc[rows, y]
             other = sc.scatter(1, y[:, None], -float("inf")).max(dim=1).values
             tie[a, b] = float((other - true).clamp(-1e6, 1e6).mean())
-    return err, tie
+    return (err, tie, kept) if keep_scores else (err, tie)
 
 
 def lda_covariance(X, y, n_classes: int, gamma: float, tau: Optional[float] = None) -> torch.Tensor:

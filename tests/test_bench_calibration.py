@@ -12,7 +12,8 @@ import pytest
 SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
 
 
-def test_bench_rows_and_report():
+@pytest.fixture(scope="module")
+def bench():
     sys.path.insert(0, str(SCRIPTS))
     try:
         spec = importlib.util.spec_from_file_location("bench_calibration", SCRIPTS / "bench_calibration.py")
@@ -20,6 +21,10 @@ def test_bench_rows_and_report():
         spec.loader.exec_module(bench)
     finally:
         sys.path.remove(str(SCRIPTS))
+    return bench
+
+
+def test_bench_rows_and_report(bench):
     rng = np.random.default_rng(0)
     centres = rng.normal(size=(10, 32))
     emb = (centres[:, None] + 0.3 * rng.normal(size=(10, 2, 32))).astype(np.float32)
@@ -34,9 +39,60 @@ def test_bench_rows_and_report():
             lo, hi = r["ci95"]
             assert lo <= hi
     assert fits["CxD"]["temperatures"]["cosine"] == 1.0
-    opt = [r for r in extra if "NLL-optimal" in r["head"]]
+    opt = [r for r in extra if "NLL-optimal T on dev labels" in r["head"]]
     used = {(r["input"], r["head"]): r for r in rows}
     for r in opt:  # the dev-label optimum is never worse in NLL than the text rule (it is the minimiser)
         assert r["nll"] <= used[(r["input"], r["head"].split(",")[0])]["nll"] + 1e-9
     text = bench.markdown(rows, extra, fits, {"date": "today", "machine": {"cpus": 2, "load_average_1m": 0.0}})
     assert "| CxD | kernel |" in text and ("met" in text or "missed" in text)
+    for r in rows + extra:   # all bins under-confident ⇒ ECE = accuracy − confidence (the report's identity)
+        if r["all_bins_under_confident"]:
+            assert r["ece"] == pytest.approx(r["acc_minus_conf"], abs=1e-12)
+    for r in rows:
+        if r["head"] != "cosine":
+            assert len(r["fold_ece_minus_cosine"]) == 4 and r["nll_ci95"][0] <= r["nll_minus_cosine"] <= r["nll_ci95"][1]
+            # the paired NLL difference is the difference of the two heads' mean NLLs
+            cos = next(c for c in rows if c["input"] == r["input"] and c["head"] == "cosine")
+            assert r["nll_minus_cosine"] == pytest.approx(r["nll"] - cos["nll"], abs=1e-9)
+
+
+def test_under_confident_identity_is_not_vacuous(bench):
+    """Every bin under-confident ⇒ ECE = accuracy − mean confidence; one over-confident bin breaks it."""
+    from svgen import calibration
+
+    rng = np.random.default_rng(1)
+    y = rng.integers(0, 4, 400)
+    z = rng.normal(size=(400, 4))
+    z[np.arange(400), y] += 4.0                 # right 90%+ of the time, at a temperature that is far too soft
+    p = calibration.softmax(z, 8.0).numpy()
+    gap, under = bench.under_confident_gap(p, y)
+    assert under and calibration.ece(p, y) == pytest.approx(gap, abs=1e-12)
+    q = calibration.softmax(z, 0.05).numpy()    # too sharp: over-confident somewhere
+    gap_q, under_q = bench.under_confident_gap(q, y)
+    assert not under_q and calibration.ece(q, y) > gap_q + 1e-6
+
+
+def test_report_sections_are_kept(bench, tmp_path):
+    out = tmp_path / "cal.md"
+    bench.write_section(out, "fewshot", "## shots\nA")
+    bench.write_section(out, "lvis", "## lvis\nB")
+    bench.write_section(out, "fewshot", "## shots\nC")
+    text = out.read_text()
+    assert text.startswith(bench.TITLE) and text.index("## lvis") < text.index("## shots")
+    assert "\nB\n" in text and "\nC\n" in text and "\nA\n" not in text
+
+
+def test_fewshot_report_judges_the_loo_chosen_head(bench):
+    rows = []
+    for name, better, ece in (("a", "linear", 0.04), ("b", "kernel", 0.08)):
+        for head in bench.HEADS:
+            r = {"dataset": name, "shots": 16, "seed": 0, "head": head, "better": head == better, "acc1": 80.0,
+                 "nll": 0.5, "ece": ece if head == better else 0.3, "mean_conf": 0.8, "temperature": 1.0}
+            if head != "cosine":
+                r.update({"text_temperature": 2.0, "nll_text_T": 0.6, "ece_text_T": 0.1, "loo_nll": 0.1,
+                          "loo_ece": 0.02, "loo_fitted": True, "loo_acc1": 99.0, "ece_ci95": (ece - 0.01, ece + 0.01)})
+            rows.append(r)
+    text = bench.fewshot_markdown(rows, {"date": "today", "machine": {"cpus": 2}})
+    assert "- a: better head ECE 0.040 — met" in text and "- b: better head ECE 0.080 — missed" in text
+    assert "- mean: better head ECE 0.060 — missed" in text
+    assert "ECE ≤ 0.05 on 1 of 2 data sets at 16 shots" in text   # the linear head: 0.04 on a, 0.3 on b

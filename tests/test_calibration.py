@@ -285,7 +285,7 @@ def test_plot_without_matplotlib_is_one_line(fitted, tmp_path, cli, monkeypatch)
 
 def test_adapted_votes_keep_the_kernel_mass_scale(fitted, tmp_path):
     """Shots (format 2): the text rows' votes are α·A_T(σ) with A_T on the M·λ scale at whatever σ the
-    shots choose, so own-class votes stay ≈ α (Parzen regime), and temperatures follow the new heads."""
+    shots choose, so own-class votes stay ≈ α (Parzen regime), and the temperatures are fitted on the shots."""
     clf, emb, centres = fitted
     x, y = _images(centres, n=48, noise=1.0, seed=7)
     a = SVGClassifier.load(clf.save(tmp_path / "z.svgen")).adapt(x, y)
@@ -295,6 +295,6 @@ def test_adapted_votes_keep_the_kernel_mass_scale(fitted, tmp_path):
     own = text_votes[np.arange(C * K), np.repeat(np.arange(C), K)]
     assert own.mean() == pytest.approx(alpha, rel=0.1)
     assert np.abs(text_votes).sum(1).mean() == pytest.approx(alpha, rel=0.2)
-    assert a.calibration_["method"] == "text" and a.temperatures_["kernel"] > 1e-6
+    assert a.calibration_["method"] == "loo-nll" and a.temperatures_["kernel"] > 1e-6   # fitted on the shots (issue 13)
     back = SVGClassifier.load(a.save(tmp_path / "v2.svgen"))
     np.testing.assert_allclose(back.predict_proba(x, "kernel"), a.predict_proba(x, "kernel"), atol=1e-6)

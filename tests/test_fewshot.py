@@ -283,6 +283,7 @@ def test_cli_fit_and_adapt_with_shot_features(cli, files):
                          files / "y.npy", "--out", files / "ad.svgen")
     assert code == 0, err
     assert "17 shots over 5 of 5 classes" in err and json.loads(out)["loo_better_head"] in ("kernel", "linear")
+    assert json.loads(out)["temperature_method"] == "loo-nll" and json.loads(out)["temperatures"]["cosine"] == 1.0
     a, b = SVGClassifier.load(files / "fs.svgen"), SVGClassifier.load(files / "ad.svgen")
     q = np.load(files / "X.npy")
     for head in ("kernel", "linear"):

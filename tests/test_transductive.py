@@ -498,3 +498,26 @@ def test_cli_classify_transductive_kernel_head(cli, hard, tmp_path):
     rows = [json.loads(line) for line in out.splitlines()]
     assert [r["labels"][0] for r in rows] == [f"c{i}" for i in want.argmax(1)]
     assert np.allclose([r["scores"][0] for r in rows], want.max(1), rtol=1e-5)
+
+
+def _kernel_probs_by_hand(clf, U):
+    """p = score^(1/T) / Σ score^(1/T) of the kernel vote, from its raw scores (independent of svgen.calibration)."""
+    s = np.asarray(clf.decision_function(U, "kernel"), dtype=np.float64)
+    return _softmax(np.log(np.maximum(s, 1e-30)) / clf.temperatures_["kernel"])
+
+
+def test_fallback_labels_are_the_calibrated_probabilities(data, monkeypatch):
+    """Issue 13: when the inductive heads are kept, the pool's soft labels are the prior head's
+    predict_proba (softmax(log score / T)), not a softmax of raw kernel scores (nearly uniform)."""
+    clf = SVGClassifier(n_support=2, steps=5, seed=0).fit(data["protos"])
+    small = data["U"][:C - 1]
+    clf.adapt(unlabelled=small)                                      # fall-back: pool smaller than the classes
+    got = clf.transductive_labels_.numpy()
+    assert np.allclose(got, _kernel_probs_by_hand(clf, small), atol=1e-9)
+    assert np.allclose(got, clf.predict_proba(small, "kernel"), atol=1e-12)
+    raw = _softmax(np.asarray(clf.decision_function(small, "kernel"), dtype=np.float64))
+    assert got.max(axis=1).mean() > raw.max(axis=1).mean()          # sharper than the raw-score softmax
+    monkeypatch.setattr(td, "STABLE", 1.5)                           # fall-back: the rounds never settle
+    clf.adapt(unlabelled=data["U"])
+    assert "did not settle" in clf.transductive_["fallback"]
+    assert np.allclose(clf.transductive_labels_.numpy(), _kernel_probs_by_hand(clf, data["U"]), atol=1e-9)

@@ -25,7 +25,9 @@ def add_parser(sub):
                     "the text/image weight and the shrinkage are chosen by exact leave-one-out over the images. "
                     "No text is re-encoded. Classes without images keep their text support vectors. Images "
                     "added earlier are kept. The result is a format-2 artifact; svgen.json records the shots "
-                    "per class and what leave-one-out chose under 'fewshot'. With --unlabelled / --unlabelled-features "
+                    "per class and what leave-one-out chose under 'fewshot'. The kernel and linear heads' "
+                    "softmax temperatures (classify --probs) are fitted by leave-one-out NLL on the images "
+                    "(svgen.json 'calibration'; docs/calibration.md). With --unlabelled / --unlabelled-features "
                     "(alone or after the shots) the artifact is then adapted transductively to those images "
                     "(docs/transductive.md); svgen.json records it under 'transductive'.",
         epilog="examples:\n"
@@ -71,7 +73,8 @@ def run(args) -> int:
     fs, td = clf.fewshot_, clf.transductive_
     summary = {}
     if shots:
-        summary.update({"kernel": fs["kernel"], "linear": fs["linear"], "loo_better_head": fs["loo_better_head"]})
+        summary.update({"kernel": fs["kernel"], "linear": fs["linear"], "loo_better_head": fs["loo_better_head"],
+                        "temperatures": clf.temperatures_, "temperature_method": clf.calibration_.get("method")})
     if pool:
         summary["transductive"] = {k: td.get(k) for k in ("pool", "fallback", "prior_strength", "rounds",
                                                            "changed_from_prior", "heads")}

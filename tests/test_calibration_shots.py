@@ -1,0 +1,143 @@
+"""Issue 13, with labelled shots: the heads' temperatures fitted by leave-one-out NLL inside ``adapt``.
+
+The closed-form LOO logits are checked against refitting each head without the left-out shot
+(numpy, from the heads' documented formulas), the temperature against scipy's scalar minimiser of
+the same NLL, and the choice against what ``svgen.json`` records."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from svgen import SVGClassifier, calibration, fewshot
+from svgen.kernels import kernel
+from svgen.support import IMAGE
+
+optimize = pytest.importorskip("scipy.optimize")
+
+C, D = 5, 16
+
+
+def _unit(x):
+    return x / np.linalg.norm(x, axis=1, keepdims=True)
+
+
+def _problem(shots_per_class, seed=0, noise=0.9):
+    rng = np.random.default_rng(seed)
+    centres = _unit(rng.normal(size=(C, D)))
+    protos = (centres + 0.5 * rng.normal(size=(C, D)) / np.sqrt(D)).astype(np.float32)
+    y = np.repeat(np.arange(C), shots_per_class)
+    X = (centres[y] + noise * rng.normal(size=(len(y), D)) / np.sqrt(D)).astype(np.float32)
+    return protos, X, y
+
+
+@pytest.fixture(scope="module", params=[1, 4])
+def adapted(request):
+    protos, X, y = _problem(request.param, noise=1.6)
+    clf = SVGClassifier(n_support=2, steps=5, seed=0).fit(protos).adapt(X, y)
+    return clf, protos, X, y
+
+
+def _nll(z, y, T):
+    a = z / T
+    a = a - a.max(axis=1, keepdims=True)
+    return float(-(a[np.arange(len(y)), y] - np.log(np.exp(a).sum(axis=1))).mean())
+
+
+def test_kernel_loo_scores_equal_refitting_without_each_shot(adapted):
+    clf, _, X, y = adapted
+    k = clf.fewshot_["kernel"]
+    S = clf.support_set_
+    Xs = S.part(IMAGE).rows.double().numpy()
+    T_rows = S.rows[S.source != IMAGE].double().numpy()
+    n_text = T_rows.shape[0]
+    sigma, c, alpha, s0 = clf.bandwidth_, k["ridge_c"], k["prior_weight"], k["prior_scale"]
+    V = clf.vote_weights_.double().numpy()
+    F = np.exp(-((Xs[:, None] - T_rows[None]) ** 2).sum(-1) / (2 * sigma ** 2)) @ V[:n_text]   # α·F(x)
+    K = np.exp(-((Xs[:, None] - Xs[None]) ** 2).sum(-1) / (2 * sigma ** 2))
+    Y = np.eye(C)[y]
+    want = np.zeros_like(Y)
+    for i in range(len(y)):   # drop shot i: B = (K + cI)⁻¹ (Y − αF/s₀) on the rest, score = αF + s₀ k(x_i, X) B
+        keep = np.arange(len(y)) != i
+        B = np.linalg.solve(K[np.ix_(keep, keep)] + c * np.eye(keep.sum()), Y[keep] - F[keep] / s0)
+        want[i] = F[i] + s0 * K[i, keep] @ B
+    got = calibration.kernel_loo_scores(torch.as_tensor(K), torch.as_tensor(V[n_text:]), torch.as_tensor(Y), c, s0)
+    np.testing.assert_allclose(got.numpy(), want, atol=1e-4 * np.abs(want).max())
+    # and the in-sample scores are not the LOO ones (the check can fail)
+    inside = np.asarray(clf.decision_function(X, "kernel"), dtype=np.float64)
+    assert np.abs(inside - want).max() > 1e-3 * np.abs(want).max()
+
+
+def test_lda_loo_logits_equal_refitting_without_each_shot(adapted):
+    clf, protos, X, y = adapted
+    lin = clf.fewshot_["linear"]
+    g, kap = lin["shrinkage"], lin["prior_shots"]
+    shots = clf.support_set_.part(IMAGE)
+    Xd = shots.rows.double()
+    yt = shots.labels
+    m = fewshot.prior_means(clf.prototypes_, Xd)               # the prior means from all shots, as in lda_loo
+    Sw = fewshot.lda_covariance(Xd, yt, C, 0.0)                # τ: the all-shot target, held fixed
+    tau = float(torch.diagonal(Sw).sum()) / D if float(torch.diagonal(Sw).sum()) > 0 else 1.0
+    want = np.zeros((len(y), C))
+    for i in range(len(y)):
+        keep = torch.arange(len(y)) != i
+        W, b = fewshot.lda_head_weights(Xd[keep], yt[keep], m, g, kap, tau=tau)
+        want[i] = (Xd[i] @ W.T + b).numpy()
+    got = calibration.lda_loo_logits(clf.prototypes_, shots, C, g, kap).numpy()
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6 * np.abs(want).max())
+
+
+def test_adapt_fits_each_heads_temperature_by_loo_nll(adapted, tmp_path):
+    clf, protos, X, y = adapted
+    cal = clf.calibration_
+    assert cal["method"] == "loo-nll" and cal["shots"] == len(y)
+    assert clf.temperatures_["cosine"] == 1.0
+    shots = clf.support_set_.part(IMAGE)
+    K = kernel(shots.rows.double(), shots.rows.double(), clf.bandwidth_, "rbf")
+    k = clf.fewshot_["kernel"]
+    n_text = clf.support_vectors_.shape[0] - len(y)
+    z = {"kernel": calibration.head_logits(calibration.kernel_loo_scores(
+            K, clf.vote_weights_[n_text:].double(), shots.one_hot(C), k["ridge_c"], k["prior_scale"]), "kernel").numpy(),
+         "linear": calibration.lda_loo_logits(clf.prototypes_, shots, C, clf.fewshot_["linear"]["shrinkage"],
+                                              clf.fewshot_["linear"]["prior_shots"]).numpy()}
+    for head, zh in z.items():
+        if not cal["loo"][head]["fitted"]:        # every shot ranked first: the text rule's T is kept
+            assert (zh.argmax(1) == y).all()
+            assert clf.temperatures_[head] == pytest.approx(cal["text_temperatures"][head])
+            continue
+        res = optimize.minimize_scalar(lambda lt: _nll(zh, y, np.exp(lt)), bounds=(-25, 25), method="bounded",
+                                       options={"xatol": 1e-10})
+        assert clf.temperatures_[head] == pytest.approx(float(np.exp(res.x)), rel=1e-3)
+        assert cal["loo"][head]["nll"] == pytest.approx(_nll(zh, y, clf.temperatures_[head]), rel=1e-6)
+    back = SVGClassifier.load(clf.save(tmp_path / "a.svgen"))
+    meta = json.loads((tmp_path / "a.svgen" / "svgen.json").read_text())
+    assert meta["calibration"]["method"] == "loo-nll"
+    assert meta["calibration"]["temperatures"] == pytest.approx(clf.temperatures_)
+    assert back.temperatures_ == pytest.approx(clf.temperatures_, rel=1e-6)
+
+
+def test_separable_shots_keep_the_text_temperature():
+    """Every shot ranked first when left out: the NLL has no finite minimiser; the text rule's T stays."""
+    z = torch.tensor([[3.0, 0.0], [0.0, 2.0], [5.0, 1.0]])
+    out = calibration.loo_temperatures({"linear": z}, [0, 1, 0], fallback={"linear": 0.7})
+    assert out["temperatures"]["linear"] == 0.7 and out["loo"]["linear"]["fitted"] is False
+    z2 = torch.tensor([[3.0, 0.0], [0.0, 2.0], [1.0, 5.0]])    # one mistake: a finite T, fitted
+    out2 = calibration.loo_temperatures({"linear": z2}, [0, 1, 0], fallback={"linear": 0.7})
+    assert out2["loo"]["linear"]["fitted"] is True and out2["temperatures"]["linear"] != 0.7
+
+
+def test_transduction_after_shots_keeps_the_kernel_loo_temperature(adapted):
+    clf, protos, X, y = adapted
+    rng = np.random.default_rng(7)
+    pool = (np.asarray(protos)[rng.integers(0, C, 40)] + 0.3 * rng.normal(size=(40, D))).astype(np.float32)
+    import copy
+
+    c2 = copy.deepcopy(clf)
+    Tk = c2.temperatures_["kernel"]
+    c2.adapt_pool(pool)
+    assert c2.transductive_["fallback"] is None        # the linear head changed: it alone follows the text rule
+    assert c2.temperatures_["kernel"] == Tk and c2.calibration_["method"] == "loo-nll"
+    assert c2.calibration_["text_rule_heads"] == ["linear"]
