@@ -148,7 +148,7 @@ def fit_svgen(X, y, C, seed):
     fs = clf.fewshot_
     info = {"kernel": {k: fs["kernel"][k] for k in ("sigma", "ridge_lambda", "prior_weight", "loo_error")},
             "linear": {k: fs["linear"][k] for k in ("shrinkage", "prior_shots", "loo_error")},
-            "loo_better_head": fs["loo_better_head"], "adapt_s": t_adapt}
+            "loo_better_head": fs["loo_better_head"], "head_choice": fs["head_choice"], "adapt_s": t_adapt}
     return clf, info
 
 
@@ -183,7 +183,7 @@ def run_dataset(name, shots_list, seeds, log):
             times["svgen"].append(time.perf_counter() - t0)
             choices["svgen"].append(info)
             for head in ("kernel", "linear"):
-                pred = clf.decision_function(Xv, head=head).argmax(1).numpy()
+                pred = np.asarray(clf.decision_function(Xv, head=head)).argmax(1)
                 correct[f"svgen_{head}"] += (pred == yv) / len(seeds)
                 if info["loo_better_head"] == head:
                     correct["svgen_loo"] += (pred == yv) / len(seeds)

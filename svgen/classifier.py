@@ -418,12 +418,12 @@ class SVGClassifier:
         self.vote_weights_ = A
         self.linear_weight_, self.linear_bias_ = W, b
         counts = shots.counts(C)
-        better = "kernel" if kchoice.loo_error <= lchoice.loo_error else "linear"
+        better, head_choice = fewshot.choose_head(kchoice, lchoice, shots.labels.numpy())
         self.fewshot_ = {
             "shots": int(counts.sum()), "classes_with_shots": int((counts > 0).sum()),
             "shots_per_class": {"min": int(counts.min()), "max": int(counts.max()), "mean": float(counts.mean())},
             "shots_by_class": {name: int(n) for name, n in zip(self.classes_, counts) if n},
-            "kernel": kchoice.as_dict(), "linear": lchoice.as_dict(), "loo_better_head": better,
+            "kernel": kchoice.as_dict(), "linear": lchoice.as_dict(), "loo_better_head": better, "head_choice": head_choice,
             "text_bandwidth": float(text["bandwidth"]), "wall_time_s": wall,
         }
         log.info("adapted to %d shots in %.2fs: kernel σ=%.3g λ=%.3g α=%g (LOO error %.3f), linear LDA γ=%g κ=%g "
