@@ -33,7 +33,9 @@ Writes ``bench-results/bench_fewshot.json`` and prints the tables.
 from __future__ import annotations
 
 import argparse
+import json
 import logging
+import os
 import sys
 import time
 import warnings
@@ -219,8 +221,6 @@ def main(argv=None):
     ap.add_argument("--render", metavar="RESULT.json", help="print the markdown tables of a saved result and stop")
     args = ap.parse_args(argv)
     if args.render:
-        import json
-
         print(markdown(json.loads(Path(args.render).read_text())), end="")
         return 0
     if not FEWSHOT.is_dir():
@@ -229,11 +229,21 @@ def main(argv=None):
     logging.basicConfig(level=logging.WARNING)
     log = lambda s: print(s, flush=True)  # noqa: E731
     seeds = list(range(args.seeds))
-    results = {name: run_dataset(name, args.shots, seeds, log) for name in args.datasets}
+    results, loads = {}, []
+    for name in args.datasets:     # saved after every dataset: a cut-short run leaves a consistent result
+        loads.append(round(os.getloadavg()[0], 2))
+        results[name] = run_dataset(name, args.shots, seeds, log)
+        path = summarise(results, list(results), args, seeds, loads, log, final=name == args.datasets[-1])
+    print(markdown(json.loads(path.read_text())), end="")
+    return 0
+
+
+def summarise(results, datasets, args, seeds, loads, log, final=True):
+    """Means over ``datasets``, paired bootstrap intervals, tables; writes the result JSON, returns its path."""
     methods = BASELINES + SVGEN
     rows, summary = [], {}
     for k in args.shots:
-        per = [results[n][k] for n in args.datasets]
+        per = [results[n][k] for n in datasets]
         mean = {m: float(np.mean([r["acc"][m] for r in per])) for m in methods}
         best_base = max(BASELINES, key=lambda m: mean[m])
         best_svgen = max(("svgen_kernel", "svgen_linear"), key=lambda m: mean[m])
@@ -246,26 +256,25 @@ def main(argv=None):
         rows.append({"shots": k, **{m: mean[m] for m in methods}, "best baseline": best_base,
                      "kernel−best [95% CI]": _ci(summary[k]["svgen_kernel_vs_best"]),
                      "loo−best [95% CI]": _ci(summary[k]["svgen_loo_vs_best"])})
-    print()
-    print_table(rows, ["shots", *methods, "best baseline", "kernel−best [95% CI]", "loo−best [95% CI]"],
-                title=f"mean top-1 over {len(args.datasets)} datasets (val), {len(seeds)} seeds; stand-in prototypes = "
-                      "class means of the shots")
-    print()
-    print_table([{"shots": k, **summary[k]["fit_s"]} for k in args.shots], ["shots", *results[args.datasets[0]][args.shots[0]]["fit_s"]],
-                title="mean fit time per fit (s)")
-    print()
-    per_ds = [{"dataset": n, "shots": k, **{m: results[n][k]["acc"][m] for m in methods}}
-              for n in args.datasets for k in args.shots]
-    print_table(per_ds, ["dataset", "shots", *methods], title="per dataset")
-    for n in results:
-        for k in results[n]:
-            results[n][k].pop("correct")
-    path = save_result(args.out, {"datasets": args.datasets, "shots": args.shots, "seeds": seeds,
+    if final:
+        print()
+        print_table(rows, ["shots", *methods, "best baseline", "kernel−best [95% CI]", "loo−best [95% CI]"],
+                    title=f"mean top-1 over {len(datasets)} datasets (val), {len(seeds)} seeds; stand-in prototypes = "
+                          "class means of the shots")
+        print()
+        print_table([{"shots": k, **summary[k]["fit_s"]} for k in args.shots],
+                    ["shots", *results[datasets[0]][args.shots[0]]["fit_s"]], title="mean fit time per fit (s)")
+        print()
+        per_ds = [{"dataset": n, "shots": k, **{m: results[n][k]["acc"][m] for m in methods}}
+                  for n in datasets for k in args.shots]
+        print_table(per_ds, ["dataset", "shots", *methods], title="per dataset")
+    kept = {n: {k: {f: v for f, v in r.items() if f != "correct"} for k, r in results[n].items()} for n in datasets}
+    path = save_result(args.out, {"datasets": datasets, "shots": args.shots, "seeds": seeds,
                                   "prototypes": "stand-in: class means of the shots", "summary": summary,
-                                  "per_dataset": results, "machine": machine()})
-    print(f"\nwrote {path}\n")
-    print(markdown(json.loads(path.read_text())), end="")
-    return 0
+                                  "per_dataset": kept, "complete": final, "load_average_1m_per_dataset": loads,
+                                  "machine": machine()})
+    log(f"wrote {path} ({len(datasets)} of {len(args.datasets)} datasets)")
+    return path
 
 
 def _ci(r):
