@@ -211,8 +211,6 @@ def paired_bootstrap(per_dataset, a, b, reps=2000, seed=0):
 
 
 def main(argv=None):
-    import json
-
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--datasets", nargs="+", default=list(DATASETS), choices=DATASETS)
     ap.add_argument("--shots", nargs="+", type=int, default=list(SHOTS))
