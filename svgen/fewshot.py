@@ -13,9 +13,11 @@ Both heads are closed-form and lean on the zero-shot (text) side as a prior:
   Y (the mean spread ``max_c F − mean_c F`` over the shots). α = 1 with no images is the
   zero-shot head exactly; as shots accumulate, the data term dominates the fixed prior.
 * linear: shared-covariance LDA on the shots with the text prototypes as prior means,
-  ``logits_c(x) = (x̂ − ½μ_c)ᵀ Σ⁻¹ μ_c`` with ``μ_c = (n_c x̄_c + κ m_c)/(n_c + κ)`` (``m_c`` the
-  prototype moved onto the shots' centre, :func:`prior_means`) and
-  ``Σ = (1−γ) S_w/(N−C) + γ τ I`` (within-class scatter shrunk towards its mean eigenvalue τ).
+  ``μ_c = (n_c x̄_c + κ m_c)/(n_c + κ)`` (``m_c`` the prototype moved onto the shots' centre x̄,
+  :func:`prior_means`) and ``Σ = (1−γ) S_w/(N−C) + γ τ I`` (within-class scatter shrunk towards
+  its mean eigenvalue τ), with the means put at one Mahalanobis radius from x̄:
+  ``logits_c(x) = r (x̂ − x̄)ᵀ Σ⁻¹ d_c / ||d_c||_Σ⁻¹``, ``d_c = μ_c − x̄`` (:func:`lda_head_weights`;
+  with one shot per class, SimpleShot's centred-and-renormalised nearest mean).
 
 All settings — σ, λ (c) and α for the kernel head, γ and κ for the linear head — are chosen by
 exact leave-one-out over the shots (image to image). For the kernel head's linear smoother
@@ -26,6 +28,9 @@ The rule is the one-standard-error rule towards the smoother model: among settin
 error is within one binomial standard error of the best, take the largest σ then λ (kernel),
 the most shrinkage (LDA). Shots in the benchmark are averages of augmented views, tighter than
 single-crop queries; the plain LOO minimum then prefers too small a σ and λ (docs/fewshot.md).
+
+Which head the shots support (:func:`choose_head`): the paired per-shot LOO results of the two
+heads with the prior off; the kernel head only if it is ahead by more than one standard error.
 
 Classes without shots cannot be judged by LOO; when there are any, the kernel head's α is fixed
 at 1 (the text head keeps its full weight and the shots correct it) and κ = 0 is not offered.
