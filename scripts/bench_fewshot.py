@@ -250,7 +250,11 @@ def summarise(results, datasets, args, seeds, loads, log, final=True):
                       "svgen_linear_vs_best": paired_bootstrap(per, "svgen_linear", best_base),
                       "svgen_loo_vs_best": paired_bootstrap(per, "svgen_loo", best_base),
                       "svgen_better_vs_logreg": paired_bootstrap(per, best_svgen, "logreg"),
-                      "fit_s": {m: float(np.mean([r["fit_s"][m] for r in per])) for m in per[0]["fit_s"]}}
+                      "fit_s": {m: float(np.mean([r["fit_s"][m] for r in per])) for m in per[0]["fit_s"]},
+                      # per dataset: svgen's LOO-chosen head against logistic regression and the best baseline
+                      "per_dataset_loo_vs": {n: {"logreg": paired_bootstrap([results[n][k]], "svgen_loo", "logreg"),
+                                                 best_base: paired_bootstrap([results[n][k]], "svgen_loo", best_base)}
+                                             for n in datasets}}
         rows.append({"shots": k, **{m: mean[m] for m in methods}, "best baseline": best_base,
                      "kernel−best [95% CI]": _ci(summary[k]["svgen_kernel_vs_best"]),
                      "loo−best [95% CI]": _ci(summary[k]["svgen_loo_vs_best"])})
@@ -309,6 +313,15 @@ def markdown(result: dict) -> str:
     for k in shots:
         adapt = np.mean([c["adapt_s"] for n in datasets for c in result["per_dataset"][n][str(k)]["choices"]["svgen"]])
         out.append(f"| {k} | " + " | ".join(f"{summ[k]['fit_s'][m]:.2f}" for m in fit_cols) + f" | {adapt:.2f} |")
+    if "per_dataset_loo_vs" in summ[shots[0]]:
+        out += ["", "| dataset | shots | svgen (LOO-chosen head) − logistic regression | − best baseline (mean over datasets) |",
+                "|---|---:|---|---|"]
+        for n in datasets:
+            for k in shots:
+                s = summ[k]
+                vs = s["per_dataset_loo_vs"][n]
+                out.append(f"| {n} | {k} | {_ci(vs['logreg'])} | {_ci(vs[s['best_baseline']])} "
+                           f"({NAMES[s['best_baseline']]}) |")
     out += ["", "| dataset | shots | " + " | ".join(NAMES[m] for m in methods) + " |",
             "|---|---:|" + "---:|" * len(methods)]
     for n in datasets:
