@@ -13,7 +13,8 @@ of 10 augmented views; ``val``: single centre crops; the test splits are held ou
 * ``lda``      GDA with one shared covariance (scikit-learn LDA, Ledoit–Wolf shrinkage)
 * ``svgen_kernel`` / ``svgen_linear``  ``SVGClassifier.fit(P)`` then ``adapt(X, y)``: the
                kernel-vote head and the linear (LDA with prior means) head, settings by exact LOO over the shots
-* ``svgen_loo``  whichever svgen head had the lower LOO error on the shots (no validation labels)
+* ``svgen_loo``  the head ``loo_better_head`` names: the paired LOO comparison of the two heads with the
+               prior off, kernel only if ahead by more than one standard error (no validation labels)
 
 These sets have no text embeddings: **the stand-in prototypes P are the class means of the shots**
 (for every method that needs prototypes: ncm, tip, svgen). They contain the very shots the heads are
@@ -24,7 +25,7 @@ the other half score; with 1 shot per class there is nothing to split and the de
 scored. Paired bootstrap intervals (images resampled within each dataset, seeds averaged per
 image) compare svgen's heads with the best baseline on the mean over the datasets.
 
-    python scripts/bench_fewshot.py                       # all 5 datasets, ~20 min on 2 cores
+    python scripts/bench_fewshot.py                       # all 5 datasets, ~20 min on 2 idle cores (hours under load)
     python scripts/bench_fewshot.py --datasets oxford_pets --shots 1 4 --seeds 1   # quick look
 
 Writes ``bench-results/bench_fewshot.json`` and prints the tables.
