@@ -13,7 +13,8 @@ of 10 augmented views; ``val``: single centre crops; the test splits are held ou
 * ``lda``      GDA with one shared covariance (scikit-learn LDA, Ledoit–Wolf shrinkage)
 * ``svgen_kernel`` / ``svgen_linear``  ``SVGClassifier.fit(P)`` then ``adapt(X, y)``: the
                kernel-vote head and the linear (LDA with prior means) head, settings by exact LOO over the shots
-* ``svgen_loo``  whichever svgen head had the lower LOO error on the shots (no validation labels)
+* ``svgen_loo``  the head ``loo_better_head`` names: the paired LOO comparison of the two heads with the
+               prior off, kernel only if ahead by more than one standard error (no validation labels)
 
 These sets have no text embeddings: **the stand-in prototypes P are the class means of the shots**
 (for every method that needs prototypes: ncm, tip, svgen). They contain the very shots the heads are
@@ -24,7 +25,7 @@ the other half score; with 1 shot per class there is nothing to split and the de
 scored. Paired bootstrap intervals (images resampled within each dataset, seeds averaged per
 image) compare svgen's heads with the best baseline on the mean over the datasets.
 
-    python scripts/bench_fewshot.py                       # all 5 datasets, ~20 min on 2 cores
+    python scripts/bench_fewshot.py                       # all 5 datasets, ~20 min on 2 idle cores (hours under load)
     python scripts/bench_fewshot.py --datasets oxford_pets --shots 1 4 --seeds 1   # quick look
 
 Writes ``bench-results/bench_fewshot.json`` and prints the tables.
@@ -33,7 +34,9 @@ Writes ``bench-results/bench_fewshot.json`` and prints the tables.
 from __future__ import annotations
 
 import argparse
+import json
 import logging
+import os
 import sys
 import time
 import warnings
@@ -148,7 +151,7 @@ def fit_svgen(X, y, C, seed):
     fs = clf.fewshot_
     info = {"kernel": {k: fs["kernel"][k] for k in ("sigma", "ridge_lambda", "prior_weight", "loo_error")},
             "linear": {k: fs["linear"][k] for k in ("shrinkage", "prior_shots", "loo_error")},
-            "loo_better_head": fs["loo_better_head"], "adapt_s": t_adapt}
+            "loo_better_head": fs["loo_better_head"], "head_choice": fs["head_choice"], "adapt_s": t_adapt}
     return clf, info
 
 
@@ -183,7 +186,7 @@ def run_dataset(name, shots_list, seeds, log):
             times["svgen"].append(time.perf_counter() - t0)
             choices["svgen"].append(info)
             for head in ("kernel", "linear"):
-                pred = clf.decision_function(Xv, head=head).argmax(1).numpy()
+                pred = np.asarray(clf.decision_function(Xv, head=head)).argmax(1)
                 correct[f"svgen_{head}"] += (pred == yv) / len(seeds)
                 if info["loo_better_head"] == head:
                     correct["svgen_loo"] += (pred == yv) / len(seeds)
@@ -209,8 +212,6 @@ def paired_bootstrap(per_dataset, a, b, reps=2000, seed=0):
 
 
 def main(argv=None):
-    import json
-
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--datasets", nargs="+", default=list(DATASETS), choices=DATASETS)
     ap.add_argument("--shots", nargs="+", type=int, default=list(SHOTS))
@@ -219,8 +220,6 @@ def main(argv=None):
     ap.add_argument("--render", metavar="RESULT.json", help="print the markdown tables of a saved result and stop")
     args = ap.parse_args(argv)
     if args.render:
-        import json
-
         print(markdown(json.loads(Path(args.render).read_text())), end="")
         return 0
     if not FEWSHOT.is_dir():
@@ -229,11 +228,21 @@ def main(argv=None):
     logging.basicConfig(level=logging.WARNING)
     log = lambda s: print(s, flush=True)  # noqa: E731
     seeds = list(range(args.seeds))
-    results = {name: run_dataset(name, args.shots, seeds, log) for name in args.datasets}
+    results, loads = {}, []
+    for name in args.datasets:     # saved after every dataset: a cut-short run leaves a consistent result
+        loads.append(round(os.getloadavg()[0], 2))
+        results[name] = run_dataset(name, args.shots, seeds, log)
+        path = summarise(results, list(results), args, seeds, loads, log, final=name == args.datasets[-1])
+    print(markdown(json.loads(path.read_text())), end="")
+    return 0
+
+
+def summarise(results, datasets, args, seeds, loads, log, final=True):
+    """Means over ``datasets``, paired bootstrap intervals, tables; writes the result JSON, returns its path."""
     methods = BASELINES + SVGEN
     rows, summary = [], {}
     for k in args.shots:
-        per = [results[n][k] for n in args.datasets]
+        per = [results[n][k] for n in datasets]
         mean = {m: float(np.mean([r["acc"][m] for r in per])) for m in methods}
         best_base = max(BASELINES, key=lambda m: mean[m])
         best_svgen = max(("svgen_kernel", "svgen_linear"), key=lambda m: mean[m])
@@ -242,30 +251,33 @@ def main(argv=None):
                       "svgen_linear_vs_best": paired_bootstrap(per, "svgen_linear", best_base),
                       "svgen_loo_vs_best": paired_bootstrap(per, "svgen_loo", best_base),
                       "svgen_better_vs_logreg": paired_bootstrap(per, best_svgen, "logreg"),
-                      "fit_s": {m: float(np.mean([r["fit_s"][m] for r in per])) for m in per[0]["fit_s"]}}
+                      "fit_s": {m: float(np.mean([r["fit_s"][m] for r in per])) for m in per[0]["fit_s"]},
+                      # per dataset: svgen's LOO-chosen head against logistic regression and the best baseline
+                      "per_dataset_loo_vs": {n: {"logreg": paired_bootstrap([results[n][k]], "svgen_loo", "logreg"),
+                                                 best_base: paired_bootstrap([results[n][k]], "svgen_loo", best_base)}
+                                             for n in datasets}}
         rows.append({"shots": k, **{m: mean[m] for m in methods}, "best baseline": best_base,
                      "kernel−best [95% CI]": _ci(summary[k]["svgen_kernel_vs_best"]),
                      "loo−best [95% CI]": _ci(summary[k]["svgen_loo_vs_best"])})
-    print()
-    print_table(rows, ["shots", *methods, "best baseline", "kernel−best [95% CI]", "loo−best [95% CI]"],
-                title=f"mean top-1 over {len(args.datasets)} datasets (val), {len(seeds)} seeds; stand-in prototypes = "
-                      "class means of the shots")
-    print()
-    print_table([{"shots": k, **summary[k]["fit_s"]} for k in args.shots], ["shots", *results[args.datasets[0]][args.shots[0]]["fit_s"]],
-                title="mean fit time per fit (s)")
-    print()
-    per_ds = [{"dataset": n, "shots": k, **{m: results[n][k]["acc"][m] for m in methods}}
-              for n in args.datasets for k in args.shots]
-    print_table(per_ds, ["dataset", "shots", *methods], title="per dataset")
-    for n in results:
-        for k in results[n]:
-            results[n][k].pop("correct")
-    path = save_result(args.out, {"datasets": args.datasets, "shots": args.shots, "seeds": seeds,
+    if final:
+        print()
+        print_table(rows, ["shots", *methods, "best baseline", "kernel−best [95% CI]", "loo−best [95% CI]"],
+                    title=f"mean top-1 over {len(datasets)} datasets (val), {len(seeds)} seeds; stand-in prototypes = "
+                          "class means of the shots")
+        print()
+        print_table([{"shots": k, **summary[k]["fit_s"]} for k in args.shots],
+                    ["shots", *results[datasets[0]][args.shots[0]]["fit_s"]], title="mean fit time per fit (s)")
+        print()
+        per_ds = [{"dataset": n, "shots": k, **{m: results[n][k]["acc"][m] for m in methods}}
+                  for n in datasets for k in args.shots]
+        print_table(per_ds, ["dataset", "shots", *methods], title="per dataset")
+    kept = {n: {k: {f: v for f, v in r.items() if f != "correct"} for k, r in results[n].items()} for n in datasets}
+    path = save_result(args.out, {"datasets": datasets, "shots": args.shots, "seeds": seeds,
                                   "prototypes": "stand-in: class means of the shots", "summary": summary,
-                                  "per_dataset": results, "machine": machine()})
-    print(f"\nwrote {path}\n")
-    print(markdown(json.loads(path.read_text())), end="")
-    return 0
+                                  "per_dataset": kept, "complete": final, "load_average_1m_per_dataset": loads,
+                                  "machine": machine()})
+    log(f"wrote {path} ({len(datasets)} of {len(args.datasets)} datasets)")
+    return path
 
 
 def _ci(r):
@@ -302,6 +314,15 @@ def markdown(result: dict) -> str:
     for k in shots:
         adapt = np.mean([c["adapt_s"] for n in datasets for c in result["per_dataset"][n][str(k)]["choices"]["svgen"]])
         out.append(f"| {k} | " + " | ".join(f"{summ[k]['fit_s'][m]:.2f}" for m in fit_cols) + f" | {adapt:.2f} |")
+    if "per_dataset_loo_vs" in summ[shots[0]]:
+        out += ["", "| dataset | shots | svgen (LOO-chosen head) − logistic regression | − best baseline (mean over datasets) |",
+                "|---|---:|---|---|"]
+        for n in datasets:
+            for k in shots:
+                s = summ[k]
+                vs = s["per_dataset_loo_vs"][n]
+                out.append(f"| {n} | {k} | {_ci(vs['logreg'])} | {_ci(vs[s['best_baseline']])} "
+                           f"({NAMES[s['best_baseline']]}) |")
     out += ["", "| dataset | shots | " + " | ".join(NAMES[m] for m in methods) + " |",
             "|---|---:|" + "---:|" * len(methods)]
     for n in datasets:

@@ -185,13 +185,17 @@ def kernel_loo_scores(K: torch.Tensor, image_votes: torch.Tensor, Y: torch.Tenso
     return prior_scale * Y.double() - image_votes.double() / inv_diag[:, None]
 
 
-def lda_loo_logits(prototypes: torch.Tensor, shots, n_classes: int, shrinkage: float, prior_shots: float) -> torch.Tensor:
+def lda_loo_logits(prototypes: torch.Tensor, shots, n_classes: int, shrinkage: float, prior_shots: float,
+                   equal_radius: bool = False) -> torch.Tensor:
     """Exact leave-one-out logits (N×C) of the few-shot LDA head at its chosen (γ, κ)
-    (:func:`svgen.fewshot.lda_loo`, rank-one downdates; the shrinkage target held at its all-shot value)."""
+    (:func:`svgen.fewshot.lda_loo`, rank-one downdates; the shrinkage target held at its all-shot value).
+    ``equal_radius``: the head's means were put at one Mahalanobis radius (as :func:`svgen.fewshot.fit_lda_head`
+    does by default); the LOO logits must be those of the same head."""
     from .fewshot import lda_loo, prior_means
 
     X = shots.rows.double()
-    _, _, kept = lda_loo(X, shots.labels, prior_means(prototypes, X), [shrinkage], [prior_shots], keep_scores=True)
+    _, _, kept = lda_loo(X, shots.labels, prior_means(prototypes, X), [shrinkage], [prior_shots],
+                         equal_radius=equal_radius, keep_scores=True)
     return kept[0, 0]
 
 

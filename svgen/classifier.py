@@ -507,12 +507,12 @@ class SVGClassifier:
         self.vote_weights_ = A
         self.linear_weight_, self.linear_bias_ = W, b
         counts = shots.counts(C)
-        better = "kernel" if kchoice.loo_error <= lchoice.loo_error else "linear"
+        better, head_choice = fewshot.choose_head(kchoice, lchoice, shots.labels.numpy())
         self.fewshot_ = {
             "shots": int(counts.sum()), "classes_with_shots": int((counts > 0).sum()),
             "shots_per_class": {"min": int(counts.min()), "max": int(counts.max()), "mean": float(counts.mean())},
             "shots_by_class": {name: int(n) for name, n in zip(self.classes_, counts) if n},
-            "kernel": kchoice.as_dict(), "linear": lchoice.as_dict(), "loo_better_head": better,
+            "kernel": kchoice.as_dict(), "linear": lchoice.as_dict(), "loo_better_head": better, "head_choice": head_choice,
             "text_bandwidth": float(text["bandwidth"]), "wall_time_s": wall,
         }
         log.info("adapted to %d shots in %.2fs: kernel σ=%.3g λ=%.3g α=%g (LOO error %.3f), linear LDA γ=%g κ=%g "
@@ -535,7 +535,8 @@ class SVGClassifier:
         scores = calibration.kernel_loo_scores(K, self.vote_weights_[n_text:].double(), shots.one_hot(C),
                                                kchoice.settings["ridge_c"], kchoice.settings["prior_scale"])
         lin = calibration.lda_loo_logits(self.prototypes_, shots, C, lchoice.settings["shrinkage"],
-                                         lchoice.settings["prior_shots"])
+                                         lchoice.settings["prior_shots"],
+                                         equal_radius=lchoice.settings.get("means") == "equal Mahalanobis radius")
         fit = calibration.loo_temperatures({"kernel": calibration.head_logits(scores, "kernel"), "linear": lin},
                                            shots.labels.numpy(), fallback=text_temps)
         self.set_temperatures(fit["temperatures"], method="loo-nll", shots=len(shots), loo=fit["loo"],

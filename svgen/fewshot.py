@@ -13,9 +13,11 @@ Both heads are closed-form and lean on the zero-shot (text) side as a prior:
   Y (the mean spread ``max_c F − mean_c F`` over the shots). α = 1 with no images is the
   zero-shot head exactly; as shots accumulate, the data term dominates the fixed prior.
 * linear: shared-covariance LDA on the shots with the text prototypes as prior means,
-  ``logits_c(x) = (x̂ − ½μ_c)ᵀ Σ⁻¹ μ_c`` with ``μ_c = (n_c x̄_c + κ m_c)/(n_c + κ)`` (``m_c`` the
-  prototype moved onto the shots' centre, :func:`prior_means`) and
-  ``Σ = (1−γ) S_w/(N−C) + γ τ I`` (within-class scatter shrunk towards its mean eigenvalue τ).
+  ``μ_c = (n_c x̄_c + κ m_c)/(n_c + κ)`` (``m_c`` the prototype moved onto the shots' centre x̄,
+  :func:`prior_means`) and ``Σ = (1−γ) S_w/(N−C) + γ τ I`` (within-class scatter shrunk towards
+  its mean eigenvalue τ), with the means put at one Mahalanobis radius from x̄:
+  ``logits_c(x) = r (x̂ − x̄)ᵀ Σ⁻¹ d_c / ||d_c||_Σ⁻¹``, ``d_c = μ_c − x̄`` (:func:`lda_head_weights`;
+  with one shot per class, SimpleShot's centred-and-renormalised nearest mean).
 
 All settings — σ, λ (c) and α for the kernel head, γ and κ for the linear head — are chosen by
 exact leave-one-out over the shots (image to image). For the kernel head's linear smoother
@@ -26,6 +28,9 @@ The rule is the one-standard-error rule towards the smoother model: among settin
 error is within one binomial standard error of the best, take the largest σ then λ (kernel),
 the most shrinkage (LDA). Shots in the benchmark are averages of augmented views, tighter than
 single-crop queries; the plain LOO minimum then prefers too small a σ and λ (docs/fewshot.md).
+
+Which head the shots support (:func:`choose_head`): the paired per-shot LOO results of the two
+heads with the prior off; the kernel head only if it is ahead by more than one standard error.
 
 Classes without shots cannot be judged by LOO; when there are any, the kernel head's α is fixed
 at 1 (the text head keeps its full weight and the shots correct it) and κ = 0 is not offered.
@@ -41,7 +46,7 @@ from typing import Callable, Optional, Sequence
 import numpy as np
 import torch
 
-from .kernels import kernel, median_heuristic
+from .kernels import kernel, kernel_from_sq_dists, median_heuristic, sq_dists
 from .support import SupportSet
 
 log = logging.getLogger(__name__)
@@ -61,6 +66,9 @@ class HeadChoice:
     loo_error: float
     settings: dict
     grid: list = field(default_factory=list)
+    loo_correct: Optional[np.ndarray] = None          # per shot: is its LOO prediction right (chosen settings)
+    loo_correct_images: Optional[np.ndarray] = None   # the same with the prior off (α = 0 / κ = 0)
+    loo_rows: Optional[np.ndarray] = None             # which shots those are (None: all of them)
 
     def as_dict(self) -> dict:
         return {"loo_error": self.loo_error, **self.settings}
@@ -73,27 +81,34 @@ def prior_scale(F: torch.Tensor) -> float:
 
 
 def prior_loo(U: torch.Tensor, shrinks: Sequence[torch.Tensor], Y: torch.Tensor, F: torch.Tensor,
-              alphas: Sequence[float]):
+              alphas: Sequence[float], return_correct: bool = False):
     """Exact LOO of ``Ŷ = αF + H(Y − αF)`` for every shrinkage vector and every α.
 
     ``H = U diag(g) Uᵀ`` (e.g. ``K = U diag(e) Uᵀ``, ``g = e/(e + c)``). Returns (error, mse) arrays of shape
     (len(shrinks), len(alphas)): the LOO misclassification rate (argmax of the LOO prediction
-    against argmax Y) and the mean squared LOO residual.
+    against argmax Y) and the mean squared LOO residual; with ``return_correct`` also the
+    per-shot LOO correctness, a bool array of shape (len(shrinks), len(alphas), N).
+    ``HY`` and ``HF`` for every shrinkage come from one matrix product (``U @ [g_s ⊙ UᵀY, g_s ⊙ UᵀF]_s``).
     """
     truth = Y.argmax(dim=1)
-    UY, UF = U.T @ Y, U.T @ F
-    U2 = U * U
-    err = np.zeros((len(shrinks), len(alphas)))
+    N, C = Y.shape
+    G = torch.stack([torch.as_tensor(g, dtype=U.dtype) for g in shrinks], dim=1)          # N×S
+    Z = U.T @ torch.cat([Y, F], dim=1)                                                    # N×2C
+    HZ = (U @ (G[:, :, None] * Z[:, None, :]).reshape(N, -1)).reshape(N, G.shape[1], 2 * C)
+    Hd = ((U * U) @ G).clamp(max=1 - 1e-9)                                                 # N×S: diag(H)
+    err = np.zeros((G.shape[1], len(alphas)))
     mse = np.zeros_like(err)
-    for i, g in enumerate(shrinks):
-        HY, HF = U @ (g[:, None] * UY), U @ (g[:, None] * UF)
-        h = (U2 @ g).clamp(max=1 - 1e-9)[:, None]
+    correct = np.zeros(err.shape + (N,), dtype=bool)
+    for i in range(G.shape[1]):
+        HY, HF, h = HZ[:, i, :C], HZ[:, i, C:], Hd[:, i:i + 1]
         for j, a in enumerate(alphas):
             R = Y - a * F
             loo = a * F + (HY - a * HF - h * R) / (1 - h)
-            err[i, j] = float((loo.argmax(dim=1) != truth).double().mean())
+            ok = (loo.argmax(dim=1) == truth).numpy()
+            correct[i, j] = ok
+            err[i, j] = float((~ok).mean())
             mse[i, j] = float(((Y - loo) ** 2).sum(dim=1).mean())
-    return err, mse
+    return (err, mse, correct) if return_correct else (err, mse)
 
 
 def one_se_choice(err: np.ndarray, mse: np.ndarray, n: int) -> tuple:
@@ -127,6 +142,13 @@ def _stratified(labels: np.ndarray, n_max: int, seed: int) -> Optional[np.ndarra
     return np.sort(np.concatenate(keep))
 
 
+def _eigh(A: torch.Tensor):
+    """``torch.linalg.eigh`` through numpy's LAPACK: the same decomposition, measured here at 1,600 shots
+    with about 2.5× less CPU time than torch's (scripts/bench_fit_time.py)."""
+    e, U = np.linalg.eigh(A.numpy())
+    return torch.from_numpy(e), torch.from_numpy(U)
+
+
 def _alphas(has_unshot: bool) -> tuple:
     return (1.0,) if has_unshot else PRIOR_WEIGHTS
 
@@ -146,6 +168,8 @@ def fit_kernel_head(text: SupportSet, text_votes: Callable[[float], torch.Tensor
     LOO then scores against their argmax. ``one_se=False`` takes the LOO minimum instead of the
     1-SE rule (rows that are single images like the queries, not tighter view averages);
     ``loo_max`` caps the rows LOO runs on (class-stratified subset; the LOO costs rows²·C).
+    The squared distances shot–shot and shot–text are computed once for every σ; one
+    eigendecomposition of ``K_XX`` per σ scores every (λ, α).
     """
     X = shots.rows.double()
     N = X.shape[0]
@@ -165,18 +189,25 @@ def fit_kernel_head(text: SupportSet, text_votes: Callable[[float], torch.Tensor
         med = median_heuristic(X.float(), seed=seed)
         sigmas = [f * med for f in SIGMA_FACTORS]
     alphas = _alphas(unjudged)
+    # α = 0 (the images alone) is always scored: the head comparison in choose_head uses it
+    scored = alphas if 0.0 in alphas else (0.0,) + tuple(alphas)
+    offer = [scored.index(a) for a in alphas]
     ridges = KERNEL_RIDGES
-    err = np.zeros((len(sigmas), len(ridges), len(alphas)))
+    d2_ss, d2_st = sq_dists(Xs, Xs), sq_dists(Xs, T)
+    err = np.zeros((len(sigmas), len(ridges), len(scored)))
     mse = np.zeros_like(err)
+    correct = np.zeros(err.shape + (n,), dtype=bool)
     for i, sigma in enumerate(sigmas):
-        F = kernel(Xs, T, sigma, kind) @ text_votes(sigma).double()
+        F = kernel_from_sq_dists(d2_st, sigma, kind) @ text_votes(sigma).double()
         F = F / prior_scale(F)
-        e, U = torch.linalg.eigh(kernel(Xs, Xs, sigma, kind))
+        e, U = _eigh(kernel_from_sq_dists(d2_ss, sigma, kind))
         e = e.clamp_min(0)
         # c is in units of n (c = n·λ); the full solve uses the same λ
-        err[i], mse[i] = prior_loo(U, [e / (e + c * n / N) for c in ridges], Ys, F, alphas)
-    i, j, a = one_se_choice(err, mse, n if one_se else math.inf)   # n = ∞: tolerance 0, the LOO minimum
-    sigma, c, alpha = float(sigmas[i]), float(ridges[j]), float(alphas[a])
+        err[i], mse[i], correct[i] = prior_loo(U, [e / (e + c * n / N) for c in ridges], Ys, F, scored,
+                                               return_correct=True)
+    i, j, a = one_se_choice(err[:, :, offer], mse[:, :, offer], n if one_se else math.inf)  # n = ∞: the LOO minimum
+    a = offer[a]
+    sigma, c, alpha = float(sigmas[i]), float(ridges[j]), float(scored[a])
     A_T = text_votes(sigma).double()
     F = kernel(X, T, sigma, kind) @ A_T
     s0 = prior_scale(F)
@@ -188,8 +219,11 @@ def fit_kernel_head(text: SupportSet, text_votes: Callable[[float], torch.Tensor
                                               "prior_weight": alpha, "prior_scale": s0,
                                               "loo_shots": n, "rule": "1-SE (largest σ, then λ)" if one_se
                                               else "LOO minimum (ties: largest σ, then λ)"},
-                        grid=[{"sigma": float(s), "c": float(r), "alpha": float(al), "loo_error": float(err[p, q, t])}
-                              for p, s in enumerate(sigmas) for q, r in enumerate(ridges) for t, al in enumerate(alphas)])
+                        grid=[{"sigma": float(s), "c": float(r), "alpha": float(scored[t]),
+                               "loo_error": float(err[p, q, t])}
+                              for p, s in enumerate(sigmas) for q, r in enumerate(ridges) for t in offer],
+                        loo_correct=correct[i, j, a], loo_correct_images=correct[i, j, scored.index(0.0)],
+                        loo_rows=sub)
     return text.join(shots), sigma, votes, choice
 
 
@@ -210,17 +244,21 @@ def prior_means(prototypes: torch.Tensor, X: torch.Tensor) -> torch.Tensor:
 
 
 def lda_loo(X: torch.Tensor, y: torch.Tensor, m: torch.Tensor, gammas: Sequence[float], kappas: Sequence[float],
-            keep_scores: bool = False):
+            equal_radius: bool = False, return_correct: bool = False, keep_scores: bool = False):
     """Exact leave-one-out error (and mean negative margin) of shared-covariance LDA with prior means.
 
     The head for one (γ, κ) is ``scores_c(x) = (x − ½μ_c)ᵀ Σ⁻¹ μ_c`` with
     ``μ_c = (n_c x̄_c + κ m_c)/(n_c + κ)`` and ``Σ = (1−γ) S_w/df + γ τ I``, ``df = N − C``, and the
-    shrinkage target ``τ = tr S_w/(df·D)`` of all shots held fixed. Leaving shot i (class c,
-    n_c shots) out downdates ``S_w`` by ``n_c/(n_c−1)·u uᵀ`` (``u = x_i − x̄_c``), ``df`` by one and
-    ``x̄_c``; in the eigenbasis of ``S_w`` Σ is then diagonal minus a rank-one term, inverted by
-    Sherman–Morrison, so every LOO score comes from a few N×C matrix products.
+    shrinkage target ``τ = tr S_w/(df·D)`` of all shots held fixed. With ``equal_radius`` the means
+    are first put at one Mahalanobis distance from the shots' centre ``x̄`` (held at its all-shot
+    value, like τ: neither uses a label), ``scores_c(x) = r (x − x̄)ᵀ Σ⁻¹ d_c / ||d_c||_Σ⁻¹``,
+    ``d_c = μ_c − x̄``, ``r`` the mean of ``||d_c||_Σ⁻¹`` (:func:`lda_head_weights`).
+    Leaving shot i (class c, n_c shots) out downdates ``S_w`` by ``n_c/(n_c−1)·u uᵀ`` (``u = x_i − x̄_c``),
+    ``df`` by one and ``x̄_c``; in the eigenbasis of ``S_w`` Σ is then diagonal minus a rank-one term,
+    inverted by Sherman–Morrison, so every LOO score comes from a few N×C matrix products.
     Returns (error, mean negative margin) arrays of shape (len(gammas), len(kappas)); with
-    ``keep_scores`` also ``{(a, b): N×C LOO logits}`` (svgen.calibration fits temperatures on them).
+    ``return_correct`` also the per-shot LOO correctness (len(gammas), len(kappas), N); with
+    ``keep_scores`` then also ``{(a, b): N×C LOO logits}`` (svgen.calibration fits temperatures on them).
     """
     N, D = X.shape
     C = m.shape[0]
@@ -228,9 +266,11 @@ def lda_loo(X: torch.Tensor, y: torch.Tensor, m: torch.Tensor, gammas: Sequence[
     sums = torch.zeros(C, D, dtype=X.dtype).index_add_(0, y, X)
     xbar = sums / n.clamp_min(1)[:, None]
     R = X - xbar[y]
-    omega, V = torch.linalg.eigh(R.T @ R)
+    omega, V = _eigh(R.T @ R)
     omega = omega.clamp_min(0)
     Xv, xbar_v, m_v, U = X @ V, xbar @ V, m @ V, R @ V
+    centre = X.mean(dim=0) @ V
+    E = Xv - centre
     C_shot = int((n > 0).sum())
     df_all = max(N - C_shot, 1)
     trace = float(omega.sum())
@@ -244,30 +284,47 @@ def lda_loo(X: torch.Tensor, y: torch.Tensor, m: torch.Tensor, gammas: Sequence[
     err = np.zeros((len(gammas), len(kappas)))
     tie = np.zeros_like(err)
     kept = {}
+    correct = np.zeros(err.shape + (N,), dtype=bool)
+    tiny = 1e-300
     for a, g in enumerate(gammas):
         binv = {f: 1.0 / ((1 - g) * omega / df[f] + g * tau) for f in (True, False)}
         Binv = torch.where(many[:, None], binv[True][None], binv[False][None])          # N×D
         beta = (1 - g) * scale / torch.where(many, torch.tensor(float(df[True])), torch.tensor(float(df[False])))
         w = Binv * U
-        coef = beta / (1 - beta * (U * w).sum(dim=1))
+        coef = beta / (1 - beta * (U * w).sum(dim=1))   # Σ_{-i}⁻¹ = B_i⁻¹ + coef_i w_i w_iᵀ
         XB, xw = Xv * Binv, (Xv * w).sum(dim=1)
+        EB, ew = E * Binv, (E * w).sum(dim=1)
         for b, k in enumerate(kappas):
             mu = (n[:, None] * xbar_v + k * m_v) / (n + k).clamp_min(1e-12)[:, None]
             mu[n == 0] = m_v[n == 0]                   # a class without shots: its prior mean, as in the head
-            q = torch.where(many[:, None], ((mu * mu) @ binv[True])[None], ((mu * mu) @ binv[False])[None])
-            WM = w @ mu.T
-            sc = XB @ mu.T - 0.5 * q + coef[:, None] * (xw[:, None] * WM - 0.5 * WM * WM)
             own = (own_sum + k * m_v[y]) / (n_i - 1 + k).clamp_min(1e-12)[:, None]
             own[~many] = m_v[y[~many]]                 # the class's only shot left out: its prior mean
-            wo = (w * own).sum(dim=1)
-            sc[rows, y] = ((Xv - 0.5 * own) * Binv * own).sum(dim=1) + coef * (xw * wo - 0.5 * wo * wo)
-            err[a, b] = float((sc.argmax(dim=1) != y).double().mean())
+            if equal_radius:
+                Dm, Do = mu - centre, own - centre
+                WD, wo = w @ Dm.T, (w * Do).sum(dim=1)
+                q = torch.where(many[:, None], ((Dm * Dm) @ binv[True])[None], ((Dm * Dm) @ binv[False])[None])
+                num = EB @ Dm.T + coef[:, None] * ew[:, None] * WD
+                den = q + coef[:, None] * WD * WD
+                num[rows, y] = (EB * Do).sum(dim=1) + coef * ew * wo
+                den[rows, y] = (Do * Do * Binv).sum(dim=1) + coef * wo * wo
+                norm = den.clamp_min(tiny).sqrt()
+                sc = norm.mean(dim=1, keepdim=True) * num / norm
+            else:
+                q = torch.where(many[:, None], ((mu * mu) @ binv[True])[None], ((mu * mu) @ binv[False])[None])
+                WM = w @ mu.T
+                sc = XB @ mu.T - 0.5 * q + coef[:, None] * (xw[:, None] * WM - 0.5 * WM * WM)
+                wo = (w * own).sum(dim=1)
+                sc[rows, y] = ((Xv - 0.5 * own) * Binv * own).sum(dim=1) + coef * (xw * wo - 0.5 * wo * wo)
             if keep_scores:
                 kept[a, b] = sc
+            ok = (sc.argmax(dim=1) == y).numpy()
+            correct[a, b] = ok
+            err[a, b] = float((~ok).mean())
             true = sc[rows, y]
             other = sc.scatter(1, y[:, None], -float("inf")).max(dim=1).values
             tie[a, b] = float((other - true).clamp(-1e6, 1e6).mean())
-    return (err, tie, kept) if keep_scores else (err, tie)
+    out = (err, tie) + ((correct,) if return_correct else ()) + ((kept,) if keep_scores else ())
+    return out
 
 
 def lda_covariance(X, y, n_classes: int, gamma: float, tau: Optional[float] = None) -> torch.Tensor:
@@ -286,25 +343,39 @@ def lda_covariance(X, y, n_classes: int, gamma: float, tau: Optional[float] = No
     return Sigma
 
 
-def lda_head_weights(X, y, m, gamma: float, kappa: float, tau: Optional[float] = None):
+def lda_head_weights(X, y, m, gamma: float, kappa: float, tau: Optional[float] = None, equal_radius: bool = False,
+                     centre: Optional[torch.Tensor] = None):
     """(W C×D, b C): the LDA head of :func:`lda_loo` on all shots (classes without shots: μ_c = m_c).
 
-    ``tau`` overrides the shrinkage target ``tr S_w/(df·D)`` (LOO holds the all-shot value fixed)."""
+    ``tau`` overrides the shrinkage target ``tr S_w/(df·D)`` (LOO holds the all-shot value fixed).
+    ``equal_radius``: the means are moved along ``d_c = μ_c − x̄`` to one Mahalanobis distance
+    ``r = mean_c ||d_c||_Σ⁻¹`` from the shots' centre ``x̄`` (``centre`` overrides it), so
+    ``logits_c = r (x − x̄)ᵀ Σ⁻¹ d_c / ||d_c||_Σ⁻¹``: the Gaussian bias ``−½||d_c||²_Σ⁻¹``, which with
+    few shots mostly measures how noisy a class's mean is (``E||x̄_c − x̄||² ⊇ tr Σ/n_c``), drops out.
+    With Σ ∝ I and one shot per class this is nearest centred-and-renormalised mean (SimpleShot's CL2N)."""
     C = m.shape[0]
     n = torch.bincount(y, minlength=C).double()
     xbar = torch.zeros(C, X.shape[1], dtype=X.dtype).index_add_(0, y, X) / n.clamp_min(1)[:, None]
     Sigma = lda_covariance(X, y, C, gamma, tau)
     mu = (n[:, None] * xbar + kappa * m) / (n + kappa).clamp_min(1e-12)[:, None]
     mu[n == 0] = m[n == 0]
-    W = torch.linalg.solve(Sigma, mu.T).T
-    return W, -0.5 * (W * mu).sum(dim=1)
+    if not equal_radius:
+        W = torch.linalg.solve(Sigma, mu.T).T
+        return W, -0.5 * (W * mu).sum(dim=1)
+    cen = X.mean(dim=0) if centre is None else centre.to(X.dtype)
+    d = mu - cen
+    W = torch.linalg.solve(Sigma, d.T).T
+    norm = (W * d).sum(dim=1).clamp_min(1e-300).sqrt()
+    W = norm.mean() * W / norm[:, None]
+    return W, -(W @ cen)
 
 
-def fit_lda_head(prototypes: torch.Tensor, shots: SupportSet, n_classes: int):
+def fit_lda_head(prototypes: torch.Tensor, shots: SupportSet, n_classes: int, equal_radius: bool = True):
     """(W, b, HeadChoice): shared-covariance LDA on the shots with the text prototypes as prior means.
 
     Shrinkage γ and prior strength κ are chosen by exact LOO over the shots (:func:`lda_loo`),
-    1-SE rule towards more shrinkage. ``logits = x̂ Wᵀ + b``.
+    1-SE rule towards more shrinkage. ``logits = x̂ Wᵀ + b``. ``equal_radius`` (the default) puts
+    the class means at one Mahalanobis distance from the shots' centre (:func:`lda_head_weights`).
     """
     X = shots.rows.double()
     y = shots.labels
@@ -313,13 +384,51 @@ def fit_lda_head(prototypes: torch.Tensor, shots: SupportSet, n_classes: int):
         kappas = tuple(k for k in LDA_PRIOR if k > 0)
     else:
         kappas = LDA_PRIOR
+    scored = (0.0,) + kappas if kappas[0] != 0.0 else kappas      # κ = 0 always scored (choose_head)
+    offer = [scored.index(k) for k in kappas]
     single = bool((shots.counts(n_classes) <= 1).all())
     gammas = (1.0,) if single else LDA_SHRINKAGE     # no within-class scatter to estimate with 1 shot
-    err, tie = lda_loo(X, y, m, gammas, kappas)
-    a, b = one_se_choice(err, tie, X.shape[0])
-    W, bias = lda_head_weights(X, y, m, gammas[a], kappas[b])
-    choice = HeadChoice(float(err[a, b]), {"kind": "lda", "shrinkage": float(gammas[a]), "prior_shots": float(kappas[b]),
+    err, tie, correct = lda_loo(X, y, m, gammas, scored, equal_radius=equal_radius, return_correct=True)
+    a, b = one_se_choice(err[:, offer], tie[:, offer], X.shape[0])
+    b = offer[b]
+    W, bias = lda_head_weights(X, y, m, gammas[a], scored[b], equal_radius=equal_radius)
+    choice = HeadChoice(float(err[a, b]), {"kind": "lda", "shrinkage": float(gammas[a]), "prior_shots": float(scored[b]),
+                                           "means": "equal Mahalanobis radius" if equal_radius else "LDA",
                                            "rule": "1-SE (most shrinkage), then lowest LOO error"},
-                        grid=[{"shrinkage": float(g), "prior_shots": float(k), "loo_error": float(err[p, q])}
-                              for p, g in enumerate(gammas) for q, k in enumerate(kappas)])
+                        grid=[{"shrinkage": float(g), "prior_shots": float(scored[q]), "loo_error": float(err[p, q])}
+                              for p, g in enumerate(gammas) for q in offer],
+                        loo_correct=correct[a, b], loo_correct_images=correct[a, 0])
     return W.float(), bias.float(), choice
+
+
+# ----------------------------------------------------------------------------- which head
+
+def choose_head(kernel: HeadChoice, linear: HeadChoice, labels: Optional[np.ndarray] = None) -> tuple:
+    """("kernel" | "linear", details): the head to prefer, from the shots' paired LOO results.
+
+    Compared shot by shot on the LOO predictions **with the prior off** (α = 0, κ = 0: the images
+    alone, at each head's chosen σ, λ / γ), so a prior that already contains the shots (class
+    means of the shots as stand-in prototypes, or prototypes built from the same images) cannot
+    flatter the head that leans on it more. The kernel head is preferred only when its LOO accuracy
+    exceeds the linear head's by more than one standard error of the paired difference
+    ``d_i = [kernel right on i] − [linear right on i]``; otherwise the linear head (one matrix,
+    whitened, the safer default). Both heads are always exported. With ``labels`` (the shots'
+    classes) only shots whose class has another shot are compared: without one, neither head has
+    image evidence for the class left.
+    """
+    rows = kernel.loo_rows
+    k = np.asarray(kernel.loo_correct_images, dtype=float)
+    lin = np.asarray(linear.loo_correct_images, dtype=float)
+    if rows is not None:                             # the kernel search ran on a stratified subset
+        lin = lin[rows]
+    d = k - lin
+    if labels is not None:
+        lab = np.asarray(labels) if rows is None else np.asarray(labels)[rows]
+        d = d[np.bincount(lab)[lab] > 1]
+    n = d.shape[0]
+    mean = float(d.mean()) if n else 0.0
+    se = float(d.std(ddof=1) / math.sqrt(n)) if n > 1 else None    # None: nothing to compare (svgen.json is strict JSON)
+    head = "kernel" if se is not None and mean > se else "linear"
+    return head, {"kernel_minus_linear_loo_accuracy": mean, "standard_error": se, "shots_compared": n,
+                  "compared": "prior off (α = 0, κ = 0)",
+                  "rule": "kernel if its paired LOO advantage > 1 SE, else linear"}

@@ -71,7 +71,8 @@ def test_kernel_loo_scores_equal_refitting_without_each_shot(adapted):
     assert np.abs(inside - want).max() > 1e-3 * np.abs(want).max()
 
 
-def test_lda_loo_logits_equal_refitting_without_each_shot(adapted):
+@pytest.mark.parametrize("equal_radius", [False, True])
+def test_lda_loo_logits_equal_refitting_without_each_shot(adapted, equal_radius):
     clf, protos, X, y = adapted
     lin = clf.fewshot_["linear"]
     g, kap = lin["shrinkage"], lin["prior_shots"]
@@ -84,9 +85,10 @@ def test_lda_loo_logits_equal_refitting_without_each_shot(adapted):
     want = np.zeros((len(y), C))
     for i in range(len(y)):
         keep = torch.arange(len(y)) != i
-        W, b = fewshot.lda_head_weights(Xd[keep], yt[keep], m, g, kap, tau=tau)
+        W, b = fewshot.lda_head_weights(Xd[keep], yt[keep], m, g, kap, tau=tau, equal_radius=equal_radius,
+                                        centre=Xd.mean(0))      # LOO holds the shots' centre at its all-shot value
         want[i] = (Xd[i] @ W.T + b).numpy()
-    got = calibration.lda_loo_logits(clf.prototypes_, shots, C, g, kap).numpy()
+    got = calibration.lda_loo_logits(clf.prototypes_, shots, C, g, kap, equal_radius=equal_radius).numpy()
     np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6 * np.abs(want).max())
 
 
@@ -102,7 +104,10 @@ def test_adapt_fits_each_heads_temperature_by_loo_nll(adapted, tmp_path):
     z = {"kernel": calibration.head_logits(calibration.kernel_loo_scores(
             K, clf.vote_weights_[n_text:].double(), shots.one_hot(C), k["ridge_c"], k["prior_scale"]), "kernel").numpy(),
          "linear": calibration.lda_loo_logits(clf.prototypes_, shots, C, clf.fewshot_["linear"]["shrinkage"],
-                                              clf.fewshot_["linear"]["prior_shots"]).numpy()}
+                                              clf.fewshot_["linear"]["prior_shots"],
+                                              equal_radius=clf.fewshot_["linear"]["means"] == "equal Mahalanobis radius"
+                                              ).numpy()}
+    assert clf.fewshot_["linear"]["means"] == "equal Mahalanobis radius"      # the default head
     for head, zh in z.items():
         if not cal["loo"][head]["fitted"]:        # every shot ranked first: the text rule's T is kept
             assert (zh.argmax(1) == y).all()

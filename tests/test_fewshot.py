@@ -13,7 +13,8 @@ from safetensors.torch import load_file
 
 from svgen import SVGClassifier
 from svgen.export import export_head, load_head
-from svgen.fewshot import (fit_kernel_head, fit_lda_head, lda_head_weights, lda_loo, prior_loo, prior_means)
+from svgen.fewshot import (HeadChoice, choose_head, fit_kernel_head, fit_lda_head, lda_head_weights, lda_loo, prior_loo,
+                           prior_means)
 from svgen.kernels import kernel
 from svgen.support import IMAGE, TEXT, SupportSet, image_rows
 
@@ -51,35 +52,40 @@ def test_prior_loo_matches_refits_without_each_shot():
     e, U = torch.linalg.eigh(K)
     for c in (0.05, 1.0):
         for alpha in (0.0, 0.7):
-            _, mse = prior_loo(U, [e / (e + c)], Y, F, [alpha])
-            sq = []
+            _, mse, correct = prior_loo(U, [e / (e + c)], Y, F, [alpha], return_correct=True)
+            sq, right = [], []
             for i in range(N):
                 keep = torch.arange(N) != i
                 B = torch.linalg.solve(K[keep][:, keep] + c * torch.eye(N - 1, dtype=K.dtype),
                                        Y[keep] - alpha * F[keep])
                 pred = alpha * F[i] + K[i, keep] @ B
                 sq.append(float(((Y[i] - pred) ** 2).sum()))
+                right.append(bool(pred.argmax() == y[i]))
             assert mse[0, 0] == pytest.approx(np.mean(sq), rel=1e-8)
+            assert correct[0, 0].tolist() == right
 
 
+@pytest.mark.parametrize("equal_radius", [False, True])
 @pytest.mark.parametrize("gamma, kappa", [(0.1, 0.0), (0.3, 2.0), (0.7, 0.5), (1.0, 1.0)])
-def test_lda_loo_matches_refits_without_each_shot(gamma, kappa):
+def test_lda_loo_matches_refits_without_each_shot(gamma, kappa, equal_radius):
     g = torch.Generator().manual_seed(0)
     # class 4 has one shot (left out, its mean is the prior mean m_4), class 5 has none
     y = torch.tensor([0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 0, 1, 2, 3, 4])
     X = torch.nn.functional.normalize(torch.randn(len(y), 6, generator=g, dtype=torch.float64), dim=-1)
     X = X + 0.5 * torch.eye(6, 6, dtype=torch.float64)[y]
     m = torch.randn(6, 6, generator=g, dtype=torch.float64)
-    err, margin = lda_loo(X, y, m, [gamma], [kappa])
-    # LOO holds the shrinkage target τ = tr(S_w)/(df·D) of all shots fixed
+    err, margin, correct = lda_loo(X, y, m, [gamma], [kappa], equal_radius=equal_radius, return_correct=True)
+    # LOO holds the shrinkage target τ = tr(S_w)/(df·D) and the centre x̄ of all shots fixed (no labels in either)
     means = torch.stack([X[y == c].mean(0) for c in range(5)])
     tau = float(((X - means[y]) ** 2).sum()) / ((len(y) - 5) * 6)
     wrong, margins = 0, []
     for i in range(len(y)):
         keep = torch.arange(len(y)) != i
-        W, b = lda_head_weights(X[keep], y[keep], m, gamma, kappa, tau=tau)
+        W, b = lda_head_weights(X[keep], y[keep], m, gamma, kappa, tau=tau, equal_radius=equal_radius,
+                                centre=X.mean(0))
         s = X[i] @ W.T + b
         wrong += int(s.argmax() != y[i])
+        assert bool(correct[0, 0, i]) == bool(s.argmax() == y[i])
         other = s.clone()
         other[y[i]] = -float("inf")
         margins.append(float((other.max() - s[y[i]]).clamp(-1e6, 1e6)))
@@ -125,6 +131,90 @@ def test_lda_head_matches_sklearn_without_prior():
     # normalisation (sklearn divides the within-class scatter by N = 32, svgen by N − C = 28)
     ours = ours * 32 / 28
     np.testing.assert_allclose(ours - ours.mean(1, keepdims=True), theirs - theirs.mean(1, keepdims=True), atol=1e-6)
+
+
+def test_equal_radius_with_one_shot_is_centred_renormalised_nearest_mean():
+    """Σ ∝ I, one shot per class, κ = 0: the head is SimpleShot's CL2N nearest mean, computed here by hand."""
+    rng = np.random.default_rng(5)
+    X = _unit(rng.normal(size=(6, 12)) + 1.0)
+    y = np.arange(6)
+    W, b = lda_head_weights(torch.tensor(X), torch.tensor(y), torch.zeros(6, 12, dtype=torch.float64), 1.0, 0.0,
+                            equal_radius=True)
+    Q = _unit(rng.normal(size=(40, 12)) + 1.0)
+    c = X.mean(0)
+    cl2n = (Q - c) @ _unit(X - c).T
+    ours = Q @ W.numpy().T + b.numpy()
+    assert (ours.argmax(1) == cl2n.argmax(1)).all()
+    # exactly a positive multiple: r (x − x̄)ᵀ d_c/||d_c|| with Σ = τI
+    ratio = ours / cl2n
+    np.testing.assert_allclose(ratio, ratio.flat[0], rtol=1e-9)
+    assert ratio.flat[0] > 0
+
+
+def test_choose_head_is_the_paired_one_standard_error_rule():
+    k = np.array([1, 1, 1, 1, 0, 1, 1, 1, 1, 1], bool)
+    lin = np.array([1, 0, 0, 1, 0, 1, 0, 1, 1, 0], bool)
+    d = k.astype(float) - lin
+    se = d.std(ddof=1) / np.sqrt(len(d))
+    assert d.mean() > se
+    kc = HeadChoice(0.0, {}, loo_correct_images=k)
+    head, info = choose_head(kc, HeadChoice(0.0, {}, loo_correct_images=lin))
+    assert head == "kernel"
+    assert info["kernel_minus_linear_loo_accuracy"] == pytest.approx(d.mean())
+    assert info["standard_error"] == pytest.approx(se)
+    # two wins and one loss over 10 shots: +0.1 against a standard error of 0.18, not enough: linear
+    lin2 = np.array([1, 0, 1, 1, 1, 1, 1, 1, 0, 1], bool)
+    k2 = np.array([1, 1, 1, 0, 1, 1, 1, 1, 1, 1], bool)
+    head, info = choose_head(HeadChoice(0.0, {}, loo_correct_images=k2), HeadChoice(0.0, {}, loo_correct_images=lin2))
+    assert info["kernel_minus_linear_loo_accuracy"] == pytest.approx(0.1)
+    assert head == "linear"
+    # shots alone in their class are not compared (neither head has image evidence left for them)
+    labels = np.array([0, 0, 1, 1, 2, 2, 3, 3, 4, 5])
+    _, info = choose_head(kc, HeadChoice(0.0, {}, loo_correct_images=lin), labels)
+    assert info["shots_compared"] == 8
+    # one shot per class: nothing to compare, the linear head, and no infinity in what svgen.json records
+    head, info = choose_head(kc, HeadChoice(0.0, {}, loo_correct_images=lin), np.arange(10))
+    assert head == "linear" and info["shots_compared"] == 0 and info["standard_error"] is None
+
+
+def _synthetic(kind, seed, shots=12, queries=300):
+    """Prototypes independent of the shots (noisy true centres). 'multimodal': each class is three
+    far-apart clusters in 6 dimensions (no linear boundary: the kernel head wins); 'anisotropic':
+    Gaussian classes under strong shared anisotropic noise (whitening wins: the linear head)."""
+    rng = np.random.default_rng(seed)
+    if kind == "multimodal":
+        C, D, M = 4, 6, 3
+        centres = _unit(rng.normal(size=(C * M, D))).reshape(C, M, D)
+
+        def draw(n):
+            y = np.repeat(np.arange(C), n)
+            return _unit(centres[y, rng.integers(0, M, len(y))] + 0.08 * rng.normal(size=(len(y), D))), y
+        protos = _unit(centres.mean(1) + 0.05 * rng.normal(size=(C, D)))
+    else:
+        C, D = 6, 32
+        mu = _unit(rng.normal(size=(C, D)))
+        scales = np.full(D, 0.04)
+        scales[:8] = 1.5
+        Q, _ = np.linalg.qr(rng.normal(size=(D, D)))
+
+        def draw(n):
+            y = np.repeat(np.arange(C), n)
+            return _unit(0.3 * mu[y] + (rng.normal(size=(len(y), D)) * scales) @ Q.T), y
+        protos = _unit(mu + 0.3 * rng.normal(size=(C, D)) / np.sqrt(D))
+    X, y = draw(shots)
+    Xq, yq = draw(queries)
+    return protos.astype(np.float32), X.astype(np.float32), y, Xq.astype(np.float32), yq
+
+
+@pytest.mark.parametrize("kind, truly_better", [("multimodal", "kernel"), ("anisotropic", "linear")])
+def test_loo_picks_the_truly_better_head_with_independent_prototypes(kind, truly_better):
+    other = {"kernel": "linear", "linear": "kernel"}[truly_better]
+    for seed in range(3):
+        P, X, y, Xq, yq = _synthetic(kind, seed)
+        clf = SVGClassifier(n_support=2, steps=5, seed=0).fit(P).adapt(X, y)
+        acc = {h: (np.asarray(clf.decision_function(Xq, head=h)).argmax(1) == yq).mean() for h in ("kernel", "linear")}
+        assert acc[truly_better] > acc[other], (kind, seed, acc)     # the scenario is what it claims
+        assert clf.fewshot_["loo_better_head"] == truly_better, (kind, seed, clf.fewshot_["head_choice"])
 
 
 def test_prior_means_keep_the_prototype_geometry():
