@@ -472,3 +472,36 @@ def test_loo_subset_keeps_every_class_in_proportion():
     idx = _stratified(labels, 606, seed=0)
     counts = np.bincount(labels[idx], minlength=4)
     assert counts.tolist() == [5, 100, 500, 1] and len(np.unique(idx)) == len(idx)
+
+
+def test_one_shot_linear_head_keeps_the_text_prior():
+    """One shot per class: LOO cannot judge κ (the left-out class keeps only its prior while the others keep
+    their shot, which favours κ = 0 and throws the prototypes away). The head uses κ = LDA_PRIOR_ONE_SHOT;
+    with good prototypes independent of the shots it must stay near the zero-shot head and far above κ = 0."""
+    from svgen.fewshot import LDA_PRIOR_ONE_SHOT, lda_head_weights, prior_means
+
+    rng = np.random.default_rng(0)
+    C, D = 20, 64
+    centres = _unit(rng.normal(size=(C, D)))
+    protos = _unit(centres + 0.2 * rng.normal(size=(C, D)) / np.sqrt(D)).astype(np.float32)   # good text
+
+    def draw(n):
+        y = np.repeat(np.arange(C), n)
+        return _unit(centres[y] + 1.3 * rng.normal(size=(len(y), D)) / np.sqrt(D)).astype(np.float32), y
+
+    def _acc(clf, Xq, yq, head):
+        return float((np.asarray(clf.decision_function(Xq, head)).argmax(1) == yq).mean())
+
+    X, y = draw(1)
+    Xq, yq = draw(50)
+    clf = SVGClassifier(seed=0).fit(protos)
+    zero = _acc(clf, Xq, yq, "linear")
+    clf.adapt(X, y)
+    lin = clf.fewshot_["linear"]
+    assert lin["prior_shots"] == LDA_PRIOR_ONE_SHOT and lin["shrinkage"] == 1.0
+    Xd, yt = torch.as_tensor(X, dtype=torch.float64), torch.as_tensor(y)
+    W0, b0 = lda_head_weights(Xd, yt, prior_means(torch.as_tensor(protos, dtype=torch.float64), Xd), 1.0, 0.0,
+                              equal_radius=True)
+    kappa0 = float(((torch.as_tensor(Xq, dtype=torch.float64) @ W0.T + b0).argmax(1).numpy() == yq).mean())
+    adapted = _acc(clf, Xq, yq, "linear")
+    assert adapted >= zero - 0.05 and adapted > kappa0 + 0.1, (zero, adapted, kappa0)
