@@ -211,20 +211,33 @@ def paired_bootstrap(per_dataset, a, b, reps=2000, seed=0):
     return {"diff": est, "ci95": [float(lo), float(hi)]}
 
 
-def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def coop_parser(doc: str, shots, out: str) -> argparse.ArgumentParser:
+    """The options every CoOp benchmark shares (this one and ``bench_transductive.py``)."""
+    ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     ap.add_argument("--datasets", nargs="+", default=list(DATASETS), choices=DATASETS)
-    ap.add_argument("--shots", nargs="+", type=int, default=list(SHOTS))
+    ap.add_argument("--shots", nargs="+", type=int, default=list(shots))
     ap.add_argument("--seeds", type=int, default=3)
-    ap.add_argument("--out", default="bench_fewshot", help="result name under bench-results/")
+    ap.add_argument("--out", default=out, help="result name under bench-results/")
     ap.add_argument("--render", metavar="RESULT.json", help="print the markdown tables of a saved result and stop")
-    args = ap.parse_args(argv)
+    return ap
+
+
+def render_or_missing(args, markdown_fn, name: str):
+    """``--render``: print a saved result's tables (exit 0); no CoOp data: say so (exit 2); else None (run)."""
     if args.render:
-        print(markdown(json.loads(Path(args.render).read_text())), end="")
+        print(markdown_fn(json.loads(Path(args.render).read_text())), end="")
         return 0
     if not FEWSHOT.is_dir():
-        print(f"bench_fewshot: {FEWSHOT} is absent; nothing to measure", file=sys.stderr)
+        print(f"{name}: {FEWSHOT} is absent; nothing to measure", file=sys.stderr)
         return 2
+    return None
+
+
+def main(argv=None):
+    args = coop_parser(__doc__, SHOTS, "bench_fewshot").parse_args(argv)
+    code = render_or_missing(args, markdown, "bench_fewshot")
+    if code is not None:
+        return code
     logging.basicConfig(level=logging.WARNING)
     log = lambda s: print(s, flush=True)  # noqa: E731
     seeds = list(range(args.seeds))

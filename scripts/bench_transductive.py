@@ -37,7 +37,6 @@ Writes ``bench-results/bench_transductive.json``.
 
 from __future__ import annotations
 
-import argparse
 import logging
 import sys
 import time
@@ -47,7 +46,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_common import DATA, machine, print_table, save_result  # noqa: E402
-from bench_fewshot import DATASETS, FEWSHOT, class_means, paired_bootstrap, sample_shots, unit  # noqa: E402
+from bench_fewshot import (FEWSHOT, class_means, coop_parser, paired_bootstrap,  # noqa: E402
+                           render_or_missing, sample_shots, unit)
 
 SHOTS = (1, 4)
 METHODS = ("cosine", "inductive", "inductive_kernel", "inductive_linear", "refine_kernel", "refine_linear",
@@ -223,10 +223,7 @@ def markdown(result: dict) -> str:
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--datasets", nargs="+", default=list(DATASETS), choices=DATASETS)
-    ap.add_argument("--shots", nargs="+", type=int, default=list(SHOTS))
-    ap.add_argument("--seeds", type=int, default=3)
+    ap = coop_parser(__doc__, SHOTS, "bench_transductive")
     ap.add_argument("--no-lvis", action="store_true", help="skip the LVIS zero-shot pool")
     ap.add_argument("--only-lvis", action="store_true", help="only the LVIS zero-shot pool")
     ap.add_argument("--zero-shot-path", action="store_true",
@@ -235,17 +232,10 @@ def main(argv=None):
     ap.add_argument("--fold", choices=("all", "A", "B"), default="all",
                     help="CoOp: the whole validation set (default) or one half of it as pool and queries "
                          "(A: where the kernel re-solve's defaults were chosen; B: the confirming half)")
-    ap.add_argument("--out", default="bench_transductive", help="result name under bench-results/")
-    ap.add_argument("--render", metavar="RESULT.json", help="print the markdown tables of a saved result and stop")
     args = ap.parse_args(argv)
-    if args.render:
-        import json
-
-        print(markdown(json.loads(Path(args.render).read_text())), end="")
-        return 0
-    if not FEWSHOT.is_dir():
-        print(f"bench_transductive: {FEWSHOT} is absent; nothing to measure", file=sys.stderr)
-        return 2
+    code = render_or_missing(args, markdown, "bench_transductive")
+    if code is not None:
+        return code
     logging.basicConfig(level=logging.WARNING)
     log = lambda s: print(s, flush=True)  # noqa: E731
     seeds = list(range(args.seeds))
