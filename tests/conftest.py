@@ -117,6 +117,28 @@ def cli(capsys):
 
 
 @pytest.fixture
+def refused_cleanly(cli):
+    """``refused_cleanly(files, command, args, msg)``: ``svgen adapt`` (on a zero-shot artifact fit from
+    ``files/P.npy`` first) or ``svgen fit`` with the bad ``args`` (names ending in .npy are taken from
+    ``files``) exits 2 with one line containing ``msg``, and writes nothing — no artifact, no temp folder."""
+    def check(files, command, args, msg):
+        args = tuple(files / a if a.endswith(".npy") else a for a in args)
+        if command == "adapt":
+            assert cli("fit", "--prototypes", files / "P.npy", "--classes", files / "classes.txt", "-K", "2",
+                       "--steps", "3", "--out", files / "zs.svgen")[0] == 0
+            argv = ("adapt", files / "zs.svgen", *args, "--out", files / "new.svgen")
+        else:
+            argv = ("fit", "--prototypes", files / "P.npy", "--classes", files / "classes.txt", "-K", "2",
+                    "--steps", "3", *args, "--out", files / "new.svgen")
+        code, out, err = cli(*argv)
+        assert code == 2 and msg in err and len(err.strip().splitlines()) == 1, err
+        assert not (files / "new.svgen").exists()
+        assert not [p for p in files.iterdir() if p.name.startswith(".new.svgen")]
+
+    return check
+
+
+@pytest.fixture
 def classes_file(tmp_path):
     def make(names, name="classes.txt"):
         p = tmp_path / name
