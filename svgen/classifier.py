@@ -558,9 +558,11 @@ class SVGClassifier:
     def _text_temperatures(self, only: Optional[str] = None) -> None:
         """Per-head temperatures from the text side (:func:`svgen.calibration.text_temperatures`).
         ``only``: re-set that head's alone when the others were fitted on shots (``loo-nll``) and are unchanged."""
-        info = calibration.text_temperatures(lambda q, head: self.decision_function(q, head), self.per_template_)
+        restrict = only is not None and getattr(self, "calibration_", {}).get("method") == "loo-nll"
+        info = calibration.text_temperatures(lambda q, head: self.decision_function(q, head), self.per_template_,
+                                             **({"heads": (only,)} if restrict else {}))
         temps = info.pop("temperatures")
-        if only is not None and getattr(self, "calibration_", {}).get("method") == "loo-nll":
+        if restrict:   # only that head's queries are scored: the others' temperatures are kept
             self.temperatures_ = {**self.temperatures_, only: temps[only]}
             self.calibration_ = {**self.calibration_, "text_rule_heads": [only]}
             return
