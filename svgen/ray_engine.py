@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import shutil
 from pathlib import Path
 from typing import Callable, Optional, Sequence
@@ -39,6 +38,7 @@ import numpy as np
 from .blocks import Block, decode_block, failure_table, feature_keys, plan_digest, prediction_table, read_features, \
     score, table_bytes
 from .errors import SvgenError
+from .export import write_atomic_file
 
 log = logging.getLogger(__name__)
 
@@ -126,13 +126,9 @@ def _clean_temporaries(out: Path) -> None:
 
 
 def _write_atomic(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        tmp.write_bytes(data)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    """``data`` to ``path`` through a temporary sibling (``.NAME.tmp-*``, what :func:`_clean_temporaries`
+    removes) and a rename; an earlier file of the same block is replaced."""
+    write_atomic_file(path, lambda tmp: tmp.write_bytes(data), force=True)
 
 
 def write_block(out, index: int, part: bytes, failed: Optional[bytes]) -> None:
