@@ -176,10 +176,9 @@ def fit_kernel_head(text: SupportSet, text_votes: Callable[[float], torch.Tensor
     if N > MAX_SHOTS:
         from .errors import SvgenError
         raise SvgenError(f"{N} shots: the kernel head solves an N×N system and takes at most {MAX_SHOTS}")
-    # --- issue 12 (soft targets): Y is the shots' one-hot labels unless targets are given
+    # Y: the shots' one-hot labels unless soft targets are given; a class no row points to cannot be judged
     Y = shots.one_hot(n_classes) if targets is None else targets.double()
     unjudged = bool((torch.bincount(Y.argmax(dim=1), minlength=n_classes) == 0).any())
-    # --- end issue 12
     T = text.rows.double()
     labels = shots.labels.numpy()
     sub = _stratified(labels, loo_max, seed)
