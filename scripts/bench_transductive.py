@@ -106,6 +106,23 @@ def evaluate(clf, U, P, yv):
     return {m: (np.asarray(s).argmax(1) == yv).astype(float) for m, s in out.items()}, info
 
 
+def query_folds(results, datasets, k):
+    """Whole-pool runs scored on each fixed half of the queries (the halves of ``fold_rows``): the same
+    adapted heads, the claim checked on two disjoint halves of the dev images. ``{A|B: {pair: interval,
+    "worst": (dataset, pair-interval) of the lowest per-dataset difference}}``."""
+    out = {}
+    for half in ("A", "B"):
+        per = {}
+        for n in datasets:
+            r = results[n][k]
+            rows = fold_rows(len(r["correct"]["cosine"]), half)
+            per[n] = {"correct": {m: v[rows] for m, v in r["correct"].items()}}
+        out[half] = {_pair(a, b): paired_bootstrap(list(per.values()), a, b) for a, b in PAIRS[:3]}
+        out[half]["per_dataset"] = {n: {_pair(a, b): paired_bootstrap([per[n]], a, b) for a, b in PAIRS[1:3]}
+                                    for n in datasets}
+    return out
+
+
 def run_coop(name, shots_list, seeds, log, zero_shot_path=False, fold="all"):
     from svgen import SVGClassifier
 
@@ -219,6 +236,20 @@ def markdown(result: dict) -> str:
             out.append(f"| {n} | {k} | {a['inductive_kernel']:.1f} | {a['svgen_kernel']:.1f} | "
                        f"{_ci(pd[_pair('svgen_kernel', 'inductive_kernel')])} | {a['inductive_linear']:.1f} | "
                        f"{a['svgen_linear']:.1f} | {_ci(pd[_pair('svgen_linear', 'inductive_linear')])} | {betas} | {kept} |")
+    if all("query_folds" in summ[k] for k in shots):
+        out += ["", "The same whole-pool runs scored on each fixed half of the queries (pool unchanged; the halves "
+                    "of `--fold A|B`), transductive − inductive [95% CI], and each half's lowest dataset:", "",
+                "| shots | query half | kernel | linear | pool labels | lowest dataset, kernel | lowest dataset, linear |",
+                "|---:|---|---|---|---|---|---|"]
+        for k in shots:
+            for half, q in summ[k]["query_folds"].items():
+                low = []
+                for a, b in PAIRS[1:3]:
+                    n = min(q["per_dataset"], key=lambda d: q["per_dataset"][d][_pair(a, b)]["diff"])
+                    low.append(f"{n} {_ci(q['per_dataset'][n][_pair(a, b)])}")
+                out.append(f"| {k} | {half} | {_ci(q[_pair('svgen_kernel', 'inductive_kernel')])} | "
+                           f"{_ci(q[_pair('svgen_linear', 'inductive_linear')])} | "
+                           f"{_ci(q[_pair('svgen_labels', 'inductive')])} | {low[0]} | {low[1]} |")
     return "\n".join(out) + "\n"
 
 
@@ -259,6 +290,8 @@ def main(argv=None):
         summary[k] = {"mean_acc": mean, **{_pair(a, b): paired_bootstrap(per, a, b) for a, b in PAIRS},
                       "per_dataset": {n: {_pair(a, b): paired_bootstrap([results[n][k]], a, b) for a, b in PAIRS}
                                       for n in args.datasets}}
+        if args.fold == "all":
+            summary[k]["query_folds"] = query_folds(results, args.datasets, k)
         rows.append({"shots": k, **mean, **{f"{a}−{b}": _ci(summary[k][_pair(a, b)]) for a, b in PAIRS[:3]}})
     print()
     print_table(rows, ["shots", *METHODS, *(f"{a}−{b}" for a, b in PAIRS[:3])],
