@@ -119,13 +119,13 @@ def load_head(path: str) -> dict:
             return out
 
         head["score"] = score
-    kind = meta.get("kernel_logits", "log") if head["head"] == "kernel" else "score"
-    if kind not in KERNEL_LOGITS:
-        raise Failure(f"{path}: kernel_logits is {kind!r}; this script knows {' and '.join(KERNEL_LOGITS)}")
+    logits_kind = meta.get("kernel_logits", "log") if head["head"] == "kernel" else "score"
+    if logits_kind not in KERNEL_LOGITS:
+        raise Failure(f"{path}: kernel_logits is {logits_kind!r}; this script knows {' and '.join(KERNEL_LOGITS)}")
     if "temperature" in arrays:  # p = softmax(logits / T); a kernel head's logits are log scores or the scores
         T = float(arrays["temperature"])
         floor = 1e-30
-        to_logits = (lambda s: np.log(np.maximum(s, floor))) if kind == "log" else (lambda s: s)
+        to_logits = (lambda s: np.log(np.maximum(s, floor))) if logits_kind == "log" else (lambda s: s)
         head["probs"] = lambda x: softmax(to_logits(head["score"](x).astype(np.float64)) / T)
     return head
 
