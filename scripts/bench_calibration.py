@@ -141,7 +141,9 @@ def fewshot_run(datasets, shots_list, seeds, log=print, prototypes="shots"):
     """Few-shot calibration on the CoOp validation sets: ``SVGClassifier().fit(class means of the shots)``
     then ``adapt(shots)``, which fits the kernel and linear heads' temperatures by leave-one-out NLL on
     the shots. Per dataset, shot count and head: val top-1, NLL, ECE at the LOO-NLL temperature and at
-    the text rule's (what ``adapt`` used before issue 13), and the LOO NLL/ECE on the shots themselves.
+    the text rule's (what ``adapt`` used before issue 13), and the LOO NLL/ECE on the shots themselves;
+    for the kernel head also both kinds of logits (log scores, raw votes) at their own LOO temperatures
+    and which one ``adapt`` kept (:func:`kernel_kinds`).
     "better" is the head with the lower LOO error on the shots (``fewshot_["loo_better_head"]``), chosen
     without validation labels. The cosine head is softmax(100·cos) to the stand-in prototypes.
 
@@ -254,6 +256,7 @@ def kernel_reading(rows) -> str:
     top = [r for r in ker if r["shots"] == k]
     kept = [r for r in top if r["kernel_logits"] == "log" and r["kinds"]["score"]["nll"] is not None]
     kept_txt = ""
+    why = " and their stand-in prototypes contain them" if top[0].get("prototypes", "shots") == "shots" else ""
     if kept:
         kept_txt = f"""
 Where leave-one-out kept log at {k} shots ({', '.join(r['dataset'] for r in kept)}), the two kinds'
@@ -261,7 +264,7 @@ LOO NLLs are close ({', '.join(f"{r['kinds']['log']['loo_nll']:.3f} vs {r['kinds
 log vs raw votes) and the shots show none of the failure: the share of shots whose own class gets a
 left-out vote ≤ 0 is {np.mean([r['loo_true_vote_not_positive'] for r in kept]):.3f}, against
 {np.mean([r['val_true_vote_not_positive'] for r in kept]):.3f} of the validation images. The shots are
-means of augmented views and their stand-in prototypes contain them, so when left out they still sit
+means of augmented views{why}, so when left out they still sit
 close to their class; a new image does not. On those runs the raw votes at their own LOO temperature
 would give validation NLL {', '.join(f"{r['kinds']['score']['nll']:.3f}" for r in kept)} against the
 log kind's {', '.join(f"{r['kinds']['log']['nll']:.3f}" for r in kept)} (shown for reference; the
