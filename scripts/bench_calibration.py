@@ -256,16 +256,17 @@ def kernel_reading(rows) -> str:
     top = [r for r in ker if r["shots"] == k]
     kept = [r for r in top if r["kernel_logits"] == "log" and r["kinds"]["score"]["nll"] is not None]
     kept_txt = ""
-    why = " and their stand-in prototypes contain them" if top[0].get("prototypes", "shots") == "shots" else ""
     if kept:
+        a = np.mean([r["loo_true_vote_not_positive"] for r in kept])
+        b = np.mean([r["val_true_vote_not_positive"] for r in kept])
+        why = " and their stand-in prototypes contain them" if top[0].get("prototypes", "shots") == "shots" else ""
+        shift = (f": the shots are means of augmented views{why}, so when left out they still sit close to their "
+                 "class; a new image does not" if b > max(a, 0.005) else "")
         kept_txt = f"""
 Where leave-one-out kept log at {k} shots ({', '.join(r['dataset'] for r in kept)}), the two kinds'
 LOO NLLs are close ({', '.join(f"{r['kinds']['log']['loo_nll']:.3f} vs {r['kinds']['score']['loo_nll']:.3f}" for r in kept)},
-log vs raw votes) and the shots show none of the failure: the share of shots whose own class gets a
-left-out vote ≤ 0 is {np.mean([r['loo_true_vote_not_positive'] for r in kept]):.3f}, against
-{np.mean([r['val_true_vote_not_positive'] for r in kept]):.3f} of the validation images. The shots are
-means of augmented views{why}, so when left out they still sit
-close to their class; a new image does not. On those runs the raw votes at their own LOO temperature
+log vs raw votes); the share of shots whose own class gets a left-out vote ≤ 0 is {a:.3f}, against
+{b:.3f} of the validation images{shift}. On those runs the raw votes at their own LOO temperature
 would give validation NLL {', '.join(f"{r['kinds']['score']['nll']:.3f}" for r in kept)} against the
 log kind's {', '.join(f"{r['kinds']['log']['nll']:.3f}" for r in kept)} (shown for reference; the
 validation labels choose nothing)."""
