@@ -53,10 +53,7 @@ def ece_bootstrap(p_head, p_cos, y, n=BOOT, seed=0, nll_head=None, nll_cos=None)
     return ci, (float(np.percentile(d_nll, 2.5)), float(np.percentile(d_nll, 97.5)))
 
 
-def example_nll(logits, T, y):
-    """−log softmax(z / T)_y per example (log space)."""
-    z = torch.as_tensor(logits, dtype=torch.float64) / float(T)
-    return -torch.log_softmax(z, dim=1)[torch.arange(len(y)), torch.as_tensor(y)].numpy()
+example_nll = calibration.example_nll   # −log softmax(z / T)_y per example (log space)
 
 
 def under_confident_gap(p, y):
@@ -144,7 +141,9 @@ def fewshot_run(datasets, shots_list, seeds, log=print, prototypes="shots"):
     """Few-shot calibration on the CoOp validation sets: ``SVGClassifier().fit(class means of the shots)``
     then ``adapt(shots)``, which fits the kernel and linear heads' temperatures by leave-one-out NLL on
     the shots. Per dataset, shot count and head: val top-1, NLL, ECE at the LOO-NLL temperature and at
-    the text rule's (what ``adapt`` used before issue 13), and the LOO NLL/ECE on the shots themselves.
+    the text rule's (what ``adapt`` used before issue 13), and the LOO NLL/ECE on the shots themselves;
+    for the kernel head also both kinds of logits (log scores, raw votes) at their own LOO temperatures
+    and which one ``adapt`` kept (:func:`kernel_kinds`).
     "better" is the head with the lower LOO error on the shots (``fewshot_["loo_better_head"]``), chosen
     without validation labels. The cosine head is softmax(100·cos) to the stand-in prototypes.
 
@@ -178,17 +177,106 @@ def fewshot_run(datasets, shots_list, seeds, log=print, prototypes="shots"):
                          "n_val": int(len(yv)), "fit_s": wall}
                     if head != "cosine":
                         Tt = cal["text_temperatures"][head]
-                        r.update({"text_temperature": Tt, "nll_text_T": calibration.nll_from_logits(z, Tt, yv),
-                                  "ece_text_T": calibration.ece(calibration.softmax(z, Tt).numpy(), yv),
+                        zt = z if head == "linear" else calibration.kernel_logits(clf.decision_function(Xv, head), "log")
+                        r.update({"text_temperature": Tt, "nll_text_T": calibration.nll_from_logits(zt, Tt, yv),
+                                  "ece_text_T": calibration.ece(calibration.softmax(zt, Tt).numpy(), yv),
                                   "loo_nll": cal["loo"][head]["nll"], "loo_ece": cal["loo"][head]["ece"],
                                   "loo_fitted": cal["loo"][head]["fitted"], "loo_acc1": 100 * cal["loo"][head]["acc1"]})
                         if head == better:
                             r["ece_ci95"] = ece_interval(p, yv)
+                        if head == "kernel":
+                            r.update(kernel_kinds(clf, Xv, yv))
                     rows.append(r)
                 log(f"{name:>15} {k:>2} shots seed {seed}: " + "  ".join(
                     f"{r['head']} acc {r['acc1']:.1f} nll {r['nll']:.3f} ece {r['ece']:.3f}" for r in rows[-3:])
                     + f"  (better: {better}, {wall:.1f}s)")
     return rows
+
+
+def kernel_kinds(clf, Xv, yv) -> dict:
+    """The kernel head's kind of logits as ``adapt`` chose it on the shots, and what each kind gives on
+    the validation images at its own leave-one-out temperature ("log" at its T is the head before the
+    choice existed: the same T, fitted the same way). The choice never sees a validation label."""
+    choice = clf.calibration_["kernel_logits_choice"]
+    s = clf.decision_function(Xv, "kernel")
+    sv = np.asarray(s, dtype=np.float64)[np.arange(len(yv)), yv]
+    out = {"kernel_logits": clf.kernel_logits_, "kind_reason": choice["reason"], "kinds": {},
+           "loo_true_vote_not_positive": choice["loo_true_vote_not_positive"],
+           "val_true_vote_not_positive": float((sv <= 0).mean())}
+    for kind, c in choice["candidates"].items():
+        T = c["temperature"] if c["fitted"] else (clf.temperatures_["kernel"] if kind == "log" else None)
+        if T is None:   # not fitted: raw votes have no temperature of their own to show
+            out["kinds"][kind] = {"loo_nll": None, "temperature": None, "nll": None, "ece": None}
+            continue
+        z = calibration.kernel_logits(s, kind)
+        out["kinds"][kind] = {"loo_nll": c["nll"], "temperature": T, "nll": calibration.nll_from_logits(z, T, yv),
+                              "ece": calibration.ece(calibration.softmax(z, T).numpy(), yv)}
+    return out
+
+
+def kinds_table(rows) -> str:
+    """The kernel head's two kinds of logits per data set and shot count: LOO NLL on the shots (what
+    chose) and validation NLL / ECE, each at its own LOO temperature."""
+    ker = [r for r in rows if r["head"] == "kernel" and "kinds" in r]
+    if not ker:
+        return ""
+
+    def cell(d, key, fmt):
+        return "–" if d[key] is None else format(d[key], fmt)
+
+    out = ["The kernel head's kinds of logits (one seed per row; each kind at its own LOO temperature; "
+           "\"log\" is the head before the choice, \"chosen\" the head `adapt` gives now; shares of true-class "
+           "votes ≤ 0 on the left-out shots / on the validation images):", "",
+           "| data set | shots | seed | chosen | LOO NLL log / score | val NLL / ECE, log | val NLL / ECE, score | "
+           "true vote ≤ 0, LOO / val |", "|---|---:|---:|---|---|---|---|---|"]
+    for r in ker:
+        lg, sc = r["kinds"]["log"], r["kinds"]["score"]
+        out.append(f"| {r['dataset']} | {r['shots']} | {r['seed']} | {r['kernel_logits']} | "
+                   f"{cell(lg, 'loo_nll', '.4f')} / {cell(sc, 'loo_nll', '.4f')} | "
+                   f"{cell(lg, 'nll', '.3f')} / {cell(lg, 'ece', '.3f')} | {cell(sc, 'nll', '.3f')} / {cell(sc, 'ece', '.3f')} | "
+                   f"{r['loo_true_vote_not_positive']:.3f} / {r['val_true_vote_not_positive']:.3f} |")
+    return "\n".join(out)
+
+
+def kernel_reading(rows) -> str:
+    """What the kernel head's kind of logits did, per shot count, with its numbers from the rows."""
+    ker = [r for r in rows if r["head"] == "kernel" and "kinds" in r]
+    if not ker:
+        return ""
+    lines = []
+    for k in sorted({r["shots"] for r in ker}):
+        sel = [r for r in ker if r["shots"] == k]
+        n_score = sum(r["kernel_logits"] == "score" for r in sel)
+        before = np.mean([r["kinds"]["log"]["nll"] for r in sel])
+        after = np.mean([r["nll"] for r in sel])
+        eb, ea = np.mean([r["kinds"]["log"]["ece"] for r in sel]), np.mean([r["ece"] for r in sel])
+        lines.append(f"{k} shots: raw votes chosen for {n_score} of {len(sel)} runs; mean validation NLL "
+                     f"{before:.3f} → {after:.3f}, ECE {eb:.3f} → {ea:.3f}")
+    k = max(r["shots"] for r in ker)
+    top = [r for r in ker if r["shots"] == k]
+    kept = [r for r in top if r["kernel_logits"] == "log" and r["kinds"]["score"]["nll"] is not None]
+    kept_txt = ""
+    if kept:
+        a = np.mean([r["loo_true_vote_not_positive"] for r in kept])
+        b = np.mean([r["val_true_vote_not_positive"] for r in kept])
+        why = " and their stand-in prototypes contain them" if top[0].get("prototypes", "shots") == "shots" else ""
+        shift = (f": the shots are means of augmented views{why}, so when left out they still sit close to their "
+                 "class; a new image does not" if b > max(a, 0.005) else "")
+        kept_txt = f"""
+Where leave-one-out kept log at {k} shots ({', '.join(r['dataset'] for r in kept)}), the two kinds'
+LOO NLLs are close ({', '.join(f"{r['kinds']['log']['loo_nll']:.3f} vs {r['kinds']['score']['loo_nll']:.3f}" for r in kept)},
+log vs raw votes); the share of shots whose own class gets a left-out vote ≤ 0 is {a:.3f}, against
+{b:.3f} of the validation images{shift}. On those runs the raw votes at their own LOO temperature
+would give validation NLL {', '.join(f"{r['kinds']['score']['nll']:.3f}" for r in kept)} against the
+log kind's {', '.join(f"{r['kinds']['log']['nll']:.3f}" for r in kept)} (shown for reference; the
+validation labels choose nothing)."""
+    return f"""**The kernel head's logits.** With shots the kernel vote is a kernel ridge fit to one-hot
+labels, not a kernel mass, and its logits log(max(score, 1e-30)) give an image whose true class gets
+a vote ≤ 0 probability ≈ 0 at any temperature. `adapt` therefore fits T for both kinds of logits —
+log scores and the raw votes — on the same exact leave-one-out scores of the shots and keeps the kind
+with the lower LOO NLL (`svgen.json` `calibration.kernel_logits` and `kernel_logits_choice`, which
+records both LOO NLLs); "log" is the head as it was before this choice. Per shot count (kernel head,
+log kind → the kind chosen): {'; '.join(lines)}.{kept_txt}"""
 
 
 def reading(rows) -> str:
@@ -206,22 +294,21 @@ def reading(rows) -> str:
     gap = {d: np.mean([r["loo_acc1"] - r["acc1"] for r in sel if r["dataset"] == d and r["head"] != "cosine"])
            for d in datasets}
     worst = max(gap, key=gap.get)
+    m_better = float(np.mean([r["ece"] for r in sel if r["better"]]))
     return f"""**Reading it.** With {k} shots the shots' leave-one-out top-1 is {m('kernel', 'loo_acc1'):.1f}% (kernel)
 and {m('linear', 'loo_acc1'):.1f}% (linear) on average, against {m('kernel', 'acc1'):.1f}% and {m('linear', 'acc1'):.1f}%
 on the validation images: the LOO logits are far more separable than a new image's (means of
 augmented views, and stand-in prototypes that contain the left-out shot), so the fitted
 temperatures are too low wherever the gap is large ({worst} most of all). The linear (LDA) head's
-probabilities are then the usable ones: ECE ≤ 0.05 on {len(met)} of {len(datasets)} data sets at {k} shots
+probabilities have ECE ≤ 0.05 on {len(met)} of {len(datasets)} data sets at {k} shots
 ({', '.join(f'{d} {e:.3f}' for d, e in lin.items())}; mean {m('linear', 'ece'):.3f}) and its mean NLL is
 {m('linear', 'nll'):.3f} against cosine's {m('cosine', 'nll'):.3f}. The head that leave-one-out
-prefers on these shots ({'/'.join(chosen)}) misses the target: the kernel vote's logits are
-log(max(score, 1e-30)), made for the zero-shot regime where a score is a positive kernel mass;
-with shots the vote is a kernel ridge fit to one-hot labels and a validation image whose true
-class gets a vote ≤ 0 gets probability ≈ 0, which is what its large mean NLL
-({m('kernel', 'nll'):.1f}) is made of. Temperature alone cannot repair that; softmax of the raw votes
-fits this regime, but it changes the logits that the artifact and its exports define (left for a
-follow-up). At 1 shot every shot is ranked first when left out (the stand-in
-prototype *is* the shot), so both heads keep the text rule's temperature."""
+prefers on these shots ({'/'.join(chosen)}) has ECE {m_better:.3f} on average at {k} shots.
+
+{kernel_reading(rows)}
+
+At 1 shot every shot is ranked first when left out (the stand-in
+prototype *is* the shot), so both heads keep the text rule's temperature (and the kernel head log scores)."""
 
 
 def fewshot_markdown(rows, meta) -> str:
@@ -304,7 +391,9 @@ temperature would give on the validation images:
 
 {chr(10).join(loo)}
 
-{reading(rows) if mode == "shots" else ""}
+{kinds_table(rows)}
+
+{reading(rows) if mode == "shots" else kernel_reading(rows)}
 """
 
 

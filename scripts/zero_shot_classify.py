@@ -16,7 +16,9 @@ Scores, given raw image embeddings ``x`` and ``x̂ = x / ||x||``:
 * ONNX: ``session.run(["scores"], {"embeddings": x})``.
 
 ``--probs`` prints probabilities instead: ``softmax(logits / temperature)`` with the head file's
-``temperature`` (the kernel head's logits are ``log(max(scores, 1e-30))``; ONNX: the ``probs`` output).
+``temperature``; a kernel head's logits are as its ``kernel_logits`` says: ``log`` (also files
+without the field), ``log(max(scores, 1e-30))``, or ``score``, the scores themselves. ONNX: the
+``probs`` output.
 
 The model defaults to the one recorded in the head file (``--model``/``--pretrained``/
 ``--checkpoint`` as in open_clip; a model-config ``.json`` path registers a custom architecture).
@@ -37,6 +39,7 @@ from pathlib import Path
 
 import numpy as np
 
+KERNEL_LOGITS = ("log", "score")  # a kernel head's logits: log(max(scores, 1e-30)), or the scores
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm", ".pgm"}
 
 
@@ -116,10 +119,13 @@ def load_head(path: str) -> dict:
             return out
 
         head["score"] = score
-    if "temperature" in arrays:  # p = softmax(logits / T); the kernel head's logits are log scores
+    logits_kind = meta.get("kernel_logits", "log") if head["head"] == "kernel" else "score"
+    if logits_kind not in KERNEL_LOGITS:
+        raise Failure(f"{path}: kernel_logits is {logits_kind!r}; this script knows {' and '.join(KERNEL_LOGITS)}")
+    if "temperature" in arrays:  # p = softmax(logits / T); a kernel head's logits are log scores or the scores
         T = float(arrays["temperature"])
         floor = 1e-30
-        to_logits = (lambda s: np.log(np.maximum(s, floor))) if head["head"] == "kernel" else (lambda s: s)
+        to_logits = (lambda s: np.log(np.maximum(s, floor))) if logits_kind == "log" else (lambda s: s)
         head["probs"] = lambda x: softmax(to_logits(head["score"](x).astype(np.float64)) / T)
     return head
 

@@ -21,7 +21,9 @@ under ``"vote_weights": {"layout": "coo", "shape": [CK, C], "nnz": …}``. Score
 plus ``per_template`` (C×T×D) and the generator's parameters (``generator.*``) so classes can
 be added later, and ``temperature.kernel`` / ``temperature.linear`` / ``temperature.cosine``
 (scalars: ``predict_proba`` is ``softmax(logits / T)``, see :mod:`svgen.calibration`; svgen.json
-says how they were set under ``calibration``). The vote weights are stored times M·λ
+says how they were set under ``calibration``, and which logits the kernel head's T belongs to under
+``calibration.kernel_logits``: ``"log"``, log max(score, 1e-30), or ``"score"``, the raw vote; absent
+means ``"log"``, which is what artifacts written before the choice existed use). The vote weights are stored times M·λ
 (``svgen.json``: ``"vote_weights_scale": {"factor": M·λ, ...}``) so scores read as kernel mass;
 artifacts without that key are scaled when loaded, once.
 
@@ -178,7 +180,22 @@ def load_artifact(path) -> Tuple[dict, Dict[str, torch.Tensor]]:
     if missing:
         raise SvgenError(f"{path / WEIGHTS_FILE} lacks required tensor(s): {', '.join(missing)}")
     check_shapes(meta, tensors, path)
+    _check_calibration(meta, path)
     return meta, tensors
+
+
+def _check_calibration(meta: dict, path) -> None:
+    """``calibration`` (optional) is an object; its ``kernel_logits`` (optional: absent means "log")
+    is one of :data:`svgen.calibration.KERNEL_LOGITS`."""
+    from .calibration import check_kernel_logits
+
+    cal = meta.get("calibration")
+    if cal is None:
+        return
+    if not isinstance(cal, dict):
+        raise SvgenError(f"{path / META_FILE}: 'calibration' must be a JSON object, got {type(cal).__name__}")
+    if "kernel_logits" in cal:
+        check_kernel_logits(cal["kernel_logits"], f"{path / META_FILE}: calibration.kernel_logits")
 
 
 def _sparse_vote_weights(meta: dict, tensors: Dict[str, torch.Tensor], path) -> None:

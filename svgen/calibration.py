@@ -7,14 +7,36 @@ Each head's probabilities are a softmax of its *logits* divided by a temperature
 * cosine: ``z = 100 · x̂ p̂ᵀ`` (CLIP's logit scale 100) and T = 1 — open_clip's
   ``(100 * image_features @ text_features.T).softmax(dim=-1)``, exactly;
 * linear: ``z = x̂ Wᵀ + b``;
-* kernel vote: ``z = log max(score, ε)``. With vote weights scaled by M·λ a score is about the
-  summed kernel mass of the class's own support vectors (a Parzen density up to a constant), so
-  ``softmax(log score / T) ∝ score^(1/T)`` is the normalised mass, sharpened. Softmax of the raw
-  scores would be almost flat on images: they sit far from every support vector, where all
-  classes' masses are alike (measured in docs/calibration.md). ``log`` makes the kernel's logits
-  move linearly with cosine, as the other heads' do, so a temperature set on text carries over
-  to images; ε (:data:`KERNEL_LOG_FLOOR`) only matters for votes that are not positive (a small
-  ridge λ), which get probability ≈ 0.
+* kernel vote, one of two kinds of logits, recorded per artifact (``kernel_logits`` in svgen.json,
+  and in every export):
+
+  - ``"log"`` (the default, and what every artifact written before the choice existed means):
+    ``z = log max(score, ε)``. With vote weights scaled by M·λ a score is about the summed kernel
+    mass of the class's own support vectors (a Parzen density up to a constant), so
+    ``softmax(log score / T) ∝ score^(1/T)`` is the normalised mass, sharpened. Softmax of the raw
+    scores would be almost flat on images: they sit far from every support vector, where all
+    classes' masses are alike (measured in docs/calibration.md). ``log`` makes the kernel's logits
+    move linearly with cosine, as the other heads' do, so a temperature set on text carries over
+    to images; ε (:data:`KERNEL_LOG_FLOOR`) only matters for votes that are not positive, which
+    get probability ≈ 0 at any temperature.
+  - ``"score"``: ``z = score``, the raw vote. With labelled shots the vote is a kernel ridge fit to
+    one-hot labels, not a mass: an image whose true class gets a vote ≤ 0 would get p ≈ 0 under
+    ``"log"`` (mean NLLs of 10–160 on the CoOp validation sets), while a softmax of the votes
+    themselves degrades smoothly with the vote gap.
+
+  The kind is chosen only where the kernel head's temperature is fitted on labelled shots
+  (:func:`choose_kernel_logits`: T fitted for both kinds on the same leave-one-out scores, the
+  lower LOO NLL wins, both recorded). The text rule, its fallbacks and a transductive re-solve
+  without a LOO fit give ``"log"``: their temperatures are matched on log scores, and without
+  labels nothing measures which kind fits better. Measured on the CoOp sets (docs/calibration.md,
+  dev data, one seed): with stand-in prototypes that are the shots' class means the LOO rule keeps
+  ``"log"`` in every run — no left-out shot's own class gets a vote ≤ 0 (means of augmented views,
+  inside their own prototype), so the shots cannot show the failure that up to 23% of the
+  validation images meet, and raw votes would have given a much lower validation NLL (16 shots:
+  mean 1.0 against 24.4). With leak-free stand-ins (the other train16 images) it keeps raw votes in
+  4 of 10 runs, the ones where log fails, and the kernel head's mean validation NLL at 4 shots falls
+  from 1.58 to 1.04 (ECE 0.099 → 0.039). The rule is only as good as the shots are like the images
+  to classify.
 
 **Without images** (:func:`text_temperatures`): the text embeddings of the classes (each
 prompt's embedding ``E[c, t]``; a seeded sample for many classes, :func:`query_rows`) are scored
@@ -29,8 +51,9 @@ is used.
 log-likelihood of the shots' exact leave-one-out logits (:func:`fit_temperature`, convex in 1/T;
 :func:`kernel_loo_scores` and :func:`lda_loo_logits` give those logits in closed form, so no
 shot's score has seen its own label); :func:`loo_temperatures` records what it gave. The cosine
-head keeps CLIP's scale. Shots that are all ranked first when left out give no finite
-temperature; the head then keeps the text rule's. Caveat: when the shots are tighter than the
+head keeps CLIP's scale; the kernel head's kind of logits is chosen on the same LOO scores
+(:func:`choose_kernel_logits`). Shots that are all ranked first when left out give no finite
+temperature; the head then keeps the text rule's (and ``"log"``). Caveat: when the shots are tighter than the
 images to classify (e.g. means of augmented views), their LOO logits are too separable and the
 fitted T too low. Any other labelled logits can be used the same way:
 ``clf.set_temperatures({head: fit_temperature(z_loo, y)}, method="loo-nll")``.
@@ -57,13 +80,32 @@ ECE_BINS = 15
 LOG_T_RANGE = (-30.0, 30.0)  # bisection bracket for log T
 
 
-def head_logits(scores: torch.Tensor, head: str) -> torch.Tensor:
-    """The logits a head's probabilities are a softmax of: ``log max(score, ε)`` for the kernel vote,
-    the scores themselves for the linear and cosine heads."""
+KERNEL_LOGITS = ("log", "score")   # kinds of kernel-vote logits; the first is the default
+TEXT_RULE_KERNEL_LOGITS = ("the text rule: its temperature matches log scores on the text queries, and without "
+                           "labels nothing measures whether raw votes fit better")
+
+
+def check_kernel_logits(kind, where: str = "kernel_logits") -> str:
+    """``kind`` if it is one of :data:`KERNEL_LOGITS`, else one :class:`SvgenError` line."""
+    if not isinstance(kind, str) or kind not in KERNEL_LOGITS:
+        raise SvgenError(f"{where} must be {' or '.join(map(repr, KERNEL_LOGITS))}, got {kind!r}")
+    return kind
+
+
+def kernel_logits(scores, kind: str = "log") -> torch.Tensor:
+    """The kernel vote's logits: ``log max(score, ε)`` (``"log"``) or the score itself (``"score"``)."""
     scores = torch.as_tensor(scores)
-    if head == "kernel":
+    if check_kernel_logits(kind) == "log":
         return scores.clamp_min(KERNEL_LOG_FLOOR).log()
     return scores
+
+
+def head_logits(scores: torch.Tensor, head: str, kernel_kind: str = "log") -> torch.Tensor:
+    """The logits a head's probabilities are a softmax of: :func:`kernel_logits` of the kind
+    ``kernel_kind`` for the kernel vote, the scores themselves for the linear and cosine heads."""
+    if head == "kernel":
+        return kernel_logits(scores, kernel_kind)
+    return torch.as_tensor(scores)
 
 
 def softmax(logits, temperature: float) -> torch.Tensor:
@@ -218,6 +260,45 @@ def loo_temperatures(loo_logits: Dict[str, torch.Tensor], labels, fallback: Dict
     return {"temperatures": temps, "loo": loo}
 
 
+def choose_kernel_logits(loo_scores, labels, fallback: float) -> dict:
+    """The kernel head's kind of logits (:data:`KERNEL_LOGITS`) and temperature from the shots' exact
+    leave-one-out scores (N×C, :func:`kernel_loo_scores`).
+
+    T is fitted by :func:`fit_temperature` for each kind on the same LOO scores and the kind with the
+    lower LOO NLL is kept (a tie keeps ``"log"``). When either kind gives no finite T (every shot ranked
+    first when left out) the NLLs cannot be compared: ``"log"``, with its fitted T or else ``fallback``
+    (the text rule's T).
+    Returns ``{"kind", "temperature", "loo": {nll, ece, acc1, fitted} of the kept kind, "candidates":
+    {kind: {temperature, nll, ece, acc1, fitted}}, "nll_score_minus_log": {"mean", "se"},
+    "loo_true_vote_not_positive", "reason"}`` (the NLL difference per shot, paired, with its standard
+    error, ``None`` when not both were fitted; the share of shots whose own class gets a LOO vote ≤ 0,
+    where ``"log"`` puts p ≈ 0).
+    """
+    y = np.asarray(labels)
+    z = {kind: kernel_logits(torch.as_tensor(loo_scores, dtype=torch.float64), kind) for kind in KERNEL_LOGITS}
+    fit = loo_temperatures(z, y, fallback={kind: fallback for kind in KERNEL_LOGITS})
+    cand = {kind: {"temperature": fit["temperatures"][kind], **fit["loo"][kind]} if fit["loo"][kind]["fitted"]
+            else {"temperature": None, "nll": None, "ece": None, "acc1": fit["loo"][kind]["acc1"], "fitted": False}
+            for kind in KERNEL_LOGITS}
+    diff = None
+    if all(c["fitted"] for c in cand.values()):
+        d = (example_nll(z["score"], cand["score"]["temperature"], y)
+             - example_nll(z["log"], cand["log"]["temperature"], y))
+        diff = {"mean": float(d.mean()), "se": float(d.std(ddof=1) / math.sqrt(len(d))) if len(d) > 1 else None}
+        kind = "score" if cand["score"]["nll"] < cand["log"]["nll"] else "log"
+        reason = (f"lower leave-one-out NLL on the shots ({cand[kind]['nll']:.4g} against "
+                  f"{cand['log' if kind == 'score' else 'score']['nll']:.4g})")
+        T, loo = cand[kind]["temperature"], {k: v for k, v in cand[kind].items() if k != "temperature"}
+    else:
+        kind, T, loo = "log", fit["temperatures"]["log"], fit["loo"]["log"]
+        reason = ("under at least one kind every shot is ranked first when left out: its NLL has no finite minimiser, so the "
+                  "kinds cannot be compared; log" + ("" if loo["fitted"] else " with the text rule's T"))
+    s = z["score"]
+    not_positive = float((s[torch.arange(len(y)), torch.as_tensor(y, dtype=torch.long)] <= 0).double().mean())
+    return {"kind": kind, "temperature": T, "loo": loo, "candidates": cand, "nll_score_minus_log": diff,
+            "loo_true_vote_not_positive": not_positive, "reason": reason}
+
+
 # ----------------------------------------------------------------------------- judging probabilities
 
 def _probs_labels(probs, labels):
@@ -234,11 +315,16 @@ def nll(probs, labels, eps: float = 1e-15) -> float:
     return float(-np.log(np.clip(p[np.arange(len(y)), y], eps, 1.0)).mean())
 
 
-def nll_from_logits(logits, temperature: float, labels) -> float:
-    """``−mean_i log softmax(z_i / T)_{y_i}`` computed in log space (exact where p would underflow)."""
+def example_nll(logits, temperature: float, labels) -> np.ndarray:
+    """``−log softmax(z_i / T)_{y_i}`` per example, computed in log space (exact where p would underflow)."""
     z = torch.as_tensor(logits, dtype=torch.float64) / float(temperature)
     y = torch.as_tensor(np.asarray(labels), dtype=torch.long)
-    return float(-torch.log_softmax(z, dim=1)[torch.arange(z.shape[0]), y].mean())
+    return (-torch.log_softmax(z, dim=1)[torch.arange(z.shape[0]), y]).numpy()
+
+
+def nll_from_logits(logits, temperature: float, labels) -> float:
+    """``−mean_i log softmax(z_i / T)_{y_i}`` (:func:`example_nll` averaged)."""
+    return float(example_nll(logits, temperature, labels).mean())
 
 
 def reliability(probs, labels, n_bins: int = ECE_BINS) -> dict:

@@ -466,7 +466,7 @@ class SVGClassifier:
         """The pool's soft labels when the inductive heads are kept: that head's :meth:`predict_proba`
         (``softmax(logits / T)``; the kernel vote's logits are ``log score``), not a softmax of raw
         scores, which is almost uniform for the kernel vote (issue 13)."""
-        return calibration.softmax(calibration.head_logits(scores, head), self.temperatures_[head])
+        return calibration.softmax(calibration.head_logits(scores, head, self.kernel_logits_), self.temperatures_[head])
 
     def _scores(self, U: torch.Tensor, head: str, block: int = 8192) -> torch.Tensor:
         """N×C float32 scores in row blocks (a kernel head's N×M kernel never whole)."""
@@ -525,7 +525,9 @@ class SVGClassifier:
     def _shot_temperatures(self, shots: SupportSet, kchoice, lchoice) -> None:
         """The kernel and linear heads' temperatures fitted by leave-one-out NLL on the shots
         (:func:`svgen.calibration.loo_temperatures`); the cosine head keeps CLIP's scale (T = 1).
-        The text rule's temperatures are recorded next to them for comparison."""
+        The kernel head's kind of logits (log score or raw vote) is the one with the lower LOO NLL
+        (:func:`svgen.calibration.choose_kernel_logits`). The text rule's temperatures are recorded
+        next to them for comparison."""
         C = len(self.classes_)
         self._text_temperatures()
         text_temps = dict(self.temperatures_)
@@ -537,12 +539,15 @@ class SVGClassifier:
         lin = calibration.lda_loo_logits(self.prototypes_, shots, C, lchoice.settings["shrinkage"],
                                          lchoice.settings["prior_shots"],
                                          equal_radius=lchoice.settings.get("means") == "equal Mahalanobis radius")
-        fit = calibration.loo_temperatures({"kernel": calibration.head_logits(scores, "kernel"), "linear": lin},
-                                           shots.labels.numpy(), fallback=text_temps)
-        self.set_temperatures(fit["temperatures"], method="loo-nll", shots=len(shots), loo=fit["loo"],
-                              text_temperatures=text_temps,
-                              rule="kernel and linear: T minimising the leave-one-out NLL of the shots; "
-                                   "cosine: CLIP's logit scale 100")
+        y = shots.labels.numpy()
+        kfit = calibration.choose_kernel_logits(scores, y, fallback=text_temps["kernel"])
+        fit = calibration.loo_temperatures({"linear": lin}, y, fallback=text_temps)
+        choice = {k: v for k, v in kfit.items() if k not in ("temperature", "loo")}
+        self.set_temperatures({**fit["temperatures"], "kernel": kfit["temperature"]}, method="loo-nll",
+                              kernel_logits=kfit["kind"], shots=len(shots), loo={**fit["loo"], "kernel": kfit["loo"]},
+                              text_temperatures=text_temps, kernel_logits_choice=choice,
+                              rule="kernel and linear: T minimising the leave-one-out NLL of the shots (kernel: "
+                                   "for log scores and raw votes, the lower NLL kept); cosine: CLIP's logit scale 100")
 
     # ------------------------------------------------------------------------------ readable votes
     def _scale_votes(self, lam) -> None:
@@ -557,26 +562,40 @@ class SVGClassifier:
     # ------------------------------------------------------------------------------ probabilities
     def _text_temperatures(self, only: Optional[str] = None) -> None:
         """Per-head temperatures from the text side (:func:`svgen.calibration.text_temperatures`).
-        ``only``: re-set that head's alone when the others were fitted on shots (``loo-nll``) and are unchanged."""
+        ``only``: re-set that head's alone when the others were fitted on shots (``loo-nll``) and are unchanged.
+        The text rule matches log scores, so a kernel head it sets has ``kernel_logits_ = "log"``."""
         restrict = only is not None and getattr(self, "calibration_", {}).get("method") == "loo-nll"
         info = calibration.text_temperatures(lambda q, head: self.decision_function(q, head), self.per_template_,
                                              **({"heads": (only,)} if restrict else {}))
         temps = info.pop("temperatures")
+        kernel = {"kernel_logits_choice": {"reason": calibration.TEXT_RULE_KERNEL_LOGITS}}
         if restrict:   # only that head's queries are scored: the others' temperatures are kept
             self.temperatures_ = {**self.temperatures_, only: temps[only]}
-            self.calibration_ = {**self.calibration_, "text_rule_heads": [only]}
+            self.calibration_ = {**self.calibration_, "text_rule_heads": [only], **(kernel if only == "kernel" else {})}
+            if only == "kernel":
+                self.kernel_logits_ = "log"
             return
         self.temperatures_ = temps
-        self.calibration_ = info
+        self.calibration_ = {**info, **kernel}
+        self.kernel_logits_ = "log"
 
-    def set_temperatures(self, temperatures: dict, method: str, **details) -> "SVGClassifier":
+    def set_temperatures(self, temperatures: dict, method: str, kernel_logits: Optional[str] = None,
+                         **details) -> "SVGClassifier":
         """Replace some heads' temperatures, e.g. fitted on labelled shots::
 
             clf.set_temperatures({"kernel": calibration.fit_temperature(z_loo, y)}, method="loo-nll")
 
-        ``method`` and ``details`` are recorded in ``svgen.json`` under ``calibration``.
+        ``kernel_logits`` ("log" or "score", :data:`svgen.calibration.KERNEL_LOGITS`) changes the kind
+        of the kernel head's logits; a kernel temperature must come with it (T belongs to its kind).
+        Without it the kind is kept. ``method`` and ``details`` are recorded in ``svgen.json`` under
+        ``calibration``.
         """
         self._check_fitted()
+        if kernel_logits is not None:
+            calibration.check_kernel_logits(kernel_logits)
+            if kernel_logits != self.kernel_logits_ and "kernel" not in temperatures:
+                raise SvgenError(f"changing the kernel head's logits to {kernel_logits!r} needs its temperature "
+                                 "for them too (temperatures={'kernel': T})")
         for head, t in temperatures.items():
             if head not in HEADS:
                 raise SvgenError(f"unknown head {head!r}; expected one of {', '.join(HEADS)}")
@@ -584,23 +603,27 @@ class SVGClassifier:
                 raise SvgenError(f"temperature of the {head} head must be a positive number, got {t!r}")
         self.temperatures_ = {**self.temperatures_, **{h: float(t) for h, t in temperatures.items()}}
         self.calibration_ = {**self.calibration_, "method": method, **details}
+        if kernel_logits is not None:
+            self.kernel_logits_ = kernel_logits
         return self
 
     def predict_proba(self, X, head: str = "kernel"):
         """N×C probabilities of one head: ``softmax(z / T_head)`` with z the head's logits (the kernel
-        vote's are ``log score``; see :mod:`svgen.calibration`). Rows sum to one (float64; a torch
+        vote's are ``log score`` or, where ``kernel_logits_ == "score"``, the raw vote; see
+        :mod:`svgen.calibration`). Rows sum to one (float64; a torch
         tensor for a torch input, else numpy, as :meth:`decision_function`)."""
         p = calibration.softmax(self._logits(X, head), self.temperatures_[head])
         return p if isinstance(X, torch.Tensor) else p.numpy()
 
     def logits(self, X, head: str = "kernel"):
-        """N×C logits of one head, the input of :meth:`predict_proba`'s softmax (kernel: ``log score``);
+        """N×C logits of one head, the input of :meth:`predict_proba`'s softmax (kernel: ``log score``, or
+        the score itself where ``kernel_logits_ == "score"``);
         a torch tensor for a torch input, else numpy, as :meth:`decision_function`."""
         z = self._logits(X, head)
         return z if isinstance(X, torch.Tensor) else z.numpy()
 
     def _logits(self, X, head: str) -> torch.Tensor:
-        return calibration.head_logits(torch.as_tensor(self.decision_function(X, head)), head)
+        return calibration.head_logits(torch.as_tensor(self.decision_function(X, head)), head, self.kernel_logits_)
 
     # ------------------------------------------------------------------------------ inference
     def _check_fitted(self):
@@ -736,8 +759,10 @@ class SVGClassifier:
             "metrics": self.fit_metrics_,
             "vote_weights_scale": self.vote_scale_,
             "calibration": {**self.calibration_, "temperatures": self.temperatures_,
-                            "probabilities": "softmax(logits / temperature); logits: kernel log(max(score, 1e-30)), "
-                                             "linear and cosine their scores"},
+                            "kernel_logits": self.kernel_logits_,
+                            "probabilities": "softmax(logits / temperature); logits: kernel "
+                                             + ("log(max(score, 1e-30))" if self.kernel_logits_ == "log" else "score")
+                                             + ", linear and cosine their scores"},
         }
 
     def save(self, path, force: bool = False):
@@ -825,9 +850,11 @@ class SVGClassifier:
             self.vote_scale_["applied_on_load"] = True
         temps = {h: float(t[f"temperature.{h}"]) for h in HEADS if f"temperature.{h}" in t}
         if len(temps) == len(HEADS):
+            cal = meta.get("calibration") or {}
             self.temperatures_ = temps
-            self.calibration_ = {k: v for k, v in (meta.get("calibration") or {}).items()
-                                 if k not in ("temperatures", "probabilities")}
+            self.kernel_logits_ = cal.get("kernel_logits", "log")   # absent: written before the choice existed
+            self.calibration_ = {k: v for k, v in cal.items() if k not in ("temperatures", "probabilities",
+                                                                          "kernel_logits")}
         else:
             self._text_temperatures()
 

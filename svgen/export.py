@@ -14,8 +14,10 @@ artifact's head (to float rounding). Class names travel inside the file.
   ``100. * image_features @ weight`` is a drop-in (add ``100 * bias`` for the exact logits; for
   the cosine head ``bias`` is zero and ``weight`` is the normalised text prototypes, i.e. exactly
   open_clip's zero-shot classifier).
-* every head file has ``temperature`` (scalar): probabilities are ``softmax(logits / temperature)``,
-  with the kernel head's logits ``log(max(scores, 1e-30))`` (see :mod:`svgen.calibration`).
+* every head file has ``temperature`` (scalar): probabilities are ``softmax(logits / temperature)``.
+  A kernel head file says which logits its temperature belongs to in ``kernel_logits``: ``log``,
+  ``log(max(scores, 1e-30))``, or ``score``, the raw scores (see :mod:`svgen.calibration`; files
+  without the field are ``log``); ``probabilities`` spells the formula out.
 * ``kernel`` head — ``scores = exp(-||x̂ - s||² / (2σ²)) @ vote_weights`` over the rows ``s`` of
   ``support_vectors`` (M×D unit rows, class-major), ``bandwidth`` σ, ``vote_weights`` M×C; with
   ``kernel = laplacian`` the kernel is ``exp(-||x̂ - s|| / σ)``. Large-C artifacts whose vote
@@ -30,7 +32,8 @@ as JSON, ``kernel``) are in the header metadata; in ``.npz`` they are string arr
 with ``allow_pickle=False``).
 
 **ONNX** (``svgen[onnx]``): a graph from input ``embeddings`` (N×D float32, raw) to output
-``scores`` (N×C float32) and ``probs`` (N×C, the softmax with the head's temperature) for the
+``scores`` (N×C float32) and ``probs`` (N×C, the softmax with the head's temperature, of the log
+scores or the raw scores as the kernel head's ``kernel_logits`` says) for the
 linear, cosine or kernel head, built with ``onnx.helper``
 (opset 17), with the same strings in ``metadata_props``. :func:`verify_onnx` runs it with
 onnxruntime and compares against the PyTorch heads.
@@ -64,8 +67,15 @@ EXPORT_FORMATS = ("safetensors", "npz", "onnx")
 EXPORT_HEADS = ("linear", "kernel", "cosine")
 LOGIT_SCALE = COSINE_LOGIT_SCALE  # 100, as in open_clip
 ONNX_OPSET = 17
-PROBS_USAGE = {"kernel": f"probs = softmax(log(max(scores, {KERNEL_LOG_FLOOR:g})) / temperature)",
+PROBS_USAGE = {("kernel", "log"): f"probs = softmax(log(max(scores, {KERNEL_LOG_FLOOR:g})) / temperature)",
+               ("kernel", "score"): "probs = softmax(scores / temperature)",
                "linear": "probs = softmax(logits / temperature)"}
+
+
+def probs_usage(clf, head: str) -> str:
+    """How an export's probabilities are computed (:data:`PROBS_USAGE` for the head and, for the
+    kernel head, its kind of logits)."""
+    return PROBS_USAGE[("kernel", clf.kernel_logits_)] if head == "kernel" else PROBS_USAGE["linear"]
 NORM_EPS = 1e-12  # F.normalize's eps
 
 
@@ -165,10 +175,10 @@ def head_metadata(clf, head: str) -> Dict[str, str]:
         meta["kernel"] = clf.fit_config_.kernel
         meta["usage"] = ("scores = k(x/||x||, support_vectors) @ vote_weights; "
                          "rbf k = exp(-||a-b||^2/(2 bandwidth^2)), laplacian k = exp(-||a-b||/bandwidth)")
-        meta["probabilities"] = PROBS_USAGE["kernel"]
+        meta["kernel_logits"] = clf.kernel_logits_
     else:
         meta["usage"] = "logits = logit_scale * (x/||x|| @ weight + bias)"
-        meta["probabilities"] = PROBS_USAGE["linear"]
+    meta["probabilities"] = probs_usage(clf, head)
     return meta
 
 
@@ -247,7 +257,7 @@ def onnx_model(clf, head: str = "linear"):
             helper.make_node("MatMul", ["k", const("vote_weights", _dense_votes(t))], ["scores"]),
         ]
     logits = "scores"
-    if head == "kernel":
+    if head == "kernel" and clf.kernel_logits_ == "log":   # "score": the scores are the logits
         nodes += [helper.make_node("Max", ["scores", const("log_floor", KERNEL_LOG_FLOOR)], ["scores_pos"]),
                   helper.make_node("Log", ["scores_pos"], ["log_scores"])]
         logits = "log_scores"
@@ -265,7 +275,7 @@ def onnx_model(clf, head: str = "linear"):
     model.ir_version = 8
     meta = head_metadata(clf, head)
     meta["usage"] = ("scores, probs = session.run(['scores', 'probs'], {'embeddings': raw_image_embeddings}); "
-                     "probs: " + PROBS_USAGE["kernel" if head == "kernel" else "linear"])
+                     "probs: " + probs_usage(clf, head))
     helper.set_model_props(model, meta)
     onnx.checker.check_model(model)
     return model

@@ -96,3 +96,40 @@ def test_fewshot_report_judges_the_loo_chosen_head(bench):
     assert "- a: better head ECE 0.040 — met" in text and "- b: better head ECE 0.080 — missed" in text
     assert "- mean: better head ECE 0.060 — missed" in text
     assert "ECE ≤ 0.05 on 1 of 2 data sets at 16 shots" in text   # the linear head: 0.04 on a, 0.3 on b
+
+
+def test_fewshot_report_shows_the_kernel_logit_kinds(bench, tmp_path, monkeypatch):
+    """The few-shot run on small synthetic "CoOp" folders: each kernel row carries both kinds at their own
+    LOO temperature, the chosen one is what the head gives, and the report's numbers are the rows'."""
+    sys.path.insert(0, str(SCRIPTS))
+    try:
+        import bench_fewshot
+    finally:
+        sys.path.remove(str(SCRIPTS))
+    rng = np.random.default_rng(0)
+    C, D = 4, 16
+    for name, noise in (("easy", 0.6), ("hard", 1.8)):
+        d = tmp_path / name
+        d.mkdir()
+        centres = rng.normal(size=(C, D))
+        for split, n in (("train16", 16), ("val", 10)):
+            y = np.repeat(np.arange(C), n)
+            np.save(d / f"{split}_features.npy", (centres[y] + noise * rng.normal(size=(len(y), D))).astype(np.float32))
+            np.save(d / f"{split}_labels.npy", y)
+    monkeypatch.setattr(bench_fewshot, "FEWSHOT", tmp_path)
+    monkeypatch.setattr(bench, "BOOT", 20)
+    rows = bench.fewshot_run(["easy", "hard"], [4], [0], log=lambda *a: None)
+    ker = [r for r in rows if r["head"] == "kernel"]
+    assert len(ker) == 2
+    for r in ker:
+        chosen = r["kinds"][r["kernel_logits"]]
+        assert r["nll"] == pytest.approx(chosen["nll"]) and r["ece"] == pytest.approx(chosen["ece"])
+        assert r["temperature"] == pytest.approx(chosen["temperature"])
+        assert 0 <= r["loo_true_vote_not_positive"] <= 1 and 0 <= r["val_true_vote_not_positive"] <= 1
+    text = bench.fewshot_markdown(rows, {"date": "today", "machine": {"cpus": 2}})
+    for r in ker:
+        lg = r["kinds"]["log"]
+        assert f"| {r['dataset']} | 4 | 0 | {r['kernel_logits']} |" in text
+        assert f"{lg['nll']:.3f} / {lg['ece']:.3f}" in text
+    before = np.mean([r["kinds"]["log"]["nll"] for r in ker])
+    assert f"mean validation NLL {before:.3f} → {np.mean([r['nll'] for r in ker]):.3f}" in text

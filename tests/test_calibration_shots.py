@@ -102,7 +102,8 @@ def test_adapt_fits_each_heads_temperature_by_loo_nll(adapted, tmp_path):
     k = clf.fewshot_["kernel"]
     n_text = clf.support_vectors_.shape[0] - len(y)
     z = {"kernel": calibration.head_logits(calibration.kernel_loo_scores(
-            K, clf.vote_weights_[n_text:].double(), shots.one_hot(C), k["ridge_c"], k["prior_scale"]), "kernel").numpy(),
+            K, clf.vote_weights_[n_text:].double(), shots.one_hot(C), k["ridge_c"], k["prior_scale"]), "kernel",
+            clf.kernel_logits_).numpy(),
          "linear": calibration.lda_loo_logits(clf.prototypes_, shots, C, clf.fewshot_["linear"]["shrinkage"],
                                               clf.fewshot_["linear"]["prior_shots"],
                                               equal_radius=clf.fewshot_["linear"]["means"] == "equal Mahalanobis radius"

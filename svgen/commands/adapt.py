@@ -26,8 +26,9 @@ def add_parser(sub):
                     "No text is re-encoded. Classes without images keep their text support vectors. Images "
                     "added earlier are kept. The result is a format-2 artifact; svgen.json records the shots "
                     "per class and what leave-one-out chose under 'fewshot'. The kernel and linear heads' "
-                    "softmax temperatures (classify --probs) are fitted by leave-one-out NLL on the images "
-                    "(svgen.json 'calibration'; docs/calibration.md). With --unlabelled / --unlabelled-features "
+                    "softmax temperatures (classify --probs) are fitted by leave-one-out NLL on the images, and "
+                    "the kernel head's logits are its log scores or its raw votes, whichever has the lower "
+                    "leave-one-out NLL (svgen.json 'calibration'; docs/calibration.md). With --unlabelled / --unlabelled-features "
                     "(alone or after the shots) the artifact is then adapted transductively to those images "
                     "(docs/transductive.md); svgen.json records it under 'transductive'.",
         epilog="examples:\n"
@@ -74,7 +75,8 @@ def run(args) -> int:
     summary = {}
     if shots:
         summary.update({"kernel": fs["kernel"], "linear": fs["linear"], "loo_better_head": fs["loo_better_head"],
-                        "temperatures": clf.temperatures_, "temperature_method": clf.calibration_.get("method")})
+                        "temperatures": clf.temperatures_, "temperature_method": clf.calibration_.get("method"),
+                        "kernel_logits": clf.kernel_logits_})
     if pool:
         summary["transductive"] = {k: td.get(k) for k in ("pool", "fallback", "prior_strength", "rounds",
                                                            "changed_from_prior", "heads")}

@@ -28,7 +28,8 @@ def add_parser(sub):
                     "stderr and skipped. Scores are kernel-vote scores (about the summed kernel mass of the class's "
                     "support vectors), linear logits, or cosine logits (100 · cosine similarity, plain CLIP); "
                     "--probs prints probabilities instead: softmax(logits / T) with the head's temperature "
-                    "stored in the artifact (cosine: T = 1, CLIP's own softmax; kernel logits are log scores).",
+                    "stored in the artifact (cosine: T = 1, CLIP's own softmax; kernel logits are log scores, "
+                    "or the raw votes where adapt chose them: svgen.json calibration.kernel_logits).",
         epilog="examples:\n"
                "  svgen classify lvis.svgen photos/ --top-k 3\n"
                "  svgen classify lvis.svgen photos/ --probs --head linear\n"

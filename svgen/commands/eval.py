@@ -63,7 +63,7 @@ def evaluate_heads(clf, x, labels, bins: dict = None) -> dict:
     out = {}
     for head in HEAD_ORDER:
         scores = clf.decision_function(x, head=head)
-        logits, T = head_logits(scores, head), clf.temperatures_[head]
+        logits, T = head_logits(scores, head, clf.kernel_logits_), clf.temperatures_[head]
         r = evaluate(scores, y)
         n = r.pop("n")
         out[head] = {**r, **calibration_metrics(logits, T, y), "temperature": T, "n": n}
