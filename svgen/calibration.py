@@ -260,12 +260,20 @@ def loo_temperatures(loo_logits: Dict[str, torch.Tensor], labels, fallback: Dict
     return {"temperatures": temps, "loo": loo}
 
 
-def choose_kernel_logits(loo_scores, labels, fallback: float) -> dict:
+def choose_kernel_logits(loo_scores, labels, fallback: float, signed_votes: bool = True) -> dict:
     """The kernel head's kind of logits (:data:`KERNEL_LOGITS`) and temperature from the shots' exact
     leave-one-out scores (N×C, :func:`kernel_loo_scores`).
 
     T is fitted by :func:`fit_temperature` for each kind on the same LOO scores and the kind with the
-    lower LOO NLL is kept (a tie keeps ``"log"``). When either kind gives no finite T (every shot ranked
+    lower *guarded* LOO NLL is kept (a tie keeps ``"log"``). The guard: ``"log"`` puts p ≈ ε on the true
+    class of any image whose true-class vote is ≤ 0 — a loss of about ``(z_top − log ε)/T`` (≈ 70/T), unbounded
+    as ε → 0 — while raw votes lose a bounded amount. k of n shots showing that event does not bound how
+    often new images will: the one-sided 95% upper bound of the rate (:func:`event_rate_bound`;
+    ``1 − 0.05^{1/n}`` ≈ 3/n when k = 0, the rule of three) is charged at that loss on top of the log kind's
+    LOO NLL (which already counts the k it saw). Shots that are tighter than the images to classify (means of
+    augmented views; stand-in prototypes that contain them) never show the event, so the plain LOO NLL
+    alone would keep ``"log"`` exactly where its tail matters most. With ``signed_votes`` False (no vote
+    weight is negative, so no vote can be ≤ 0) there is nothing to charge. When either kind gives no finite T (every shot ranked
     first when left out) the NLLs cannot be compared: ``"log"``, with its fitted T or else ``fallback``
     (the text rule's T).
     Returns ``{"kind", "temperature", "loo": {nll, ece, acc1, fitted} of the kept kind, "candidates":
@@ -280,14 +288,17 @@ def choose_kernel_logits(loo_scores, labels, fallback: float) -> dict:
     cand = {kind: {"temperature": fit["temperatures"][kind], **fit["loo"][kind]} if fit["loo"][kind]["fitted"]
             else {"temperature": None, "nll": None, "ece": None, "acc1": fit["loo"][kind]["acc1"], "fitted": False}
             for kind in KERNEL_LOGITS}
-    diff = None
+    diff = guard = None
     if all(c["fitted"] for c in cand.values()):
         d = (example_nll(z["score"], cand["score"]["temperature"], y)
              - example_nll(z["log"], cand["log"]["temperature"], y))
         diff = {"mean": float(d.mean()), "se": float(d.std(ddof=1) / math.sqrt(len(d))) if len(d) > 1 else None}
-        kind = "score" if cand["score"]["nll"] < cand["log"]["nll"] else "log"
-        reason = (f"lower leave-one-out NLL on the shots ({cand[kind]['nll']:.4g} against "
-                  f"{cand['log' if kind == 'score' else 'score']['nll']:.4g})")
+        guard = log_tail_guard(z["log"], loo_scores, y, cand["log"]["temperature"], signed_votes)
+        guarded_log = cand["log"]["nll"] + guard["charge"]
+        kind = "score" if cand["score"]["nll"] < guarded_log else "log"
+        reason = (f"leave-one-out NLL on the shots: score {cand['score']['nll']:.4g}, log {cand['log']['nll']:.4g} "
+                  f"+ {guard['charge']:.4g} for true-class votes ≤ 0 on new images (up to {guard['rate_bound']:.3g} of them "
+                  f"at {guard['loss']:.4g} each; {guard['seen']} of {len(y)} shots showed one)")
         T, loo = cand[kind]["temperature"], {k: v for k, v in cand[kind].items() if k != "temperature"}
     else:
         kind, T, loo = "log", fit["temperatures"]["log"], fit["loo"]["log"]
@@ -296,7 +307,48 @@ def choose_kernel_logits(loo_scores, labels, fallback: float) -> dict:
     s = z["score"]
     not_positive = float((s[torch.arange(len(y)), torch.as_tensor(y, dtype=torch.long)] <= 0).double().mean())
     return {"kind": kind, "temperature": T, "loo": loo, "candidates": cand, "nll_score_minus_log": diff,
-            "loo_true_vote_not_positive": not_positive, "reason": reason}
+            "loo_true_vote_not_positive": not_positive, "log_tail_guard": guard,
+            "reason": reason}
+
+
+def event_rate_bound(k: int, n: int, level: float = 0.95) -> float:
+    """One-sided ``level`` upper confidence bound of a rate seen k times in n trials (Clopper–Pearson:
+    the p at which ``P(Binomial(n, p) ≤ k) = 1 − level``; k = 0 gives ``1 − (1 − level)^{1/n}``)."""
+    if n <= 0 or k >= n:
+        return 1.0
+    j = np.arange(k + 1)
+    log_binom = np.array([math.lgamma(n + 1) - math.lgamma(i + 1) - math.lgamma(n - i + 1) for i in j])
+
+    def cdf(p):       # P(Binomial(n, p) ≤ k), summed in log space
+        t = log_binom + j * math.log(p) + (n - j) * math.log1p(-p)
+        m = t.max()
+        return math.exp(m) * float(np.exp(t - m).sum())
+
+    lo, hi = k / n, 1.0
+    for _ in range(80):          # the CDF falls monotonically in p
+        mid = (lo + hi) / 2
+        if mid >= 1.0 or cdf(mid) < 1 - level:
+            hi = mid
+        else:
+            lo = mid
+    return (lo + hi) / 2
+
+
+def log_tail_guard(z_log, scores, labels, temperature: float, signed_votes: bool = True) -> dict:
+    """What the ``"log"`` kind may lose on new images whose true-class vote is ≤ 0 (:func:`choose_kernel_logits`).
+
+    ``seen``: shots whose LOO true-class vote is ≤ 0; ``rate_bound``: :func:`event_rate_bound` of that;
+    ``loss``: the median over shots of ``(max_c z_c − log ε)/T`` (what such an image costs, its true logit at
+    the floor); ``charge = (rate_bound − seen/n)·loss`` (the seen ones are in the LOO NLL already), 0 when the
+    vote weights are not ``signed_votes`` (every vote is then positive)."""
+    z = torch.as_tensor(z_log, dtype=torch.float64)
+    s = torch.as_tensor(scores, dtype=torch.float64)
+    y = torch.as_tensor(np.asarray(labels), dtype=torch.long)
+    n = int(y.numel())
+    seen = int((s[torch.arange(n), y] <= 0).sum())
+    bound = event_rate_bound(seen, n) if signed_votes else 0.0
+    loss = float(torch.quantile(z.max(dim=1).values - math.log(KERNEL_LOG_FLOOR), 0.5)) / float(temperature)
+    return {"seen": seen, "rate_bound": bound, "loss": loss, "charge": max(bound - seen / max(n, 1), 0.0) * loss}
 
 
 # ----------------------------------------------------------------------------- judging probabilities

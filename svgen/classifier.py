@@ -525,8 +525,8 @@ class SVGClassifier:
     def _shot_temperatures(self, shots: SupportSet, kchoice, lchoice) -> None:
         """The kernel and linear heads' temperatures fitted by leave-one-out NLL on the shots
         (:func:`svgen.calibration.loo_temperatures`); the cosine head keeps CLIP's scale (T = 1).
-        The kernel head's kind of logits (log score or raw vote) is the one with the lower LOO NLL
-        (:func:`svgen.calibration.choose_kernel_logits`). The text rule's temperatures are recorded
+        The kernel head's kind of logits (log score or raw vote) is the one with the lower LOO NLL, the
+        log kind charged for the true-class votes ≤ 0 that new images may have (:func:`svgen.calibration.choose_kernel_logits`). The text rule's temperatures are recorded
         next to them for comparison."""
         C = len(self.classes_)
         self._text_temperatures()
@@ -540,7 +540,9 @@ class SVGClassifier:
                                          lchoice.settings["prior_shots"],
                                          equal_radius=lchoice.settings.get("means") == "equal Mahalanobis radius")
         y = shots.labels.numpy()
-        kfit = calibration.choose_kernel_logits(scores, y, fallback=text_temps["kernel"])
+        vw = self.vote_weights_
+        signed = bool(((vw.coalesce().values() if vw.is_sparse else vw) < 0).any())
+        kfit = calibration.choose_kernel_logits(scores, y, fallback=text_temps["kernel"], signed_votes=signed)
         fit = calibration.loo_temperatures({"linear": lin}, y, fallback=text_temps)
         choice = {k: v for k, v in kfit.items() if k not in ("temperature", "loo")}
         self.set_temperatures({**fit["temperatures"], "kernel": kfit["temperature"]}, method="loo-nll",

@@ -109,10 +109,39 @@ def test_choice_keeps_log_for_kernel_masses():
     N, k = 400, 5
     z = 1.5 * rng.normal(size=(N, k))
     y = np.array([rng.choice(k, p=p) for p in _softmax(z)])
-    out = calibration.choose_kernel_logits(torch.as_tensor(np.exp(z)), y, fallback=0.3)
-    assert out["kind"] == "log"
+    out = calibration.choose_kernel_logits(torch.as_tensor(np.exp(z)), y, fallback=0.3, signed_votes=False)
+    assert out["kind"] == "log" and out["log_tail_guard"]["charge"] == 0
     assert out["candidates"]["log"]["nll"] < out["candidates"]["score"]["nll"]
     assert out["temperature"] == pytest.approx(1.0, abs=0.25)    # the temperature that generated the labels
+
+
+def test_event_rate_bound_is_clopper_pearson():
+    stats = pytest.importorskip("scipy.stats")
+    for k, n in ((0, 1), (0, 400), (0, 1600), (3, 100), (10, 37), (36, 37)):
+        assert calibration.event_rate_bound(k, n) == pytest.approx(stats.beta.ppf(0.95, k + 1, n - k), rel=1e-9)
+    assert calibration.event_rate_bound(0, 400) == pytest.approx(1 - 0.05 ** (1 / 400), rel=1e-9)   # rule of three
+    assert calibration.event_rate_bound(5, 5) == 1.0
+
+
+def test_signed_votes_charge_log_for_what_the_shots_did_not_show():
+    """Shots tighter than new images never show a true vote ≤ 0; with signed vote weights new images can,
+    and log's loss there is unbounded: the charge ``(1 − 0.05^{1/n})·median(z_max − log ε)/T`` can outweigh
+    log's lower plain LOO NLL, which then picks the raw votes. Without signed weights nothing is charged."""
+    rng = np.random.default_rng(1)
+    N, k = 400, 5
+    z = 1.5 * rng.normal(size=(N, k))
+    y = np.array([rng.choice(k, p=p) for p in _softmax(z)])
+    s = torch.as_tensor(np.exp(z))
+    plain = calibration.choose_kernel_logits(s, y, fallback=0.3, signed_votes=False)
+    out = calibration.choose_kernel_logits(s, y, fallback=0.3, signed_votes=True)
+    c, g = out["candidates"], out["log_tail_guard"]
+    assert plain["kind"] == "log" and c["log"]["nll"] < c["score"]["nll"]        # plain LOO prefers log ...
+    T = c["log"]["temperature"]
+    assert g["seen"] == 0 and g["rate_bound"] == pytest.approx(1 - 0.05 ** (1 / N), rel=1e-9)
+    assert g["loss"] == pytest.approx(np.median(z.max(axis=1) - np.log(1e-30)) / T, rel=1e-9)
+    assert g["charge"] == pytest.approx(g["rate_bound"] * g["loss"], rel=1e-12)
+    assert c["log"]["nll"] + g["charge"] > c["score"]["nll"] and out["kind"] == "score"   # ... the guard does not
+    assert out["temperature"] == c["score"]["temperature"] and "0 of 400 shots" in out["reason"]
 
 
 def test_shots_all_ranked_first_keep_log_and_the_text_temperature():
@@ -135,7 +164,7 @@ def test_adapt_records_the_choice_and_predict_proba_is_softmax_of_raw_votes(raw_
     clf = raw_votes
     choice = clf.calibration_["kernel_logits_choice"]
     c = choice["candidates"]
-    assert c["score"]["nll"] < c["log"]["nll"] and "lower leave-one-out NLL" in choice["reason"]
+    assert c["score"]["nll"] < c["log"]["nll"] and "leave-one-out NLL on the shots" in choice["reason"]
     assert clf.temperatures_["kernel"] == c["score"]["temperature"]
     assert clf.calibration_["loo"]["kernel"]["nll"] == c["score"]["nll"]
     x = _queries()
