@@ -263,7 +263,7 @@ def kernel_reading(rows) -> str:
         shift = (f": the shots are means of augmented views{why}, so when left out they still sit close to their "
                  "class; a new image does not" if b > max(a, 0.005) else "")
         kept_txt = f"""
-Where leave-one-out kept log at {k} shots ({', '.join(r['dataset'] for r in kept)}), the two kinds'
+Where the guarded choice kept log at {k} shots ({', '.join(r['dataset'] for r in kept)}), the two kinds'
 LOO NLLs are close ({', '.join(f"{r['kinds']['log']['loo_nll']:.3f} vs {r['kinds']['score']['loo_nll']:.3f}" for r in kept)},
 log vs raw votes); the share of shots whose own class gets a left-out vote ≤ 0 is {a:.3f}, against
 {b:.3f} of the validation images{shift}. On those runs the raw votes at their own LOO temperature
@@ -274,8 +274,12 @@ validation labels choose nothing)."""
 labels, not a kernel mass, and its logits log(max(score, 1e-30)) give an image whose true class gets
 a vote ≤ 0 probability ≈ 0 at any temperature. `adapt` therefore fits T for both kinds of logits —
 log scores and the raw votes — on the same exact leave-one-out scores of the shots and keeps the kind
-with the lower LOO NLL (`svgen.json` `calibration.kernel_logits` and `kernel_logits_choice`, which
-records both LOO NLLs); "log" is the head as it was before this choice. Per shot count (kernel head,
+with the lower LOO NLL, the log kind charged for what the shots cannot show: when the vote weights
+have a negative entry a new image's true vote can be ≤ 0, costing log about (z_top − log 1e-30)/T; the
+rate of such images is bounded by the one-sided 95% Clopper–Pearson bound of what the n shots showed
+(≈ 3/n when none did) and that rate × that loss is added to log's LOO NLL (`svgen.json`
+`calibration.kernel_logits` and `kernel_logits_choice`, which records both LOO NLLs and the charge);
+"log" is the head as it was before this choice. Per shot count (kernel head,
 log kind → the kind chosen): {'; '.join(lines)}.{kept_txt}"""
 
 
