@@ -382,8 +382,11 @@ class SVGClassifier:
             kinfo = self._pool_kernel_head(U, res.labels, shots)
         timings["kernel_head"] = time.perf_counter() - t1
         # the changed heads' temperatures follow the text rule; a kernel head kept as it was keeps its own
-        # (fitted on the shots by leave-one-out NLL, when there were any)
+        # (fitted on the shots by leave-one-out NLL, when there were any); a re-solved one is then fitted on the
+        # shots too (:meth:`_pool_shot_temperatures`)
         self._text_temperatures(only=None if kinfo.get("replaced") else "linear")
+        if shots is not None and kinfo.get("replaced"):
+            self._pool_shot_temperatures(U, res.labels, shots, kinfo)
         self.transductive_ = {**res.info, "fallback": None, "prior_head": head, "tries": tries,
                               "prior_temperature": t_prior,
                               "linear_prior_temperature": t_lin, "calibration": "entropy of softmax(100·cos)",
@@ -394,6 +397,33 @@ class SVGClassifier:
         log.info("transductive: %d images, β=%.3g, %d rounds, %.1f%% of the pool relabelled from the prior, %.2fs",
                  N, beta, res.info["rounds"], 100 * res.info["changed_from_prior"], self.transductive_["wall_time_s"])
         return self
+
+    def _pool_shot_temperatures(self, U, Z, shots: SupportSet, kinfo: dict) -> None:
+        """After a transduction with labelled shots that re-solved the kernel vote: its temperature and kind
+        of logits by leave-one-out NLL on the shots, as :meth:`adapt` fits the inductive kernel head's. The
+        re-solved vote is a kernel ridge over its shot and pool rows with targets ``[one-hot; Z]``;
+        :func:`svgen.calibration.kernel_loo_scores` gives its exact LOO scores (σ and the text weight held),
+        read at the shots, and :func:`svgen.calibration.choose_kernel_logits` picks the kind (the shots give no
+        finite T: the text rule's stays). The linear (posterior) head keeps the text rule's T: fitted on
+        these shots it was more over-confident (docs/transductive.md)."""
+        from . import transductive as td
+
+        C = len(self.classes_)
+        y = shots.labels.numpy()
+        n_data = len(shots) + int(kinfo["pool_rows"])
+        rows = self.support_vectors_[-n_data:].double()
+        targets = torch.cat([shots.one_hot(C), Z[td.pool_support(Z)].double()])
+        K = kernel(rows, rows, float(self.bandwidth_), self.fit_config_.kernel)
+        scores = calibration.kernel_loo_scores(K, self.vote_weights_[-n_data:].double(), targets, kinfo["ridge_c"],
+                                               kinfo["prior_scale"])[:len(shots)]
+        text_temps = dict(self.temperatures_)
+        kfit = calibration.choose_kernel_logits(scores, y, fallback=text_temps["kernel"],
+                                                signed_votes=bool((self.vote_weights_ < 0).any()))
+        self.set_temperatures({"kernel": kfit["temperature"]}, method="loo-nll", kernel_logits=kfit["kind"],
+                              shots=len(shots), loo={"kernel": kfit["loo"]}, text_temperatures=text_temps,
+                              kernel_logits_choice={k: v for k, v in kfit.items() if k not in ("temperature", "loo")},
+                              rule="after transduction: the re-solved kernel head's T (and kind) by the leave-one-out "
+                                   "NLL of the shots; linear: the text rule; cosine: CLIP's logit scale 100")
 
     def _pool_kernel_head(self, U: torch.Tensor, Z: torch.Tensor, shots: Optional[SupportSet]) -> dict:
         """Re-solve the kernel vote with pool rows as support vectors of soft class (the posterior ``Z``).
