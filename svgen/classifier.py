@@ -376,7 +376,6 @@ class SVGClassifier:
         self.inductive_linear_ = (self.linear_weight_, self.linear_bias_)
         self.linear_weight_ = res.weight + beta * t_lin * self.linear_weight_.float()
         self.linear_bias_ = res.bias + beta * t_lin * self.linear_bias_.float()
-        self.transductive_labels_ = res.labels
         t1 = time.perf_counter()
         with torch.no_grad():
             kinfo = self._pool_kernel_head(U, res.labels, shots)
@@ -387,8 +386,17 @@ class SVGClassifier:
         self._text_temperatures(only=None if kinfo.get("replaced") else "linear")
         if shots is not None and kinfo.get("replaced"):
             self._pool_shot_temperatures(U, res.labels, shots, kinfo)
+        # the pool's probabilities (what `classify --transductive` prints): the posterior's logits at the
+        # temperature that gives them the mean entropy of the linear head — the head that carries the posterior
+        # to new images, at its own T — on the pool; the solve's z_i are far sharper (a 512-d Gaussian likelihood
+        # at its own scale plus the k-NN term). A temperature: the argmax stays the posterior's.
+        with torch.no_grad():
+            rows = td.calibration_rows(N)
+            target = td._entropy(self._logits(U[rows], "linear").double() / self.temperatures_["linear"])
+            t_labels = td.match_entropy(res.logits, target)
+            self.transductive_labels_ = torch.softmax(t_labels * res.logits.float(), dim=1)
         self.transductive_ = {**res.info, "fallback": None, "prior_head": head, "tries": tries,
-                              "prior_temperature": t_prior,
+                              "prior_temperature": t_prior, "labels_temperature": 1.0 / t_labels,
                               "linear_prior_temperature": t_lin, "calibration": "entropy of softmax(100·cos)",
                               "heads": {"linear": "transductive posterior",
                                         "kernel": "transductive (pool rows, soft targets)" if kinfo["replaced"]

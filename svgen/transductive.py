@@ -86,6 +86,7 @@ class Transduction:
     weight: torch.Tensor              # C×D linear head W = μ/v
     bias: torch.Tensor                # C
     info: dict = field(default_factory=dict)
+    logits: Optional[torch.Tensor] = None   # N×C: labels = softmax(logits) (the last fixed-point step's argument)
 
 
 def prior_strength(n_pool: int, n_classes: int, n_shots: int = 0) -> float:
@@ -255,7 +256,7 @@ def transduce(U: torch.Tensor, prior_logits: torch.Tensor, means: torch.Tensor, 
             "neighbours": neighbours, "prior_pseudo_images": PRIOR_PSEUDO_IMAGES,
             "covariance": "diagonal, re-estimated" if precision is None else "fixed (from the shots)",
             "changed_from_prior": float((Z.argmax(dim=1) != logp0.argmax(dim=1)).float().mean())}
-    return Transduction(Z, W, b, info)
+    return Transduction(Z, W, b, info, logits=A)
 
 
 def settle(U: torch.Tensor, prior_logits: torch.Tensor, means: torch.Tensor, beta0: float, **kw):

@@ -550,3 +550,34 @@ def test_resolved_kernel_head_temperature_is_fitted_on_the_shots():
     s = clf.decision_function(data["U"], "kernel").astype(np.float64)
     zq = s if kind == "score" else np.log(np.maximum(s, 1e-30))
     np.testing.assert_allclose(clf.predict_proba(data["U"], "kernel"), _softmax(zq / T), rtol=1e-4, atol=1e-6)
+
+
+def test_pool_probabilities_have_the_linear_heads_confidence(hard, monkeypatch):
+    """The pool's printed probabilities are the posterior's logits at one temperature: the argmax is the
+    solve's, and their mean entropy on the pool is the linear head's (at its own T), not the solve's
+    far sharper z_i."""
+    from svgen import transductive as td
+
+    seen = []
+    real = td.transduce
+
+    def spy(*a, **k):
+        seen.append(real(*a, **k))
+        return seen[-1]
+
+    monkeypatch.setattr(td, "transduce", spy)
+    clf = SVGClassifier(n_support=2, steps=5, seed=0).fit(hard["protos"])
+    clf.adapt(unlabelled=hard["U"])
+    res = seen[-1]
+    P = clf.transductive_labels_.double()
+    assert torch.equal(P.argmax(dim=1), res.labels.argmax(dim=1))
+    assert torch.allclose(P.sum(dim=1), torch.ones(len(P), dtype=torch.float64), atol=1e-6)
+    T = clf.transductive_["labels_temperature"]
+    assert torch.allclose(P, torch.softmax(res.logits.double() / T, dim=1), atol=1e-5)
+
+    def entropy(p):
+        return float(-(p * torch.log(p.clamp_min(1e-300))).sum(dim=1).mean())
+
+    lin = torch.as_tensor(clf.predict_proba(hard["U"], "linear"))
+    assert entropy(P) == pytest.approx(entropy(lin), rel=1e-3)
+    assert entropy(res.labels.double()) < 0.9 * entropy(P)      # the solve's own labels are sharper
