@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import time
@@ -373,6 +374,9 @@ class SVGClassifier:
             return self
         timings["rounds"] = time.perf_counter() - t1
         beta = res.info["prior_strength"]
+        # what the inductive heads' probabilities were, so adapting again (or a fall-back) restores them too
+        inductive_calibration = {"temperatures": dict(self.temperatures_), "kernel_logits": self.kernel_logits_,
+                                 "calibration": json.loads(json.dumps(self.calibration_))}
         self.inductive_linear_ = (self.linear_weight_, self.linear_bias_)
         self.linear_weight_ = res.weight + beta * t_lin * self.linear_weight_.float()
         self.linear_bias_ = res.bias + beta * t_lin * self.linear_bias_.float()
@@ -401,7 +405,8 @@ class SVGClassifier:
                               "heads": {"linear": "transductive posterior",
                                         "kernel": "transductive (pool rows, soft targets)" if kinfo["replaced"]
                                         else "inductive (kept: " + kinfo["reason"] + ")"},
-                              "kernel_head": kinfo, "timings_s": timings, "wall_time_s": time.perf_counter() - t0}
+                              "kernel_head": kinfo, "timings_s": timings, "wall_time_s": time.perf_counter() - t0,
+                              "inductive_calibration": inductive_calibration}
         log.info("transductive: %d images, β=%.3g, %d rounds, %.1f%% of the pool relabelled from the prior, %.2fs",
                  N, beta, res.info["rounds"], 100 * res.info["changed_from_prior"], self.transductive_["wall_time_s"])
         return self
@@ -484,7 +489,20 @@ class SVGClassifier:
         return {**info, "replaced": True, "reason": None}
 
     def _restore_inductive(self) -> None:
-        """Back to the inductive heads after a transductive adaptation (both, whichever it changed)."""
+        """Back to the inductive heads after a transductive adaptation (both, whichever it changed), with the
+        temperatures, kernel logit kind and calibration record they had (``transductive.inductive_calibration``)."""
+        snap = (getattr(self, "transductive_", None) or {}).get("inductive_calibration")
+        if snap is not None:
+            temps = snap.get("temperatures") if isinstance(snap, dict) else None
+            if not (isinstance(temps, dict) and set(temps) == set(self.temperatures_)
+                    and all(isinstance(v, (int, float)) and math.isfinite(v) and v > 0 for v in temps.values())
+                    and isinstance(snap.get("calibration"), dict)):
+                raise SvgenError("transductive.inductive_calibration is not a record of the inductive heads' "
+                                 "temperatures; refit or adapt from the original artifact")
+            self.temperatures_ = {h: float(v) for h, v in temps.items()}
+            self.kernel_logits_ = calibration.check_kernel_logits(snap.get("kernel_logits", "log"),
+                                                                  "transductive.inductive_calibration.kernel_logits")
+            self.calibration_ = snap["calibration"]
         if getattr(self, "inductive_linear_", None) is not None:
             self.linear_weight_, self.linear_bias_ = self.inductive_linear_
         ik = getattr(self, "inductive_kernel_", None)

@@ -581,3 +581,24 @@ def test_pool_probabilities_have_the_linear_heads_confidence(hard, monkeypatch):
     lin = torch.as_tensor(clf.predict_proba(hard["U"], "linear"))
     assert entropy(P) == pytest.approx(entropy(lin), rel=1e-3)
     assert entropy(res.labels.double()) < 0.9 * entropy(P)      # the solve's own labels are sharper
+
+
+def test_adapting_again_restores_the_inductive_probabilities(tmp_path):
+    """A transduction changes the heads' temperatures (and the kernel logit kind); adapting again — here to a
+    pool that falls back — restores the inductive heads *with* the temperatures they had, also after a
+    save/load round trip (svgen.json ``transductive.inductive_calibration``)."""
+    rng, centres, protos, U, _ = _clusters(7, 1.6, 30, 0.5)
+    ys = np.repeat(np.arange(C), 3)
+    X = _unit(centres[ys] + 1.5 * rng.normal(size=(len(ys), D)) / np.sqrt(D)).astype(np.float32)
+    clf = SVGClassifier(n_support=2, steps=5, seed=0).fit(protos).adapt(X, ys)
+    before = (dict(clf.temperatures_), clf.kernel_logits_, clf.calibration_["method"])
+    p_before = clf.predict_proba(U, "kernel"), clf.predict_proba(U, "linear")
+    clf.adapt(unlabelled=U)
+    assert clf.transductive_["kernel_head"]["replaced"]
+    assert clf.temperatures_ != before[0]          # the transduction did change them
+    for c in (clf, SVGClassifier.load(clf.save(tmp_path / "t.svgen"))):
+        c.adapt(unlabelled=U[:C - 1])              # falls back: the inductive heads come back
+        assert c.transductive_["fallback"]
+        assert (dict(c.temperatures_), c.kernel_logits_, c.calibration_["method"]) == before
+        np.testing.assert_allclose(c.predict_proba(U, "kernel"), p_before[0], rtol=1e-5, atol=1e-7)
+        np.testing.assert_allclose(c.predict_proba(U, "linear"), p_before[1], rtol=1e-5, atol=1e-7)
