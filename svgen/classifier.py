@@ -314,8 +314,8 @@ class SVGClassifier:
         becomes the posterior ``β·t·(inductive linear logits) + Gaussian log-likelihood``; the kernel
         vote is re-solved over the text (and shot) rows plus pool rows with the posterior as soft
         targets, and replaces the inductive one when it agrees better with the posterior on held-out
-        pool rows (:meth:`_pool_kernel_head`). :attr:`transductive_labels_` holds the soft labels of
-        the pool (what ``svgen classify --transductive`` prints).
+        pool rows (:meth:`_pool_kernel_head`). :attr:`transductive_labels_` holds the pool's probabilities
+        (what ``svgen classify --transductive`` prints): the posterior at the linear head's mean entropy.
 
         The prior is the kernel head zero-shot (entropy-calibrated), the LDA head with shots.
         Safety: a pool with fewer images than classes changes nothing; the prior strength starts at
