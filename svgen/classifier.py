@@ -382,14 +382,14 @@ class SVGClassifier:
         self.linear_bias_ = res.bias + beta * t_lin * self.linear_bias_.float()
         t1 = time.perf_counter()
         with torch.no_grad():
-            kinfo = self._pool_kernel_head(U, res.labels, shots)
+            kinfo, targets = self._pool_kernel_head(U, res.labels, shots)
         timings["kernel_head"] = time.perf_counter() - t1
         # the changed heads' temperatures follow the text rule; a kernel head kept as it was keeps its own
         # (fitted on the shots by leave-one-out NLL, when there were any); a re-solved one is then fitted on the
         # shots too (:meth:`_pool_shot_temperatures`)
         self._text_temperatures(only=None if kinfo.get("replaced") else "linear")
         if shots is not None and kinfo.get("replaced"):
-            self._pool_shot_temperatures(U, res.labels, shots, kinfo)
+            self._pool_shot_temperatures(targets, shots, kinfo)
         # the pool's probabilities (what `classify --transductive` prints): the posterior's logits at the
         # temperature that gives them the mean entropy of the linear head — the head that carries the posterior
         # to new images, at its own T — on the pool; the solve's z_i are far sharper (a 512-d Gaussian likelihood
@@ -411,41 +411,48 @@ class SVGClassifier:
                  N, beta, res.info["rounds"], 100 * res.info["changed_from_prior"], self.transductive_["wall_time_s"])
         return self
 
-    def _pool_shot_temperatures(self, U, Z, shots: SupportSet, kinfo: dict) -> None:
+    def _kernel_loo_choice(self, targets: torch.Tensor, labels, ridge_c: float, prior_scale: float,
+                           fallback: float) -> dict:
+        """The kernel head's kind of logits and temperature (:func:`svgen.calibration.choose_kernel_logits`)
+        from its exact leave-one-out scores (:func:`svgen.calibration.kernel_loo_scores`) at its labelled rows.
+
+        The vote is a kernel ridge over its last ``len(targets)`` support rows — the image rows
+        (:func:`svgen.fewshot.fit_kernel_head` puts them after the text rows: shots, then pool rows) — with
+        those ``targets``; the first ``len(labels)`` of them are the labelled shots the choice is scored on."""
+        n = targets.shape[0]
+        rows = self.support_vectors_[-n:].double()
+        K = kernel(rows, rows, float(self.bandwidth_), self.fit_config_.kernel)
+        scores = calibration.kernel_loo_scores(K, self.vote_weights_[-n:].double(), targets, ridge_c,
+                                               prior_scale)[:len(labels)]
+        vw = self.vote_weights_
+        signed = bool(((vw.coalesce().values() if vw.is_sparse else vw) < 0).any())
+        return calibration.choose_kernel_logits(scores, labels, fallback=fallback, signed_votes=signed)
+
+    def _pool_shot_temperatures(self, targets: torch.Tensor, shots: SupportSet, kinfo: dict) -> None:
         """After a transduction with labelled shots that re-solved the kernel vote: its temperature and kind
         of logits by leave-one-out NLL on the shots, as :meth:`adapt` fits the inductive kernel head's. The
-        re-solved vote is a kernel ridge over its shot and pool rows with targets ``[one-hot; Z]``;
-        :func:`svgen.calibration.kernel_loo_scores` gives its exact LOO scores (σ and the text weight held),
-        read at the shots, and :func:`svgen.calibration.choose_kernel_logits` picks the kind (the shots give no
-        finite T: the text rule's stays). The linear (posterior) head keeps the text rule's T: fitted on
+        re-solved vote is a kernel ridge over its shot and pool rows with ``targets`` ``[one-hot; Z_pool]``
+        (what :meth:`_pool_kernel_head` solved towards); :meth:`_kernel_loo_choice` reads its exact LOO scores at
+        the shots and picks the kind (the shots give no finite T: the text rule's stays). The linear (posterior) head keeps the text rule's T: fitted on
         these shots it was more over-confident (docs/transductive.md)."""
-        from . import transductive as td
-
-        C = len(self.classes_)
-        y = shots.labels.numpy()
-        n_data = len(shots) + int(kinfo["pool_rows"])
-        rows = self.support_vectors_[-n_data:].double()
-        targets = torch.cat([shots.one_hot(C), Z[td.pool_support(Z)].double()])
-        K = kernel(rows, rows, float(self.bandwidth_), self.fit_config_.kernel)
-        scores = calibration.kernel_loo_scores(K, self.vote_weights_[-n_data:].double(), targets, kinfo["ridge_c"],
-                                               kinfo["prior_scale"])[:len(shots)]
         text_temps = dict(self.temperatures_)
-        kfit = calibration.choose_kernel_logits(scores, y, fallback=text_temps["kernel"],
-                                                signed_votes=bool((self.vote_weights_ < 0).any()))
+        kfit = self._kernel_loo_choice(targets, shots.labels.numpy(), kinfo["ridge_c"], kinfo["prior_scale"],
+                                       fallback=text_temps["kernel"])
         self.set_temperatures({"kernel": kfit["temperature"]}, method="loo-nll", kernel_logits=kfit["kind"],
                               shots=len(shots), loo={"kernel": kfit["loo"]}, text_temperatures=text_temps,
                               kernel_logits_choice={k: v for k, v in kfit.items() if k not in ("temperature", "loo")},
                               rule="after transduction: the re-solved kernel head's T (and kind) by the leave-one-out "
                                    "NLL of the shots; linear: the text rule; cosine: CLIP's logit scale 100")
 
-    def _pool_kernel_head(self, U: torch.Tensor, Z: torch.Tensor, shots: Optional[SupportSet]) -> dict:
+    def _pool_kernel_head(self, U: torch.Tensor, Z: torch.Tensor, shots: Optional[SupportSet]):
         """Re-solve the kernel vote with pool rows as support vectors of soft class (the posterior ``Z``).
 
         :func:`svgen.transductive.pool_support` picks the rows; :func:`svgen.fewshot.fit_kernel_head`
         solves ``[text; shots; pool]`` towards the text head with targets ``[one-hot(shots); Z_pool]``
         (σ, λ, the text weight α by exact LOO). The result replaces the inductive kernel head only if
         its argmax agrees with the posterior's on more held-out pool rows (not support rows) than the
-        inductive head's does. Returns what was done (``svgen.json`` ``transductive.kernel_head``).
+        inductive head's does. Returns what was done (``svgen.json`` ``transductive.kernel_head``) and the
+        targets of the image rows when it replaced the head (else None).
         """
         from . import transductive as td
 
@@ -456,12 +463,12 @@ class SVGClassifier:
             text = {**text, "linear_weight": self.inductive_linear_[0].clone(),
                     "linear_bias": self.inductive_linear_[1].clone()}
         if text["vote_weights"].is_sparse:
-            return {"replaced": False, "reason": "the text vote weights are sparse (local); the re-solve needs dense ones"}
+            return {"replaced": False, "reason": "the text vote weights are sparse (local); the re-solve needs dense ones"}, None
         picks = td.pool_support(Z)
         held = td.held_out_rows(N, picks)
         info = {"pool_rows": int(picks.numel()), "held_out_rows": int(held.numel())}
         if held.numel() == 0:
-            return {**info, "replaced": False, "reason": "no held-out pool rows to check a re-solved head on"}
+            return {**info, "replaced": False, "reason": "no held-out pool rows to check a re-solved head on"}, None
         Zp = Z[picks].double()
         rows = SupportSet(U[picks], Zp.argmax(dim=1), torch.full((picks.numel(),), POOL, dtype=torch.uint8))
         data, targets = (rows, Zp) if shots is None else (shots.join(rows), torch.cat([shots.one_hot(C), Zp]))
@@ -480,13 +487,13 @@ class SVGClassifier:
                      "wall_time_s": time.perf_counter() - t0})
         if not agree > agree0:
             return {**info, "replaced": False,
-                    "reason": f"held-out agreement with the posterior {agree:.4f} is not above the inductive {agree0:.4f}"}
+                    "reason": f"held-out agreement with the posterior {agree:.4f} is not above the inductive {agree0:.4f}"}, None
         self.inductive_kernel_ = {"bandwidth": float(self.bandwidth_), "vote_weights": self.vote_weights_}
         self.text_ = text
         self.support_vectors_, self.support_labels_, self.support_source_ = (support.rows.float(), support.labels,
                                                                              support.source)
         self.bandwidth_, self.vote_weights_ = sigma, A
-        return {**info, "replaced": True, "reason": None}
+        return {**info, "replaced": True, "reason": None}, targets
 
     def _restore_inductive(self) -> None:
         """Back to the inductive heads after a transductive adaptation (both, whichever it changed), with the
@@ -587,18 +594,12 @@ class SVGClassifier:
         C = len(self.classes_)
         self._text_temperatures()
         text_temps = dict(self.temperatures_)
-        X = shots.rows.double()
-        K = kernel(X, X, float(self.bandwidth_), self.fit_config_.kernel)
-        n_text = self.support_vectors_.shape[0] - X.shape[0]   # support = [text rows; shots] (fewshot.fit_kernel_head)
-        scores = calibration.kernel_loo_scores(K, self.vote_weights_[n_text:].double(), shots.one_hot(C),
-                                               kchoice.settings["ridge_c"], kchoice.settings["prior_scale"])
         lin = calibration.lda_loo_logits(self.prototypes_, shots, C, lchoice.settings["shrinkage"],
                                          lchoice.settings["prior_shots"],
                                          equal_radius=lchoice.settings.get("means") == "equal Mahalanobis radius")
         y = shots.labels.numpy()
-        vw = self.vote_weights_
-        signed = bool(((vw.coalesce().values() if vw.is_sparse else vw) < 0).any())
-        kfit = calibration.choose_kernel_logits(scores, y, fallback=text_temps["kernel"], signed_votes=signed)
+        kfit = self._kernel_loo_choice(shots.one_hot(C), y, kchoice.settings["ridge_c"], kchoice.settings["prior_scale"],
+                                       fallback=text_temps["kernel"])
         fit = calibration.loo_temperatures({"linear": lin}, y, fallback=text_temps)
         choice = {k: v for k, v in kfit.items() if k not in ("temperature", "loo")}
         self.set_temperatures({**fit["temperatures"], "kernel": kfit["temperature"]}, method="loo-nll",
