@@ -606,7 +606,8 @@ class SVGClassifier:
                               kernel_logits=kfit["kind"], shots=len(shots), loo={**fit["loo"], "kernel": kfit["loo"]},
                               text_temperatures=text_temps, kernel_logits_choice=choice,
                               rule="kernel and linear: T minimising the leave-one-out NLL of the shots (kernel: "
-                                   "for log scores and raw votes, the lower NLL kept); cosine: CLIP's logit scale 100")
+                                   "for log scores and raw votes, the lower NLL kept, log charged for unseen votes ≤ 0); cosine: "
+                                   "CLIP's logit scale 100")
 
     # ------------------------------------------------------------------------------ readable votes
     def _scale_votes(self, lam) -> None:

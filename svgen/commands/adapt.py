@@ -28,7 +28,8 @@ def add_parser(sub):
                     "per class and what leave-one-out chose under 'fewshot'. The kernel and linear heads' "
                     "softmax temperatures (classify --probs) are fitted by leave-one-out NLL on the images, and "
                     "the kernel head's logits are its log scores or its raw votes, whichever has the lower "
-                    "leave-one-out NLL (svgen.json 'calibration'; docs/calibration.md). With --unlabelled / --unlabelled-features "
+                    "leave-one-out NLL, log scores charged for the votes ≤ 0 that new images may have and the images did not "
+                    "show (svgen.json 'calibration'; docs/calibration.md). With --unlabelled / --unlabelled-features "
                     "(alone or after the shots) the artifact is then adapted transductively to those images "
                     "(docs/transductive.md); svgen.json records it under 'transductive'.",
         epilog="examples:\n"
