@@ -109,7 +109,7 @@ def evaluate(clf, U, P, yv):
 def query_folds(results, datasets, k):
     """Whole-pool runs scored on each fixed half of the queries (the halves of ``fold_rows``): the same
     adapted heads, the claim checked on two disjoint halves of the dev images. ``{A|B: {pair: interval,
-    "worst": (dataset, pair-interval) of the lowest per-dataset difference}}``."""
+    "per_dataset": {dataset: {pair: interval}}}}`` (the mean pairs; per dataset the kernel and linear heads)."""
     out = {}
     for half in ("A", "B"):
         per = {}
