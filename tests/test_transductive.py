@@ -514,42 +514,38 @@ def test_fallback_labels_are_the_calibrated_probabilities(data, monkeypatch):
 
 def test_resolved_kernel_head_temperature_is_fitted_on_the_shots():
     """With shots, a re-solved kernel vote gets its T (and kind of logits) by leave-one-out NLL on the shots:
-    checked against a numpy LOO of the ridge over its shot and pool rows (targets [one-hot; Z])."""
-    from svgen import transductive as td
-
+    checked against a numpy LOO of the ridge over its shot and pool rows, read at the shots (a shot's LOO
+    score needs only its own one-hot target, the votes and the diagonal of (K + cI)⁻¹)."""
     rng, centres, protos, U, _ = _clusters(7, 1.6, 30, 0.5)
     ys = np.repeat(np.arange(C), 3)
     X = _unit(centres[ys] + 1.5 * rng.normal(size=(len(ys), D)) / np.sqrt(D)).astype(np.float32)   # noisy shots
-    data = {"U": U, "ys": ys}
     clf = SVGClassifier(n_support=2, steps=5, seed=0).fit(protos).adapt(X, ys)
     clf.adapt(unlabelled=U)
     kh = clf.transductive_["kernel_head"]
     assert kh["replaced"]
     cal = clf.calibration_
     assert cal["method"] == "loo-nll" and cal["rule"].startswith("after transduction")
-    n_shots = len(data["ys"])
+    n_shots = len(ys)
     n = n_shots + kh["pool_rows"]
     S = clf.support_vectors_.double().numpy()[-n:]
     K = np.exp(-((S[:, None] - S[None]) ** 2).sum(-1) / (2 * clf.bandwidth_ ** 2))
     inv_diag = np.diag(np.linalg.inv(K + kh["ridge_c"] * np.eye(n)))
-    Z = clf.transductive_labels_.double().numpy()
-    targets = np.concatenate([np.eye(C)[data["ys"]], Z[td.pool_support(clf.transductive_labels_).numpy()]])
-    votes = clf.vote_weights_.double().numpy()[-n:]
-    loo = (kh["prior_scale"] * targets - votes / inv_diag[:, None])[:n_shots]
+    votes = clf.vote_weights_.double().numpy()[-n:][:n_shots]
+    loo = kh["prior_scale"] * np.eye(C)[ys] - votes / inv_diag[:n_shots, None]
     kind, T = clf.kernel_logits_, clf.temperatures_["kernel"]
     z = loo if kind == "score" else np.log(np.maximum(loo, 1e-30))
 
     def nll(t):
         a = z / t
         a = a - a.max(1, keepdims=True)
-        return float(-(a[np.arange(n_shots), data["ys"]] - np.log(np.exp(a).sum(1))).mean())
+        return float(-(a[np.arange(n_shots), ys] - np.log(np.exp(a).sum(1))).mean())
 
     assert cal["loo"]["kernel"]["fitted"]
     assert nll(T) <= min(nll(T * 1.05), nll(T / 1.05)) + 1e-12
     assert cal["loo"]["kernel"]["nll"] == pytest.approx(nll(T), rel=1e-6)
-    s = clf.decision_function(data["U"], "kernel").astype(np.float64)
+    s = clf.decision_function(U, "kernel").astype(np.float64)
     zq = s if kind == "score" else np.log(np.maximum(s, 1e-30))
-    np.testing.assert_allclose(clf.predict_proba(data["U"], "kernel"), _softmax(zq / T), rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(clf.predict_proba(U, "kernel"), _softmax(zq / T), rtol=1e-4, atol=1e-6)
 
 
 def test_pool_probabilities_have_the_linear_heads_confidence(hard, monkeypatch):
