@@ -13,6 +13,8 @@ the temperature that would minimise each head's NLL on the dev labels.
 
     python scripts/bench_calibration.py            # LVIS section of docs/calibration.md, bench-results/calibration.json
     python scripts/bench_calibration.py --fewshot  # few-shot section (CoOp val sets, 1/4/16 shots), calibration_fewshot.json
+    python scripts/bench_calibration.py --fewshot --prototypes train16 --shots 4 16 --seeds 0 1 2
+                                                   # single-image shots from the validation set (see fewshot_run)
     python scripts/bench_calibration.py --json     # also print one JSON object
 """
 
@@ -149,21 +151,39 @@ def fewshot_run(datasets, shots_list, seeds, log=print, prototypes="shots"):
 
     ``prototypes``: "shots" — class means of the shots (as ``scripts/bench_fewshot.py``; the left-out
     shot is inside its class's prototype, so LOO sees it through the prior); "rest" — class means
-    of the train16 images that are *not* shots (a leak-free stand-in for text; needs fewer than 16 shots)."""
+    of the train16 images that are *not* shots (a leak-free stand-in for text; needs fewer than 16 shots);
+    "train16" — the shots are k *single* validation images per class (one centre crop each, as a user's
+    photos are) and the queries are the other validation images; the prototypes are the class means of
+    every train16 row, which never contain a shot or a query. A data set whose smallest validation class
+    has fewer than k + 2 images is skipped (logged): it would leave a class with under two queries."""
     from bench_fewshot import FEWSHOT, class_means, sample_shots, unit
 
     rows = []
     for name in datasets:
         d = FEWSHOT / name
         Xtr, ytr = unit(np.load(d / "train16_features.npy")), np.load(d / "train16_labels.npy").astype(np.int64)
-        Xv, yv = unit(np.load(d / "val_features.npy")), np.load(d / "val_labels.npy").astype(np.int64)
+        Xv_all, yv_all = unit(np.load(d / "val_features.npy")), np.load(d / "val_labels.npy").astype(np.int64)
         C = int(ytr.max()) + 1
         for k in shots_list:
+            if prototypes == "train16" and np.bincount(yv_all, minlength=C).min() < k + 2:
+                log(f"{name:>15} {k:>2} shots: skipped (a validation class has "
+                    f"{np.bincount(yv_all, minlength=C).min()} images, fewer than {k} shots + 2 queries)")
+                continue
             for seed in seeds:
-                idx = sample_shots(ytr, k, seed)
-                proto_idx = idx if prototypes == "shots" else np.setdiff1d(np.arange(len(ytr)), idx)
+                Xv, yv = Xv_all, yv_all
+                if prototypes == "train16":
+                    idx = sample_shots(yv_all, k, seed)
+                    Xs, ys = Xv_all[idx], yv_all[idx]
+                    rest = np.setdiff1d(np.arange(len(yv_all)), idx)
+                    Xv, yv = Xv_all[rest], yv_all[rest]
+                    P = class_means(Xtr, ytr, C)
+                else:
+                    idx = sample_shots(ytr, k, seed)
+                    Xs, ys = Xtr[idx], ytr[idx]
+                    proto_idx = idx if prototypes == "shots" else np.setdiff1d(np.arange(len(ytr)), idx)
+                    P = class_means(Xtr[proto_idx], ytr[proto_idx], C)
                 t0 = time.perf_counter()
-                clf = SVGClassifier(seed=seed).fit(class_means(Xtr[proto_idx], ytr[proto_idx], C)).adapt(Xtr[idx], ytr[idx])
+                clf = SVGClassifier(seed=seed).fit(P).adapt(Xs, ys)
                 wall = time.perf_counter() - t0
                 cal, better = clf.calibration_, clf.fewshot_["loo_better_head"]
                 for head in HEADS:
@@ -303,7 +323,9 @@ def reading(rows) -> str:
 and {m('linear', 'loo_acc1'):.1f}% (linear) on average, against {m('kernel', 'acc1'):.1f}% and {m('linear', 'acc1'):.1f}%
 on the validation images: the LOO logits are far more separable than a new image's (means of
 augmented views, and stand-in prototypes that contain the left-out shot), so the fitted
-temperatures are too low wherever the gap is large ({worst} most of all). The linear (LDA) head's
+temperatures are too low wherever the gap is large ({worst} most of all). Both causes are
+artefacts of this data (a user's shots are single photos, and text prototypes never contain them);
+the section "Single-image shots and leak-free prototypes" below removes them. The linear (LDA) head's
 probabilities have ECE ≤ 0.05 on {len(met)} of {len(datasets)} data sets at {k} shots
 ({', '.join(f'{d} {e:.3f}' for d, e in lin.items())}; mean {m('linear', 'ece'):.3f}) and its mean NLL is
 {m('linear', 'nll'):.3f} against cosine's {m('cosine', 'nll'):.3f}. The head that leave-one-out
@@ -330,15 +352,25 @@ def fewshot_markdown(rows, meta) -> str:
     for k in shots:
         for name in datasets + ["mean"]:
             sel = [r for r in rows if r["shots"] == k and (name == "mean" or r["dataset"] == name)]
+            if not sel:          # a data set skipped at this shot count (too few validation images per class)
+                continue
+            have = list(dict.fromkeys(r["dataset"] for r in sel))
+            if name == "mean" and len(have) < len(datasets):
+                name = f"mean ({', '.join(have)})"
             cells = []
             for h in HEADS:
                 hs = [r for r in sel if r["head"] == h]
-                t = "" if h == "cosine" or name == "mean" else f" ({mean(hs, 'temperature'):.3g})"
+                t = "" if h == "cosine" or name.startswith("mean") else f" ({mean(hs, 'temperature'):.3g})"
                 cells.append(f"{mean(hs, 'acc1'):.1f} / {mean(hs, 'nll'):.3f} / {mean(hs, 'ece'):.3f}{t}")
             b = [r for r in sel if r["better"]]
             heads = "/".join(sorted({r["head"] for r in b}))
-            ci = ("–" if name == "mean" or len(seeds) > 1 else
-                  f"[{b[0]['ece_ci95'][0]:.3f}, {b[0]['ece_ci95'][1]:.3f}]")
+            if name.startswith("mean"):
+                ci = "–"
+            elif len(seeds) == 1:
+                ci = f"[{b[0]['ece_ci95'][0]:.3f}, {b[0]['ece_ci95'][1]:.3f}]"
+            else:          # one interval per seed: ECE per seed [95% CI]
+                ci = "(per seed: " + "; ".join(f"{r['ece']:.3f} [{r['ece_ci95'][0]:.3f}, {r['ece_ci95'][1]:.3f}]"
+                                               for r in b) + ")"
             out.append(f"| {name} | {k} | {' | '.join(cells)} | {heads} | {mean(b, 'ece'):.3f} {ci} | "
                        f"{mean(b, 'ece_text_T'):.3f} |")
             if k == 16:
@@ -349,6 +381,8 @@ def fewshot_markdown(rows, meta) -> str:
     for k in shots:
         for name in datasets:
             sel = [r for r in rows if r["shots"] == k and r["dataset"] == name]
+            if not sel:
+                continue
             kr = [r for r in sel if r["head"] == "kernel"]
             lr = [r for r in sel if r["head"] == "linear"]
             loo.append(f"| {name} | {k} | {mean(kr, 'loo_acc1'):.1f} / {mean(kr, 'loo_nll'):.3f} / {mean(kr, 'loo_ece'):.3f} | "
@@ -362,28 +396,40 @@ def fewshot_markdown(rows, meta) -> str:
                   "embeddings; as in `scripts/bench_fewshot.py`) — so each left-out shot is inside its own "
                   "class's prototype and the LOO logits see it through the prior, one more reason for them to "
                   "be too separable (compare LOO top-1 on the shots with validation top-1 below)")
+    elif mode == "train16":
+        title = "### Single-image shots and leak-free prototypes (closest to a user's data)"
+        cmd = "--fewshot --prototypes train16"
+        protos = ("**here the shots are k single validation images per class** (one centre crop each, like a "
+                  "user's photos) and the queries are the other validation images; the stand-in prototypes are "
+                  "the class means of all train16 rows, which contain no shot and no query (as real text "
+                  "prototypes). Data sets whose smallest validation class has fewer than k + 2 images are "
+                  "skipped at that k (at 16 shots only fgvc and oxford_pets qualify). The view-mean caveat of the sections above "
+                  "does not apply to this table: its shots are single crops")
     else:
         title = "### The same with leak-free stand-in prototypes"
         cmd = "--fewshot --prototypes rest"
         protos = ("the stand-in prototypes are the class means of the train16 images that are *not* shots "
                   "(16 − k per class), so no shot is inside a prototype — closer to real text prototypes, "
                   "which never contain the shots")
+    source = "the validation set" if mode == "train16" else "`train16`"
+    judges = "other validation images" if mode == "train16" else "validation images"
+    caveat = ("" if mode == "train16" else """Caveat, as the data README says: each `train16` row is the mean of 10 augmented views, a
+validation row a single crop. Means of views are tighter than crops, so the shots' LOO
+logits are more separable than a new image's, and a temperature fitted on them can be too low
+(over-confident for the validation images) — the table shows how much.
+""")
     return f"""{title}
 
 Generated by `python scripts/bench_calibration.py {cmd}` ({meta['date']}, {meta['machine']['cpus']} CPUs,
 seeds {seeds}). Real CLIP ViT-B/32 features of {len(datasets)} CoOp data sets
-(`../shared/data/clip-vit-b32/coop-fewshot/`): k shots per class drawn from `train16`;
-{protos}. `SVGClassifier().fit(prototypes).adapt(shots)`; the validation
-images (single centre crops) judge each head's `predict_proba`. `adapt` sets the kernel and
+(`../shared/data/clip-vit-b32/coop-fewshot/`): k shots per class drawn from {source};
+{protos}. `SVGClassifier().fit(prototypes).adapt(shots)`; the {judges}
+(single centre crops) judge each head's `predict_proba`. `adapt` sets the kernel and
 linear heads' T by minimising the exact leave-one-out NLL of the shots; the cosine head stays
 softmax(100·cos). "Better head" is the one with the lower LOO error on the shots — chosen without
 validation labels. ECE: 15 bins; its 95% interval bootstraps the validation images.
 
-Caveat, as the data README says: each `train16` row is the mean of 10 augmented views, a
-validation row a single crop. Means of views are tighter than crops, so the shots' LOO
-logits are more separable than a new image's, and a temperature fitted on them can be too low
-(over-confident for the validation images) — the table shows how much.
-
+{caveat}
 {chr(10).join(out)}
 
 Target (issue 13): with 16 shots, ECE ≤ 0.05 for the better head.
@@ -517,7 +563,7 @@ Fits: {json.dumps({k: {"wall_s": round(v["wall_s"], 1), "temperatures": v["tempe
 """
 
 
-SECTIONS = ("lvis", "fewshot", "fewshot-rest")
+SECTIONS = ("lvis", "fewshot", "fewshot-rest", "fewshot-train16")
 TITLE = "# Calibration of the heads' probabilities\n\n"
 
 
@@ -549,9 +595,10 @@ def main(argv=None):
     ap.add_argument("--seeds", nargs="+", type=int, default=[0], help="few-shot: shot draws")
     ap.add_argument("--render", metavar="JSON", default=None,
                     help="only rewrite the report's section from a saved result (bench-results/calibration*.json)")
-    ap.add_argument("--prototypes", choices=("shots", "rest"), default="shots",
+    ap.add_argument("--prototypes", choices=("shots", "rest", "train16"), default="shots",
                     help="few-shot stand-in prototypes: class means of the shots (as bench_fewshot), or of the "
-                         "train16 images that are not shots (leak-free; fewer than 16 shots)")
+                         "train16 images that are not shots (leak-free; fewer than 16 shots), or of all train16 "
+                         "rows with single-image shots drawn from the validation set (the rest are the queries)")
     args = ap.parse_args(argv)
     torch.manual_seed(0)
     meta = {"date": time.strftime("%Y-%m-%d"), "machine": machine()}
@@ -562,7 +609,7 @@ def main(argv=None):
             write_section(Path(args.out), "lvis", markdown(saved["rows"], saved["reference_rows"], saved["fits"], meta))
         else:
             mode = saved["rows"][0].get("prototypes", "shots")
-            write_section(Path(args.out), "fewshot" if mode == "shots" else "fewshot-rest",
+            write_section(Path(args.out), {"shots": "fewshot", "rest": "fewshot-rest"}.get(mode, "fewshot-train16"),
                           fewshot_markdown(saved["rows"], meta))
         print(f"wrote {args.out} from {args.render}")
         return 0
@@ -573,7 +620,7 @@ def main(argv=None):
             ap.error("--prototypes rest needs fewer than 16 shots (the prototypes are the other train16 images)")
         rows = fewshot_run(args.datasets or DATASETS, args.shots, args.seeds, prototypes=args.prototypes)
         result = {"rows": rows, **meta}
-        section = "fewshot" if args.prototypes == "shots" else "fewshot-rest"
+        section = {"shots": "fewshot", "rest": "fewshot-rest"}.get(args.prototypes, "fewshot-train16")
         path = save_result(f"calibration_{section.replace('-', '_')}", result)
         write_section(Path(args.out), section, fewshot_markdown(rows, meta))
     else:

@@ -133,3 +133,51 @@ def test_fewshot_report_shows_the_kernel_logit_kinds(bench, tmp_path, monkeypatc
         assert f"{lg['nll']:.3f} / {lg['ece']:.3f}" in text
     before = np.mean([r["kinds"]["log"]["nll"] for r in ker])
     assert f"mean validation NLL {before:.3f} → {np.mean([r['nll'] for r in ker]):.3f}" in text
+
+
+def test_single_image_shots_come_from_validation_and_never_score(bench, tmp_path, monkeypatch):
+    """``--prototypes train16``: the shots are single validation rows, the queries the other validation rows,
+    the prototypes the class means of all train16 rows; a shot count that would leave a class with fewer
+    than two queries is skipped, and the report leaves it out rather than printing empty means."""
+    sys.path.insert(0, str(SCRIPTS))
+    try:
+        import bench_fewshot
+    finally:
+        sys.path.remove(str(SCRIPTS))
+    rng = np.random.default_rng(3)
+    C, D = 4, 16
+    d = tmp_path / "toy"
+    d.mkdir()
+    centres = rng.normal(size=(C, D))
+    data = {}
+    for split, n in (("train16", 16), ("val", 10)):
+        y = np.repeat(np.arange(C), n)
+        data[split] = ((centres[y] + 0.8 * rng.normal(size=(len(y), D))).astype(np.float32), y)
+        np.save(d / f"{split}_features.npy", data[split][0])
+        np.save(d / f"{split}_labels.npy", y)
+    monkeypatch.setattr(bench_fewshot, "FEWSHOT", tmp_path)
+    monkeypatch.setattr(bench, "BOOT", 20)
+    seen = {}
+
+    class Recording(bench.SVGClassifier):
+        def fit(self, P, *a, **kw):
+            seen["P"] = np.asarray(P)
+            return super().fit(P, *a, **kw)
+
+        def adapt(self, X=None, y=None, *a, **kw):
+            seen["X"], seen["y"] = np.asarray(X), np.asarray(y)
+            return super().adapt(X, y, *a, **kw)
+
+    monkeypatch.setattr(bench, "SVGClassifier", Recording)
+    logged = []
+    rows = bench.fewshot_run(["toy"], [4, 16], [0], log=logged.append, prototypes="train16")
+    assert {r["shots"] for r in rows} == {4} and any("16 shots: skipped" in m for m in logged)
+    assert all(r["n_val"] == C * (10 - 4) for r in rows)            # the 16 shots are not queries
+    unit = bench_fewshot.unit
+    val, tr = unit(data["val"][0]), unit(data["train16"][0])
+    for x, y in zip(seen["X"], seen["y"]):                            # every shot is one validation row of its class
+        hit = np.flatnonzero(np.abs(val - x).max(axis=1) < 1e-6)
+        assert len(hit) == 1 and data["val"][1][hit[0]] == y
+    np.testing.assert_allclose(seen["P"], bench_fewshot.class_means(tr, data["train16"][1], C), atol=1e-6)
+    text = bench.fewshot_markdown(rows, {"date": "today", "machine": {"cpus": 2}})
+    assert "Single-image shots" in text and "| toy | 16 |" not in text and "nan" not in text
