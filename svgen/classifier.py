@@ -356,15 +356,17 @@ class SVGClassifier:
                                                float(self.fewshot_["linear"]["shrinkage"]))
                 precision = torch.linalg.inv(Sigma).float()
                 t_prior = t_lin = 1.0
+                t_post, t_post_source = self._lda_loo_temperature()
             else:
                 t_prior, t_lin = td.match_entropy(prior, target), td.match_entropy(lin, target)
+                t_post, t_post_source = 1.0, "1 (no class model fitted on labels)"
             beta0 = td.prior_strength(N, C, len(shots) if fitted else 0) if strength is None else float(strength)
             timings["calibration"] = time.perf_counter() - t0 - timings["prior_scores"]
             t1 = time.perf_counter()
             res, tries = td.settle(U, t_prior * prior, fewshot.prior_means(self.prototypes_, U.double()).float(),
                                    beta0, shots_x=None if shots is None else shots.rows.float(),
                                    shots_y=None if shots is None else shots.labels, precision=precision,
-                                   progress=self.progress if progress is None else progress)
+                                   progress=self.progress if progress is None else progress, temperature=t_post)
         if res is None:
             reason = (f"the rounds did not settle at any prior strength up to {tries[-1]['prior_strength']:.3g}; "
                       "kept the inductive heads")
@@ -402,6 +404,7 @@ class SVGClassifier:
         self.transductive_ = {**res.info, "fallback": None, "prior_head": head, "tries": tries,
                               "prior_temperature": t_prior, "labels_temperature": 1.0 / t_labels,
                               "linear_prior_temperature": t_lin, "calibration": "entropy of softmax(100·cos)",
+                              "posterior_temperature_source": t_post_source,
                               "heads": {"linear": "transductive posterior",
                                         "kernel": "transductive (pool rows, soft targets)" if kinfo["replaced"]
                                         else "inductive (kept: " + kinfo["reason"] + ")"},
@@ -410,6 +413,16 @@ class SVGClassifier:
         log.info("transductive: %d images, β=%.3g, %d rounds, %.1f%% of the pool relabelled from the prior, %.2fs",
                  N, beta, res.info["rounds"], 100 * res.info["changed_from_prior"], self.transductive_["wall_time_s"])
         return self
+
+    def _lda_loo_temperature(self):
+        """(T, why) for the transductive posterior with a class model fitted on shots: the inductive LDA
+        head's temperature when the shots' leave-one-out NLL fitted it (``calibration_["loo"]["linear"]``),
+        else 1 (the solve at the Gaussian's own scale, as before there was a fitted one)."""
+        cal = self.calibration_ or {}
+        loo = (cal.get("loo") or {}).get("linear") or {}
+        if cal.get("method") == "loo-nll" and loo.get("fitted"):
+            return float(self.temperatures_["linear"]), "the LDA head's leave-one-out NLL temperature on the shots"
+        return 1.0, "1 (the LDA head's temperature was not fitted on the shots)"
 
     def _kernel_loo_choice(self, targets: torch.Tensor, labels, ridge_c: float, prior_scale: float,
                            fallback: float) -> dict:

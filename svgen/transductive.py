@@ -8,14 +8,20 @@ round, for soft labels ``Z`` (N×C, rows on the simplex):
     μ_c   = (Σ_i z_ic û_i + Σ_{shots of c} x̂ + κ·m_c) / (Σ_i z_ic + n_c + κ)       class means
     v     = (Σ_i Σ_c z_ic (û_i − μ_c)² + Σ_shots (x̂ − μ_y)²) / (N + n)           one shared diagonal variance
     ℓ_ic  = û_i·(μ_c/v) − ½ Σ_d μ_cd²/v_d                                        Gaussian log-likelihood (+ const_i)
-    Z     ← softmax(β·log p⁰ + ℓ + Σ_{j ∈ kNN(i)} w_ij z_j)                      a few fixed-point steps
+    Z     ← softmax((β·log p⁰ + ℓ + Σ_{j ∈ kNN(i)} w_ij z_j) / T_post)           a few fixed-point steps
 
 ``log p⁰`` is the inductive head's log-probability (its scores at a temperature chosen without
 labels, :func:`match_entropy`), β the prior strength, ``m_c`` the prior means (the prototypes moved
 onto the pool's centre, :func:`svgen.fewshot.prior_means`) with κ = 1 pseudo-image per class, and
 ``w_ij = max(0, û_i·û_j)`` over the k = 3 nearest pool neighbours (sparse: N×k, never N×N). Each
 step is the minimiser of ``Σ_i KL(z_i || p⁰_i^β e^{ℓ_i + Σ_j w_ij z_j})`` over ``z_i`` — the
-block-coordinate update TransCLIP derives. Shots (labelled images) keep their labels fixed.
+block-coordinate update TransCLIP derives (at ``T_post`` = 1). Shots (labelled images) keep their labels
+fixed. ``T_post`` (:func:`transduce`'s ``temperature``) is 1 unless the class model's scale was fitted on
+labels: with shots that carry a within-class scatter the Gaussian is the inductive LDA head's, whose logits
+the shots' leave-one-out NLL puts at a temperature of about 5–20 (a 512-d likelihood at its own scale is
+far sharper than the truth), and dividing by that temperature makes ``Z`` the calibrated posterior, so each
+pool image weighs on the class means with the probability the model can vouch for, not as a hard label
+(the first round starts from the prior at the same temperature, ``softmax(log p⁰ / T_post)``).
 
 The solved model is a linear head: ``x̂ ↦ x̂ Wᵀ + b`` with ``W = μ/v``, ``b = −½ Σ_d μ²/v`` (the
 log-likelihood, up to a per-row constant); :func:`gmm_head`.
@@ -205,7 +211,7 @@ def class_model(U, Z, shots_x, shots_y, means, kappa: float = PRIOR_PSEUDO_IMAGE
 def transduce(U: torch.Tensor, prior_logits: torch.Tensor, means: torch.Tensor, shots_x=None, shots_y=None,
               strength: Optional[float] = None, rounds: int = ROUNDS, steps: int = STEPS,
               neighbours: int = NEIGHBOURS, precision: Optional[torch.Tensor] = None,
-              graph=None, progress: bool = False) -> Transduction:
+              graph=None, progress: bool = False, temperature: float = 1.0) -> Transduction:
     """Pseudo-label the pool and re-solve the class model in closed form, ``rounds`` times.
 
     ``U`` N×D unit rows; ``prior_logits`` N×C (the inductive head's calibrated logits; only their
@@ -213,7 +219,9 @@ def transduce(U: torch.Tensor, prior_logits: torch.Tensor, means: torch.Tensor, 
     :func:`prior_strength`. ``precision`` (D×D) fixes the shared covariance (with shots: the
     inductive LDA head's shrunk within-class covariance, estimated on labels) instead of
     re-estimating a diagonal one from the soft labels. ``graph`` is a precomputed
-    :func:`knn_graph` (idx, w) of ``U``. Returns the soft labels and the class model as a linear head.
+    :func:`knn_graph` (idx, w) of ``U``. ``temperature`` T_post divides each fixed-point step's argument
+    (1: TransCLIP's update; with shots, the LDA head's leave-one-out temperature, which makes ``Z`` its
+    calibrated posterior). Returns the soft labels and the class model as a linear head.
     """
     N, D = U.shape
     C = prior_logits.shape[1]
@@ -224,12 +232,15 @@ def transduce(U: torch.Tensor, prior_logits: torch.Tensor, means: torch.Tensor, 
     beta = prior_strength(N, C) if strength is None else float(strength)
     if not beta >= 0:
         raise SvgenError(f"prior strength must be ≥ 0, got {strength}")
+    temperature = float(temperature)
+    if not (temperature > 0 and math.isfinite(temperature)):
+        raise SvgenError(f"posterior temperature must be a positive number, got {temperature}")
     if graph is None:
         graph = knn_graph(U, neighbours) if neighbours > 0 else (None, None)
     idx, w = graph
     sx = None if shots_x is None else shots_x.float()
     prec = None if precision is None else precision.float()
-    Z = logp0.exp()
+    Z = torch.softmax(logp0 / temperature, dim=1)       # the prior, at the posterior's temperature
     agreement = []
     it = range(rounds)
     if progress:
@@ -246,6 +257,8 @@ def transduce(U: torch.Tensor, prior_logits: torch.Tensor, means: torch.Tensor, 
         prev = Z.argmax(dim=1)
         for _ in range(steps):
             A = base if idx is None else base + _propagate(Z, idx, w)
+            if temperature != 1.0:
+                A = A / temperature
             Z = torch.softmax(A, dim=1)
         agreement.append(float((Z.argmax(dim=1) == prev).float().mean()))
         if agreement[-1] >= STABLE and len(agreement) > 1:
@@ -253,7 +266,7 @@ def transduce(U: torch.Tensor, prior_logits: torch.Tensor, means: torch.Tensor, 
     mu, var = class_model(U, Z, sx, shots_y, means.float())
     W, b = gmm_head(mu, var, prec)
     info = {"pool": N, "prior_strength": beta, "rounds": len(agreement), "round_agreement": agreement,
-            "neighbours": neighbours, "prior_pseudo_images": PRIOR_PSEUDO_IMAGES,
+            "neighbours": neighbours, "prior_pseudo_images": PRIOR_PSEUDO_IMAGES, "posterior_temperature": temperature,
             "covariance": "diagonal, re-estimated" if precision is None else "fixed (from the shots)",
             "changed_from_prior": float((Z.argmax(dim=1) != logp0.argmax(dim=1)).float().mean())}
     return Transduction(Z, W, b, info, logits=A)

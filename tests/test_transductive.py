@@ -45,8 +45,9 @@ def _softmax(a):
     return e / e.sum(axis=1, keepdims=True)
 
 
-def _brute_force(U, L0, M, X, y, beta, rounds, steps, k, precision=None):
-    """The module docstring's formulas, in float64 numpy, with a dense N×N affinity."""
+def _brute_force(U, L0, M, X, y, beta, rounds, steps, k, precision=None, T=1.0):
+    """The module docstring's formulas, in float64 numpy, with a dense N×N affinity (T: the posterior's
+    temperature, which divides every step's argument and the starting prior)."""
     U, L0, M = (np.asarray(a, dtype=np.float64) for a in (U, L0, M))
     N, Dm = U.shape
     Cn = L0.shape[1]
@@ -57,7 +58,7 @@ def _brute_force(U, L0, M, X, y, beta, rounds, steps, k, precision=None):
     for i in range(N):
         nb = np.argsort(-G[i])[:k]
         Wd[i, nb] = np.maximum(G[i, nb], 0)
-    Z = np.exp(logp0)
+    Z = _softmax(logp0 / T)
 
     def model(Z):
         mu, var = np.zeros((Cn, Dm)), np.zeros(Dm)
@@ -77,12 +78,12 @@ def _brute_force(U, L0, M, X, y, beta, rounds, steps, k, precision=None):
     for _ in range(rounds):
         _, _, ll = model(Z)
         for _ in range(steps):
-            Z = _softmax(beta * logp0 + ll + Wd @ Z)
+            Z = _softmax((beta * logp0 + ll + Wd @ Z) / T)
     return Z, model(Z)
 
 
-@pytest.mark.parametrize("with_precision", [False, True])
-def test_transduce_matches_brute_force(data, with_precision):
+@pytest.mark.parametrize("with_precision, T", [(False, 1.0), (True, 1.0), (True, 6.5)])
+def test_transduce_matches_brute_force(data, with_precision, T):
     rng = np.random.default_rng(1)
     U = data["U"]
     L0 = 3 * rng.normal(size=(len(U), C))
@@ -93,8 +94,9 @@ def test_transduce_matches_brute_force(data, with_precision):
         P = A @ A.T / D + np.eye(D)
     res = td.transduce(torch.as_tensor(U), torch.as_tensor(L0), torch.as_tensor(M).float(),
                        shots_x=torch.as_tensor(data["X"]), shots_y=torch.as_tensor(data["ys"]), strength=0.7,
-                       rounds=2, steps=3, precision=None if P is None else torch.as_tensor(P).float())
-    Z, (mu, var, ll) = _brute_force(U, L0, M, data["X"], data["ys"], 0.7, res.info["rounds"], 3, td.NEIGHBOURS, P)
+                       rounds=2, steps=3, precision=None if P is None else torch.as_tensor(P).float(), temperature=T)
+    Z, (mu, var, ll) = _brute_force(U, L0, M, data["X"], data["ys"], 0.7, res.info["rounds"], 3, td.NEIGHBOURS, P, T)
+    assert res.info["posterior_temperature"] == T
     assert np.allclose(res.labels.numpy(), Z, atol=2e-4)
     # the returned linear head is the class log-likelihood up to a per-row constant
     lin = U @ res.weight.numpy().T + res.bias.numpy()
@@ -191,6 +193,36 @@ def test_fit_with_unlabelled_equals_fit_then_adapt(data, tmp_path):
     zs = SVGClassifier(n_support=2, steps=5, seed=0).fit(data["protos"])
     c.adapt(unlabelled=data["U"][:2])   # falls back: the inductive linear head comes back
     assert torch.equal(c.linear_weight_, zs.linear_weight_)
+
+
+def test_posterior_temperature_is_the_lda_heads_loo_temperature():
+    """With shots that have a within-class scatter the solve runs at the inductive LDA head's leave-one-out
+    temperature (its Z is that head's calibrated posterior); with one shot per class (Σ = I, nothing fitted on
+    labels) and zero-shot at 1. The inductive T is used even when adapting an adapted artifact again."""
+    rng, centres, protos, U, yu = _clusters(5, 0.6, 12, 1.6)
+    ys = np.repeat(np.arange(C), 4)
+    X = _unit(centres[ys] + 1.6 * rng.normal(size=(len(ys), D)) / np.sqrt(D)).astype(np.float32)
+    clf = SVGClassifier(n_support=2, steps=5, seed=0).fit(protos).adapt(X, ys)
+    assert clf.calibration_["loo"]["linear"]["fitted"]          # the shots do not all rank first when left out
+    T = clf.temperatures_["linear"]
+    assert T != 1.0
+    seen = []
+    real = td.transduce
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(td, "transduce", lambda *a, **kw: seen.append(kw["temperature"]) or real(*a, **kw))
+        clf.adapt(unlabelled=U)
+        clf.adapt(unlabelled=U[::-1].copy())                     # again: from the inductive heads and T
+        assert seen and all(t == pytest.approx(T) for t in seen)
+        assert clf.transductive_["posterior_temperature"] == pytest.approx(T)
+        assert "leave-one-out" in clf.transductive_["posterior_temperature_source"]
+        seen.clear()
+        one = SVGClassifier(n_support=2, steps=5, seed=0).fit(protos).adapt(X[::4], ys[::4])
+        one.adapt(unlabelled=U)
+        zero = SVGClassifier(n_support=2, steps=5, seed=0).fit(protos)
+        zero.adapt(unlabelled=U)
+        assert seen and all(t == 1.0 for t in seen)
+    with pytest.raises(Exception, match="posterior temperature"):
+        td.transduce(torch.as_tensor(U), torch.zeros(len(U), C), torch.as_tensor(protos), temperature=0.0)
 
 
 def test_shots_then_pool(data):
