@@ -211,10 +211,11 @@ def paired_bootstrap(per_dataset, a, b, reps=2000, seed=0):
     return {"diff": est, "ci95": [float(lo), float(hi)]}
 
 
-def coop_parser(doc: str, shots, out: str) -> argparse.ArgumentParser:
-    """The options every CoOp benchmark shares (this one and ``bench_transductive.py``)."""
+def coop_parser(doc: str, shots, out: str, extra_datasets=()) -> argparse.ArgumentParser:
+    """The options every CoOp benchmark shares (this one and ``bench_transductive.py``; ``extra_datasets``
+    are accepted by ``--datasets`` but not run by default)."""
     ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
-    ap.add_argument("--datasets", nargs="+", default=list(DATASETS), choices=DATASETS)
+    ap.add_argument("--datasets", nargs="+", default=list(DATASETS), choices=(*DATASETS, *extra_datasets))
     ap.add_argument("--shots", nargs="+", type=int, default=list(shots))
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--out", default=out, help="result name under bench-results/")

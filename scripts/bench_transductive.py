@@ -22,6 +22,11 @@ Data:
   validation images are the unlabelled pool and the queries; stand-in prototypes = class means of
   the shots (as in ``bench_fewshot.py``). With ``--zero-shot-path`` the shots only make the
   stand-in prototypes and are not given to ``adapt``: the zero-shot code path on per-image pools.
+* ``--shots-from val``: the shots are k *single* validation images per class (one centre crop, as a
+  user's photos; the ``train16`` rows are means of 10 augmented views), drawn per seed, and the other
+  validation images are the pool and the queries (each image scored in the seeds where it is not a
+  shot). This needs no ``train16`` rows, so it also runs DTD (``dtd``: validation features only),
+  which no transduction default was ever chosen or looked at on — the closest to a held-out set here.
 
 Nothing is chosen on the validation labels inside a run: they are only scored. ``--fold A|B``
 uses one half of each validation set (a fixed random split) as the pool and the queries: the
@@ -46,7 +51,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_common import DATA, machine, print_table, save_result  # noqa: E402
-from bench_fewshot import (FEWSHOT, class_means, coop_parser, paired_bootstrap,  # noqa: E402
+from bench_fewshot import (DATASETS, FEWSHOT, class_means, coop_parser, paired_bootstrap,  # noqa: E402
                            render_or_missing, sample_shots, unit)
 
 SHOTS = (1, 4)
@@ -123,18 +128,27 @@ def query_folds(results, datasets, k):
     return out
 
 
-def run_coop(name, shots_list, seeds, log, zero_shot_path=False, fold="all"):
+def min_class_size(name) -> int:
+    """The smallest validation class of a CoOp set (``--shots-from val`` needs k + 2)."""
+    return int(np.bincount(np.load(FEWSHOT / name / "val_labels.npy").astype(np.int64)).min())
+
+
+def run_coop(name, shots_list, seeds, log, zero_shot_path=False, fold="all", shots_from="train16"):
     from svgen import SVGClassifier
 
     d = FEWSHOT / name
-    Xtr, ytr = unit(np.load(d / "train16_features.npy")), np.load(d / "train16_labels.npy").astype(np.int64)
     U, yv = unit(np.load(d / "val_features.npy")), np.load(d / "val_labels.npy").astype(np.int64)
-    rows = fold_rows(len(yv), fold)
-    U, yv = U[rows], yv[rows]
+    if shots_from == "val":
+        Xtr, ytr = U, yv
+    else:
+        Xtr, ytr = unit(np.load(d / "train16_features.npy")), np.load(d / "train16_labels.npy").astype(np.int64)
+        rows = fold_rows(len(yv), fold)
+        U, yv = U[rows], yv[rows]
     C = int(ytr.max()) + 1
     out = {}
     for k in shots_list:
-        correct = {m: np.zeros(len(yv)) for m in METHODS}
+        total = {m: np.zeros(len(yv)) for m in METHODS}
+        scored = np.zeros(len(yv))            # in how many seeds each image was a query (not a shot)
         infos = []
         for seed in seeds:
             idx = sample_shots(ytr, k, seed)
@@ -143,10 +157,16 @@ def run_coop(name, shots_list, seeds, log, zero_shot_path=False, fold="all"):
             clf = SVGClassifier(seed=seed).fit(P)
             if not zero_shot_path:
                 clf.adapt(X, y)
-            c, info = evaluate(clf, U, P, yv)
+            q = np.ones(len(yv), dtype=bool)
+            if shots_from == "val":
+                q[idx] = False                 # the shots are neither pool nor queries
+            c, info = evaluate(clf, U[q], P, yv[q])
             infos.append(info)
+            scored += q
             for m in METHODS:
-                correct[m] += c[m] / len(seeds)
+                total[m][q] += c[m]
+        keep = scored > 0                      # an image that was a shot in every seed is never scored
+        correct = {m: v[keep] / scored[keep] for m, v in total.items()}
         out[k] = {"acc": {m: float(100 * v.mean()) for m, v in correct.items()}, "correct": correct, "choices": infos}
         log(f"{name:>15} {k:>2} shots: " + "  ".join(f"{m} {a:.1f}" for m, a in out[k]["acc"].items())
             + "  | " + "; ".join(f"β {i['prior_strength']:.2f} rounds {i['rounds']} kernel "
@@ -214,7 +234,10 @@ def markdown(result: dict) -> str:
     summ = {int(k): v for k, v in result["summary"].items()}
     fold = result.get("fold", "all")
     where = "" if fold == "all" else f", fold {fold} (half of each validation set as pool and queries)"
-    out += [f"CoOp dev sets, mean over {len(datasets)} datasets, {len(result['seeds'])} seeds{where}"
+    if result.get("shots_from") == "val":
+        where += (", single-image shots from the validation set (the other validation images are the pool "
+                  "and the queries)")
+    out += [f"CoOp dev sets ({', '.join(datasets)}), mean over {len(datasets)} datasets, {len(result['seeds'])} seeds{where}"
             + (" (zero-shot path: shots not given to adapt)" if result.get("zero_shot_path") else "") + ":", "",
             "| method | " + " | ".join(f"{k} shot{'s' if k > 1 else ''}" for k in shots) + " |",
             "|---|" + "---:|" * len(shots)]
@@ -254,7 +277,8 @@ def markdown(result: dict) -> str:
 
 
 def main(argv=None):
-    ap = coop_parser(__doc__, SHOTS, "bench_transductive")
+    ap = coop_parser(__doc__, SHOTS, "bench_transductive", extra_datasets=("dtd",))
+    ap.set_defaults(datasets=None)
     ap.add_argument("--no-lvis", action="store_true", help="skip the LVIS zero-shot pool")
     ap.add_argument("--only-lvis", action="store_true", help="only the LVIS zero-shot pool")
     ap.add_argument("--zero-shot-path", action="store_true",
@@ -263,15 +287,30 @@ def main(argv=None):
     ap.add_argument("--fold", choices=("all", "A", "B"), default="all",
                     help="CoOp: the whole validation set (default) or one half of it as pool and queries "
                          "(A: where the kernel re-solve's defaults were chosen; B: the confirming half)")
+    ap.add_argument("--shots-from", choices=("train16", "val"), default="train16",
+                    help="CoOp: the shots are train16 rows (means of 10 augmented views; default) or single "
+                         "validation images, the other validation images then being the pool and the queries "
+                         "(adds dtd to the default data sets)")
     args = ap.parse_args(argv)
     code = render_or_missing(args, markdown, "bench_transductive")
     if code is not None:
         return code
+    if args.datasets is None:
+        args.datasets = list(DATASETS) + (["dtd"] if args.shots_from == "val" else [])
+    if args.shots_from == "val":
+        if args.fold != "all":
+            ap.error("--shots-from val uses the whole validation set (--fold must be all)")
+        small = {n: m for n in args.datasets if (m := min_class_size(n)) < max(args.shots) + 2}
+        if small:
+            ap.error(f"--shots-from val with {max(args.shots)} shots leaves fewer than 2 queries in a class of "
+                     + ", ".join(f"{n} (smallest class {m})" for n, m in small.items()))
+    elif "dtd" in args.datasets:
+        ap.error("dtd has no train16 rows; run it with --shots-from val")
     logging.basicConfig(level=logging.WARNING)
     log = lambda s: print(s, flush=True)  # noqa: E731
     seeds = list(range(args.seeds))
     result = {"datasets": args.datasets, "shots": args.shots, "seeds": seeds, "zero_shot_path": args.zero_shot_path,
-              "fold": args.fold,
+              "fold": args.fold, "shots_from": args.shots_from,
               "prototypes": "CoOp: stand-in (class means of the shots); LVIS: 'a {class}' text embeddings",
               "machine": machine()}
     if not args.no_lvis:
@@ -282,7 +321,8 @@ def main(argv=None):
     if args.only_lvis:
         print(f"\nwrote {save_result(args.out, result)}")
         return 0
-    results = {n: run_coop(n, args.shots, seeds, log, args.zero_shot_path, args.fold) for n in args.datasets}
+    results = {n: run_coop(n, args.shots, seeds, log, args.zero_shot_path, args.fold, args.shots_from)
+               for n in args.datasets}
     rows, summary = [], {}
     for k in args.shots:
         per = [results[n][k] for n in args.datasets]
