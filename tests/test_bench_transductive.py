@@ -84,6 +84,7 @@ def test_train16_protocol_is_unchanged(bench, tmp_path, monkeypatch):
 def test_dtd_needs_val_shots_and_enough_images(bench, tmp_path, monkeypatch, capsys):
     _toy(tmp_path, "dtd", train16=False, n_val=5)
     monkeypatch.setattr(bench, "FEWSHOT", tmp_path)
+    monkeypatch.setattr(sys.modules["bench_fewshot"], "FEWSHOT", tmp_path)   # its "is the data there?" check
     with pytest.raises(SystemExit) as e:
         bench.main(["--datasets", "dtd", "--no-lvis"])
     assert e.value.code == 2 and "--shots-from val" in capsys.readouterr().err
