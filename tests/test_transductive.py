@@ -284,7 +284,15 @@ def test_cli_fit_adapt_classify_transductive(cli, files):
                          files / "y.npy", "--unlabelled-features", files / "U.npy", "--out", files / "fa.svgen")
     assert code == 0, err
     assert "8 shots" in err and "unlabelled pool" in err
-    assert SVGClassifier.load(files / "fa.svgen").transductive_["prior_head"] == "linear"
+    fa = SVGClassifier.load(files / "fa.svgen")
+    assert fa.transductive_["prior_head"] == "linear"
+    # svgen.json records the posterior's temperature and where it came from (1 for the zero-shot pool)
+    meta = json.loads((files / "fa.svgen" / "svgen.json").read_text())["transductive"]
+    ind = meta["inductive_calibration"]
+    fitted = ind["calibration"]["loo"]["linear"]["fitted"]
+    assert meta["posterior_temperature"] == pytest.approx(ind["temperatures"]["linear"] if fitted else 1.0)
+    assert ("leave-one-out NLL temperature" in meta["posterior_temperature_source"]) == fitted
+    assert json.loads((files / "ta.svgen" / "svgen.json").read_text())["transductive"]["posterior_temperature"] == 1.0
     # classify --transductive: the pool's own soft labels, as the library computes them
     code, out, err = cli("classify", files / "zs.svgen", "--features", files / "U.npy", "--transductive",
                          "--format", "jsonl", "-k", "1")
