@@ -146,3 +146,43 @@ def classes_file(tmp_path):
         return p
 
     return make
+
+
+# ----------------------------------------------------------------------------- benchmark scripts
+
+SCRIPTS = ROOT / "scripts"
+
+
+def load_script(name: str):
+    """``scripts/<name>.py`` as a module, imported once under its own name (so a script that imports another
+    one lazily, as ``bench_calibration`` does ``bench_fewshot``, gets the same module object a test patches)."""
+    import importlib
+    import sys
+
+    if name in sys.modules:
+        return sys.modules[name]
+    sys.path.insert(0, str(SCRIPTS))
+    try:
+        return importlib.import_module(name)
+    finally:
+        sys.path.remove(str(SCRIPTS))
+
+
+def write_coop_toy(root, name, C=4, D=16, splits=(("train16", 16), ("val", 10)), noise=1.0, centre_scale=1.0,
+                   seed=0) -> dict:
+    """A small synthetic CoOp folder ``root/name`` (``<split>_features.npy`` / ``<split>_labels.npy``, ``n``
+    rows per class around C random centres); returns ``{split: (X, y)}``."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    d = Path(root) / name
+    d.mkdir(parents=True)
+    centres = centre_scale * rng.normal(size=(C, D))
+    out = {}
+    for split, n in splits:
+        y = np.repeat(np.arange(C), n)
+        X = (centres[y] + noise * rng.normal(size=(len(y), D))).astype(np.float32)
+        np.save(d / f"{split}_features.npy", X)
+        np.save(d / f"{split}_labels.npy", y)
+        out[split] = (X, y)
+    return out

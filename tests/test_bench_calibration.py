@@ -2,26 +2,14 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import numpy as np
 import pytest
-
-SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
+from conftest import load_script, write_coop_toy
 
 
 @pytest.fixture(scope="module")
 def bench():
-    sys.path.insert(0, str(SCRIPTS))
-    try:
-        spec = importlib.util.spec_from_file_location("bench_calibration", SCRIPTS / "bench_calibration.py")
-        bench = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(bench)
-    finally:
-        sys.path.remove(str(SCRIPTS))
-    return bench
+    return load_script("bench_calibration")
 
 
 def test_bench_rows_and_report(bench):
@@ -101,21 +89,9 @@ def test_fewshot_report_judges_the_loo_chosen_head(bench):
 def test_fewshot_report_shows_the_kernel_logit_kinds(bench, tmp_path, monkeypatch):
     """The few-shot run on small synthetic "CoOp" folders: each kernel row carries both kinds at their own
     LOO temperature, the chosen one is what the head gives, and the report's numbers are the rows'."""
-    sys.path.insert(0, str(SCRIPTS))
-    try:
-        import bench_fewshot
-    finally:
-        sys.path.remove(str(SCRIPTS))
-    rng = np.random.default_rng(0)
-    C, D = 4, 16
-    for name, noise in (("easy", 0.6), ("hard", 1.8)):
-        d = tmp_path / name
-        d.mkdir()
-        centres = rng.normal(size=(C, D))
-        for split, n in (("train16", 16), ("val", 10)):
-            y = np.repeat(np.arange(C), n)
-            np.save(d / f"{split}_features.npy", (centres[y] + noise * rng.normal(size=(len(y), D))).astype(np.float32))
-            np.save(d / f"{split}_labels.npy", y)
+    bench_fewshot = load_script("bench_fewshot")
+    for seed, (name, noise) in enumerate((("easy", 0.6), ("hard", 1.8))):
+        write_coop_toy(tmp_path, name, noise=noise, seed=seed)
     monkeypatch.setattr(bench_fewshot, "FEWSHOT", tmp_path)
     monkeypatch.setattr(bench, "BOOT", 20)
     rows = bench.fewshot_run(["easy", "hard"], [4], [0], log=lambda *a: None)
@@ -139,22 +115,9 @@ def test_single_image_shots_come_from_validation_and_never_score(bench, tmp_path
     """``--prototypes train16``: the shots are single validation rows, the queries the other validation rows,
     the prototypes the class means of all train16 rows; a shot count that would leave a class with fewer
     than two queries is skipped, and the report leaves it out rather than printing empty means."""
-    sys.path.insert(0, str(SCRIPTS))
-    try:
-        import bench_fewshot
-    finally:
-        sys.path.remove(str(SCRIPTS))
-    rng = np.random.default_rng(3)
-    C, D = 4, 16
-    d = tmp_path / "toy"
-    d.mkdir()
-    centres = rng.normal(size=(C, D))
-    data = {}
-    for split, n in (("train16", 16), ("val", 10)):
-        y = np.repeat(np.arange(C), n)
-        data[split] = ((centres[y] + 0.8 * rng.normal(size=(len(y), D))).astype(np.float32), y)
-        np.save(d / f"{split}_features.npy", data[split][0])
-        np.save(d / f"{split}_labels.npy", y)
+    bench_fewshot = load_script("bench_fewshot")
+    C = 4
+    data = write_coop_toy(tmp_path, "toy", C=C, noise=0.8, seed=3)
     monkeypatch.setattr(bench_fewshot, "FEWSHOT", tmp_path)
     monkeypatch.setattr(bench, "BOOT", 20)
     seen = {}

@@ -2,39 +2,19 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import numpy as np
 import pytest
-
-SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
+from conftest import load_script, write_coop_toy
 
 
 @pytest.fixture(scope="module")
 def bench():
-    sys.path.insert(0, str(SCRIPTS))
-    try:
-        spec = importlib.util.spec_from_file_location("bench_transductive", SCRIPTS / "bench_transductive.py")
-        mod = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(mod)
-    finally:
-        sys.path.remove(str(SCRIPTS))
-    return mod
+    return load_script("bench_transductive")
 
 
-def _toy(tmp_path, name, C=4, D=16, n_val=10, train16=True, seed=0):
-    rng = np.random.default_rng(seed)
-    d = tmp_path / name
-    d.mkdir()
-    centres = 3 * rng.normal(size=(C, D))
+def _toy(tmp_path, name, n_val=10, train16=True):
     splits = (("train16", 16), ("val", n_val)) if train16 else (("val", n_val),)
-    for split, n in splits:
-        y = np.repeat(np.arange(C), n)
-        np.save(d / f"{split}_features.npy", (centres[y] + rng.normal(size=(len(y), D))).astype(np.float32))
-        np.save(d / f"{split}_labels.npy", y)
-    return d
+    write_coop_toy(tmp_path, name, C=4, D=16, splits=splits, centre_scale=3.0)
 
 
 def test_single_image_shots_are_never_pool_or_query(bench, tmp_path, monkeypatch):
@@ -84,7 +64,7 @@ def test_train16_protocol_is_unchanged(bench, tmp_path, monkeypatch):
 def test_dtd_needs_val_shots_and_enough_images(bench, tmp_path, monkeypatch, capsys):
     _toy(tmp_path, "dtd", train16=False, n_val=5)
     monkeypatch.setattr(bench, "FEWSHOT", tmp_path)
-    monkeypatch.setattr(sys.modules["bench_fewshot"], "FEWSHOT", tmp_path)   # its "is the data there?" check
+    monkeypatch.setattr(load_script("bench_fewshot"), "FEWSHOT", tmp_path)   # its "is the data there?" check
     with pytest.raises(SystemExit) as e:
         bench.main(["--datasets", "dtd", "--no-lvis"])
     assert e.value.code == 2 and "--shots-from val" in capsys.readouterr().err
