@@ -394,8 +394,9 @@ class SVGClassifier:
             self._pool_shot_temperatures(targets, shots, kinfo)
         # the pool's probabilities (what `classify --transductive` prints): the posterior's logits at the
         # temperature that gives them the mean entropy of the linear head — the head that carries the posterior
-        # to new images, at its own T — on the pool; the solve's z_i are far sharper (a 512-d Gaussian likelihood
-        # at its own scale plus the k-NN term). A temperature: the argmax stays the posterior's.
+        # to new images, at its own T — on the pool; the solve's z_i are sharper (without a fitted class model a
+        # 512-d Gaussian likelihood at its own scale; with one, at the LDA head's T but still plus the k-NN term).
+        # A temperature: the argmax stays the posterior's.
         with torch.no_grad():
             rows = td.calibration_rows(N)
             target = td._entropy(self._logits(U[rows], "linear").double() / self.temperatures_["linear"])
