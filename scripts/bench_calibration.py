@@ -165,9 +165,10 @@ def fewshot_run(datasets, shots_list, seeds, log=print, prototypes="shots"):
         Xv_all, yv_all = unit(np.load(d / "val_features.npy")), np.load(d / "val_labels.npy").astype(np.int64)
         C = int(ytr.max()) + 1
         for k in shots_list:
-            if prototypes == "train16" and np.bincount(yv_all, minlength=C).min() < k + 2:
-                log(f"{name:>15} {k:>2} shots: skipped (a validation class has "
-                    f"{np.bincount(yv_all, minlength=C).min()} images, fewer than {k} shots + 2 queries)")
+            smallest = int(np.bincount(yv_all, minlength=C).min())
+            if prototypes == "train16" and smallest < k + 2:
+                log(f"{name:>15} {k:>2} shots: skipped (a validation class has {smallest} images, "
+                    f"fewer than {k} shots + 2 queries)")
                 continue
             for seed in seeds:
                 Xv, yv = Xv_all, yv_all
@@ -564,6 +565,8 @@ Fits: {json.dumps({k: {"wall_s": round(v["wall_s"], 1), "temperatures": v["tempe
 
 
 SECTIONS = ("lvis", "fewshot", "fewshot-rest", "fewshot-train16")
+#: the report section each few-shot ``--prototypes`` mode writes
+FEWSHOT_SECTION = {"shots": "fewshot", "rest": "fewshot-rest", "train16": "fewshot-train16"}
 TITLE = "# Calibration of the heads' probabilities\n\n"
 
 
@@ -609,8 +612,7 @@ def main(argv=None):
             write_section(Path(args.out), "lvis", markdown(saved["rows"], saved["reference_rows"], saved["fits"], meta))
         else:
             mode = saved["rows"][0].get("prototypes", "shots")
-            write_section(Path(args.out), {"shots": "fewshot", "rest": "fewshot-rest"}.get(mode, "fewshot-train16"),
-                          fewshot_markdown(saved["rows"], meta))
+            write_section(Path(args.out), FEWSHOT_SECTION[mode], fewshot_markdown(saved["rows"], meta))
         print(f"wrote {args.out} from {args.render}")
         return 0
     if args.fewshot:
@@ -620,7 +622,7 @@ def main(argv=None):
             ap.error("--prototypes rest needs fewer than 16 shots (the prototypes are the other train16 images)")
         rows = fewshot_run(args.datasets or DATASETS, args.shots, args.seeds, prototypes=args.prototypes)
         result = {"rows": rows, **meta}
-        section = {"shots": "fewshot", "rest": "fewshot-rest"}.get(args.prototypes, "fewshot-train16")
+        section = FEWSHOT_SECTION[args.prototypes]
         path = save_result(f"calibration_{section.replace('-', '_')}", result)
         write_section(Path(args.out), section, fewshot_markdown(rows, meta))
     else:

@@ -256,9 +256,7 @@ def transduce(U: torch.Tensor, prior_logits: torch.Tensor, means: torch.Tensor, 
             base = base + beta * logp0
         prev = Z.argmax(dim=1)
         for _ in range(steps):
-            A = base if idx is None else base + _propagate(Z, idx, w)
-            if temperature != 1.0:
-                A = A / temperature
+            A = (base if idx is None else base + _propagate(Z, idx, w)) / temperature   # exact at T = 1
             Z = torch.softmax(A, dim=1)
         agreement.append(float((Z.argmax(dim=1) == prev).float().mean()))
         if agreement[-1] >= STABLE and len(agreement) > 1:
