@@ -107,7 +107,7 @@ def load_head(path: str) -> dict:
         sigma, kind = float(arrays["bandwidth"]), meta.get("kernel", "rbf")
         head["dim"] = S.shape[1]
 
-        def score(x):
+        def votes(x):
             d2 = np.maximum(2.0 - 2.0 * normalize(x) @ S.T, 0.0)
             k = np.exp(-d2 / np.float32(2.0 * sigma * sigma)) if kind == "rbf" else np.exp(-np.sqrt(d2 + 1e-12) / sigma)
             if A is not None:
@@ -117,6 +117,12 @@ def load_head(path: str) -> dict:
                 r, c, v = rows[start:start + (1 << 20)], cols[start:start + (1 << 20)], vals[start:start + (1 << 20)]
                 np.add.at(out.T, c, (k[:, r] * v).T)
             return out
+
+        def score(x):   # an artifact adapted to shots adds the zero-shot probabilities softmax(τ x̂ P̂ᵀ)
+            if "prior_prototypes" not in arrays:
+                return votes(x)
+            P, tau = arrays["prior_prototypes"].astype(np.float32), float(arrays["prior_logit_scale"])
+            return votes(x) + softmax((tau * normalize(x) @ P.T).astype(np.float64)).astype(np.float32)
 
         head["score"] = score
     logits_kind = meta.get("kernel_logits", "log") if head["head"] == "kernel" else "score"

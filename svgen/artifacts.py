@@ -50,12 +50,13 @@ renamed into place; an existing artifact is replaced only with ``force=True``.
 from __future__ import annotations
 
 import json
+import math
 import logging
 import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Dict, Tuple
+from typing import Dict, Optional, Tuple
 
 import torch
 from safetensors import SafetensorError
@@ -67,7 +68,8 @@ log = logging.getLogger(__name__)
 
 FORMAT_VERSION = 1          # zero-shot artifacts (text support vectors only)
 FORMAT_VERSION_SHOTS = 2    # artifacts with image support vectors
-FORMAT_VERSIONS = (FORMAT_VERSION, FORMAT_VERSION_SHOTS)
+FORMAT_VERSION_PRIOR = 3    # format 2 whose kernel head adds the zero-shot probabilities (svgen.residual)
+FORMAT_VERSIONS = (FORMAT_VERSION, FORMAT_VERSION_SHOTS, FORMAT_VERSION_PRIOR)
 META_FILE = "svgen.json"
 WEIGHTS_FILE = "weights.safetensors"
 REQUIRED = ("support_vectors", "bandwidth", "vote_weights", "linear_head.weight", "linear_head.bias", "prototypes")
@@ -229,7 +231,7 @@ def check_shapes(meta: dict, t: Dict[str, torch.Tensor], where="artifact") -> No
         raise SvgenError(f"{where}: svgen.json must list at least 2 class names under 'classes'")
     C = len(classes)
     _check_temperatures(t, where)
-    if meta.get("format_version") == FORMAT_VERSION_SHOTS:
+    if meta.get("format_version") in (FORMAT_VERSION_SHOTS, FORMAT_VERSION_PRIOR):
         return _check_shapes_v2(C, t, where)
     S = t["support_vectors"]
     if S.dim() != 3 or S.shape[0] != C:
@@ -297,3 +299,16 @@ def _check_temperatures(t: Dict[str, torch.Tensor], where) -> None:
     for name in (k for k in t if k.startswith("temperature.")):  # optional: per-head softmax temperatures
         if t[name].dim() != 0 or not (torch.isfinite(t[name]) and float(t[name]) > 0):
             raise SvgenError(f"{where}: {name} must be a positive scalar, got shape {tuple(t[name].shape)}")
+
+
+def kernel_prior(meta: dict, t: Dict[str, torch.Tensor], name: str, where) -> Optional[float]:
+    """The kernel head's zero-shot prior term (``softmax(τ · x̂ P̂ᵀ)`` added to the vote): its logit scale τ
+    from tensor ``name``, or None where there is none. Only format 3 has one; τ must be a positive number."""
+    if name not in t:
+        return None
+    if meta.get("format_version") != FORMAT_VERSION_PRIOR:
+        raise SvgenError(f"{where}: {name} is only valid in format version {FORMAT_VERSION_PRIOR} artifacts")
+    v = t[name]
+    if v.numel() != 1 or not v.is_floating_point() or not (math.isfinite(float(v)) and float(v) > 0):
+        raise SvgenError(f"{where}: {name} must be one positive number")
+    return float(v)

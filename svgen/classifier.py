@@ -20,11 +20,11 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from . import artifacts, calibration, fewshot
+from . import artifacts, calibration, fewshot, residual
 from .errors import SvgenError
 from .generator import SupportVectorGenerator, template_anchors
 from .metric import lda_head, whiten_directions, whitened_cosine_head
-from .heads import HEADS, cosine_logits, kernel_scores, krr_vote_weights, linear_logits
+from .heads import HEADS, cosine_logits, kernel_scores, krr_vote_weights, linear_logits, prior_probs
 from .kernels import kernel
 from .prompts import validate_classes
 from .prototypes import prototypes_from_embeddings
@@ -249,6 +249,7 @@ class SVGClassifier:
         self.inductive_linear_ = None
         self.inductive_kernel_ = None
         self.transductive_labels_ = None
+        self.kernel_prior_ = None
         self._scale_votes(lam)
         self._text_temperatures()
         return self
@@ -503,6 +504,10 @@ class SVGClassifier:
             return {**info, "replaced": False,
                     "reason": f"held-out agreement with the posterior {agree:.4f} is not above the inductive {agree0:.4f}"}, None
         self.inductive_kernel_ = {"bandwidth": float(self.bandwidth_), "vote_weights": self.vote_weights_}
+        if self.fewshot_ is not None:   # the whole inductive kernel head: its rows need not be a prefix of the new ones
+            self.inductive_kernel_.update({"support_vectors": self.support_vectors_, "support_labels": self.support_labels_,
+                                           "support_source": self.support_source_, "kernel_prior": self.kernel_prior_})
+        self.kernel_prior_ = None       # the re-solved vote leans on the text rows, not on the prior term
         self.text_ = text
         self.support_vectors_, self.support_labels_, self.support_source_ = (support.rows.float(), support.labels,
                                                                              support.source)
@@ -532,6 +537,10 @@ class SVGClassifier:
                 text, self.text_ = self.text_, None
                 self.support_vectors_, self.bandwidth_, self.vote_weights_ = (text["support_vectors"], text["bandwidth"],
                                                                               text["vote_weights"])
+            elif "support_vectors" in ik:  # the whole inductive head was kept
+                self.support_vectors_, self.support_labels_ = ik["support_vectors"], ik["support_labels"]
+                self.support_source_, self.kernel_prior_ = ik["support_source"], ik.get("kernel_prior")
+                self.bandwidth_, self.vote_weights_ = ik["bandwidth"], ik["vote_weights"]
             else:                       # drop the pool rows (they come last) and their votes
                 M0 = ik["vote_weights"].shape[0]
                 self.support_vectors_ = self.support_vectors_[:M0]
@@ -571,40 +580,55 @@ class SVGClassifier:
         self._restore_inductive()   # the heads are re-solved from the text state and the shots below
         self.transductive_ = None
         t0 = time.perf_counter()
-        text_rows = SupportSet.from_text(text["support_vectors"])
-        support, sigma, A, kchoice = fewshot.fit_kernel_head(text_rows, self._text_votes(text, text_rows), shots, C,
-                                                             kind=self.fit_config_.kernel, seed=self.fit_config_.seed)
+        res = residual.fit_residual_head(shots.rows.numpy(), shots.labels.numpy(), self.prototypes_.numpy(), C,
+                                         seed=self.fit_config_.seed)
         W, b, lchoice = fewshot.fit_lda_head(self.prototypes_, shots, C)
         wall = time.perf_counter() - t0
         self.text_ = text
-        self.support_vectors_ = support.rows.float()
-        self.support_labels_ = support.labels
-        self.support_source_ = support.source
-        self.bandwidth_ = sigma
-        self.vote_weights_ = A
+        self._set_kernel_head(res, text, shots)
         self.linear_weight_, self.linear_bias_ = W, b
         counts = shots.counts(C)
-        better, head_choice = fewshot.choose_head(kchoice, lchoice, shots.labels.numpy())
         self.fewshot_ = {
             "shots": int(counts.sum()), "classes_with_shots": int((counts > 0).sum()),
             "shots_per_class": {"min": int(counts.min()), "max": int(counts.max()), "mean": float(counts.mean())},
             "shots_by_class": {name: int(n) for name, n in zip(self.classes_, counts) if n},
-            "kernel": kchoice.as_dict(), "linear": lchoice.as_dict(), "loo_better_head": better, "head_choice": head_choice,
+            "kernel": {"head": "zero-shot probabilities + kernel ridge on their residual" if res.adopted
+                       else "zero-shot (the shots' correction was refused)", **res.record},
+            "linear": lchoice.as_dict(), "default_head": "kernel",
             "text_bandwidth": float(text["bandwidth"]), "wall_time_s": wall,
         }
-        log.info("adapted to %d shots in %.2fs: kernel σ=%.3g λ=%.3g α=%g (LOO error %.3f), linear LDA γ=%g κ=%g "
-                 "(LOO error %.3f)", len(shots), wall, sigma, kchoice.settings["ridge_lambda"],
-                 kchoice.settings["prior_weight"], kchoice.loo_error, lchoice.settings["shrinkage"],
-                 lchoice.settings["prior_shots"], lchoice.loo_error)
-        self._shot_temperatures(shots, kchoice, lchoice)
+        log.info("adapted to %d shots in %.2fs: kernel %s (σ=%.3g, c=%.3g), linear LDA γ=%g κ=%g (LOO error %.3f)",
+                 len(shots), wall, "adapted" if res.adopted else "kept zero-shot", res.sigma, res.record["ridge_c"],
+                 lchoice.settings["shrinkage"], lchoice.settings["prior_shots"], lchoice.loo_error)
+        self._shot_temperatures(shots, res, lchoice)
         return self
 
-    def _shot_temperatures(self, shots: SupportSet, kchoice, lchoice) -> None:
+    def _set_kernel_head(self, res, text: dict, shots: SupportSet) -> None:
+        """The kernel head from a :class:`svgen.residual.ResidualFit`: its rows and votes with the zero-shot
+        prior term when it was adopted, else the zero-shot kernel vote over the text rows exactly (the shots
+        follow as rows with zero votes, so adapting again or adding classes still has them)."""
+        if res.adopted:
+            self.support_vectors_ = torch.from_numpy(res.rows).float()
+            self.support_labels_ = torch.from_numpy(res.labels).to(torch.int64)
+            self.support_source_ = torch.full((res.rows.shape[0],), IMAGE, dtype=torch.uint8)
+            self.bandwidth_ = float(res.sigma)
+            self.vote_weights_ = torch.from_numpy(res.votes).float()
+            self.kernel_prior_ = float(res.logit_scale)
+            return
+        rows = SupportSet.from_text(text["support_vectors"]).join(shots)   # the shots kept as rows with zero votes
+        self.support_vectors_, self.support_labels_, self.support_source_ = rows.rows.float(), rows.labels, rows.source
+        self.bandwidth_ = float(text["bandwidth"])
+        self.vote_weights_ = torch.cat([text["vote_weights"].float(), torch.zeros(len(shots), len(self.classes_))])
+        self.kernel_prior_ = None
+
+    def _shot_temperatures(self, shots: SupportSet, res, lchoice) -> None:
         """The kernel and linear heads' temperatures fitted by leave-one-out NLL on the shots
         (:func:`svgen.calibration.loo_temperatures`); the cosine head keeps CLIP's scale (T = 1).
-        The kernel head's kind of logits (log score or raw vote) is the one with the lower LOO NLL, the
-        log kind charged for the true-class votes ≤ 0 that new images may have (:func:`svgen.calibration.choose_kernel_logits`). The text rule's temperatures are recorded
-        next to them for comparison."""
+        An adapted kernel head's kind of logits and T come from its exact LOO scores
+        (:func:`svgen.residual.loo_scores`, :func:`svgen.calibration.choose_kernel_logits`), which
+        with one shot per class do not exist: there T gives the head, on the shots, the mean entropy of
+        CLIP's ``softmax(100·cos)`` (:func:`svgen.transductive.match_entropy`; no label is used). A refused correction keeps the zero-shot kernel head with the text rule.
+        The text rule's temperatures are recorded next to them for comparison."""
         C = len(self.classes_)
         self._text_temperatures()
         text_temps = dict(self.temperatures_)
@@ -612,16 +636,30 @@ class SVGClassifier:
                                          lchoice.settings["prior_shots"],
                                          equal_radius=lchoice.settings.get("means") == "equal Mahalanobis radius")
         y = shots.labels.numpy()
-        kfit = self._kernel_loo_choice(shots.one_hot(C), y, kchoice.settings["ridge_c"], kchoice.settings["prior_scale"],
-                                       fallback=text_temps["kernel"])
         fit = calibration.loo_temperatures({"linear": lin}, y, fallback=text_temps)
-        choice = {k: v for k, v in kfit.items() if k not in ("temperature", "loo")}
-        self.set_temperatures({**fit["temperatures"], "kernel": kfit["temperature"]}, method="loo-nll",
-                              kernel_logits=kfit["kind"], shots=len(shots), loo={**fit["loo"], "kernel": kfit["loo"]},
-                              text_temperatures=text_temps, kernel_logits_choice=choice,
-                              rule="kernel and linear: T minimising the leave-one-out NLL of the shots (kernel: "
-                                   "for log scores and raw votes, the lower NLL kept, log charged for unseen votes ≤ 0); cosine: "
-                                   "CLIP's logit scale 100")
+        temps, loo, kind, choice = dict(fit["temperatures"]), dict(fit["loo"]), None, None
+        if res.adopted and res.loo_scores is not None:   # the kind and T by the guarded LOO NLL (both kinds)
+            yk = y if res.loo_rows is None else y[res.loo_rows]
+            kfit = calibration.choose_kernel_logits(torch.from_numpy(res.loo_scores), yk, fallback=text_temps["kernel"],
+                                                    signed_votes=True)
+            kind, temps["kernel"], loo["kernel"] = kfit["kind"], kfit["temperature"], kfit["loo"]
+            choice = {k: v for k, v in kfit.items() if k not in ("temperature", "loo")}
+        elif res.adopted:   # one shot per class: no LOO; as confident on the shots as zero-shot is on them
+            from .transductive import _entropy, match_entropy
+
+            x = shots.rows.float()
+            target = _entropy(res.logit_scale * F.normalize(x, dim=-1) @ F.normalize(self.prototypes_.float(), dim=-1).T)
+            kind = "score"
+            temps["kernel"] = 1.0 / match_entropy(torch.as_tensor(self.decision_function(x, "kernel")), target)
+            choice = {"kind": "score", "reason": "one shot per class: no leave-one-out; T gives the scores on the "
+                                                 "shots the mean entropy of softmax(100·cos)"}
+        self.set_temperatures(temps, method="loo-nll", kernel_logits=kind, shots=len(shots), loo=loo,
+                              text_temperatures=text_temps,
+                              **({"kernel_logits_choice": choice} if choice is not None else {}),
+                              rule="kernel and linear: T minimising the leave-one-out NLL of the shots (an adapted "
+                                   "kernel head: for log scores and raw scores, the lower NLL kept, log charged for "
+                                   "unseen scores ≤ 0; with one shot per class it has no LOO and its T gives it, on "
+                                   "the shots, the mean entropy of softmax(100·cos)); cosine: CLIP's logit scale 100")
 
     # ------------------------------------------------------------------------------ readable votes
     def _scale_votes(self, lam) -> None:
@@ -726,6 +764,8 @@ class SVGClassifier:
             if head == "kernel":
                 scores = kernel_scores(x, self.support_vectors_, self.bandwidth_, self.vote_weights_,
                                        self.fit_config_.kernel)
+                if self.kernel_prior_ is not None:
+                    scores = scores + prior_probs(x, self.prototypes_, self.kernel_prior_)
             elif head == "linear":
                 scores = linear_logits(x, self.linear_weight_, self.linear_bias_)
             elif head == "cosine":
@@ -802,6 +842,14 @@ class SVGClassifier:
             t["inductive.bandwidth"] = torch.tensor(float(self.inductive_kernel_["bandwidth"]))
         if self.generator_ is not None:
             t.update({f"generator.{k}": v for k, v in self.generator_.state_dict().items()})
+        if self.kernel_prior_ is not None:
+            t["kernel_prior.logit_scale"] = torch.tensor(float(self.kernel_prior_))
+        if getattr(self, "inductive_kernel_", None) is not None and "support_vectors" in self.inductive_kernel_:
+            ik = self.inductive_kernel_
+            t.update({"inductive.support_vectors": ik["support_vectors"], "inductive.support_labels": ik["support_labels"],
+                      "inductive.support_source": ik["support_source"]})
+            if ik.get("kernel_prior") is not None:
+                t["inductive.kernel_prior.logit_scale"] = torch.tensor(float(ik["kernel_prior"]))
         if self.text_ is not None:
             t.update({"support_labels": self.support_labels_.to(torch.int64),
                       "support_source": self.support_source_.to(torch.uint8),
@@ -816,11 +864,15 @@ class SVGClassifier:
         self._check_fitted()
         extra = {}
         if self.text_ is not None:
-            extra = {"format_version": artifacts.FORMAT_VERSION_SHOTS,
+            extra = {"format_version": artifacts.FORMAT_VERSION_PRIOR if self._has_prior_term()
+                     else artifacts.FORMAT_VERSION_SHOTS,
                      "support_source": {str(i): name for i, name in enumerate(SOURCES)},
                      "fewshot": self.fewshot_}
         if getattr(self, "transductive_", None):
             extra["transductive"] = self.transductive_
+        if self.kernel_prior_ is not None:
+            extra["kernel_prior"] = {"kind": "cosine-softmax", "logit_scale": float(self.kernel_prior_),
+                                     "scores": "softmax(logit_scale · x̂ P̂ᵀ) + exp(-||x̂ - s||²/(2σ²)) @ vote_weights"}
         return {
             **extra,
             "classes": self.classes_,
@@ -839,6 +891,16 @@ class SVGClassifier:
                                              + ", linear and cosine their scores"},
         }
 
+    def _has_prior_term(self) -> bool:
+        ik = getattr(self, "inductive_kernel_", None) or {}
+        return self.kernel_prior_ is not None or ik.get("kernel_prior") is not None
+
+    @property
+    def default_head_(self) -> str:
+        """The head ``classify``, ``eval``, ``export`` and :meth:`predict` use when none is named: the kernel
+        head, which carries whatever the fit decided (zero-shot, or zero-shot corrected by the shots)."""
+        return "kernel"
+
     def save(self, path, force: bool = False):
         """Write the artifact directory atomically (refuses to overwrite unless ``force``)."""
         artifacts.save_artifact(path, self.tensors(), self.metadata(), force=force)
@@ -852,7 +914,7 @@ class SVGClassifier:
         cfg = FitConfig(**{k: v for k, v in fit.items() if k in FitConfig.__dataclass_fields__})
         if fit and "linear_head" not in fit:
             cfg.linear_head = "lda"  # artifacts written before the whitened-cosine head carry an LDA head
-        v2 = meta.get("format_version") == artifacts.FORMAT_VERSION_SHOTS
+        v2 = meta.get("format_version") in (artifacts.FORMAT_VERSION_SHOTS, artifacts.FORMAT_VERSION_PRIOR)
         text_sv = t["text.support_vectors"] if v2 else t["support_vectors"]
         cfg.n_support = int(text_sv.shape[1])
         cfg.kernel = meta.get("kernel", cfg.kernel)
@@ -876,6 +938,7 @@ class SVGClassifier:
         self.fit_metrics_ = meta.get("metrics") or {}
         self.metric_precision_ = t.get("metric.precision")
         self.text_, self.fewshot_ = None, None
+        self.kernel_prior_ = artifacts.kernel_prior(meta, t, "kernel_prior.logit_scale", path)
         self.transductive_ = meta.get("transductive")
         self.inductive_linear_ = self.inductive_kernel_ = None
         self.transductive_labels_ = None   # the pool's soft labels are not stored; adapt again to get them
@@ -899,6 +962,12 @@ class SVGClassifier:
                     raise SvgenError(f"{path}: inductive.vote_weights has shape {tuple(A0.shape)}, expected "
                                      f"(M0 ≤ {self.support_vectors_.shape[0]}, {C})")
                 self.inductive_kernel_ = {"bandwidth": float(t["inductive.bandwidth"]), "vote_weights": A0}
+                if "inductive.support_vectors" in t:
+                    self.inductive_kernel_.update({
+                        "support_vectors": t["inductive.support_vectors"],
+                        "support_labels": t["inductive.support_labels"].to(torch.int64),
+                        "support_source": t["inductive.support_source"].to(torch.uint8),
+                        "kernel_prior": artifacts.kernel_prior(meta, t, "inductive.kernel_prior.logit_scale", path)})
         gen_state = {k[len("generator."):]: v for k, v in t.items() if k.startswith("generator.")}
         self.generator_ = None
         if gen_state:

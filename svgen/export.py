@@ -25,7 +25,9 @@ artifact's head (to float rounding). Class names travel inside the file.
   ``vote_weights.values`` (nnz) and ``vote_weights.shape`` ([M, C]).
   Artifacts with labelled images (format 2) add ``support_labels`` (M, class of each row) and
   ``support_source`` (M, 0 = text, 1 = image, 2 = unlabelled pool image placed by the transductive
-  kernel head); the formula is the same.
+  kernel head); the formula is the same. Artifacts adapted to shots (format 3, :mod:`svgen.residual`)
+  add the zero-shot probabilities: ``scores = softmax(prior_logit_scale · x̂ @ prior_prototypesᵀ) + …``
+  with ``prior_prototypes`` (C×D unit rows) and ``prior_logit_scale`` (CLIP's 100).
 
 In ``.safetensors`` the strings (``format``, ``head``, ``classes`` as a JSON list, ``encoder``
 as JSON, ``kernel``) are in the header metadata; in ``.npz`` they are string arrays (readable
@@ -156,6 +158,9 @@ def _head_arrays(clf, head: str) -> Dict[str, np.ndarray]:
         if getattr(clf, "text_", None) is not None:  # format 2: which rows are text, which are images
             out["support_labels"] = clf.support_labels_.to(torch.int64).numpy()
             out["support_source"] = clf.support_source_.to(torch.uint8).numpy()
+        if getattr(clf, "kernel_prior_", None) is not None:   # adapted to shots: + softmax(τ x̂ P̂ᵀ)
+            out["prior_prototypes"] = F.normalize(clf.prototypes_.float(), dim=-1).contiguous().numpy()
+            out["prior_logit_scale"] = np.asarray(clf.kernel_prior_, dtype=np.float32)
         return out
     raise SvgenError(f"unknown head {head!r}; expected one of {', '.join(EXPORT_HEADS)}")
 
@@ -173,8 +178,10 @@ def head_metadata(clf, head: str) -> Dict[str, str]:
     }
     if head == "kernel":
         meta["kernel"] = clf.fit_config_.kernel
-        meta["usage"] = ("scores = k(x/||x||, support_vectors) @ vote_weights; "
-                         "rbf k = exp(-||a-b||^2/(2 bandwidth^2)), laplacian k = exp(-||a-b||/bandwidth)")
+        meta["usage"] = ("scores = k(x/||x||, support_vectors) @ vote_weights"
+                         + (" + softmax(prior_logit_scale * x/||x|| @ prior_prototypes.T)"
+                            if getattr(clf, "kernel_prior_", None) is not None else "")
+                         + "; rbf k = exp(-||a-b||^2/(2 bandwidth^2)), laplacian k = exp(-||a-b||/bandwidth)")
         meta["kernel_logits"] = clf.kernel_logits_
     else:
         meta["usage"] = "logits = logit_scale * (x/||x|| @ weight + bias)"
@@ -254,8 +261,17 @@ def onnx_model(clf, head: str = "linear"):
         nodes += [
             helper.make_node("Neg", ["expo"], ["neg"]),
             helper.make_node("Exp", ["neg"], ["k"]),
-            helper.make_node("MatMul", ["k", const("vote_weights", _dense_votes(t))], ["scores"]),
+            helper.make_node("MatMul", ["k", const("vote_weights", _dense_votes(t))],
+                             ["scores" if "prior_prototypes" not in t else "votes"]),
         ]
+        if "prior_prototypes" in t:   # + softmax(τ x̂ P̂ᵀ), the zero-shot probabilities the shots correct
+            nodes += [
+                helper.make_node("Transpose", [const("prior_prototypes", t["prior_prototypes"])], ["p_t"], perm=[1, 0]),
+                helper.make_node("MatMul", ["x_hat", "p_t"], ["cos"]),
+                helper.make_node("Mul", ["cos", const("prior_logit_scale", t["prior_logit_scale"])], ["prior_logits"]),
+                helper.make_node("Softmax", ["prior_logits"], ["prior"], axis=1),
+                helper.make_node("Add", ["votes", "prior"], ["scores"]),
+            ]
     logits = "scores"
     if head == "kernel" and clf.kernel_logits_ == "log":   # "score": the scores are the logits
         nodes += [helper.make_node("Max", ["scores", const("log_floor", KERNEL_LOG_FLOOR)], ["scores_pos"]),

@@ -29,8 +29,9 @@ error is within one binomial standard error of the best, take the largest σ the
 the most shrinkage (LDA). Shots in the benchmark are averages of augmented views, tighter than
 single-crop queries; the plain LOO minimum then prefers too small a σ and λ (docs/fewshot.md).
 
-Which head the shots support (:func:`choose_head`): the paired per-shot LOO results of the two
-heads with the prior off; the kernel head only if it is ahead by more than one standard error.
+The artifact's default kernel head with shots is :mod:`svgen.residual` (zero-shot probabilities plus a
+kernel ridge on their residual); :func:`fit_kernel_head` re-solves the vote over text, shot and pool rows
+in the transductive step, and the LDA head is the linear head.
 
 Classes without shots cannot be judged by LOO; when there are any, the kernel head's α is fixed
 at 1 (the text head keeps its full weight and the shots correct it) and κ = 0 is not offered.
@@ -407,36 +408,3 @@ def fit_lda_head(prototypes: torch.Tensor, shots: SupportSet, n_classes: int, eq
                               for p, g in enumerate(gammas) for q in offer],
                         loo_correct=correct[a, b], loo_correct_images=correct[a, 0])
     return W.float(), bias.float(), choice
-
-
-# ----------------------------------------------------------------------------- which head
-
-def choose_head(kernel: HeadChoice, linear: HeadChoice, labels: Optional[np.ndarray] = None) -> tuple:
-    """("kernel" | "linear", details): the head to prefer, from the shots' paired LOO results.
-
-    Compared shot by shot on the LOO predictions **with the prior off** (α = 0, κ = 0: the images
-    alone, at each head's chosen σ, λ / γ), so a prior that already contains the shots (class
-    means of the shots as stand-in prototypes, or prototypes built from the same images) cannot
-    flatter the head that leans on it more. The kernel head is preferred only when its LOO accuracy
-    exceeds the linear head's by more than one standard error of the paired difference
-    ``d_i = [kernel right on i] − [linear right on i]``; otherwise the linear head (one matrix,
-    whitened, the safer default). Both heads are always exported. With ``labels`` (the shots'
-    classes) only shots whose class has another shot are compared: without one, neither head has
-    image evidence for the class left.
-    """
-    rows = kernel.loo_rows
-    k = np.asarray(kernel.loo_correct_images, dtype=float)
-    lin = np.asarray(linear.loo_correct_images, dtype=float)
-    if rows is not None:                             # the kernel search ran on a stratified subset
-        lin = lin[rows]
-    d = k - lin
-    if labels is not None:
-        lab = np.asarray(labels) if rows is None else np.asarray(labels)[rows]
-        d = d[np.bincount(lab)[lab] > 1]
-    n = d.shape[0]
-    mean = float(d.mean()) if n else 0.0
-    se = float(d.std(ddof=1) / math.sqrt(n)) if n > 1 else None    # None: nothing to compare (svgen.json is strict JSON)
-    head = "kernel" if se is not None and mean > se else "linear"
-    return head, {"kernel_minus_linear_loo_accuracy": mean, "standard_error": se, "shots_compared": n,
-                  "compared": "prior off (α = 0, κ = 0)",
-                  "rule": "kernel if its paired LOO advantage > 1 SE, else linear"}

@@ -30,6 +30,12 @@ def cosine_logits(x: torch.Tensor, prototypes: torch.Tensor, scale: float = COSI
     return scale * F.normalize(x, dim=-1) @ F.normalize(prototypes, dim=-1).T
 
 
+def prior_probs(x: torch.Tensor, prototypes: torch.Tensor, scale: float = COSINE_LOGIT_SCALE) -> torch.Tensor:
+    """CLIP's zero-shot probabilities ``softmax(scale · x̂ p̂ᵀ)`` (N×C): the prior term of an adapted kernel
+    head (:mod:`svgen.residual`)."""
+    return torch.softmax(cosine_logits(x.float(), prototypes.float(), scale), dim=1)
+
+
 def linear_logits(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
     """Linear-head logits ``x̂ Wᵀ + b`` (N×C)."""
     return F.normalize(x, dim=-1) @ weight.T + bias

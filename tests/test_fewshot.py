@@ -13,7 +13,7 @@ from safetensors.torch import load_file
 
 from svgen import SVGClassifier
 from svgen.export import export_head, load_head
-from svgen.fewshot import (HeadChoice, choose_head, fit_kernel_head, fit_lda_head, lda_head_weights, lda_loo, prior_loo,
+from svgen.fewshot import (fit_kernel_head, fit_lda_head, lda_head_weights, lda_loo, prior_loo,
                            prior_means)
 from svgen.kernels import kernel
 from svgen.support import IMAGE, TEXT, SupportSet, image_rows
@@ -151,72 +151,6 @@ def test_equal_radius_with_one_shot_is_centred_renormalised_nearest_mean():
     assert ratio.flat[0] > 0
 
 
-def test_choose_head_is_the_paired_one_standard_error_rule():
-    k = np.array([1, 1, 1, 1, 0, 1, 1, 1, 1, 1], bool)
-    lin = np.array([1, 0, 0, 1, 0, 1, 0, 1, 1, 0], bool)
-    d = k.astype(float) - lin
-    se = d.std(ddof=1) / np.sqrt(len(d))
-    assert d.mean() > se
-    kc = HeadChoice(0.0, {}, loo_correct_images=k)
-    head, info = choose_head(kc, HeadChoice(0.0, {}, loo_correct_images=lin))
-    assert head == "kernel"
-    assert info["kernel_minus_linear_loo_accuracy"] == pytest.approx(d.mean())
-    assert info["standard_error"] == pytest.approx(se)
-    # two wins and one loss over 10 shots: +0.1 against a standard error of 0.18, not enough: linear
-    lin2 = np.array([1, 0, 1, 1, 1, 1, 1, 1, 0, 1], bool)
-    k2 = np.array([1, 1, 1, 0, 1, 1, 1, 1, 1, 1], bool)
-    head, info = choose_head(HeadChoice(0.0, {}, loo_correct_images=k2), HeadChoice(0.0, {}, loo_correct_images=lin2))
-    assert info["kernel_minus_linear_loo_accuracy"] == pytest.approx(0.1)
-    assert head == "linear"
-    # shots alone in their class are not compared (neither head has image evidence left for them)
-    labels = np.array([0, 0, 1, 1, 2, 2, 3, 3, 4, 5])
-    _, info = choose_head(kc, HeadChoice(0.0, {}, loo_correct_images=lin), labels)
-    assert info["shots_compared"] == 8
-    # one shot per class: nothing to compare, the linear head, and no infinity in what svgen.json records
-    head, info = choose_head(kc, HeadChoice(0.0, {}, loo_correct_images=lin), np.arange(10))
-    assert head == "linear" and info["shots_compared"] == 0 and info["standard_error"] is None
-
-
-def _synthetic(kind, seed, shots=12, queries=300):
-    """Prototypes independent of the shots (noisy true centres). 'multimodal': each class is three
-    far-apart clusters in 6 dimensions (no linear boundary: the kernel head wins); 'anisotropic':
-    Gaussian classes under strong shared anisotropic noise (whitening wins: the linear head)."""
-    rng = np.random.default_rng(seed)
-    if kind == "multimodal":
-        C, D, M = 4, 6, 3
-        centres = _unit(rng.normal(size=(C * M, D))).reshape(C, M, D)
-
-        def draw(n):
-            y = np.repeat(np.arange(C), n)
-            return _unit(centres[y, rng.integers(0, M, len(y))] + 0.08 * rng.normal(size=(len(y), D))), y
-        protos = _unit(centres.mean(1) + 0.05 * rng.normal(size=(C, D)))
-    else:
-        C, D = 6, 32
-        mu = _unit(rng.normal(size=(C, D)))
-        scales = np.full(D, 0.04)
-        scales[:8] = 1.5
-        Q, _ = np.linalg.qr(rng.normal(size=(D, D)))
-
-        def draw(n):
-            y = np.repeat(np.arange(C), n)
-            return _unit(0.3 * mu[y] + (rng.normal(size=(len(y), D)) * scales) @ Q.T), y
-        protos = _unit(mu + 0.3 * rng.normal(size=(C, D)) / np.sqrt(D))
-    X, y = draw(shots)
-    Xq, yq = draw(queries)
-    return protos.astype(np.float32), X.astype(np.float32), y, Xq.astype(np.float32), yq
-
-
-@pytest.mark.parametrize("kind, truly_better", [("multimodal", "kernel"), ("anisotropic", "linear")])
-def test_loo_picks_the_truly_better_head_with_independent_prototypes(kind, truly_better):
-    other = {"kernel": "linear", "linear": "kernel"}[truly_better]
-    for seed in range(3):
-        P, X, y, Xq, yq = _synthetic(kind, seed)
-        clf = SVGClassifier(n_support=2, steps=5, seed=0).fit(P).adapt(X, y)
-        acc = {h: (np.asarray(clf.decision_function(Xq, head=h)).argmax(1) == yq).mean() for h in ("kernel", "linear")}
-        assert acc[truly_better] > acc[other], (kind, seed, acc)     # the scenario is what it claims
-        assert clf.fewshot_["loo_better_head"] == truly_better, (kind, seed, clf.fewshot_["head_choice"])
-
-
 def test_prior_means_keep_the_prototype_geometry():
     P = torch.nn.functional.normalize(torch.randn(4, 8, dtype=torch.float64), dim=-1)
     X = torch.randn(10, 8, dtype=torch.float64)
@@ -249,23 +183,25 @@ def test_format_2_round_trip_and_formula(data, tmp_path):
     art = clf.save(tmp_path / "fs")
     meta = json.loads((art / "svgen.json").read_text())
     t = {k: v.double().numpy() for k, v in load_file(str(art / "weights.safetensors")).items()}
-    assert meta["format_version"] == 2 and meta["support_source"] == {"0": "text", "1": "image", "2": "pool"}
+    assert meta["format_version"] == 3 and meta["support_source"] == {"0": "text", "1": "image", "2": "pool"}
     fs = meta["fewshot"]
-    assert fs["shots"] == len(data["y"])
+    assert fs["shots"] == len(data["y"]) and fs["default_head"] == "kernel"
     counts = np.bincount(data["y"], minlength=C)
     assert fs["shots_by_class"] == {f"class_{c}": int(counts[c]) for c in range(C)}
-    assert {"sigma", "ridge_lambda", "prior_weight", "loo_error"} <= set(fs["kernel"])
+    assert {"sigma", "ridge_c", "decision", "selection"} <= set(fs["kernel"])
     assert {"shrinkage", "prior_shots", "loo_error"} <= set(fs["linear"])
-    M = C * 2 + len(data["y"])
+    M = len(data["y"])   # the adapted kernel head's rows are the shots (svgen.residual)
     assert t["support_vectors"].shape == (M, D) and t["vote_weights"].shape == (M, C)
-    assert t["support_labels"].tolist() == np.repeat(np.arange(C), 2).tolist() + data["y"].tolist()
-    assert t["support_source"].tolist() == [0] * (C * 2) + [1] * len(data["y"])
-    # DESIGN.md §2: exp(-||x̂ - s||²/2σ²) @ vote_weights, from the stored tensors
+    assert t["support_labels"].tolist() == data["y"].tolist()
+    assert t["support_source"].tolist() == [1] * len(data["y"])
+    # DESIGN.md §2 with the format-3 prior: softmax(τ x̂ P̂ᵀ) + exp(-||x̂ - s||²/2σ²) @ vote_weights, from the files
     xh = _unit(data["q"])
     d2 = ((xh[:, None] - _unit(t["support_vectors"])[None]) ** 2).sum(-1)
-    ref = np.exp(-d2 / (2 * float(t["bandwidth"]) ** 2)) @ t["vote_weights"]
+    z = float(t["kernel_prior.logit_scale"]) * xh @ _unit(t["prototypes"]).T
+    prior = np.exp(z - z.max(1, keepdims=True))
+    ref = prior / prior.sum(1, keepdims=True) + np.exp(-d2 / (2 * float(t["bandwidth"]) ** 2)) @ t["vote_weights"]
     loaded = SVGClassifier.load(art)
-    np.testing.assert_allclose(loaded.decision_function(data["q"]), ref, rtol=1e-4, atol=1e-6 * np.abs(ref).max())
+    np.testing.assert_allclose(loaded.decision_function(data["q"]), ref, rtol=1e-4, atol=1e-5)
     lin = xh @ t["linear_head.weight"].T + t["linear_head.bias"]
     np.testing.assert_allclose(loaded.decision_function(data["q"], "linear"), lin, rtol=1e-4, atol=1e-5)
 
@@ -283,21 +219,20 @@ def test_adapt_accumulates_and_add_classes_keeps_the_shots(data):
     new = np.random.default_rng(5).normal(size=(2, D)).astype(np.float32)
     clf.add_classes(new, ["new a", "new b"])
     assert len(clf.classes_) == C + 2 and clf.fewshot_["shots"] == len(data["y"])
-    assert clf.vote_weights_.shape == ((C + 2) * 2 + len(data["y"]), C + 2)
-    # the new classes have no shots: their text rows keep full weight (α = 1) and can win
-    assert clf.fewshot_["kernel"]["prior_weight"] == 1.0
+    assert clf.vote_weights_.shape == (len(data["y"]), C + 2)   # the adapted head's rows are the shots
+    # the new classes have no shots: their zero-shot probability (the head's prior term) still wins on them
+    assert clf.kernel_prior_ is not None
     assert set(clf.predict(new)) <= set(clf.classes_) and clf.decision_function(new).argmax(1).tolist() == [C, C + 1]
 
 
-def test_classes_without_shots_keep_their_text_vote(data):
+def test_classes_without_shots_keep_their_zero_shot_probability(data):
     clf = SVGClassifier(n_support=2, steps=5, seed=0).fit(data["protos"])
     keep = data["y"] != 4
     clf.adapt(data["X"][keep], data["y"][keep])
-    A = clf.vote_weights_
-    text = clf.support_source_ == TEXT
-    rows4 = text & (clf.support_labels_ == 4)
-    assert rows4.sum() == 2 and A[rows4][:, 4].abs().min() > 0
     assert clf.fewshot_["classes_with_shots"] == C - 1 and "class_4" not in clf.fewshot_["shots_by_class"]
+    assert not (clf.support_labels_ == 4).any()          # no row of class 4 …
+    p4 = np.asarray(data["protos"]).reshape(C, -1, D)[4].mean(axis=0, keepdims=True) * 3.0
+    assert clf.decision_function(p4).argmax(1).tolist() == [4]   # … and its own prototype is still class 4
 
 
 @pytest.mark.parametrize("X, y, msg", [
@@ -338,9 +273,9 @@ def test_format_2_exports_reproduce_scores(data, tmp_path, fmt, head):
     np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-5 * np.abs(ref).max())
     if fmt != "onnx" and head == "kernel":
         h = load_head(out)
-        assert h["support_vectors"].shape == (C * 2 + len(data["y"]), D)
-        assert h["support_labels"].tolist() == np.repeat(np.arange(C), 2).tolist() + data["y"].tolist()
-        assert h["support_source"].tolist() == [0] * (C * 2) + [1] * len(data["y"])
+        assert h["support_vectors"].shape == (len(data["y"]), D) and "prior_prototypes" in h
+        assert h["support_labels"].tolist() == data["y"].tolist()
+        assert h["support_source"].tolist() == [1] * len(data["y"])
 
 
 # ----------------------------------------------------------------------------- CLI
@@ -372,7 +307,7 @@ def test_cli_fit_and_adapt_with_shot_features(cli, files):
     code, out, err = cli("adapt", files / "zs.svgen", "--shot-features", files / "X.npy", "--shot-labels",
                          files / "y.npy", "--out", files / "ad.svgen")
     assert code == 0, err
-    assert "17 shots over 5 of 5 classes" in err and json.loads(out)["loo_better_head"] in ("kernel", "linear")
+    assert "17 shots over 5 of 5 classes" in err and json.loads(out)["default_head"] == "kernel"
     assert json.loads(out)["temperature_method"] == "loo-nll" and json.loads(out)["temperatures"]["cosine"] == 1.0
     a, b = SVGClassifier.load(files / "fs.svgen"), SVGClassifier.load(files / "ad.svgen")
     q = np.load(files / "X.npy")

@@ -45,7 +45,11 @@ def _kernel_scores(clf, x):
     S = clf.support_vectors_.double().numpy().reshape(-1, xh.shape[1])
     S = S / np.linalg.norm(S, axis=1, keepdims=True)
     d2 = ((xh[:, None, :] - S[None]) ** 2).sum(-1)
-    return np.exp(-d2 / (2 * float(clf.bandwidth_) ** 2)) @ clf.vote_weights_.double().numpy()
+    votes = np.exp(-d2 / (2 * float(clf.bandwidth_) ** 2)) @ clf.vote_weights_.double().numpy()
+    if clf.kernel_prior_ is None:
+        return votes
+    P = clf.prototypes_.double().numpy()      # an adapted head (format 3) adds softmax(τ x̂ P̂ᵀ)
+    return votes + _softmax(clf.kernel_prior_ * xh @ (P / np.linalg.norm(P, axis=1, keepdims=True)).T)
 
 
 def _log_probs(clf, x):
@@ -287,6 +291,8 @@ def test_exports_give_predict_proba_for_both_kinds(raw_votes, tmp_path, kind, fm
     S, A, sig = h["support_vectors"].astype(np.float64), h["vote_weights"].astype(np.float64), float(h["bandwidth"])
     xh = x / np.linalg.norm(x, axis=1, keepdims=True)
     s = np.exp(-((xh[:, None, :] - S[None]) ** 2).sum(-1) / (2 * sig ** 2)) @ A
+    if "prior_prototypes" in h:   # an adapted head (format 3): + softmax(τ x̂ P̂ᵀ)
+        s = s + _softmax(float(h["prior_logit_scale"]) * xh @ h["prior_prototypes"].astype(np.float64).T)
     z = np.log(np.maximum(s, 1e-30)) if h["kernel_logits"] == "log" else s
     np.testing.assert_allclose(_softmax(z / float(h["temperature"])), want, atol=2e-5)
     script = runpy.run_path(str(SCRIPT))

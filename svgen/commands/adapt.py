@@ -75,7 +75,7 @@ def run(args) -> int:
     fs, td = clf.fewshot_, clf.transductive_
     summary = {}
     if shots:
-        summary.update({"kernel": fs["kernel"], "linear": fs["linear"], "loo_better_head": fs["loo_better_head"],
+        summary.update({"kernel": fs["kernel"], "linear": fs["linear"], "default_head": fs["default_head"],
                         "temperatures": clf.temperatures_, "temperature_method": clf.calibration_.get("method"),
                         "kernel_logits": clf.kernel_logits_})
     if pool:

@@ -72,12 +72,14 @@ def evaluate_heads(clf, x, labels, bins: dict = None) -> dict:
     return out
 
 
-def format_table(results: dict) -> str:
+def format_table(results: dict, default_head: str = "kernel") -> str:
+    """The heads side by side; ``*`` marks the default head (the one classify, export and predict use)."""
     lines = [f"{'head':<8} {'acc1':>8} {'acc5':>8} {'mean_per_class_recall':>22} {'nll':>7} {'ece':>7} "
              f"{'T':>9} {'n':>7}"]
     for head in HEAD_ORDER:
         r = results[head]
-        lines.append(f"{head:<8} {100 * r['acc1']:>7.2f}% {100 * r['acc5']:>7.2f}% "
+        name = head + ("*" if head == default_head else "")
+        lines.append(f"{name:<8} {100 * r['acc1']:>7.2f}% {100 * r['acc5']:>7.2f}% "
                      f"{100 * r['mean_per_class_recall']:>21.2f}% {r['nll']:>7.3f} {r['ece']:>7.4f} "
                      f"{r['temperature']:>9.4g} {r['n']:>7d}")
     return "\n".join(lines) + "\n"
@@ -115,7 +117,8 @@ def run(args) -> int:
         y = np.asarray([label_of[p] for p in ok], dtype=np.int64)
     bins = {} if args.plot else None
     results = evaluate_heads(clf, x, y, bins)
-    text = json_text(results) + "\n" if args.json else format_table(results)
+    text = (json_text({**results, "default_head": clf.default_head_}) + "\n" if args.json
+            else format_table(results, clf.default_head_))
     if args.plot:
         from ..calibration import plot_reliability
 

@@ -18,7 +18,7 @@ def add_parser(sub):
         "export",
         help="export a head as safetensors/npz (open_clip-style D×C classifier) or ONNX",
         description="Write one head of an artifact as a self-contained file that needs neither svgen nor pickle.\n\n"
-                    "safetensors / npz, --head linear (default) or cosine: 'weight' (D×C), 'bias' (C) and "
+                    "safetensors / npz, --head linear or cosine: 'weight' (D×C), 'bias' (C) and "
                     "'logit_scale' (100), so that\n"
                     "    logits = logit_scale * (x/||x|| @ weight + bias)\n"
                     "reproduces svgen's scores; '100. * image_features @ weight' is the open_clip idiom. "
@@ -36,8 +36,8 @@ def add_parser(sub):
     p.add_argument("artifact", metavar="ARTIFACT_DIR", help="artifact written by 'svgen fit'")
     p.add_argument("--format", choices=tuple(SUFFIX), default=None,
                    help="file format (default: from the --out suffix; a suffix naming another format is refused)")
-    p.add_argument("--head", choices=("linear", "kernel", "cosine"), default="linear",
-                   help="which head to export (default: %(default)s)")
+    p.add_argument("--head", choices=("linear", "kernel", "cosine"), default=None,
+                   help="which head to export (default: the artifact's default head, the one classify uses: kernel)")
     p.add_argument("--out", required=True, metavar="FILE", help="file to write (atomically)")
     p.add_argument("--force", action="store_true", help="overwrite --out if it exists")
     p.add_argument("--no-verify", action="store_true", help="skip the onnxruntime check of an ONNX export")
@@ -68,6 +68,7 @@ def run(args) -> int:
         except ImportError:
             raise SvgenError("ONNX export needs the onnx package: pip install 'svgen[onnx]'") from None
     clf = SVGClassifier.load(args.artifact)
+    args.head = args.head or clf.default_head_
     info = export_head(clf, args.out, fmt, head=args.head, force=args.force, verify=not args.no_verify)
     C, D = len(clf.classes_), clf.n_features_in_
     checked = "" if info["checked"] is None else f"; onnxruntime matches svgen (max |difference| {info['checked']:.2g})"

@@ -172,7 +172,8 @@ def run(args) -> int:
     if m.get("geometry"):
         summary["metric_kappa"] = m["geometry"].get("kappa")
     if clf.fewshot_:
-        summary["fewshot"] = {k: clf.fewshot_[k] for k in ("shots", "classes_with_shots", "loo_better_head")}
+        summary["fewshot"] = {**{k: clf.fewshot_[k] for k in ("shots", "classes_with_shots", "default_head")},
+                              "kernel_adapted": clf.fewshot_["kernel"]["decision"]["adopted"]}
     if clf.transductive_:
         summary["transductive"] = {k: clf.transductive_.get(k) for k in ("pool", "fallback", "prior_strength", "rounds")}
     note(args, f"wrote {out}: {len(classes)} classes × K={clf.fit_config_.n_support}, D={clf.n_features_in_}")

@@ -1,0 +1,208 @@
+"""The adapted kernel head (svgen.residual): its math against independent computations, its decision
+rule, and the artifact that carries it (format 3) through save/load and every export."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from svgen import SVGClassifier, residual
+from svgen.artifacts import FORMAT_VERSION_PRIOR
+
+
+def _unit(x):
+    return x / np.linalg.norm(x, axis=1, keepdims=True)
+
+
+def _problem(seed=0, C=5, D=16, per_class=4, spread=0.35):
+    """Classes as clusters, prototypes near (not at) their centres: text that is informative but wrong
+    for some images."""
+    rng = np.random.default_rng(seed)
+    centres = _unit(rng.normal(size=(C, D)))
+    y = np.repeat(np.arange(C), per_class)
+    X = _unit(centres[y] + spread * rng.normal(size=(len(y), D)))
+    P = _unit(centres + 0.6 * rng.normal(size=(C, D)))
+    return X, y, P
+
+
+def test_log_evidence_is_the_gaussian_marginal_likelihood():
+    X, y, P = _problem()
+    C = P.shape[0]
+    R = np.eye(C)[y] - residual.prior_probs(X, P)
+    K = residual.rbf(X, X, 0.6)
+    e, U = np.linalg.eigh(K)
+    la, ln = np.array([-1.0, 0.5]), np.array([-3.0, -1.0])
+    ll = residual.log_evidence(e, ((U.T @ R) ** 2).sum(axis=1), C, la, ln)
+    for i, a in enumerate(la):
+        for j, n in enumerate(ln):
+            Sig = math.exp(a) * K + math.exp(n) * np.eye(len(y))
+            direct = -0.5 * np.trace(R.T @ np.linalg.solve(Sig, R)) - 0.5 * C * np.linalg.slogdet(Sig)[1]
+            assert ll[i, j] == pytest.approx(direct, rel=1e-9, abs=1e-9)
+
+
+def test_loo_scores_equal_refitting_without_each_shot():
+    X, y, P = _problem(seed=1)
+    C, N = P.shape[0], len(y)
+    p0 = residual.prior_probs(X, P)
+    R = np.eye(C)[y] - p0
+    sigma, c = 0.7, 0.3
+    e, U = np.linalg.eigh(residual.rbf(X, X, sigma))
+    loo = residual.loo_scores(U, e, c, R, p0)
+    for i in range(N):
+        keep = np.arange(N) != i
+        V = np.linalg.solve(residual.rbf(X[keep], X[keep], sigma) + c * np.eye(N - 1), R[keep])
+        refit = p0[i] + residual.rbf(X[i:i + 1], X[keep], sigma) @ V
+        np.testing.assert_allclose(loo[i], refit[0], atol=1e-8)
+
+
+def test_nystrom_solve_is_the_ridge_of_the_approximated_kernel(monkeypatch):
+    X, y, P = _problem(seed=2, C=6, per_class=10)
+    C = P.shape[0]
+    monkeypatch.setattr(residual, "DENSE_MAX", 20)
+    monkeypatch.setattr(residual, "NYSTROM_BASIS", 24)
+    allrows, labels, Vall = residual.solve(X, y, P, C, 0.8, 0.5, 100.0)
+    assert allrows.shape[0] == len(y) and labels.tolist() == y.tolist()   # every shot kept as a row
+    basis = np.flatnonzero(np.abs(Vall).sum(axis=1) > 0)
+    assert 0 < basis.size <= 24
+    rows, V = allrows[basis], Vall[basis]
+    # the same head by another route: least squares in the explicit Nyström features φ = k(x, L) K_LL^{-1/2}
+    K_LL = residual.rbf(rows, rows, 0.8)
+    w, Q = np.linalg.eigh(K_LL)
+    inv_sqrt = Q @ np.diag(1 / np.sqrt(np.maximum(w, 1e-12))) @ Q.T
+    Phi = residual.rbf(X, rows, 0.8) @ inv_sqrt
+    R = np.eye(C)[y] - residual.prior_probs(X, P)
+    Wp = np.linalg.solve(Phi.T @ Phi + 0.5 * np.eye(Phi.shape[1]), Phi.T @ R)
+    Xq = _unit(np.random.default_rng(5).normal(size=(7, X.shape[1])))
+    np.testing.assert_allclose(residual.rbf(Xq, rows, 0.8) @ V, residual.rbf(Xq, rows, 0.8) @ inv_sqrt @ Wp,
+                               atol=1e-5)
+
+
+def test_paired_decision_keeps_zero_shot_when_the_correction_hurts():
+    y = np.arange(20) % 4
+    p0 = np.eye(4)[y] * 0.6 + 0.1                       # zero-shot right on every shot
+    worse = np.eye(4)[(y + 1) % 4]                      # adapted LOO wrong on every shot
+    d = residual.paired_decision(worse, p0, y)
+    assert not d["adopted"] and d["difference"] == pytest.approx(-1.0)
+    tie = residual.paired_decision(p0.copy(), p0, y)
+    assert tie["adopted"] and tie["difference"] == 0.0
+    # one loss and one win: a tie, kept
+    zs = p0.copy()
+    zs[1] = np.eye(4)[(y[1] + 1) % 4]                 # zero-shot wrong on shot 1
+    mixed = p0.copy()
+    mixed[0] = np.eye(4)[(y[0] + 1) % 4]              # the adapted head wrong on shot 0
+    d = residual.paired_decision(mixed, zs, y)
+    assert d["adopted"] and d["difference"] == 0.0
+
+
+def test_balanced_folds_hold_out_one_shot_per_class_and_refit_exactly():
+    X, y, P = _problem(seed=9, C=4, per_class=3)
+    y = y.copy()
+    y[-1] = 0                                            # class 0 has 4 shots, class 3 has 2
+    folds = residual.balanced_folds(y)
+    assert len(folds) == 4 and sorted(np.concatenate(folds).tolist()) == list(range(len(y)))
+    for held in folds:
+        assert len(np.unique(y[held])) == len(held)     # at most one shot of a class per fold
+    rows, scores = residual.held_out_scores(X, y, P, 4, 0.7, 0.4, 100.0)
+    held = folds[0]
+    keep = np.setdiff1d(np.arange(len(y)), held)
+    r, lab, V = residual.solve(X[keep], y[keep], P, 4, 0.7, 0.4, 100.0)
+    expect = residual.prior_probs(X[held], P) + residual.rbf(X[held], r, 0.7) @ V
+    np.testing.assert_allclose(scores[:len(held)], expect, atol=1e-9)
+    assert rows[:len(held)].tolist() == held.tolist()
+
+
+def test_one_shot_per_class_uses_the_stated_default_and_has_no_loo():
+    X, y, P = _problem(seed=3, per_class=1)
+    fit = residual.fit_residual_head(X, y, P, P.shape[0])
+    assert fit.adopted and fit.loo_scores is None
+    assert fit.sigma == pytest.approx(1 / math.sqrt(residual.TIP_ADAPTER_BETA))
+    assert fit.record["ridge_c"] == residual.ONE_SHOT_RIDGE
+    assert "cannot judge" in fit.record["decision"]["rule"]
+
+
+# ----------------------------------------------------------------------------- the classifier and its artifact
+
+@pytest.fixture(scope="module")
+def adapted():
+    X, y, P = _problem(seed=6, C=5, D=16, per_class=6)
+    clf = SVGClassifier(n_support=2).fit(P.astype(np.float32))
+    zs = SVGClassifier(n_support=2).fit(P.astype(np.float32))
+    clf.adapt(X.astype(np.float32), y)
+    return clf, zs, X, y, P
+
+
+def test_adapted_scores_are_the_prior_plus_the_kernel_vote(adapted):
+    clf, _, X, y, P = adapted
+    assert clf.fewshot_["kernel"]["decision"]["adopted"] and clf.kernel_prior_ == 100.0
+    Xq = _unit(np.random.default_rng(7).normal(size=(9, X.shape[1]))).astype(np.float32)
+    S = clf.support_vectors_.numpy().astype(np.float64)
+    expect = residual.softmax(100.0 * _unit(Xq) @ P.T) + residual.rbf(_unit(Xq), S, clf.bandwidth_) @ \
+        clf.vote_weights_.numpy()
+    np.testing.assert_allclose(clf.decision_function(Xq), expect, atol=1e-5)
+    assert clf.kernel_logits_ in ("score", "log") and clf.default_head_ == "kernel"
+    np.testing.assert_allclose(clf.predict_proba(Xq).sum(1), 1.0, atol=1e-9)
+
+
+def test_format_3_round_trip(adapted, tmp_path):
+    clf, _, X, _, _ = adapted
+    clf.save(tmp_path / "a.svgen")
+    meta = json.loads((tmp_path / "a.svgen" / "svgen.json").read_text())
+    assert meta["format_version"] == FORMAT_VERSION_PRIOR and meta["kernel_prior"]["logit_scale"] == 100.0
+    again = SVGClassifier.load(tmp_path / "a.svgen")
+    Xf = X.astype(np.float32)
+    np.testing.assert_allclose(again.decision_function(Xf), clf.decision_function(Xf), atol=1e-6)
+    np.testing.assert_allclose(again.predict_proba(Xf), clf.predict_proba(Xf), atol=1e-6)
+
+
+def test_a_prior_term_outside_format_3_is_refused(adapted, tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    from svgen.errors import SvgenError
+
+    clf, zs, _, _, _ = adapted
+    zs.save(tmp_path / "z.svgen")
+    t = load_file(str(tmp_path / "z.svgen" / "weights.safetensors"))
+    t["kernel_prior.logit_scale"] = torch.tensor(100.0)
+    save_file(t, str(tmp_path / "z.svgen" / "weights.safetensors"))
+    with pytest.raises(SvgenError, match="only valid in format version 3"):
+        SVGClassifier.load(tmp_path / "z.svgen")
+
+
+@pytest.mark.parametrize("fmt", ["safetensors", "npz"])
+def test_kernel_head_file_carries_the_prior(adapted, tmp_path, fmt):
+    from svgen.export import export_head, load_head
+
+    clf, _, X, _, P = adapted
+    path = tmp_path / f"k.{fmt}"
+    export_head(clf, path, fmt, head="kernel")
+    h = load_head(path)
+    assert float(h["prior_logit_scale"]) == 100.0 and "softmax(prior_logit_scale" in h["usage"]
+    # the file's formula, computed from its arrays alone, is the artifact's kernel head
+    x = _unit(X)
+    scores = residual.softmax(float(h["prior_logit_scale"]) * x @ h["prior_prototypes"].T) + \
+        residual.rbf(x, h["support_vectors"].astype(np.float64), float(h["bandwidth"])) @ h["vote_weights"]
+    np.testing.assert_allclose(scores, clf.decision_function(X.astype(np.float32)), atol=1e-5)
+
+
+def test_onnx_kernel_head_matches_with_the_prior(adapted, tmp_path):
+    pytest.importorskip("onnxruntime")
+    from svgen.export import onnx_model, verify_onnx
+
+    clf, _, X, _, _ = adapted
+    model = onnx_model(clf, "kernel")
+    assert verify_onnx(model, clf, "kernel", X.astype(np.float32)) < 1e-4
+
+
+def test_refused_correction_leaves_the_zero_shot_kernel_head(monkeypatch):
+    X, y, P = _problem(seed=8, per_class=5)
+    zs = SVGClassifier(n_support=2).fit(P.astype(np.float32))
+    clf = SVGClassifier(n_support=2).fit(P.astype(np.float32))
+    monkeypatch.setattr(residual, "paired_decision", lambda held, p0, y: {"adopted": False, "rule": "test"})
+    clf.adapt(X.astype(np.float32), y)
+    assert clf.kernel_prior_ is None and not clf.fewshot_["kernel"]["decision"]["adopted"]
+    Xq = X.astype(np.float32)
+    np.testing.assert_allclose(clf.decision_function(Xq), zs.decision_function(Xq), atol=1e-6)
