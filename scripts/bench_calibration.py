@@ -186,7 +186,7 @@ def fewshot_run(datasets, shots_list, seeds, log=print, prototypes="shots"):
                 t0 = time.perf_counter()
                 clf = SVGClassifier(seed=seed).fit(P).adapt(Xs, ys)
                 wall = time.perf_counter() - t0
-                cal, better = clf.calibration_, clf.fewshot_["loo_better_head"]
+                cal, better = clf.calibration_, clf.fewshot_["default_head"]
                 for head in HEADS:
                     z = clf.logits(Xv, head)
                     T = clf.temperatures_[head]

@@ -151,7 +151,7 @@ def fit_svgen(X, y, C, seed):
     fs = clf.fewshot_
     info = {"kernel": {k: fs["kernel"][k] for k in ("sigma", "ridge_lambda", "prior_weight", "loo_error")},
             "linear": {k: fs["linear"][k] for k in ("shrinkage", "prior_shots", "loo_error")},
-            "loo_better_head": fs["loo_better_head"], "head_choice": fs["head_choice"], "adapt_s": t_adapt}
+            "loo_better_head": fs["default_head"], "adapt_s": t_adapt}
     return clf, info
 
 

@@ -119,7 +119,7 @@ def main(argv=None):
                                   "adapt_vs_logreg_median_wall": summ["svgen adapt"]["wall_s"]["median"]
                                   / lr["wall_s"]["median"],
                                   "fewshot_choice": {"kernel": fs["kernel"], "linear": fs["linear"],
-                                                     "loo_better_head": fs["loo_better_head"]},
+                                                     "default_head": fs["default_head"]},
                                   "machine": machine()})
     print(f"\nwrote {path}")
     return 0

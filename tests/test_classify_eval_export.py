@@ -106,7 +106,7 @@ def test_eval_json_matches_independent_metrics(cli, synth):
     code, out, err = cli("eval", synth["art"], "--features", synth["feats"], "--labels", synth["labels"], "--json")
     assert code == 0, err
     res = json.loads(out)
-    assert set(res) == {"cosine", "kernel", "linear"}
+    assert set(res) == {"cosine", "kernel", "linear", "default_head"} and res["default_head"] == "kernel"
     y = synth["y"]
     for head, r in res.items():
         ref = reference_scores(synth["art"], synth["x"], head)
