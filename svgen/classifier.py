@@ -625,9 +625,8 @@ class SVGClassifier:
         """The kernel and linear heads' temperatures fitted by leave-one-out NLL on the shots
         (:func:`svgen.calibration.loo_temperatures`); the cosine head keeps CLIP's scale (T = 1).
         An adapted kernel head's kind of logits and T come from its exact LOO scores
-        (:func:`svgen.residual.loo_scores`, :func:`svgen.calibration.choose_kernel_logits`), which
-        with one shot per class do not exist: there T gives the head, on the shots, the mean entropy of
-        CLIP's ``softmax(100·cos)`` (:func:`svgen.transductive.match_entropy`; no label is used). A refused correction keeps the zero-shot kernel head with the text rule.
+        (:func:`svgen.residual.loo_scores`, :func:`svgen.calibration.choose_kernel_logits`); with one shot
+        per class they describe images of a class without shots (pessimistic: a softer T). A refused correction keeps the zero-shot kernel head with the text rule.
         The text rule's temperatures are recorded next to them for comparison."""
         C = len(self.classes_)
         self._text_temperatures()
@@ -644,22 +643,12 @@ class SVGClassifier:
                                                     signed_votes=True)
             kind, temps["kernel"], loo["kernel"] = kfit["kind"], kfit["temperature"], kfit["loo"]
             choice = {k: v for k, v in kfit.items() if k not in ("temperature", "loo")}
-        elif res.adopted:   # one shot per class: no LOO; as confident on the shots as zero-shot is on them
-            from .transductive import _entropy, match_entropy
-
-            x = shots.rows.float()
-            target = _entropy(res.logit_scale * F.normalize(x, dim=-1) @ F.normalize(self.prototypes_.float(), dim=-1).T)
-            kind = "score"
-            temps["kernel"] = 1.0 / match_entropy(torch.as_tensor(self.decision_function(x, "kernel")), target)
-            choice = {"kind": "score", "reason": "one shot per class: no leave-one-out; T gives the scores on the "
-                                                 "shots the mean entropy of softmax(100·cos)"}
         self.set_temperatures(temps, method="loo-nll", kernel_logits=kind, shots=len(shots), loo=loo,
                               text_temperatures=text_temps,
                               **({"kernel_logits_choice": choice} if choice is not None else {}),
                               rule="kernel and linear: T minimising the leave-one-out NLL of the shots (an adapted "
                                    "kernel head: for log scores and raw scores, the lower NLL kept, log charged for "
-                                   "unseen scores ≤ 0; with one shot per class it has no LOO and its T gives it, on "
-                                   "the shots, the mean entropy of softmax(100·cos)); cosine: CLIP's logit scale 100")
+                                   "unseen scores ≤ 0); cosine: CLIP's logit scale 100")
 
     # ------------------------------------------------------------------------------ readable votes
     def _scale_votes(self, lam) -> None:

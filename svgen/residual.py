@@ -30,8 +30,9 @@ Settings, from the shots alone:
   (:func:`balanced_folds`): plain leave-one-out leaves the image's own class one shot short of every
   other class, which at two shots per class made the test refuse corrections that gain 4 points on
   the queries (fgvc). The exact leave-one-out scores ``s_loo = p₀ + (HR − h ⊙ R)/(1 − h)``,
-  ``H = K(K + cI)⁻¹``, ``h = diag H``, give the head's temperature. With one shot per class neither can
-  run (the image's class would have no shot at all): the record says so.
+  ``H = K(K + cI)⁻¹``, ``h = diag H``, give the head's temperature. With one shot per class the test cannot
+  run (the image's class would have no shot at all): the record says so; the leave-one-out scores then
+  describe images of a class without shots, a pessimistic basis that gives a softer temperature.
 
 Above :data:`SELECT_MAX` shots the settings and the decision are made on a random subset of whole classes
 (every shot of each, so the shots per class stay what they are) of at most that many shots; the head is
@@ -71,7 +72,7 @@ class ResidualFit:
     sigma: float
     votes: np.ndarray                   # M×C: s(x) = p₀(x) + k(x̂, rows) @ votes
     logit_scale: float
-    loo_scores: Optional[np.ndarray]    # N×C leave-one-out scores of the (scored) shots, None with one shot per class
+    loo_scores: Optional[np.ndarray]    # N×C leave-one-out scores of the (scored) shots
     loo_rows: Optional[np.ndarray]      # which shots those are (None: all)
     record: dict = field(default_factory=dict)
 
@@ -154,9 +155,11 @@ def select(X: np.ndarray, y: np.ndarray, P: np.ndarray, C: int, logit_scale: flo
     R = Y - p0
     d2 = np.maximum(2.0 - 2.0 * X @ X.T, 0.0)
     one_shot = np.bincount(y, minlength=C).max() <= 1
-    if one_shot:
+    if one_shot:   # LOO still gives the temperature: pessimistic (the image's class has no shot), so softer
         sigma, c = 1.0 / math.sqrt(TIP_ADAPTER_BETA), ONE_SHOT_RIDGE
-        return {"sigma": sigma, "ridge_c": c, "loo": None, "p0": p0,
+        e, U = np.linalg.eigh(np.exp(-d2 / (2 * sigma * sigma)))
+        return {"sigma": sigma, "ridge_c": c, "loo": loo_scores(U, np.maximum(e, 0.0), c, R, p0), "p0": p0,
+                "one_shot": True,
                 "rule": "one shot per class: σ = 1/√β (Tip-Adapter's β = 5.5), c = 1 (the shot and the text weigh "
                         "the same); the labels cannot identify either"}
     med = median_distance(X, seed)
@@ -170,7 +173,7 @@ def select(X: np.ndarray, y: np.ndarray, P: np.ndarray, C: int, logit_scale: flo
         if best is None or ll[i, j] > best[0]:
             best = (float(ll[i, j]), f, sigma, float(np.exp(LOG_NOISES[j] - LOG_AMPLITUDES[i])), e, U)
     ll, f, sigma, c, e, U = best
-    return {"sigma": sigma, "ridge_c": c, "sigma_factor": f, "log_evidence": ll, "median_distance": med,
+    return {"sigma": sigma, "ridge_c": c, "one_shot": False, "sigma_factor": f, "log_evidence": ll, "median_distance": med,
             "loo": loo_scores(U, e, c, R, p0), "p0": p0,
             "rule": "σ (× the median shot distance) and c = s²/θ by the GP marginal likelihood of Y − p₀"}
 
@@ -246,7 +249,7 @@ def fit_residual_head(X, y, P, n_classes: int, logit_scale: float = CLIP_LOGIT_S
     sub = class_subset(y, SELECT_MAX, seed)
     Xs, ys = (X, y) if sub is None else (X[sub], y[sub])
     sel = select(Xs, ys, P, n_classes, logit_scale, seed)
-    if sel["loo"] is None:
+    if sel.get("one_shot"):
         decision = {"adopted": True, "rule": "one shot per class: leave-one-out would leave the image's class "
                                              "without any shot, so it cannot judge the correction"}
     else:

@@ -79,8 +79,7 @@ def test_adapt_fits_each_heads_temperature_by_loo_nll(adapted, tmp_path):
     sel = residual.select(residual.unit(shots.rows.numpy()), shots.labels.numpy(), residual.unit(clf.prototypes_.numpy()),
                           C, 100.0)
     assert sel["sigma"] == pytest.approx(clf.bandwidth_)
-    z = {} if sel["loo"] is None else {   # one shot per class: no LOO (the kernel T matches zero-shot's entropy)
-        "kernel": calibration.head_logits(torch.from_numpy(sel["loo"]), "kernel", clf.kernel_logits_).numpy()}
+    z = {"kernel": calibration.head_logits(torch.from_numpy(sel["loo"]), "kernel", clf.kernel_logits_).numpy()}
     z = {**z,
          "linear": calibration.lda_loo_logits(clf.prototypes_, shots, C, clf.fewshot_["linear"]["shrinkage"],
                                               clf.fewshot_["linear"]["prior_shots"],

@@ -118,7 +118,7 @@ def test_balanced_folds_hold_out_one_shot_per_class_and_refit_exactly():
 def test_one_shot_per_class_uses_the_stated_default_and_has_no_loo():
     X, y, P = _problem(seed=3, per_class=1)
     fit = residual.fit_residual_head(X, y, P, P.shape[0])
-    assert fit.adopted and fit.loo_scores is None
+    assert fit.adopted and fit.loo_scores.shape == (len(y), P.shape[0])
     assert fit.sigma == pytest.approx(1 / math.sqrt(residual.TIP_ADAPTER_BETA))
     assert fit.record["ridge_c"] == residual.ONE_SHOT_RIDGE
     assert "cannot judge" in fit.record["decision"]["rule"]
