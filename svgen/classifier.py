@@ -631,11 +631,13 @@ class SVGClassifier:
         C = len(self.classes_)
         self._text_temperatures()
         text_temps = dict(self.temperatures_)
+        y = shots.labels.numpy()
+        sub = residual.class_subset(y, fewshot.LDA_LOO_MAX, self.fit_config_.seed)   # T from whole classes' shots
         lin = calibration.lda_loo_logits(self.prototypes_, shots, C, lchoice.settings["shrinkage"],
                                          lchoice.settings["prior_shots"],
-                                         equal_radius=lchoice.settings.get("means") == "equal Mahalanobis radius")
-        y = shots.labels.numpy()
-        fit = calibration.loo_temperatures({"linear": lin}, y, fallback=text_temps)
+                                         equal_radius=lchoice.settings.get("means") == "equal Mahalanobis radius",
+                                         rows=sub)
+        fit = calibration.loo_temperatures({"linear": lin}, y if sub is None else y[sub], fallback=text_temps)
         temps, loo, kind, choice = dict(fit["temperatures"]), dict(fit["loo"]), None, None
         if res.adopted and res.loo_scores is not None:   # the kind and T by the guarded LOO NLL (both kinds)
             yk = y if res.loo_rows is None else y[res.loo_rows]

@@ -229,6 +229,7 @@ def fit_kernel_head(text: SupportSet, text_votes: Callable[[float], torch.Tensor
 
 # ----------------------------------------------------------------------------- LDA head
 
+LDA_LOO_MAX = 512    # above this many shots, γ and κ are chosen on the LOO of a random set of whole classes
 LDA_SHRINKAGE = (0.02, 0.05, 0.1, 0.2, 0.4, 0.7)     # γ: Σ = (1−γ)·S_w/df + γ·(tr/D)·I
 LDA_PRIOR = (0.0, 0.5, 1.0, 2.0, 4.0, 8.0)          # κ: prior shots on each class mean
 # κ with one shot per class, where LOO cannot judge it: leaving a class's only shot out leaves that class
@@ -250,7 +251,8 @@ def prior_means(prototypes: torch.Tensor, X: torch.Tensor) -> torch.Tensor:
 
 
 def lda_loo(X: torch.Tensor, y: torch.Tensor, m: torch.Tensor, gammas: Sequence[float], kappas: Sequence[float],
-            equal_radius: bool = False, return_correct: bool = False, keep_scores: bool = False):
+            equal_radius: bool = False, return_correct: bool = False, keep_scores: bool = False,
+            score_rows: Optional[torch.Tensor] = None):
     """Exact leave-one-out error (and mean negative margin) of shared-covariance LDA with prior means.
 
     The head for one (γ, κ) is ``scores_c(x) = (x − ½μ_c)ᵀ Σ⁻¹ μ_c`` with
@@ -265,6 +267,8 @@ def lda_loo(X: torch.Tensor, y: torch.Tensor, m: torch.Tensor, gammas: Sequence[
     Returns (error, mean negative margin) arrays of shape (len(gammas), len(kappas)); with
     ``return_correct`` also the per-shot LOO correctness (len(gammas), len(kappas), N); with
     ``keep_scores`` then also ``{(a, b): N×C LOO logits}`` (svgen.calibration fits temperatures on them).
+    ``score_rows`` (indices): the LOO predictions of those shots only (every shot still fits the head, and each
+    is still left out exactly); the cost of the search is linear in their number.
     """
     N, D = X.shape
     C = m.shape[0]
@@ -274,17 +278,21 @@ def lda_loo(X: torch.Tensor, y: torch.Tensor, m: torch.Tensor, gammas: Sequence[
     R = X - xbar[y]
     omega, V = _eigh(R.T @ R)
     omega = omega.clamp_min(0)
-    Xv, xbar_v, m_v, U = X @ V, xbar @ V, m @ V, R @ V
     centre = X.mean(dim=0) @ V
-    E = Xv - centre
     C_shot = int((n > 0).sum())
     df_all = max(N - C_shot, 1)
     trace = float(omega.sum())
     tau = trace / (df_all * D) if trace > 0 else 1.0
+    df = {True: max(N - 1 - C_shot, 1), False: df_all}
+    if score_rows is not None:                         # only these shots are left out and scored
+        idx = torch.as_tensor(score_rows, dtype=torch.long)
+        X, R, y = X[idx], R[idx], y[idx]
+        N = int(idx.numel())
+    Xv, xbar_v, m_v, U = X @ V, xbar @ V, m @ V, R @ V
+    E = Xv - centre
     n_i = n[y]
     many = n_i > 1                                     # leaving i out keeps class y_i in the data
     scale = torch.where(many, n_i / (n_i - 1).clamp_min(1), torch.zeros_like(n_i))
-    df = {True: max(N - 1 - C_shot, 1), False: df_all}
     own_sum = sums[y] @ V - Xv                         # class sum without shot i (eigenbasis)
     rows = torch.arange(N)
     err = np.zeros((len(gammas), len(kappas)))
@@ -396,8 +404,12 @@ def fit_lda_head(prototypes: torch.Tensor, shots: SupportSet, n_classes: int, eq
     scored = (0.0,) + kappas if kappas[0] != 0.0 else kappas      # κ = 0 always scored (choose_head)
     offer = [scored.index(k) for k in kappas]
     gammas = (1.0,) if single else LDA_SHRINKAGE     # no within-class scatter to estimate with 1 shot
-    err, tie, correct = lda_loo(X, y, m, gammas, scored, equal_radius=equal_radius, return_correct=True)
-    a, b = one_se_choice(err[:, offer], tie[:, offer], X.shape[0])
+    from .residual import class_subset
+
+    sub = class_subset(y.numpy(), LDA_LOO_MAX, 0)   # the search scores whole classes' shots, at most LDA_LOO_MAX
+    err, tie, correct = lda_loo(X, y, m, gammas, scored, equal_radius=equal_radius, return_correct=True,
+                                score_rows=None if sub is None else torch.from_numpy(sub))
+    a, b = one_se_choice(err[:, offer], tie[:, offer], X.shape[0] if sub is None else len(sub))
     b = offer[b]
     W, bias = lda_head_weights(X, y, m, gammas[a], scored[b], equal_radius=equal_radius)
     choice = HeadChoice(float(err[a, b]), {"kind": "lda", "shrinkage": float(gammas[a]), "prior_shots": float(scored[b]),

@@ -178,13 +178,17 @@ def select(X: np.ndarray, y: np.ndarray, P: np.ndarray, C: int, logit_scale: flo
             "rule": "σ (× the median shot distance) and c = s²/θ by the GP marginal likelihood of Y − p₀"}
 
 
-def balanced_folds(y: np.ndarray, seed: int = 0) -> list:
+MAX_FOLDS = 4   # held-out folds for the decision (each one shot per class; the test needs no more)
+
+
+def balanced_folds(y: np.ndarray, seed: int = 0, max_folds: int = MAX_FOLDS) -> list:
     """Folds that each hold out one shot of every class with two or more: fold f the f-th shot (in a seeded
-    order) of each class that has more than f; as many folds as the largest class has shots."""
+    order) of each class that has more than f; as many folds as the largest class has shots, at most
+    ``max_folds``."""
     rng = np.random.default_rng(seed)
     order = {c: rng.permutation(np.flatnonzero(y == c)) for c in np.unique(y)}
     folds = []
-    for f in range(max(len(v) for v in order.values())):
+    for f in range(min(max(len(v) for v in order.values()), max_folds)):
         held = np.array(sorted(v[f] for v in order.values() if len(v) > 1 and f < len(v)), dtype=np.int64)
         if held.size:
             folds.append(held)
@@ -197,12 +201,13 @@ def held_out_scores(X: np.ndarray, y: np.ndarray, P: np.ndarray, C: int, sigma: 
     (:func:`balanced_folds`), scored on the fold. Every class loses one shot at once, so the held-out
     image's class is not put at a disadvantage against the others, as plain leave-one-out would."""
     rows, out = [], []
+    p0 = prior_probs(X, P, logit_scale)
+    R = np.eye(C)[y] - p0
     for held in balanced_folds(y, seed):
         keep = np.setdiff1d(np.arange(len(y)), held)
-        V = np.linalg.solve(rbf(X[keep], X[keep], sigma) + c * np.eye(keep.size),
-                            np.eye(C)[y[keep]] - prior_probs(X[keep], P, logit_scale))
+        V = np.linalg.solve(rbf(X[keep], X[keep], sigma) + c * np.eye(keep.size), R[keep])
         rows.append(held)
-        out.append(prior_probs(X[held], P, logit_scale) + rbf(X[held], X[keep], sigma) @ V)
+        out.append(p0[held] + rbf(X[held], X[keep], sigma) @ V)
     return np.concatenate(rows), np.concatenate(out)
 
 

@@ -91,6 +91,11 @@ def test_lda_loo_matches_refits_without_each_shot(gamma, kappa, equal_radius):
         margins.append(float((other.max() - s[y[i]]).clamp(-1e6, 1e6)))
     assert err[0, 0] == wrong / len(y)
     assert margin[0, 0] == pytest.approx(np.mean(margins), rel=1e-7, abs=1e-9)
+    # scoring a subset of the shots gives exactly their rows of the full leave-one-out
+    sub = torch.tensor([0, 3, 7, 12, 22])
+    _, _, full = lda_loo(X, y, m, [gamma], [kappa], equal_radius=equal_radius, keep_scores=True)
+    _, _, part = lda_loo(X, y, m, [gamma], [kappa], equal_radius=equal_radius, keep_scores=True, score_rows=sub)
+    torch.testing.assert_close(part[0, 0], full[0, 0][sub])
 
 
 # ----------------------------------------------------------------------------- heads

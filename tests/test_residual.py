@@ -102,6 +102,7 @@ def test_balanced_folds_hold_out_one_shot_per_class_and_refit_exactly():
     X, y, P = _problem(seed=9, C=4, per_class=3)
     y = y.copy()
     y[-1] = 0                                            # class 0 has 4 shots, class 3 has 2
+    assert len(residual.balanced_folds(y, max_folds=2)) == 2
     folds = residual.balanced_folds(y)
     assert len(folds) == 4 and sorted(np.concatenate(folds).tolist()) == list(range(len(y)))
     for held in folds:
