@@ -587,6 +587,7 @@ class SVGClassifier:
         self.text_ = text
         self._set_kernel_head(res, text, shots)
         self.linear_weight_, self.linear_bias_ = W, b
+        default, head_choice = self._choose_default_head(res, shots, lchoice)
         counts = shots.counts(C)
         self.fewshot_ = {
             "shots": int(counts.sum()), "classes_with_shots": int((counts > 0).sum()),
@@ -594,7 +595,7 @@ class SVGClassifier:
             "shots_by_class": {name: int(n) for name, n in zip(self.classes_, counts) if n},
             "kernel": {"head": "zero-shot probabilities + kernel ridge on their residual" if res.adopted
                        else "zero-shot (the shots' correction was refused)", **res.record},
-            "linear": lchoice.as_dict(), "default_head": "kernel",
+            "linear": lchoice.as_dict(), "default_head": default, "head_choice": head_choice,
             "text_bandwidth": float(text["bandwidth"]), "wall_time_s": wall,
         }
         log.info("adapted to %d shots in %.2fs: kernel %s (σ=%.3g, c=%.3g), linear LDA γ=%g κ=%g (LOO error %.3f)",
@@ -602,6 +603,42 @@ class SVGClassifier:
                  lchoice.settings["shrinkage"], lchoice.settings["prior_shots"], lchoice.loo_error)
         self._shot_temperatures(shots, res, lchoice)
         return self
+
+    def _choose_default_head(self, res, shots: SupportSet, lchoice) -> tuple:
+        """("kernel" | "linear", record): the head ``classify``, ``eval``, ``export`` and :meth:`predict` use.
+
+        Both heads are compared on the same held-out shots (the balanced folds of :mod:`svgen.residual`,
+        each head refitted without the fold at its chosen settings, as it will be deployed): the LDA head
+        becomes the default only if its held-out accuracy is ahead of the kernel head's (which is the
+        zero-shot head when the correction was refused) by more than one standard error of the paired
+        difference. With one shot per class there are no folds: the kernel head."""
+        if res.folds is None:
+            return "kernel", {"rule": "one shot per class: no held-out shots to compare the heads on; kernel"}
+        C = len(self.classes_)
+        X, y = shots.rows.double(), shots.labels
+        m = fewshot.prior_means(self.prototypes_, X)
+        rows = np.concatenate(res.folds)
+        lin_ok, ker_ok = [], []
+        kernel_held = dict(zip(res.held_rows.tolist(), res.held_scores.argmax(axis=1).tolist()))
+        eq = lchoice.settings.get("means") == "equal Mahalanobis radius"
+        for held in res.folds:
+            keep = torch.from_numpy(np.setdiff1d(np.arange(len(y)), held))
+            W, b = fewshot.lda_head_weights(X[keep], y[keep], m, lchoice.settings["shrinkage"],
+                                            lchoice.settings["prior_shots"], equal_radius=eq)
+            lin_ok.append(((X[held] @ W.T + b).argmax(dim=1) == y[held]).numpy())
+        lin_ok = np.concatenate(lin_ok).astype(float)
+        truth = y.numpy()[rows]
+        if res.adopted:
+            ker_ok = np.array([kernel_held[r] for r in rows.tolist()]) == truth
+        else:   # the kernel head is the zero-shot one: its predictions need no refit
+            ker_ok = np.asarray(self.decision_function(shots.rows[rows], "kernel")).argmax(axis=1) == truth
+        d = lin_ok - ker_ok.astype(float)
+        se = float(d.std(ddof=1) / math.sqrt(len(d))) if len(d) > 1 else 0.0
+        head = "linear" if d.mean() > se else "kernel"
+        return head, {"kernel_held_out_accuracy": float(ker_ok.mean()), "linear_held_out_accuracy": float(lin_ok.mean()),
+                      "linear_minus_kernel": float(d.mean()), "standard_error": se, "shots_compared": int(len(d)),
+                      "rule": "linear if its accuracy on the held-out shots (balanced folds) is ahead of the kernel "
+                              "head's by more than 1 SE (paired), else kernel"}
 
     def _set_kernel_head(self, res, text: dict, shots: SupportSet) -> None:
         """The kernel head from a :class:`svgen.residual.ResidualFit`: its rows and votes with the zero-shot
@@ -710,22 +747,24 @@ class SVGClassifier:
             self.kernel_logits_ = kernel_logits
         return self
 
-    def predict_proba(self, X, head: str = "kernel"):
+    def predict_proba(self, X, head: Optional[str] = None):
         """N×C probabilities of one head: ``softmax(z / T_head)`` with z the head's logits (the kernel
         vote's are ``log score`` or, where ``kernel_logits_ == "score"``, the raw vote; see
         :mod:`svgen.calibration`). Rows sum to one (float64; a torch
-        tensor for a torch input, else numpy, as :meth:`decision_function`)."""
+        tensor for a torch input, else numpy, as :meth:`decision_function`). ``head=None``: :attr:`default_head_`."""
+        head = head or self.default_head_
         p = calibration.softmax(self._logits(X, head), self.temperatures_[head])
         return p if isinstance(X, torch.Tensor) else p.numpy()
 
-    def logits(self, X, head: str = "kernel"):
+    def logits(self, X, head: Optional[str] = None):
         """N×C logits of one head, the input of :meth:`predict_proba`'s softmax (kernel: ``log score``, or
         the score itself where ``kernel_logits_ == "score"``);
         a torch tensor for a torch input, else numpy, as :meth:`decision_function`."""
         z = self._logits(X, head)
         return z if isinstance(X, torch.Tensor) else z.numpy()
 
-    def _logits(self, X, head: str) -> torch.Tensor:
+    def _logits(self, X, head: Optional[str]) -> torch.Tensor:
+        head = head or self.default_head_
         return calibration.head_logits(torch.as_tensor(self.decision_function(X, head)), head, self.kernel_logits_)
 
     # ------------------------------------------------------------------------------ inference
@@ -744,12 +783,13 @@ class SVGClassifier:
             raise SvgenError(f"features have dimension {x.shape[1]} but the artifact expects {self.n_features_in_}")
         return x
 
-    def decision_function(self, X, head: str = "kernel"):
+    def decision_function(self, X, head: Optional[str] = None):
         """N×C scores of one head: ``kernel`` (vote), ``linear`` or ``cosine`` (the CLIP baseline).
 
         A torch tensor for a torch input; a float32 numpy array for anything else (numpy, lists),
-        as scikit-learn returns.
+        as scikit-learn returns. ``head=None``: :attr:`default_head_` (what the fit decided).
         """
+        head = head or self.default_head_
         x = self._features(X)
         with torch.no_grad():
             if head == "kernel":
@@ -765,12 +805,12 @@ class SVGClassifier:
                 raise SvgenError(f"unknown head {head!r}; expected one of {', '.join(HEADS)}")
         return scores if isinstance(X, torch.Tensor) else scores.cpu().numpy()
 
-    def predict(self, X, head: str = "kernel") -> np.ndarray:
+    def predict(self, X, head: Optional[str] = None) -> np.ndarray:
         """Predicted class names (array of str)."""
         idx = np.asarray(self.decision_function(X, head).argmax(1))
         return np.asarray(self.classes_, dtype=object)[idx]
 
-    def score(self, X, y, head: str = "kernel") -> float:
+    def score(self, X, y, head: Optional[str] = None) -> float:
         """Top-1 accuracy on ``X`` (N×D image embeddings) against ``y``: class names, or integer
         class indices into ``classes_`` (scikit-learn's ``ClassifierMixin.score``)."""
         from .metrics import check_labels
@@ -888,9 +928,10 @@ class SVGClassifier:
 
     @property
     def default_head_(self) -> str:
-        """The head ``classify``, ``eval``, ``export`` and :meth:`predict` use when none is named: the kernel
-        head, which carries whatever the fit decided (zero-shot, or zero-shot corrected by the shots)."""
-        return "kernel"
+        """The head ``classify``, ``eval``, ``export`` and :meth:`predict` use when none is named: what the fit
+        with shots decided (:meth:`_choose_default_head`), else the kernel head."""
+        head = (getattr(self, "fewshot_", None) or {}).get("default_head", "kernel")
+        return head if head in HEADS else "kernel"
 
     def save(self, path, force: bool = False):
         """Write the artifact directory atomically (refuses to overwrite unless ``force``)."""

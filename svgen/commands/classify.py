@@ -112,8 +112,8 @@ def run(args) -> int:
     if not args.features and not args.inputs:
         raise SvgenError("nothing to classify: give image files or folders, or --features FEATS.npy")
     check_out(args.out, args.force)
-    head = args.head or "kernel"
     clf = SVGClassifier.load(args.artifact)
+    head = args.head or clf.default_head_   # what the fit decided
     clf.progress = args.progress
     if args.features:
         import torch
@@ -135,14 +135,14 @@ def run(args) -> int:
         note(args, f"svgen classify: --top-k {args.top_k} is more than the artifact's {len(clf.classes_)} classes; "
                    f"showing all {len(clf.classes_)}")
     emit(format_rows(names, scores, clf.classes_, args.top_k, args.format, key), args.out, args.force, args,
-         f"{len(names)} row(s), {_what(args)}, top {min(args.top_k, len(clf.classes_))}, {args.format}")
+         f"{len(names)} row(s), {_what(args, head)}, top {min(args.top_k, len(clf.classes_))}, {args.format}")
     return 0
 
 
-def _what(args) -> str:
+def _what(args, head: str) -> str:
     if args.transductive and args.head is None:
         return "transductive posterior"
-    return ("transductive " if args.transductive else "") + f"{args.head or 'kernel'} head"
+    return ("transductive " if args.transductive else "") + f"{head} head"
 
 
 def _transductive(clf, x, args):

@@ -65,7 +65,6 @@ def _encoder_args(args) -> argparse.Namespace:
 def _check(args) -> None:
     if args.transductive:
         raise SvgenError("--transductive adapts to all inputs at once; it does not run with --engine ray")
-    args.head = args.head or "kernel"  # --head defaults to None (with --transductive: the pool's posterior)
     if args.format:
         raise SvgenError("--engine ray writes Parquet; drop --format")
     if not args.out:
@@ -97,6 +96,7 @@ def run_ray(args) -> int:
     _check(args)
     ray_engine.require_ray()  # before any work: one line saying what to install
     clf = SVGClassifier.load(args.artifact)
+    args.head = args.head or clf.default_head_   # what the fit decided
     features = bool(args.features)
     block_size = args.block_size if args.block_size is not None else (65536 if features else 256)
     blocks = plan_blocks(args.features if features else args.inputs, block_size, features=features,
