@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import json
 import sys
 import time
 import warnings
@@ -296,12 +295,11 @@ def main(argv=None):
     ap.add_argument("--out", default="bench_adapt", help="result name under bench-results/")
     ap.add_argument("--render", metavar="RESULT.json", help="print the markdown table of a saved result and stop")
     args = ap.parse_args(argv)
-    if args.render:
-        print(markdown(json.loads(Path(args.render).read_text())), end="")
-        return 0
-    if not FEWSHOT.is_dir():
-        print(f"bench_adapt: {FEWSHOT} is absent; nothing to measure", file=sys.stderr)
-        return 2
+    from bench_fewshot import render_or_missing
+
+    code = render_or_missing(args, markdown, "bench_adapt")
+    if code is not None:
+        return code
     log = lambda s: print(s, flush=True)  # noqa: E731
     results = {name: run_dataset(name, args.shots, args.seeds, log) for name in args.datasets}
     result = {"machine": machine(), "datasets": args.datasets, "shots": args.shots, "seeds": args.seeds,

@@ -614,7 +614,6 @@ class SVGClassifier:
         difference. With one shot per class there are no folds: the kernel head."""
         if res.folds is None:
             return "kernel", {"rule": "one shot per class: no held-out shots to compare the heads on; kernel"}
-        C = len(self.classes_)
         X, y = shots.rows.double(), shots.labels
         m = fewshot.prior_means(self.prototypes_, X)
         rows = np.concatenate(res.folds)
