@@ -45,8 +45,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import tempfile
 from pathlib import Path
 from typing import Callable, Dict, Optional
 
@@ -54,6 +52,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from . import safeio
 from .artifacts import follow_umask
 from .errors import SvgenError
 from .calibration import KERNEL_LOG_FLOOR
@@ -83,29 +82,10 @@ def write_atomic_file(path, writer: Callable[[Path], None], force: bool = False)
     """Write ``path`` via ``writer(tmp_path)`` into a temporary sibling, then rename it into place.
 
     A failure leaves nothing behind and never harms an existing file; an existing file is
-    replaced only with ``force``.
+    replaced only with ``force``, and one that appears while this runs is never replaced without it
+    (:func:`svgen.safeio.atomic_file`).
     """
-    path = Path(path)
-    if path.is_dir():
-        raise SvgenError(f"{path} is a folder; give a file name to write")
-    if path.exists() and not force:
-        raise SvgenError(f"{path} already exists; pass force=True to replace it")
-    parent = path.resolve().parent
-    if not parent.is_dir():
-        raise SvgenError(f"cannot write {path}: folder {parent} does not exist")
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.tmp-", suffix=path.suffix, dir=parent)
-    os.close(fd)
-    try:
-        writer(Path(tmp))
-        follow_umask(tmp)  # mkstemp (and safetensors) create files 0600
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
-    return path
+    return safeio.atomic_file(path, writer, force=force, mode=follow_umask, suffix=Path(path).suffix)
 
 
 def write_text_atomic(path, text: str, force: bool = False) -> Path:

@@ -97,9 +97,9 @@ def run(args) -> int:
     from ..prompts import load_templates, read_classes
 
     classes = read_classes(args.classes)
-    out = Path(args.out)
-    if out.exists() and not args.force:
-        raise SvgenError(f"{out} already exists; pass --force to overwrite it")
+    from ..safeio import check_dir_target
+
+    out = check_dir_target(args.out, args.force)  # before any work: only an artifact or an empty folder is replaced
     shots = shot_folder = None
     if wants_shots(args):
         # read (and check) the labelled images before any expensive work
