@@ -53,10 +53,20 @@ def check_pool(U, dim: int) -> torch.Tensor:
 
 
 def check_embeddings(x, what: str = "prototypes", ndims=(2, 3)) -> torch.Tensor:
-    """Validate an embedding array once, at the boundary: float, right rank, finite, no zero rows."""
+    """Validate an embedding array once, at the boundary: real, right rank, finite, no zero rows.
+
+    Every consumer L2-normalises the rows, so a row whose float32 norm would overflow (1e38) or
+    underflow (1e-42) is divided by its largest |entry| first (:func:`safe_rows`): its direction is
+    kept instead of being scored as a zero vector or refused as one.
+    """
     try:
-        t = torch.as_tensor(np.asarray(x), dtype=torch.float32)
-    except (TypeError, ValueError) as e:
+        a = x.detach().cpu() if isinstance(x, torch.Tensor) else np.asarray(x)
+        if a.dtype.is_complex if isinstance(a, torch.Tensor) else np.iscomplexobj(a):
+            raise SvgenError(f"{what} holds complex numbers; expected real embeddings")
+        t = torch.as_tensor(a if isinstance(a, torch.Tensor) else np.asarray(a), dtype=torch.float32)
+    except (TypeError, ValueError, RuntimeError) as e:
+        if isinstance(e, SvgenError):
+            raise
         raise SvgenError(f"{what} must be a numeric array ({e})") from None
     if t.dim() not in ndims:
         shapes = " or ".join({2: "N×D", 3: "C×T×D"}[n] if what != "prototypes" else {2: "C×D", 3: "C×T×D"}[n] for n in ndims)
@@ -67,10 +77,25 @@ def check_embeddings(x, what: str = "prototypes", ndims=(2, 3)) -> torch.Tensor:
     if bad.any():
         row = int(bad.reshape(t.shape[0], -1).any(dim=1).nonzero()[0])
         raise SvgenError(f"{what} contains NaN or inf (first at row {row})")
-    norms = t.norm(dim=-1)
-    if (norms == 0).any():
-        row = int((norms == 0).reshape(t.shape[0], -1).any(dim=1).nonzero()[0])
+    zero = (t == 0).all(dim=-1)
+    if zero.any():
+        row = int(zero.reshape(t.shape[0], -1).any(dim=1).nonzero()[0])
         raise SvgenError(f"{what} has an all-zero vector at row {row}; cannot L2-normalise it")
+    return safe_rows(t)
+
+
+SAFE_NORM = (1e-18, 1e18)  # float32 row norms well inside what squaring can represent
+
+
+def safe_rows(t: torch.Tensor) -> torch.Tensor:
+    """``t`` with every row whose norm leaves :data:`SAFE_NORM` divided by its largest |entry| (the row's
+    direction, all that the heads use, is unchanged; other rows are left bit-identical)."""
+    norms = t.double().norm(dim=-1)
+    bad = (norms < SAFE_NORM[0]) | (norms > SAFE_NORM[1])
+    if not bad.any():
+        return t
+    t = t.clone()
+    t[bad] = t[bad] / t[bad].abs().amax(dim=-1, keepdim=True)
     return t
 
 

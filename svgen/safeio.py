@@ -55,8 +55,8 @@ def check_regular(path, what: str = "file") -> os.stat_result:
     try:
         st = os.stat(path)
     except FileNotFoundError:
-        raise SvgenError(f"{what} {path} does not exist") from None
-    except OSError as e:
+        raise SvgenError(f"{what} not found: {path}") from None
+    except OSError as e:  # EACCES on a folder on the way: unreadable, not missing
         raise os_error(e, f"cannot read {what} {path}") from None
     if not stat.S_ISREG(st.st_mode):
         kind = "a folder" if stat.S_ISDIR(st.st_mode) else "not a regular file (a device, FIFO or socket)"
@@ -325,6 +325,7 @@ def check_dir_target(path, force: bool = False) -> Path:
     existing one without ``force``, with ``force`` one that is not an svgen artifact or empty, or a
     missing parent folder."""
     path = check_target_name(path)
+    recover(path)  # first: an artifact an interrupted write parked goes back, so it counts as existing
     if os.path.lexists(path):
         if not force:
             raise TargetExistsError(path)
@@ -342,7 +343,6 @@ def atomic_dir(path, files: dict, force: bool = False, mode=None) -> Path:
     with ``force`` and only when it is an svgen artifact or an empty folder.
     """
     path = check_dir_target(path, force)
-    recover(path)
     with temporary(path, "tmp", directory=True) as tmp:
         try:
             if mode:
@@ -367,6 +367,7 @@ def atomic_file(path, writer, force: bool = False, mode=None, suffix: str = "") 
     """Write file ``path`` via ``writer(tmp_path)`` into a locked temporary sibling, then rename it into
     place (never over a file that appeared meanwhile, unless ``force``)."""
     path = check_target_name(path)
+    recover(path)
     if path.is_dir():
         raise SvgenError(f"{path} is a folder; give a file name to write")
     if os.path.lexists(path) and not force:
@@ -374,7 +375,6 @@ def atomic_file(path, writer, force: bool = False, mode=None, suffix: str = "") 
     parent = path.absolute().parent
     if not parent.is_dir():
         raise SvgenError(f"cannot write {path}: folder {parent} does not exist")
-    recover(path)
     with temporary(path, "tmp", suffix=suffix) as tmp:
         try:
             writer(tmp)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 
-from ._common import HelpFormatter, add_encoder_args, load_array, note, text_prototypes
+from ._common import HelpFormatter, add_encoder_args, check_device, load_array, note, text_prototypes
 
 
 def add_parser(sub):
@@ -30,6 +30,7 @@ def run(args) -> int:
     from ..errors import SvgenError
     from ..prompts import read_class_names, validate_classes
 
+    check_device(args)
     names = read_class_names(args.classes)
     if not names:
         raise SvgenError(f"classes file {args.classes} is empty: expected one class name per line")
