@@ -180,9 +180,11 @@ def _expand(source: str) -> List[Path]:
 
 
 def _list_file(path: Path) -> List[str]:
+    from .safeio import MAX_TEXT_BYTES, read_regular
+
     try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as e:
+        lines = read_regular(path, MAX_TEXT_BYTES, what="list file").decode("utf-8").splitlines()
+    except UnicodeDecodeError as e:
         raise SvgenError(f"cannot read list file {path}: {e}") from None
     return [str(path.parent / s) for s in (line.strip() for line in lines) if s and not s.startswith("#")]
 

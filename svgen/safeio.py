@@ -36,6 +36,7 @@ from .errors import SvgenError, TargetExistsError
 log = logging.getLogger(__name__)
 
 MAX_JSON_BYTES = 64 << 20  # svgen.json: 64 MiB holds the names of millions of classes
+MAX_TEXT_BYTES = 256 << 20  # class lists, templates, lists of paths
 _AT_FDCWD = -100
 _RENAME_NOREPLACE, _RENAME_EXCHANGE = 1, 2
 _NOT_SUPPORTED = {errno.EINVAL, errno.ENOSYS, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EPERM}

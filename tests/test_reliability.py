@@ -464,3 +464,28 @@ def test_device_cuda_without_cuda_is_refused_even_without_an_encoder(cli, work, 
     before = tree(work)
     one_line(*cli(*argv)[::2], "CUDA")
     assert tree(work) == before
+
+
+@pytest.mark.parametrize("kind", ["fifo", "dev-zero"])
+def test_class_and_list_files_that_are_not_regular_are_one_line(cli, work, kind):
+    from svgen.blocks import plan_blocks
+
+    for name in ("fifo.txt", "list.lst"):
+        os.mkfifo(work / name) if kind == "fifo" else os.symlink("/dev/zero", work / name)
+    one_line(*cli("fit", "--prototypes", "P.npy", "--classes", "fifo.txt", "--out", "n.svgen")[::2], "fifo.txt")
+    with pytest.raises(SvgenError, match="list.lst"):
+        plan_blocks([str(work / "list.lst")], block_size=4)
+
+
+def test_a_file_that_appears_while_written_is_not_replaced(work):
+    from svgen.errors import TargetExistsError
+    from svgen.export import write_atomic_file
+
+    def racing(tmp):
+        (work / "out.npz").write_bytes(b"theirs")
+        tmp.write_bytes(b"ours")
+
+    with pytest.raises(TargetExistsError):
+        write_atomic_file(work / "out.npz", racing)
+    assert (work / "out.npz").read_bytes() == b"theirs"
+    assert not [p for p in os.listdir(work) if p.startswith(".out.npz.")]

@@ -186,7 +186,7 @@ def _check_npy_size(path: Path, what: str) -> None:
     except (ValueError, OSError, EOFError) as e:
         raise SvgenError(f"{what} file {path} has a damaged .npy header ({(str(e).splitlines() or [''])[0]})") from None
     if dtype.hasobject:
-        raise SvgenError(f"{what} file {path} holds Python objects; expected numbers")
+        raise SvgenError(f"{what} file {path} is not a plain numeric .npy array (it holds Python objects)")
     need = int(np.prod(shape, dtype=object)) * dtype.itemsize
     have = path.stat().st_size - offset
     if need > have:
