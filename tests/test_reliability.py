@@ -489,3 +489,12 @@ def test_a_file_that_appears_while_written_is_not_replaced(work):
         write_atomic_file(work / "out.npz", racing)
     assert (work / "out.npz").read_bytes() == b"theirs"
     assert not [p for p in os.listdir(work) if p.startswith(".out.npz.")]
+
+
+def test_add_classes_through_a_link_updates_the_artifact_it_names(cli, work):
+    os.symlink("a.svgen", work / "latest.svgen")
+    code, _, err = cli("add-classes", "latest.svgen", "--classes", "new.txt", "--prototypes", "P2.npy")
+    assert code == 0, err
+    assert (work / "latest.svgen").is_symlink()
+    assert len(json.loads((work / "a.svgen" / "svgen.json").read_text())["classes"]) == C + 2
+    assert not [p for p in os.listdir(work) if p.startswith(".")]
