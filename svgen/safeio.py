@@ -24,6 +24,7 @@ import errno
 import fcntl
 import logging
 import os
+import re
 import shutil
 import stat
 import tempfile
@@ -46,6 +47,18 @@ def os_error(e: OSError, what: str) -> SvgenError:
     """One line for an :class:`OSError` while doing ``what`` (``cannot write X: No space left on device``)."""
     reason = e.strerror or str(e) or type(e).__name__
     return SvgenError(f"{what}: {reason}")
+
+
+def as_os_error(e: BaseException) -> Optional[OSError]:
+    """``e`` as an :class:`OSError` if it is one, or a library's wrapper of one (safetensors raises
+    ``SafetensorError: … I/O error: No space left on device (os error 28)``); else None."""
+    if isinstance(e, OSError):
+        return e
+    found = re.search(r"\(os error (\d+)\)", str(e)) if isinstance(e, Exception) else None
+    if found:
+        code = int(found.group(1))
+        return OSError(code, os.strerror(code))
+    return None
 
 
 # ----------------------------------------------------------------------------- reading
@@ -354,8 +367,10 @@ def atomic_dir(path, files: dict, force: bool = False, mode=None) -> Path:
                     mode(tmp / name, False)
                 _fsync(tmp / name)
             _place(tmp, path, force, check_replaceable_dir)
-        except OSError as e:
-            raise os_error(e, f"cannot write {path}") from None
+        except Exception as e:
+            if as_os_error(e) is None:
+                raise
+            raise os_error(as_os_error(e), f"cannot write {path}") from None
     return path
 
 
@@ -386,6 +401,8 @@ def atomic_file(path, writer, force: bool = False, mode=None, suffix: str = "") 
                 os.replace(tmp, path)  # a file is replaced in one step
             else:
                 _place(tmp, path, False, _check_replaceable_file)
-        except OSError as e:
-            raise os_error(e, f"cannot write {path}") from None
+        except Exception as e:
+            if as_os_error(e) is None:
+                raise
+            raise os_error(as_os_error(e), f"cannot write {path}") from None
     return path

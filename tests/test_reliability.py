@@ -498,3 +498,34 @@ def test_add_classes_through_a_link_updates_the_artifact_it_names(cli, work):
     assert (work / "latest.svgen").is_symlink()
     assert len(json.loads((work / "a.svgen" / "svgen.json").read_text())["classes"]) == C + 2
     assert not [p for p in os.listdir(work) if p.startswith(".")]
+
+
+@pytest.fixture
+def tiny_disk(tmp_path):
+    """A 64 kB tmpfs: a real full disk (needs root and mount; skipped elsewhere)."""
+    import subprocess
+
+    where = tmp_path / "disk"
+    where.mkdir()
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(where)],
+                                           capture_output=True).returncode != 0:
+        pytest.skip("cannot mount a small tmpfs here")
+    try:
+        yield where
+    finally:
+        subprocess.run(["umount", str(where)], capture_output=True)
+
+
+def test_a_really_full_disk_is_one_line_for_artifacts_and_exports(cli, work, tiny_disk):
+    rng = np.random.default_rng(0)
+    names = [f"n{i}" for i in range(40)]
+    (work / "many.txt").write_text("\n".join(names) + "\n")
+    np.save(work / "big.npy", rng.normal(size=(40, 2, 64)).astype(np.float32))  # > 64 kB of tensors
+    code, _, err = cli("fit", "--prototypes", "big.npy", "--classes", "many.txt", "--out", tiny_disk / "x.svgen")
+    one_line(code, err, "No space left on device")
+    assert os.listdir(tiny_disk) == []
+    assert cli("fit", "--prototypes", "big.npy", "--classes", "many.txt", "--out", "big.svgen")[0] == 0
+    for fmt in ("safetensors", "npz", "onnx"):
+        code, _, err = cli("export", "big.svgen", "--head", "kernel", "--out", tiny_disk / f"k.{fmt}")
+        one_line(code, err, "No space left on device")
+        assert os.listdir(tiny_disk) == []
