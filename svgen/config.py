@@ -21,6 +21,7 @@ MAX_SEED = 2**32 - 1                               # what numpy and torch both a
 MAX_LR = 10.0
 MAX_WEIGHT = 1e6                                   # loss weights, κ, λ: beyond this only overflow
 MAX_RFF_DIM = 1 << 20
+MAX_STEPS = 1_000_000                              # Adam steps: beyond this a fit never ends
 
 
 @dataclass
@@ -78,8 +79,8 @@ class FitConfig:
             raise SvgenError(f"unknown kernel {self.kernel!r}; expected one of {', '.join(KERNELS)}")
         if self.margin not in MARGIN_NAMES:
             raise SvgenError(f"unknown margin loss {self.margin!r}; expected one of {', '.join(MARGIN_NAMES)}")
-        if int(self.steps) < 0:
-            raise SvgenError(f"--steps must be >= 0, got {self.steps}")
+        if not 0 <= int(self.steps) <= MAX_STEPS:
+            raise SvgenError(f"--steps must be >= 0 and <= {MAX_STEPS}, got {self.steps}")
         if not (self.head_lr >= 0 and math.isfinite(self.head_lr)):
             raise SvgenError(f"head_lr must be >= 0 (0 keeps the closed-form linear head), got {self.head_lr}")
         if int(self.batch_classes) < 2:

@@ -386,7 +386,8 @@ def test_npy_header_claiming_terabytes_is_checked_before_allocating(cli, work):
 
 
 @pytest.mark.parametrize("flags", [("-K", "100000"), ("--seed", "-1"), ("--lr", "1e30"),
-                                   ("--metric-strength", "inf"), ("--margin-weight", "nan")])
+                                   ("--metric-strength", "inf"), ("--margin-weight", "nan"), ("--steps", "100000000000"),
+                                   ("--ridge", "inf")])
 def test_out_of_range_fit_settings_are_one_line(cli, work, flags):
     before = tree(work)
     one_line(*cli(*fit_args("new.svgen", *flags))[::2], flags[0].lstrip("-").split("-")[0])
