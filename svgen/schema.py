@@ -175,7 +175,7 @@ def obj(spec: Optional[Dict[str, Callable]] = None, values: Optional[Callable] =
     """A JSON object with the ``required`` keys, whose known keys follow ``spec`` (others are allowed,
     or checked by ``values``)."""
     def check(key, v):
-        _expect(isinstance(v, dict), key, "an object", v)
+        _expect(isinstance(v, dict), key, "a JSON object", v)
         for k in required:
             if k not in v:
                 raise _Bad(f"'{key}' lacks '{k}'")
