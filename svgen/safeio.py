@@ -396,6 +396,7 @@ def atomic_file(path, writer, force: bool = False, mode=None, suffix: str = "") 
             writer(tmp)
             if mode:
                 mode(tmp, False)
+            _fsync(tmp)
             if force:
                 _check_replaceable_file(path)
                 os.replace(tmp, path)  # a file is replaced in one step
