@@ -350,6 +350,17 @@ def check_dir_target(path, force: bool = False) -> Path:
     return path
 
 
+@contextmanager
+def _write_errors(path: Path):
+    """An OS error (or a library's wrapper of one) while writing ``path`` becomes one line."""
+    try:
+        yield
+    except Exception as e:
+        if as_os_error(e) is None:
+            raise
+        raise os_error(as_os_error(e), f"cannot write {path}") from None
+
+
 def atomic_dir(path, files: dict, force: bool = False, mode=None) -> Path:
     """Create folder ``path`` from ``{name: writer(file_path)}`` atomically (see the module docstring).
 
@@ -357,20 +368,15 @@ def atomic_dir(path, files: dict, force: bool = False, mode=None) -> Path:
     with ``force`` and only when it is an svgen artifact or an empty folder.
     """
     path = check_dir_target(path, force)
-    with temporary(path, "tmp", directory=True) as tmp:
-        try:
+    with temporary(path, "tmp", directory=True) as tmp, _write_errors(path):
+        if mode:
+            mode(tmp, True)
+        for name, writer in files.items():
+            writer(tmp / name)
             if mode:
-                mode(tmp, True)
-            for name, writer in files.items():
-                writer(tmp / name)
-                if mode:
-                    mode(tmp / name, False)
-                _fsync(tmp / name)
-            _place(tmp, path, force, check_replaceable_dir)
-        except Exception as e:
-            if as_os_error(e) is None:
-                raise
-            raise os_error(as_os_error(e), f"cannot write {path}") from None
+                mode(tmp / name, False)
+            _fsync(tmp / name)
+        _place(tmp, path, force, check_replaceable_dir)
     return path
 
 
@@ -391,19 +397,14 @@ def atomic_file(path, writer, force: bool = False, mode=None, suffix: str = "") 
     parent = path.absolute().parent
     if not parent.is_dir():
         raise SvgenError(f"cannot write {path}: folder {parent} does not exist")
-    with temporary(path, "tmp", suffix=suffix) as tmp:
-        try:
-            writer(tmp)
-            if mode:
-                mode(tmp, False)
-            _fsync(tmp)
-            if force:
-                _check_replaceable_file(path)
-                os.replace(tmp, path)  # a file is replaced in one step
-            else:
-                _place(tmp, path, False, _check_replaceable_file)
-        except Exception as e:
-            if as_os_error(e) is None:
-                raise
-            raise os_error(as_os_error(e), f"cannot write {path}") from None
+    with temporary(path, "tmp", suffix=suffix) as tmp, _write_errors(path):
+        writer(tmp)
+        if mode:
+            mode(tmp, False)
+        _fsync(tmp)
+        if force:
+            _check_replaceable_file(path)
+            os.replace(tmp, path)  # a file is replaced in one step
+        else:
+            _place(tmp, path, False, _check_replaceable_file)
     return path

@@ -28,27 +28,17 @@ from hypothesis import strategies as st  # noqa: E402
 from svgen import SVGClassifier, safeio  # noqa: E402
 from svgen.artifacts import REQUIRED  # noqa: E402
 
+from conftest import copy_into, file_tree as tree, write_small_inputs  # noqa: E402
+
 C, D = 4, 8
 NAMES = [f"c{i}" for i in range(C)]
 SETTINGS = dict(deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
                                                       HealthCheck.too_slow], derandomize=True)
 
 
-def tree(folder: Path) -> dict:
-    return {str(p.relative_to(folder)): (p.read_bytes() if p.is_file() else None) for p in sorted(folder.rglob("*"))}
-
-
 @pytest.fixture(scope="module")
 def base(tmp_path_factory):
-    root = tmp_path_factory.mktemp("prop")
-    rng = np.random.default_rng(0)
-    np.save(root / "P.npy", rng.normal(size=(C, 2, D)).astype(np.float32))
-    np.save(root / "F.npy", rng.normal(size=(8, D)).astype(np.float32))
-    np.save(root / "y.npy", np.arange(8) % C)
-    np.save(root / "P2.npy", rng.normal(size=(1, 2, D)).astype(np.float32))
-    (root / "new.txt").write_text("extra\n")
-    SVGClassifier(n_support=2).fit(np.load(root / "P.npy"), classes=NAMES).save(root / "a.svgen")
-    return root
+    return write_small_inputs(tmp_path_factory.mktemp("prop"), NAMES, D, new=("extra",))
 
 
 def commands(art):
@@ -78,8 +68,7 @@ def run_all(cli, work: Path, must_refuse: bool):
 
 @pytest.fixture
 def work(base, tmp_path, monkeypatch):
-    for p in base.iterdir():
-        (shutil.copytree if p.is_dir() else shutil.copy)(p, tmp_path / p.name)
+    copy_into(base, tmp_path)
     monkeypatch.chdir(tmp_path)
     return tmp_path
 
