@@ -12,9 +12,10 @@ and the recovery of what an interrupted writer left behind.
   complete new version. Where the kernel or file system cannot exchange, the old version is first
   renamed to ``.NAME.old-*`` and the next writer of that target puts it back if it was left there
   (:func:`recover`).
-* Every temporary (``.NAME.tmp-*``, ``.NAME.old-*``) is created and held under an exclusive
+* Every temporary (``.NAME.tmp-PID-*``, ``.NAME.old-PID-*``) is created and held under an exclusive
   ``flock`` while its writer lives (:func:`temporary`); :func:`recover` removes only those whose lock
-  is free, that is whose writer is gone (a crash, kill -9), never a concurrent writer's.
+  is free and whose writer (the process id in the name) is gone (a crash, kill -9), never a
+  concurrent writer's, not even in the instant between its creating and locking the temporary.
 """
 
 from __future__ import annotations
@@ -170,6 +171,23 @@ def _prefix(target: Path, kind: str) -> str:
     return f".{target.name}.{kind}-"
 
 
+def _owner_alive(path: Path, target: Path) -> bool:
+    """Whether the process whose id the temporary's name carries (``.NAME.tmp-PID-XXXX``) still runs:
+    it covers the instant between creating a temporary and locking it."""
+    rest = next((path.name[len(_prefix(target, k)):] for k in ("tmp", "old")
+                 if path.name.startswith(_prefix(target, k))), "")
+    pid = rest.split("-", 1)[0]
+    if not pid.isdigit() or int(pid) == os.getpid():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # EPERM: it exists, owned by someone else
+        return True
+    return True
+
+
 def _lock(fd: int) -> bool:
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -185,11 +203,12 @@ def temporary(target, kind: str = "tmp", directory: bool = False, suffix: str = 
     target = Path(target)
     parent = target.absolute().parent
     try:
+        prefix = f"{_prefix(target, kind)}{os.getpid()}-"
         if directory:
-            tmp = Path(tempfile.mkdtemp(prefix=_prefix(target, kind), suffix=suffix, dir=parent))
+            tmp = Path(tempfile.mkdtemp(prefix=prefix, suffix=suffix, dir=parent))
             fd = os.open(tmp, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
         else:
-            fd, name = tempfile.mkstemp(prefix=_prefix(target, kind), suffix=suffix, dir=parent)
+            fd, name = tempfile.mkstemp(prefix=prefix, suffix=suffix, dir=parent)
             tmp = Path(name)
     except OSError as e:
         raise os_error(e, f"cannot write {target}") from None
@@ -237,7 +256,7 @@ def leftovers(target) -> list:
         return []
     found = [parent / n for n in sorted(names)
              if n.startswith((_prefix(target, "tmp"), _prefix(target, "old")))]
-    return [p for p in found if _abandoned(p)]
+    return [p for p in found if _abandoned(p) and not _owner_alive(p, target)]
 
 
 def recover(target) -> Optional[Path]:

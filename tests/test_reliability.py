@@ -517,3 +517,19 @@ def test_a_really_full_disk_is_one_line_for_artifacts_and_exports(cli, work, tin
         code, _, err = cli("export", "big.svgen", "--head", "kernel", "--out", tiny_disk / f"k.{fmt}")
         one_line(code, err, "No space left on device")
         assert os.listdir(tiny_disk) == []
+
+
+def test_a_temporary_not_yet_locked_by_a_live_writer_is_kept(work):
+    """The instant between a writer creating its temporary and locking it: the process id in the name
+    keeps the next writer's cleanup off it; once that process is gone, it is removed."""
+    import subprocess
+
+    child = subprocess.Popen(["true"])
+    child.wait()
+    for name in ("x.svgen", "my-art.svgen"):
+        alive = work / f".{name}.tmp-{os.getppid()}-abcd"
+        alive.mkdir()
+        dead = work / f".{name}.old-{child.pid}-efgh"
+        dead.mkdir()
+        safeio.recover(work / name)
+        assert alive.is_dir() and not dead.exists()

@@ -83,8 +83,8 @@ def fresh(work: Path) -> Path:
 
 json_values = st.recursive(st.none() | st.booleans() | st.integers(-10**6, 10**20)
                            | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=8),
-                           lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner,
-                                                                                       max_size=3),
+                           lambda inner: st.lists(inner, min_size=1, max_size=3)
+                           | st.dictionaries(st.text(max_size=4), inner, min_size=1, max_size=3),
                            max_leaves=6)
 
 
