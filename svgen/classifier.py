@@ -57,7 +57,8 @@ def check_embeddings(x, what: str = "prototypes", ndims=(2, 3)) -> torch.Tensor:
 
     Every consumer L2-normalises the rows, so a row whose float32 norm would overflow (1e38) or
     underflow (1e-42) is divided by its largest |entry| first (:func:`safe_rows`): its direction is
-    kept instead of being scored as a zero vector or refused as one.
+    kept instead of being scored as a zero vector or refused as one. Only per-row vectors are
+    allocated, never a second N×D array.
     """
     try:
         a = x.detach().cpu() if isinstance(x, torch.Tensor) else np.asarray(x)
@@ -77,25 +78,26 @@ def check_embeddings(x, what: str = "prototypes", ndims=(2, 3)) -> torch.Tensor:
     if bad.any():
         row = int(bad.reshape(t.shape[0], -1).any(dim=1).nonzero()[0])
         raise SvgenError(f"{what} contains NaN or inf (first at row {row})")
-    zero = (t == 0).all(dim=-1)
+    peak = torch.linalg.vector_norm(t, ord=float("inf"), dim=-1)  # max |entry| per row, no N×D temporary
+    zero = peak == 0
     if zero.any():
         row = int(zero.reshape(t.shape[0], -1).any(dim=1).nonzero()[0])
         raise SvgenError(f"{what} has an all-zero vector at row {row}; cannot L2-normalise it")
-    return safe_rows(t)
+    return safe_rows(t, peak)
 
 
-SAFE_NORM = (1e-18, 1e18)  # float32 row norms well inside what squaring can represent
+SAFE_PEAK = (1e-18, 1e18)  # rows whose largest |entry| is in here square and sum without over/underflow
 
 
-def safe_rows(t: torch.Tensor) -> torch.Tensor:
-    """``t`` with every row whose norm leaves :data:`SAFE_NORM` divided by its largest |entry| (the row's
-    direction, all that the heads use, is unchanged; other rows are left bit-identical)."""
-    norms = t.double().norm(dim=-1)
-    bad = (norms < SAFE_NORM[0]) | (norms > SAFE_NORM[1])
+def safe_rows(t: torch.Tensor, peak: torch.Tensor) -> torch.Tensor:
+    """``t`` with every row whose largest |entry| (``peak``) leaves :data:`SAFE_PEAK` divided by it, so
+    its float32 norm neither overflows (1e38) nor underflows (1e-42). The row's direction, all that the
+    heads use, is unchanged; other rows are left bit-identical."""
+    bad = (peak < SAFE_PEAK[0]) | (peak > SAFE_PEAK[1])
     if not bad.any():
         return t
     t = t.clone()
-    t[bad] = t[bad] / t[bad].abs().amax(dim=-1, keepdim=True)
+    t[bad] = t[bad] / peak[bad].unsqueeze(-1)
     return t
 
 
