@@ -139,7 +139,7 @@ def load_artifact(path) -> Tuple[dict, Dict[str, torch.Tensor]]:
     if not os.path.lexists(path / META_FILE):
         raise SvgenError(f"{path} is not an svgen artifact: {META_FILE} is missing")
     meta = schema.validate_meta(schema.parse_meta(safeio.read_regular(path / META_FILE, what="artifact file"),
-                                                  path / META_FILE), path / META_FILE)
+                                                  path / META_FILE), path / META_FILE, FORMAT_VERSIONS)
     if not os.path.lexists(path / WEIGHTS_FILE):
         raise SvgenError(f"{path} is incomplete: {WEIGHTS_FILE} is missing")
     safeio.check_regular(path / WEIGHTS_FILE, "artifact file")  # a FIFO or device would hang or never end

@@ -26,7 +26,6 @@ MAX_DEPTH = 32                  # svgen.json nests 3 deep; anything far deeper i
 MAX_CLASSES = 10_000_000
 MAX_NAME_CHARS = 4096           # a class name or a template
 MAX_DIM = 1 << 16               # embedding dimension
-FORMAT_VERSIONS = (1, 2)
 
 
 class _Bad(Exception):
@@ -247,15 +246,17 @@ SCHEMA: Dict[str, Callable] = {
 REQUIRED_KEYS = ("format_version", "classes")
 
 
-def validate_meta(meta: dict, where) -> dict:
-    """Check ``meta`` against :data:`SCHEMA` and the fit settings' ranges; returns it, or raises one line."""
+def validate_meta(meta: dict, where, versions) -> dict:
+    """Check ``meta`` against :data:`SCHEMA` and the fit settings' ranges; returns it, or raises one line.
+
+    ``versions``: the format versions this svgen reads (:data:`svgen.artifacts.FORMAT_VERSIONS`)."""
     missing = [k for k in REQUIRED_KEYS if k not in meta]
     if missing:
         raise SvgenError(f"{where} lacks {', '.join(map(repr, missing))}; not an svgen artifact")
     version = meta["format_version"]
-    if not _is_int(version) or version not in FORMAT_VERSIONS:
+    if not _is_int(version) or version not in versions:
         raise SvgenError(f"{where} has format_version {version!r}; this svgen reads versions "
-                         f"{', '.join(map(str, FORMAT_VERSIONS))}")
+                         f"{', '.join(map(str, versions))}")
     try:
         for key, check in SCHEMA.items():
             if key in meta:
