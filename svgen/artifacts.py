@@ -44,7 +44,8 @@ re-solved the kernel vote, the artifact is version 2 with unlabelled ``pool`` ro
 labelled by the argmax of their posterior) after the text and image rows, and the inductive
 kernel head travels as ``inductive.vote_weights`` (M₀×C, over the first M₀ = text + image rows)
 and ``inductive.bandwidth``. Writes are atomic: everything goes to a temporary sibling directory that is
-renamed into place; an existing artifact is replaced only with ``force=True``.
+renamed into place; an existing artifact is replaced only with ``force=True``, by an atomic exchange,
+and only when it is an svgen artifact or an empty folder (docs/reliability.md).
 """
 
 from __future__ import annotations
@@ -53,8 +54,6 @@ import json
 import math
 import logging
 import os
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Dict, Optional, Tuple
 
@@ -62,6 +61,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
+from . import safeio, schema
 from .errors import SvgenError
 
 log = logging.getLogger(__name__)
@@ -95,34 +95,13 @@ def follow_umask(path, directory: bool = False) -> None:
 def write_atomic_dir(path, files: Dict[str, callable], force: bool = False) -> Path:
     """Create directory ``path`` from ``{name: writer(file_path)}`` atomically.
 
-    Files are written into a temporary sibling directory which is then renamed into place, so a
-    failure at any point leaves no half-written artifact and never harms an existing one.
+    Files are written into a locked temporary sibling directory which is then renamed into place
+    (never over an artifact that appeared meanwhile) or, with ``force``, exchanged with the existing
+    artifact in one step; so a failure or a kill at any point leaves the complete old or the
+    complete new artifact, and the next write of ``path`` removes what an interrupted one left
+    (:mod:`svgen.safeio`). ``force`` replaces only an svgen artifact or an empty folder.
     """
-    path = Path(path)
-    if path.exists() and not force:
-        raise SvgenError(f"{path} already exists; pass force=True to replace it")
-    if path.exists() and not path.is_dir():
-        raise SvgenError(f"{path} exists and is not a directory")
-    parent = path.resolve().parent
-    if not parent.is_dir():
-        raise SvgenError(f"cannot write {path}: folder {parent} does not exist")
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=parent))
-    try:
-        follow_umask(tmp, directory=True)
-        for name, writer in files.items():
-            writer(tmp / name)
-            follow_umask(tmp / name)  # some writers (safetensors) create their file 0600
-        if path.exists():
-            old = Path(tempfile.mkdtemp(prefix=f".{path.name}.old-", dir=parent))
-            os.replace(path, old / "artifact")
-            os.replace(tmp, path)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, path)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return path
+    return safeio.atomic_dir(path, files, force=force, mode=follow_umask)
 
 
 def save_artifact(path, tensors: Dict[str, torch.Tensor], meta: dict, force: bool = False) -> Path:
@@ -159,24 +138,20 @@ def load_artifact(path) -> Tuple[dict, Dict[str, torch.Tensor]]:
     path = Path(path)
     if not path.is_dir():
         raise SvgenError(f"{path} is not an svgen artifact directory (expected {META_FILE} and {WEIGHTS_FILE} inside)")
-    try:
-        meta = json.loads((path / META_FILE).read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise SvgenError(f"{path} is not an svgen artifact: {META_FILE} is missing") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise SvgenError(f"{path / META_FILE} is not valid JSON ({e})") from None
-    if not isinstance(meta, dict):
-        raise SvgenError(f"{path / META_FILE} must hold a JSON object")
-    version = meta.get("format_version")
-    if version not in FORMAT_VERSIONS:
-        raise SvgenError(f"{path} has format_version {version!r}; this svgen reads versions "
-                         f"{', '.join(map(str, FORMAT_VERSIONS))}")
+    if not os.path.lexists(path / META_FILE):
+        raise SvgenError(f"{path} is not an svgen artifact: {META_FILE} is missing")
+    meta = schema.validate_meta(schema.parse_meta(safeio.read_regular(path / META_FILE, what="artifact file"),
+                                                  path / META_FILE), path / META_FILE, FORMAT_VERSIONS)
+    if not os.path.lexists(path / WEIGHTS_FILE):
+        raise SvgenError(f"{path} is incomplete: {WEIGHTS_FILE} is missing")
+    safeio.check_regular(path / WEIGHTS_FILE, "artifact file")  # a FIFO or device would hang or never end
     try:
         tensors = load_file(str(path / WEIGHTS_FILE))
-    except FileNotFoundError:
-        raise SvgenError(f"{path} is incomplete: {WEIGHTS_FILE} is missing") from None
+    except PermissionError as e:
+        raise safeio.os_error(e, f"cannot read {path / WEIGHTS_FILE}") from None
     except (SafetensorError, OSError, ValueError) as e:
         raise SvgenError(f"{path / WEIGHTS_FILE} is unreadable or truncated ({str(e).splitlines()[0] if str(e) else 'bad file'})") from None
+    check_dtypes(tensors, path / WEIGHTS_FILE)
     _sparse_vote_weights(meta, tensors, path)
     missing = [k for k in REQUIRED if k not in tensors]
     if missing:
@@ -231,6 +206,7 @@ def check_shapes(meta: dict, t: Dict[str, torch.Tensor], where="artifact") -> No
         raise SvgenError(f"{where}: svgen.json must list at least 2 class names under 'classes'")
     C = len(classes)
     _check_temperatures(t, where)
+    _check_optional_shapes(C, t, where)
     if meta.get("format_version") in (FORMAT_VERSION_SHOTS, FORMAT_VERSION_PRIOR):
         return _check_shapes_v2(C, t, where)
     S = t["support_vectors"]
@@ -247,17 +223,40 @@ def check_shapes(meta: dict, t: Dict[str, torch.Tensor], where="artifact") -> No
     for name, shape in expected.items():
         if tuple(t[name].shape) != shape:
             raise SvgenError(f"{where}: {name} has shape {tuple(t[name].shape)}, expected {shape}")
-    _check_finite(t, REQUIRED, where)
+    _check_bandwidths(t, REQUIRED, where)
 
 
-def _check_finite(t: Dict[str, torch.Tensor], names, where) -> None:
-    for name in names:
-        values = t[name].coalesce().values() if t[name].is_sparse else t[name]
-        if not torch.isfinite(values).all():
+INTEGER_TENSORS = ("support_labels", "support_source", "vote_weights.indices", "inductive.support_labels",
+                   "inductive.support_source")
+MAX_ABS = 1e12               # any stored value: beyond this scores overflow float32 (svgen's are < 1e4)
+BANDWIDTH_RANGE = (1e-6, 1e6)  # σ on unit vectors (distances ≤ 2); outside it the kernel is 0/0 or constant
+TEMPERATURE_RANGE = (1e-8, 1e8)  # softmax temperatures: logits / T must not overflow
+
+
+def check_dtypes(t: Dict[str, torch.Tensor], where) -> None:
+    """svgen writes finite float32 tensors of moderate size and integer labels/indices; anything else (f16,
+    f64, bool, int where floats belong, complex, NaN, inf or values above :data:`MAX_ABS` anywhere) is
+    refused rather than silently converted."""
+    for name, x in t.items():
+        if name in INTEGER_TENSORS:
+            if x.dtype.is_floating_point or x.dtype.is_complex or x.dtype == torch.bool:
+                raise SvgenError(f"{where}: {name} is stored as {str(x.dtype).replace('torch.', '')}; "
+                                 "expected integers")
+        elif x.dtype != torch.float32:
+            raise SvgenError(f"{where}: {name} is stored as {str(x.dtype).replace('torch.', '')}; svgen writes float32")
+        elif not torch.isfinite(x).all():
             raise SvgenError(f"{where}: {name} contains NaN or inf")
+        elif x.numel() and float(x.abs().max()) > MAX_ABS:
+            raise SvgenError(f"{where}: {name} holds values up to {float(x.abs().max()):.3g}; svgen's are far below "
+                             f"{MAX_ABS:.0e}, and larger ones overflow the scores")
+
+
+def _check_bandwidths(t: Dict[str, torch.Tensor], names, where) -> None:
+    """The bandwidths' range (every float tensor is already known finite and bounded, :func:`check_dtypes`)."""
+    lo, hi = BANDWIDTH_RANGE
     for name in names:
-        if name.endswith("bandwidth") and not float(t[name]) > 0:
-            raise SvgenError(f"{where}: {name} must be positive, got {float(t[name])}")
+        if name.endswith("bandwidth") and not lo <= float(t[name]) <= hi:
+            raise SvgenError(f"{where}: {name} must be in [{lo:g}, {hi:g}], got {float(t[name])}")
 
 
 REQUIRED_V2 = ("support_labels", "support_source", "text.support_vectors", "text.bandwidth", "text.vote_weights",
@@ -291,14 +290,27 @@ def _check_shapes_v2(C: int, t: Dict[str, torch.Tensor], where) -> None:
         raise SvgenError(f"{where}: support_labels must be class indices 0..{C - 1}")
     if not ((source >= 0) & (source <= 2)).all():
         raise SvgenError(f"{where}: support_source must be 0 (text), 1 (image) or 2 (pool)")
-    _check_finite(t, REQUIRED + ("text.support_vectors", "text.bandwidth", "text.vote_weights",
+    _check_bandwidths(t, REQUIRED + ("text.support_vectors", "text.bandwidth", "text.vote_weights",
                                  "text.linear_head.weight", "text.linear_head.bias"), where)
+
+
+def _check_optional_shapes(C: int, t: Dict[str, torch.Tensor], where) -> None:
+    """``per_template`` is C×T×D and ``metric.precision`` D×D, D the prototypes' dimension."""
+    D = t["prototypes"].shape[-1] if t["prototypes"].dim() == 2 else None
+    E, M = t.get("per_template"), t.get("metric.precision")
+    if E is not None and (E.dim() != 3 or E.shape[0] != C or E.shape[1] < 1 or E.shape[2] != D):
+        raise SvgenError(f"{where}: per_template has shape {tuple(E.shape)}, expected ({C}, T, {D})")
+    if M is not None and tuple(M.shape) != (D, D):
+        raise SvgenError(f"{where}: metric.precision has shape {tuple(M.shape)}, expected ({D}, {D})")
 
 
 def _check_temperatures(t: Dict[str, torch.Tensor], where) -> None:
     for name in (k for k in t if k.startswith("temperature.")):  # optional: per-head softmax temperatures
-        if t[name].dim() != 0 or not (torch.isfinite(t[name]) and float(t[name]) > 0):
-            raise SvgenError(f"{where}: {name} must be a positive scalar, got shape {tuple(t[name].shape)}")
+        if t[name].dim() != 0 or not (torch.isfinite(t[name]) and TEMPERATURE_RANGE[0] <= float(t[name])
+                                      <= TEMPERATURE_RANGE[1]):
+            raise SvgenError(f"{where}: {name} must be a scalar in [{TEMPERATURE_RANGE[0]:g}, "
+                             f"{TEMPERATURE_RANGE[1]:g}], got " + (f"{float(t[name])}" if t[name].dim() == 0
+                                                                    else f"shape {tuple(t[name].shape)}"))
 
 
 def kernel_prior(meta: dict, t: Dict[str, torch.Tensor], name: str, where) -> Optional[float]:

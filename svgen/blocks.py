@@ -33,11 +33,14 @@ rows of a part file (key columns, ``labels``, ``scores`` or ``probs``, ``head``)
 from __future__ import annotations
 
 import csv
+import fnmatch
 import glob as globlib
 import hashlib
 import io
 import json
 import logging
+import os
+import stat
 import tarfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -107,13 +110,69 @@ def _require_pyarrow(what: str):
     return pyarrow
 
 
+def _match_parts(names: tuple, pats: tuple) -> bool:
+    """Whether path components ``names`` match glob components ``pats`` (``**``: zero or more folders)."""
+    if not pats:
+        return not names
+    if pats[0] == "**":
+        return any(_match_parts(names[i:], pats[1:]) for i in range(len(names) + 1))
+    return bool(names) and fnmatch.fnmatchcase(names[0], pats[0]) and _match_parts(names[1:], pats[1:])
+
+
+def glob_files(pattern: str) -> List[Path]:
+    """The regular files matching ``pattern`` (``**`` = any folders), sorted, each file once.
+
+    Unlike :func:`glob.glob`, which follows symlinked folders into loops (planning never ends, or a
+    file comes back under hundreds of names), a folder is entered once however many links lead to it,
+    and a file reached by two names is taken once, under the first in sorted order. Names starting
+    with ``.`` are skipped unless the pattern spells the dot, as :func:`glob.glob` does.
+    """
+    parts = Path(pattern).parts
+    fixed = next((i for i, p in enumerate(parts) if _GLOB_CHARS & set(p)), len(parts))
+    root = Path(*parts[:fixed]) if fixed else Path(".")
+    rest = parts[fixed:]
+    if "**" not in rest:  # no recursion: the matches are bounded by the pattern's depth
+        found = [Path(f) for f in globlib.glob(pattern) if Path(f).is_file()]
+    else:
+        dotted = rest[-1].startswith(".")
+        found, seen = [], set()
+        _first_visit(root, seen)
+        for top, dirs, files in os.walk(root, followlinks=True):
+            dirs[:] = sorted(d for d in dirs if not d.startswith(".") and _first_visit(Path(top) / d, seen))
+            rel = Path(top).relative_to(root).parts
+            found += [Path(top) / name for name in files
+                      if (dotted or not name.startswith(".")) and _match_parts(rel + (name,), rest)]
+    unique, files_seen = [], set()
+    for f in sorted(found):
+        try:
+            st = f.stat()
+        except OSError:
+            continue
+        if stat.S_ISREG(st.st_mode) and (st.st_dev, st.st_ino) not in files_seen:
+            files_seen.add((st.st_dev, st.st_ino))
+            unique.append(f)
+    return unique
+
+
+def _first_visit(folder: Path, seen: set) -> bool:
+    try:
+        st = folder.stat()
+    except OSError:
+        return False
+    key = (st.st_dev, st.st_ino)
+    if key in seen:
+        return False
+    seen.add(key)
+    return True
+
+
 def _expand(source: str) -> List[Path]:
     """A source name as files (a folder stays one entry); a glob pattern that matches nothing is an error."""
     p = Path(source)
     if p.exists():
         return [p]
     if _GLOB_CHARS & set(source):
-        found = sorted(Path(f) for f in globlib.glob(source, recursive=True) if Path(f).is_file())
+        found = glob_files(source)
         if not found:
             raise SvgenError(f"no files match {source!r}")
         return found
@@ -121,9 +180,11 @@ def _expand(source: str) -> List[Path]:
 
 
 def _list_file(path: Path) -> List[str]:
+    from .safeio import MAX_TEXT_BYTES, read_regular
+
     try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as e:
+        lines = read_regular(path, MAX_TEXT_BYTES, what="list file").decode("utf-8").splitlines()
+    except UnicodeDecodeError as e:
         raise SvgenError(f"cannot read list file {path}: {e}") from None
     return [str(path.parent / s) for s in (line.strip() for line in lines) if s and not s.startswith("#")]
 
@@ -159,15 +220,39 @@ def _table_column(path: Path, column: str) -> List[str]:
     return [str(path.parent / str(v)) for v in values]
 
 
+TAR_TAIL = "<rest of shard unreadable>"  # the member name of a damaged shard's lost tail (one failure)
+
+
 def _tar_members(path: Path) -> List[list]:
+    """``[name, data offset, size]`` of the shard's image members, in archive order.
+
+    Python's ``tarfile`` stops quietly at a header it cannot read, so a shard cut at a header boundary
+    (or with garbage where a header belongs) would lose its remaining members without a trace. A whole
+    archive ends with a zero block; when that is not where reading stopped, a last entry named
+    :data:`TAR_TAIL` (offset -1) stands for the unknown members lost, and becomes one failure.
+    """
     from .encoders import IMAGE_SUFFIXES
 
+    members, whole = [], False
     try:
-        with tarfile.open(path, "r:") as tar:  # uncompressed, as WebDataset shards are: members can be read by offset
-            return [[m.name, m.offset_data, m.size] for m in tar
-                    if m.isfile() and Path(m.name).suffix.lower() in IMAGE_SUFFIXES]
+        with open(path, "rb") as f, tarfile.open(fileobj=f, mode="r:") as tar:
+            # uncompressed, as WebDataset shards are: members can be read by offset
+            try:
+                for m in tar:
+                    if m.isfile() and Path(m.name).suffix.lower() in IMAGE_SUFFIXES:
+                        members.append([m.name, m.offset_data, m.size])
+            except tarfile.ReadError:  # "unexpected end of data": cut inside a member
+                pass
+            else:
+                f.seek(tar.offset)
+                whole = f.read(tarfile.BLOCKSIZE) == bytes(tarfile.BLOCKSIZE)
     except (tarfile.TarError, OSError) as e:
         raise SvgenError(f"cannot read {path} as an uncompressed tar shard: {e}") from None
+    if not whole:
+        log.warning("%s is truncated or damaged after %d image member(s); the rest is reported as a failure",
+                    path, len(members))
+        members.append([TAR_TAIL, -1, 0])
+    return members
 
 
 def _chunks(items: list, size: int):
@@ -328,9 +413,13 @@ def decode_block(block: Block, preprocess):
         else:
             with f:
                 for name, offset, size in block.spec["members"]:
+                    key = f"{shard}/{name}"
+                    if offset < 0:
+                        failed.append((key, "the shard is truncated or damaged here: its remaining members "
+                                            "cannot be read"))
+                        continue
                     f.seek(offset)
                     data = f.read(size)
-                    key = f"{shard}/{name}"
                     if len(data) != size:
                         failed.append((key, "truncated tar member"))
                     else:

@@ -53,10 +53,21 @@ def check_pool(U, dim: int) -> torch.Tensor:
 
 
 def check_embeddings(x, what: str = "prototypes", ndims=(2, 3)) -> torch.Tensor:
-    """Validate an embedding array once, at the boundary: float, right rank, finite, no zero rows."""
+    """Validate an embedding array once, at the boundary: real, right rank, finite, no zero rows.
+
+    Every consumer L2-normalises the rows, so a row whose float32 norm would overflow (1e38) or
+    underflow (1e-42) is divided by its largest |entry| first (:func:`safe_rows`): its direction is
+    kept instead of being scored as a zero vector or refused as one. Only per-row vectors are
+    allocated, never a second N×D array.
+    """
     try:
-        t = torch.as_tensor(np.asarray(x), dtype=torch.float32)
-    except (TypeError, ValueError) as e:
+        a = x.detach().cpu() if isinstance(x, torch.Tensor) else np.asarray(x)
+        if a.dtype.is_complex if isinstance(a, torch.Tensor) else np.iscomplexobj(a):
+            raise SvgenError(f"{what} holds complex numbers; expected real embeddings")
+        t = torch.as_tensor(a if isinstance(a, torch.Tensor) else np.asarray(a), dtype=torch.float32)
+    except (TypeError, ValueError, RuntimeError) as e:
+        if isinstance(e, SvgenError):
+            raise
         raise SvgenError(f"{what} must be a numeric array ({e})") from None
     if t.dim() not in ndims:
         shapes = " or ".join({2: "N×D", 3: "C×T×D"}[n] if what != "prototypes" else {2: "C×D", 3: "C×T×D"}[n] for n in ndims)
@@ -67,10 +78,26 @@ def check_embeddings(x, what: str = "prototypes", ndims=(2, 3)) -> torch.Tensor:
     if bad.any():
         row = int(bad.reshape(t.shape[0], -1).any(dim=1).nonzero()[0])
         raise SvgenError(f"{what} contains NaN or inf (first at row {row})")
-    norms = t.norm(dim=-1)
-    if (norms == 0).any():
-        row = int((norms == 0).reshape(t.shape[0], -1).any(dim=1).nonzero()[0])
+    peak = torch.linalg.vector_norm(t, ord=float("inf"), dim=-1)  # max |entry| per row, no N×D temporary
+    zero = peak == 0
+    if zero.any():
+        row = int(zero.reshape(t.shape[0], -1).any(dim=1).nonzero()[0])
         raise SvgenError(f"{what} has an all-zero vector at row {row}; cannot L2-normalise it")
+    return safe_rows(t, peak)
+
+
+SAFE_PEAK = (1e-18, 1e18)  # rows whose largest |entry| is in here square and sum without over/underflow
+
+
+def safe_rows(t: torch.Tensor, peak: torch.Tensor) -> torch.Tensor:
+    """``t`` with every row whose largest |entry| (``peak``) leaves :data:`SAFE_PEAK` divided by it, so
+    its float32 norm neither overflows (1e38) nor underflows (1e-42). The row's direction, all that the
+    heads use, is unchanged; other rows are left bit-identical."""
+    bad = (peak < SAFE_PEAK[0]) | (peak > SAFE_PEAK[1])
+    if not bad.any():
+        return t
+    t = t.clone()
+    t[bad] = t[bad] / peak[bad].unsqueeze(-1)
     return t
 
 

@@ -82,7 +82,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     try:
         return int(args.func(args) or 0)
     except SvgenError as e:
-        print(f"svgen {args.command}: error: {e}", file=sys.stderr)
+        print(f"svgen {args.command}: error: {getattr(e, 'cli_message', e)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("svgen: interrupted", file=sys.stderr)

@@ -16,6 +16,12 @@ LINEAR_HEADS = ("whitened", "lda")                 # closed-form linear head und
 SOLVERS = ("auto", "exact", "blocked", "rff")      # alignment path per class batch (svgen.scale)
 VOTE_SOLVERS = ("auto", "dense", "local")          # vote weights: dense Cholesky or sparse neighbourhoods
 DEFAULT_RFF_DIM = 2048                             # random features per step on the rff path
+MAX_SUPPORT = 256                                  # -K: the generator's last layer is 2D × K·D
+MAX_SEED = 2**32 - 1                               # what numpy and torch both accept
+MAX_LR = 10.0
+MAX_WEIGHT = 1e6                                   # loss weights, κ, λ: beyond this only overflow
+MAX_RFF_DIM = 1 << 20
+MAX_STEPS = 1_000_000                              # Adam steps: beyond this a fit never ends
 
 
 @dataclass
@@ -51,16 +57,30 @@ class FitConfig:
     seed: int = 0
 
     def validate(self) -> None:
-        if int(self.n_support) < 1:
-            raise SvgenError(f"the number of support vectors per class (-K) must be >= 1, got {self.n_support}")
+        """One :class:`SvgenError` line for any setting out of its range (also for an artifact's
+        recorded ``fit``, see :mod:`svgen.schema`); every number must be finite."""
+        if not 1 <= int(self.n_support) <= MAX_SUPPORT:
+            raise SvgenError(f"the number of support vectors per class (-K) must be >= 1 and <= {MAX_SUPPORT}, "
+                             f"got {self.n_support}")
+        if not 0 <= int(self.seed) <= MAX_SEED:
+            raise SvgenError(f"--seed must be in 0..{MAX_SEED}, got {self.seed}")
+        if not (0 < self.lr <= MAX_LR):
+            raise SvgenError(f"--lr must be a positive number <= {MAX_LR:g}, got {self.lr}")
+        for name, flag in (("alignment_weight", "alignment_weight"), ("margin_weight", "--margin-weight"),
+                           ("grounding_weight", "--grounding-weight"), ("query_weight", "query_weight")):
+            if not 0 <= getattr(self, name) <= MAX_WEIGHT:
+                raise SvgenError(f"{flag} must be in [0, {MAX_WEIGHT:g}], got {getattr(self, name)}")
+        for name in ("radius", "parzen_factor", "query_ridge", "linear_init_scale"):
+            if not (0 < getattr(self, name) <= MAX_WEIGHT):
+                raise SvgenError(f"{name} must be a positive number <= {MAX_WEIGHT:g}, got {getattr(self, name)}")
+        if not 1 <= int(self.neighbours):
+            raise SvgenError(f"neighbours must be >= 1, got {self.neighbours}")
         if self.kernel not in KERNELS:
             raise SvgenError(f"unknown kernel {self.kernel!r}; expected one of {', '.join(KERNELS)}")
         if self.margin not in MARGIN_NAMES:
             raise SvgenError(f"unknown margin loss {self.margin!r}; expected one of {', '.join(MARGIN_NAMES)}")
-        if int(self.steps) < 0:
-            raise SvgenError(f"--steps must be >= 0, got {self.steps}")
-        if not (self.lr > 0 and math.isfinite(self.lr)):
-            raise SvgenError(f"--lr must be a positive number, got {self.lr}")
+        if not 0 <= int(self.steps) <= MAX_STEPS:
+            raise SvgenError(f"--steps must be >= 0 and <= {MAX_STEPS}, got {self.steps}")
         if not (self.head_lr >= 0 and math.isfinite(self.head_lr)):
             raise SvgenError(f"head_lr must be >= 0 (0 keeps the closed-form linear head), got {self.head_lr}")
         if int(self.batch_classes) < 2:
@@ -71,12 +91,12 @@ class FitConfig:
             raise SvgenError(f"unknown metric {self.metric!r}; expected one of {', '.join(METRICS)}")
         if self.linear_head not in LINEAR_HEADS:
             raise SvgenError(f"unknown linear head {self.linear_head!r}; expected one of {', '.join(LINEAR_HEADS)}")
-        if not self.metric_condition >= 1:
-            raise SvgenError(f"metric_condition must be >= 1, got {self.metric_condition}")
-        if not isinstance(self.ridge, str) and not self.ridge > 0:
-            raise SvgenError(f"ridge must be positive, got {self.ridge}")
-        if self.rff_dim is not None and int(self.rff_dim) < 1:
-            raise SvgenError(f"--rff-dim must be a positive number of features, got {self.rff_dim}")
+        if not 1 <= self.metric_condition <= MAX_WEIGHT:
+            raise SvgenError(f"--metric-strength must be in [1, {MAX_WEIGHT:g}], got {self.metric_condition}")
+        if not isinstance(self.ridge, str) and not 0 < self.ridge <= MAX_WEIGHT:
+            raise SvgenError(f"ridge must be a positive number <= {MAX_WEIGHT:g}, got {self.ridge}")
+        if self.rff_dim is not None and not 1 <= int(self.rff_dim) <= MAX_RFF_DIM:
+            raise SvgenError(f"--rff-dim must be in 1..{MAX_RFF_DIM}, got {self.rff_dim}")
         if self.solver not in SOLVERS:
             raise SvgenError(f"unknown solver {self.solver!r}; expected one of {', '.join(SOLVERS)}")
         if self.vote_solver not in VOTE_SOLVERS:

@@ -46,6 +46,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
+from .safeio import check_regular, os_error
 from .errors import EncoderUnavailableError, SvgenError
 from .hub import check_weights_reachable, unavailable
 
@@ -63,8 +64,11 @@ def file_sha256(path, chunk: int = 1 << 20) -> str:
     Memoised on (real path, size, modification time): a command that checks the prompt cache
     and then loads the model hashes a 600 MB checkpoint once.
     """
-    st = os.stat(path)
-    return _sha256_of(os.path.realpath(path), st.st_size, st.st_mtime_ns, chunk)
+    st = check_regular(path, "weights file")
+    try:
+        return _sha256_of(os.path.realpath(path), st.st_size, st.st_mtime_ns, chunk)
+    except OSError as e:
+        raise os_error(e, f"cannot read weights file {path}") from None
 
 
 @functools.lru_cache(maxsize=16)
@@ -450,8 +454,7 @@ class ClipEncoder:
         elif not model.startswith("hf-hub:") and model not in open_clip.list_models():
             raise SvgenError(f"unknown open_clip model {model!r}; see open_clip.list_models() for built-in names")
         if self.checkpoint:
-            if not os.path.isfile(self.checkpoint):
-                raise SvgenError(f"checkpoint file not found: {self.checkpoint}")
+            check_regular(self.checkpoint, "checkpoint file")  # missing, unreadable or not a file: one line each
             self.checkpoint_sha256 = file_sha256(self.checkpoint)
         elif pretrained and not model.startswith(("hf-hub:", "local-dir:")) and not open_clip.get_pretrained_cfg(model, pretrained):
             tags = [t for m, t in open_clip.list_pretrained() if m == model]

@@ -47,8 +47,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import tempfile
 from pathlib import Path
 from typing import Callable, Dict, Optional
 
@@ -56,6 +54,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from . import safeio
 from .artifacts import follow_umask
 from .errors import SvgenError
 from .calibration import KERNEL_LOG_FLOOR
@@ -85,29 +84,10 @@ def write_atomic_file(path, writer: Callable[[Path], None], force: bool = False)
     """Write ``path`` via ``writer(tmp_path)`` into a temporary sibling, then rename it into place.
 
     A failure leaves nothing behind and never harms an existing file; an existing file is
-    replaced only with ``force``.
+    replaced only with ``force``, and one that appears while this runs is never replaced without it
+    (:func:`svgen.safeio.atomic_file`).
     """
-    path = Path(path)
-    if path.is_dir():
-        raise SvgenError(f"{path} is a folder; give a file name to write")
-    if path.exists() and not force:
-        raise SvgenError(f"{path} already exists; pass force=True to replace it")
-    parent = path.resolve().parent
-    if not parent.is_dir():
-        raise SvgenError(f"cannot write {path}: folder {parent} does not exist")
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.tmp-", suffix=path.suffix, dir=parent)
-    os.close(fd)
-    try:
-        writer(Path(tmp))
-        follow_umask(tmp)  # mkstemp (and safetensors) create files 0600
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
-    return path
+    return safeio.atomic_file(path, writer, force=force, mode=follow_umask, suffix=Path(path).suffix)
 
 
 def write_text_atomic(path, text: str, force: bool = False) -> Path:
@@ -223,11 +203,15 @@ def onnx_model(clf, head: str = "linear"):
         init.append(numpy_helper.from_array(np.asarray(value, dtype=np.float32), name))
         return name
 
-    nodes = [
-        helper.make_node("ReduceSumSquare", ["embeddings"], ["sumsq"], axes=[1], keepdims=1),
+    nodes = [  # x / max|x| first, so a row of 1e38 (or 1e-42) keeps its direction instead of overflowing
+        helper.make_node("Abs", ["embeddings"], ["abs_x"]),
+        helper.make_node("ReduceMax", ["abs_x"], ["max_abs"], axes=[1], keepdims=1),
+        helper.make_node("Max", ["max_abs", const("tiny_scale", np.finfo(np.float32).tiny)], ["max_abs_eps"]),
+        helper.make_node("Div", ["embeddings", "max_abs_eps"], ["x_scaled"]),
+        helper.make_node("ReduceSumSquare", ["x_scaled"], ["sumsq"], axes=[1], keepdims=1),
         helper.make_node("Sqrt", ["sumsq"], ["norm"]),
         helper.make_node("Max", ["norm", const("eps", NORM_EPS)], ["norm_eps"]),
-        helper.make_node("Div", ["embeddings", "norm_eps"], ["x_hat"]),
+        helper.make_node("Div", ["x_scaled", "norm_eps"], ["x_hat"]),
     ]
     if head in ("linear", "cosine"):
         # exactly the svgen computation: x̂ Wᵀ + b (the 1/100 of the head file is not applied here)
@@ -321,12 +305,17 @@ def verify_onnx(model, clf, head: str, x: Optional[np.ndarray] = None, atol: flo
     sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     got, probs = sess.run(["scores", "probs"], {"embeddings": x})
     ref = torch_scores(clf, x, head)
+    ref_probs = np.asarray(clf.predict_proba(x, head=head))
+    for name, values in (("ONNX scores", got), ("ONNX probabilities", probs), ("svgen's scores", ref),
+                         ("svgen's probabilities", ref_probs)):
+        if not np.isfinite(values).all():  # NaN compares as no difference: never let it pass the check
+            raise SvgenError(f"the {head} head's check failed: {name} contain NaN or inf")
     diff = float(np.abs(got - ref).max())
-    pdiff = float(np.abs(probs - np.asarray(clf.predict_proba(x, head=head))).max())
-    if pdiff > 1e-3:
+    pdiff = float(np.abs(probs - ref_probs).max())
+    if not pdiff <= 1e-3:
         raise SvgenError(f"ONNX {head} head's probabilities disagree with svgen: max |difference| {pdiff:.3g}")
     scale = float(np.abs(ref).max()) or 1.0  # relative: kernel scores can be tiny
-    if diff > atol * scale:
+    if not diff <= atol * scale:
         raise SvgenError(f"ONNX {head} head disagrees with svgen: max |difference| {diff:.3g}")
     agree = got.argmax(1) == ref.argmax(1)
     if not agree.all():

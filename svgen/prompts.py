@@ -24,15 +24,12 @@ DEFAULT_TEMPLATES = "single"
 
 def _read_lines(path, what: str) -> List[str]:
     """Read a UTF-8 text file into stripped, non-blank, non-comment lines."""
+    from .safeio import MAX_TEXT_BYTES, read_regular
+
     path = Path(path)
-    try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
-        raise SvgenError(f"{what} file not found: {path}") from None
-    except IsADirectoryError:
-        raise SvgenError(f"{what} file is a directory, expected a text file: {path}") from None
-    except OSError as e:
-        raise SvgenError(f"cannot read {what} file {path}: {e.strerror}") from None
+    if path.is_dir():
+        raise SvgenError(f"{what} file is a directory, expected a text file: {path}")
+    raw = read_regular(path, MAX_TEXT_BYTES, what=f"{what} file")  # a FIFO or /dev/zero: one line, no hang
     lines = []
     for number, line in enumerate(raw.splitlines(), start=1):
         try:

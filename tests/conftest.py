@@ -186,3 +186,38 @@ def write_coop_toy(root, name, C=4, D=16, splits=(("train16", 16), ("val", 10)),
         np.save(d / f"{split}_labels.npy", y)
         out[split] = (X, y)
     return out
+
+
+# ----------------------------------------------------------------------------- reliability tests (issue 24)
+
+def file_tree(folder) -> dict:
+    """Every file under ``folder`` with its bytes (hidden ones too): 'nothing written' means equal trees."""
+    folder = Path(folder)
+    return {str(p.relative_to(folder)): (p.read_bytes() if p.is_file() else None) for p in sorted(folder.rglob("*"))}
+
+
+def write_small_inputs(root, names, dim: int, templates: int = 2, rows: int = 8, new=("new a", "new b")):
+    """``root``/P.npy (C×T×D prototypes), classes.txt, F.npy + y.npy (N features and labels), P2.npy +
+    new.txt (classes to add) and a.svgen (a zero-shot artifact fit from P.npy, K = 2)."""
+    import numpy as np
+
+    from svgen import SVGClassifier
+
+    root = Path(root)
+    rng = np.random.default_rng(0)
+    np.save(root / "P.npy", rng.normal(size=(len(names), templates, dim)).astype(np.float32))
+    (root / "classes.txt").write_text("\n".join(names) + "\n")
+    np.save(root / "F.npy", rng.normal(size=(rows, dim)).astype(np.float32))
+    np.save(root / "y.npy", np.arange(rows) % len(names))
+    np.save(root / "P2.npy", rng.normal(size=(len(new), templates, dim)).astype(np.float32))
+    (root / "new.txt").write_text("\n".join(new) + "\n")
+    SVGClassifier(n_support=2).fit(np.load(root / "P.npy"), classes=list(names)).save(root / "a.svgen")
+    return root
+
+
+def copy_into(source, dest) -> None:
+    """Copy every file and folder of ``source`` into ``dest``."""
+    import shutil
+
+    for p in Path(source).iterdir():
+        (shutil.copytree if p.is_dir() else shutil.copy)(p, Path(dest) / p.name)

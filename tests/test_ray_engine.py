@@ -194,9 +194,9 @@ def test_rerun_finishes_only_missing_blocks_and_interrupts_leave_whole_blocks(cl
 
     # Ctrl-C during the rename of the second block (the job file was the first write): its temporary
     # file is removed, the first block stays whole
-    from svgen import export      # the Ray engine's parts go through export.write_atomic_file
+    from svgen import safeio      # the Ray engine's parts go through export.write_atomic_file → safeio.atomic_file
 
-    real, calls = export.os.replace, []
+    real, calls = safeio.os.replace, []
 
     def interrupted(src, dst):
         if Path(dst).parent == out:
@@ -205,10 +205,10 @@ def test_rerun_finishes_only_missing_blocks_and_interrupts_leave_whole_blocks(cl
                 raise KeyboardInterrupt
         return real(src, dst)
 
-    monkeypatch.setattr(export.os, "replace", interrupted)
+    monkeypatch.setattr(safeio.os, "replace", interrupted)
     code, _, err = cli("classify", *flags, "--out", out)
     assert code == 130 and "interrupted" in err
-    monkeypatch.setattr(export.os, "replace", real)
+    monkeypatch.setattr(safeio.os, "replace", real)
     written = sorted(p.name for p in out.glob("part-*.parquet"))
     assert len(written) == 1
     assert not list(out.glob(".*")) and not list((out / "_failed").glob(".*"))

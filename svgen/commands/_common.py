@@ -82,6 +82,37 @@ def load_encoder(args):
                        quick_gelu=getattr(args, "quick_gelu", None))
 
 
+def _describe_encoder(identity: dict, other: dict) -> str:
+    """``model, tag-or-checkpoint``, plus what tells it from ``other`` when that reads the same
+    (a checkpoint's sha256, the activation)."""
+    text = f"{identity.get('model')}, {identity.get('pretrained') or identity.get('checkpoint')}"
+    other_text = f"{other.get('model')}, {other.get('pretrained') or other.get('checkpoint')}"
+    if text == other_text:
+        sha, other_sha = identity.get("checkpoint_sha256"), other.get("checkpoint_sha256")
+        if sha != other_sha:
+            text += f", sha256 {sha[:12]}…" if sha else ", no sha256"
+        elif identity.get("quick_gelu") != other.get("quick_gelu"):
+            text += ", QuickGELU" if identity.get("quick_gelu") else ", GELU"
+    return text
+
+
+def encoder_mismatch(identity: dict, expect: dict) -> SvgenError:
+    """One line naming both encoders so that they read differently."""
+    return SvgenError(f"the encoder ({_describe_encoder(identity, expect)}) does not match the one the artifact "
+                      f"was fitted with ({_describe_encoder(expect, identity)})")
+
+
+def check_device(args) -> None:
+    """Refuse an unavailable ``--device`` up front, also where no encoder ends up being loaded
+    (``fit --prototypes``, ``add-classes --prototypes``), instead of accepting it silently."""
+    from ..encoders import resolve_device
+
+    try:
+        resolve_device(args.device)
+    except RuntimeError as e:  # torch.device("gpu"): not a device name
+        raise SvgenError(f"--device {args.device!r} is not a device: {(str(e).splitlines() or [''])[0]}") from None
+
+
 def text_prototypes(args, classes, templates, expect: dict = None):
     """``(Prototypes, encoder identity)`` of ``classes`` × ``templates`` under the CLI's encoder options.
 
@@ -102,9 +133,7 @@ def text_prototypes(args, classes, templates, expect: dict = None):
         return identity_key(identity) == identity_key(want)
 
     if expect is not None and ident is not None and not same(ident):
-        raise SvgenError(f"the encoder ({ident['model']}, {ident['pretrained'] or ident['checkpoint']}) does not "
-                         f"match the one the artifact was fitted with ({expect.get('model')}, "
-                         f"{expect.get('pretrained') or expect.get('checkpoint')})")
+        raise encoder_mismatch(ident, expect)
     if ident is not None:
         protos = cached_prototypes(identity_key(ident), classes, templates)
         if protos is not None:
@@ -117,8 +146,7 @@ def text_prototypes(args, classes, templates, expect: dict = None):
     if expect is not None:
         check_artifact_activation(expect, encoder)  # a different activation: refused; none recorded: a warning
     if expect is not None and not same(encoder.identity()):
-        raise SvgenError(f"the encoder ({encoder.identity()['model']}) does not match the one the artifact was "
-                         f"fitted with ({expect.get('model')}, {expect.get('pretrained') or expect.get('checkpoint')})")
+        raise encoder_mismatch(encoder.identity(), expect)
     protos = build_prototypes(encoder, classes, templates, progress=args.progress)
     log.info("encoded %d prompts (%d from cache)", len(classes) * len(templates),
              len(classes) * len(templates) - protos.encoded)
@@ -146,16 +174,42 @@ def json_text(obj, **kw) -> str:
     return json.dumps(_finite(obj), allow_nan=False, **kw)
 
 
+def _check_npy_size(path: Path, what: str) -> None:
+    """Refuse, before anything is allocated, a .npy header that claims more data than the file holds
+    (a header saying 10¹²×512 on a 1 kB file would otherwise ask for 2 TB)."""
+    try:
+        with open(path, "rb") as f:
+            version = np.lib.format.read_magic(f)
+            read = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}
+            shape, _, dtype = read.get(version, np.lib.format.read_array_header_2_0)(f)
+            offset = f.tell()
+    except (ValueError, OSError, EOFError) as e:
+        raise SvgenError(f"{what} file {path} has a damaged .npy header ({(str(e).splitlines() or [''])[0]})") from None
+    if dtype.hasobject:
+        raise SvgenError(f"{what} file {path} is not a plain numeric .npy array (it holds Python objects)")
+    need = int(np.prod(shape, dtype=object)) * dtype.itemsize
+    have = path.stat().st_size - offset
+    if need > have:
+        raise SvgenError(f"{what} file {path} claims shape {shape} of {dtype} ({need:,} bytes) but holds "
+                         f"{have:,}; it is truncated or damaged")
+
+
 def load_array(path, what: str) -> np.ndarray:
     """``np.load`` without pickle; a clear one-line error for every way it can fail."""
+    from ..safeio import check_regular, os_error
+
     path = Path(path)
-    if not path.is_file():
-        raise SvgenError(f"{what} file not found: {path}")
-    with open(path, "rb") as f:
-        magic = f.read(6)
+    check_regular(path, f"{what} file")  # missing, unreadable, a folder or a FIFO: one line each
+    try:
+        with open(path, "rb") as f:
+            magic = f.read(6)
+    except OSError as e:
+        raise os_error(e, f"cannot read {what} file {path}") from None
     if magic != b"\x93NUMPY" and not magic.startswith(b"PK"):
         raise SvgenError(f"{what} file {path} is not a .npy file (no NumPy header; a text or CSV file?); "
                          "save the array with numpy.save")
+    if magic == b"\x93NUMPY":
+        _check_npy_size(path, what)
     try:
         arr = np.load(path, allow_pickle=False)
     except ValueError as e:
@@ -164,6 +218,6 @@ def load_array(path, what: str) -> np.ndarray:
         raise SvgenError(f"{what} file {path} is not a readable .npy file ({e})") from None
     if isinstance(arr, np.lib.npyio.NpzFile):
         raise SvgenError(f"{what} file {path} is an .npz archive; expected a single .npy array")
-    if not (np.issubdtype(arr.dtype, np.number) or arr.dtype == np.bool_):
-        raise SvgenError(f"{what} file {path} holds {arr.dtype} data; expected numbers")
+    if not (np.issubdtype(arr.dtype, np.number) or arr.dtype == np.bool_) or np.iscomplexobj(arr):
+        raise SvgenError(f"{what} file {path} holds {arr.dtype} data; expected real numbers")
     return arr

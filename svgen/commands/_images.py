@@ -107,8 +107,6 @@ def encoder_for_artifact(args, clf):
             if not args.checkpoint:
                 raise SvgenError(f"the artifact was fit from checkpoint {enc.get('checkpoint')!r}; pass it with "
                                  "--checkpoint FILE")
-            if not Path(args.checkpoint).is_file():
-                raise SvgenError(f"checkpoint file not found: {args.checkpoint}")
             sha = file_sha256(args.checkpoint)
             if sha != enc["checkpoint_sha256"]:
                 raise SvgenError(f"checkpoint {args.checkpoint} (sha256 {sha[:12]}…) is not the one the artifact was "

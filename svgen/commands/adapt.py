@@ -53,9 +53,9 @@ def run(args) -> int:
 
     pool = wants_pool(args)
     shots = wants_shots(args, required=not pool)
-    out = Path(args.out)
-    if out.exists() and not args.force:
-        raise SvgenError(f"{out} already exists; pass --force to overwrite it")
+    from ..safeio import check_dir_target
+
+    out = check_dir_target(args.out, args.force)  # before any work: only an artifact or an empty folder is replaced
     clf = SVGClassifier.load(args.artifact)
     clf.progress = args.progress
     paths = pool_paths(args) if args.unlabelled else None   # fail on a bad folder before any encoding

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import os
 
-from ._common import HelpFormatter, add_encoder_args, load_array, note, text_prototypes
+from ._common import HelpFormatter, add_encoder_args, check_device, load_array, note, text_prototypes
 
 
 def add_parser(sub):
@@ -30,6 +31,7 @@ def run(args) -> int:
     from ..errors import SvgenError
     from ..prompts import read_class_names, validate_classes
 
+    check_device(args)
     names = read_class_names(args.classes)
     if not names:
         raise SvgenError(f"classes file {args.classes} is empty: expected one class name per line")
@@ -61,6 +63,7 @@ def run(args) -> int:
         emb = protos.per_template.numpy()
     before = len(clf.classes_)
     clf.add_classes(emb, names)
-    clf.save(args.artifact, force=True)
+    # in place: through a symbolic link to the artifact folder too (--force itself never replaces a link)
+    clf.save(os.path.realpath(args.artifact), force=True)
     note(args, f"wrote {args.artifact}: {before} → {len(clf.classes_)} classes")
     return 0

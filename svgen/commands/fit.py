@@ -8,7 +8,8 @@ import sys
 from pathlib import Path
 
 from ..errors import SvgenError
-from ._common import (DEFAULT_MODEL, HelpFormatter, add_encoder_args, default_pretrained, json_text, load_array,
+from ._common import (DEFAULT_MODEL, HelpFormatter, add_encoder_args, check_device, default_pretrained, json_text,
+                      load_array,
                       load_encoder, note, text_prototypes)
 from ._pool import add_pool_args, encode_pool, pool_array, pool_paths, wants_pool
 from ._shots import add_shot_args, encode_shots, shot_arrays, shot_images, wants_shots
@@ -94,12 +95,21 @@ def _ridge(value: str):
 
 
 def run(args) -> int:
+    from .. import SVGClassifier
     from ..prompts import load_templates, read_classes
+    from ..safeio import check_dir_target
 
+    check_device(args)
     classes = read_classes(args.classes)
-    out = Path(args.out)
-    if out.exists() and not args.force:
-        raise SvgenError(f"{out} already exists; pass --force to overwrite it")
+    out = check_dir_target(args.out, args.force)  # before any work: only an artifact or an empty folder is replaced
+    clf = SVGClassifier(
+        n_support=args.n_support, kernel=args.kernel, steps=args.steps, lr=args.lr, margin=args.margin,
+        margin_weight=args.margin_weight, grounding_weight=args.grounding_weight, ridge=_ridge(args.ridge),
+        batch_classes=args.batch_classes, rff_dim=args.rff_dim, solver=args.solver, vote_solver=args.vote_solver,
+        vote_neighbours=args.vote_neighbours, seed=args.seed, device=args.device,
+        metric_condition=args.metric_strength, linear_head=args.linear_head, progress=args.progress,
+    )
+    clf._config()  # validate settings before any expensive work
     shots = shot_folder = None
     if wants_shots(args):
         # read (and check) the labelled images before any expensive work
@@ -128,15 +138,6 @@ def run(args) -> int:
 
     import numpy as np
 
-    from .. import SVGClassifier
-    clf = SVGClassifier(
-        n_support=args.n_support, kernel=args.kernel, steps=args.steps, lr=args.lr, margin=args.margin,
-        margin_weight=args.margin_weight, grounding_weight=args.grounding_weight, ridge=_ridge(args.ridge),
-        batch_classes=args.batch_classes, rff_dim=args.rff_dim, solver=args.solver, vote_solver=args.vote_solver,
-        vote_neighbours=args.vote_neighbours, seed=args.seed, device=args.device,
-        metric_condition=args.metric_strength, linear_head=args.linear_head, progress=args.progress,
-    )
-    clf._config()  # validate settings before any expensive work
     if args.prototypes:
         emb = load_array(args.prototypes, "prototypes")
         if emb.ndim not in (2, 3):
