@@ -106,6 +106,38 @@ def check_distinct(P: torch.Tensor, classes: Sequence[str]) -> None:
                          "encode alike (CLIP's tokenizer lower-cases); remove or rename one of each pair")
 
 
+def check_vocabulary(P: torch.Tensor, classes: Sequence[str], strict: bool = False) -> List[tuple]:
+    """Repeated class names and coinciding prototypes: refused with ``strict``, else one warning
+    naming them, and the fit goes on; returns the prototype pairs ``(i, j, cos)``.
+
+    Published vocabularies repeat names (OpenAI's ImageNet list has 'missile' and 'sunglasses'
+    twice; the LVIS ∪ Objects365 ∪ OpenImages union 539 pairs) and open_clip classifies with
+    them. Coinciding classes tie under every head, and their support vectors coincide, so K_SS is
+    singular; the vote solve ``(K_SS + M·λ·I)⁻¹ Y`` stays well-posed because λ > 0.
+    """
+    from .prompts import duplicate_names
+    from .prototypes import short_name
+
+    names = duplicate_names(classes)
+    pairs = duplicate_prototypes(P)
+    if strict and pairs:
+        check_distinct(P, classes)
+    if strict and names:
+        validate_classes(classes, source="class list")
+    if names or pairs:
+        said = []
+        if names:
+            said.append(f"{len(names)} repeated class name(s) ({', '.join(map(repr, names[:5]))}"
+                        f"{' …' if len(names) > 5 else ''})")
+        if pairs:
+            said.append(f"{len(pairs)} pair(s) of classes with identical or near-identical prototypes ("
+                        + "; ".join(f"{short_name(classes[i])} [{i}] and {short_name(classes[j])} [{j}], cos {c:.6f}"
+                                    for i, j, c in pairs[:5]) + (" …" if len(pairs) > 5 else "") + ")")
+        log.warning("%s: fitting on; such classes tie (the ridge keeps the vote solve well-posed); "
+                    "strict=True (svgen fit --strict) refuses them", " and ".join(said))
+    return pairs
+
+
 def _same(a, b) -> bool:
     try:
         return bool(a == b) and type(a) is type(b)
@@ -117,7 +149,8 @@ class SVGClassifier:
     """Support vector generation over text prototypes, with kernel-vote, linear and cosine heads.
 
     Parameters mirror :class:`svgen.training.FitConfig`; ``device`` and ``progress`` control
-    where and how visibly the fit runs. Fitted attributes end in ``_``.
+    where and how visibly the fit runs; ``strict`` refuses repeated class names and coinciding
+    prototypes (by default they are fitted, with one warning: :func:`check_vocabulary`). Fitted attributes end in ``_``.
     """
 
     def __init__(
@@ -146,6 +179,7 @@ class SVGClassifier:
         seed: int = 0,
         device: str = "cpu",
         progress: bool = False,
+        strict: bool = False,
     ):
         self.n_support = n_support
         self.kernel = kernel
@@ -171,6 +205,7 @@ class SVGClassifier:
         self.seed = seed
         self.device = device
         self.progress = progress
+        self.strict = strict
 
     # ------------------------------------------------------------------------------ fitting
     def _config(self) -> FitConfig:
@@ -215,11 +250,11 @@ class SVGClassifier:
         C = emb.shape[0]
         if classes is None:
             classes = [f"class_{i}" for i in range(C)]
-        classes = validate_classes(classes, source="class list")
+        classes = validate_classes(classes, source="class list", duplicates="allow")
         if len(classes) != C:
             raise SvgenError(f"prototypes have {C} rows but there are {len(classes)} class names; they must match")
         E, P = prototypes_from_embeddings(emb)
-        check_distinct(P, classes)
+        check_vocabulary(P, classes, strict=bool(self.strict))
         t0 = time.perf_counter()
         state = train_generator(P, E, cfg, progress=self.progress)
         S = generate_all(state.generator, P, state.anchors)

@@ -45,8 +45,11 @@ def _read_lines(path, what: str) -> List[str]:
     return lines
 
 
-def validate_classes(classes: Sequence[str], source: str = "class list") -> List[str]:
-    """Check a list of class names: at least two, no duplicates, no empty names."""
+def validate_classes(classes: Sequence[str], source: str = "class list", duplicates: str = "error") -> List[str]:
+    """Check a list of class names: at least two, no empty names; repeated names are refused
+    (``duplicates="error"``) or let through (``"allow"``: the caller decides, as
+    :meth:`svgen.SVGClassifier.fit` does — published vocabularies such as OpenAI's ImageNet list
+    repeat a few names)."""
     classes = [str(c).strip() for c in classes]
     if any(not c for c in classes):
         raise SvgenError(f"{source} contains an empty class name")
@@ -54,8 +57,8 @@ def validate_classes(classes: Sequence[str], source: str = "class list") -> List
         raise SvgenError(f"{source} is empty: expected one class name per line")
     if len(classes) < 2:
         raise SvgenError(f"{source} has only {len(classes)} class ({classes[0]!r}): a classifier needs at least 2")
-    dupes = [name for name, n in Counter(classes).items() if n > 1]
-    if dupes:
+    dupes = duplicate_names(classes)
+    if dupes and duplicates == "error":
         shown = ", ".join(repr(d) for d in dupes[:10]) + (" ..." if len(dupes) > 10 else "")
         raise SvgenError(f"{source} has {len(dupes)} duplicate class name(s): {shown}")
     return classes
@@ -76,9 +79,14 @@ def read_class_names(name_or_path) -> List[str]:
                      f"{', '.join(builtin_class_lists())})")
 
 
-def read_classes(path) -> List[str]:
+def duplicate_names(classes: Sequence[str]) -> List[str]:
+    """The names that occur more than once in ``classes``, in order of first appearance."""
+    return [name for name, n in Counter(classes).items() if n > 1]
+
+
+def read_classes(path, duplicates: str = "error") -> List[str]:
     """Read and validate a class file or built-in list (see module docstring for the format)."""
-    return validate_classes(read_class_names(path), source=f"classes file {path}")
+    return validate_classes(read_class_names(path), source=f"classes file {path}", duplicates=duplicates)
 
 
 def _builtin_dir(kind: str):

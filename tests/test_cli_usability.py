@@ -173,22 +173,23 @@ def test_prototypes_with_encoder_options_is_refused(cli, emb_files, tmp_path, ex
 
 @pytest.mark.parametrize("names", [["Cat", "cat "], ["Cat", "dog", "cat ", "bird"]])
 def test_classes_differing_only_in_case_are_named_before_the_solve(cli, tiny_model, classes_file, tmp_path, names):
+    """--strict refuses them (issue 23: by default they fit, with a warning; tests/test_daily_use.py)."""
     classes = classes_file(names)
     res = cli("fit", "--classes", classes, "--model", tiny_model["config"], "--checkpoint",
-              tiny_model["safetensors"], "--steps", "2", "--out", tmp_path / "d.svgen")
+              tiny_model["safetensors"], "--steps", "2", "--strict", "--out", tmp_path / "d.svgen")
     line = _one_line_error(*res, "'Cat' and 'cat'", "case")
     assert "LinAlgError" not in line
     assert not (tmp_path / "d.svgen").exists()
 
 
-def test_near_duplicate_prototypes_are_refused_by_the_api():
+def test_near_duplicate_prototypes_are_refused_by_the_api_when_strict():
     rng = np.random.default_rng(3)
     P = rng.normal(size=(4, D)).astype(np.float32)
     P[2] = P[0] + 1e-3 * rng.normal(size=D) * np.linalg.norm(P[0]) / np.sqrt(D)  # cos ≈ 0.999999
     cos = P[0] @ P[2] / np.linalg.norm(P[0]) / np.linalg.norm(P[2])
     assert 0.9999 <= cos < 1.0
     with pytest.raises(SvgenError, match="'a' and 'c'"):
-        SVGClassifier(steps=1).fit(P, classes=["a", "b", "c", "d"])
+        SVGClassifier(steps=1, strict=True).fit(P, classes=["a", "b", "c", "d"])
     P[2] = P[0] + 0.2 * rng.normal(size=D) * np.linalg.norm(P[0]) / np.sqrt(D)  # clearly distinct: fits
     SVGClassifier(n_support=2, steps=1).fit(P, classes=["a", "b", "c", "d"])
 

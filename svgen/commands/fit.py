@@ -39,6 +39,10 @@ def add_parser(sub):
                    help="precomputed text embeddings, C×D or C×T×D, rows in the order of --classes")
     p.add_argument("--out", required=True, metavar="ARTIFACT_DIR", help="artifact directory to create")
     p.add_argument("--force", action="store_true", help="replace an existing artifact")
+    p.add_argument("--strict", action="store_true",
+                   help="refuse repeated class names and classes whose prototypes coincide (cos ≥ 0.9999); "
+                        "by default they are fitted with one warning naming them (they tie; the ridge keeps "
+                        "the solve well-posed), as open_clip classifies with such vocabularies")
     add_encoder_args(p)
     p.add_argument("--templates", default=None, metavar="NAME|FILE",
                    help="prompt templates: a built-in set (single, compact, ensemble) or a file with one '{}' "
@@ -96,7 +100,7 @@ def _ridge(value: str):
 def run(args) -> int:
     from ..prompts import load_templates, read_classes
 
-    classes = read_classes(args.classes)
+    classes = read_classes(args.classes, duplicates="error" if args.strict else "allow")
     out = Path(args.out)
     if out.exists() and not args.force:
         raise SvgenError(f"{out} already exists; pass --force to overwrite it")
@@ -135,6 +139,7 @@ def run(args) -> int:
         batch_classes=args.batch_classes, rff_dim=args.rff_dim, solver=args.solver, vote_solver=args.vote_solver,
         vote_neighbours=args.vote_neighbours, seed=args.seed, device=args.device,
         metric_condition=args.metric_strength, linear_head=args.linear_head, progress=args.progress,
+        strict=args.strict,
     )
     clf._config()  # validate settings before any expensive work
     if args.prototypes:
