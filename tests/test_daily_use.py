@@ -12,6 +12,7 @@ import io
 import json
 import logging
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -113,3 +114,207 @@ def test_cli_fit_warns_once_and_fits_strict_refuses(cli, vocab_files, caplog):
     _one_line_error(*cli("fit", "--prototypes", f / "P.npy", "--classes", f / "classes.txt", "-K", "2",
                          "--strict", "--out", f / "b.svgen"), "duplicate", "'missile'")
     assert not (f / "b.svgen").exists()
+
+
+# ----------------------------------------------------------------------------- 3 + 4. formats and one schema
+
+NAMES = ["cat", "dog", "bird", "fish", "horse", "cow"]
+
+
+@pytest.fixture(scope="module")
+def art(tmp_path_factory):
+    root = tmp_path_factory.mktemp("art")
+    rng = np.random.default_rng(0)
+    protos = rng.normal(size=(len(NAMES), 2, D)).astype(np.float32)
+    np.save(root / "protos.npy", protos)
+    (root / "classes.txt").write_text("\n".join(NAMES) + "\n")
+    SVGClassifier(n_support=2).fit(protos, classes=NAMES).save(root / "a.svgen")
+    x = rng.normal(size=(12, D)).astype(np.float32)
+    np.save(root / "feats.npy", x)
+    np.save(root / "feats2.npy", x[:5])
+    np.save(root / "labels.npy", rng.integers(0, len(NAMES), size=12))
+    return root
+
+
+def _scores(art, head="kernel", probs=False):
+    clf = SVGClassifier.load(art / "a.svgen")
+    x = torch.from_numpy(np.load(art / "feats.npy"))
+    return (clf.predict_proba if probs else clf.decision_function)(x, head=head)
+
+
+@pytest.mark.parametrize("suffix,fmt", [(".csv", "csv"), (".jsonl", "jsonl"), (".ndjson", "jsonl"),
+                                        (".parquet", "parquet")])
+def test_classify_out_suffix_decides_the_format(cli, art, tmp_path, suffix, fmt):
+    out = tmp_path / f"p{suffix}"
+    code, stdout, err = cli("classify", art / "a.svgen", "--features", art / "feats.npy", "--out", out)
+    assert code == 0 and stdout == "", err
+    assert f"{fmt}" in err.splitlines()[-1] and "scores" in err.splitlines()[-1]
+    data = out.read_bytes()
+    if fmt == "parquet":
+        assert data[:4] == b"PAR1"
+    elif fmt == "jsonl":
+        assert [strict_json(l)["index"] for l in data.decode().splitlines()] == list(range(12))
+    else:
+        assert data.decode().startswith("index,source,row,label_1,score_1")
+
+
+@pytest.mark.parametrize("fmt,suffix", [("csv", ".jsonl"), ("jsonl", ".parquet"), ("parquet", ".csv")])
+def test_classify_format_contradicting_the_suffix_is_refused(cli, art, tmp_path, fmt, suffix):
+    out = tmp_path / f"p{suffix}"
+    _one_line_error(*cli("classify", art / "a.svgen", "--features", art / "feats.npy", "--format", fmt,
+                         "--out", out), f"--format {fmt}", "contradicts")
+    assert not out.exists()
+
+
+def test_parquet_needs_a_file_and_pyarrow(cli, art, tmp_path, monkeypatch):
+    _one_line_error(*cli("classify", art / "a.svgen", "--features", art / "feats.npy", "--format", "parquet"),
+                    "--out")
+    import sys
+
+    monkeypatch.setitem(sys.modules, "pyarrow", None)
+    monkeypatch.setitem(sys.modules, "pyarrow.parquet", None)
+    _one_line_error(*cli("classify", art / "a.svgen", "--features", art / "feats.npy", "--out",
+                         tmp_path / "p.parquet"), "pyarrow", "pip install")
+    assert not (tmp_path / "p.parquet").exists()
+
+
+def test_eval_out_suffix_decides_the_format(cli, art, tmp_path):
+    args = ("eval", art / "a.svgen", "--features", art / "feats.npy", "--labels", art / "labels.npy")
+    code, _, err = cli(*args, "--out", tmp_path / "e.json")
+    assert code == 0, err
+    assert set(strict_json((tmp_path / "e.json").read_text())) >= {"cosine", "kernel", "linear"}
+    assert "JSON" in err
+    code, _, err = cli(*args, "--out", tmp_path / "e.txt")
+    assert code == 0 and (tmp_path / "e.txt").read_text().startswith("head ")
+    _one_line_error(*cli(*args, "--json", "--out", tmp_path / "f.txt"), "--json", "contradicts")
+    assert not (tmp_path / "f.txt").exists()
+
+
+def test_local_parquet_has_the_ray_engines_columns_and_exact_float32(cli, art, tmp_path):
+    import pyarrow.parquet as pq
+
+    from svgen.blocks import feature_keys, prediction_table
+
+    for probs in (False, True):
+        out = tmp_path / f"p{probs}.parquet"
+        extra = ("--probs",) if probs else ()
+        code, _, err = cli("classify", art / "a.svgen", "--features", art / "feats.npy", "-k", 3, *extra,
+                           "--out", out)
+        assert code == 0, err
+        assert ("probabilities" if probs else "scores") in err
+        local = pq.read_table(out)
+        block = SimpleNamespace(spec={"file": str(art / "feats.npy"), "start": 0, "stop": 12, "id0": 0})
+        ray = prediction_table(feature_keys(block), _scores(art, probs=probs), NAMES, 3, "kernel", probs)
+        assert local.schema.equals(ray.schema), (local.schema, ray.schema)
+        assert local.to_pylist() == ray.to_pylist()  # same rows, same float32 values, exactly
+
+
+def test_csv_and_jsonl_carry_the_same_schema_in_full_float32(cli, art):
+    s = _scores(art).numpy()
+    top = np.sort(s, axis=1)[:, ::-1][:, :2]
+    code, text, err = cli("classify", art / "a.svgen", "--features", art / "feats.npy", art / "feats2.npy", "-k", 2)
+    assert code == 0, err
+    rows = list(csv.DictReader(io.StringIO(text)))
+    assert list(rows[0]) == ["index", "source", "row", "label_1", "score_1", "label_2", "score_2", "head"]
+    assert len(rows) == 17 and rows[12]["index"] == "12" and rows[12]["row"] == "0"
+    assert rows[12]["source"].endswith("feats2.npy") and rows[0]["head"] == "kernel"
+    got = np.array([[np.float32(r["score_1"]), np.float32(r["score_2"])] for r in rows[:12]])
+    np.testing.assert_array_equal(got, top)  # every bit of the float32, not 6 significant digits
+    code, text, _ = cli("classify", art / "a.svgen", "--features", art / "feats.npy", "-k", 2, "--probs",
+                        "--format", "jsonl")
+    first = strict_json(text.splitlines()[0])
+    assert list(first) == ["index", "source", "row", "labels", "probs", "head"]
+
+
+def test_classify_features_before_the_artifact_is_not_swallowed(cli, art):
+    code, text, err = cli("classify", "--features", art / "feats.npy", art / "a.svgen", "--top-k", 1)
+    assert code == 0, err
+    assert len(text.splitlines()) == 13
+    _one_line_error(*cli("classify", "--features", art / "feats.npy"), "ARTIFACT_DIR")
+
+
+# ----------------------------------------------------------------------------- issue 24: 3, 8, 10
+
+def test_csv_quotes_carriage_returns_so_python_reads_back_n_rows():
+    from svgen.output import write_text_rows
+
+    names = [f"img{i}.jpg" for i in range(14)]
+    names[3], names[7] = "bad\rname.jpg", "two\nlines.jpg"
+    buf = io.StringIO(newline="")
+    write_text_rows(buf, [({"path": names}, torch.randn(14, 4))], ["a", "b", "c", "d"], 2, "csv", "kernel", False)
+    rows = list(csv.reader(io.StringIO(buf.getvalue(), newline="")))
+    assert len(rows) == 15 and [r[0] for r in rows[1:]] == names
+
+
+def test_jsonl_is_strict_json_and_probabilities_are_never_nan(caplog):
+    from svgen.output import write_text_rows
+
+    s = torch.tensor([[1.0, float("inf"), 0.5], [float("nan"), 2.0, 1.0], [-float("inf"), 0.0, 3.0]])
+    buf = io.StringIO()
+    with caplog.at_level(logging.WARNING, logger="svgen"):
+        write_text_rows(buf, [({"index": [0, 1, 2]}, s)], ["a", "b", "c"], 3, "jsonl", "kernel", False)
+    rows = [strict_json(l) for l in buf.getvalue().splitlines()]
+    assert rows[0]["scores"] == [None, 1.0, 0.5]
+    assert rows[1]["labels"][-1] == "a" and rows[1]["scores"][-1] is None  # NaN ranks last, written as null
+    assert any("not finite" in r.getMessage() for r in caplog.records)
+    with pytest.raises(SvgenError, match="non-finite probabilities"):
+        write_text_rows(io.StringIO(), [({"index": [0, 1, 2]}, s.softmax(1))], ["a", "b", "c"], 2, "jsonl",
+                        "kernel", True)
+
+
+def test_cli_jsonl_of_overflowing_scores_is_strict(cli, art, tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    bad = tmp_path / "huge.svgen"
+    import shutil
+
+    shutil.copytree(art / "a.svgen", bad)
+    t = load_file(str(bad / "weights.safetensors"))
+    t["vote_weights"] = t["vote_weights"] * 3e38
+    save_file(t, str(bad / "weights.safetensors"))
+    code, text, err = cli("classify", bad, "--features", art / "feats.npy", "--format", "jsonl")
+    assert code == 0, err
+    for line in text.splitlines():
+        strict_json(line)
+    code, text, err = cli("classify", bad, "--features", art / "feats.npy", "--format", "jsonl", "--probs")
+    assert "nan" not in text.lower()
+    assert code == 2 and "non-finite probabilities" in err
+
+
+def test_the_writer_streams_blocks_as_they_come():
+    """Rows are written block by block: the writer asks for block i+1 only after block i is out, so at
+    most one block of scores is alive whatever N is (no timing; the generator records the stream)."""
+    from svgen.output import write_text_rows
+
+    buf = io.StringIO()
+    seen = []
+
+    def blocks():
+        for b in range(5):
+            seen.append(len(buf.getvalue()))
+            yield {"index": list(range(b * 100, b * 100 + 100))}, torch.randn(100, 7)
+
+    write_text_rows(buf, blocks(), list("abcdefg"), 3, "csv", "kernel", False)
+    assert all(later > earlier for earlier, later in zip(seen, seen[1:]))  # each block written before the next
+    assert len(buf.getvalue().splitlines()) == 501
+
+
+def test_classify_memory_does_not_grow_with_the_input(cli, art, tmp_path):
+    """tracemalloc peak of a local classify of N = 40,000 rows to a file stays a fraction of what the
+    file holds (the old writer kept the N×C scores and all of the text: several times the file)."""
+    import tracemalloc
+
+    rng = np.random.default_rng(3)
+    np.save(tmp_path / "big.npy", rng.normal(size=(40_000, D)).astype(np.float32))
+    out = tmp_path / "big.csv"
+    tracemalloc.start()
+    try:
+        code, _, err = cli("classify", art / "a.svgen", "--features", tmp_path / "big.npy", "--head", "linear",
+                           "-k", 3, "--out", out)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert code == 0, err
+    size = out.stat().st_size
+    assert size > 2_000_000
+    assert peak < size / 2, (peak, size)

@@ -146,8 +146,8 @@ def json_text(obj, **kw) -> str:
     return json.dumps(_finite(obj), allow_nan=False, **kw)
 
 
-def load_array(path, what: str) -> np.ndarray:
-    """``np.load`` without pickle; a clear one-line error for every way it can fail."""
+def load_array(path, what: str, mmap: bool = False) -> np.ndarray:
+    """``np.load`` without pickle (``mmap``: memory-mapped); a clear one-line error for every way it can fail."""
     path = Path(path)
     if not path.is_file():
         raise SvgenError(f"{what} file not found: {path}")
@@ -157,7 +157,7 @@ def load_array(path, what: str) -> np.ndarray:
         raise SvgenError(f"{what} file {path} is not a .npy file (no NumPy header; a text or CSV file?); "
                          "save the array with numpy.save")
     try:
-        arr = np.load(path, allow_pickle=False)
+        arr = np.load(path, allow_pickle=False, mmap_mode="r" if mmap else None)
     except ValueError as e:
         raise SvgenError(f"{what} file {path} is not a plain numeric .npy array ({str(e).splitlines()[0]})") from None
     except (OSError, EOFError) as e:
