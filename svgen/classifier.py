@@ -245,6 +245,7 @@ class SVGClassifier:
             emb = check_embeddings(prototypes, "prototypes")
             image_rows(X, y, emb.shape[0], emb.shape[-1])  # fail before the zero-shot fit, not after
             return self.fit(prototypes, classes, templates, encoder).adapt(X, y)
+        t0 = time.perf_counter()  # wall_time_s covers the whole fit: checks, solve, metrics, temperatures
         cfg = self._config()
         emb = check_embeddings(prototypes, "prototypes")
         C = emb.shape[0]
@@ -255,7 +256,6 @@ class SVGClassifier:
             raise SvgenError(f"prototypes have {C} rows but there are {len(classes)} class names; they must match")
         E, P = prototypes_from_embeddings(emb)
         check_vocabulary(P, classes, strict=bool(self.strict))
-        t0 = time.perf_counter()
         state = train_generator(P, E, cfg, progress=self.progress)
         S = generate_all(state.generator, P, state.anchors)
         sigma = float(state.log_sigma.detach().exp())
@@ -286,6 +286,7 @@ class SVGClassifier:
         self.transductive_labels_ = None
         self._scale_votes(lam)
         self._text_temperatures()
+        self.fit_metrics_["wall_time_s"] = time.perf_counter() - t0
         return self
 
     # ------------------------------------------------------------------------------ few-shot

@@ -3,7 +3,9 @@
 ``classes.txt`` holds one class name per line (UTF-8); blank lines and lines starting with
 ``#`` are ignored. A template file holds one template per line, each containing ``{}`` where
 the class name goes. Built-in templates live in ``prompts/templates/NAME.txt`` and are
-selected by ``NAME`` (``single``, ``compact``, ``ensemble``); built-in class lists likewise
+selected by ``NAME`` (``single``, ``compact``, ``ensemble``, and OpenAI's ImageNet sets as open_clip
+ships them in ``open_clip/zero_shot_metadata.py``: ``openai``, the 80 ``OPENAI_IMAGENET_TEMPLATES``, and
+``openai-simple``, the 7 ``SIMPLE_IMAGENET_TEMPLATES``); built-in class lists likewise
 (``prompts/classes/NAME.txt``: ``cifar10``, ``cifar100``, ``imagenet1k``).
 """
 
@@ -96,6 +98,11 @@ def _builtin_dir(kind: str):
 def builtin_templates() -> List[str]:
     """Names of the template sets shipped with svgen."""
     return sorted(p.name[:-4] for p in _builtin_dir("templates").iterdir() if p.name.endswith(".txt"))
+
+
+def builtin_template_sizes() -> str:
+    """``'compact (8), ensemble (43), …'``: every built-in template set with its number of templates."""
+    return ", ".join(f"{name} ({len(load_templates(name))})" for name in builtin_templates())
 
 
 def builtin_class_lists() -> List[str]:

@@ -28,6 +28,30 @@ TINY_CFG = {
 }
 
 
+# ----------------------------------------------------------------------------- markers (the quick subset)
+
+# Whole files whose tests start Ray, run the README's sessions, or fit and score real data sets.
+SLOW_FILES = {"test_ray_engine.py", "test_readme.py", "test_accuracy_real.py", "test_classify_eval_export_real.py",
+              "test_bench_calibration.py", "test_bench_transductive.py"}
+
+
+def pytest_collection_modifyitems(config, items):
+    """Markers assigned here, by file and fixture, so test files need no decorators:
+
+    * ``real_data``: the test uses ``../shared/data`` (the ``shared_data`` fixture, directly or through
+      another fixture); it skips where the data are absent;
+    * ``slow``: a ``real_data`` test, or one in :data:`SLOW_FILES`.
+
+    ``pytest -m "not slow"`` is the quick subset (the README names it); CI (``.ci/run``) runs everything.
+    """
+    for item in items:
+        real = "shared_data" in getattr(item, "fixturenames", ())
+        if real:
+            item.add_marker(pytest.mark.real_data)
+        if real or Path(str(item.fspath)).name in SLOW_FILES:
+            item.add_marker(pytest.mark.slow)
+
+
 @pytest.fixture(autouse=True)
 def _no_network(monkeypatch):
     """Tests never reach the network: a connection to anything but loopback fails at once (tests that

@@ -471,7 +471,7 @@ def test_both_k_spellings(cli, emb_files, art, tmp_path):
     assert json.loads((tmp_path / "k.svgen" / "svgen.json").read_text())["n_support"] == 3
     for flag in ("-k", "-K", "--top-k"):
         code, out, _ = cli("classify", art, "--features", emb_files["feats"], flag, "2")
-        assert code == 0 and out.splitlines()[0] == "index,label_1,score_1,label_2,score_2", flag
+        assert code == 0 and out.splitlines()[0] == "index,source,row,label_1,score_1,label_2,score_2,head", flag
 
 
 def test_zero_shot_script_help_shows_defaults(capsys):

@@ -318,3 +318,51 @@ def test_classify_memory_does_not_grow_with_the_input(cli, art, tmp_path):
     size = out.stat().st_size
     assert size > 2_000_000
     assert peak < size / 2, (peak, size)
+
+
+# ----------------------------------------------------------------------------- 9. OpenAI's templates
+
+def test_openai_template_sets_are_open_clips_and_help_lists_every_set_with_its_size(capsys):
+    from open_clip.zero_shot_metadata import OPENAI_IMAGENET_TEMPLATES, SIMPLE_IMAGENET_TEMPLATES
+
+    from svgen.cli import main
+    from svgen.prompts import builtin_templates, load_templates
+
+    assert load_templates("openai") == [t("{}") for t in OPENAI_IMAGENET_TEMPLATES]
+    assert load_templates("openai-simple") == [t("{}") for t in SIMPLE_IMAGENET_TEMPLATES]
+    assert len(load_templates("openai")) == 80 and len(load_templates("openai-simple")) == 7
+    with pytest.raises(SystemExit):
+        main(["fit", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    for name in builtin_templates():
+        assert f"{name} ({len(load_templates(name))})" in text, name
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    for name in builtin_templates():
+        assert f"`{name}` ({len(load_templates(name))})" in readme, name
+
+
+# ----------------------------------------------------------------------------- 12. the quick subset
+
+def test_markers_are_assigned_by_file_and_fixture_and_registered(request):
+    tomllib = pytest.importorskip("tomllib")  # Python ≥ 3.11
+
+    import conftest
+
+    class Item:
+        def __init__(self, path, fixtures):
+            self.fspath, self.fixturenames, self.marks = path, fixtures, []
+
+        def add_marker(self, mark):
+            self.marks.append(mark.name)
+
+    items = [Item(ROOT / "tests" / "test_math.py", ["tmp_path"]),
+             Item(ROOT / "tests" / "test_fit.py", ["lvis_subset", "shared_data"]),
+             Item(ROOT / "tests" / "test_ray_engine.py", ["cli"])]
+    conftest.pytest_collection_modifyitems(request.config, items)
+    assert [i.marks for i in items] == [[], ["real_data", "slow"], ["slow"]]
+    registered = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]["markers"]
+    assert {m.split(":")[0] for m in registered} == {"slow", "real_data"}
+    assert request.node.get_closest_marker("slow") is None  # this file is in the quick subset
+    assert 'pytest -m "not slow"' in (ROOT / "README.md").read_text()
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert "python -m pytest -q" in ci and "not slow" not in ci  # CI runs everything

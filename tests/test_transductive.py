@@ -301,7 +301,7 @@ def test_cli_fit_adapt_classify_transductive(cli, files):
     clf = SVGClassifier.load(files / "zs.svgen").adapt(unlabelled=np.load(files / "U.npy"))
     want = clf.transductive_labels_.argmax(1).tolist()
     assert [r["labels"][0] for r in rows] == [f"c{i}" for i in want]
-    assert all(0 < r["scores"][0] <= 1 for r in rows)
+    assert all(0 < r["probs"][0] <= 1 for r in rows)
 
 
 @pytest.mark.parametrize("args, msg", [
@@ -344,7 +344,7 @@ def test_cli_image_folder_pool_is_embedded_with_the_artifacts_encoder(cli, tiny_
                          "--format", "jsonl", "-k", "3")
     assert code == 0, err
     rows = [json.loads(line) for line in out.splitlines()]
-    assert len(rows) == 9 and all(abs(sum(r["scores"]) - 1) < 1e-4 for r in rows)   # 3 of 3 classes: probabilities
+    assert len(rows) == 9 and all(abs(sum(r["probs"]) - 1) < 1e-4 for r in rows)   # 3 of 3 classes: probabilities
     # the same as adapting to the encoder's own embeddings of those files
     from svgen.encoders import ClipEncoder
 

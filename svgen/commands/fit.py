@@ -44,9 +44,12 @@ def add_parser(sub):
                         "by default they are fitted with one warning naming them (they tie; the ridge keeps "
                         "the solve well-posed), as open_clip classifies with such vocabularies")
     add_encoder_args(p)
+    from ..prompts import builtin_template_sizes
+
     p.add_argument("--templates", default=None, metavar="NAME|FILE",
-                   help="prompt templates: a built-in set (single, compact, ensemble) or a file with one '{}' "
-                        "template per line (default: single)")
+                   help=f"prompt templates: a built-in set, with its number of templates: {builtin_template_sizes()} "
+                        "(openai: OpenAI's 80 ImageNet templates, openai-simple: their 7-template subset, as "
+                        "open_clip ships them); or a file with one '{}' template per line (default: single)")
     add_shot_args(p)
     add_pool_args(p)
     m = p.add_argument_group("method")
