@@ -366,3 +366,70 @@ def test_markers_are_assigned_by_file_and_fixture_and_registered(request):
     assert 'pytest -m "not slow"' in (ROOT / "README.md").read_text()
     ci = (ROOT / ".ci" / "run").read_text()
     assert "python -m pytest -q" in ci and "not slow" not in ci  # CI runs everything
+
+
+# ----------------------------------------------------------------------------- 2 + 5. usage errors
+
+@pytest.mark.parametrize("argv, what", [
+    (["fit", "--classes", "c.txt"], "--out"),
+    (["classify", "a.svgen", "--head", "nope"], "--head"),
+    (["eval", "a.svgen", "--no-such-option"], "--no-such-option"),
+    (["export"], "required"),
+])
+def test_usage_errors_are_one_line_and_a_pointer_to_help(capsys, argv, what):
+    from svgen.cli import main
+
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    assert e.value.code == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 2, lines
+    assert lines[0].startswith(f"svgen {argv[0]}: error:") and what in lines[0]
+    assert lines[1] == f"see 'svgen {argv[0]} --help'"
+
+
+# ----------------------------------------------------------------------------- 10. a fast default fit
+
+def test_a_fit_without_steps_builds_no_optimiser_and_wall_time_covers_the_whole_fit(monkeypatch):
+    import time
+
+    import svgen.classifier as classifier
+
+    def no_adam(*a, **k):
+        raise AssertionError("an optimiser was built for steps=0")
+
+    monkeypatch.setattr(torch.optim, "Adam", no_adam)
+    marks = {}
+    check, temps = classifier.check_embeddings, SVGClassifier._text_temperatures
+
+    def first_check(*a, **k):
+        marks.setdefault("start", time.perf_counter())
+        return check(*a, **k)
+
+    def last_step(self):
+        temps(self)
+        marks["end"] = time.perf_counter()
+
+    monkeypatch.setattr(classifier, "check_embeddings", first_check)
+    monkeypatch.setattr(SVGClassifier, "_text_temperatures", last_step)
+    emb, _ = _openai_style()
+    clf = SVGClassifier(n_support=2).fit(emb[:5] + 0.1, classes=list("abcde"))
+    m = clf.fit_metrics_
+    assert m["wall_time_s"] >= marks["end"] - marks["start"]  # ordering, not a timing
+    assert m["alignment_start"] == m["alignment_end"]  # steps=0: the same support vectors, measured once
+    with pytest.raises(AssertionError, match="optimiser"):
+        SVGClassifier(n_support=2, steps=1).fit(emb[:5] + 0.1, classes=list("abcde"))
+
+
+def test_the_fits_condition_number_is_exact_when_small_and_a_labelled_bound_when_large():
+    from svgen.scale import condition_estimate
+
+    rng = np.random.default_rng(0)
+    small = SVGClassifier(n_support=2).fit(rng.normal(size=(20, D)), classes=[f"c{i}" for i in range(20)])
+    m = small.fit_metrics_
+    assert m["condition_number_method"] == "eigvalsh" and m["condition_number_classes"] == 20
+    exact = condition_estimate(small.support_vectors_.double(), small.bandwidth_, "rbf")["value"]
+    assert m["condition_number"] == pytest.approx(exact, rel=1e-3)
+    big = SVGClassifier(n_support=4).fit(rng.normal(size=(300, D)), classes=[f"c{i}" for i in range(300)])
+    m = big.fit_metrics_
+    assert m["condition_number_classes"] == 256 and "lower bound" in m["condition_number_method"]
