@@ -138,6 +138,31 @@ def check_vocabulary(P: torch.Tensor, classes: Sequence[str], strict: bool = Fal
     return pairs
 
 
+def looks_like_labels(classes) -> bool:
+    """Whether ``classes`` passed to :meth:`SVGClassifier.fit` is rather a vector of per-image labels
+    (scikit-learn's ``fit(X, y)`` reflex): repeated entries that are not all strings, or mostly repeats."""
+    values = list(np.asarray(classes.cpu() if isinstance(classes, torch.Tensor) else classes, dtype=object).ravel())
+    distinct = len(set(map(str, values)))
+    return distinct < len(values) and (any(not isinstance(v, str) for v in values) or distinct <= len(values) // 2)
+
+
+def label_indices(y, classes: Sequence[str]):
+    """``y`` as class indices: class names are looked up in ``classes`` (a repeated name: its first
+    row); integer indices pass through unchanged (checked where they are used)."""
+    arr = np.asarray(y.cpu() if isinstance(y, torch.Tensor) else y)
+    if arr.dtype.kind not in "USO":
+        return y
+    index = {}
+    for i, name in enumerate(classes):
+        index.setdefault(name, i)
+    names = [str(v) for v in arr.ravel()]
+    unknown = sorted({n for n in names if n not in index})
+    if unknown:
+        raise SvgenError(f"y holds {len(unknown)} name(s) that are not classes of the classifier: "
+                         f"{', '.join(map(repr, unknown[:5]))}{' …' if len(unknown) > 5 else ''}")
+    return np.asarray([index[n] for n in names], dtype=np.int64).reshape(arr.shape)
+
+
 def _same(a, b) -> bool:
     try:
         return bool(a == b) and type(a) is type(b)
@@ -148,9 +173,12 @@ def _same(a, b) -> bool:
 class SVGClassifier:
     """Support vector generation over text prototypes, with kernel-vote, linear and cosine heads.
 
-    Parameters mirror :class:`svgen.training.FitConfig`; ``device`` and ``progress`` control
-    where and how visibly the fit runs; ``strict`` refuses repeated class names and coinciding
-    prototypes (by default they are fitted, with one warning: :func:`check_vocabulary`). Fitted attributes end in ``_``.
+    Parameters mirror :class:`svgen.training.FitConfig`; ``progress`` shows the fit's progress bars;
+    ``strict`` refuses repeated class names and coinciding
+    prototypes (by default they are fitted, with one warning: :func:`check_vocabulary`). The fit runs
+    on the CPU (the default zero-shot fit is a few seconds of dense linear algebra); the encoder that
+    makes the prototypes and embeds images takes a device (:class:`svgen.encoders.ClipEncoder`,
+    ``--device``). Fitted attributes end in ``_``.
     """
 
     def __init__(
@@ -177,7 +205,6 @@ class SVGClassifier:
         vote_solver: str = "auto",
         vote_neighbours: int = 32,
         seed: int = 0,
-        device: str = "cpu",
         progress: bool = False,
         strict: bool = False,
     ):
@@ -203,7 +230,6 @@ class SVGClassifier:
         self.vote_solver = vote_solver
         self.vote_neighbours = vote_neighbours
         self.seed = seed
-        self.device = device
         self.progress = progress
         self.strict = strict
 
@@ -241,12 +267,22 @@ class SVGClassifier:
             try:
                 X, y = shots
             except (TypeError, ValueError):
-                raise SvgenError("shots must be a pair (X, y): N×D image embeddings and N class indices") from None
+                raise SvgenError("shots must be a pair (X, y): N×D image embeddings and N class indices or "
+                                 "names") from None
             emb = check_embeddings(prototypes, "prototypes")
+            y = label_indices(y, [str(c).strip() for c in classes] if classes is not None
+                              else [f"class_{i}" for i in range(emb.shape[0])])
             image_rows(X, y, emb.shape[0], emb.shape[-1])  # fail before the zero-shot fit, not after
             return self.fit(prototypes, classes, templates, encoder).adapt(X, y)
         t0 = time.perf_counter()  # wall_time_s covers the whole fit: checks, solve, metrics, temperatures
         cfg = self._config()
+        if classes is not None and looks_like_labels(classes):
+            values = [str(v) for v in np.asarray(classes, dtype=object).ravel()]
+            raise SvgenError(f"fit(prototypes, classes) takes C text prototypes and their C class names, but classes "
+                             f"has {len(values)} entries with {len(set(values))} distinct: per-image labels? "
+                             "svgen fits from text; labelled images join as shots: "
+                             "SVGClassifier().fit(prototypes, classes=names, shots=(X, y)), or clf.adapt(X, y) "
+                             "on a fitted classifier (y: class indices or names)")
         emb = check_embeddings(prototypes, "prototypes")
         C = emb.shape[0]
         if classes is None:
@@ -337,7 +373,8 @@ class SVGClassifier:
             self._check_fitted()
             check_pool(unlabelled, self.n_features_in_)  # fail before the shots are solved in, not after
         if X is not None:
-            self.adapt_shots(X, y)
+            self._check_fitted()
+            self.adapt_shots(X, label_indices(y, self.classes_))  # class names or indices
         if unlabelled is not None:
             self.adapt_pool(unlabelled)
         return self
@@ -739,6 +776,16 @@ class SVGClassifier:
     def _check_fitted(self):
         if not hasattr(self, "support_vectors_"):
             raise SvgenError("this SVGClassifier is not fitted yet; call fit() or load() first")
+
+    @property
+    def transductive_labels_(self) -> Optional[np.ndarray]:
+        """The pool's class probabilities (N×C numpy array) after ``adapt(unlabelled=…)``, else None."""
+        t = getattr(self, "_transductive_labels", None)
+        return None if t is None else np.asarray(t.detach().cpu() if isinstance(t, torch.Tensor) else t)
+
+    @transductive_labels_.setter
+    def transductive_labels_(self, value) -> None:
+        self._transductive_labels = value
 
     @property
     def n_features_in_(self) -> int:

@@ -433,3 +433,54 @@ def test_the_fits_condition_number_is_exact_when_small_and_a_labelled_bound_when
     big = SVGClassifier(n_support=4).fit(rng.normal(size=(300, D)), classes=[f"c{i}" for i in range(300)])
     m = big.fit_metrics_
     assert m["condition_number_classes"] == 256 and "lower bound" in m["condition_number_method"]
+
+
+# ----------------------------------------------------------------------------- 6. the scikit-learn reflex
+
+def _shots(n_per=4, C=6, seed=0):
+    rng = np.random.default_rng(seed)
+    protos = rng.normal(size=(C, D)).astype(np.float32)
+    y = np.repeat(np.arange(C), n_per)
+    X = (protos[y] + 0.3 * rng.normal(size=(len(y), D))).astype(np.float32)
+    return protos, X, y
+
+
+@pytest.mark.parametrize("as_names", [False, True])
+def test_fit_on_images_and_labels_points_to_shots_and_adapt(as_names):
+    protos, X, y = _shots()
+    labels = np.asarray(NAMES)[y] if as_names else y
+    with pytest.raises(SvgenError) as e:
+        SVGClassifier().fit(X, labels)
+    msg = str(e.value)
+    assert "shots=(X, y)" in msg and "adapt(X, y)" in msg and "24 entries with 6 distinct" in msg
+    assert "\n" not in msg
+
+
+def test_adapt_and_shots_take_class_names_as_score_does():
+    protos, X, y = _shots()
+    names = np.asarray(NAMES)[y]
+    by_index = SVGClassifier(n_support=2).fit(protos, classes=NAMES).adapt(X, y)
+    by_name = SVGClassifier(n_support=2).fit(protos, classes=NAMES).adapt(X, list(names))
+    torch.testing.assert_close(by_name.decision_function(X), by_index.decision_function(X))
+    via_fit = SVGClassifier(n_support=2).fit(protos, classes=NAMES, shots=(X, names))
+    torch.testing.assert_close(via_fit.decision_function(X), by_index.decision_function(X))
+    assert by_name.score(X, names) == by_index.score(X, y)
+    with pytest.raises(SvgenError, match="'zebra'"):
+        SVGClassifier(n_support=2).fit(protos, classes=NAMES).adapt(X, ["zebra"] + list(names[1:]))
+
+
+def test_transductive_labels_are_a_numpy_array():
+    protos, X, _ = _shots(n_per=6)
+    clf = SVGClassifier(n_support=2).fit(protos, classes=NAMES).adapt(unlabelled=X)
+    assert isinstance(clf.transductive_labels_, np.ndarray) and clf.transductive_labels_.shape == (36, 6)
+    np.testing.assert_allclose(clf.transductive_labels_.sum(1), 1, rtol=1e-5)
+
+
+# ----------------------------------------------------------------------------- 8. no unused device
+
+def test_the_estimator_has_no_device_setting_that_nothing_uses():
+    with pytest.raises(TypeError, match="device"):
+        SVGClassifier(device="cuda")
+    with pytest.raises(SvgenError, match="'device'"):
+        SVGClassifier().set_params(device="cuda")
+    assert "device" not in SVGClassifier().get_params()

@@ -140,7 +140,7 @@ def run(args) -> int:
         n_support=args.n_support, kernel=args.kernel, steps=args.steps, lr=args.lr, margin=args.margin,
         margin_weight=args.margin_weight, grounding_weight=args.grounding_weight, ridge=_ridge(args.ridge),
         batch_classes=args.batch_classes, rff_dim=args.rff_dim, solver=args.solver, vote_solver=args.vote_solver,
-        vote_neighbours=args.vote_neighbours, seed=args.seed, device=args.device,
+        vote_neighbours=args.vote_neighbours, seed=args.seed,
         metric_condition=args.metric_strength, linear_head=args.linear_head, progress=args.progress,
         strict=args.strict,
     )
