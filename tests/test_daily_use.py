@@ -484,3 +484,25 @@ def test_the_estimator_has_no_device_setting_that_nothing_uses():
     with pytest.raises(SvgenError, match="'device'"):
         SVGClassifier().set_params(device="cuda")
     assert "device" not in SVGClassifier().get_params()
+
+
+# ----------------------------------------------------------------------------- 7. diagnose on adapted artifacts
+
+def test_diagnose_describes_the_deployed_kernel_of_an_adapted_artifact(cli, tmp_path):
+    protos, X, y = _shots()
+    clf = SVGClassifier(n_support=2).fit(protos, classes=NAMES).adapt(X, y)
+    clf.save(tmp_path / "a.svgen")
+    code, text, err = cli("diagnose", tmp_path / "a.svgen")
+    assert code == 0, err
+    line = next(l for l in text.splitlines() if l.startswith("deployed kernel"))
+    assert f"{6 * 2 + 24} support rows (text 12, image 24)" in line
+    assert f"σ={float(clf.bandwidth_):.4g}" in line and f"σ={clf.text_['bandwidth']:.4g}" in line
+    chose = text.splitlines()[text.splitlines().index(line) + 1]
+    assert "24 shot(s) in 6 class(es)" in chose and f"σ={clf.fewshot_['kernel']['sigma']:.4g}" in chose
+    code, text, _ = cli("diagnose", tmp_path / "a.svgen", "--json")
+    d = strict_json(text)["deployed"]
+    assert d["rows_by_source"] == {"text": 12, "image": 24} and d["sigma"] == pytest.approx(float(clf.bandwidth_))
+    SVGClassifier(n_support=2).fit(protos, classes=NAMES).save(tmp_path / "z.svgen")
+    code, text, _ = cli("diagnose", tmp_path / "z.svgen")
+    assert "deployed kernel" not in text and "described below" not in text  # zero-shot: the text kernel is deployed
+    assert strict_json(cli("diagnose", tmp_path / "z.svgen", "--json")[1])["deployed"] is None
