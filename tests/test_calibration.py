@@ -256,6 +256,7 @@ def test_eval_plot_writes_a_png(fitted, tmp_path, cli):
                          "--plot", tmp_path / "rel.png")
     assert code == 0 and "ece" in out, err
     assert (tmp_path / "rel.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert f"wrote {tmp_path / 'rel.png'}: reliability diagrams" in err  # as every written file is said
     code, out, err = cli("eval", art, "--features", tmp_path / "x.npy", "--labels", tmp_path / "y.npy",
                          "--plot", tmp_path / "rel.png")  # exists, no --force
     assert code == 2 and "already exists" in err and len(err.strip().splitlines()) == 1

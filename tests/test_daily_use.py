@@ -506,3 +506,18 @@ def test_diagnose_describes_the_deployed_kernel_of_an_adapted_artifact(cli, tmp_
     code, text, _ = cli("diagnose", tmp_path / "z.svgen")
     assert "deployed kernel" not in text and "described below" not in text  # zero-shot: the text kernel is deployed
     assert strict_json(cli("diagnose", tmp_path / "z.svgen", "--json")[1])["deployed"] is None
+
+
+# ----------------------------------------------------------------------------- 13. small items
+
+@pytest.mark.parametrize("command", ["adapt", "check-encoder", "classify", "eval", "export"])
+def test_help_descriptions_are_wrapped_and_examples_kept(capsys, monkeypatch, command):
+    from svgen.cli import main
+
+    monkeypatch.setenv("COLUMNS", "100")
+    with pytest.raises(SystemExit):
+        main([command, "--help"])
+    text = capsys.readouterr().out
+    before_examples = text.split("examples:")[0]
+    assert max(len(line) for line in before_examples.splitlines()) <= 100
+    assert "examples:\n  svgen " + command in text  # one example command per line, as written

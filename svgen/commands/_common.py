@@ -31,6 +31,31 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
         return super()._get_help_string(action)
 
 
+class ExamplesFormatter(argparse.HelpFormatter):
+    """Wraps description and epilog paragraphs to the terminal like any help text, and keeps as written
+    the paragraphs meant to be read line by line: ``examples:`` lists and indented formulas."""
+
+    def _fill_text(self, text, width, indent):
+        out = []
+        for para in text.split("\n\n"):
+            lines = para.splitlines()
+            if para.startswith("examples:"):
+                out.append("\n".join(indent + line for line in lines))
+                continue
+            block, prose = [], []
+            for line in lines + [None]:  # runs of prose are wrapped; an indented formula line stays as it is
+                if line is not None and not line.startswith("    "):
+                    prose.append(line)
+                    continue
+                if prose:
+                    block.append(super()._fill_text(" ".join(prose), width, indent))
+                    prose = []
+                if line is not None:
+                    block.append(indent + line)
+            out.append("\n".join(block))
+        return "\n\n".join(out)
+
+
 DEFAULT_MODEL = "ViT-B-32"
 
 

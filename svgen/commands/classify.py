@@ -10,7 +10,7 @@ import numpy as np
 
 from ..blocks import score
 from ..errors import SvgenError
-from ._common import note
+from ._common import ExamplesFormatter, note
 from ._images import add_image_encoder_args, check_out, encode_paths, encoder_for_artifact, load_features
 
 log = logging.getLogger(__name__)
@@ -20,8 +20,8 @@ def add_parser(sub):
     p = sub.add_parser(
         "classify",
         help="classify images or embeddings with an artifact (top-k labels and scores)",
-        description="Score each input with one head of an artifact and print a row per input: its path (or, "
-                    "with --features, its row index) and the top-k class names with their scores. Folders are "
+        description="Score each input with one head of an artifact and print a row per input: its path (or, with "
+                    "--features, its index, features file and row), the top-k class names, their scores and the head. Folders are "
                     "searched recursively for images; files that are not readable images are reported on "
                     "stderr and skipped. Scores are kernel-vote scores (about the summed kernel mass of the class's "
                     "support vectors), linear logits, or cosine logits (100 · cosine similarity, plain CLIP); "
@@ -37,7 +37,7 @@ def add_parser(sub):
                "  svgen classify lvis.svgen 'shards/*.tar' --engine ray --out preds.parquet\n"
                "  svgen classify lvis.svgen --features 'emb/*.npy' --engine ray --address auto --actors 8 "
                "--out preds.parquet",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=ExamplesFormatter,
     )
     # nargs="?" so that `--features F.npy ART` (--features takes several files) gives ART back below
     p.add_argument("artifact", metavar="ARTIFACT_DIR", nargs="?", help="artifact written by 'svgen fit'")

@@ -6,7 +6,7 @@ import argparse
 import logging
 
 from ..errors import SvgenError
-from ._common import json_text, load_array, note
+from ._common import ExamplesFormatter, json_text, load_array, note
 from ._images import add_image_encoder_args, check_out, emit, encode_paths, encoder_for_artifact, load_features
 
 log = logging.getLogger(__name__)
@@ -31,7 +31,7 @@ def add_parser(sub):
                "  svgen eval lvis.svgen --features dev_feats.npy --labels dev_labels.npy\n"
                "  svgen eval pets.svgen --data pets-val/ --json --out pets-eval.json\n"
                "  svgen eval lvis.svgen --features dev_feats.npy --labels dev_labels.npy --plot reliability.png",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=ExamplesFormatter,
     )
     p.add_argument("artifact", metavar="ARTIFACT_DIR", help="artifact written by 'svgen fit'")
     src = p.add_argument_group("data (one of)")
