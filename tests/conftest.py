@@ -107,7 +107,7 @@ def build_tiny_model(root) -> dict:
     save_file(state, str(root / "tiny.safetensors"))
     torch.save(state, root / "tiny.pt")
     local = root / "local"
-    local.mkdir()
+    local.mkdir(exist_ok=True)
     (local / "open_clip_config.json").write_text(json.dumps({"model_cfg": TINY_CFG, "preprocess_cfg": {}}))
     save_file(state, str(local / "open_clip_model.safetensors"))
     return {

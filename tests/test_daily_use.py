@@ -363,7 +363,7 @@ def test_markers_are_assigned_by_file_and_fixture_and_registered(request):
     registered = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]["markers"]
     assert {m.split(":")[0] for m in registered} == {"slow", "real_data"}
     assert request.node.get_closest_marker("slow") is None  # this file is in the quick subset
-    assert 'pytest -m "not slow"' in (ROOT / "README.md").read_text()
+    assert 'python -m pytest -q -m "not slow"' in (ROOT / "README.md").read_text()  # the quick command, named
     ci = (ROOT / ".ci" / "run").read_text()
     assert "python -m pytest -q" in ci and "not slow" not in ci  # CI runs everything
 
@@ -521,3 +521,39 @@ def test_help_descriptions_are_wrapped_and_examples_kept(capsys, monkeypatch, co
     before_examples = text.split("examples:")[0]
     assert max(len(line) for line in before_examples.splitlines()) <= 100
     assert "examples:\n  svgen " + command in text  # one example command per line, as written
+
+
+# ----------------------------------------------------------------------------- 11. the README is a manual
+
+def test_readme_is_a_short_manual_that_starts_with_install_and_test():
+    text = (ROOT / "README.md").read_text()
+    assert len(text.splitlines()) <= 300
+    block = text.split("```bash\n", 1)[1].split("```", 1)[0].strip().splitlines()
+    assert len(block) == 2
+    install, test = block
+    assert "svgen fit --classes cifar10" in install and test == ".venv/bin/python -m pytest -q"
+    # CPU-only torch comes before anything that could pull CUDA wheels
+    first_pip = install.split("&&")[1].strip()
+    assert "torch" in first_pip and "download.pytorch.org/whl/cpu" in first_pip
+    assert install.index("whl/cpu") < install.index("pip install -e")
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert 'pip install -q -e ".[dev,onnx,ray]"' in ci and 'pip install -e ".[dev,onnx,ray]"' in install
+    assert "torch==2.14.1 torchvision==0.29.1" in ci
+    for section in ("## What it is", "## Install", "## Quickstart", "## The tiny test model", "## Concepts",
+                    "## Python API", "## Results"):
+        assert section in text, section
+    for link in ("docs/usage.md", "docs/accuracy.md", "docs/fewshot.md", "docs/performance.md"):
+        assert f"]({link}" in text and (ROOT / link).is_file(), link
+
+
+def test_the_tiny_model_script_writes_the_tests_model(tmp_path, capsys):
+    import runpy
+
+    main = runpy.run_path(str(ROOT / "scripts" / "make_tiny_model.py"))["main"]
+    assert main([str(tmp_path / "tiny")]) == 0
+    assert "wrote" in capsys.readouterr().out
+    from conftest import build_tiny_model
+
+    again = build_tiny_model(tmp_path / "again")
+    assert (tmp_path / "tiny" / "tiny.safetensors").read_bytes() == Path(again["safetensors"]).read_bytes()
+    assert (tmp_path / "tiny" / "local" / "open_clip_config.json").is_file()
