@@ -26,7 +26,7 @@ from .generator import SupportVectorGenerator, template_anchors
 from .metric import lda_head, whiten_directions, whitened_cosine_head
 from .heads import HEADS, cosine_logits, kernel_scores, krr_vote_weights, linear_logits
 from .kernels import kernel
-from .prompts import validate_classes
+from .prompts import validate_classes, validate_new_classes
 from .prototypes import prototypes_from_embeddings
 from .support import IMAGE, POOL, SOURCES, SupportSet, image_rows
 from .training import (FitConfig, choose_ridge, config_dict, fit_metrics, generate_all, solve_vote_weights,
@@ -93,11 +93,12 @@ def duplicate_prototypes(P: torch.Tensor, threshold: float = DUPLICATE_COS, bloc
     return pairs
 
 
-def check_distinct(P: torch.Tensor, classes: Sequence[str]) -> None:
-    """Refuse classes whose prototypes coincide (cos ≥ 0.9999), naming them, before any solve."""
+def check_distinct(P: torch.Tensor, classes: Sequence[str], new_from: int = 0) -> None:
+    """Refuse classes whose prototypes coincide (cos ≥ 0.9999), naming them, before any solve; only
+    pairs that involve a row from ``new_from`` on (classes being added) count."""
     from .prototypes import short_name
 
-    pairs = duplicate_prototypes(P)
+    pairs = [(i, j, c) for i, j, c in duplicate_prototypes(P) if j >= new_from]
     if pairs:
         shown = "; ".join(f"{short_name(classes[i])} and {short_name(classes[j])} (cos {c:.6f})"
                           for i, j, c in pairs[:5]) + (" …" if len(pairs) > 5 else "")
@@ -1049,10 +1050,7 @@ class SVGClassifier:
         classes = list(classes)
         if len(classes) != emb.shape[0]:
             raise SvgenError(f"{emb.shape[0]} new prototypes but {len(classes)} new class names")
-        clash = sorted(set(classes) & set(self.classes_))
-        if clash:
-            raise SvgenError(f"class(es) already in the artifact: {', '.join(map(repr, clash[:10]))}")
-        validate_classes(self.classes_ + classes, source="combined class list")
+        classes = validate_new_classes(classes, self.classes_)  # new names distinct and new; old repeats stay
         shots = None
         if self.transductive_ and not self.transductive_.get("fallback"):  # the pool knew only the old classes
             log.warning("add_classes: the transductive heads are dropped; adapt to the pool again")
@@ -1066,7 +1064,7 @@ class SVGClassifier:
             self.linear_weight_, self.linear_bias_ = text["linear_weight"], text["linear_bias"]
             self.text_ = self.fewshot_ = None
         E_new, P_new = prototypes_from_embeddings(emb)
-        check_distinct(torch.cat([self.prototypes_, P_new]), self.classes_ + classes)
+        check_distinct(torch.cat([self.prototypes_, P_new]), self.classes_ + classes, new_from=len(self.classes_))
         T = self.per_template_.shape[1]
         if E_new.shape[1] != T:
             # keep one per-template tensor: pad/cycle the new templates to the artifact's T

@@ -153,14 +153,21 @@ def write_text_rows(stream: TextIO, blocks: Iterable[Block], classes: Sequence[s
     return n
 
 
-def write_parquet(path, blocks: Iterable[Block], classes: Sequence[str], k: int, head: str, probs: bool) -> int:
-    """Write ``blocks`` as one Parquet file (a row group per block) with the Ray engine's columns."""
+def require_pyarrow():
+    """``pyarrow`` (with its Parquet module), or one line saying what to install."""
     try:
-        import pyarrow as pa
-        import pyarrow.parquet as pq
+        import pyarrow
+        import pyarrow.parquet  # noqa: F401
     except ImportError:
         raise SvgenError("Parquet output needs pyarrow: pip install 'svgen[ray]' (or pip install pyarrow), "
                          "or write .csv / .jsonl") from None
+    return pyarrow
+
+
+def write_parquet(path, blocks: Iterable[Block], classes: Sequence[str], k: int, head: str, probs: bool) -> int:
+    """Write ``blocks`` as one Parquet file (a row group per block) with the Ray engine's columns."""
+    pa = require_pyarrow()
+    pq = pa.parquet
     guard = _NonFinite(probs, head)
     writer = None
     n = 0

@@ -81,6 +81,25 @@ def read_class_names(name_or_path) -> List[str]:
                      f"{', '.join(builtin_class_lists())})")
 
 
+def validate_new_classes(new: Sequence[str], existing: Sequence[str], source: str = "new class list") -> List[str]:
+    """Check class names to add to ``existing`` ones: none empty, none repeated among themselves, none
+    already there. Names ``existing`` itself repeats (a fitted vocabulary may) are left alone."""
+    new = [str(c).strip() for c in new]
+    if not new:
+        raise SvgenError(f"{source} is empty: expected one class name per line")
+    if any(not c for c in new):
+        raise SvgenError(f"{source} contains an empty class name")
+    dupes = duplicate_names(new)
+    if dupes:
+        shown = ", ".join(repr(d) for d in dupes[:10]) + (" ..." if len(dupes) > 10 else "")
+        raise SvgenError(f"{source} has {len(dupes)} duplicate class name(s): {shown}")
+    clash = [c for c in new if c in set(existing)]
+    if clash:
+        raise SvgenError(f"class(es) already in the artifact: {', '.join(map(repr, clash[:10]))}"
+                         + (" …" if len(clash) > 10 else ""))
+    return new
+
+
 def duplicate_names(classes: Sequence[str]) -> List[str]:
     """The names that occur more than once in ``classes``, in order of first appearance."""
     return [name for name, n in Counter(classes).items() if n > 1]

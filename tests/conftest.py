@@ -28,6 +28,27 @@ TINY_CFG = {
 }
 
 
+# ----------------------------------------------------------------------------- helpers the test files share
+
+def strict_json(text):
+    """json.loads that refuses NaN/Infinity (RFC 8259), as jq and every other strict parser do."""
+    def bad(constant):
+        raise ValueError(f"not strict JSON: {constant}")
+
+    return json.loads(text, parse_constant=bad)
+
+
+def one_line_error(code, out, err, *expected):
+    """A CLI result ``(code, out, err)`` that is one error line with ``expected`` words, exit 2, no stdout."""
+    assert code == 2, (code, err)
+    assert out == "" and "Traceback" not in err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    for word in expected:
+        assert word in lines[0], (word, lines[0])
+    return lines[0]
+
+
 # ----------------------------------------------------------------------------- markers (the quick subset)
 
 # Whole files whose tests start Ray, run the README's sessions, or fit and score real data sets.

@@ -24,27 +24,11 @@ import torch
 from svgen import SVGClassifier
 from svgen.errors import SvgenError
 
+from conftest import one_line_error as _one_line_error, strict_json
+
 ROOT = Path(__file__).resolve().parent.parent
 C, D = 5, 16
 NAMES = ["cat", "dog", "bird", "fish", "horse"]
-
-
-def strict_json(text):
-    """json.loads that refuses NaN/Infinity (RFC 8259), as jq and every other strict parser do."""
-    def bad(constant):
-        raise ValueError(f"not strict JSON: {constant}")
-
-    return json.loads(text, parse_constant=bad)
-
-
-def _one_line_error(code, out, err, *expected):
-    assert code == 2, (code, err)
-    assert out == "" and "Traceback" not in err
-    lines = err.strip().splitlines()
-    assert len(lines) == 1, err
-    for word in expected:
-        assert word in lines[0], (word, lines[0])
-    return lines[0]
 
 
 @pytest.fixture(scope="module")

@@ -21,25 +21,10 @@ import torch
 from svgen import SVGClassifier
 from svgen.errors import SvgenError
 
+from conftest import one_line_error as _one_line_error, strict_json
+
 ROOT = Path(__file__).resolve().parent.parent
 D = 16
-
-
-def strict_json(text):
-    def bad(constant):
-        raise ValueError(f"not strict JSON: {constant}")
-
-    return json.loads(text, parse_constant=bad)
-
-
-def _one_line_error(code, out, err, *expected):
-    assert code == 2, (code, err)
-    assert out == "" and "Traceback" not in err
-    lines = err.strip().splitlines()
-    assert len(lines) == 1, err
-    for word in expected:
-        assert word in lines[0], (word, lines[0])
-    return lines[0]
 
 
 def _openai_style(C=8, T=3, seed=0):
@@ -557,3 +542,16 @@ def test_the_tiny_model_script_writes_the_tests_model(tmp_path, capsys):
     again = build_tiny_model(tmp_path / "again")
     assert (tmp_path / "tiny" / "tiny.safetensors").read_bytes() == Path(again["safetensors"]).read_bytes()
     assert (tmp_path / "tiny" / "local" / "open_clip_config.json").is_file()
+
+
+def test_classes_can_be_added_to_a_vocabulary_that_repeats_names(cli, vocab_files):
+    f = vocab_files
+    emb, names = _openai_style()
+    clf = SVGClassifier(n_support=2).fit(emb, classes=names)
+    new = np.random.default_rng(9).normal(size=(1, 3, D)).astype(np.float32)
+    clf.add_classes(new, ["zebra"])
+    assert clf.classes_ == names + ["zebra"]
+    with pytest.raises(SvgenError, match="already in the artifact"):
+        clf.add_classes(new * 2, ["missile"])
+    with pytest.raises(SvgenError, match="'zebra' and 'okapi'"):  # a new prototype equal to an old one
+        clf.add_classes(new, ["okapi"])

@@ -81,7 +81,7 @@ IMAGE_CHUNK = 4096  # images embedded and written per step: memory stays bounded
 
 def run(args) -> int:
     from .. import SVGClassifier
-    from ..output import output_format
+    from ..output import output_format, require_pyarrow
 
     _take_artifact(args)
     if args.top_k < 1:
@@ -100,7 +100,7 @@ def run(args) -> int:
         raise SvgenError("nothing to classify: give image files or folders, or --features FEATS.npy")
     check_out(args.out, args.force)
     if args.format == "parquet":
-        _require_pyarrow()
+        require_pyarrow()  # before any work
     head = args.head or "kernel"
     clf = SVGClassifier.load(args.artifact)
     clf.progress = args.progress
@@ -116,7 +116,7 @@ def run(args) -> int:
         encoder = encoder_for_artifact(args, clf)
         blocks = _image_blocks(clf, encoder, paths, head, args)
     blocks = _warn_top_k_once(blocks, args, len(clf.classes_))
-    n = _write(blocks, clf, head, args)
+    n = _write(blocks, clf, args)
     if args.out:
         note(args, f"wrote {args.out}: {n} row(s), {_what(args)} {'probabilities' if _probs(args) else 'scores'}, "
                    f"top {min(args.top_k, len(clf.classes_))}, {args.format}")
@@ -138,14 +138,6 @@ def _take_artifact(args) -> None:
         raise SvgenError("the ARTIFACT_DIR argument is missing (give it before --features FEATS.npy ...)")
 
 
-def _require_pyarrow():
-    try:
-        import pyarrow.parquet  # noqa: F401
-    except ImportError:
-        raise SvgenError("Parquet output needs pyarrow: pip install 'svgen[ray]' (or pip install pyarrow), "
-                         "or write .csv / .jsonl") from None
-
-
 def _probs(args) -> bool:
     """Whether the values written are probabilities (the transductive posterior always is)."""
     return bool(args.probs) or (args.transductive and args.head is None)
@@ -155,7 +147,7 @@ def _head_name(args) -> str:
     return "transductive" if args.transductive and args.head is None else (args.head or "kernel")
 
 
-def _write(blocks, clf, head, args) -> int:
+def _write(blocks, clf, args) -> int:
     """Stream the blocks to stdout, or to ``--out`` through a temporary file renamed into place."""
     from ..export import write_atomic_file
     from ..output import write_parquet, write_text_rows
