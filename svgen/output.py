@@ -42,6 +42,7 @@ IMAGE_KEYS = ("path",)
 FEATURE_KEYS = ("index", "source", "row")
 
 Block = Tuple[Dict[str, list], "object"]  # (key columns, N×C scores tensor or array)
+BLOCK_ROWS = 4096  # rows scored and written per step: what is in memory at a time, whatever N is
 
 
 def output_format(out: Optional[str], fmt: Optional[str], default: str = "csv") -> str:
@@ -196,11 +197,12 @@ def write_parquet(path, blocks: Iterable[Block], classes: Sequence[str], k: int,
     return n
 
 
-def feature_blocks(files: Sequence[str], load, score_fn, block_rows: int = 4096) -> Iterator[Block]:
-    """(keys, scores) blocks over several N×D feature files, ``block_rows`` rows at a time.
+def feature_blocks(files: Sequence[str], load, score_fn, block_rows: Optional[int] = None) -> Iterator[Block]:
+    """(keys, scores) blocks over several N×D feature files, ``block_rows`` (default :data:`BLOCK_ROWS`) rows at a time.
 
     ``load(file)`` returns the (memory-mapped) array; ``score_fn(x)`` the N×C scores of a float32 block.
     """
+    block_rows = block_rows or BLOCK_ROWS
     index = 0
     for f in files:
         x = load(f)
@@ -213,8 +215,9 @@ def feature_blocks(files: Sequence[str], load, score_fn, block_rows: int = 4096)
         index += x.shape[0]
 
 
-def matrix_blocks(keys: Dict[str, list], scores, block_rows: int = 4096) -> Iterator[Block]:
+def matrix_blocks(keys: Dict[str, list], scores, block_rows: Optional[int] = None) -> Iterator[Block]:
     """(keys, scores) blocks of rows already held in memory (``--transductive``)."""
+    block_rows = block_rows or BLOCK_ROWS
     n = int(scores.shape[0])
     for s in range(0, n, block_rows):
         yield {c: v[s:s + block_rows] for c, v in keys.items()}, scores[s:s + block_rows]
