@@ -208,20 +208,22 @@ def _image_blocks(clf, encoder, paths, head: str, args):
     if args.batch_size < 1:
         raise SvgenError(f"--batch-size must be at least 1, got {args.batch_size}")
     n_ok = n_failed = 0
-    first_failure = None
+    unsaid = []  # skipped files are listed once some file was readable; if none is, the error is one line
     for s in range(0, len(paths), IMAGE_CHUNK):
         chunk = paths[s:s + IMAGE_CHUNK]
         feats, ok, failed = encoder.encode_images(chunk, batch_size=args.batch_size, num_workers=args.workers,
                                                   progress=getattr(args, "progress", False))
-        for path, why in failed:
-            print(f"svgen classify: skipped {path}: {why}", file=sys.stderr)
+        unsaid += failed
         n_ok, n_failed = n_ok + len(ok), n_failed + len(failed)
-        first_failure = first_failure or (failed[0] if failed else None)
+        if n_ok:
+            for path, why in unsaid:
+                print(f"svgen classify: skipped {path}: {why}", file=sys.stderr)
+            unsaid = []
         if ok:
             yield {"path": list(ok)}, score(clf, feats, head, args.probs)
     if not n_ok:
         raise SvgenError(f"none of the {len(paths)} file(s) could be read as an image "
-                         f"(first: {first_failure[0]}: {first_failure[1]})")
+                         f"(first: {unsaid[0][0]}: {unsaid[0][1]})")
     if n_failed:
         print(f"svgen classify: skipped {n_failed} of {len(paths)} file(s) that are not readable images",
               file=sys.stderr)
