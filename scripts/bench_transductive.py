@@ -99,7 +99,7 @@ def evaluate(clf, U, P, yv):
     t0 = time.perf_counter()
     clf.adapt(unlabelled=U)
     wall = time.perf_counter() - t0
-    out["svgen_labels"] = clf.transductive_labels_.numpy()
+    out["svgen_labels"] = np.asarray(clf.transductive_labels_)
     out["svgen_kernel"] = np.asarray(clf.decision_function(U, "kernel"))
     out["svgen_linear"] = np.asarray(clf.decision_function(U, "linear"))
     info = {k: clf.transductive_.get(k) for k in ("prior_head", "prior_strength", "rounds", "round_agreement",
@@ -192,7 +192,7 @@ def run_lvis(log):
             clf.adapt(unlabelled=U)
         finally:
             td.MIN_POOL_PER_CLASS = keep
-        correct["forced_labels"] = (clf.transductive_labels_.numpy().argmax(1) == yv).astype(float)
+        correct["forced_labels"] = (np.asarray(clf.transductive_labels_).argmax(1) == yv).astype(float)
         correct["forced_kernel"] = (np.asarray(clf.decision_function(U, "kernel")).argmax(1) == yv).astype(float)
         correct["forced_linear"] = (np.asarray(clf.decision_function(U, "linear")).argmax(1) == yv).astype(float)
         info["forced"] = {k: clf.transductive_.get(k) for k in ("prior_strength", "rounds", "tries")}

@@ -1,7 +1,7 @@
 #!/usr/bin/env python
-"""Run the README's console sessions and check (or rewrite) the outputs they show.
+"""Run the README's (and docs/usage.md's) console sessions and check (or rewrite) the outputs they show.
 
-Every ```` ```console ```` block of README.md is a list of ``$ command`` lines (a trailing ``\\``
+Every ```` ```console ```` block of README.md and then docs/usage.md is a list of ``$ command`` lines (a trailing ``\\``
 continues one), each followed by the output it printed. This script runs them in order, in a
 sandbox laid out like the README assumes, and compares what they print with what the README
 shows:
@@ -121,25 +121,30 @@ def same(expected: str, got: str) -> bool:
                                     for x, y in zip(a, b))
 
 
-def check_readme(path: Path = ROOT / "README.md", write: bool = False, log=print) -> dict:
-    """Run every session command of ``path``; ``{"ran", "skipped", "mismatches": [...]}``."""
+DOCUMENTS = (ROOT / "README.md", ROOT / "docs" / "usage.md")  # run in this order, in one sandbox
+
+
+def check_readme(path=DOCUMENTS, write: bool = False, log=print) -> dict:
+    """Run every session command of ``path`` (a file, or several run in order in one sandbox: the
+    README, then docs/usage.md, whose sessions use what the README's made);
+    ``{"ran", "skipped", "mismatches": [...]}``."""
     if not SHARED.is_dir():
         raise FileNotFoundError(f"{SHARED} is absent; the README's sessions read ../shared/data")
-    text = path.read_text(encoding="utf-8")
-    found = sessions(text)
-    missing = sorted(set(SKIP) - {cmd for cmd, _, _ in found})
+    paths = [Path(path)] if isinstance(path, (str, Path)) else [Path(p) for p in path]
+    texts = {p: p.read_text(encoding="utf-8") for p in paths}
+    found = [(p, *s) for p in paths for s in sessions(texts[p])]
+    missing = sorted(set(SKIP) - {cmd for _, cmd, _, _ in found})
     if missing:
-        raise ValueError(f"SKIP lists commands the README no longer has: {missing}")
+        raise ValueError(f"SKIP lists commands the documents no longer have: {missing}")
     result = {"ran": 0, "skipped": 0, "mismatches": [], "seconds": {}}
-    lines = text.split("\n")
-    edits = []
+    edits = {p: [] for p in paths}
     with tempfile.TemporaryDirectory(prefix="svgen-readme-") as tmp:
         cwd = sandbox(Path(tmp))
         env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HOME": str(Path(tmp) / "hf-home"),
                "SVGEN_CACHE_DIR": str(Path(tmp) / "svgen-cache"), "COLUMNS": "100",
                "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
         env.pop("SVGEN_PROGRESS", None)
-        for cmd, expected, span in found:
+        for doc, cmd, expected, span in found:
             if cmd in SKIP:
                 result["skipped"] += 1
                 continue
@@ -153,18 +158,21 @@ def check_readme(path: Path = ROOT / "README.md", write: bool = False, log=print
             ok = same(want, got)
             log(f"{'ok  ' if ok else 'DIFF'} {result['seconds'][cmd]:6.1f}s  $ {cmd[:110]}")
             if not ok:
-                result["mismatches"].append({"command": cmd, "expected": want, "got": got})
-                edits.append((span, got.split("\n") if got else []))
-    if write and edits:
-        for (start, end), new in sorted(edits, reverse=True):
-            lines[start:end] = new
-        path.write_text("\n".join(lines), encoding="utf-8")
+                result["mismatches"].append({"command": cmd, "expected": want, "got": got, "file": doc.name})
+                edits[doc].append((span, got.split("\n") if got else []))
+    for doc, changes in edits.items():
+        if write and changes:
+            lines = texts[doc].split("\n")
+            for (start, end), new in sorted(changes, reverse=True):
+                lines[start:end] = new
+            doc.write_text("\n".join(lines), encoding="utf-8")
     return result
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description="Run the README's console sessions; check or rewrite their outputs.")
-    ap.add_argument("--readme", type=Path, default=ROOT / "README.md", help="markdown file (default: README.md)")
+    ap.add_argument("--readme", type=Path, nargs="+", default=list(DOCUMENTS),
+                    help="markdown files, run in order in one sandbox (default: README.md docs/usage.md)")
     ap.add_argument("--write", action="store_true", help="replace outputs that differ with the real ones")
     ap.add_argument("--json", action="store_true", help="print one JSON object of results at the end")
     args = ap.parse_args(argv)

@@ -282,7 +282,8 @@ def main(argv=None) -> int:
     ap.add_argument("-k", "-K", "--top-k", type=int, default=5,
                     help="classes per row (more than the head has gives all of them)")
     ap.add_argument("--format", choices=("csv", "jsonl"), default="csv",
-                    help="csv: path,label_1,score_1,...; jsonl: one {path, labels, scores} object per line")
+                    help="svgen classify's schema. csv: path,label_1,score_1,...,head (prob_N with --probs); "
+                         "jsonl: one {path, labels, scores (or probs), head} object per line")
     ap.add_argument("--batch-size", type=int, default=32, help="images per encoder batch")
     ap.add_argument("--device", default="cpu", help="torch device for the image encoder")
     args = ap.parse_intermixed_args(argv)
@@ -304,7 +305,7 @@ def main(argv=None) -> int:
         print(f"zero_shot_classify: error: {e}", file=sys.stderr)
         return 2
     try:
-        write_rows(ok, scores, head["classes"], args)
+        write_rows(ok, scores, head["classes"], args, head.get("head", ""))
         sys.stdout.flush()
     except BrokenPipeError:  # the reader stopped early (`| head`): not our error, and no traceback at exit
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
@@ -312,22 +313,32 @@ def main(argv=None) -> int:
     return 0
 
 
-def write_rows(ok, scores, classes, args) -> None:
-    """One CSV row or JSON line per image: the top-k labels and scores."""
+def write_rows(ok, scores, classes, args, head: str = "") -> None:
+    """One CSV row or JSON line per image, in ``svgen classify``'s schema: path, the top-k labels, their
+    scores (``probs`` with --probs; float32 in full), the head. CSV keeps the csv module's default quoting
+    and line ends, so a file name holding a newline or carriage return reads back as one row."""
     k = max(1, min(args.top_k, len(classes)))
     if args.top_k > len(classes):
         print(f"zero_shot_classify: --top-k {args.top_k} is more than the head's {len(classes)} classes; "
               f"showing all {len(classes)}", file=sys.stderr)
     order = np.argsort(-scores, axis=1, kind="stable")[:, :k]
+    what = "prob" if args.probs else "score"
+
+    def text(v):  # the shortest decimal that reads back as the same float32 (float64 for probabilities)
+        v = np.float64(v) if np.asarray(v).dtype == np.float64 else np.float32(v)
+        return str(v) if np.isfinite(v) else None
+
     if args.format == "csv":
-        w = csv.writer(sys.stdout, lineterminator="\n")
-        w.writerow(["path"] + [f"{what}_{r}" for r in range(1, k + 1) for what in ("label", "score")])
+        w = csv.writer(sys.stdout)
+        w.writerow(["path"] + [f"{x}_{r}" for r in range(1, k + 1) for x in ("label", what)] + ["head"])
         for path, idx, row in zip(ok, order, scores):
-            w.writerow([path] + [v for i in idx for v in (classes[i], f"{float(row[i]):.6g}")])
+            w.writerow([path] + [v for i in idx for v in (classes[i], text(row[i]) or "")] + [head])
     else:
         for path, idx, row in zip(ok, order, scores):
-            print(json.dumps({"path": path, "labels": [classes[i] for i in idx],
-                              "scores": [float(row[i]) for i in idx]}, ensure_ascii=False))
+            vals = ", ".join(text(row[i]) or "null" for i in idx)  # strict JSON: a non-finite value is null
+            print("{" + f'"path": {json.dumps(path, ensure_ascii=False)}, '
+                  f'"labels": {json.dumps([classes[i] for i in idx], ensure_ascii=False)}, '
+                  f'"{what}s": [{vals}], "head": {json.dumps(head)}' + "}")
 
 
 if __name__ == "__main__":

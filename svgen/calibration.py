@@ -139,10 +139,15 @@ def match_confidence(logits, target: float, iters: int = 60) -> float:
     is often all but certain (p_max = 1 − 10⁻⁹), where probabilities cannot tell temperatures apart
     but log-odds still can. A target outside the reachable range gives the bracket's end.
     """
+    z = torch.as_tensor(logits, dtype=torch.float64)
+    top = z.max(dim=1)
+    gap = (z - top.values[:, None]).scatter(1, top.indices[:, None], -math.inf)  # z_j − z_max, j ≠ max
     lo, hi = LOG_T_RANGE
     for _ in range(iters):
+        if hi - lo < 1e-10:  # T known to 1e-10 relative: further halvings change nothing recorded
+            break
         mid = (lo + hi) / 2
-        if mean_log_odds(logits, math.exp(mid)) > target:
+        if float((-torch.logsumexp(gap / math.exp(mid), dim=1)).mean()) > target:  # mean_log_odds at T
             lo = mid
         else:
             hi = mid

@@ -185,7 +185,7 @@ def check_encoder(encoder, reference: Reference, threshold: float = THRESHOLD) -
                    "image tower's weights or the image loading differ")
     else:
         verdict = (f"wrong weights: neither the other activation nor {reference.name}'s preprocessing brings the "
-                   f"cosines to {threshold} (best {max(tried.values()):.4f}); these are not {reference.name}'s "
+                   f"cosines to {threshold} (the best variant's minimum cosine is {max(tried.values()):.4f}); these are not {reference.name}'s "
                    "weights, or not for this architecture")
     return CheckResult(labels, cos, False, verdict, tried=tried, threshold=threshold)
 

@@ -26,7 +26,7 @@ from .generator import SupportVectorGenerator, template_anchors
 from .metric import lda_head, whiten_directions, whitened_cosine_head
 from .heads import HEADS, cosine_logits, kernel_scores, krr_vote_weights, linear_logits, prior_probs
 from .kernels import kernel
-from .prompts import validate_classes
+from .prompts import validate_classes, validate_new_classes
 from .prototypes import prototypes_from_embeddings
 from .support import IMAGE, POOL, SOURCES, SupportSet, image_rows
 from .training import (FitConfig, choose_ridge, config_dict, fit_metrics, generate_all, solve_vote_weights,
@@ -120,17 +120,75 @@ def duplicate_prototypes(P: torch.Tensor, threshold: float = DUPLICATE_COS, bloc
     return pairs
 
 
-def check_distinct(P: torch.Tensor, classes: Sequence[str]) -> None:
-    """Refuse classes whose prototypes coincide (cos ≥ 0.9999), naming them, before any solve."""
+def check_distinct(P: torch.Tensor, classes: Sequence[str], new_from: int = 0) -> None:
+    """Refuse classes whose prototypes coincide (cos ≥ 0.9999), naming them, before any solve; only
+    pairs that involve a row from ``new_from`` on (classes being added) count."""
     from .prototypes import short_name
 
-    pairs = duplicate_prototypes(P)
+    pairs = [(i, j, c) for i, j, c in duplicate_prototypes(P) if j >= new_from]
     if pairs:
         shown = "; ".join(f"{short_name(classes[i])} and {short_name(classes[j])} (cos {c:.6f})"
                           for i, j, c in pairs[:5]) + (" …" if len(pairs) > 5 else "")
         raise SvgenError(f"{len(pairs)} pair(s) of classes have identical or near-identical prototypes, so no "
                          f"classifier can tell them apart: {shown}. Names that differ only in case or spacing "
                          "encode alike (CLIP's tokenizer lower-cases); remove or rename one of each pair")
+
+
+def check_vocabulary(P: torch.Tensor, classes: Sequence[str], strict: bool = False) -> List[tuple]:
+    """Repeated class names and coinciding prototypes: refused with ``strict``, else one warning
+    naming them, and the fit goes on; returns the prototype pairs ``(i, j, cos)``.
+
+    Published vocabularies repeat names (OpenAI's ImageNet list has 'missile' and 'sunglasses'
+    twice; the LVIS ∪ Objects365 ∪ OpenImages union 539 pairs) and open_clip classifies with
+    them. Coinciding classes tie under every head, and their support vectors coincide, so K_SS is
+    singular; the vote solve ``(K_SS + M·λ·I)⁻¹ Y`` stays well-posed because λ > 0.
+    """
+    from .prompts import duplicate_names
+    from .prototypes import short_name
+
+    names = duplicate_names(classes)
+    pairs = duplicate_prototypes(P)
+    if strict and pairs:
+        check_distinct(P, classes)
+    if strict and names:
+        validate_classes(classes, source="class list")
+    if names or pairs:
+        said = []
+        if names:
+            said.append(f"{len(names)} repeated class name(s) ({', '.join(map(repr, names[:5]))}"
+                        f"{' …' if len(names) > 5 else ''})")
+        if pairs:
+            said.append(f"{len(pairs)} pair(s) of classes with identical or near-identical prototypes ("
+                        + "; ".join(f"{short_name(classes[i])} [{i}] and {short_name(classes[j])} [{j}], cos {c:.6f}"
+                                    for i, j, c in pairs[:5]) + (" …" if len(pairs) > 5 else "") + ")")
+        log.warning("%s: fitting on; such classes tie (the ridge keeps the vote solve well-posed); "
+                    "strict=True (svgen fit --strict) refuses them", " and ".join(said))
+    return pairs
+
+
+def looks_like_labels(classes) -> bool:
+    """Whether ``classes`` passed to :meth:`SVGClassifier.fit` is rather a vector of per-image labels
+    (scikit-learn's ``fit(X, y)`` reflex): repeated entries that are not all strings, or mostly repeats."""
+    values = list(np.asarray(classes.cpu() if isinstance(classes, torch.Tensor) else classes, dtype=object).ravel())
+    distinct = len(set(map(str, values)))
+    return distinct < len(values) and (any(not isinstance(v, str) for v in values) or distinct <= len(values) // 2)
+
+
+def label_indices(y, classes: Sequence[str]):
+    """``y`` as class indices: class names are looked up in ``classes`` (a repeated name: its first
+    row); integer indices pass through unchanged (checked where they are used)."""
+    arr = np.asarray(y.cpu() if isinstance(y, torch.Tensor) else y)
+    if arr.dtype.kind not in "USO":
+        return y
+    index = {}
+    for i, name in enumerate(classes):
+        index.setdefault(name, i)
+    names = [str(v) for v in arr.ravel()]
+    unknown = sorted({n for n in names if n not in index})
+    if unknown:
+        raise SvgenError(f"y holds {len(unknown)} name(s) that are not classes of the classifier: "
+                         f"{', '.join(map(repr, unknown[:5]))}{' …' if len(unknown) > 5 else ''}")
+    return np.asarray([index[n] for n in names], dtype=np.int64).reshape(arr.shape)
 
 
 def _same(a, b) -> bool:
@@ -143,8 +201,12 @@ def _same(a, b) -> bool:
 class SVGClassifier:
     """Support vector generation over text prototypes, with kernel-vote, linear and cosine heads.
 
-    Parameters mirror :class:`svgen.training.FitConfig`; ``device`` and ``progress`` control
-    where and how visibly the fit runs. Fitted attributes end in ``_``.
+    Parameters mirror :class:`svgen.training.FitConfig`; ``progress`` shows the fit's progress bars;
+    ``strict`` refuses repeated class names and coinciding
+    prototypes (by default they are fitted, with one warning: :func:`check_vocabulary`). The fit runs
+    on the CPU (the default zero-shot fit is a few seconds of dense linear algebra); the encoder that
+    makes the prototypes and embeds images takes a device (:class:`svgen.encoders.ClipEncoder`,
+    ``--device``). Fitted attributes end in ``_``.
     """
 
     def __init__(
@@ -171,8 +233,8 @@ class SVGClassifier:
         vote_solver: str = "auto",
         vote_neighbours: int = 32,
         seed: int = 0,
-        device: str = "cpu",
         progress: bool = False,
+        strict: bool = False,
     ):
         self.n_support = n_support
         self.kernel = kernel
@@ -196,8 +258,8 @@ class SVGClassifier:
         self.vote_solver = vote_solver
         self.vote_neighbours = vote_neighbours
         self.seed = seed
-        self.device = device
         self.progress = progress
+        self.strict = strict
 
     # ------------------------------------------------------------------------------ fitting
     def _config(self) -> FitConfig:
@@ -233,21 +295,31 @@ class SVGClassifier:
             try:
                 X, y = shots
             except (TypeError, ValueError):
-                raise SvgenError("shots must be a pair (X, y): N×D image embeddings and N class indices") from None
+                raise SvgenError("shots must be a pair (X, y): N×D image embeddings and N class indices or "
+                                 "names") from None
             emb = check_embeddings(prototypes, "prototypes")
+            y = label_indices(y, [str(c).strip() for c in classes] if classes is not None
+                              else [f"class_{i}" for i in range(emb.shape[0])])
             image_rows(X, y, emb.shape[0], emb.shape[-1])  # fail before the zero-shot fit, not after
             return self.fit(prototypes, classes, templates, encoder).adapt(X, y)
+        t0 = time.perf_counter()  # wall_time_s covers the whole fit: checks, solve, metrics, temperatures
         cfg = self._config()
+        if classes is not None and looks_like_labels(classes):
+            values = [str(v) for v in np.asarray(classes, dtype=object).ravel()]
+            raise SvgenError(f"fit(prototypes, classes) takes C text prototypes and their C class names, but classes "
+                             f"has {len(values)} entries with {len(set(values))} distinct: per-image labels? "
+                             "svgen fits from text; labelled images join as shots: "
+                             "SVGClassifier().fit(prototypes, classes=names, shots=(X, y)), or clf.adapt(X, y) "
+                             "on a fitted classifier (y: class indices or names)")
         emb = check_embeddings(prototypes, "prototypes")
         C = emb.shape[0]
         if classes is None:
             classes = [f"class_{i}" for i in range(C)]
-        classes = validate_classes(classes, source="class list")
+        classes = validate_classes(classes, source="class list", duplicates="allow")
         if len(classes) != C:
             raise SvgenError(f"prototypes have {C} rows but there are {len(classes)} class names; they must match")
         E, P = prototypes_from_embeddings(emb)
-        check_distinct(P, classes)
-        t0 = time.perf_counter()
+        check_vocabulary(P, classes, strict=bool(self.strict))
         state = train_generator(P, E, cfg, progress=self.progress)
         S = generate_all(state.generator, P, state.anchors)
         sigma = float(state.log_sigma.detach().exp())
@@ -279,6 +351,7 @@ class SVGClassifier:
         self.kernel_prior_ = None
         self._scale_votes(lam)
         self._text_temperatures()
+        self.fit_metrics_["wall_time_s"] = time.perf_counter() - t0
         return self
 
     # ------------------------------------------------------------------------------ few-shot
@@ -329,7 +402,8 @@ class SVGClassifier:
             self._check_fitted()
             check_pool(unlabelled, self.n_features_in_)  # fail before the shots are solved in, not after
         if X is not None:
-            self.adapt_shots(X, y)
+            self._check_fitted()
+            self.adapt_shots(X, label_indices(y, self.classes_))  # class names or indices
         if unlabelled is not None:
             self.adapt_pool(unlabelled)
         return self
@@ -799,6 +873,16 @@ class SVGClassifier:
             raise SvgenError("this SVGClassifier is not fitted yet; call fit() or load() first")
 
     @property
+    def transductive_labels_(self) -> Optional[np.ndarray]:
+        """The pool's class probabilities (N×C numpy array) after ``adapt(unlabelled=…)``, else None."""
+        t = getattr(self, "_transductive_labels", None)
+        return None if t is None else np.asarray(t.detach().cpu() if isinstance(t, torch.Tensor) else t)
+
+    @transductive_labels_.setter
+    def transductive_labels_(self, value) -> None:
+        self._transductive_labels = value
+
+    @property
     def n_features_in_(self) -> int:
         return int(self.prototypes_.shape[1])
 
@@ -1093,10 +1177,7 @@ class SVGClassifier:
         classes = list(classes)
         if len(classes) != emb.shape[0]:
             raise SvgenError(f"{emb.shape[0]} new prototypes but {len(classes)} new class names")
-        clash = sorted(set(classes) & set(self.classes_))
-        if clash:
-            raise SvgenError(f"class(es) already in the artifact: {', '.join(map(repr, clash[:10]))}")
-        validate_classes(self.classes_ + classes, source="combined class list")
+        classes = validate_new_classes(classes, self.classes_)  # new names distinct and new; old repeats stay
         shots = None
         if self.transductive_ and not self.transductive_.get("fallback"):  # the pool knew only the old classes
             log.warning("add_classes: the transductive heads are dropped; adapt to the pool again")
@@ -1110,7 +1191,7 @@ class SVGClassifier:
             self.linear_weight_, self.linear_bias_ = text["linear_weight"], text["linear_bias"]
             self.text_ = self.fewshot_ = None
         E_new, P_new = prototypes_from_embeddings(emb)
-        check_distinct(torch.cat([self.prototypes_, P_new]), self.classes_ + classes)
+        check_distinct(torch.cat([self.prototypes_, P_new]), self.classes_ + classes, new_from=len(self.classes_))
         T = self.per_template_.shape[1]
         if E_new.shape[1] != T:
             # keep one per-template tensor: pad/cycle the new templates to the artifact's T

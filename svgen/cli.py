@@ -24,8 +24,16 @@ from .errors import SvgenError
 COMMANDS = ("fit", "classify", "eval", "export", "diagnose", "add-classes", "adapt", "check-encoder")
 
 
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse with svgen's usage errors: one line naming the problem, one pointing to ``--help``
+    (argparse's own prints the whole usage block first)."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message}\nsee '{self.prog} --help'\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(
         prog="svgen",
         description="Support vector generation: turn CLIP's zero-shot classifier into a kernel machine "
                     "built from class names alone, then classify, evaluate, diagnose and export it.",

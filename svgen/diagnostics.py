@@ -120,3 +120,63 @@ def findings(r: Dict) -> List[str]:
         out.append(f"ill-conditioned kernel (condition number {r['condition_number']:.3g}): {cause}; "
                    "the ridge λ keeps the vote solve stable")
     return out
+
+
+def deployed_kernel(meta: Dict, tensors: Dict) -> Optional[Dict]:
+    """The kernel head ``classify`` uses, when images changed it (``svgen adapt``), else None.
+
+    ``rows_by_source`` counts the support rows by where they came from (text, image, pool); ``sigma``
+    is the deployed bandwidth and ``text_sigma`` the generated text kernel's (what :func:`diagnose`
+    measures); ``fewshot`` / ``transductive`` say what the adaptation chose, from ``svgen.json``.
+    """
+    from .support import SOURCES
+
+    fs, td = meta.get("fewshot") or {}, meta.get("transductive") or {}
+    src = tensors.get("support_source")
+    if src is None and not fs and not td:
+        return None
+    sigma = float(tensors["bandwidth"])
+    if src is None:
+        rows = {"text": int(tensors["support_vectors"].reshape(-1, tensors["support_vectors"].shape[-1]).shape[0])}
+    else:
+        rows = {name: int((src == i).sum()) for i, name in enumerate(SOURCES) if int((src == i).sum())}
+    out = {"rows": sum(rows.values()), "rows_by_source": rows, "sigma": sigma,
+           "text_sigma": float(tensors.get("text.bandwidth", sigma))}
+    if fs:
+        k, lin = fs.get("kernel") or {}, fs.get("linear") or {}
+        out["fewshot"] = {"shots": fs.get("shots"), "classes_with_shots": fs.get("classes_with_shots"),
+                          "kernel": {n: k.get(n) for n in ("sigma", "ridge_lambda", "prior_weight", "loo_error", "rule")},
+                          "linear": {n: lin.get(n) for n in ("kind", "shrinkage", "loo_error")},
+                          "loo_better_head": fs.get("loo_better_head")}
+    if td:
+        kh = td.get("kernel_head") or {}
+        out["transductive"] = {"pool": td.get("pool"), "fallback": td.get("fallback"),
+                               "prior_strength": td.get("prior_strength"), "rounds": td.get("rounds"),
+                               "kernel_replaced": kh.get("replaced"), "kernel_reason": kh.get("reason")}
+    return out
+
+
+def describe_deployed(d: Dict) -> List[str]:
+    """Plain lines for :func:`deployed_kernel`'s dict (``svgen diagnose``)."""
+    rows = ", ".join(f"{n} {c}" for n, c in d["rows_by_source"].items())
+    lines = [f"deployed kernel (what classify uses): {d['rows']} support rows ({rows}), σ={d['sigma']:.4g} "
+             f"(the generated text kernel measured above: σ={d['text_sigma']:.4g})"]
+    fs = d.get("fewshot")
+    if fs:
+        k, lin = fs["kernel"], fs["linear"]
+        lam = f", λ={k['ridge_lambda']:.4g}" if k.get("ridge_lambda") is not None else ""
+        prior = f", text prior weight {k['prior_weight']:.3g}" if k.get("prior_weight") is not None else ""
+        lines.append(f"  chosen by adapt from {fs['shots']} shot(s) in {fs['classes_with_shots']} class(es), by exact "
+                     f"leave-one-out: kernel σ={k['sigma']:.4g}{lam}{prior} ({k.get('rule')}); linear head "
+                     f"{lin.get('kind')}" + (f", shrinkage {lin['shrinkage']:.3g}" if lin.get("shrinkage") is not None
+                                             else "") + f"; better on LOO: {fs.get('loo_better_head')}")
+    td = d.get("transductive")
+    if td:
+        if td.get("fallback"):
+            lines.append(f"  transductive pool of {td['pool']}: nothing changed ({td['fallback']})")
+        else:
+            kept = ("re-solved with pool rows" if td.get("kernel_replaced") else "kept as it was") + \
+                   (f" ({td['kernel_reason']})" if td.get("kernel_reason") else "")
+            lines.append(f"  transductive pool of {td['pool']} ({td.get('rounds')} round(s), prior strength "
+                         f"{td.get('prior_strength', 0):.3g}): linear head re-solved; kernel vote {kept}")
+    return lines

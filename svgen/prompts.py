@@ -3,7 +3,9 @@
 ``classes.txt`` holds one class name per line (UTF-8); blank lines and lines starting with
 ``#`` are ignored. A template file holds one template per line, each containing ``{}`` where
 the class name goes. Built-in templates live in ``prompts/templates/NAME.txt`` and are
-selected by ``NAME`` (``single``, ``compact``, ``ensemble``); built-in class lists likewise
+selected by ``NAME`` (``single``, ``compact``, ``ensemble``, and OpenAI's ImageNet sets as open_clip
+ships them in ``open_clip/zero_shot_metadata.py``: ``openai``, the 80 ``OPENAI_IMAGENET_TEMPLATES``, and
+``openai-simple``, the 7 ``SIMPLE_IMAGENET_TEMPLATES``); built-in class lists likewise
 (``prompts/classes/NAME.txt``: ``cifar10``, ``cifar100``, ``imagenet1k``).
 """
 
@@ -42,8 +44,11 @@ def _read_lines(path, what: str) -> List[str]:
     return lines
 
 
-def validate_classes(classes: Sequence[str], source: str = "class list") -> List[str]:
-    """Check a list of class names: at least two, no duplicates, no empty names."""
+def validate_classes(classes: Sequence[str], source: str = "class list", duplicates: str = "error") -> List[str]:
+    """Check a list of class names: at least two, no empty names; repeated names are refused
+    (``duplicates="error"``) or let through (``"allow"``: the caller decides, as
+    :meth:`svgen.SVGClassifier.fit` does — published vocabularies such as OpenAI's ImageNet list
+    repeat a few names)."""
     classes = [str(c).strip() for c in classes]
     if any(not c for c in classes):
         raise SvgenError(f"{source} contains an empty class name")
@@ -51,8 +56,8 @@ def validate_classes(classes: Sequence[str], source: str = "class list") -> List
         raise SvgenError(f"{source} is empty: expected one class name per line")
     if len(classes) < 2:
         raise SvgenError(f"{source} has only {len(classes)} class ({classes[0]!r}): a classifier needs at least 2")
-    dupes = [name for name, n in Counter(classes).items() if n > 1]
-    if dupes:
+    dupes = duplicate_names(classes)
+    if dupes and duplicates == "error":
         shown = ", ".join(repr(d) for d in dupes[:10]) + (" ..." if len(dupes) > 10 else "")
         raise SvgenError(f"{source} has {len(dupes)} duplicate class name(s): {shown}")
     return classes
@@ -73,9 +78,33 @@ def read_class_names(name_or_path) -> List[str]:
                      f"{', '.join(builtin_class_lists())})")
 
 
-def read_classes(path) -> List[str]:
+def validate_new_classes(new: Sequence[str], existing: Sequence[str], source: str = "new class list") -> List[str]:
+    """Check class names to add to ``existing`` ones: none empty, none repeated among themselves, none
+    already there. Names ``existing`` itself repeats (a fitted vocabulary may) are left alone."""
+    new = [str(c).strip() for c in new]
+    if not new:
+        raise SvgenError(f"{source} is empty: expected one class name per line")
+    if any(not c for c in new):
+        raise SvgenError(f"{source} contains an empty class name")
+    dupes = duplicate_names(new)
+    if dupes:
+        shown = ", ".join(repr(d) for d in dupes[:10]) + (" ..." if len(dupes) > 10 else "")
+        raise SvgenError(f"{source} has {len(dupes)} duplicate class name(s): {shown}")
+    clash = [c for c in new if c in set(existing)]
+    if clash:
+        raise SvgenError(f"class(es) already in the artifact: {', '.join(map(repr, clash[:10]))}"
+                         + (" …" if len(clash) > 10 else ""))
+    return new
+
+
+def duplicate_names(classes: Sequence[str]) -> List[str]:
+    """The names that occur more than once in ``classes``, in order of first appearance."""
+    return [name for name, n in Counter(classes).items() if n > 1]
+
+
+def read_classes(path, duplicates: str = "error") -> List[str]:
     """Read and validate a class file or built-in list (see module docstring for the format)."""
-    return validate_classes(read_class_names(path), source=f"classes file {path}")
+    return validate_classes(read_class_names(path), source=f"classes file {path}", duplicates=duplicates)
 
 
 def _builtin_dir(kind: str):
@@ -85,6 +114,11 @@ def _builtin_dir(kind: str):
 def builtin_templates() -> List[str]:
     """Names of the template sets shipped with svgen."""
     return sorted(p.name[:-4] for p in _builtin_dir("templates").iterdir() if p.name.endswith(".txt"))
+
+
+def builtin_template_sizes() -> str:
+    """``'compact (8), ensemble (43), …'``: every built-in template set with its number of templates."""
+    return ", ".join(f"{name} ({len(load_templates(name))})" for name in builtin_templates())
 
 
 def builtin_class_lists() -> List[str]:

@@ -77,7 +77,7 @@ class TrainState:
     diverged_at: Optional[int] = None
     steps_done: int = 0
     sigma_init: float = float("nan")
-    alignment_start: float = float("nan")
+    alignment_start: Optional[float] = float("nan")
     anchors: Optional[torch.Tensor] = None  # C×K×D starting points of the support vectors
     precision: Optional[torch.Tensor] = None  # Σ⁻¹ of the text metric (None: plain cosine geometry)
     geometry: Dict[str, object] = field(default_factory=dict)  # what setup_geometry decided, for svgen.json
@@ -227,7 +227,8 @@ def train_generator(
         bias=bias.to(device).requires_grad_(True),
         history={"loss": [], "align": [], "margin": [], "ground": [], "sigma": []},
         sigma_init=sigma0,
-        alignment_start=alignment_estimate(S0, sigma0, cfg.kernel, cfg.seed),
+        # steps == 0: the start is the end, measured once by fit_metrics (exactly, on K_SS)
+        alignment_start=alignment_estimate(S0, sigma0, cfg.kernel, cfg.seed) if cfg.steps else None,
         anchors=anchors,
         precision=precision,
         geometry=geometry,
@@ -240,6 +241,8 @@ def train_generator(
     else:  # the closed-form head stays fixed; the margin term shapes the support vectors only
         state.weight.requires_grad_(False)
         state.bias.requires_grad_(False)
+    if cfg.steps == 0:  # nothing to optimise: no optimiser (building Adam imports torch._dynamo, seconds)
+        return state
     opt = torch.optim.Adam(groups)
     sampler = ClassBatchSampler(P, cfg.batch_classes, cfg.neighbours, cfg.seed)
     y_cache = torch.arange(min(C, cfg.batch_classes)).repeat_interleave(cfg.n_support).to(device)
@@ -329,9 +332,13 @@ def solve_vote_weights(S: torch.Tensor, sigma: float, cfg: FitConfig, n_classes:
     """
     plan = scale.plan_fit(cfg, n_classes, S.shape[-1])
     if plan.vote_solver == "dense":
-        flat = S.reshape(-1, S.shape[-1]).double()
+        # --ridge auto puts M·λ at parzen_factor·λ_max(K_SS), so cond(K_SS + M·λ·I) ≤ 1 + 1/parzen_factor:
+        # float32 solves it to float32 accuracy (A is stored in float32), in half the time of float64.
+        # A chosen λ (loo/gcv, or a number) may be small: float64.
+        wide = cfg.ridge == "auto" and cfg.parzen_factor >= 1
+        flat = S.reshape(-1, S.shape[-1]).to(torch.float32 if wide else torch.float64)
         K_ss = kernel(flat, flat, sigma, cfg.kernel)
-        Y = one_hot_blocks(n_classes, cfg.n_support, dtype=torch.float64)
+        Y = one_hot_blocks(n_classes, cfg.n_support, dtype=flat.dtype)
         lam, path = choose_ridge(K_ss, Y, cfg.ridge, parzen_factor=cfg.parzen_factor)
         A = krr_vote_weights(K_ss, Y, lam)
         return A.float(), lam, K_ss, path
@@ -362,6 +369,9 @@ def _hinge_chunked(flat, labels, weight, bias, chunk: int = 2048) -> float:
     return total / flat.shape[0]
 
 
+FIT_CONDITION_ROWS = 1024  # the fit's own condition number: exact eigenvalues of at most this many rows
+
+
 def fit_metrics(state: TrainState, S, P, K_ss, lam, cfg: FitConfig, wall_s: float, vote_weights=None) -> dict:
     """What ``svgen.json`` records about a fit.
 
@@ -384,7 +394,11 @@ def fit_metrics(state: TrainState, S, P, K_ss, lam, cfg: FitConfig, wall_s: floa
             extra["hinge_rows"] = HINGE_MAX_ROWS
         hinge = _hinge_chunked(flat if rows is None else flat[rows], labels if rows is None else labels[rows],
                                state.weight.detach(), state.bias.detach())
-        cond = scale.condition_estimate(S, sigma, cfg.kernel, K_ss=K_ss, seed=cfg.seed)
+        # exact on K_SS up to FIT_CONDITION_ROWS rows; above, exact on a random principal submatrix
+        # (a lower bound, said in condition_number_method): `svgen diagnose` measures the full one
+        small = K_ss is not None and K_ss.shape[0] <= FIT_CONDITION_ROWS
+        cond = scale.condition_estimate(S, sigma, cfg.kernel, K_ss=K_ss if small else None, seed=cfg.seed,
+                                        max_classes=max(1, FIT_CONDITION_ROWS // K))
         cos_proto = float(torch.einsum("ckd,cd->ck", S, F.normalize(P, dim=-1)).mean())
         if vote_weights is not None and vote_weights.is_sparse:
             extra["vote_weights"] = {**scale.sparse_layout(vote_weights), "solver": plan.vote_solver,
@@ -398,7 +412,7 @@ def fit_metrics(state: TrainState, S, P, K_ss, lam, cfg: FitConfig, wall_s: floa
                             "(λ = %.3g): the neighbourhood solve needs the large ridge of --ridge auto, or more "
                             "--vote-neighbours", res, lam)
     return {
-        "alignment_start": state.alignment_start,
+        "alignment_start": align_end if state.alignment_start is None else state.alignment_start,
         "alignment_end": align_end,
         "alignment_classes": align_classes,
         "hinge": hinge,

@@ -28,6 +28,51 @@ TINY_CFG = {
 }
 
 
+# ----------------------------------------------------------------------------- helpers the test files share
+
+def strict_json(text):
+    """json.loads that refuses NaN/Infinity (RFC 8259), as jq and every other strict parser do."""
+    def bad(constant):
+        raise ValueError(f"not strict JSON: {constant}")
+
+    return json.loads(text, parse_constant=bad)
+
+
+def one_line_error(code, out, err, *expected):
+    """A CLI result ``(code, out, err)`` that is one error line with ``expected`` words, exit 2, no stdout."""
+    assert code == 2, (code, err)
+    assert out == "" and "Traceback" not in err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    for word in expected:
+        assert word in lines[0], (word, lines[0])
+    return lines[0]
+
+
+# ----------------------------------------------------------------------------- markers (the quick subset)
+
+# Whole files whose tests start Ray, run the README's sessions, or fit and score real data sets.
+SLOW_FILES = {"test_ray_engine.py", "test_readme.py", "test_accuracy_real.py", "test_classify_eval_export_real.py",
+              "test_bench_calibration.py", "test_bench_transductive.py"}
+
+
+def pytest_collection_modifyitems(config, items):
+    """Markers assigned here, by file and fixture, so test files need no decorators:
+
+    * ``real_data``: the test uses ``../shared/data`` (the ``shared_data`` fixture, directly or through
+      another fixture); it skips where the data are absent;
+    * ``slow``: a ``real_data`` test, or one in :data:`SLOW_FILES`.
+
+    ``pytest -m "not slow"`` is the quick subset (the README names it); CI (``.ci/run``) runs everything.
+    """
+    for item in items:
+        real = "shared_data" in getattr(item, "fixturenames", ())
+        if real:
+            item.add_marker(pytest.mark.real_data)
+        if real or Path(str(item.fspath)).name in SLOW_FILES:
+            item.add_marker(pytest.mark.slow)
+
+
 @pytest.fixture(autouse=True)
 def _no_network(monkeypatch):
     """Tests never reach the network: a connection to anything but loopback fails at once (tests that
@@ -83,7 +128,7 @@ def build_tiny_model(root) -> dict:
     save_file(state, str(root / "tiny.safetensors"))
     torch.save(state, root / "tiny.pt")
     local = root / "local"
-    local.mkdir()
+    local.mkdir(exist_ok=True)
     (local / "open_clip_config.json").write_text(json.dumps({"model_cfg": TINY_CFG, "preprocess_cfg": {}}))
     save_file(state, str(local / "open_clip_model.safetensors"))
     return {

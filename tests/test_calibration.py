@@ -228,8 +228,8 @@ def test_cli_probs_and_eval_calibration(fitted, tmp_path, cli):
                          "--top-k", 12, "--format", "jsonl")
     assert code == 0, err
     rows = [json.loads(line) for line in out.splitlines()]
-    assert all(abs(sum(r["scores"]) - 1) < 1e-4 for r in rows)
-    np.testing.assert_allclose(rows[0]["scores"][0], float(clf.predict_proba(x[:1], "linear").max()), rtol=1e-5)
+    assert all(abs(sum(r["probs"]) - 1) < 1e-4 for r in rows)
+    np.testing.assert_allclose(rows[0]["probs"][0], float(clf.predict_proba(x[:1], "linear").max()), rtol=1e-5)
 
     code, out, err = cli("eval", art, "--features", tmp_path / "x.npy", "--labels", tmp_path / "y.npy", "--json")
     assert code == 0, err
@@ -256,6 +256,7 @@ def test_eval_plot_writes_a_png(fitted, tmp_path, cli):
                          "--plot", tmp_path / "rel.png")
     assert code == 0 and "ece" in out, err
     assert (tmp_path / "rel.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert f"wrote {tmp_path / 'rel.png'}: reliability diagrams" in err  # as every written file is said
     code, out, err = cli("eval", art, "--features", tmp_path / "x.npy", "--labels", tmp_path / "y.npy",
                          "--plot", tmp_path / "rel.png")  # exists, no --force
     assert code == 2 and "already exists" in err and len(err.strip().splitlines()) == 1

@@ -123,6 +123,7 @@ def test_wrong_weights(sensitive, ref_quick):
     result = check_encoder(_encoder(sensitive, True, "other_weights"), ref_quick)
     assert not result.passed and result.verdict.startswith("wrong weights")
     assert max(result.tried.values()) < THRESHOLD
+    assert f"the best variant's minimum cosine is {max(result.tried.values()):.4f}" in result.verdict  # not "best"
 
 
 def test_check_restores_the_encoder(sensitive, ref_quick):

@@ -24,27 +24,11 @@ import torch
 from svgen import SVGClassifier
 from svgen.errors import SvgenError
 
+from conftest import one_line_error as _one_line_error, strict_json
+
 ROOT = Path(__file__).resolve().parent.parent
 C, D = 5, 16
 NAMES = ["cat", "dog", "bird", "fish", "horse"]
-
-
-def strict_json(text):
-    """json.loads that refuses NaN/Infinity (RFC 8259), as jq and every other strict parser do."""
-    def bad(constant):
-        raise ValueError(f"not strict JSON: {constant}")
-
-    return json.loads(text, parse_constant=bad)
-
-
-def _one_line_error(code, out, err, *expected):
-    assert code == 2, (code, err)
-    assert out == "" and "Traceback" not in err
-    lines = err.strip().splitlines()
-    assert len(lines) == 1, err
-    for word in expected:
-        assert word in lines[0], (word, lines[0])
-    return lines[0]
 
 
 @pytest.fixture(scope="module")
@@ -173,22 +157,23 @@ def test_prototypes_with_encoder_options_is_refused(cli, emb_files, tmp_path, ex
 
 @pytest.mark.parametrize("names", [["Cat", "cat "], ["Cat", "dog", "cat ", "bird"]])
 def test_classes_differing_only_in_case_are_named_before_the_solve(cli, tiny_model, classes_file, tmp_path, names):
+    """--strict refuses them (issue 23: by default they fit, with a warning; tests/test_daily_use.py)."""
     classes = classes_file(names)
     res = cli("fit", "--classes", classes, "--model", tiny_model["config"], "--checkpoint",
-              tiny_model["safetensors"], "--steps", "2", "--out", tmp_path / "d.svgen")
+              tiny_model["safetensors"], "--steps", "2", "--strict", "--out", tmp_path / "d.svgen")
     line = _one_line_error(*res, "'Cat' and 'cat'", "case")
     assert "LinAlgError" not in line
     assert not (tmp_path / "d.svgen").exists()
 
 
-def test_near_duplicate_prototypes_are_refused_by_the_api():
+def test_near_duplicate_prototypes_are_refused_by_the_api_when_strict():
     rng = np.random.default_rng(3)
     P = rng.normal(size=(4, D)).astype(np.float32)
     P[2] = P[0] + 1e-3 * rng.normal(size=D) * np.linalg.norm(P[0]) / np.sqrt(D)  # cos ≈ 0.999999
     cos = P[0] @ P[2] / np.linalg.norm(P[0]) / np.linalg.norm(P[2])
     assert 0.9999 <= cos < 1.0
     with pytest.raises(SvgenError, match="'a' and 'c'"):
-        SVGClassifier(steps=1).fit(P, classes=["a", "b", "c", "d"])
+        SVGClassifier(steps=1, strict=True).fit(P, classes=["a", "b", "c", "d"])
     P[2] = P[0] + 0.2 * rng.normal(size=D) * np.linalg.norm(P[0]) / np.sqrt(D)  # clearly distinct: fits
     SVGClassifier(n_support=2, steps=1).fit(P, classes=["a", "b", "c", "d"])
 
@@ -470,7 +455,7 @@ def test_both_k_spellings(cli, emb_files, art, tmp_path):
     assert json.loads((tmp_path / "k.svgen" / "svgen.json").read_text())["n_support"] == 3
     for flag in ("-k", "-K", "--top-k"):
         code, out, _ = cli("classify", art, "--features", emb_files["feats"], flag, "2")
-        assert code == 0 and out.splitlines()[0] == "index,label_1,score_1,label_2,score_2", flag
+        assert code == 0 and out.splitlines()[0] == "index,source,row,label_1,score_1,label_2,score_2,head", flag
 
 
 def test_zero_shot_script_help_shows_defaults(capsys):

@@ -351,9 +351,9 @@ def test_script_prints_the_librarys_raw_vote_probabilities(tmp_path, tiny_model,
     assert [r["path"] for r in theirs] == [r["path"] for r in ours]
     for a, b in zip(ours, theirs):
         assert [a[f"label_{i}"] for i in range(1, 5)] == [b[f"label_{i}"] for i in range(1, 5)]
-        np.testing.assert_allclose([float(b[f"score_{i}"]) for i in range(1, 5)],
-                                   [float(a[f"score_{i}"]) for i in range(1, 5)], rtol=1e-4, atol=1e-6)
-        assert sum(float(a[f"score_{i}"]) for i in range(1, 5)) == pytest.approx(1.0, abs=1e-5)
+        np.testing.assert_allclose([float(b[f"prob_{i}"]) for i in range(1, 5)],
+                                   [float(a[f"prob_{i}"]) for i in range(1, 5)], rtol=1e-4, atol=1e-6)
+        assert sum(float(a[f"prob_{i}"]) for i in range(1, 5)) == pytest.approx(1.0, abs=1e-5)
     # the same head read as log scores gives other numbers (the comparison above can fail)
     from safetensors.numpy import load_file, save_file
     from safetensors import safe_open
@@ -363,4 +363,4 @@ def test_script_prints_the_librarys_raw_vote_probabilities(tmp_path, tiny_model,
     meta.pop("kernel_logits")
     save_file(load_file(str(head)), str(tmp_path / "as_log.safetensors"), metadata=meta)
     as_log = script(tmp_path / "as_log.safetensors")
-    assert max(abs(float(a["score_1"]) - float(b["score_1"])) for a, b in zip(as_log, theirs)) > 1e-3
+    assert max(abs(float(a["prob_1"]) - float(b["prob_1"])) for a, b in zip(as_log, theirs)) > 1e-3

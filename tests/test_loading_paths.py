@@ -121,8 +121,8 @@ def test_every_loading_path_classifies_and_evaluates_images(kind, request, tmp_p
     assert code == 0, err
     theirs = _rows(out)
     assert [r["label_1"] for r in theirs] == [r["label_1"] for r in ours]
-    np.testing.assert_allclose([float(r["score_1"]) for r in theirs], [float(r["score_1"]) for r in ours], rtol=1e-4)
-    assert all(0 < float(r["score_1"]) <= 1 for r in ours)
+    np.testing.assert_allclose([float(r["prob_1"]) for r in theirs], [float(r["prob_1"]) for r in ours], rtol=1e-4)
+    assert all(0 < float(r["prob_1"]) <= 1 for r in ours)
 
     code, out, err = cli("add-classes", art, "--classes", classes_file(["bird"], "more.txt"), *again)
     assert code == 0, err

@@ -47,7 +47,7 @@ def test_imagenet_matches_open_clip_up_to_the_two_disambiguated_names():
 
 
 def test_builtin_templates():
-    assert builtin_templates() == ["compact", "ensemble", "single"]
+    assert builtin_templates() == ["compact", "ensemble", "openai", "openai-simple", "single"]
     assert load_templates("single") == ["a photo of a {}."]
     compact, ensemble = load_templates("compact"), load_templates("ensemble")
     assert 4 <= len(compact) < len(ensemble)
@@ -147,7 +147,7 @@ def test_bad_template_files(tmp_path, content, expected):
 
 
 def test_unknown_template_name_lists_the_builtins():
-    with pytest.raises(SvgenError, match="compact, ensemble, single"):
+    with pytest.raises(SvgenError, match="compact, ensemble, openai, openai-simple, single"):
         load_templates("no-such-set")
 
 
@@ -162,7 +162,8 @@ def test_unknown_template_name_lists_the_builtins():
 def test_cli_rejects_bad_class_files_in_one_line(cli, tmp_path, content, expected):
     f = tmp_path / "c.txt"
     f.write_bytes(content)
-    code, out, err = cli("fit", "--classes", f, "--out", tmp_path / "art")
+    # --strict: repeated names are refused before anything loads (by default they fit, with a warning)
+    code, out, err = cli("fit", "--classes", f, "--strict", "--out", tmp_path / "art")
     assert code != 0 and out == ""
     lines = err.strip().splitlines()
     assert len(lines) == 1 and expected in lines[0] and "Traceback" not in err

@@ -42,7 +42,7 @@ def single(cli, *argv):
     assert code == 0, err
     rows = [json.loads(line) for line in out.splitlines()]
     key = "index" if "index" in rows[0] else "path"
-    return {r[key]: (r["labels"], r["scores"]) for r in rows}
+    return {r[key]: (r["labels"], r["probs" if "probs" in r else "scores"]) for r in rows}
 
 
 def parts(out, key="path"):

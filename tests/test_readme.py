@@ -34,7 +34,7 @@ def test_outputs_compare_numbers_with_a_tolerance(readme_sessions):
 
 
 def test_readme_sessions_reproduce(shared_data, readme_sessions):
-    result = readme_sessions["check_readme"](ROOT / "README.md", log=lambda s: None)
+    result = readme_sessions["check_readme"](log=lambda s: None)  # README.md, then docs/usage.md
     assert result["ran"] >= 25 and result["skipped"] == len(readme_sessions["SKIP"])
     assert result["mismatches"] == [], "\n\n".join(
         f"$ {m['command']}\n--- README\n{m['expected']}\n--- now\n{m['got']}" for m in result["mismatches"])

@@ -116,7 +116,7 @@ def test_infinite_prior_strength_is_the_inductive_prediction(data):
     before = clf.decision_function(q, "linear").argmax(1)
     clf.adapt_pool(q, strength=1e7)
     assert np.array_equal(clf.decision_function(q, "linear").argmax(1), before)
-    assert np.array_equal(clf.transductive_labels_.argmax(1).numpy(), before)
+    assert np.array_equal(clf.transductive_labels_.argmax(1), before)
 
 
 def test_zero_strength_and_no_graph_is_plain_soft_gmm(data):
@@ -168,7 +168,7 @@ def test_pool_smaller_than_classes_changes_nothing(data, tmp_path):
     clf.adapt(unlabelled=data["U"][:C - 1])
     assert "smaller than the 4 classes" in clf.transductive_["fallback"]
     assert torch.equal(clf.linear_weight_, W) and torch.equal(clf.linear_bias_, b)
-    assert np.array_equal(clf.transductive_labels_.argmax(1).numpy(), clf.decision_function(data["U"][:C - 1]).argmax(1))
+    assert np.array_equal(clf.transductive_labels_.argmax(1), clf.decision_function(data["U"][:C - 1]).argmax(1))
     clf.save(tmp_path / "a.svgen")
     meta = json.loads((tmp_path / "a.svgen" / "svgen.json").read_text())
     assert meta["transductive"]["fallback"] and meta["format_version"] == 1
@@ -301,7 +301,7 @@ def test_cli_fit_adapt_classify_transductive(cli, files):
     clf = SVGClassifier.load(files / "zs.svgen").adapt(unlabelled=np.load(files / "U.npy"))
     want = clf.transductive_labels_.argmax(1).tolist()
     assert [r["labels"][0] for r in rows] == [f"c{i}" for i in want]
-    assert all(0 < r["scores"][0] <= 1 for r in rows)
+    assert all(0 < r["probs"][0] <= 1 for r in rows)
 
 
 @pytest.mark.parametrize("args, msg", [
@@ -344,7 +344,7 @@ def test_cli_image_folder_pool_is_embedded_with_the_artifacts_encoder(cli, tiny_
                          "--format", "jsonl", "-k", "3")
     assert code == 0, err
     rows = [json.loads(line) for line in out.splitlines()]
-    assert len(rows) == 9 and all(abs(sum(r["scores"]) - 1) < 1e-4 for r in rows)   # 3 of 3 classes: probabilities
+    assert len(rows) == 9 and all(abs(sum(r["probs"]) - 1) < 1e-4 for r in rows)   # 3 of 3 classes: probabilities
     # the same as adapting to the encoder's own embeddings of those files
     from svgen.encoders import ClipEncoder
 
@@ -541,7 +541,7 @@ def test_fallback_labels_are_the_calibrated_probabilities(data, monkeypatch):
     clf = SVGClassifier(n_support=2, steps=5, seed=0).fit(data["protos"])
     small = data["U"][:C - 1]
     clf.adapt(unlabelled=small)                                      # fall-back: pool smaller than the classes
-    got = clf.transductive_labels_.numpy()
+    got = clf.transductive_labels_
     assert np.allclose(got, _kernel_probs_by_hand(clf, small), atol=1e-9)
     assert np.allclose(got, clf.predict_proba(small, "kernel"), atol=1e-12)
     raw = _softmax(np.asarray(clf.decision_function(small, "kernel"), dtype=np.float64))
@@ -549,7 +549,7 @@ def test_fallback_labels_are_the_calibrated_probabilities(data, monkeypatch):
     monkeypatch.setattr(td, "STABLE", 1.5)                           # fall-back: the rounds never settle
     clf.adapt(unlabelled=data["U"])
     assert "did not settle" in clf.transductive_["fallback"]
-    assert np.allclose(clf.transductive_labels_.numpy(), _kernel_probs_by_hand(clf, data["U"]), atol=1e-9)
+    assert np.allclose(clf.transductive_labels_, _kernel_probs_by_hand(clf, data["U"]), atol=1e-9)
 
 
 def test_resolved_kernel_head_temperature_is_fitted_on_the_shots():
@@ -605,7 +605,7 @@ def test_pool_probabilities_have_the_linear_heads_confidence(hard, monkeypatch):
     clf = SVGClassifier(n_support=2, steps=5, seed=0).fit(hard["protos"])
     clf.adapt(unlabelled=hard["U"])
     res = seen[-1]
-    P = clf.transductive_labels_.double()
+    P = torch.as_tensor(clf.transductive_labels_).double()
     assert torch.equal(P.argmax(dim=1), res.labels.argmax(dim=1))
     assert torch.allclose(P.sum(dim=1), torch.ones(len(P), dtype=torch.float64), atol=1e-6)
     T = clf.transductive_["labels_temperature"]

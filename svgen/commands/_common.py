@@ -31,6 +31,31 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
         return super()._get_help_string(action)
 
 
+class ExamplesFormatter(argparse.HelpFormatter):
+    """Wraps description and epilog paragraphs to the terminal like any help text, and keeps as written
+    the paragraphs meant to be read line by line: ``examples:`` lists and indented formulas."""
+
+    def _fill_text(self, text, width, indent):
+        out = []
+        for para in text.split("\n\n"):
+            lines = para.splitlines()
+            if para.startswith("examples:"):
+                out.append("\n".join(indent + line for line in lines))
+                continue
+            block, prose = [], []
+            for line in lines + [None]:  # runs of prose are wrapped; an indented formula line stays as it is
+                if line is not None and not line.startswith("    "):
+                    prose.append(line)
+                    continue
+                if prose:
+                    block.append(super()._fill_text(" ".join(prose), width, indent))
+                    prose = []
+                if line is not None:
+                    block.append(indent + line)
+            out.append("\n".join(block))
+        return "\n\n".join(out)
+
+
 DEFAULT_MODEL = "ViT-B-32"
 
 
@@ -50,7 +75,9 @@ def add_encoder_args(p: argparse.ArgumentParser, with_model_default: bool = True
     src.add_argument("--checkpoint", metavar="FILE",
                      help="local weights for --model: .safetensors, or a torch file (read with weights_only=True)")
     add_quick_gelu_arg(g)
-    g.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto (default: %(default)s)")
+    g.add_argument("--device", default="cpu",
+                   help="device of the open_clip encoder (text prompts, images): cpu, cuda, cuda:N or auto; "
+                        "the kernel fit itself runs on the CPU (default: %(default)s)")
 
 
 def add_quick_gelu_arg(g, default_help: str = "") -> None:
@@ -194,8 +221,8 @@ def _check_npy_size(path: Path, what: str) -> None:
                          f"{have:,}; it is truncated or damaged")
 
 
-def load_array(path, what: str) -> np.ndarray:
-    """``np.load`` without pickle; a clear one-line error for every way it can fail."""
+def load_array(path, what: str, mmap: bool = False) -> np.ndarray:
+    """``np.load`` without pickle (``mmap``: memory-mapped); a clear one-line error for every way it can fail."""
     from ..safeio import check_regular, os_error
 
     path = Path(path)
@@ -211,7 +238,7 @@ def load_array(path, what: str) -> np.ndarray:
     if magic == b"\x93NUMPY":
         _check_npy_size(path, what)
     try:
-        arr = np.load(path, allow_pickle=False)
+        arr = np.load(path, allow_pickle=False, mmap_mode="r" if mmap else None)
     except ValueError as e:
         raise SvgenError(f"{what} file {path} is not a plain numeric .npy array ({str(e).splitlines()[0]})") from None
     except (OSError, EOFError) as e:

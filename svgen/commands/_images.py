@@ -151,9 +151,10 @@ def encoder_for_artifact(args, clf):
     return encoder
 
 
-def load_features(path, clf):
-    """N×D image embeddings from a .npy file, checked against the artifact's dimension."""
-    x = load_array(path, "features")
+def load_features(path, clf, mmap: bool = False):
+    """N×D image embeddings from a .npy file, checked against the artifact's dimension (``mmap``:
+    memory-mapped, read as it is used)."""
+    x = load_array(path, "features", mmap=mmap)
     if x.ndim != 2:
         raise SvgenError(f"features file {path} has shape {x.shape}; expected N×D")
     if x.shape[1] != clf.n_features_in_:

@@ -7,7 +7,7 @@ import logging
 from pathlib import Path
 
 from ..errors import SvgenError
-from ._common import json_text, note
+from ._common import ExamplesFormatter, json_text, note
 from ._images import add_image_encoder_args
 from ._pool import add_pool_args, encode_pool, pool_array, pool_paths, wants_pool
 from ._shots import add_shot_args, encode_shots, shot_arrays, shot_images, wants_shots
@@ -37,7 +37,7 @@ def add_parser(sub):
                "  svgen adapt pets.svgen --shot-features X.npy --shot-labels y.npy --out pets-16.svgen\n"
                "  svgen adapt pets.svgen --unlabelled-features U.npy --out pets-pool.svgen\n"
                "  svgen adapt pets.svgen --shots pets-4shot/ --unlabelled photos/ --out pets-4-pool.svgen",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=ExamplesFormatter,
     )
     p.add_argument("artifact", metavar="ARTIFACT_DIR", help="artifact written by 'svgen fit' (or an earlier adapt)")
     p.add_argument("--out", required=True, metavar="NEW_DIR", help="artifact directory to write")

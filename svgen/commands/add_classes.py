@@ -29,18 +29,14 @@ def add_parser(sub):
 def run(args) -> int:
     from .. import SVGClassifier
     from ..errors import SvgenError
-    from ..prompts import read_class_names, validate_classes
+    from ..prompts import read_class_names, validate_new_classes
 
     check_device(args)
     names = read_class_names(args.classes)
     if not names:
         raise SvgenError(f"classes file {args.classes} is empty: expected one class name per line")
     clf = SVGClassifier.load(args.artifact)
-    clash = sorted(set(n.strip() for n in names) & set(clf.classes_))
-    if clash:
-        raise SvgenError(f"class(es) already in the artifact {args.artifact}: {', '.join(map(repr, clash[:10]))}"
-                         + (" …" if len(clash) > 10 else ""))
-    validate_classes(clf.classes_ + names, source="combined class list")
+    names = validate_new_classes(names, clf.classes_, source=f"classes file {args.classes}")
     if args.prototypes:
         emb = load_array(args.prototypes, "prototypes")
         if emb.ndim not in (2, 3) or emb.shape[0] != len(names):

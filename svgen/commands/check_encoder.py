@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from ..errors import SvgenError
-from ._common import add_encoder_args, default_pretrained, load_encoder
+from ._common import ExamplesFormatter, add_encoder_args, default_pretrained, load_encoder
 
 
 def add_parser(sub):
@@ -23,7 +23,7 @@ def add_parser(sub):
                "examples:\n"
                "  svgen check-encoder                       # ViT-B-32, pretrained openai (the default)\n"
                "  svgen check-encoder --checkpoint ViT-B-32.safetensors --quick-gelu",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=ExamplesFormatter,
     )
     add_encoder_args(p)
     p.set_defaults(func=run)

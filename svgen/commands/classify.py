@@ -3,17 +3,15 @@
 from __future__ import annotations
 
 import argparse
-import csv
-import io
-import json
 import logging
+import sys
 
 import numpy as np
 
 from ..blocks import score
 from ..errors import SvgenError
-from ._common import note
-from ._images import add_image_encoder_args, check_out, emit, encode_paths, encoder_for_artifact, load_features
+from ._common import ExamplesFormatter, note
+from ._images import add_image_encoder_args, check_out, encode_paths, encoder_for_artifact, load_features
 
 log = logging.getLogger(__name__)
 
@@ -22,8 +20,8 @@ def add_parser(sub):
     p = sub.add_parser(
         "classify",
         help="classify images or embeddings with an artifact (top-k labels and scores)",
-        description="Score each input with one head of an artifact and print a row per input: its path (or, "
-                    "with --features, its row index) and the top-k class names with their scores. Folders are "
+        description="Score each input with one head of an artifact and print a row per input: its path (or, with "
+                    "--features, its index, features file and row), the top-k class names, their scores and the head. Folders are "
                     "searched recursively for images; files that are not readable images are reported on "
                     "stderr and skipped. Scores are kernel-vote scores (about the summed kernel mass of the class's "
                     "support vectors), linear logits, or cosine logits (100 · cosine similarity, plain CLIP); "
@@ -39,9 +37,10 @@ def add_parser(sub):
                "  svgen classify lvis.svgen 'shards/*.tar' --engine ray --out preds.parquet\n"
                "  svgen classify lvis.svgen --features 'emb/*.npy' --engine ray --address auto --actors 8 "
                "--out preds.parquet",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=ExamplesFormatter,
     )
-    p.add_argument("artifact", metavar="ARTIFACT_DIR", help="artifact written by 'svgen fit'")
+    # nargs="?" so that `--features F.npy ART` (--features takes several files) gives ART back below
+    p.add_argument("artifact", metavar="ARTIFACT_DIR", nargs="?", help="artifact written by 'svgen fit'")
     p.add_argument("--transductive", action="store_true",
                    help="use the inputs themselves as an unlabelled pool: embed once, adapt the artifact to them "
                         "(as 'svgen adapt --unlabelled'; the artifact on disk is not changed) and print each "
@@ -61,10 +60,14 @@ def add_parser(sub):
                    help="print probabilities (each row sums to one over all classes) instead of scores")
     p.add_argument("-k", "-K", "--top-k", type=int, default=5,
                    help="classes per row; more than the artifact has gives all of them (default: %(default)s)")
-    p.add_argument("--format", choices=("csv", "jsonl"), default=None,
-                   help="csv: path,label_1,score_1,...; jsonl: one {path, labels, scores} object per line "
-                        "(default: csv; --engine ray writes Parquet)")
-    p.add_argument("--out", metavar="FILE", help="write here (atomically) instead of stdout")
+    p.add_argument("--format", choices=("csv", "jsonl", "parquet"), default=None,
+                   help="one schema in every format and engine: the key (path; or index, source, row with "
+                        "--features), labels (top-k names), scores or, with --probs, probs (float32 in full), "
+                        "head. csv: path,label_1,score_1,…,head; jsonl: one strict-JSON {path, labels, scores, "
+                        "head} object per line (non-finite scores: null); parquet: list columns, needs --out "
+                        "(default: from the --out suffix .csv/.jsonl/.parquet, else csv; a contradicting "
+                        "suffix is refused; --engine ray writes Parquet)")
+    p.add_argument("--out", metavar="FILE", help="write here (atomically, streamed) instead of stdout")
     p.add_argument("--force", action="store_true", help="overwrite --out if it exists")
     add_image_encoder_args(p)
     from .classify_ray import add_ray_args
@@ -73,32 +76,14 @@ def add_parser(sub):
     p.set_defaults(func=run)
 
 
-def format_rows(names, scores, classes, k: int, fmt: str, key: str = "path") -> str:
-    """Render N×C ``scores`` as csv or jsonl rows of the top-k labels and scores."""
-    from ..heads import topk
-
-    values, indices = topk(scores, k)
-    values, indices = values.tolist(), indices.tolist()
-    k = len(values[0]) if values else min(k, len(classes))
-    buf = io.StringIO()
-    if fmt == "csv":
-        w = csv.writer(buf, lineterminator="\n")
-        w.writerow([key] + [f"{what}_{r}" for r in range(1, k + 1) for what in ("label", "score")])
-        for name, vals, idx in zip(names, values, indices):
-            row = [name]
-            for v, i in zip(vals, idx):
-                row += [classes[i], f"{v:.6g}"]
-            w.writerow(row)
-    else:
-        for name, vals, idx in zip(names, values, indices):
-            buf.write(json.dumps({key: name, "labels": [classes[i] for i in idx], "scores": vals},
-                                 ensure_ascii=False) + "\n")
-    return buf.getvalue()
+IMAGE_CHUNK = 4096  # images embedded and written per step: memory stays bounded whatever N is
 
 
 def run(args) -> int:
     from .. import SVGClassifier
+    from ..output import output_format, require_pyarrow
 
+    _take_artifact(args)
     if args.top_k < 1:
         raise SvgenError(f"--top-k must be at least 1, got {args.top_k}")
     from .classify_ray import check_local, run_ray
@@ -106,21 +91,24 @@ def run(args) -> int:
     if args.engine == "ray":
         return run_ray(args)
     check_local(args)
-    args.format = args.format or "csv"
+    args.format = output_format(args.out, args.format)
+    if args.format == "parquet" and not args.out:
+        raise SvgenError("Parquet output needs --out FILE.parquet (stdout gets csv or jsonl)")
     if args.features and args.inputs:
         raise SvgenError("give images/folders or --features, not both")
     if not args.features and not args.inputs:
         raise SvgenError("nothing to classify: give image files or folders, or --features FEATS.npy")
     check_out(args.out, args.force)
+    if args.format == "parquet":
+        require_pyarrow()  # before any work
     clf = SVGClassifier.load(args.artifact)
-    head = args.head or clf.default_head_   # what the fit decided
+    if args.head is None and not args.transductive:   # the head the fit decided (--transductive: the posterior)
+        args.head = clf.default_head_
+    head = args.head or clf.default_head_
     clf.progress = args.progress
     if args.features:
-        import torch
-
-        x = torch.from_numpy(np.concatenate([load_features(f, clf) for f in args.features]))
-        scores = _transductive(clf, x, args) if args.transductive else score(clf, x, head, args.probs)
-        names, key = list(range(x.shape[0])), "index"
+        arrays = {f: load_features(f, clf, mmap=True) for f in args.features}  # every file checked before output
+        blocks = _feature_blocks(clf, arrays, head, args)
     else:
         from ..encoders import find_images
 
@@ -128,21 +116,125 @@ def run(args) -> int:
         if not paths:
             raise SvgenError(f"no image files found in {', '.join(args.inputs)}")
         encoder = encoder_for_artifact(args, clf)
-        feats, names, _ = encode_paths(args, encoder, paths, "classify")
-        scores = _transductive(clf, feats, args) if args.transductive else score(clf, feats, head, args.probs)
-        key = "path"
-    if args.top_k > len(clf.classes_):  # said once the inputs are known good, so an error stays one line
-        note(args, f"svgen classify: --top-k {args.top_k} is more than the artifact's {len(clf.classes_)} classes; "
-                   f"showing all {len(clf.classes_)}")
-    emit(format_rows(names, scores, clf.classes_, args.top_k, args.format, key), args.out, args.force, args,
-         f"{len(names)} row(s), {_what(args, head)}, top {min(args.top_k, len(clf.classes_))}, {args.format}")
+        blocks = _image_blocks(clf, encoder, paths, head, args)
+    blocks = _warn_top_k_once(blocks, args, len(clf.classes_))
+    n = _write(blocks, clf, args)
+    if args.out:
+        note(args, f"wrote {args.out}: {n} row(s), {_what(args)} {'probabilities' if _probs(args) else 'scores'}, "
+                   f"top {min(args.top_k, len(clf.classes_))}, {args.format}")
     return 0
 
 
-def _what(args, head: str) -> str:
+def _take_artifact(args) -> None:
+    """``classify --features F.npy ART``: ``--features`` takes several files and swallows the artifact;
+    an artifact folder among them (it holds ``svgen.json``) is the ARTIFACT_DIR."""
+    from pathlib import Path
+
+    if args.artifact is not None:
+        return
+    found = [f for f in args.features or [] if (Path(f) / "svgen.json").is_file()]
+    if len(found) == 1:
+        args.features.remove(found[0])
+        args.artifact = found[0]
+    else:
+        raise SvgenError("the ARTIFACT_DIR argument is missing (give it before --features FEATS.npy ...)")
+
+
+def _probs(args) -> bool:
+    """Whether the values written are probabilities (the transductive posterior always is)."""
+    return bool(args.probs) or (args.transductive and args.head is None)
+
+
+def _head_name(args) -> str:
+    return "transductive" if args.transductive and args.head is None else (args.head or "kernel")
+
+
+def _write(blocks, clf, args) -> int:
+    """Stream the blocks to stdout, or to ``--out`` through a temporary file renamed into place."""
+    from ..export import write_atomic_file
+    from ..output import write_parquet, write_text_rows
+
+    k, probs, name = args.top_k, _probs(args), _head_name(args)
+    if not args.out:
+        n = write_text_rows(sys.stdout, blocks, clf.classes_, k, args.format, name, probs)
+        sys.stdout.flush()
+        return n
+    written = []
+
+    def writer(tmp):
+        if args.format == "parquet":
+            written.append(write_parquet(tmp, blocks, clf.classes_, k, name, probs))
+        else:
+            with open(tmp, "w", encoding="utf-8", newline="") as f:
+                written.append(write_text_rows(f, blocks, clf.classes_, k, args.format, name, probs))
+
+    write_atomic_file(args.out, writer, force=args.force)
+    return written[0]
+
+
+def _warn_top_k_once(blocks, args, C: int):
+    """Said once the first block is scored (the inputs are known good), so an error stays one line."""
+    first = True
+    for block in blocks:
+        if first and args.top_k > C:
+            note(args, f"svgen classify: --top-k {args.top_k} is more than the artifact's {C} classes; "
+                       f"showing all {C}")
+        first = False
+        yield block
+
+
+def _feature_blocks(clf, arrays: dict, head: str, args):
+    import torch
+
+    from ..output import feature_blocks, matrix_blocks
+
+    if args.transductive:
+        x = torch.from_numpy(np.concatenate([np.asarray(a, dtype=np.float32) for a in arrays.values()]))
+        keys = {"index": list(range(x.shape[0])),
+                "source": [str(f) for f, a in arrays.items() for _ in range(a.shape[0])],
+                "row": [r for a in arrays.values() for r in range(a.shape[0])]}
+        yield from matrix_blocks(keys, _transductive(clf, x, args))
+        return
+    yield from feature_blocks(list(arrays), arrays.__getitem__,
+                              lambda chunk: score(clf, torch.from_numpy(chunk), head, args.probs))
+
+
+def _image_blocks(clf, encoder, paths, head: str, args):
+    """Embed and score the images ``IMAGE_CHUNK`` at a time; unreadable files are reported and skipped."""
+    from ..output import matrix_blocks
+
+    if args.transductive:
+        feats, ok, _ = encode_paths(args, encoder, paths, "classify")
+        yield from matrix_blocks({"path": list(ok)}, _transductive(clf, feats, args))
+        return
+    if args.batch_size < 1:
+        raise SvgenError(f"--batch-size must be at least 1, got {args.batch_size}")
+    n_ok = n_failed = 0
+    unsaid = []  # skipped files are listed once some file was readable; if none is, the error is one line
+    for s in range(0, len(paths), IMAGE_CHUNK):
+        chunk = paths[s:s + IMAGE_CHUNK]
+        feats, ok, failed = encoder.encode_images(chunk, batch_size=args.batch_size, num_workers=args.workers,
+                                                  progress=getattr(args, "progress", False))
+        unsaid += failed
+        n_ok, n_failed = n_ok + len(ok), n_failed + len(failed)
+        if n_ok:
+            for path, why in unsaid:
+                print(f"svgen classify: skipped {path}: {why}", file=sys.stderr)
+            unsaid = []
+        if ok:
+            yield {"path": list(ok)}, score(clf, feats, head, args.probs)
+    if not n_ok:
+        raise SvgenError(f"none of the {len(paths)} file(s) could be read as an image "
+                         f"(first: {unsaid[0][0]}: {unsaid[0][1]})")
+    if n_failed:
+        print(f"svgen classify: skipped {n_failed} of {len(paths)} file(s) that are not readable images",
+              file=sys.stderr)
+
+
+def _what(args) -> str:
     if args.transductive and args.head is None:
         return "transductive posterior"
-    return ("transductive " if args.transductive else "") + f"{head} head"
+    return ("transductive " if args.transductive else "") + f"{args.head or 'kernel'} head"
 
 
 def _transductive(clf, x, args):
@@ -152,5 +244,7 @@ def _transductive(clf, x, args):
         raise SvgenError(f"--transductive needs at least 2 inputs to use as a pool, got {x.shape[0]}")
     clf.adapt(unlabelled=x)  # progress on rounds follows clf.progress (set from --quiet / the terminal)
     if args.head is None:
-        return clf.transductive_labels_.float()
+        import torch
+
+        return torch.as_tensor(clf.transductive_labels_).float()
     return score(clf, x, args.head, args.probs)

@@ -141,6 +141,6 @@ def run_ray(args) -> int:
     if failed:
         note(args, f"svgen classify: {failed} of {n_inputs} input(s) could not be read; "
                    f"see {os.path.join(args.out, ray_engine.FAILED_DIR)}")
-    note(args, f"wrote {args.out}: {rows} row(s) in {parts} part(s), {args.head} head, "
-               f"top {min(args.top_k, len(clf.classes_))}, Parquet")
+    note(args, f"wrote {args.out}: {rows} row(s) in {parts} part(s), {args.head} head "
+               f"{'probabilities' if args.probs else 'scores'}, top {min(args.top_k, len(clf.classes_))}, Parquet")
     return 0

@@ -12,7 +12,9 @@ def add_parser(sub):
         description="Measure the kernel over the artifact's support vectors (a random subset of classes when "
                     "there are many): alignment, off-diagonal statistics, condition number, effective rank, "
                     "within-class spread, classes whose prototypes coincide; then say in plain words what looks "
-                    "wrong and why.",
+                    "wrong and why. On an adapted artifact (svgen adapt) it also describes the kernel classify "
+                    "deploys: its support rows by source (text, image, pool), its σ, and what the adaptation "
+                    "chose by leave-one-out.",
         formatter_class=HelpFormatter,
     )
     p.add_argument("artifact", metavar="ARTIFACT_DIR", help="artifact written by 'svgen fit'")
@@ -40,6 +42,9 @@ def run(args) -> int:
     spectrum = report.pop("spectrum")
     geometry = (meta.get("metrics") or {}).get("geometry")
     report["geometry"] = geometry  # the text-metric decision made at fit time (None: older artifact)
+    from ..diagnostics import deployed_kernel, describe_deployed
+
+    report["deployed"] = deployed_kernel(meta, t)  # None: the text kernel measured here is the one deployed
     if plt is not None:
         _plot(plt, spectrum, args.plot, args.force)
         note(args, f"wrote {args.plot}: eigenvalue spectrum of K_SS ({spectrum.numel()} eigenvalues)")
@@ -47,7 +52,8 @@ def run(args) -> int:
         print(json_text(report))
         return 0
     print(f"{args.artifact}: {len(meta['classes'])} classes × K={report['n_support']}, {report['kernel']} kernel, "
-          f"σ={report['sigma']:.4g}" + (f" (measured on {report['classes_measured']} classes)" if report["subset"] else ""))
+          f"σ={report['sigma']:.4g}" + (f" (measured on {report['classes_measured']} classes)" if report["subset"] else "")
+          + (" — the generated text kernel; the deployed one is described below" if report["deployed"] else ""))
     rows = [("kernel-target alignment", f"{report['alignment']:.4f}"),
             ("off-diagonal kernel mean ± std", f"{report['offdiag_mean']:.4g} ± {report['offdiag_std']:.3g}"),
             ("condition number", f"{report['condition_number']:.4g}"),
@@ -58,6 +64,8 @@ def run(args) -> int:
                                     f"linear head — {geometry.get('reason', '')}"))
     for name, value in rows:
         print(f"  {name:<32} {value}")
+    for line in describe_deployed(report["deployed"]) if report["deployed"] else ():
+        print(line)
     print("findings:" if report["findings"] else "findings: none — the kernel looks healthy")
     for f in report["findings"]:
         print(f"  - {f}")

@@ -6,7 +6,7 @@ import argparse
 import logging
 
 from ..errors import SvgenError
-from ._common import json_text, load_array
+from ._common import ExamplesFormatter, json_text, load_array, note
 from ._images import add_image_encoder_args, check_out, emit, encode_paths, encoder_for_artifact, load_features
 
 log = logging.getLogger(__name__)
@@ -31,7 +31,7 @@ def add_parser(sub):
                "  svgen eval lvis.svgen --features dev_feats.npy --labels dev_labels.npy\n"
                "  svgen eval pets.svgen --data pets-val/ --json --out pets-eval.json\n"
                "  svgen eval lvis.svgen --features dev_feats.npy --labels dev_labels.npy --plot reliability.png",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=ExamplesFormatter,
     )
     p.add_argument("artifact", metavar="ARTIFACT_DIR", help="artifact written by 'svgen fit'")
     src = p.add_argument_group("data (one of)")
@@ -40,11 +40,13 @@ def add_parser(sub):
     src.add_argument("--labels", metavar="LABELS.npy", help="N integer class indices (with --features)")
     p.add_argument("--json", action="store_true",
                    help="print one JSON object {head: {acc1, acc5, mean_per_class_recall, nll, ece, temperature, n}} "
-                        "instead of a table")
+                        "instead of a table (implied by --out FILE.json)")
     p.add_argument("--plot", metavar="FILE.png",
                    help="also draw reliability diagrams of the three heads side by side (needs svgen[plot]; "
                         "--force replaces an existing file)")
-    p.add_argument("--out", metavar="FILE", help="write here (atomically) instead of stdout")
+    p.add_argument("--out", metavar="FILE",
+                   help="write here (atomically) instead of stdout: FILE.json gets the JSON object, FILE.txt "
+                        "(or any other name) the table; --json with a .txt name is refused")
     p.add_argument("--force", action="store_true", help="overwrite --out if it exists")
     add_image_encoder_args(p)
     p.set_defaults(func=run)
@@ -94,6 +96,7 @@ def run(args) -> int:
         if args.features or args.labels:
             raise SvgenError("--features and --labels go together; give both")
         raise SvgenError("nothing to evaluate: give --data DIR, or --features FEATS.npy --labels LABELS.npy")
+    _format_from_suffix(args)
     check_out(args.out, args.force)
     if args.plot:
         check_out(args.plot, args.force)
@@ -124,5 +127,19 @@ def run(args) -> int:
 
         plot_reliability({h: {**results[h], "reliability": bins[h]} for h in HEAD_ORDER}, args.plot,
                          title=f"{args.artifact}: reliability ({results['cosine']['n']} examples)", force=args.force)
-    emit(text, args.out, args.force, args, f"{', '.join(HEAD_ORDER)} heads on {len(y)} example(s)")
+        note(args, f"wrote {args.plot}: reliability diagrams of the {', '.join(HEAD_ORDER)} heads")
+    emit(text, args.out, args.force, args, f"{', '.join(HEAD_ORDER)} heads on {len(y)} example(s), "
+                                           f"{'JSON' if args.json else 'table'}")
     return 0
+
+
+def _format_from_suffix(args) -> None:
+    """``--out e.json`` writes JSON (as ``--json``); ``--json --out e.txt`` is a contradiction, refused."""
+    from pathlib import Path
+
+    suffix = Path(args.out).suffix.lower() if args.out else ""
+    if suffix == ".json":
+        args.json = True
+    elif suffix in (".txt", ".text") and args.json:
+        raise SvgenError(f"--json contradicts --out {args.out} (a {suffix} file gets the table); "
+                         "name it .json or drop --json")

@@ -6,7 +6,7 @@ import argparse
 import logging
 
 from ..errors import SvgenError
-from ._common import note
+from ._common import ExamplesFormatter, note
 
 log = logging.getLogger(__name__)
 
@@ -31,7 +31,7 @@ def add_parser(sub):
                "  svgen export lvis.svgen --format safetensors --out lvis-linear.safetensors\n"
                "  svgen export lvis.svgen --format onnx --head kernel --out lvis-kernel.onnx\n"
                "then: python scripts/zero_shot_classify.py lvis-linear.safetensors photos/",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=ExamplesFormatter,
     )
     p.add_argument("artifact", metavar="ARTIFACT_DIR", help="artifact written by 'svgen fit'")
     p.add_argument("--format", choices=tuple(SUFFIX), default=None,

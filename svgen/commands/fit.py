@@ -40,10 +40,17 @@ def add_parser(sub):
                    help="precomputed text embeddings, C×D or C×T×D, rows in the order of --classes")
     p.add_argument("--out", required=True, metavar="ARTIFACT_DIR", help="artifact directory to create")
     p.add_argument("--force", action="store_true", help="replace an existing artifact")
+    p.add_argument("--strict", action="store_true",
+                   help="refuse repeated class names and classes whose prototypes coincide (cos ≥ 0.9999); "
+                        "by default they are fitted with one warning naming them (they tie; the ridge keeps "
+                        "the solve well-posed), as open_clip classifies with such vocabularies")
     add_encoder_args(p)
+    from ..prompts import builtin_template_sizes
+
     p.add_argument("--templates", default=None, metavar="NAME|FILE",
-                   help="prompt templates: a built-in set (single, compact, ensemble) or a file with one '{}' "
-                        "template per line (default: single)")
+                   help=f"prompt templates: a built-in set, with its number of templates: {builtin_template_sizes()} "
+                        "(openai: OpenAI's 80 ImageNet templates, openai-simple: their 7-template subset, as "
+                        "open_clip ships them); or a file with one '{}' template per line (default: single)")
     add_shot_args(p)
     add_pool_args(p)
     m = p.add_argument_group("method")
@@ -100,14 +107,15 @@ def run(args) -> int:
     from ..safeio import check_dir_target
 
     check_device(args)
-    classes = read_classes(args.classes)
+    classes = read_classes(args.classes, duplicates="error" if args.strict else "allow")
     out = check_dir_target(args.out, args.force)  # before any work: only an artifact or an empty folder is replaced
     clf = SVGClassifier(
         n_support=args.n_support, kernel=args.kernel, steps=args.steps, lr=args.lr, margin=args.margin,
         margin_weight=args.margin_weight, grounding_weight=args.grounding_weight, ridge=_ridge(args.ridge),
         batch_classes=args.batch_classes, rff_dim=args.rff_dim, solver=args.solver, vote_solver=args.vote_solver,
-        vote_neighbours=args.vote_neighbours, seed=args.seed, device=args.device,
+        vote_neighbours=args.vote_neighbours, seed=args.seed,
         metric_condition=args.metric_strength, linear_head=args.linear_head, progress=args.progress,
+        strict=args.strict,
     )
     clf._config()  # validate settings before any expensive work
     shots = shot_folder = None
