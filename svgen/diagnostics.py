@@ -144,10 +144,14 @@ def deployed_kernel(meta: Dict, tensors: Dict) -> Optional[Dict]:
            "text_sigma": float(tensors.get("text.bandwidth", sigma))}
     if fs:
         k, lin = fs.get("kernel") or {}, fs.get("linear") or {}
+        dec = k.get("decision") or {}
         out["fewshot"] = {"shots": fs.get("shots"), "classes_with_shots": fs.get("classes_with_shots"),
-                          "kernel": {n: k.get(n) for n in ("sigma", "ridge_lambda", "prior_weight", "loo_error", "rule")},
+                          "kernel": {"sigma": k.get("sigma"), "ridge_c": k.get("ridge_c"),
+                                     "adapted": dec.get("adopted"), "rule": (k.get("selection") or {}).get("rule")},
                           "linear": {n: lin.get(n) for n in ("kind", "shrinkage", "loo_error")},
-                          "loo_better_head": fs.get("loo_better_head")}
+                          "default_head": fs.get("default_head")}
+        if k.get("prior_weight") is not None:   # format 2 (before the residual head): its own record
+            out["fewshot"]["kernel"].update({n: k.get(n) for n in ("ridge_lambda", "prior_weight", "loo_error")})
     if td:
         kh = td.get("kernel_head") or {}
         out["transductive"] = {"pool": td.get("pool"), "fallback": td.get("fallback"),
@@ -165,11 +169,14 @@ def describe_deployed(d: Dict) -> List[str]:
     if fs:
         k, lin = fs["kernel"], fs["linear"]
         lam = f", λ={k['ridge_lambda']:.4g}" if k.get("ridge_lambda") is not None else ""
+        c = f", c={k['ridge_c']:.4g}" if k.get("ridge_c") is not None else ""
         prior = f", text prior weight {k['prior_weight']:.3g}" if k.get("prior_weight") is not None else ""
-        lines.append(f"  chosen by adapt from {fs['shots']} shot(s) in {fs['classes_with_shots']} class(es), by exact "
-                     f"leave-one-out: kernel σ={k['sigma']:.4g}{lam}{prior} ({k.get('rule')}); linear head "
+        kept = {True: "; the shots' correction kept", False: "; the shots' correction refused (zero-shot kept)"}.get(
+            k.get("adapted"), "")
+        lines.append(f"  chosen by adapt from {fs['shots']} shot(s) in {fs['classes_with_shots']} class(es): kernel "
+                     f"σ={k['sigma']:.4g}{c}{lam}{prior}{kept} ({k.get('rule')}); linear head "
                      f"{lin.get('kind')}" + (f", shrinkage {lin['shrinkage']:.3g}" if lin.get("shrinkage") is not None
-                                             else "") + f"; better on LOO: {fs.get('loo_better_head')}")
+                                             else "") + f"; default head: {fs.get('default_head') or 'kernel'}")
     td = d.get("transductive")
     if td:
         if td.get("fallback"):

@@ -92,10 +92,11 @@ def read_regular(path, cap: int = MAX_JSON_BYTES, what: str = "file") -> bytes:
     except OSError as e:
         raise os_error(e, f"cannot read {what} {path}") from None
     with os.fdopen(fd, "rb") as f:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
             raise SvgenError(f"{what} {path} is not a regular file")
-        try:
-            data = f.read(cap + 1)
+        try:   # read(n) allocates n bytes up front: ask for what the file holds (+1 shows growth past the cap)
+            data = f.read(min(st.st_size, cap) + 1)
         except OSError as e:
             raise os_error(e, f"cannot read {what} {path}") from None
     if len(data) > cap:

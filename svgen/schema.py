@@ -219,7 +219,7 @@ ENCODER_SPEC = {
 }
 
 SCHEMA: Dict[str, Callable] = {
-    "classes": list_of(string(), min_len=2, unique=True),
+    "classes": list_of(string(), min_len=2),   # repeated names are allowed (ImageNet's list has two pairs)
     "n_support": integer(1),
     "kernel": string(choices=KERNELS),
     "dim": integer(1, MAX_DIM),

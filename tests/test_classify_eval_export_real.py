@@ -126,6 +126,7 @@ def test_classify_and_eval_count_the_100_jpegs(cli, jpegs):
     code, out, err = cli("eval", jpegs["art"], "--data", jpegs["images"], *jpegs["enc"], "--json")
     assert code == 0, err
     res = json.loads(out)
+    assert res.pop("default_head") == "kernel"
     assert {h: r["n"] for h, r in res.items()} == {"cosine": 100, "kernel": 100, "linear": 100}
     # the kernel head's acc1 agrees with classify's top-1 against labels.csv
     truth = {f: c for f, c in jpegs["labels"]}
@@ -142,6 +143,7 @@ def test_imagefolder_layout_gives_the_same_numbers(cli, jpegs, tmp_path):
         shutil.copy(jpegs["images"] / f, d / f)
     a = json.loads(cli("eval", jpegs["art"], "--data", folder, *jpegs["enc"], "--json")[1])
     b = json.loads(cli("eval", jpegs["art"], "--data", jpegs["images"], *jpegs["enc"], "--json")[1])
+    assert a.pop("default_head") == b.pop("default_head") == "kernel"
     for head in a:  # the images come in another order: float sums (nll, ece) may round apart
         assert a[head] == pytest.approx(b[head], rel=1e-12)
     assert {h: {k: v for k, v in r.items() if k not in ("nll", "ece")} for h, r in a.items()} == \

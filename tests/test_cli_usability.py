@@ -332,7 +332,7 @@ def test_classify_and_eval_out_say_what_they_wrote(cli, art, emb_files, tmp_path
 def test_eval_json_is_strict(cli, art, emb_files):
     code, out, err = cli("eval", art, "--features", emb_files["feats"], "--labels", emb_files["labels"], "--json")
     assert code == 0, err
-    assert set(strict_json(out)) == {"cosine", "kernel", "linear"}
+    assert set(strict_json(out)) == {"cosine", "kernel", "linear", "default_head"}
 
 
 # ----------------------------------------------------------------------------- 9. no library warnings

@@ -248,7 +248,11 @@ def test_jsonl_is_strict_json_and_probabilities_are_never_nan(caplog):
 
 
 def test_cli_jsonl_of_overflowing_scores_is_strict(cli, art, tmp_path):
+    """Vote weights that overflow the scores are refused at load (one line, exit 2), and the writer itself
+    writes a non-finite score as null and refuses non-finite probabilities, so JSON Lines stays strict."""
     from safetensors.torch import load_file, save_file
+
+    from svgen.output import write_text_rows
 
     bad = tmp_path / "huge.svgen"
     import shutil
@@ -258,12 +262,14 @@ def test_cli_jsonl_of_overflowing_scores_is_strict(cli, art, tmp_path):
     t["vote_weights"] = t["vote_weights"] * 3e38
     save_file(t, str(bad / "weights.safetensors"))
     code, text, err = cli("classify", bad, "--features", art / "feats.npy", "--format", "jsonl")
-    assert code == 0, err
-    for line in text.splitlines():
+    assert code == 2 and text == "" and "overflow" in err and len(err.strip().splitlines()) == 1
+    scores = np.array([[np.inf, 1.0, np.nan]], dtype=np.float32)
+    buf = io.StringIO()
+    write_text_rows(buf, iter([({"index": [0]}, scores)]), ["a", "b", "c"], 3, "jsonl", "kernel", False)
+    for line in buf.getvalue().splitlines():
         strict_json(line)
-    code, text, err = cli("classify", bad, "--features", art / "feats.npy", "--format", "jsonl", "--probs")
-    assert "nan" not in text.lower()
-    assert code == 2 and "non-finite probabilities" in err
+    with pytest.raises(SvgenError, match="non-finite probabilities"):
+        write_text_rows(io.StringIO(), iter([({"index": [0]}, scores)]), ["a", "b", "c"], 3, "jsonl", "kernel", True)
 
 
 def test_the_writer_streams_blocks_as_they_come():
@@ -487,13 +493,14 @@ def test_diagnose_describes_the_deployed_kernel_of_an_adapted_artifact(cli, tmp_
     code, text, err = cli("diagnose", tmp_path / "a.svgen")
     assert code == 0, err
     line = next(l for l in text.splitlines() if l.startswith("deployed kernel"))
-    assert f"{6 * 2 + 24} support rows (text 12, image 24)" in line
+    assert "24 support rows (image 24)" in line   # the adapted kernel head's rows are the shots (svgen.residual)
     assert f"σ={float(clf.bandwidth_):.4g}" in line and f"σ={clf.text_['bandwidth']:.4g}" in line
     chose = text.splitlines()[text.splitlines().index(line) + 1]
     assert "24 shot(s) in 6 class(es)" in chose and f"σ={clf.fewshot_['kernel']['sigma']:.4g}" in chose
+    assert f"default head: {clf.default_head_}" in chose
     code, text, _ = cli("diagnose", tmp_path / "a.svgen", "--json")
     d = strict_json(text)["deployed"]
-    assert d["rows_by_source"] == {"text": 12, "image": 24} and d["sigma"] == pytest.approx(float(clf.bandwidth_))
+    assert d["rows_by_source"] == {"image": 24} and d["sigma"] == pytest.approx(float(clf.bandwidth_))
     SVGClassifier(n_support=2).fit(protos, classes=NAMES).save(tmp_path / "z.svgen")
     code, text, _ = cli("diagnose", tmp_path / "z.svgen")
     assert "deployed kernel" not in text and "described below" not in text  # zero-shot: the text kernel is deployed

@@ -103,10 +103,11 @@ def test_every_loading_path_classifies_and_evaluates_images(kind, request, tmp_p
     code, out, err = cli("eval", art, "--data", image_folder, "--json", *again)
     assert code == 0, err
     res = json.loads(out)
-    assert set(res) == {"cosine", "kernel", "linear"} and all(r["n"] == 6 for r in res.values())
+    assert set(res) == {"cosine", "kernel", "linear", "default_head"} and res["default_head"] == "kernel"
+    assert all(res[h]["n"] == 6 for h in ("cosine", "kernel", "linear"))
 
     head = tmp_path / "head.safetensors"
-    code, _, err = cli("export", art, "--out", head)
+    code, _, err = cli("export", art, "--out", head, "--head", "linear")
     assert code == 0, err
     code, out, err = _script(capsys, head, image_folder, "--top-k", 2, *again)
     assert code == 0, err
