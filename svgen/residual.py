@@ -187,7 +187,7 @@ def select(X: np.ndarray, y: np.ndarray, P: np.ndarray, C: int, logit_scale: flo
         start += held_f.size
     return {"sigma": sigma, "ridge_c": c, "one_shot": False, "sigma_factor": SIGMA_FACTORS[i], "median_distance": med,
             "held_out_rows": held, "held_out_scores": np.concatenate(held_scores), "held_out_accuracy": float(acc[i, j]),
-            "folds": len(folds), "loo": loo(sigma, c), "p0": p0,
+            "folds": len(folds), "fold_rows": folds, "loo": loo(sigma, c), "p0": p0,
             "rule": "σ (× the median shot distance) and c with the best accuracy on held-out shots (balanced folds, "
                     "the deployed predictor); ties to the larger c, then σ"}
 
@@ -210,23 +210,8 @@ def balanced_folds(y: np.ndarray, seed: int = 0, max_folds: int = MAX_FOLDS) -> 
     return folds
 
 
-def held_out_scores(X: np.ndarray, y: np.ndarray, P: np.ndarray, C: int, sigma: float, c: float,
-                    logit_scale: float, seed: int = 0):
-    """(rows, scores): the adapted head at (σ, c) refitted without each balanced fold
-    (:func:`balanced_folds`), scored on the fold (the reference :func:`select` computes in its eigenbasis)."""
-    rows, out = [], []
-    p0 = prior_probs(X, P, logit_scale)
-    R = np.eye(C)[y] - p0
-    for held in balanced_folds(y, seed):
-        keep = np.setdiff1d(np.arange(len(y)), held)
-        V = np.linalg.solve(rbf(X[keep], X[keep], sigma) + c * np.eye(keep.size), R[keep])
-        rows.append(held)
-        out.append(p0[held] + rbf(X[held], X[keep], sigma) @ V)
-    return np.concatenate(rows), np.concatenate(out)
-
-
 def paired_decision(held: np.ndarray, p0: np.ndarray, y: np.ndarray) -> dict:
-    """Zero-shot against the adapted head on held-out shots (:func:`held_out_scores`), paired shot by
+    """Zero-shot against the adapted head on held-out shots (:func:`select`'s fold scores), paired shot by
     shot: keep the adapted head unless it is behind by more than one standard error."""
     a = (held.argmax(axis=1) == y).astype(float)
     z = (p0.argmax(axis=1) == y).astype(float)
@@ -276,13 +261,14 @@ def fit_residual_head(X, y, P, n_classes: int, logit_scale: float = CLIP_LOGIT_S
         decision = paired_decision(sel["held_out_scores"], sel["p0"][rows], ys[rows])
     record = {"sigma": float(sel["sigma"]), "ridge_c": float(sel["ridge_c"]), "logit_scale": float(logit_scale),
               "selection": {k: v for k, v in sel.items()
-                            if k not in ("loo", "p0", "sigma", "ridge_c", "held_out_rows", "held_out_scores")},
+                            if k not in ("loo", "p0", "sigma", "ridge_c", "held_out_rows", "held_out_scores",
+                                         "fold_rows")},
               "decision": decision, "shots": int(X.shape[0]), "scored_shots": int(Xs.shape[0])}
     held = {}
     if not sel.get("one_shot"):
         to_all = (lambda r: r) if sub is None else (lambda r: sub[r])
         held = {"held_rows": to_all(sel["held_out_rows"]), "held_scores": sel["held_out_scores"],
-                "folds": [to_all(f) for f in balanced_folds(ys, seed)]}
+                "folds": [to_all(f) for f in sel["fold_rows"]]}
     if not decision["adopted"]:
         log.info("shots: zero-shot kept (%s)", decision)
         return ResidualFit(False, X, y, float(sel["sigma"]), np.zeros((X.shape[0], n_classes)), logit_scale,
