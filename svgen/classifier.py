@@ -34,6 +34,8 @@ from .training import (FitConfig, choose_ridge, config_dict, fit_metrics, genera
 
 log = logging.getLogger(__name__)
 
+HEADS_FITTED_BY_POOL = ("kernel", "linear")   # the heads a pool re-solves (cosine stays CLIP's)
+
 
 def prior_head_of(clf) -> str:
     """The head whose prediction is the transductive prior: the kernel vote zero-shot; with shots the
@@ -424,14 +426,108 @@ class SVGClassifier:
         :func:`svgen.transductive.prior_strength` (``strength`` overrides it) and is raised while the
         rounds do not settle; if they never do, nothing changes (:func:`svgen.transductive.settle`).
         ``transductive_`` records what was chosen (``fallback`` says why when nothing changed).
-        Adapting again starts from the inductive heads. Returns ``self``.
+        Adapting again starts from the inductive heads.
+
+        **Kept only on held-out evidence** (:mod:`svgen.pool_gate`): with labelled shots, half of them at a
+        time join the pool unlabelled and the predictor rebuilt without them must beat the inductive one there
+        (top-1 higher, top-5 and NLL not worse beyond 1 SE), and the heads' temperatures are fitted on those
+        held-out predictions; without labels, a head adapted on one half of the pool must agree with the other
+        half's own posterior more often than the inductive head (by more than 1 SE), and the temperatures keep
+        the inductive head's mean entropy. Otherwise the inductive heads stay exactly and
+        ``transductive_["fallback"]`` says why (``transductive_["check"]`` holds the evidence). Returns ``self``.
         """
+        from . import pool_gate
         from . import transductive as td
 
         self._check_fitted()
         U = F.normalize(check_pool(unlabelled, self.n_features_in_), dim=-1)
         C, N = len(self.classes_), U.shape[0]
         self._restore_inductive()   # adapting again starts from the inductive heads
+        self.transductive_ = None
+        t0 = time.perf_counter()
+        reason, check = td.fallback_reason(N, C), None
+        if reason is None:
+            shots = self.support_set_.part(IMAGE) if self.fewshot_ is not None else None
+            check = (pool_gate.check_with_shots(self, U, shots, strength) if shots is not None and len(shots)
+                     else pool_gate.check_without_shots(self, U, strength))
+            if not check["adopt"]:
+                reason = check["reason"] + "; kept the inductive heads"
+        if reason is not None:
+            head = prior_head_of(self)
+            log.warning("transductive: %s", reason)
+            with torch.no_grad():
+                prior = self._scores(U, head)
+            self.transductive_ = {"pool": N, "fallback": reason, "prior_head": head,
+                                  **({"check": check} if check else {}), "wall_time_s": time.perf_counter() - t0}
+            self.transductive_labels_ = self._fallback_labels(prior, head)
+            return self
+        if check["evidence"] == "held-out shots as pool members":
+            return self._adopt_stacked_pool(U, strength, progress, check, t0)
+        head = self.default_head_
+        with torch.no_grad():
+            rows = td.calibration_rows(N)
+            entropy_before = td._entropy(self._logits(U[rows], head).double() / self.temperatures_[head])
+        self._transduce_pool(U, strength, progress, labels_entropy=entropy_before)
+        if self.transductive_.get("fallback"):
+            return self
+        self._pool_temperatures(U[rows], entropy_before)
+        self.transductive_.update({"check": check, "default_head": "linear", "wall_time_s": time.perf_counter() - t0})
+        return self
+
+    def _adopt_stacked_pool(self, U: torch.Tensor, strength, progress, check: dict, t0: float):
+        """With shots, the pool changes the linear head only, into the stacked head the check chose:
+        ``a·(x̂ W_Gᵀ + b_G) + b·(x̂ W0ᵀ + b0)`` (the pool's Gaussian log-likelihood and the inductive LDA head,
+        (a, b) by held-out NLL, :func:`svgen.pool_gate.fit_stack`) at T = 1; it becomes the default head. The
+        kernel head stays the inductive one."""
+        from . import pool_gate
+
+        W0, b0 = self.linear_weight_.clone(), self.linear_bias_.clone()
+        self._transduce_pool(U, strength, progress)
+        if self.transductive_.get("fallback"):
+            return self
+        WG, bG = pool_gate.pool_parts(self, W0, b0)
+        a, b = check["stack"]["gaussian"], check["stack"]["inductive_linear"]
+        if b is None:   # the transduction's own posterior weight β·t (a = 1: the posterior head itself)
+            b = float(self.transductive_["prior_strength"]) * float(self.transductive_["linear_prior_temperature"])
+        self.linear_weight_ = (a * WG + b * W0.double()).float()
+        self.linear_bias_ = (a * bG + b * b0.double()).float()
+        self.set_temperatures({"linear": 1.0}, method="held-out-nll",
+                              rule="after a pool with shots: the stacked linear head's (a, b) by the NLL of held-out "
+                                   "shots that were pool members (pool_gate.check_with_shots); its T is 1")
+        with torch.no_grad():
+            self.transductive_labels_ = self._scores(U, "linear").double().softmax(dim=1).float()
+        self.transductive_.update({"check": check, "default_head": "linear", "wall_time_s": time.perf_counter() - t0,
+                                   "heads": {"linear": f"stacked: {a:.4g}·(pool Gaussian log-likelihood) + "
+                                                       f"{b:.4g}·(inductive LDA logits)",
+                                             "kernel": "inductive (with shots a pool adapts the linear head only)"}})
+        return self
+
+    def _pool_temperatures(self, U_cal: torch.Tensor, entropy_before: float) -> None:
+        """Without labels: the pool-adapted heads' temperatures are the scales at which each head's mean
+        entropy on the pool is what the inductive default head's was (the ranking may move, the claimed
+        certainty may not)."""
+        from . import transductive as td
+
+        temps = {}
+        with torch.no_grad():
+            for h in HEADS_FITTED_BY_POOL:
+                z = self._logits(U_cal, h).double()
+                if bool(torch.isfinite(z).all()):
+                    temps[h] = 1.0 / td.match_entropy(z, entropy_before)
+        if temps:
+            self.set_temperatures(temps, method="entropy-matched",
+                                  rule="after a pool without labels: T giving each adapted head the inductive "
+                                       "default head's mean entropy on the pool")
+
+    def _transduce_pool(self, U: torch.Tensor, strength: Optional[float] = None, progress: Optional[bool] = None,
+                        labels_entropy: Optional[float] = None):
+        """The transduction itself (no check): re-solves the linear head (and, zero-shot, the kernel vote) on
+        the unit pool ``U``, from the inductive heads (the caller restores them). :meth:`adapt_pool` decides
+        whether its result is kept. ``labels_entropy``: the pool probabilities' mean entropy (default: the
+        linear head's at its text-rule temperature)."""
+        from . import transductive as td
+
+        C, N = len(self.classes_), U.shape[0]
         head = prior_head_of(self)
         t0 = time.perf_counter()
         with torch.no_grad():
@@ -486,14 +582,12 @@ class SVGClassifier:
         self.linear_bias_ = res.bias + beta * t_lin * self.linear_bias_.float()
         t1 = time.perf_counter()
         with torch.no_grad():
-            kinfo, targets = self._pool_kernel_head(U, res.labels, shots)
+            kinfo = (self._pool_kernel_head(U, res.labels) if shots is None else
+                     {"replaced": False, "reason": "with shots a pool adapts the linear head only"})
         timings["kernel_head"] = time.perf_counter() - t1
-        # the changed heads' temperatures follow the text rule; a kernel head kept as it was keeps its own
-        # (fitted on the shots by leave-one-out NLL, when there were any); a re-solved one is then fitted on the
-        # shots too (:meth:`_pool_shot_temperatures`)
+        # the changed heads' temperatures follow the text rule (adapt_pool then replaces them); a kernel head kept
+        # as it was keeps its own
         self._text_temperatures(only=None if kinfo.get("replaced") else "linear")
-        if shots is not None and kinfo.get("replaced"):
-            self._pool_shot_temperatures(targets, shots, kinfo)
         # the pool's probabilities (what `classify --transductive` prints): the posterior's logits at the
         # temperature that gives them the mean entropy of the linear head — the head that carries the posterior
         # to new images, at its own T — on the pool; the solve's z_i are sharper (without a fitted class model a
@@ -501,7 +595,8 @@ class SVGClassifier:
         # A temperature: the argmax stays the posterior's.
         with torch.no_grad():
             rows = td.calibration_rows(N)
-            target = td._entropy(self._logits(U[rows], "linear").double() / self.temperatures_["linear"])
+            target = (td._entropy(self._logits(U[rows], "linear").double() / self.temperatures_["linear"])
+                      if labels_entropy is None else labels_entropy)
             t_labels = td.match_entropy(res.logits, target)
             self.transductive_labels_ = torch.softmax(t_labels * res.logits.float(), dim=1)
         self.transductive_ = {**res.info, "fallback": None, "prior_head": head, "tries": tries,
@@ -527,48 +622,14 @@ class SVGClassifier:
             return float(self.temperatures_["linear"]), "the LDA head's leave-one-out NLL temperature on the shots"
         return 1.0, "1 (the LDA head's temperature was not fitted on the shots)"
 
-    def _kernel_loo_choice(self, targets: torch.Tensor, labels, ridge_c: float, prior_scale: float,
-                           fallback: float) -> dict:
-        """The kernel head's kind of logits and temperature (:func:`svgen.calibration.choose_kernel_logits`)
-        from its exact leave-one-out scores (:func:`svgen.calibration.kernel_loo_scores`) at its labelled rows.
-
-        The vote is a kernel ridge over its last ``len(targets)`` support rows — the image rows
-        (:func:`svgen.fewshot.fit_kernel_head` puts them after the text rows: shots, then pool rows) — with
-        those ``targets``; the first ``len(labels)`` of them are the labelled shots the choice is scored on."""
-        n = targets.shape[0]
-        rows = self.support_vectors_[-n:].double()
-        K = kernel(rows, rows, float(self.bandwidth_), self.fit_config_.kernel)
-        scores = calibration.kernel_loo_scores(K, self.vote_weights_[-n:].double(), targets, ridge_c,
-                                               prior_scale)[:len(labels)]
-        vw = self.vote_weights_
-        signed = bool(((vw.coalesce().values() if vw.is_sparse else vw) < 0).any())
-        return calibration.choose_kernel_logits(scores, labels, fallback=fallback, signed_votes=signed)
-
-    def _pool_shot_temperatures(self, targets: torch.Tensor, shots: SupportSet, kinfo: dict) -> None:
-        """After a transduction with labelled shots that re-solved the kernel vote: its temperature and kind
-        of logits by leave-one-out NLL on the shots, as :meth:`adapt` fits the inductive kernel head's. The
-        re-solved vote is a kernel ridge over its shot and pool rows with ``targets`` ``[one-hot; Z_pool]``
-        (what :meth:`_pool_kernel_head` solved towards); :meth:`_kernel_loo_choice` reads its exact LOO scores at
-        the shots and picks the kind (the shots give no finite T: the text rule's stays). The linear (posterior) head keeps the text rule's T: fitted on
-        these shots it was more over-confident (docs/transductive.md)."""
-        text_temps = dict(self.temperatures_)
-        kfit = self._kernel_loo_choice(targets, shots.labels.numpy(), kinfo["ridge_c"], kinfo["prior_scale"],
-                                       fallback=text_temps["kernel"])
-        self.set_temperatures({"kernel": kfit["temperature"]}, method="loo-nll", kernel_logits=kfit["kind"],
-                              shots=len(shots), loo={"kernel": kfit["loo"]}, text_temperatures=text_temps,
-                              kernel_logits_choice={k: v for k, v in kfit.items() if k not in ("temperature", "loo")},
-                              rule="after transduction: the re-solved kernel head's T (and kind) by the leave-one-out "
-                                   "NLL of the shots; linear: the text rule; cosine: CLIP's logit scale 100")
-
-    def _pool_kernel_head(self, U: torch.Tensor, Z: torch.Tensor, shots: Optional[SupportSet]):
-        """Re-solve the kernel vote with pool rows as support vectors of soft class (the posterior ``Z``).
+    def _pool_kernel_head(self, U: torch.Tensor, Z: torch.Tensor) -> dict:
+        """Zero-shot: re-solve the kernel vote with pool rows as support vectors of soft class (the posterior ``Z``).
 
         :func:`svgen.transductive.pool_support` picks the rows; :func:`svgen.fewshot.fit_kernel_head`
-        solves ``[text; shots; pool]`` towards the text head with targets ``[one-hot(shots); Z_pool]``
-        (σ, λ, the text weight α by exact LOO). The result replaces the inductive kernel head only if
-        its argmax agrees with the posterior's on more held-out pool rows (not support rows) than the
-        inductive head's does. Returns what was done (``svgen.json`` ``transductive.kernel_head``) and the
-        targets of the image rows when it replaced the head (else None).
+        solves ``[text; pool]`` towards the text head with targets ``Z_pool`` (σ, λ, the text weight α by
+        exact LOO). The result replaces the inductive kernel head only if its argmax agrees with the
+        posterior's on more held-out pool rows (not support rows) than the inductive head's does. Returns
+        what was done (``svgen.json`` ``transductive.kernel_head``).
         """
         from . import transductive as td
 
@@ -579,15 +640,15 @@ class SVGClassifier:
             text = {**text, "linear_weight": self.inductive_linear_[0].clone(),
                     "linear_bias": self.inductive_linear_[1].clone()}
         if text["vote_weights"].is_sparse:
-            return {"replaced": False, "reason": "the text vote weights are sparse (local); the re-solve needs dense ones"}, None
+            return {"replaced": False, "reason": "the text vote weights are sparse (local); the re-solve needs dense ones"}
         picks = td.pool_support(Z)
         held = td.held_out_rows(N, picks)
         info = {"pool_rows": int(picks.numel()), "held_out_rows": int(held.numel())}
         if held.numel() == 0:
-            return {**info, "replaced": False, "reason": "no held-out pool rows to check a re-solved head on"}, None
+            return {**info, "replaced": False, "reason": "no held-out pool rows to check a re-solved head on"}
         Zp = Z[picks].double()
         rows = SupportSet(U[picks], Zp.argmax(dim=1), torch.full((picks.numel(),), POOL, dtype=torch.uint8))
-        data, targets = (rows, Zp) if shots is None else (shots.join(rows), torch.cat([shots.one_hot(C), Zp]))
+        data, targets = rows, Zp
         text_rows = SupportSet.from_text(text["support_vectors"])
         # many text rows: each σ of the grid would re-solve the text head (an M_T×M_T system); keep the current σ
         sigmas = None if len(text_rows) <= td.SIGMA_GRID_MAX_TEXT_ROWS else [float(self.bandwidth_)]
@@ -603,17 +664,13 @@ class SVGClassifier:
                      "wall_time_s": time.perf_counter() - t0})
         if not agree > agree0:
             return {**info, "replaced": False,
-                    "reason": f"held-out agreement with the posterior {agree:.4f} is not above the inductive {agree0:.4f}"}, None
+                    "reason": f"held-out agreement with the posterior {agree:.4f} is not above the inductive {agree0:.4f}"}
         self.inductive_kernel_ = {"bandwidth": float(self.bandwidth_), "vote_weights": self.vote_weights_}
-        if self.fewshot_ is not None:   # the whole inductive kernel head: its rows need not be a prefix of the new ones
-            self.inductive_kernel_.update({"support_vectors": self.support_vectors_, "support_labels": self.support_labels_,
-                                           "support_source": self.support_source_, "kernel_prior": self.kernel_prior_})
-        self.kernel_prior_ = None       # the re-solved vote leans on the text rows, not on the prior term
         self.text_ = text
         self.support_vectors_, self.support_labels_, self.support_source_ = (support.rows.float(), support.labels,
                                                                              support.source)
         self.bandwidth_, self.vote_weights_ = sigma, A
-        return {**info, "replaced": True, "reason": None}, targets
+        return {**info, "replaced": True, "reason": None}
 
     def _restore_inductive(self) -> None:
         """Back to the inductive heads after a transductive adaptation (both, whichever it changed), with the
@@ -1039,8 +1096,10 @@ class SVGClassifier:
     @property
     def default_head_(self) -> str:
         """The head ``classify``, ``eval``, ``export`` and :meth:`predict` use when none is named: what the fit
-        with shots decided (:meth:`_choose_default_head`), else the kernel head."""
-        head = (getattr(self, "fewshot_", None) or {}).get("default_head", "kernel")
+        with shots decided (:meth:`_choose_default_head`) or a pool adapted with shots (the stacked linear head,
+        :meth:`_adopt_stacked_pool`), else the kernel head."""
+        pool = getattr(self, "transductive_", None) or {}
+        head = pool.get("default_head") or (getattr(self, "fewshot_", None) or {}).get("default_head", "kernel")
         return head if head in HEADS else "kernel"
 
     def save(self, path, force: bool = False):

@@ -39,6 +39,22 @@ def data():
     return {"protos": protos, "U": U, "yu": yu, "X": X, "ys": ys, "clf": clf}
 
 
+@pytest.fixture
+def gate_open(monkeypatch):
+    """The pool check (svgen.pool_gate) always adopts: for tests of the transduction itself, which the
+    check's own tests (tests/test_pool_gate.py) do not need to pass through. With shots the stacked head is
+    then ``1·(pool Gaussian log-likelihood) + β·t·(inductive LDA logits)``: the posterior itself."""
+    from svgen import pool_gate
+
+    def with_shots(clf, U, shots, strength):
+        return {"adopt": True, "evidence": "held-out shots as pool members", "head": clf.default_head_,
+                "stack": {"gaussian": 1.0, "inductive_linear": None}}
+
+    monkeypatch.setattr(pool_gate, "check_without_shots", lambda clf, U, strength: {
+        "adopt": True, "evidence": "halves of the pool", "head": clf.default_head_})
+    monkeypatch.setattr(pool_gate, "check_with_shots", with_shots)
+
+
 def _softmax(a):
     a = a - a.max(axis=1, keepdims=True)
     e = np.exp(a)
@@ -174,7 +190,7 @@ def test_pool_smaller_than_classes_changes_nothing(data, tmp_path):
     assert meta["transductive"]["fallback"] and meta["format_version"] == 1
 
 
-def test_fit_with_unlabelled_equals_fit_then_adapt(data, tmp_path):
+def test_fit_with_unlabelled_equals_fit_then_adapt(data, tmp_path, gate_open):
     a = SVGClassifier(n_support=2, steps=5, seed=0).fit(data["protos"], unlabelled=data["U"])
     b = SVGClassifier(n_support=2, steps=5, seed=0).fit(data["protos"]).adapt(unlabelled=data["U"])
     assert a.transductive_["fallback"] is None and a.transductive_["prior_head"] == "kernel"
@@ -195,7 +211,7 @@ def test_fit_with_unlabelled_equals_fit_then_adapt(data, tmp_path):
     assert torch.equal(c.linear_weight_, zs.linear_weight_)
 
 
-def test_posterior_temperature_is_the_lda_heads_loo_temperature():
+def test_posterior_temperature_is_the_lda_heads_loo_temperature(gate_open):
     """With shots that have a within-class scatter the solve runs at the inductive LDA head's leave-one-out
     temperature (its Z is that head's calibrated posterior); with one shot per class (Σ = I, nothing fitted on
     labels) and zero-shot at 1. The inductive T is used even when adapting an adapted artifact again."""
@@ -225,7 +241,7 @@ def test_posterior_temperature_is_the_lda_heads_loo_temperature():
         td.transduce(torch.as_tensor(U), torch.zeros(len(U), C), torch.as_tensor(protos), temperature=0.0)
 
 
-def test_shots_then_pool(data):
+def test_shots_then_pool(data, gate_open):
     clf = SVGClassifier(n_support=2, steps=5, seed=0).fit(data["protos"])
     clf.adapt(data["X"], data["ys"], unlabelled=data["U"])
     t = clf.transductive_
@@ -268,7 +284,7 @@ def files(tmp_path, data):
     return tmp_path
 
 
-def test_cli_fit_adapt_classify_transductive(cli, files):
+def test_cli_fit_adapt_classify_transductive(cli, files, gate_open):
     base = ("fit", "--prototypes", files / "P.npy", "--classes", files / "classes.txt", "-K", "2", "--steps", "5")
     assert cli(*base, "--out", files / "zs.svgen")[0] == 0
     code, out, err = cli(*base, "--out", files / "tf.svgen", "--unlabelled-features", files / "U.npy")
@@ -314,7 +330,7 @@ def test_cli_bad_pools_write_nothing(refused_cleanly, files, args, msg, command)
     refused_cleanly(files, command, args, msg)
 
 
-def test_cli_image_folder_pool_is_embedded_with_the_artifacts_encoder(cli, tiny_model, tmp_path):
+def test_cli_image_folder_pool_is_embedded_with_the_artifacts_encoder(cli, tiny_model, tmp_path, gate_open):
     from PIL import Image
 
     names = ["red", "green", "blue"]
@@ -356,7 +372,7 @@ def test_cli_image_folder_pool_is_embedded_with_the_artifacts_encoder(cli, tiny_
     assert [r["labels"][0] for r in rows] == [names[i] for i in want]
 
 
-def test_classifier_keeps_the_inductive_heads_when_the_rounds_never_settle(data, monkeypatch):
+def test_classifier_keeps_the_inductive_heads_when_the_rounds_never_settle(data, monkeypatch, gate_open):
     monkeypatch.setattr(td, "STABLE", 1.5)
     clf = SVGClassifier(n_support=2, steps=5, seed=0).fit(data["protos"])
     W, b = clf.linear_weight_.clone(), clf.linear_bias_.clone()
@@ -442,7 +458,7 @@ def _kernel_resolved(clf):
     return kh
 
 
-def test_pool_kernel_head_in_the_classifier(hard, tmp_path):
+def test_pool_kernel_head_in_the_classifier(hard, tmp_path, gate_open):
     from svgen.support import POOL
 
     clf = SVGClassifier(n_support=2, steps=5, seed=0).fit(hard["protos"])
@@ -483,7 +499,7 @@ def test_pool_kernel_head_in_the_classifier(hard, tmp_path):
     assert clf.transductive_ is None and clf.support_vectors_.dim() == 3
 
 
-def test_pool_kernel_head_after_shots_keeps_the_shots(data):
+def test_pool_kernel_head_after_shots_keeps_the_shots(data, gate_open):
     from svgen.support import IMAGE, POOL
 
     clf = SVGClassifier(n_support=2, steps=5, seed=0).fit(data["protos"]).adapt(data["X"], data["ys"])
@@ -500,7 +516,7 @@ def test_pool_kernel_head_after_shots_keeps_the_shots(data):
     assert (clf.support_source_ != POOL).all() and clf.fewshot_["shots"] == len(data["ys"]) + 2
 
 
-def test_kernel_head_kept_when_it_does_not_agree_better(data, monkeypatch):
+def test_kernel_head_kept_when_it_does_not_agree_better(data, monkeypatch, gate_open):
     clf = SVGClassifier(n_support=2, steps=5, seed=0).fit(data["protos"])
     K0 = clf.decision_function(data["U"], "kernel")
     monkeypatch.setattr(td, "kernel_agreement", lambda scores, Z: 0.5)   # a tie: not better
@@ -511,7 +527,7 @@ def test_kernel_head_kept_when_it_does_not_agree_better(data, monkeypatch):
     assert np.array_equal(clf.decision_function(data["U"], "kernel"), K0)
 
 
-def test_cli_classify_transductive_kernel_head(cli, hard, tmp_path):
+def test_cli_classify_transductive_kernel_head(cli, hard, tmp_path, gate_open):
     files = tmp_path
     np.save(files / "P.npy", hard["protos"])
     np.save(files / "U.npy", hard["U"])
@@ -535,7 +551,7 @@ def _kernel_probs_by_hand(clf, U):
     return _softmax(np.log(np.maximum(s, 1e-30)) / clf.temperatures_["kernel"])
 
 
-def test_fallback_labels_are_the_calibrated_probabilities(data, monkeypatch):
+def test_fallback_labels_are_the_calibrated_probabilities(data, monkeypatch, gate_open):
     """Issue 13: when the inductive heads are kept, the pool's soft labels are the prior head's
     predict_proba (softmax(log score / T)), not a softmax of raw kernel scores (nearly uniform)."""
     clf = SVGClassifier(n_support=2, steps=5, seed=0).fit(data["protos"])
@@ -552,43 +568,7 @@ def test_fallback_labels_are_the_calibrated_probabilities(data, monkeypatch):
     assert np.allclose(clf.transductive_labels_, _kernel_probs_by_hand(clf, data["U"]), atol=1e-9)
 
 
-def test_resolved_kernel_head_temperature_is_fitted_on_the_shots():
-    """With shots, a re-solved kernel vote gets its T (and kind of logits) by leave-one-out NLL on the shots:
-    checked against a numpy LOO of the ridge over its shot and pool rows, read at the shots (a shot's LOO
-    score needs only its own one-hot target, the votes and the diagonal of (K + cI)⁻¹)."""
-    rng, centres, protos, U, _ = _clusters(7, 1.6, 30, 0.5)
-    ys = np.repeat(np.arange(C), 3)
-    X = _unit(centres[ys] + 1.5 * rng.normal(size=(len(ys), D)) / np.sqrt(D)).astype(np.float32)   # noisy shots
-    clf = SVGClassifier(n_support=2, steps=5, seed=0).fit(protos).adapt(X, ys)
-    clf.adapt(unlabelled=U)
-    kh = clf.transductive_["kernel_head"]
-    assert kh["replaced"]
-    cal = clf.calibration_
-    assert cal["method"] == "loo-nll" and cal["rule"].startswith("after transduction")
-    n_shots = len(ys)
-    n = n_shots + kh["pool_rows"]
-    S = clf.support_vectors_.double().numpy()[-n:]
-    K = np.exp(-((S[:, None] - S[None]) ** 2).sum(-1) / (2 * clf.bandwidth_ ** 2))
-    inv_diag = np.diag(np.linalg.inv(K + kh["ridge_c"] * np.eye(n)))
-    votes = clf.vote_weights_.double().numpy()[-n:][:n_shots]
-    loo = kh["prior_scale"] * np.eye(C)[ys] - votes / inv_diag[:n_shots, None]
-    kind, T = clf.kernel_logits_, clf.temperatures_["kernel"]
-    z = loo if kind == "score" else np.log(np.maximum(loo, 1e-30))
-
-    def nll(t):
-        a = z / t
-        a = a - a.max(1, keepdims=True)
-        return float(-(a[np.arange(n_shots), ys] - np.log(np.exp(a).sum(1))).mean())
-
-    assert cal["loo"]["kernel"]["fitted"]
-    assert nll(T) <= min(nll(T * 1.05), nll(T / 1.05)) + 1e-12
-    assert cal["loo"]["kernel"]["nll"] == pytest.approx(nll(T), rel=1e-6)
-    s = clf.decision_function(U, "kernel").astype(np.float64)
-    zq = s if kind == "score" else np.log(np.maximum(s, 1e-30))
-    np.testing.assert_allclose(clf.predict_proba(U, "kernel"), _softmax(zq / T), rtol=1e-4, atol=1e-6)
-
-
-def test_pool_probabilities_have_the_linear_heads_confidence(hard, monkeypatch):
+def test_pool_probabilities_have_the_linear_heads_confidence(hard, monkeypatch, gate_open):
     """The pool's printed probabilities are the posterior's logits at one temperature: the argmax is the
     solve's, and their mean entropy on the pool is the linear head's (at its own T), not the solve's
     far sharper z_i."""
@@ -619,8 +599,8 @@ def test_pool_probabilities_have_the_linear_heads_confidence(hard, monkeypatch):
     assert entropy(res.labels.double()) < 0.9 * entropy(P)      # the solve's own labels are sharper
 
 
-def test_adapting_again_restores_the_inductive_probabilities(tmp_path):
-    """A transduction changes the heads' temperatures (and the kernel logit kind); adapting again — here to a
+def test_adapting_again_restores_the_inductive_probabilities(tmp_path, gate_open):
+    """A transduction changes the heads' temperatures (and the default head); adapting again — here to a
     pool that falls back — restores the inductive heads *with* the temperatures they had, also after a
     save/load round trip (svgen.json ``transductive.inductive_calibration``)."""
     rng, centres, protos, U, _ = _clusters(7, 1.6, 30, 0.5)
@@ -630,7 +610,7 @@ def test_adapting_again_restores_the_inductive_probabilities(tmp_path):
     before = (dict(clf.temperatures_), clf.kernel_logits_, clf.calibration_["method"])
     p_before = clf.predict_proba(U, "kernel"), clf.predict_proba(U, "linear")
     clf.adapt(unlabelled=U)
-    assert clf.transductive_["kernel_head"]["replaced"]
+    assert clf.transductive_["fallback"] is None and clf.default_head_ == "linear"   # the stacked linear head
     assert clf.temperatures_ != before[0]          # the transduction did change them
     for c in (clf, SVGClassifier.load(clf.save(tmp_path / "t.svgen"))):
         c.adapt(unlabelled=U[:C - 1])              # falls back: the inductive heads come back

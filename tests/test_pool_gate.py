@@ -1,0 +1,177 @@
+"""The held-out check that decides whether a pool may change the heads (svgen.pool_gate), tested against
+hand computations, and end to end: a pool that helps is kept, one that cannot help changes nothing."""
+
+import numpy as np
+import pytest
+import torch
+
+from svgen import SVGClassifier, pool_gate
+
+C, D = 6, 24
+
+
+def _unit(x):
+    x = np.asarray(x, dtype=np.float64)
+    return x / np.linalg.norm(x, axis=1, keepdims=True)
+
+
+def _world(seed, proto_noise, per_class, pool_noise, shots_per_class=0, shot_noise=None):
+    rng = np.random.default_rng(seed)
+    centres = _unit(rng.normal(size=(C, D)))
+    protos = (centres + proto_noise * rng.normal(size=(C, D)) / np.sqrt(D)).astype(np.float32)
+    yu = np.repeat(np.arange(C), per_class)
+    U = _unit(centres[yu] + pool_noise * rng.normal(size=(len(yu), D)) / np.sqrt(D)).astype(np.float32)
+    ys = np.repeat(np.arange(C), shots_per_class)
+    X = _unit(centres[ys] + (shot_noise or pool_noise) * rng.normal(size=(len(ys), D)) / np.sqrt(D)).astype(np.float32)
+    return protos, U, yu, X, ys
+
+
+# ----------------------------------------------------------------------------- the pieces, by hand
+
+@pytest.mark.parametrize("counts", [[1] * 7, [2] * 5, [4, 3, 1, 2, 5]])
+def test_shot_folds_partition_and_balance(counts):
+    y = np.concatenate([np.full(n, c) for c, n in enumerate(counts)])
+    folds = pool_gate.shot_folds(y, len(counts), seed=3)
+    assert len(folds) == 2
+    assert np.array_equal(np.sort(np.concatenate(folds)), np.arange(len(y)))      # every shot once
+    for c, n in enumerate(counts):
+        held = [int((y[f] == c).sum()) for f in folds]
+        assert abs(held[0] - held[1]) <= 1                                       # half of each class in each
+    assert abs(len(folds[0]) - len(folds[1])) <= 1                                # odd ones alternate
+    assert len(pool_gate.shot_folds(np.array([0]), 1)) == 1
+
+
+def test_paired_gate_by_hand():
+    rep = 25                                             # 100 held-out images, four patterns
+    y = np.tile([0, 1, 2, 0], rep)
+    eye = np.eye(6)
+    p_ind = 0.5 * eye[np.tile([1, 1, 2, 1], rep)] + 0.5 / 6            # right on 2 of 4
+    p_pool = 0.5 * eye[np.tile([0, 1, 2, 1], rep)] + 0.5 / 6           # right on 3 of 4, same confidence
+    g = pool_gate.paired_gate(p_ind, p_pool, y)
+    assert g["adopt"] and g["top1"]["difference"] == pytest.approx(0.25)
+    nll = lambda p: float(np.mean(-np.log(p[np.arange(len(y)), y])))           # noqa: E731
+    assert g["nll"]["pool"] == pytest.approx(nll(p_pool)) and g["nll"]["inductive"] == pytest.approx(nll(p_ind))
+    d = -np.log(p_pool[np.arange(len(y)), y]) + np.log(p_ind[np.arange(len(y)), y])
+    assert g["nll"]["standard_error"] == pytest.approx(d.std(ddof=1) / np.sqrt(len(d)))
+    # the same argmaxes but the pool's probabilities nearly certain: more right, yet its NLL is far worse
+    sharp = 0.999999 * eye[np.tile([0, 1, 2, 1], rep)] + 1e-6 / 6
+    s = pool_gate.paired_gate(p_ind, sharp, y)
+    assert not s["adopt"] and "NLL" in s["reason"]
+    # equal top-1 is not "better"
+    t = pool_gate.paired_gate(p_ind, p_ind, y)
+    assert not t["adopt"] and "not above" in t["reason"]
+
+
+def test_fit_stack_is_the_nll_minimum():
+    """(a, b) against a brute-force grid over the same NLL, computed independently."""
+    rng = np.random.default_rng(0)
+    n = 300
+    y = rng.integers(0, C, n)
+    g = rng.normal(size=(n, C)) * 40 + 60 * np.eye(C)[y] * (rng.random(n) < 0.6)[:, None]   # informative, big scale
+    z = rng.normal(size=(n, C)) + 1.5 * np.eye(C)[y]
+    a, b = pool_gate.fit_stack(g, z, y)
+
+    def nll(a_, b_):
+        L = a_ * g + b_ * z
+        L = L - L.max(1, keepdims=True)
+        return float(np.mean(np.log(np.exp(L).sum(1)) - L[np.arange(n), y]))
+
+    grid = [(ga, gb) for ga in np.linspace(0, 4 * a + 0.05, 81) for gb in np.linspace(0, 4 * b + 0.5, 81)]
+    best = min(nll(*p) for p in grid)
+    assert nll(a, b) <= best + 1e-6
+    assert a > 0 and b > 0
+    np.testing.assert_allclose(pool_gate.stacked_probs(g, z, a, b).sum(1), 1.0)
+    # a useless g gets (almost) no weight: the inductive head alone
+    a0, b0 = pool_gate.fit_stack(rng.normal(size=(n, C)) * 40, z, y)
+    assert a0 * 40 < 0.05 and b0 > 0.5
+
+
+def test_replication_gate_by_hand():
+    ones, zeros = np.ones(40, bool), np.zeros(40, bool)
+    more = np.r_[ones[:30], zeros[:10]]
+    g = pool_gate.replication_gate(more, np.r_[ones[:20], zeros[:20]], ones, ones)
+    assert g["adopt"] and g["difference"] == pytest.approx(0.25)
+    same = pool_gate.replication_gate(more, more, ones, ones)
+    assert not same["adopt"] and "does not replicate" in same["reason"]
+    top5_lost = pool_gate.replication_gate(ones, zeros, zeros, ones)
+    assert not top5_lost["adopt"] and "top 5" in top5_lost["reason"]
+
+
+# ----------------------------------------------------------------------------- end to end
+
+def _same_heads(a, b, X):
+    for head in ("kernel", "linear", "cosine"):
+        np.testing.assert_array_equal(a.decision_function(X, head), b.decision_function(X, head))
+        np.testing.assert_allclose(a.predict_proba(X, head), b.predict_proba(X, head), rtol=0, atol=0)
+
+
+def test_pool_that_cannot_help_changes_nothing():
+    """Zero-shot, a pool of one image per class from noise far wider than the classes: the halves find
+    nothing in common, and every head stays exactly the inductive one."""
+    protos, U, _, _, _ = _world(1, 0.3, 2, 6.0)
+    clf = SVGClassifier(n_support=2, steps=5, seed=0).fit(protos)
+    ref = SVGClassifier(n_support=2, steps=5, seed=0).fit(protos)
+    clf.adapt(unlabelled=U)
+    t = clf.transductive_
+    assert t["fallback"] and "kept the inductive heads" in t["fallback"]
+    assert t["check"]["evidence"] == "halves of the pool" and not t["check"]["adopt"]
+    assert clf.default_head_ == ref.default_head_ == "kernel"
+    _same_heads(clf, ref, U)
+
+
+def test_zero_shot_pool_with_real_structure_is_kept(tmp_path):
+    """Prototypes far off tight clusters: both halves find the clusters; the adapted linear head is deployed
+    at the inductive head's entropy, and it travels through save/load."""
+    protos, U, yu, _, _ = _world(7, 1.6, 30, 0.5)
+    clf = SVGClassifier(n_support=2, steps=5, seed=0).fit(protos)
+    acc0 = (clf.predict(U) == np.array(clf.classes_)[yu]).mean() if clf.classes_ else None
+    clf.adapt(unlabelled=U)
+    t = clf.transductive_
+    assert t["fallback"] is None and t["check"]["adopt"], t.get("check")
+    assert clf.default_head_ == "linear" and clf.calibration_["method"] == "entropy-matched"
+    assert (clf.predict(U) == np.array(clf.classes_)[yu]).mean() > acc0
+    back = SVGClassifier.load(clf.save(tmp_path / "p.svgen"))
+    assert back.default_head_ == "linear"
+    np.testing.assert_allclose(back.predict_proba(U), clf.predict_proba(U), rtol=1e-5, atol=1e-7)
+
+
+def test_pool_with_shots_stacked_head_formula():
+    """With shots, a kept pool deploys ``a·G + b·LDA``: recomputed from the transduction's parts."""
+    protos, U, yu, X, ys = _world(7, 1.6, 30, 0.5, shots_per_class=3, shot_noise=1.5)
+    clf = SVGClassifier(n_support=2, steps=5, seed=0).fit(protos).adapt(X, ys)
+    W0, b0 = clf.linear_weight_.clone(), clf.linear_bias_.clone()
+    acc_ind = float((clf.predict(U) == np.array(clf.classes_)[yu]).mean())
+    K0 = clf.decision_function(U, "kernel")
+    clf.adapt(unlabelled=U)
+    t = clf.transductive_
+    assert t["fallback"] is None and t["check"]["evidence"] == "held-out shots as pool members"
+    assert t["check"]["images"] == len(ys)
+    a, b = t["check"]["stack"]["gaussian"], t["check"]["stack"]["inductive_linear"]
+    # the parts: the posterior head is W_G + β·t·W0; take the inductive part back out
+    k = t["prior_strength"] * t["linear_prior_temperature"]
+    ref = SVGClassifier(n_support=2, steps=5, seed=0).fit(protos).adapt(X, ys)
+    ref._restore_inductive()
+    ref._transduce_pool(torch.nn.functional.normalize(torch.as_tensor(U), dim=-1))
+    WG = ref.linear_weight_.double() - k * W0.double()
+    bG = ref.linear_bias_.double() - k * b0.double()
+    want = torch.as_tensor(U).double() @ (a * WG + b * W0.double()).T + (a * bG + b * b0.double())
+    np.testing.assert_allclose(clf.decision_function(U, "linear"), want.numpy(), rtol=1e-4, atol=1e-4)
+    assert clf.default_head_ == "linear" and clf.temperatures_["linear"] == 1.0
+    np.testing.assert_array_equal(clf.decision_function(U, "kernel"), K0)          # the kernel head stays
+    assert float((clf.predict(U) == np.array(clf.classes_)[yu]).mean()) >= acc_ind
+    np.testing.assert_allclose(np.asarray(clf.transductive_labels_), clf.predict_proba(U), atol=1e-5)
+
+
+def test_pool_with_shots_refused_keeps_every_head(monkeypatch):
+    """When the held-out shots say no, nothing changes: every head and probability is the inductive one."""
+    protos, U, _, X, ys = _world(3, 0.5, 10, 0.9, shots_per_class=2, shot_noise=0.9)
+    clf = SVGClassifier(n_support=2, steps=5, seed=0).fit(protos).adapt(X, ys)
+    ref = SVGClassifier(n_support=2, steps=5, seed=0).fit(protos).adapt(X, ys)
+    real = pool_gate.paired_gate
+    monkeypatch.setattr(pool_gate, "paired_gate", lambda *a: {**real(*a), "adopt": False, "reason": "said no"})
+    clf.adapt(unlabelled=U)
+    assert clf.transductive_["fallback"] == "said no; kept the inductive heads"
+    assert clf.default_head_ == ref.default_head_
+    _same_heads(clf, ref, U)
+    np.testing.assert_allclose(np.asarray(clf.transductive_labels_),
+                               ref.predict_proba(U, "linear"), rtol=1e-5, atol=1e-7)
