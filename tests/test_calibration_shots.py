@@ -120,7 +120,11 @@ def test_transduction_after_shots_keeps_the_kernel_loo_temperature(adapted):
 
     c2 = copy.deepcopy(clf)
     Tk = c2.temperatures_["kernel"]
+    K = c2.decision_function(pool, "kernel")
     c2.adapt_pool(pool)
-    assert c2.transductive_["fallback"] is None        # the linear head changed: it alone follows the text rule
-    assert c2.temperatures_["kernel"] == Tk and c2.calibration_["method"] == "loo-nll"
-    assert c2.calibration_["text_rule_heads"] == ["linear"]
+    # with shots a pool never touches the kernel head: kept or refused, its scores and T are the shots' own
+    assert c2.temperatures_["kernel"] == Tk and np.array_equal(c2.decision_function(pool, "kernel"), K)
+    if c2.transductive_["fallback"] is None:   # kept: the stacked linear head at T = 1, fitted on held-out shots
+        assert c2.calibration_["method"] == "held-out-nll" and c2.temperatures_["linear"] == 1.0
+    else:
+        assert c2.calibration_["method"] == "loo-nll" and "kept the inductive heads" in c2.transductive_["fallback"]
