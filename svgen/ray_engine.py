@@ -209,7 +209,7 @@ class BlockClassifier:
         failed = []
         if block.kind == "features":
             s = block.spec
-            x = torch.tensor(read_features(s["file"], s["start"], s["stop"], s["column"]))  # a copy: Arrow's is read-only
+            x = torch.from_numpy(read_features(s["file"], s["start"], s["stop"], s["column"]))  # writable: no warning
             keys = feature_keys(block)
         else:
             if decoded is None:

@@ -316,6 +316,24 @@ def test_block_classifier_in_process_equals_the_plan(lvis):
     assert ids == list(range(602))
 
 
+def test_feature_rows_are_writable_so_torch_does_not_warn(lvis, tmp_path):
+    """The shards are read-only (a memory-mapped .npy, Arrow's buffers); the rows an actor turns into a
+    tensor are its own writable copy, so torch.from_numpy has nothing to warn about (issue 23)."""
+    pytest.importorskip("pyarrow")
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from svgen.blocks import read_features
+
+    x = np.load(lvis["feats"])
+    pq.write_table(pa.table({"embedding": list(x[:200])}), tmp_path / "f.parquet", row_group_size=64)
+    for got, want in [(read_features(lvis["feats"], 5, 150), x[5:150]),
+                      (read_features(tmp_path / "f.parquet", 60, 130, "embedding"), x[60:130])]:
+        assert type(got) is np.ndarray and got.dtype == np.float32
+        assert got.flags.writeable and got.flags.c_contiguous
+        np.testing.assert_array_equal(got, want)
+
+
 def test_images_are_decoded_in_tasks_not_in_the_actors(ray_local, jpegs):
     """Ray Data fuses compatible stages; the decoding stage must stay its own (task) operator."""
     import argparse
