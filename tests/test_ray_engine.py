@@ -8,6 +8,7 @@ head. Tests that need no Ray (the one-line errors, hiding the module) run withou
 """
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -232,6 +233,37 @@ def test_rerun_finishes_only_missing_blocks_and_interrupts_leave_whole_blocks(cl
     code, _, err = cli("classify", *flags[:-2], "--block-size", 60, "--out", out, "--force")
     assert code == 0, err
     assert len(list(out.glob("part-*.parquet"))) == 11
+
+
+# ----------------------------------------------------------------------------- a quiet terminal
+
+def test_an_actor_that_dies_ends_the_run_in_one_line_and_keeps_nothing_partial(ray_local, jpegs, tmp_path):
+    """A local run does not restart actors (see build_dataset): an actor that dies — here its encoder
+    factory exits the process — ends the run with one error saying how to finish, not a traceback
+    and not an endless restart of the same block."""
+    import argparse
+
+    from svgen import SVGClassifier
+    from svgen.commands._images import encoder_for_artifact
+    from svgen.errors import SvgenError
+    from svgen.ray_engine import run_blocks
+
+    def dies(clf):
+        os._exit(1)
+
+    args = argparse.Namespace(model=jpegs["enc"][1], checkpoint=jpegs["enc"][3], pretrained=None, quick_gelu=None,
+                              device="cpu")
+    preprocess = encoder_for_artifact(args, SVGClassifier.load(jpegs["art"])).preprocess
+    blocks = plan_blocks([str(jpegs["images"])], 50)
+    out = tmp_path / "preds.parquet"
+    (out / "_failed").mkdir(parents=True)
+    with pytest.raises(SvgenError) as e:
+        run_blocks(blocks, out, jpegs["art"], "kernel", False, 1, preprocess=preprocess, encoder_factory=dies,
+                   restart_actors=False)
+    assert str(e.value).startswith("a classifier actor died (")
+    assert str(e.value).endswith("the 0 block(s) written are kept: rerun the same command to finish the rest")
+    assert len(str(e.value).splitlines()) == 1
+    assert not list(out.glob("part-*")) and not list(out.glob(".*"))
 
 
 # ----------------------------------------------------------------------------- errors (no Ray needed)
