@@ -237,6 +237,31 @@ def test_rerun_finishes_only_missing_blocks_and_interrupts_leave_whole_blocks(cl
 
 # ----------------------------------------------------------------------------- a quiet terminal
 
+def test_a_ray_run_prints_only_its_summary_line(cli, jpegs, tmp_path):
+    """`svgen classify --engine ray` as a user runs it (a fresh process starting its own local Ray):
+    stderr is svgen's summary line alone — no Ray C++ log line (core_worker.cc "has constructor
+    arguments in the object store", once per actor) and no warning (torch's non-writable-array
+    UserWarning) — and the predictions are single-process classify's (issue 23, item 13)."""
+    pytest.importorskip("ray")
+    pytest.importorskip("ray.data")
+    src = sorted(jpegs["images"].glob("*.jpg"))[:12]
+    want = single(cli, jpegs["art"], *src, *jpegs["enc"], "-k", 3)
+    out = tmp_path / "preds.parquet"
+    env = dict(os.environ)
+    env.pop("RAY_ADDRESS", None)  # never this session's instance: svgen starts (and stops) its own
+    r = subprocess.run([sys.executable, "-c", "import sys; from svgen.cli import main; sys.exit(main(sys.argv[1:]))",
+                        "classify", str(jpegs["art"]), *map(str, src), *map(str, jpegs["enc"]), "-k", "3", *RAY,
+                        "--block-size", "5", "--cpus", "2", "--object-store-mb", "256", "--out", str(out)],
+                       capture_output=True, text=True, timeout=300, env=env)
+    assert r.returncode == 0, r.stderr
+    assert "core_worker" not in r.stderr and "object store" not in r.stderr, r.stderr
+    assert "Warning" not in r.stderr and "writable" not in r.stderr, r.stderr
+    assert r.stderr.splitlines() == [f"wrote {out}: 12 row(s) in 3 part(s), kernel head scores, top 3, Parquet"]
+    assert r.stdout == ""
+    got, _ = parts(out)
+    assert_same(got, want)
+
+
 def test_an_actor_that_dies_ends_the_run_in_one_line_and_keeps_nothing_partial(ray_local, jpegs, tmp_path):
     """A local run does not restart actors (see build_dataset): an actor that dies — here its encoder
     factory exits the process — ends the run with one error saying how to finish, not a traceback
