@@ -356,10 +356,15 @@ def feature_shape(path: Path, column: Optional[str] = None, dim: Optional[int] =
 
 
 def read_features(path, start: int, stop: int, column: Optional[str] = None) -> np.ndarray:
-    """Rows ``start:stop`` of an embedding shard as a float32 array (only the row groups needed are read)."""
+    """Rows ``start:stop`` of an embedding shard as a writable float32 array of its own (only the row
+    groups needed are read).
+
+    The sources are read-only (a ``.npy`` opened with ``mmap_mode="r"``, Arrow's buffers), and
+    ``torch.from_numpy`` of a read-only array warns; the rows are copied once here instead.
+    """
     path = Path(path)
     if path.suffix.lower() == ".npy":
-        return np.asarray(np.load(path, mmap_mode="r", allow_pickle=False)[start:stop], dtype=np.float32)
+        return _writable(np.load(path, mmap_mode="r", allow_pickle=False)[start:stop])
     pa = _require_pyarrow(f"{path}")
     f = pa.parquet.ParquetFile(path)
     groups, first, at = [], None, 0
@@ -377,7 +382,12 @@ def read_features(path, start: int, stop: int, column: Optional[str] = None) -> 
     rows = len(col)
     if rows and values.size % rows:
         raise SvgenError(f"{path}: the rows of column {column!r} do not all have the same length")
-    return np.asarray(values, dtype=np.float32).reshape(rows, -1 if rows else 0)
+    return _writable(values).reshape(rows, -1 if rows else 0)
+
+
+def _writable(x) -> np.ndarray:
+    """``x`` as a C-contiguous, writable float32 ndarray (copied only when it is not one already)."""
+    return np.require(x, dtype=np.float32, requirements=["C", "W", "E"])
 
 
 # ----------------------------------------------------------------------------- reading images

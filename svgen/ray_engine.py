@@ -27,9 +27,11 @@ by the driver alone.
 
 from __future__ import annotations
 
+import inspect
 import json
 import logging
 import shutil
+import warnings
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
@@ -209,7 +211,7 @@ class BlockClassifier:
         failed = []
         if block.kind == "features":
             s = block.spec
-            x = torch.tensor(read_features(s["file"], s["start"], s["stop"], s["column"]))  # a copy: Arrow's is read-only
+            x = torch.from_numpy(read_features(s["file"], s["start"], s["stop"], s["column"]))  # writable: no warning
             keys = feature_keys(block)
         else:
             if decoded is None:
@@ -270,11 +272,14 @@ def connect(address: Optional[str] = None, num_cpus: Optional[int] = None,
 
 def run_blocks(blocks: Sequence[Block], out, artifact: str, head: str, probs: bool, top_k: int, *,
                preprocess=None, encoder_factory: Optional[Callable] = None, actors: int = 1, actor_cpus: float = 1,
-               batch_size: int = 32, done: Optional[set] = None, progress: bool = False) -> int:
+               batch_size: int = 32, done: Optional[set] = None, progress: bool = False,
+               restart_actors: bool = True) -> int:
     """Classify the blocks not in ``done`` on the connected Ray instance, writing each as it finishes.
 
     Returns the number of blocks written now. ``preprocess`` (the encoder's image transform) and
-    ``encoder_factory`` are needed for image blocks.
+    ``encoder_factory`` are needed for image blocks; ``restart_actors``: see :func:`build_dataset`.
+    An actor that dies for good (killed, out of memory) ends the run with one line; the blocks
+    written so far stay, and a rerun finishes the rest.
     """
     ray = require_ray()
     from ray.data import DataContext
@@ -292,10 +297,12 @@ def run_blocks(blocks: Sequence[Block], out, artifact: str, head: str, probs: bo
     ctx.enable_progress_bars = False
     ctx.print_on_execution_start = False
     if logging.getLogger("svgen").getEffectiveLevel() > logging.INFO:
-        logging.getLogger("ray.data").setLevel(logging.ERROR)
+        # Without -v, Ray Data's own logs stay off the terminal, its errors too: an error that ends the
+        # run reaches svgen as the exception (a dead actor is one line, below), with no traceback first.
+        logging.getLogger("ray.data").setLevel(logging.CRITICAL)
 
     ds = build_dataset(todo, artifact, head, probs, top_k, preprocess=preprocess, encoder_factory=encoder_factory,
-                       actors=actors, actor_cpus=actor_cpus, batch_size=batch_size)
+                       actors=actors, actor_cpus=actor_cpus, batch_size=batch_size, restart_actors=restart_actors)
     bar = None
     if progress:
         from tqdm.auto import tqdm
@@ -308,6 +315,10 @@ def run_blocks(blocks: Sequence[Block], out, artifact: str, head: str, probs: bo
             written += 1
             if bar is not None:
                 bar.update(1)
+    except ray.exceptions.RayActorError as e:
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+        raise SvgenError(f"a classifier actor died ({type(e).__name__}: {first}); the {len(done or ()) + written} "
+                         f"block(s) written are kept: rerun the same command to finish the rest") from None
     finally:
         if bar is not None:
             bar.close()
@@ -315,8 +326,20 @@ def run_blocks(blocks: Sequence[Block], out, artifact: str, head: str, probs: bo
 
 
 def build_dataset(todo: Sequence[Block], artifact, head: str, probs: bool, top_k: int, *, preprocess=None,
-                  encoder_factory=None, actors: int = 1, actor_cpus: float = 1, batch_size: int = 32):
-    """The Ray Dataset of one row per block: decoding tasks (image blocks), then the actor pool."""
+                  encoder_factory=None, actors: int = 1, actor_cpus: float = 1, batch_size: int = 32,
+                  restart_actors: bool = True):
+    """The Ray Dataset of one row per block: decoding tasks (image blocks), then the actor pool.
+
+    ``restart_actors=False`` turns off Ray Data's default for the actor pool: restart a dead actor
+    and retry its block, without limit. With restarts on, Ray core logs an error line to the
+    driver's terminal for every actor (``core_worker.cc``: "has constructor arguments in the object
+    store and max_restarts > 0"), because Ray Data hands each actor its function and context as
+    object-store references (ray-project/ray#53727, #57733). No ``ray.init`` option drops that line
+    alone: ``RAY_BACKEND_LOG_LEVEL=fatal`` drops every C++ error of every Ray process, from their log
+    files too, and prints a line of its own. `svgen classify` therefore turns restarts off on a local
+    instance, where svgen's own recovery covers a dead actor (one error line; the blocks written stay
+    and a rerun finishes the rest), and keeps them with ``--address``, where they outlive a lost node.
+    """
     ray = require_ray()
     images = todo[0].kind != "features"
     ds = ray.data.from_items([{"block": b.to_json()} for b in todo], override_num_blocks=len(todo))
@@ -325,9 +348,22 @@ def build_dataset(todo: Sequence[Block], artifact, head: str, probs: bool, top_k
         # do not have) also keeps Ray Data from fusing the two stages into the actor pool.
         ds = ds.map(_decode_row, fn_kwargs={"preprocess": preprocess}, num_cpus=1,
                     memory=decode_memory(preprocess, max(b.size for b in todo)))
-    ds = ds.map_batches(BlockClassifier, batch_size=1, batch_format="numpy", num_cpus=actor_cpus,
-                        compute=ray.data.ActorPoolStrategy(size=actors),
-                        fn_constructor_kwargs=dict(artifact=str(artifact), head=head, probs=probs, top_k=top_k,
-                                                   batch_size=batch_size, encoder_factory=encoder_factory,
-                                                   threads=max(1, int(actor_cpus))))
+    remote_args = {} if restart_actors else _no_restarts(ray)
+    with warnings.catch_warnings():
+        # Ray 2.60 announces the removal of map_batches' Ray remote arguments (max_restarts has no
+        # named parameter yet); the warning is about this one call, not the user's code.
+        warnings.filterwarnings("ignore", message=r"`ray_remote_args` is deprecated")
+        ds = ds.map_batches(BlockClassifier, batch_size=1, batch_format="numpy", num_cpus=actor_cpus,
+                            compute=ray.data.ActorPoolStrategy(size=actors),
+                            fn_constructor_kwargs=dict(artifact=str(artifact), head=head, probs=probs, top_k=top_k,
+                                                       batch_size=batch_size, encoder_factory=encoder_factory,
+                                                       threads=max(1, int(actor_cpus))),
+                            **remote_args)
     return ds
+
+
+def _no_restarts(ray) -> dict:
+    """``map_batches`` arguments that turn actor restarts off, where this Ray still takes them (a Ray
+    without ``**ray_remote_args`` gets none: its own default, and possibly the log line)."""
+    params = inspect.signature(ray.data.Dataset.map_batches).parameters.values()
+    return {"max_restarts": 0} if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params) else {}

@@ -8,6 +8,7 @@ head. Tests that need no Ray (the one-line errors, hiding the module) run withou
 """
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -234,6 +235,62 @@ def test_rerun_finishes_only_missing_blocks_and_interrupts_leave_whole_blocks(cl
     assert len(list(out.glob("part-*.parquet"))) == 11
 
 
+# ----------------------------------------------------------------------------- a quiet terminal
+
+def test_a_ray_run_prints_only_its_summary_line(cli, jpegs, tmp_path):
+    """`svgen classify --engine ray` as a user runs it (a fresh process starting its own local Ray):
+    stderr is svgen's summary line alone — no Ray C++ log line (core_worker.cc "has constructor
+    arguments in the object store", once per actor) and no warning (torch's non-writable-array
+    UserWarning) — and the predictions are single-process classify's (issue 23, item 13)."""
+    pytest.importorskip("ray")
+    pytest.importorskip("ray.data")
+    src = sorted(jpegs["images"].glob("*.jpg"))[:12]
+    want = single(cli, jpegs["art"], *src, *jpegs["enc"], "-k", 3)
+    out = tmp_path / "preds.parquet"
+    env = dict(os.environ)
+    env.pop("RAY_ADDRESS", None)  # never this session's instance: svgen starts (and stops) its own
+    r = subprocess.run([sys.executable, "-c", "import sys; from svgen.cli import main; sys.exit(main(sys.argv[1:]))",
+                        "classify", str(jpegs["art"]), *map(str, src), *map(str, jpegs["enc"]), "-k", "3", *RAY,
+                        "--block-size", "5", "--cpus", "2", "--object-store-mb", "256", "--out", str(out)],
+                       capture_output=True, text=True, timeout=300, env=env)
+    assert r.returncode == 0, r.stderr
+    assert "core_worker" not in r.stderr and "object store" not in r.stderr, r.stderr
+    assert "Warning" not in r.stderr and "writable" not in r.stderr, r.stderr
+    assert r.stderr.splitlines() == [f"wrote {out}: 12 row(s) in 3 part(s), kernel head scores, top 3, Parquet"]
+    assert r.stdout == ""
+    got, _ = parts(out)
+    assert_same(got, want)
+
+
+def test_an_actor_that_dies_ends_the_run_in_one_line_and_keeps_nothing_partial(ray_local, jpegs, tmp_path):
+    """A local run does not restart actors (see build_dataset): an actor that dies — here its encoder
+    factory exits the process — ends the run with one error saying how to finish, not a traceback
+    and not an endless restart of the same block."""
+    import argparse
+
+    from svgen import SVGClassifier
+    from svgen.commands._images import encoder_for_artifact
+    from svgen.errors import SvgenError
+    from svgen.ray_engine import run_blocks
+
+    def dies(clf):
+        os._exit(1)
+
+    args = argparse.Namespace(model=jpegs["enc"][1], checkpoint=jpegs["enc"][3], pretrained=None, quick_gelu=None,
+                              device="cpu")
+    preprocess = encoder_for_artifact(args, SVGClassifier.load(jpegs["art"])).preprocess
+    blocks = plan_blocks([str(jpegs["images"])], 50)
+    out = tmp_path / "preds.parquet"
+    (out / "_failed").mkdir(parents=True)
+    with pytest.raises(SvgenError) as e:
+        run_blocks(blocks, out, jpegs["art"], "kernel", False, 1, preprocess=preprocess, encoder_factory=dies,
+                   restart_actors=False)
+    assert str(e.value).startswith("a classifier actor died (")
+    assert str(e.value).endswith("the 0 block(s) written are kept: rerun the same command to finish the rest")
+    assert len(str(e.value).splitlines()) == 1
+    assert not list(out.glob("part-*")) and not list(out.glob(".*"))
+
+
 # ----------------------------------------------------------------------------- errors (no Ray needed)
 
 def test_without_ray_one_line_says_what_to_install(cli, lvis, tmp_path, monkeypatch):
@@ -314,6 +371,24 @@ def test_block_classifier_in_process_equals_the_plan(lvis):
         assert r["block"] == b.index and r["failed"] == b""
         ids += pq.read_table(io.BytesIO(r["part"])).column("index").to_pylist()
     assert ids == list(range(602))
+
+
+def test_feature_rows_are_writable_so_torch_does_not_warn(lvis, tmp_path):
+    """The shards are read-only (a memory-mapped .npy, Arrow's buffers); the rows an actor turns into a
+    tensor are its own writable copy, so torch.from_numpy has nothing to warn about (issue 23)."""
+    pytest.importorskip("pyarrow")
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from svgen.blocks import read_features
+
+    x = np.load(lvis["feats"])
+    pq.write_table(pa.table({"embedding": list(x[:200])}), tmp_path / "f.parquet", row_group_size=64)
+    for got, want in [(read_features(lvis["feats"], 5, 150), x[5:150]),
+                      (read_features(tmp_path / "f.parquet", 60, 130, "embedding"), x[60:130])]:
+        assert type(got) is np.ndarray and got.dtype == np.float32
+        assert got.flags.writeable and got.flags.c_contiguous
+        np.testing.assert_array_equal(got, want)
 
 
 def test_images_are_decoded_in_tasks_not_in_the_actors(ray_local, jpegs):

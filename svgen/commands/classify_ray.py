@@ -128,7 +128,7 @@ def run_ray(args) -> int:
             ray_engine.run_blocks(blocks, args.out, args.artifact, args.head, args.probs, args.top_k,
                                   preprocess=preprocess, encoder_factory=factory, actors=args.actors,
                                   actor_cpus=args.actor_cpus, batch_size=args.batch_size, done=done,
-                                  progress=args.progress)
+                                  progress=args.progress, restart_actors=bool(args.address))
         finally:
             if started:
                 import ray
