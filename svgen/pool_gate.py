@@ -12,11 +12,14 @@ shots with the fit's own rules — and the held-out shots join the pool *unlabel
 queries a user classifies. Both predictors, inductive and pool-adapted, are then scored on the
 held-out shots (every shot is held out once):
 
-* each head's temperature after the transduction is the one minimising the NLL of these held-out
-  predictions (the pool-adapted heads' logits are sharper than anything the text rule describes);
-* the pool-adapted default head is kept only if its top-1 accuracy on the held-out shots is **above**
-  the inductive one's, and its top-5 accuracy and NLL (at that temperature) are not worse by more than
-  one standard error of the paired difference (:func:`paired_gate`).
+* the candidate is a *stacked linear head*, ``a·(x̂ W_Gᵀ + b_G) + b·(x̂ W0ᵀ + b0)``: the pool's Gaussian
+  log-likelihood (the class model the transduction solved) and the inductive LDA head, with (a, b) ≥ 0
+  minimising the NLL of held-out shots (:func:`fit_stack`; convex; a = 0 is the LDA head alone). For the
+  check, each fold's (a, b) comes from the other fold's held-out shots (cross-fitted);
+* it is kept only if its top-1 accuracy on the held-out shots is above the inductive default head's by
+  more than one standard error of the paired difference, and its top-5 accuracy and NLL are not worse by
+  more than one (:func:`paired_gate`). Then it is the deployed (default) head, at T = 1, with (a, b) fitted
+  on all held-out shots; the kernel head stays the inductive one (with shots the pool does not re-solve it).
 
 **Without labels: does the pool's structure replicate?** The pool is split into two random halves, A
 and B, and each is adapted on its own. The head adapted on A predicts B, which it never saw, and is
@@ -24,8 +27,10 @@ compared with B's own transductive posterior; so is the inductive head. B's post
 inductive prediction and is pulled towards it, so the adapted head from A agrees with it more often
 than the inductive head only where both halves found the same class structure — not noise in one half
 (few images per class, many classes). Pooled over A→B and B→A, the pool-adapted heads are kept only if
-that agreement is higher by more than one standard error (:func:`replication_gate`). With no labels the
-temperatures are set so that the adapted head's mean entropy on the pool equals the inductive head's
+that agreement (argmax) is higher by more than one standard error and the adapted head's top 5 holds the
+other half's posterior class not less often by more than one (:func:`replication_gate`). The adapted
+linear head (the transduction's posterior) is then the default head; with no labels the temperatures are
+set so that each adapted head's mean entropy on the pool equals the inductive head's
 (:func:`svgen.transductive.match_entropy`): the adaptation may move the ranking, not claim more certainty.
 """
 
@@ -65,8 +70,8 @@ def _se(d: np.ndarray) -> float:
 
 def paired_gate(p_ind: np.ndarray, p_pool: np.ndarray, y: np.ndarray) -> dict:
     """The pool-adapted probabilities ``p_pool`` against the inductive ``p_ind`` on the same held-out
-    labelled images ``y``: kept only if top-1 is higher and neither top-5 nor NLL is worse by more than
-    one paired standard error."""
+    labelled images ``y``: kept only if top-1 is higher by more than one paired standard error and neither
+    top-5 nor NLL is worse by more than one."""
     def per_image(p):
         order = np.argsort(-p, axis=1)[:, :5]
         return ((order[:, 0] == y).astype(float), np.any(order == y[:, None], axis=1).astype(float),
@@ -81,15 +86,16 @@ def paired_gate(p_ind: np.ndarray, p_pool: np.ndarray, y: np.ndarray) -> dict:
            "nll": {"inductive": float(an.mean()), "pool": float(bn.mean()),
                    "difference": float(dn.mean()), "standard_error": _se(dn)}}
     why = []
-    if not d1.mean() > 0:
-        why.append(f"top-1 on held-out shots {100 * b1.mean():.1f}% is not above the inductive {100 * a1.mean():.1f}%")
+    if not d1.mean() > _se(d1):
+        why.append(f"top-1 on held-out shots {100 * b1.mean():.1f}% is not above the inductive {100 * a1.mean():.1f}% "
+                   "by more than 1 SE")
     if d5.mean() < -_se(d5):
         why.append(f"top-5 {100 * b5.mean():.1f}% is below the inductive {100 * a5.mean():.1f}% by more than 1 SE")
     if dn.mean() > _se(dn):
         why.append(f"NLL {bn.mean():.3f} is above the inductive {an.mean():.3f} by more than 1 SE")
     out.update({"adopt": not why, "reason": "; ".join(why) or None,
                 "rule": "kept if top-1 on the held-out shots (unlabelled pool members) is above the inductive "
-                        "predictor's, and top-5 and NLL are not worse by more than 1 SE (paired)"})
+                        "predictor's by more than 1 SE, and top-5 and NLL are not worse by more than 1 SE (paired)"})
     return out
 
 

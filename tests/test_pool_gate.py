@@ -137,7 +137,7 @@ def test_zero_shot_pool_with_real_structure_is_kept(tmp_path):
 
 def test_pool_with_shots_stacked_head_formula():
     """With shots, a kept pool deploys ``a·G + b·LDA``: recomputed from the transduction's parts."""
-    protos, U, yu, X, ys = _world(7, 1.6, 30, 0.5, shots_per_class=3, shot_noise=1.5)
+    protos, U, yu, X, ys = _world(7, 1.6, 30, 0.5, shots_per_class=8, shot_noise=1.5)
     clf = SVGClassifier(n_support=2, steps=5, seed=0).fit(protos).adapt(X, ys)
     W0, b0 = clf.linear_weight_.clone(), clf.linear_bias_.clone()
     acc_ind = float((clf.predict(U) == np.array(clf.classes_)[yu]).mean())
