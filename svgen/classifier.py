@@ -453,13 +453,10 @@ class SVGClassifier:
             if not check["adopt"]:
                 reason = check["reason"] + "; kept the inductive heads"
         if reason is not None:
-            head = prior_head_of(self)
             log.warning("transductive: %s", reason)
-            with torch.no_grad():
-                prior = self._scores(U, head)
-            self.transductive_ = {"pool": N, "fallback": reason, "prior_head": head,
+            self.transductive_ = {"pool": N, "fallback": reason, "prior_head": prior_head_of(self),
                                   **({"check": check} if check else {}), "wall_time_s": time.perf_counter() - t0}
-            self.transductive_labels_ = self._fallback_labels(prior, head)
+            self._keep_inductive_labels(U)
             return self
         if check["evidence"] == "held-out shots as pool members":
             return self._adopt_stacked_pool(U, strength, progress, check, t0)
@@ -469,6 +466,7 @@ class SVGClassifier:
             entropy_before = td._entropy(self._logits(U[rows], head).double() / self.temperatures_[head])
         self._transduce_pool(U, strength, progress, labels_entropy=entropy_before)
         if self.transductive_.get("fallback"):
+            self._keep_inductive_labels(U)
             return self
         self._pool_temperatures(U[rows], entropy_before)
         self.transductive_.update({"check": check, "default_head": "linear", "wall_time_s": time.perf_counter() - t0})
@@ -484,6 +482,7 @@ class SVGClassifier:
         W0, b0 = self.linear_weight_.clone(), self.linear_bias_.clone()
         self._transduce_pool(U, strength, progress)
         if self.transductive_.get("fallback"):
+            self._keep_inductive_labels(U)
             return self
         WG, bG = pool_gate.pool_parts(self, W0, b0)
         a, b = check["stack"]["gaussian"], check["stack"]["inductive_linear"]
@@ -705,6 +704,13 @@ class SVGClassifier:
                 self.support_labels_, self.support_source_ = self.support_labels_[:M0], self.support_source_[:M0]
                 self.bandwidth_, self.vote_weights_ = ik["bandwidth"], ik["vote_weights"]
         self.inductive_linear_ = self.inductive_kernel_ = None
+
+    def _keep_inductive_labels(self, U: torch.Tensor) -> None:
+        """A pool that changed nothing: its probabilities are the inductive default head's (what ``classify``
+        without ``--transductive`` prints), not the transduction's prior head's."""
+        head = self.default_head_
+        with torch.no_grad():
+            self.transductive_labels_ = self._fallback_labels(self._scores(U, head), head)
 
     def _fallback_labels(self, scores: torch.Tensor, head: str) -> torch.Tensor:
         """The pool's soft labels when the inductive heads are kept: that head's :meth:`predict_proba`
