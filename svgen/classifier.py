@@ -709,20 +709,23 @@ class SVGClassifier:
         """("kernel" | "linear", record): the head ``classify``, ``eval``, ``export`` and :meth:`predict` use.
 
         Both heads are compared on the same held-out shots (the balanced folds of :mod:`svgen.residual`,
-        each head refitted without the fold at its chosen settings, as it will be deployed): the LDA head
-        becomes the default only if its held-out accuracy is ahead of the kernel head's (which is the
-        zero-shot head when the correction was refused) by more than one standard error of the paired
-        difference. With one shot per class there are no folds: the kernel head."""
+        each head refitted without the fold at its chosen settings, as it will be deployed) and the higher
+        held-out accuracy wins; a tie keeps the kernel head (which is the zero-shot head when the correction
+        was refused). Where the kernel head's settings were chosen on a subset of whole classes
+        (:data:`svgen.residual.SELECT_MAX`), the LDA head is refitted on the same subset's shots, so both
+        are scored on the same problem (the other classes without shots in both). With one shot per class
+        there are no folds: the kernel head."""
         if res.folds is None:
             return "kernel", {"rule": "one shot per class: no held-out shots to compare the heads on; kernel"}
         X, y = shots.rows.double(), shots.labels
         m = fewshot.prior_means(self.prototypes_, X)
         rows = np.concatenate(res.folds)
+        pool = np.arange(len(y)) if res.loo_rows is None else np.asarray(res.loo_rows)
         lin_ok, ker_ok = [], []
         kernel_held = dict(zip(res.held_rows.tolist(), res.held_scores.argmax(axis=1).tolist()))
         eq = lchoice.settings.get("means") == "equal Mahalanobis radius"
         for held in res.folds:
-            keep = torch.from_numpy(np.setdiff1d(np.arange(len(y)), held))
+            keep = torch.from_numpy(np.setdiff1d(pool, held))
             W, b = fewshot.lda_head_weights(X[keep], y[keep], m, lchoice.settings["shrinkage"],
                                             lchoice.settings["prior_shots"], equal_radius=eq)
             lin_ok.append(((X[held] @ W.T + b).argmax(dim=1) == y[held]).numpy())
@@ -734,11 +737,12 @@ class SVGClassifier:
             ker_ok = np.asarray(self.decision_function(shots.rows[rows], "kernel")).argmax(axis=1) == truth
         d = lin_ok - ker_ok.astype(float)
         se = float(d.std(ddof=1) / math.sqrt(len(d))) if len(d) > 1 else 0.0
-        head = "linear" if d.mean() > se else "kernel"
+        head = "linear" if d.mean() > 0 else "kernel"
         return head, {"kernel_held_out_accuracy": float(ker_ok.mean()), "linear_held_out_accuracy": float(lin_ok.mean()),
                       "linear_minus_kernel": float(d.mean()), "standard_error": se, "shots_compared": int(len(d)),
-                      "rule": "linear if its accuracy on the held-out shots (balanced folds) is ahead of the kernel "
-                              "head's by more than 1 SE (paired), else kernel"}
+                      "classes_compared": "all" if res.loo_rows is None else int(np.unique(y.numpy()[pool]).size),
+                      "rule": "the higher accuracy on the held-out shots (balanced folds, both heads refitted without "
+                              "each fold on the same classes' shots); a tie keeps the kernel head"}
 
     def _set_kernel_head(self, res, text: dict, shots: SupportSet) -> None:
         """The kernel head from a :class:`svgen.residual.ResidualFit`: its rows and votes with the zero-shot
