@@ -765,9 +765,13 @@ class SVGClassifier:
     def _shot_temperatures(self, shots: SupportSet, res, lchoice) -> None:
         """The kernel and linear heads' temperatures fitted by leave-one-out NLL on the shots
         (:func:`svgen.calibration.loo_temperatures`); the cosine head keeps CLIP's scale (T = 1).
-        An adapted kernel head's kind of logits and T come from its exact LOO scores
-        (:func:`svgen.residual.loo_scores`, :func:`svgen.calibration.choose_kernel_logits`); with one shot
-        per class they describe images of a class without shots (pessimistic: a softer T). A refused correction keeps the zero-shot kernel head with the text rule.
+        An adapted kernel head's kind of logits and T come from its balanced folds' held-out scores (the
+        predictor as deployed, refitted without each fold at the chosen settings: the evidence its settings
+        were chosen on), through :func:`svgen.calibration.choose_kernel_logits`. Exact LOO scores
+        (:func:`svgen.residual.loo_scores`) leave the held-out image's class one shot short of every other
+        class; at 2 shots a class with one shot against classes with two, a softer T than the deployed head
+        needs (dev data, 2 shots: query NLL 0.01–0.07 lower with the folds' T). With one shot per class there are no folds: the LOO scores, which describe images of a
+        class without shots. A refused correction keeps the zero-shot kernel head with the text rule.
         The text rule's temperatures are recorded next to them for comparison."""
         C = len(self.classes_)
         self._text_temperatures()
@@ -779,19 +783,26 @@ class SVGClassifier:
                                          equal_radius=lchoice.settings.get("means") == "equal Mahalanobis radius",
                                          rows=sub)
         fit = calibration.loo_temperatures({"linear": lin}, y if sub is None else y[sub], fallback=text_temps)
-        temps, loo, kind, choice = dict(fit["temperatures"]), dict(fit["loo"]), None, None
-        if res.adopted and res.loo_scores is not None:   # the kind and T by the guarded LOO NLL (both kinds)
-            yk = y if res.loo_rows is None else y[res.loo_rows]
-            kfit = calibration.choose_kernel_logits(torch.from_numpy(res.loo_scores), yk, fallback=text_temps["kernel"],
+        temps, loo, kind, choice, evidence = dict(fit["temperatures"]), dict(fit["loo"]), None, None, {}
+        if res.adopted and (res.held_scores is not None or res.loo_scores is not None):
+            # the kind and T by the guarded NLL (both kinds) on the balanced folds' held-out scores (the deployed
+            # predictor, each class one shot short at once); with one shot per class, on the exact LOO scores
+            if res.held_scores is not None:
+                zk, yk = res.held_scores, y[res.held_rows]
+            else:
+                zk, yk = res.loo_scores, (y if res.loo_rows is None else y[res.loo_rows])
+            kfit = calibration.choose_kernel_logits(torch.from_numpy(zk), yk, fallback=text_temps["kernel"],
                                                     signed_votes=True)
             kind, temps["kernel"], loo["kernel"] = kfit["kind"], kfit["temperature"], kfit["loo"]
             choice = {k: v for k, v in kfit.items() if k not in ("temperature", "loo")}
+            evidence = {"kernel_evidence": "balanced folds" if res.held_scores is not None else "leave-one-out"}
         self.set_temperatures(temps, method="loo-nll", kernel_logits=kind, shots=len(shots), loo=loo,
                               text_temperatures=text_temps,
-                              **({"kernel_logits_choice": choice} if choice is not None else {}),
-                              rule="kernel and linear: T minimising the leave-one-out NLL of the shots (an adapted "
-                                   "kernel head: for log scores and raw scores, the lower NLL kept, log charged for "
-                                   "unseen scores ≤ 0); cosine: CLIP's logit scale 100")
+                              **({"kernel_logits_choice": choice} if choice is not None else {}), **evidence,
+                              rule="linear: T minimising the leave-one-out NLL of the shots; an adapted kernel head: "
+                                   "T minimising the NLL of its balanced folds' held-out scores (one shot per class: "
+                                   "leave-one-out), for log scores and raw scores, the lower NLL kept, log charged "
+                                   "for unseen scores ≤ 0; cosine: CLIP's logit scale 100")
 
     # ------------------------------------------------------------------------------ readable votes
     def _scale_votes(self, lam) -> None:
