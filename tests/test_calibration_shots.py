@@ -79,14 +79,19 @@ def test_adapt_fits_each_heads_temperature_by_loo_nll(adapted, tmp_path):
     sel = residual.select(residual.unit(shots.rows.numpy()), shots.labels.numpy(), residual.unit(clf.prototypes_.numpy()),
                           C, 100.0)
     assert sel["sigma"] == pytest.approx(clf.bandwidth_)
-    z = {"kernel": calibration.head_logits(torch.from_numpy(sel["loo"]), "kernel", clf.kernel_logits_).numpy()}
+    # the kernel head: its balanced folds' held-out scores (the deployed predictor), or LOO with one shot per class
+    zk, yk = (sel["loo"], y) if sel["one_shot"] else (sel["held_out_scores"], y[sel["held_out_rows"]])
+    assert cal["kernel_evidence"] == ("leave-one-out" if sel["one_shot"] else "balanced folds")
+    z = {"kernel": calibration.head_logits(torch.from_numpy(zk), "kernel", clf.kernel_logits_).numpy()}
     z = {**z,
          "linear": calibration.lda_loo_logits(clf.prototypes_, shots, C, clf.fewshot_["linear"]["shrinkage"],
                                               clf.fewshot_["linear"]["prior_shots"],
                                               equal_radius=clf.fewshot_["linear"]["means"] == "equal Mahalanobis radius"
                                               ).numpy()}
     assert clf.fewshot_["linear"]["means"] == "equal Mahalanobis radius"      # the default head
+    labels = {"kernel": yk, "linear": y}
     for head, zh in z.items():
+        y = labels[head]
         if not cal["loo"][head]["fitted"]:        # every shot ranked first: the text rule's T is kept
             assert (zh.argmax(1) == y).all()
             assert clf.temperatures_[head] == pytest.approx(cal["text_temperatures"][head])

@@ -228,7 +228,8 @@ def test_default_head_is_what_the_held_out_shots_prefer_and_every_entry_point_us
     clf, _, X, _, _ = adapted
     hc = clf.fewshot_["head_choice"]
     d = hc["linear_minus_kernel"]
-    assert clf.default_head_ == ("linear" if d > hc["standard_error"] else "kernel")
+    assert clf.default_head_ == ("linear" if d > 0 else "kernel")   # the higher held-out accuracy; a tie: kernel
+    assert d == pytest.approx(hc["linear_held_out_accuracy"] - hc["kernel_held_out_accuracy"])
     assert clf.fewshot_["default_head"] == clf.default_head_
     Xf = X.astype(np.float32)
     for head in ("kernel", "linear"):   # with no head named, predict/decision_function/predict_proba follow it
@@ -237,6 +238,28 @@ def test_default_head_is_what_the_held_out_shots_prefer_and_every_entry_point_us
         np.testing.assert_array_equal(c.decision_function(Xf), c.decision_function(Xf, head))
         np.testing.assert_array_equal(c.predict_proba(Xf), c.predict_proba(Xf, head))
         assert (c.predict(Xf) == c.predict(Xf, head)).all()
+
+
+def test_head_choice_on_a_class_subset_refits_the_linear_head_on_the_same_classes(monkeypatch):
+    """Above SELECT_MAX shots the kernel head is scored on a subset of whole classes (the others without
+    shots); the LDA head it is compared with must be refitted on the same subset, not on every class."""
+    X, y, P = _problem(seed=3, C=8, per_class=4)
+    monkeypatch.setattr(residual, "SELECT_MAX", 16)
+    clf = SVGClassifier(n_support=2).fit(P.astype(np.float32)).adapt(X.astype(np.float32), y)
+    hc = clf.fewshot_["head_choice"]
+    assert hc["classes_compared"] == 4 and hc["shots_compared"] == 16
+    from svgen import fewshot
+
+    seen, orig = [], fewshot.lda_head_weights
+
+    def spy(Xk, yk, *a, **k):
+        seen.append((len(yk), np.unique(yk.numpy()).size))
+        return orig(Xk, yk, *a, **k)
+
+    monkeypatch.setattr(fewshot, "lda_head_weights", spy)
+    SVGClassifier(n_support=2).fit(P.astype(np.float32)).adapt(X.astype(np.float32), y)
+    refits = [s for s in seen if s[0] == 12]          # the 4 folds: 16 subset shots less 4 held out
+    assert len(refits) == 4 and all(k == 4 for _, k in refits)   # the subset's 4 classes only, never all 8
 
 
 def test_cli_classify_and_export_use_the_recorded_default_head(adapted, tmp_path):

@@ -19,19 +19,20 @@ def add_parser(sub):
     p = sub.add_parser(
         "adapt",
         help="add labelled images (few-shot) and/or unlabelled images (transductive) to an artifact",
-        description="Labelled image embeddings join the artifact's text support vectors as support vectors of "
-                    "their class. The kernel-vote head is re-solved in closed form over text + image rows, the "
-                    "linear head becomes shared-covariance LDA with the text prototypes as prior means; σ, λ, "
-                    "the text/image weight and the shrinkage are chosen by exact leave-one-out over the images. "
-                    "No text is re-encoded. Classes without images keep their text support vectors. Images "
-                    "added earlier are kept. The result is a format-2 artifact; svgen.json records the shots "
-                    "per class and what leave-one-out chose under 'fewshot'. The kernel and linear heads' "
-                    "softmax temperatures (classify --probs) are fitted by leave-one-out NLL on the images, and "
-                    "the kernel head's logits are its log scores or its raw votes, whichever has the lower "
-                    "leave-one-out NLL, log scores charged for the votes ≤ 0 that new images may have and the images did not "
-                    "show (svgen.json 'calibration'; docs/calibration.md). With --unlabelled / --unlabelled-features "
-                    "(alone or after the shots) the artifact is then adapted transductively to those images "
-                    "(docs/transductive.md); svgen.json records it under 'transductive'.",
+        description="Labelled image embeddings (shots) correct the zero-shot probabilities: the kernel head scores "
+                    "softmax(100·cos to the text prototypes) plus kernel ridge on the shots' residual, with its "
+                    "bandwidth and ridge chosen on balanced held-out folds of the shots (zero-shot kept if the "
+                    "correction is worse there by more than one standard error); the linear head becomes "
+                    "shared-covariance LDA with the text prototypes as prior means. The head with the higher "
+                    "held-out accuracy is the default (svgen.json fewshot.default_head). No text is re-encoded; "
+                    "images added earlier are kept. "
+                    "Softmax temperatures (classify --probs): the kernel head's on its held-out fold scores (one "
+                    "shot per class: leave-one-out), log scores or raw votes, whichever has the lower NLL, log "
+                    "scores charged for the votes ≤ 0 that new images may have and the shots did not show; the "
+                    "linear head's by leave-one-out NLL (svgen.json 'calibration'; docs/fewshot.md). With "
+                    "--unlabelled / --unlabelled-features (alone or after the shots) the artifact is then adapted "
+                    "transductively to those images (docs/transductive.md); svgen.json records it under "
+                    "'transductive'.",
         epilog="examples:\n"
                "  svgen adapt pets.svgen --shots pets-16shot/ --out pets-16.svgen\n"
                "  svgen adapt pets.svgen --shot-features X.npy --shot-labels y.npy --out pets-16.svgen\n"
