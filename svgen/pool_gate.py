@@ -113,8 +113,8 @@ def replication_gate(agree_pool: np.ndarray, agree_ind: np.ndarray, agree5_pool:
                    f"{100 * agree_pool.mean():.1f}% of it, the inductive head on {100 * agree_ind.mean():.1f}%: "
                    "the pool's structure does not replicate by more than 1 SE")
     if d5.mean() < -_se(d5):
-        why.append(f"the adapted head's top 5 holds the other half's posterior class on {100 * agree5_pool.mean():.1f}%"
-                   f" of it, the inductive head's on {100 * agree5_ind.mean():.1f}% (more than 1 SE more)")
+        why.append(f"the adapted head's top 5 holds the other half's posterior class on {100 * agree5_pool.mean():.2f}%"
+                   f" of it, the inductive head's on {100 * agree5_ind.mean():.2f}%, more often by more than 1 SE")
     return {"images": int(len(d)), "agreement_pool": float(agree_pool.mean()),
             "agreement_inductive": float(agree_ind.mean()), "difference": float(d.mean()), "standard_error": _se(d),
             "top5_agreement_pool": float(agree5_pool.mean()), "top5_agreement_inductive": float(agree5_ind.mean()),
