@@ -411,30 +411,31 @@ class SVGClassifier:
         return self
 
     def adapt_pool(self, unlabelled, strength: Optional[float] = None, progress: Optional[bool] = None):
-        """Transductive adaptation to unlabelled images (:mod:`svgen.transductive`).
+        """Transductive adaptation to unlabelled images (:mod:`svgen.transductive`), kept only on held-out evidence.
 
-        The pool is pseudo-labelled by the current heads and the class model re-solved in closed
-        form for a few rounds, with the inductive prediction kept as a prior. The linear head
-        becomes the posterior ``β·t·(inductive linear logits) + Gaussian log-likelihood``; the kernel
-        vote is re-solved over the text (and shot) rows plus pool rows with the posterior as soft
-        targets, and replaces the inductive one when it agrees better with the posterior on held-out
-        pool rows (:meth:`_pool_kernel_head`). :attr:`transductive_labels_` holds the pool's probabilities
-        (what ``svgen classify --transductive`` prints): the posterior at the linear head's mean entropy.
+        The pool is pseudo-labelled by the current heads and the class model re-solved in closed form for a
+        few rounds, with the inductive prediction kept as a prior (zero-shot: the kernel head, entropy-calibrated;
+        with shots: the LDA head). Safety of the solve: a pool with fewer images than classes changes nothing;
+        the prior strength starts at :func:`svgen.transductive.prior_strength` (``strength`` overrides it) and is
+        raised while the rounds do not settle; if they never do, nothing changes.
 
-        The prior is the kernel head zero-shot (entropy-calibrated), the LDA head with shots.
-        Safety: a pool with fewer images than classes changes nothing; the prior strength starts at
-        :func:`svgen.transductive.prior_strength` (``strength`` overrides it) and is raised while the
-        rounds do not settle; if they never do, nothing changes (:func:`svgen.transductive.settle`).
-        ``transductive_`` records what was chosen (``fallback`` says why when nothing changed).
-        Adapting again starts from the inductive heads.
+        **What is kept** (:mod:`svgen.pool_gate`, decided before anything changes):
 
-        **Kept only on held-out evidence** (:mod:`svgen.pool_gate`): with labelled shots, half of them at a
-        time join the pool unlabelled and the predictor rebuilt without them must beat the inductive one there
-        (top-1 higher, top-5 and NLL not worse beyond 1 SE), and the heads' temperatures are fitted on those
-        held-out predictions; without labels, a head adapted on one half of the pool must agree with the other
-        half's own posterior more often than the inductive head (by more than 1 SE), and the temperatures keep
-        the inductive head's mean entropy. Otherwise the inductive heads stay exactly and
-        ``transductive_["fallback"]`` says why (``transductive_["check"]`` holds the evidence). Returns ``self``.
+        * with labelled shots, half of them at a time join the pool unlabelled and the predictor is rebuilt
+          without them; the stacked linear head ``a·(pool Gaussian log-likelihood) + b·(inductive LDA logits)``
+          ((a, b) by held-out NLL, cross-fitted) must beat the inductive default head there (top-1 by more than
+          1 SE, top-5 and NLL not worse by more than 1 SE). Kept, it is the default head at T = 1
+          (:meth:`_adopt_stacked_pool`); the kernel head stays inductive;
+        * without labels, a head adapted on one half of the pool must agree with the other half's own
+          posterior more often than the inductive head (by more than 1 SE; top 5 not worse). Kept, the
+          posterior ``β·t·(inductive linear logits) + Gaussian log-likelihood`` is the default linear head and
+          the kernel vote is re-solved with pool rows of soft class (:meth:`_pool_kernel_head`), each at the
+          inductive default head's mean entropy on the pool.
+
+        Otherwise every head stays exactly the inductive one and ``transductive_["fallback"]`` says why
+        (``transductive_["check"]`` holds the evidence). :attr:`transductive_labels_` holds the pool's
+        probabilities (what ``svgen classify --transductive`` prints): the kept predictor's, or the inductive
+        default head's. Adapting again starts from the inductive heads. Returns ``self``.
         """
         from . import pool_gate
         from . import transductive as td
@@ -726,12 +727,13 @@ class SVGClassifier:
         """Add labelled images ("shots") as support vectors; no text is re-encoded.
 
         ``X`` is N×D raw image embeddings from the artifact's encoder, ``y`` N class indices
-        (rows of ``classes_``). Shots added earlier are kept and joined by the new ones. Both
-        heads are re-solved in closed form towards the zero-shot head, with σ, λ and the
-        text/image weight chosen by exact leave-one-out over all shots (:mod:`svgen.fewshot`).
-        Classes without shots keep their text support vectors. The kernel and linear heads'
-        temperatures are then fitted by leave-one-out NLL on the shots (:mod:`svgen.calibration`;
-        ``calibration_`` records them, their LOO NLL/ECE and the text rule's). Returns ``self``.
+        (rows of ``classes_``). Shots added earlier are kept and joined by the new ones. The kernel
+        head becomes zero-shot probabilities plus kernel ridge on their residual (:mod:`svgen.residual`:
+        σ and c on balanced held-out folds, zero-shot kept where the correction is worse there), the
+        linear head shared-covariance LDA with the prototypes as prior means (:mod:`svgen.fewshot`);
+        the default head is the one with the higher held-out accuracy (:meth:`_choose_default_head`).
+        Temperatures are fitted on held-out scores of the shots (``calibration_`` records them).
+        Returns ``self``.
         """
         self._check_fitted()
         C = len(self.classes_)

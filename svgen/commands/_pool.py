@@ -15,10 +15,13 @@ def add_pool_args(p) -> None:
         "unlabelled images (transductive)",
         "Images without labels — typically the ones to classify. They are pseudo-labelled by the inductive heads "
         "and the class model is re-solved in closed form over them for a few rounds, with the inductive "
-        "prediction kept as a prior; the linear head becomes the transductive posterior and the kernel vote is "
-        "re-solved with pool images as support vectors (kept inductive unless it agrees better with the posterior "
-        "on held-out pool images). A pool with fewer "
-        "images than classes changes nothing. svgen.json records what was chosen under 'transductive'.")
+        "prediction kept as a prior. The result is kept only when held-out evidence says it is better: with "
+        "shots, half of them at a time join the pool unlabelled and the adapted linear head must beat the "
+        "inductive default head on them (top-1 by more than one standard error, top-5 and NLL not worse); "
+        "without shots, a head adapted on one half of the pool must agree with the other half's own posterior "
+        "more often than the inductive head. Kept, the adapted linear head becomes the default head; otherwise "
+        "every head stays as it was. A pool with fewer images than classes changes nothing. svgen.json records "
+        "what was decided, and why, under 'transductive'.")
     src = g.add_mutually_exclusive_group()
     src.add_argument("--unlabelled", metavar="DIR",
                      help="folder of images (searched recursively), embedded with the artifact's encoder")
