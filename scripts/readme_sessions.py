@@ -15,8 +15,9 @@ shows:
   gets there), then checks that ``cat`` prints it;
 * ``HF_HUB_OFFLINE=1``, an empty Hugging Face cache and an empty svgen prompt cache.
 
-Outputs are compared line by line, numbers to a relative 1e-3 (measured times and the ONNX
-check's float-rounding difference are not compared). Commands in ``SKIP`` need the real
+Outputs are compared line by line, numbers to a relative 1e-3 (measured times, the ONNX
+check's float-rounding difference and kernel condition numbers, which are at round-off level, are not
+compared). Commands in ``SKIP`` need the real
 ViT-B-32 weights or the reader's own photos; every entry must still be in the README.
 
     python scripts/readme_sessions.py            # check; exit 1 and a diff on any mismatch
@@ -59,7 +60,11 @@ SKIP = {  # need the real ViT-B-32 weights (downloaded once on a connected machi
     "svgen adapt pets.svgen --shots pets-4shot/ --unlabelled photos/ --out pets-4-pool.svgen": "the reader's files",
     "svgen fit --classes pets.txt --unlabelled photos/ --out pets-pool.svgen": "real weights; the reader's files",
 }
-NOT_COMPARED = [re.compile(r'("wall_time_s": )[-+0-9.e]+'), re.compile(r"(max \|difference\| )[-+0-9.e]+")]
+#: Not compared: measured times, the ONNX check's float rounding, and the kernel matrix's condition number,
+#: whose smallest eigenvalue (≈ 1e-7 of the largest for the tiny model) is at round-off level and differs
+#: between processors' BLAS kernels (16951198.9 on one CI machine, 20589784.9 on another, same code).
+NOT_COMPARED = [re.compile(r'("wall_time_s": )[-+0-9.e]+'), re.compile(r"(max \|difference\| )[-+0-9.e]+"),
+                re.compile(r'("condition_number": )[-+0-9.e]+')]
 NUMBER = re.compile(r"[-+]?(?:\d+\.\d*|\.\d+|\d+)(?:[eE][-+]?\d+)?")
 RTOL = 1e-3
 
