@@ -449,8 +449,9 @@ class SVGClassifier:
         reason, check = td.fallback_reason(N, C), None
         if reason is None:
             shots = self.support_set_.part(IMAGE) if self.fewshot_ is not None else None
-            check = (pool_gate.check_with_shots(self, U, shots, strength) if shots is not None and len(shots)
-                     else pool_gate.check_without_shots(self, U, strength))
+            bar = self.progress if progress is None else progress
+            check = (pool_gate.check_with_shots(self, U, shots, strength, progress=bar) if shots is not None and len(shots)
+                     else pool_gate.check_without_shots(self, U, strength, progress=bar))
             if not check["adopt"]:
                 reason = check["reason"] + "; kept the inductive heads"
         if reason is not None:

@@ -176,7 +176,16 @@ def pool_parts(c, W0: torch.Tensor, b0: torch.Tensor):
     return c.linear_weight_.double() - k * W0.double(), c.linear_bias_.double() - k * b0.double()
 
 
-def check_with_shots(clf, U: torch.Tensor, shots, strength: Optional[float]) -> dict:
+def _steps(items, progress: bool, what: str):
+    """``items``, under a progress bar when ``progress`` (the check re-adapts twice: minutes at ImageNet scale)."""
+    if not progress:
+        return items
+    from tqdm.auto import tqdm
+
+    return tqdm(items, desc=f"checking the pool ({what})", unit="fold", leave=False)
+
+
+def check_with_shots(clf, U: torch.Tensor, shots, strength: Optional[float], progress: bool = False) -> dict:
     """:func:`paired_gate` on held-out shots made pool members (see the module text). The candidate is the
     stacked linear head ``a·(pool Gaussian log-likelihood) + b·(inductive linear logits)``, (a, b) by
     :func:`fit_stack` on the other fold's held-out shots (cross-fitted), against the inductive default head."""
@@ -188,7 +197,7 @@ def check_with_shots(clf, U: torch.Tensor, shots, strength: Optional[float]) -> 
     if len(folds) < 2:
         return {**base, "adopt": False, "reason": "one shot in all: no held-out shots to check a pool on"}
     parts = []
-    for held in folds:
+    for held in _steps(folds, progress, "held-out shots"):
         keep = np.setdiff1d(np.arange(len(y)), held)
         c = zero_shot_clone(clf)
         c.adapt_shots(X[keep], torch.from_numpy(y[keep]))
@@ -212,7 +221,7 @@ def check_with_shots(clf, U: torch.Tensor, shots, strength: Optional[float]) -> 
     return gate
 
 
-def check_without_shots(clf, U: torch.Tensor, strength: Optional[float]) -> dict:
+def check_without_shots(clf, U: torch.Tensor, strength: Optional[float], progress: bool = False) -> dict:
     """:func:`replication_gate` over two random halves of the pool (see the module text): the adapted linear
     head (what a pool deploys) against the inductive default head."""
     N = U.shape[0]
@@ -223,7 +232,7 @@ def check_without_shots(clf, U: torch.Tensor, strength: Optional[float]) -> dict
     with torch.no_grad():
         ind = top5(clf.decision_function(U, head))
         adapted = []
-        for rows in halves:
+        for rows in _steps(halves, progress, "halves of the pool"):
             c = zero_shot_clone(clf)
             c._transduce_pool(U[rows], strength, progress=False)
             if c.transductive_.get("fallback"):

@@ -175,3 +175,11 @@ def test_pool_with_shots_refused_keeps_every_head(monkeypatch):
     _same_heads(clf, ref, U)
     # the pool's printed probabilities are then the inductive default head's, as classify prints them
     np.testing.assert_allclose(np.asarray(clf.transductive_labels_), ref.predict_proba(U), rtol=1e-5, atol=1e-7)
+
+
+def test_the_check_shows_progress_when_asked(capsys):
+    protos, U, _, _, _ = _world(7, 1.6, 30, 0.5)
+    SVGClassifier(n_support=2, steps=5, seed=0).fit(protos).adapt_pool(U, progress=True)
+    assert "checking the pool (halves of the pool)" in capsys.readouterr().err
+    SVGClassifier(n_support=2, steps=5, seed=0).fit(protos).adapt_pool(U, progress=False)
+    assert "checking the pool" not in capsys.readouterr().err

@@ -46,11 +46,11 @@ def gate_open(monkeypatch):
     then ``1·(pool Gaussian log-likelihood) + β·t·(inductive LDA logits)``: the posterior itself."""
     from svgen import pool_gate
 
-    def with_shots(clf, U, shots, strength):
+    def with_shots(clf, U, shots, strength, progress=False):
         return {"adopt": True, "evidence": "held-out shots as pool members", "head": clf.default_head_,
                 "stack": {"gaussian": 1.0, "inductive_linear": None}}
 
-    monkeypatch.setattr(pool_gate, "check_without_shots", lambda clf, U, strength: {
+    monkeypatch.setattr(pool_gate, "check_without_shots", lambda clf, U, strength, progress=False: {
         "adopt": True, "evidence": "halves of the pool", "head": clf.default_head_})
     monkeypatch.setattr(pool_gate, "check_with_shots", with_shots)
 
