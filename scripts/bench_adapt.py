@@ -176,14 +176,19 @@ def nll_of(p, y):
     return -np.log(np.maximum(p[np.arange(len(y)), y], 1e-300))
 
 
-def run_dataset(name, shots, seeds, log):
+def load_dataset(name):
+    """(X, y, P, C, zero-shot classifier): a CoOp set's unit validation features and labels, its unit
+    text-like prototypes, the class count and svgen's default zero-shot fit on them."""
     from svgen import SVGClassifier
 
     X = unit(np.load(FEWSHOT / name / "val_features.npy"))
     y = np.load(FEWSHOT / name / "val_labels.npy").astype(np.int64)
     P = unit(np.load(FEWSHOT / name / "textlike_prototypes.npy"))
-    C = P.shape[0]
-    base = SVGClassifier().fit(P.astype(np.float32))
+    return X, y, P, P.shape[0], SVGClassifier().fit(P.astype(np.float32))
+
+
+def run_dataset(name, shots, seeds, log):
+    X, y, P, C, base = load_dataset(name)
     out = {}
     for k in shots:
         if np.bincount(y, minlength=C).min() <= k:

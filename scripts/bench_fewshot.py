@@ -200,8 +200,13 @@ def run_dataset(name, shots_list, seeds, log):
 
 def paired_bootstrap(per_dataset, a, b, reps=2000, seed=0):
     """95% interval of mean-over-datasets accuracy(a) − accuracy(b), images resampled within datasets."""
+    return bootstrap_mean([100 * (r["correct"][a] - r["correct"][b]) for r in per_dataset], reps, seed)
+
+
+def bootstrap_mean(diffs, reps=2000, seed=0):
+    """Mean over datasets of per-image differences ``diffs`` (one array per dataset) and its 95% interval,
+    images resampled within each dataset."""
     rng = np.random.default_rng(seed)
-    diffs = [100 * (r["correct"][a] - r["correct"][b]) for r in per_dataset]
     est = float(np.mean([d.mean() for d in diffs]))
     boot = np.zeros(reps)
     for d in diffs:

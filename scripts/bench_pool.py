@@ -35,32 +35,21 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_common import DATA, machine, save_result  # noqa: E402
+from bench_common import machine, save_result  # noqa: E402
 
-FEWSHOT = DATA / "coop-fewshot"
-DATASETS = ("caltech101", "fgvc", "oxford_flowers", "oxford_pets", "ucf101", "stanford_cars", "sun397")
+from bench_adapt import DATASETS, FEWSHOT, load_dataset, softmax, unit  # noqa: E402
+from bench_adapt import sample as sample_shots  # noqa: E402
+from bench_fewshot import bootstrap_mean as bootstrap  # noqa: E402
+
 METHODS = ("zero_shot", "inductive", "pool", "pool_labels")
 METRICS = ("top1", "top5", "nll")
-
-
-def unit(x):
-    x = np.asarray(x, dtype=np.float64)
-    return x / np.linalg.norm(x, axis=1, keepdims=True)
-
-
-def softmax(z):
-    z = z - z.max(axis=1, keepdims=True)
-    e = np.exp(z)
-    return e / e.sum(axis=1, keepdims=True)
 
 
 def sample(y, k, seed):
     """k shots of every class (seeded; none for k = 0), the rest queries."""
     if k == 0:
         return np.zeros(0, dtype=np.int64), np.arange(len(y))
-    rng = np.random.default_rng(seed)
-    s = np.sort(np.concatenate([rng.choice(np.flatnonzero(y == c), k, replace=False) for c in np.unique(y)]))
-    return s, np.setdiff1d(np.arange(len(y)), s)
+    return sample_shots(y, k, seed)
 
 
 def small_pool(q, y, per_class, seed):
@@ -78,13 +67,7 @@ def metrics(p, y):
 
 
 def run_dataset(name, shots, seeds, pool_kind, per_class, log):
-    from svgen import SVGClassifier
-
-    X = unit(np.load(FEWSHOT / name / "val_features.npy"))
-    y = np.load(FEWSHOT / name / "val_labels.npy").astype(np.int64)
-    P = unit(np.load(FEWSHOT / name / "textlike_prototypes.npy"))
-    C = P.shape[0]
-    base = SVGClassifier().fit(P.astype(np.float32))
+    X, y, P, C, base = load_dataset(name)
     out = {}
     for k in shots:
         if k and np.bincount(y, minlength=C).min() <= k:
@@ -123,18 +106,6 @@ def run_dataset(name, shots, seeds, pool_kind, per_class, log):
                         f"{res[m]['nll'].mean():.3f}" for m in METHODS)
             + " | " + "; ".join(str(i["fallback"] or "adapted")[:60] for i in info))
     return out
-
-
-def bootstrap(diffs, reps=2000, seed=0):
-    """Mean over datasets of per-image differences and its 95% interval (images resampled per dataset)."""
-    rng = np.random.default_rng(seed)
-    est = float(np.mean([d.mean() for d in diffs]))
-    boot = np.zeros(reps)
-    for d in diffs:
-        boot += d[rng.integers(0, len(d), size=(reps, len(d)))].mean(axis=1)
-    boot /= len(diffs)
-    lo, hi = np.percentile(boot, [2.5, 97.5])
-    return {"diff": est, "ci95": [float(lo), float(hi)]}
 
 
 def summarise(results, shots):
