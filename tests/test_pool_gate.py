@@ -183,3 +183,23 @@ def test_the_check_shows_progress_when_asked(capsys):
     assert "checking the pool (halves of the pool)" in capsys.readouterr().err
     SVGClassifier(n_support=2, steps=5, seed=0).fit(protos).adapt_pool(U, progress=False)
     assert "checking the pool" not in capsys.readouterr().err
+
+
+def test_cli_says_what_the_pool_changed(cli, tmp_path):
+    """``svgen adapt`` says in one line whether the pool was kept, and why not; the summary carries the check."""
+    import json
+
+    protos, U, _, _, _ = _world(1, 0.3, 2, 6.0)
+    np.save(tmp_path / "P.npy", protos)
+    np.save(tmp_path / "U.npy", U)
+    (tmp_path / "classes.txt").write_text("".join(f"c{i}\n" for i in range(C)))
+    assert cli("fit", "--prototypes", tmp_path / "P.npy", "--classes", tmp_path / "classes.txt", "-K", "2",
+               "--steps", "5", "--out", tmp_path / "zs.svgen")[0] == 0
+    code, out, err = cli("adapt", tmp_path / "zs.svgen", "--unlabelled-features", tmp_path / "U.npy",
+                         "--out", tmp_path / "p.svgen")
+    assert code == 0, err
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("the pool changed nothing: ") and "kept the inductive heads" in last
+    summary = json.loads(out)["transductive"]
+    assert summary["default_head"] == "kernel" and summary["check"]["adopt"] is False
+    assert summary["check"]["evidence"] == "halves of the pool"

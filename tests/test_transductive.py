@@ -295,6 +295,8 @@ def test_cli_fit_adapt_classify_transductive(cli, files, gate_open):
                          files / "ta.svgen")
     assert code == 0, err
     assert "unlabelled pool of 40 images" in err
+    assert "the pool was kept (halves of the pool say it is better): the linear head is the default head" in err
+    assert json.loads(out)["transductive"]["default_head"] == "linear"
     a, b = SVGClassifier.load(files / "tf.svgen"), SVGClassifier.load(files / "ta.svgen")
     assert torch.equal(a.linear_weight_, b.linear_weight_)
     code, out, err = cli("adapt", files / "zs.svgen", "--shot-features", files / "X.npy", "--shot-labels",

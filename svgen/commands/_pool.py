@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from typing import Optional
 
 from ..errors import SvgenError
 from ._common import load_array
@@ -58,3 +59,21 @@ def encode_pool(args, encoder, paths, command: str):
         args.batch_size, args.workers = 32, None
     x, _, _ = encode_paths(args, encoder, paths, command)
     return x
+
+
+def pool_check_summary(td: dict) -> Optional[dict]:
+    """The pool check's evidence for the printed summary (``svgen.json`` keeps all of it)."""
+    check = td.get("check")
+    if not check:
+        return None
+    keys = ("evidence", "adopt", "images", "top1", "top5", "nll", "agreement_pool", "agreement_inductive",
+            "top5_agreement_pool", "top5_agreement_inductive", "stack")
+    return {k: check[k] for k in keys if k in check}
+
+
+def pool_note(td: dict, default_head: str) -> str:
+    """One line on what the pool changed: kept (and which head is now the default) or not, and why."""
+    if td.get("fallback"):
+        return "the pool changed nothing: " + td["fallback"]
+    return (f"the pool was kept ({td['check']['evidence']} say it is better): the {default_head} head is the "
+            "default head")

@@ -9,7 +9,7 @@ from pathlib import Path
 from ..errors import SvgenError
 from ._common import ExamplesFormatter, json_text, note
 from ._images import add_image_encoder_args
-from ._pool import add_pool_args, encode_pool, pool_array, pool_paths, wants_pool
+from ._pool import add_pool_args, encode_pool, pool_array, pool_check_summary, pool_note, pool_paths, wants_pool
 from ._shots import add_shot_args, encode_shots, shot_arrays, shot_images, wants_shots
 
 log = logging.getLogger(__name__)
@@ -80,17 +80,16 @@ def run(args) -> int:
                         "temperatures": clf.temperatures_, "temperature_method": clf.calibration_.get("method"),
                         "kernel_logits": clf.kernel_logits_})
     if pool:
-        summary["transductive"] = {k: td.get(k) for k in ("pool", "fallback", "prior_strength", "rounds",
-                                                           "changed_from_prior", "heads")}
+        summary["transductive"] = {**{k: td.get(k) for k in ("pool", "fallback", "prior_strength", "rounds",
+                                                             "changed_from_prior", "heads")},
+                                   "default_head": clf.default_head_, "check": pool_check_summary(td)}
     what = []
     if shots:
         what.append(f"{fs['shots']} shots over {fs['classes_with_shots']} of {len(clf.classes_)} classes")
     if pool:
-        what.append(f"an unlabelled pool of {td['pool']} images"
-                    + (" (fell back to the inductive heads)" if td.get("fallback") else ""))
+        what.append(f"an unlabelled pool of {td['pool']} images")
     note(args, f"wrote {out}: " + " and ".join(what))
     print(json_text(summary))
-    if pool and not td.get("fallback") and not (td.get("kernel_head") or {}).get("replaced"):
-        note(args, "the kernel head was kept inductive (" + td["kernel_head"]["reason"] + "); the transductive "
-                   "posterior is the linear head: classify with --head linear")
+    if pool:
+        note(args, pool_note(td, clf.default_head_))
     return 0

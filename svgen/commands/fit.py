@@ -11,7 +11,7 @@ from ..errors import SvgenError
 from ._common import (DEFAULT_MODEL, HelpFormatter, add_encoder_args, check_device, default_pretrained, json_text,
                       load_array,
                       load_encoder, note, text_prototypes)
-from ._pool import add_pool_args, encode_pool, pool_array, pool_paths, wants_pool
+from ._pool import add_pool_args, encode_pool, pool_array, pool_check_summary, pool_note, pool_paths, wants_pool
 from ._shots import add_shot_args, encode_shots, shot_arrays, shot_images, wants_shots
 
 log = logging.getLogger(__name__)
@@ -184,7 +184,11 @@ def run(args) -> int:
         summary["fewshot"] = {**{k: clf.fewshot_[k] for k in ("shots", "classes_with_shots", "default_head")},
                               "kernel_adapted": clf.fewshot_["kernel"]["decision"]["adopted"]}
     if clf.transductive_:
-        summary["transductive"] = {k: clf.transductive_.get(k) for k in ("pool", "fallback", "prior_strength", "rounds")}
+        summary["transductive"] = {**{k: clf.transductive_.get(k) for k in ("pool", "fallback", "prior_strength",
+                                                                             "rounds")},
+                                   "default_head": clf.default_head_, "check": pool_check_summary(clf.transductive_)}
     note(args, f"wrote {out}: {len(classes)} classes × K={clf.fit_config_.n_support}, D={clf.n_features_in_}")
     print(json_text(summary))
+    if clf.transductive_:
+        note(args, pool_note(clf.transductive_, clf.default_head_))
     return 0
