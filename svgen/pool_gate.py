@@ -125,8 +125,15 @@ def replication_gate(agree_pool: np.ndarray, agree_ind: np.ndarray, agree5_pool:
 
 
 def zero_shot_clone(clf):
-    """A copy of ``clf`` back at its zero-shot heads (no shots, no pool), with the text rule's temperatures."""
-    c = copy.deepcopy(clf)
+    """A copy of ``clf`` back at its zero-shot heads (no shots, no pool), with the text rule's temperatures.
+
+    Shallow: tensors are shared (adapting replaces a classifier's tensors, never writes into them), and every
+    dict attribute is copied (``transductive_`` is updated in place), so the per-template text embeddings
+    (C×T×D: gigabytes at ImageNet-21k scale) are never duplicated."""
+    c = copy.copy(clf)
+    for name, value in vars(clf).items():
+        if isinstance(value, dict):
+            setattr(c, name, dict(value))
     c._restore_inductive()
     if c.fewshot_ is not None:
         text = c.text_
