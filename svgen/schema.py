@@ -239,7 +239,7 @@ SCHEMA: Dict[str, Callable] = {
     "fewshot": optional(obj({"linear": optional(obj({"shrinkage": optional(number(0, 1))})),
                              "kernel": optional(obj()), "shots": optional(integer(0)),
                              "classes_with_shots": optional(integer(0))})),
-    "transductive": optional(obj({"fallback": optional(boolean), "pool": optional(integer(0)),
+    "transductive": optional(obj({"fallback": optional(string(max_len=4096)), "pool": optional(integer(0)),
                                   "inductive_calibration": optional(obj())})),
     "vote_weights": optional(obj({"layout": string(choices=("coo",)),
                                   "shape": list_of(integer(1), min_len=2, max_len=2), "nnz": optional(integer(0)),

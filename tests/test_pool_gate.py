@@ -203,3 +203,20 @@ def test_cli_says_what_the_pool_changed(cli, tmp_path):
     summary = json.loads(out)["transductive"]
     assert summary["default_head"] == "kernel" and summary["check"]["adopt"] is False
     assert summary["check"]["evidence"] == "halves of the pool"
+
+
+def test_an_artifact_whose_pool_changed_nothing_loads_and_classifies(cli, tmp_path):
+    """Regression: svgen.json's schema typed ``transductive.fallback`` as true/false while svgen writes the
+    reason, so an artifact adapted to a refused pool could not be loaded again (classify: 'must be true or
+    false, got a string')."""
+    protos, U, _, _, _ = _world(1, 0.3, 2, 6.0)
+    np.save(tmp_path / "P.npy", protos)
+    np.save(tmp_path / "U.npy", U)
+    (tmp_path / "classes.txt").write_text("".join(f"c{i}\n" for i in range(C)))
+    assert cli("fit", "--prototypes", tmp_path / "P.npy", "--classes", tmp_path / "classes.txt", "-K", "2",
+               "--steps", "5", "--unlabelled-features", tmp_path / "U.npy", "--out", tmp_path / "p.svgen")[0] == 0
+    back = SVGClassifier.load(tmp_path / "p.svgen")
+    assert "kept the inductive heads" in back.transductive_["fallback"]
+    code, out, err = cli("classify", tmp_path / "p.svgen", "--features", tmp_path / "U.npy", "-k", "1")
+    assert code == 0, err
+    assert len(out.strip().splitlines()) == len(U) + 1          # a header and one row per image
