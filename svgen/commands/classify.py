@@ -44,9 +44,10 @@ def add_parser(sub):
     p.add_argument("--transductive", action="store_true",
                    help="use the inputs themselves as an unlabelled pool: embed once, adapt the artifact to them "
                         "(as 'svgen adapt --unlabelled'; the artifact on disk is not changed) and print each "
-                        "input's transductive class probabilities; with --head, that adapted head's scores "
-                        "(or --probs) instead (kernel: the vote re-solved with pool rows as support vectors). "
-                        "Fewer inputs than classes: the inductive head's softmax, with a warning")
+                        "input's transductive class probabilities; with --head, that head's scores (or --probs) "
+                        "instead. The pool is kept only when held-out evidence says it is better (see 'svgen adapt "
+                        "--help'); otherwise, and with fewer inputs than classes, the inductive default head's "
+                        "probabilities, with a warning saying why")
     p.add_argument("inputs", nargs="*", metavar="IMAGE|DIR",
                    help="image files and/or folders (searched recursively); with --engine ray also globs, "
                         "list files (.txt/.lst), tables of paths (.csv/.parquet) and WebDataset .tar shards")
@@ -54,8 +55,8 @@ def add_parser(sub):
                    help="precomputed N×D image embeddings instead of images (raw or normalised); several "
                         "files are read as one, in order; with --engine ray also .parquet shards and globs")
     p.add_argument("--head", choices=("kernel", "linear", "cosine"), default=None,
-                   help="kernel vote (default), linear head, or cosine (the plain CLIP baseline); with "
-                        "--transductive the default is the pool's posterior")
+                   help="kernel vote, linear head, or cosine (the plain CLIP baseline); default: the head the fit "
+                        "chose (svgen.json), with --transductive the pool's probabilities")
     p.add_argument("--probs", action="store_true",
                    help="print probabilities (each row sums to one over all classes) instead of scores")
     p.add_argument("-k", "-K", "--top-k", type=int, default=5,
@@ -233,7 +234,9 @@ def _image_blocks(clf, encoder, paths, head: str, args):
 
 def _what(args) -> str:
     if args.transductive and args.head is None:
-        return "transductive posterior"
+        if getattr(args, "pool_kept", True):
+            return "transductive"
+        return "inductive default head (the pool changed nothing)"
     return ("transductive " if args.transductive else "") + f"{args.head or 'kernel'} head"
 
 
@@ -243,6 +246,7 @@ def _transductive(clf, x, args):
     if x.shape[0] < 2:
         raise SvgenError(f"--transductive needs at least 2 inputs to use as a pool, got {x.shape[0]}")
     clf.adapt(unlabelled=x)  # progress on rounds follows clf.progress (set from --quiet / the terminal)
+    args.pool_kept = not clf.transductive_.get("fallback")   # for the 'wrote' line: what the numbers are
     if args.head is None:
         import torch
 
