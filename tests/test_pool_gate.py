@@ -203,6 +203,11 @@ def test_cli_says_what_the_pool_changed(cli, tmp_path):
     summary = json.loads(out)["transductive"]
     assert summary["default_head"] == "kernel" and summary["check"]["adopt"] is False
     assert summary["check"]["evidence"] == "halves of the pool"
+    # classify --transductive on the same pool: the inductive default head's probabilities, and it says so
+    code, out, err = cli("classify", tmp_path / "zs.svgen", "--features", tmp_path / "U.npy", "--transductive",
+                         "-k", "1", "--out", tmp_path / "t.csv")
+    assert code == 0, err
+    assert "inductive default head (the pool changed nothing) probabilities" in err
 
 
 def test_an_artifact_whose_pool_changed_nothing_loads_and_classifies(cli, tmp_path):
