@@ -154,16 +154,19 @@ def deployed_kernel(meta: Dict, tensors: Dict) -> Optional[Dict]:
             out["fewshot"]["kernel"].update({n: k.get(n) for n in ("ridge_lambda", "prior_weight", "loo_error")})
     if td:
         kh = td.get("kernel_head") or {}
+        check = td.get("check") or {}
         out["transductive"] = {"pool": td.get("pool"), "fallback": td.get("fallback"),
                                "prior_strength": td.get("prior_strength"), "rounds": td.get("rounds"),
-                               "kernel_replaced": kh.get("replaced"), "kernel_reason": kh.get("reason")}
+                               "kernel_replaced": kh.get("replaced"), "kernel_reason": kh.get("reason"),
+                               "evidence": check.get("evidence"), "default_head": td.get("default_head"),
+                               "linear": (td.get("heads") or {}).get("linear")}
     return out
 
 
 def describe_deployed(d: Dict) -> List[str]:
     """Plain lines for :func:`deployed_kernel`'s dict (``svgen diagnose``)."""
     rows = ", ".join(f"{n} {c}" for n, c in d["rows_by_source"].items())
-    lines = [f"deployed kernel (what classify uses): {d['rows']} support rows ({rows}), σ={d['sigma']:.4g} "
+    lines = [f"deployed kernel head: {d['rows']} support rows ({rows}), σ={d['sigma']:.4g} "
              f"(the generated text kernel measured above: σ={d['text_sigma']:.4g})"]
     fs = d.get("fewshot")
     if fs:
@@ -184,6 +187,9 @@ def describe_deployed(d: Dict) -> List[str]:
         else:
             kept = ("re-solved with pool rows" if td.get("kernel_replaced") else "kept as it was") + \
                    (f" ({td['kernel_reason']})" if td.get("kernel_reason") else "")
-            lines.append(f"  transductive pool of {td['pool']} ({td.get('rounds')} round(s), prior strength "
-                         f"{td.get('prior_strength', 0):.3g}): linear head re-solved; kernel vote {kept}")
+            why = f"kept on {td['evidence']}; " if td.get("evidence") else ""
+            head = f"; default head: {td['default_head']}" if td.get("default_head") else ""
+            lines.append(f"  transductive pool of {td['pool']} ({why}{td.get('rounds')} round(s), prior strength "
+                         f"{td.get('prior_strength', 0):.3g}): linear head "
+                         f"{td.get('linear') or 're-solved'}; kernel vote {kept}{head}")
     return lines

@@ -225,3 +225,14 @@ def test_an_artifact_whose_pool_changed_nothing_loads_and_classifies(cli, tmp_pa
     code, out, err = cli("classify", tmp_path / "p.svgen", "--features", tmp_path / "U.npy", "-k", "1")
     assert code == 0, err
     assert len(out.strip().splitlines()) == len(U) + 1          # a header and one row per image
+
+
+def test_diagnose_says_what_the_pool_decided(cli, tmp_path):
+    protos, U, _, X, ys = _world(7, 1.6, 30, 0.5, shots_per_class=8, shot_noise=1.5)
+    clf = SVGClassifier(n_support=2, steps=5, seed=0).fit(protos, classes=[f"c{i}" for i in range(C)])
+    clf.adapt(X, ys, unlabelled=U).save(tmp_path / "p.svgen")
+    code, out, err = cli("diagnose", tmp_path / "p.svgen")
+    assert code == 0, err
+    line = next(l for l in out.splitlines() if "transductive pool of" in l)
+    assert "kept on held-out shots as pool members" in line and "linear head stacked: " in line
+    assert line.endswith("default head: linear")
