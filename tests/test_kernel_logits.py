@@ -188,26 +188,17 @@ def test_set_temperatures_checks_the_kind(raw_votes):
     assert clf.kernel_logits_ == "score"
 
 
-@pytest.mark.parametrize("resolve", [True, False])
-def test_transduction_keeps_the_kind_with_its_temperature(raw_votes, resolve, monkeypatch):
-    """A kernel head the transduction keeps keeps its LOO-fitted T and kind together; one it re-solves
-    (with shots) gets both from the leave-one-out choice on the shots, recorded as such."""
+def test_transduction_keeps_the_kind_with_its_temperature(raw_votes):
+    """With shots a pool never re-solves the kernel head: kept or refused, the head keeps its LOO-fitted T
+    and its kind of logits together (session 8 removed the re-solve with shots, which lost accuracy)."""
     c = copy.deepcopy(raw_votes)
-    T = c.temperatures_["kernel"]
-    if not resolve:
-        monkeypatch.setattr(SVGClassifier, "_pool_kernel_head",
-                            lambda self, U, Z, shots: ({"replaced": False, "reason": "kept for the test"}, None))
-    c.adapt_pool(_queries(60, seed=9))
-    replaced = c.transductive_["kernel_head"].get("replaced")
-    if not resolve:
-        assert not replaced and c.kernel_logits_ == "score" and c.temperatures_["kernel"] == T
-        return
-    if not replaced:
-        pytest.skip("the re-solved kernel head did not agree better on this pool")
-    choice = c.calibration_["kernel_logits_choice"]
-    assert c.calibration_["rule"].startswith("after transduction")
-    assert c.kernel_logits_ == choice["kind"]
-    assert c.temperatures_["kernel"] == pytest.approx(choice["candidates"][choice["kind"]]["temperature"])
+    T, kind = c.temperatures_["kernel"], c.kernel_logits_
+    x = _queries(60, seed=9)
+    before = c.predict_proba(x, "kernel")
+    c.adapt_pool(x)
+    assert c.transductive_.get("kernel_head", {}).get("replaced") in (None, False)
+    assert c.kernel_logits_ == kind == "score" and c.temperatures_["kernel"] == T
+    np.testing.assert_array_equal(c.predict_proba(x, "kernel"), before)
 
 
 # ----------------------------------------------------------------------------- the artifact
