@@ -50,8 +50,8 @@ is used.
 
 **With labelled images** (``adapt(X, y)``): the kernel and linear heads' T minimise the negative
 log-likelihood of the shots' exact leave-one-out logits (:func:`fit_temperature`, convex in 1/T;
-:func:`kernel_loo_scores` and :func:`lda_loo_logits` give those logits in closed form, so no
-shot's score has seen its own label); :func:`loo_temperatures` records what it gave. The cosine
+:func:`svgen.residual` gives the kernel head's held-out fold scores — with one shot per class its exact
+leave-one-out scores — and :func:`lda_loo_logits` the LDA head's, so no shot's score has seen its own label); :func:`loo_temperatures` records what it gave. The cosine
 head keeps CLIP's scale; the kernel head's kind of logits is chosen on the same LOO scores
 (:func:`choose_kernel_logits`). Shots that are all ranked first when left out give no finite
 temperature; the head then keeps the text rule's (and ``"log"``). Caveat: when the shots are tighter than the
@@ -216,23 +216,6 @@ def text_temperatures(score_fn, per_template: torch.Tensor, heads=("kernel", "li
 
 # ----------------------------------------------------------------------------- with labelled shots
 
-def kernel_loo_scores(K: torch.Tensor, image_votes: torch.Tensor, Y: torch.Tensor, c: float,
-                      prior_scale: float) -> torch.Tensor:
-    """Exact leave-one-out kernel-vote scores of the shots (N×C), for the few-shot head of
-    :func:`svgen.fewshot.fit_kernel_head`.
-
-    That head scores ``f(x) = α F(x) + s₀ k(x, X) B`` with ``B = (K + c I)⁻¹ R``, ``R = Y − α F(X)/s₀``
-    (``image_votes`` = ``s₀ B``). On the shots ``f/s₀ = α F/s₀ + K B``, a ridge smoother of R whose
-    residual is ``Y − f/s₀ = c B`` and whose leverage is ``1 − c (K + cI)⁻¹_ii``; the LOO residual is
-    residual / (1 − leverage) = ``B_i / (K + cI)⁻¹_ii``, so ``f_loo = s₀ Y − image_votes / (K + cI)⁻¹_ii``.
-    α, s₀ and F (text-side quantities) are held at their all-shot values.
-    """
-    A = K.double().clone()
-    A.diagonal().add_(float(c))
-    inv_diag = torch.cholesky_inverse(torch.linalg.cholesky(A)).diagonal()
-    return prior_scale * Y.double() - image_votes.double() / inv_diag[:, None]
-
-
 def lda_loo_logits(prototypes: torch.Tensor, shots, n_classes: int, shrinkage: float, prior_shots: float,
                    equal_radius: bool = False, rows=None) -> torch.Tensor:
     """Exact leave-one-out logits (N×C) of the few-shot LDA head at its chosen (γ, κ)
@@ -269,7 +252,7 @@ def loo_temperatures(loo_logits: Dict[str, torch.Tensor], labels, fallback: Dict
 
 def choose_kernel_logits(loo_scores, labels, fallback: float, signed_votes: bool = True) -> dict:
     """The kernel head's kind of logits (:data:`KERNEL_LOGITS`) and temperature from the shots' exact
-    leave-one-out scores (N×C, :func:`kernel_loo_scores`).
+    held-out scores (N×C: :mod:`svgen.residual`'s fold scores, or its leave-one-out scores with one shot per class).
 
     T is fitted by :func:`fit_temperature` for each kind on the same LOO scores and the kind with the
     lower *guarded* LOO NLL is kept (a tie keeps ``"log"``). The guard: ``"log"`` puts p ≈ ε on the true
