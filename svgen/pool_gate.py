@@ -170,10 +170,9 @@ def fit_stack(g: np.ndarray, z: np.ndarray, y: np.ndarray) -> tuple:
 
 
 def stacked_probs(g, z, a: float, b: float) -> np.ndarray:
-    L = a * np.asarray(g, dtype=np.float64) + b * np.asarray(z, dtype=np.float64)
-    L = L - L.max(axis=1, keepdims=True)
-    p = np.exp(L)
-    return p / p.sum(axis=1, keepdims=True)
+    """``softmax(a·g + b·z)``: the stacked head's probabilities (its T is 1)."""
+    return calibration.softmax(torch.as_tensor(a * np.asarray(g, dtype=np.float64) + b * np.asarray(z, dtype=np.float64)),
+                               1.0).numpy()
 
 
 def pool_parts(c, W0: torch.Tensor, b0: torch.Tensor):
