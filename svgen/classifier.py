@@ -467,8 +467,7 @@ class SVGClassifier:
             rows = td.calibration_rows(N)
             entropy_before = td._entropy(self._logits(U[rows], head).double() / self.temperatures_[head])
         self._transduce_pool(U, strength, progress, labels_entropy=entropy_before)
-        if self.transductive_.get("fallback"):
-            self._keep_inductive_labels(U)
+        if self._pool_fell_back(U):
             return self
         self._pool_temperatures(U[rows], entropy_before)
         self.transductive_.update({"check": check, "default_head": "linear", "wall_time_s": time.perf_counter() - t0})
@@ -483,8 +482,7 @@ class SVGClassifier:
 
         W0, b0 = self.linear_weight_.clone(), self.linear_bias_.clone()
         self._transduce_pool(U, strength, progress)
-        if self.transductive_.get("fallback"):
-            self._keep_inductive_labels(U)
+        if self._pool_fell_back(U):
             return self
         WG, bG = pool_gate.pool_parts(self, W0, b0)
         a, b = check["stack"]["gaussian"], check["stack"]["inductive_linear"]
@@ -530,16 +528,15 @@ class SVGClassifier:
 
         C, N = len(self.classes_), U.shape[0]
         head = prior_head_of(self)
+        reason = td.fallback_reason(N, C)
+        if reason is not None:   # the caller says so (a half of the pool, in the check, is only recorded)
+            log.info("transductive: %s", reason)
+            self.transductive_ = {"pool": N, "fallback": reason, "prior_head": head}
+            return self
         t0 = time.perf_counter()
         with torch.no_grad():
             prior = self._scores(U, head)
         timings = {"prior_scores": time.perf_counter() - t0}
-        reason = td.fallback_reason(N, C)
-        if reason is not None:
-            log.warning("transductive: %s", reason)
-            self.transductive_ = {"pool": N, "fallback": reason, "prior_head": head}
-            self.transductive_labels_ = self._fallback_labels(prior, head)
-            return self
         with torch.no_grad():
             cal = U[td.calibration_rows(N)]
             target = td._entropy(td.CLIP_LOGIT_SCALE * cal @ F.normalize(self.prototypes_.float(), dim=-1).T)
@@ -569,9 +566,8 @@ class SVGClassifier:
         if res is None:
             reason = (f"the rounds did not settle at any prior strength up to {tries[-1]['prior_strength']:.3g}; "
                       "kept the inductive heads")
-            log.warning("transductive: %s", reason)
+            log.info("transductive: %s", reason)
             self.transductive_ = {"pool": N, "fallback": reason, "prior_head": head, "tries": tries}
-            self.transductive_labels_ = self._fallback_labels(prior, head)
             return self
         timings["rounds"] = time.perf_counter() - t1
         beta = res.info["prior_strength"]
@@ -706,6 +702,15 @@ class SVGClassifier:
                 self.support_labels_, self.support_source_ = self.support_labels_[:M0], self.support_source_[:M0]
                 self.bandwidth_, self.vote_weights_ = ik["bandwidth"], ik["vote_weights"]
         self.inductive_linear_ = self.inductive_kernel_ = None
+
+    def _pool_fell_back(self, U: torch.Tensor) -> bool:
+        """After the whole-pool solve: when it fell back (the rounds never settled), say so and keep the
+        inductive default head's probabilities for the pool."""
+        reason = self.transductive_.get("fallback")
+        if reason:
+            log.warning("transductive: %s", reason)
+            self._keep_inductive_labels(U)
+        return bool(reason)
 
     def _keep_inductive_labels(self, U: torch.Tensor) -> None:
         """A pool that changed nothing: its probabilities are the inductive default head's (what ``classify``
