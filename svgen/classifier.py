@@ -1224,6 +1224,13 @@ class SVGClassifier:
         temps = {h: float(t[f"temperature.{h}"]) for h in HEADS if f"temperature.{h}" in t}
         if len(temps) == len(HEADS):
             cal = meta.get("calibration") or {}
+            # svgen.json holds each T exactly (float64); the tensor is its float32 copy. The exact one is used
+            # where it agrees with the tensor, so a loaded classifier predicts what the saved one did
+            exact = cal.get("temperatures") if isinstance(cal.get("temperatures"), dict) else {}
+            for h, v in exact.items():
+                if (h in temps and isinstance(v, float) and math.isfinite(v) and v > 0
+                        and float(torch.tensor(v, dtype=torch.float32)) == temps[h]):
+                    temps[h] = v
             self.temperatures_ = temps
             self.kernel_logits_ = cal.get("kernel_logits", "log")   # absent: written before the choice existed
             self.calibration_ = {k: v for k, v in cal.items() if k not in ("temperatures", "probabilities",
