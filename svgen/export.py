@@ -135,10 +135,10 @@ def _head_arrays(clf, head: str) -> Dict[str, np.ndarray]:
             out["vote_weights.shape"] = np.asarray(A.shape, dtype=np.int64)
         else:
             out["vote_weights"] = A.float().contiguous().numpy()
-        if getattr(clf, "text_", None) is not None:  # format 2: which rows are text, which are images
+        if clf.support_labels_ is not None:  # formats 2-3: which rows are text, which are images
             out["support_labels"] = clf.support_labels_.to(torch.int64).numpy()
             out["support_source"] = clf.support_source_.to(torch.uint8).numpy()
-        if getattr(clf, "kernel_prior_", None) is not None:   # adapted to shots: + softmax(τ x̂ P̂ᵀ)
+        if clf.kernel_prior_ is not None:   # adapted to shots: + softmax(τ x̂ P̂ᵀ)
             out["prior_prototypes"] = F.normalize(clf.prototypes_.float(), dim=-1).contiguous().numpy()
             out["prior_logit_scale"] = np.asarray(clf.kernel_prior_, dtype=np.float32)
         return out
@@ -160,7 +160,7 @@ def head_metadata(clf, head: str) -> Dict[str, str]:
         meta["kernel"] = clf.fit_config_.kernel
         meta["usage"] = ("scores = k(x/||x||, support_vectors) @ vote_weights"
                          + (" + softmax(prior_logit_scale * x/||x|| @ prior_prototypes.T)"
-                            if getattr(clf, "kernel_prior_", None) is not None else "")
+                            if clf.kernel_prior_ is not None else "")
                          + "; rbf k = exp(-||a-b||^2/(2 bandwidth^2)), laplacian k = exp(-||a-b||/bandwidth)")
         meta["kernel_logits"] = clf.kernel_logits_
     else:

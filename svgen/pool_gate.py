@@ -36,7 +36,6 @@ set so that each adapted head's mean entropy on the pool equals the inductive he
 
 from __future__ import annotations
 
-import copy
 import logging
 import math
 from typing import Optional
@@ -45,7 +44,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from . import calibration
+from . import calibration, predictor, shot_adapt
+from .pool_solve import Stage, transduce
+from .state import TextSide
+from .support import IMAGE, image_rows
 
 log = logging.getLogger(__name__)
 
@@ -124,28 +126,6 @@ def replication_gate(agree_pool: np.ndarray, agree_ind: np.ndarray, agree5_pool:
                     "that class not less often by more than 1 SE (paired, both directions)"}
 
 
-def zero_shot_clone(clf):
-    """A copy of ``clf`` back at its zero-shot heads (no shots, no pool), with the text rule's temperatures.
-
-    Shallow: tensors are shared (adapting replaces a classifier's tensors, never writes into them), and every
-    dict attribute is copied (``transductive_`` is updated in place), so the per-template text embeddings
-    (C×T×D: gigabytes at ImageNet-21k scale) are never duplicated."""
-    c = copy.copy(clf)
-    for name, value in vars(clf).items():
-        if isinstance(value, dict):
-            setattr(c, name, dict(value))
-    c._restore_inductive()
-    if c.fewshot_ is not None:
-        text = c.text_
-        c.support_vectors_, c.bandwidth_, c.vote_weights_ = (text["support_vectors"], float(text["bandwidth"]),
-                                                            text["vote_weights"])
-        c.linear_weight_, c.linear_bias_ = text["linear_weight"], text["linear_bias"]
-        c.text_, c.fewshot_, c.kernel_prior_ = None, None, None
-        c._text_temperatures()
-    c.transductive_, c.transductive_labels_ = None, None
-    return c
-
-
 def fit_stack(g: np.ndarray, z: np.ndarray, y: np.ndarray) -> tuple:
     """(a, b) ≥ 0 minimising the mean NLL of ``softmax(a·g + b·z)`` on labelled rows: how much of the pool's
     Gaussian log-likelihood ``g`` and of the inductive linear head's logits ``z`` the deployed head takes.
@@ -175,11 +155,11 @@ def stacked_probs(g, z, a: float, b: float) -> np.ndarray:
                                1.0).numpy()
 
 
-def pool_parts(c, W0: torch.Tensor, b0: torch.Tensor):
-    """(W_G, b_G): the Gaussian log-likelihood part of a transduced linear head, which is
-    ``W_G + β·t·W0`` (:meth:`SVGClassifier._transduce_pool`), W0 the inductive linear head."""
-    k = float(c.transductive_["prior_strength"]) * float(c.transductive_["linear_prior_temperature"])
-    return c.linear_weight_.double() - k * W0.double(), c.linear_bias_.double() - k * b0.double()
+def pool_parts(record: dict, linear, W0: torch.Tensor, b0: torch.Tensor):
+    """(W_G, b_G): the Gaussian log-likelihood part of a transduced linear head ``linear``, which is
+    ``W_G + β·t·W0`` (:func:`svgen.pool_solve.transduce`, ``record`` its record), W0 the inductive linear head."""
+    k = float(record["prior_strength"]) * float(record["linear_prior_temperature"])
+    return linear.weight.double() - k * W0.double(), linear.bias.double() - k * b0.double()
 
 
 def _steps(items, progress: bool, what: str):
@@ -191,30 +171,33 @@ def _steps(items, progress: bool, what: str):
     return tqdm(items, desc=f"checking the pool ({what})", unit="fold", leave=False)
 
 
-def check_with_shots(clf, U: torch.Tensor, shots, strength: Optional[float], progress: bool = False) -> dict:
+def check_with_shots(stage: Stage, side: TextSide, U: torch.Tensor, strength: Optional[float],
+                     progress: bool = False) -> dict:
     """:func:`paired_gate` on held-out shots made pool members (see the module text). The candidate is the
     stacked linear head ``a·(pool Gaussian log-likelihood) + b·(inductive linear logits)``, (a, b) by
     :func:`fit_stack` on the other fold's held-out shots (cross-fitted), against the inductive default head."""
-    C = len(clf.classes_)
-    X, y = shots.rows.float(), shots.labels.numpy()
-    head = clf.default_head_
-    folds = shot_folds(y, C, clf.fit_config_.seed)
+    C, D = side.n_classes, side.prototypes.shape[1]
+    X, y = stage.shots.rows.float(), stage.shots.labels.numpy()
+    head = stage.default_head
+    folds = shot_folds(y, C, side.config.seed)
     base = {"evidence": "held-out shots as pool members", "head": head}
     if len(folds) < 2:
         return {**base, "adopt": False, "reason": "one shot in all: no held-out shots to check a pool on"}
     parts = []
     for held in _steps(folds, progress, "held-out shots"):
         keep = np.setdiff1d(np.arange(len(y)), held)
-        c = zero_shot_clone(clf)
-        c.adapt_shots(X[keep], torch.from_numpy(y[keep]))
+        shots = image_rows(X[keep], torch.from_numpy(y[keep]), C, D)
+        fit = shot_adapt.adapt(stage.zero_shot, shots, side)   # the predictor as deployed, without the fold
         Xh = F.normalize(X[held], dim=-1)
         with torch.no_grad():
-            p_ind = np.asarray(c.predict_proba(Xh, head), dtype=np.float64)
-            W0, b0 = c.linear_weight_.clone(), c.linear_bias_.clone()
-            c._transduce_pool(torch.cat([U, Xh]), strength, progress=False)
-            if c.transductive_.get("fallback"):
-                return {**base, "adopt": False, "reason": "without half of the shots " + c.transductive_["fallback"]}
-            WG, bG = pool_parts(c, W0, b0)
+            p_ind = predictor.proba(fit.heads, side.prototypes, side.config.kernel, Xh, head).numpy()
+            W0, b0 = fit.heads.linear.weight.clone(), fit.heads.linear.bias.clone()
+            part = Stage(fit.heads, stage.zero_shot, fit.record, fit.heads.kernel.support_set().part(IMAGE),
+                         fit.record["default_head"])
+            pool = transduce(part, side, torch.cat([U, Xh]), strength, progress=False)
+            if pool.record.get("fallback"):
+                return {**base, "adopt": False, "reason": "without half of the shots " + pool.record["fallback"]}
+            WG, bG = pool_parts(pool.record, pool.heads.linear, W0, b0)
             g = (Xh.double() @ WG.T + bG).numpy()
             z = (Xh.double() @ W0.double().T + b0.double()).numpy()
         parts.append((held, p_ind, g, z))
@@ -227,29 +210,30 @@ def check_with_shots(clf, U: torch.Tensor, shots, strength: Optional[float], pro
     return gate
 
 
-def check_without_shots(clf, U: torch.Tensor, strength: Optional[float], progress: bool = False) -> dict:
+def check_without_shots(stage: Stage, side: TextSide, U: torch.Tensor, strength: Optional[float],
+                        progress: bool = False) -> dict:
     """:func:`replication_gate` over two random halves of the pool (see the module text): the adapted linear
     head (what a pool deploys) against the inductive default head."""
     N = U.shape[0]
-    perm = torch.from_numpy(np.random.default_rng(clf.fit_config_.seed).permutation(N))
+    P, kind = side.prototypes, side.config.kernel
+    perm = torch.from_numpy(np.random.default_rng(side.config.seed).permutation(N))
     halves = [perm[: N // 2].sort().values, perm[N // 2:].sort().values]
-    head = clf.default_head_
+    head = stage.default_head
     base = {"evidence": "halves of the pool", "head": head}
     with torch.no_grad():
-        ind = top5(clf.decision_function(U, head))
+        ind = top5(predictor.scores(stage.heads, P, kind, U, head))
         adapted = []
         for rows in _steps(halves, progress, "halves of the pool"):
-            c = zero_shot_clone(clf)
-            c._transduce_pool(U[rows], strength, progress=False)
-            if c.transductive_.get("fallback"):
+            fit = transduce(stage, side, U[rows], strength, progress=False, kernel_head=False)
+            if fit.record.get("fallback"):
                 return {**base, "adopt": False, "reason": "half of the pool alone does not adapt ("
-                        + c.transductive_["fallback"].replace("; kept the inductive heads", "") + ")"}
-            adapted.append(c)
+                        + fit.record["fallback"].replace("; kept the inductive heads", "") + ")"}
+            adapted.append(fit)
         a1, i1, a5, i5 = [], [], [], []
         for a, b in ((0, 1), (1, 0)):
-            posterior = torch.as_tensor(adapted[b].transductive_labels_).argmax(dim=1)[:, None]
+            posterior = adapted[b].labels.argmax(dim=1)[:, None]
             rows = halves[b]
-            new = top5(adapted[a].decision_function(U[rows], "linear"))
+            new = top5(predictor.scores(adapted[a].heads, P, kind, U[rows], "linear"))
             a1.append((new[:, :1] == posterior).any(dim=1).numpy())
             i1.append((ind[rows, :1] == posterior).any(dim=1).numpy())
             a5.append((new == posterior).any(dim=1).numpy())

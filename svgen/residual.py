@@ -29,7 +29,7 @@ Settings, from the shots alone, on the predictor as it is deployed (prior on):
   none), so σ is Tip-Adapter's published bandwidth (``exp(−β(1 − x̂·x̂'))`` with β = 5.5, i.e.
   σ = 1/√β) and c = 1: one shot and the text prior weigh the same (an isolated shot's residual is
   halved). This is a stated default, not a fitted value; ``docs/fewshot.md`` reports what it gives.
-* The temperature (``SVGClassifier._shot_temperatures``) comes from the balanced folds' held-out scores
+* The temperature (``svgen.shot_adapt.temperatures``) comes from the balanced folds' held-out scores
   at the chosen setting (:attr:`ResidualFit.held_scores`); with one shot per class, which has no folds,
   from the exact leave-one-out scores ``s_loo = p₀ + (HR − h ⊙ R)/(1 − h)``, ``H = K(K + cI)⁻¹``,
   ``h = diag H`` (they describe images of a class with no shot: pessimistic, so a softer T).

@@ -150,10 +150,11 @@ def test_pool_with_shots_stacked_head_formula():
     # the parts: the posterior head is W_G + β·t·W0; take the inductive part back out
     k = t["prior_strength"] * t["linear_prior_temperature"]
     ref = SVGClassifier(n_support=2, steps=5, seed=0).fit(protos).adapt(X, ys)
-    ref._restore_inductive()
-    ref._transduce_pool(torch.nn.functional.normalize(torch.as_tensor(U), dim=-1))
-    WG = ref.linear_weight_.double() - k * W0.double()
-    bG = ref.linear_bias_.double() - k * b0.double()
+    from svgen.pool_solve import transduce
+
+    pool = transduce(ref._stage(), ref._side(), torch.nn.functional.normalize(torch.as_tensor(U), dim=-1))
+    WG = pool.heads.linear.weight.double() - k * W0.double()
+    bG = pool.heads.linear.bias.double() - k * b0.double()
     want = torch.as_tensor(U).double() @ (a * WG + b * W0.double()).T + (a * bG + b * b0.double())
     np.testing.assert_allclose(clf.decision_function(U, "linear"), want.numpy(), rtol=1e-4, atol=1e-4)
     assert clf.default_head_ == "linear" and clf.temperatures_["linear"] == 1.0

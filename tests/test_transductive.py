@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from svgen import SVGClassifier
+from svgen import SVGClassifier, predictor
 from svgen import transductive as td
 
 C, D = 4, 12
@@ -46,12 +46,12 @@ def gate_open(monkeypatch):
     then ``1·(pool Gaussian log-likelihood) + β·t·(inductive LDA logits)``: the posterior itself."""
     from svgen import pool_gate
 
-    def with_shots(clf, U, shots, strength, progress=False):
-        return {"adopt": True, "evidence": "held-out shots as pool members", "head": clf.default_head_,
+    def with_shots(stage, side, U, strength, progress=False):
+        return {"adopt": True, "evidence": "held-out shots as pool members", "head": stage.default_head,
                 "stack": {"gaussian": 1.0, "inductive_linear": None}}
 
-    monkeypatch.setattr(pool_gate, "check_without_shots", lambda clf, U, strength, progress=False: {
-        "adopt": True, "evidence": "halves of the pool", "head": clf.default_head_})
+    monkeypatch.setattr(pool_gate, "check_without_shots", lambda stage, side, U, strength, progress=False: {
+        "adopt": True, "evidence": "halves of the pool", "head": stage.default_head})
     monkeypatch.setattr(pool_gate, "check_with_shots", with_shots)
 
 
@@ -131,9 +131,12 @@ def test_infinite_prior_strength_is_the_inductive_prediction(data):
     clf = SVGClassifier(n_support=2, steps=5, seed=0).fit(data["protos"]).adapt(data["X"], data["ys"])
     q = data["U"]
     before = clf.decision_function(q, "linear").argmax(1)
-    clf._transduce_pool(torch.nn.functional.normalize(torch.as_tensor(q), dim=-1), strength=1e7)
-    assert np.array_equal(clf.decision_function(q, "linear").argmax(1), before)
-    assert np.array_equal(clf.transductive_labels_.argmax(1), before)
+    from svgen.pool_solve import transduce
+
+    pool = transduce(clf._stage(), clf._side(), torch.nn.functional.normalize(torch.as_tensor(q), dim=-1), strength=1e7)
+    after = predictor.scores(pool.heads, clf.prototypes_, "rbf", torch.as_tensor(q), "linear")
+    assert np.array_equal(after.argmax(1).numpy(), before)
+    assert np.array_equal(pool.labels.argmax(1).numpy(), before)
 
 
 def test_zero_strength_and_no_graph_is_plain_soft_gmm(data):
@@ -205,7 +208,7 @@ def test_fit_with_unlabelled_equals_fit_then_adapt(data, tmp_path, gate_open):
     b.save(tmp_path / "t.svgen")
     c = SVGClassifier.load(tmp_path / "t.svgen")
     assert torch.equal(c.linear_weight_, b.linear_weight_)
-    assert torch.equal(c.inductive_linear_[0], b.inductive_linear_[0])
+    assert torch.equal(c.inductive_.linear.weight, b.inductive_.linear.weight)
     assert c.transductive_["prior_strength"] == b.transductive_["prior_strength"]
     zs = SVGClassifier(n_support=2, steps=5, seed=0).fit(data["protos"])
     c.adapt(unlabelled=data["U"][:2])   # falls back: the inductive linear head comes back
@@ -251,7 +254,7 @@ def test_shots_then_pool(data, gate_open):
     assert clf.fewshot_["shots"] == len(data["ys"])
     # more shots re-solve the heads from the shots: the pool must be given again
     clf.adapt(data["X"][:2], data["ys"][:2])
-    assert clf.transductive_ is None and clf.inductive_linear_ is None
+    assert clf.transductive_ is None and clf.inductive_ is None
 
 
 @pytest.mark.parametrize("pool, msg", [
@@ -383,7 +386,7 @@ def test_classifier_keeps_the_inductive_heads_when_the_rounds_never_settle(data,
     t = clf.transductive_
     assert "did not settle" in t["fallback"] and len(t["tries"]) == td.MAX_ESCALATIONS + 1
     assert torch.equal(clf.linear_weight_, W) and torch.equal(clf.linear_bias_, b)
-    assert clf.inductive_linear_ is None
+    assert clf.inductive_ is None
 
 
 # ----------------------------------------------------------------------------- the kernel head re-solved
@@ -408,6 +411,7 @@ def test_soft_target_kernel_head_against_numpy(data):
     """fit_kernel_head with soft targets: the vote weights are the formula re-solved in numpy, and the LOO
     error of the chosen setting is brute-force refitting without each row."""
     from svgen import fewshot
+    from svgen.pool_solve import text_votes
     from svgen.support import IMAGE, POOL, SupportSet
 
     clf = data["clf"]
@@ -416,7 +420,7 @@ def test_soft_target_kernel_head_against_numpy(data):
     Zs = torch.softmax(torch.as_tensor(rng.normal(size=(len(U), C)) + 3 * np.eye(C)[data["yu"]]), dim=1)
     rows = SupportSet(U, Zs.argmax(1), torch.full((len(U),), POOL, dtype=torch.uint8))
     text = SupportSet.from_text(clf.support_vectors_)
-    votes = clf._text_votes(clf._text_state(), text)
+    votes = text_votes(clf.zero_shot_, clf._side(), text)
     support, sigma, A, choice = fewshot.fit_kernel_head(text, votes, rows, C, targets=Zs, one_se=False)
     s = choice.settings
     T, X, Y = text.rows.double().numpy(), U.double().numpy(), Zs.numpy()
@@ -470,7 +474,7 @@ def test_pool_kernel_head_in_the_classifier(hard, tmp_path, gate_open):
     kh = _kernel_resolved(clf)
     src = clf.support_source_.numpy()
     assert (src == POOL).sum() == kh["pool_rows"] and (src == 0).sum() == C * 2
-    assert clf.vote_weights_.shape == (len(src), C) and clf.inductive_kernel_ is not None
+    assert clf.vote_weights_.shape == (len(src), C) and clf.inductive_.kernel is not clf.heads_.kernel
     assert kh["agreement"] > kh["inductive_agreement"]
     assert clf.transductive_["heads"]["kernel"].startswith("transductive")
     # the scoring formula over the new support set
@@ -495,7 +499,7 @@ def test_pool_kernel_head_in_the_classifier(hard, tmp_path, gate_open):
     assert np.allclose(b.decision_function(hard["U"], "kernel"), clf.decision_function(hard["U"], "kernel"), atol=1e-5)
     # a pool that falls back restores the zero-shot (version-1) kernel head exactly
     b.adapt(unlabelled=hard["U"][:2])
-    assert b.text_ is None and b.support_vectors_.dim() == 3
+    assert b.support_labels_ is None and b.support_vectors_.dim() == 3
     assert np.allclose(b.decision_function(hard["U"], "kernel"), K0, atol=1e-6)
     # classes can still be added (the pool rows are dropped)
     clf.add_classes(hard["protos"][:1] * -1, ["new"])
@@ -525,7 +529,7 @@ def test_kernel_head_kept_when_it_does_not_agree_better(data, monkeypatch, gate_
     monkeypatch.setattr(td, "kernel_agreement", lambda scores, Z: 0.5)   # a tie: not better
     clf.adapt(unlabelled=data["U"])
     kh = clf.transductive_["kernel_head"]
-    assert not kh["replaced"] and "not above" in kh["reason"] and clf.inductive_kernel_ is None
+    assert not kh["replaced"] and "not above" in kh["reason"] and clf.inductive_.kernel is clf.heads_.kernel
     assert clf.transductive_["heads"]["kernel"].startswith("inductive")
     assert np.array_equal(clf.decision_function(data["U"], "kernel"), K0)
 

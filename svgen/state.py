@@ -1,0 +1,101 @@
+"""The fitted state of a classifier as plain objects: its heads, their calibration, and which stage made them.
+
+A classifier passes through up to three stages, each producing a complete :class:`Heads`:
+
+* ``zero-shot`` (``svgen fit``): the kernel vote over the generated text support vectors and the text-metric
+  linear head;
+* ``shots`` (:mod:`svgen.shot_adapt`): labelled images re-solve both heads from the zero-shot ones;
+* ``pool`` (:mod:`svgen.pool_adapt`): an unlabelled pool may replace the heads of the stage before it.
+
+:class:`svgen.SVGClassifier` holds the deployed heads (``heads_``), the zero-shot heads the shots were added to
+(``zero_shot_``, once there are shots or pool rows), and the inductive heads a pool replaced (``inductive_``), so
+adapting again starts from them. Nothing here computes; :mod:`svgen.codec` turns these objects into an artifact's
+tensors and back.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Optional
+
+import torch
+
+from .support import SupportSet
+
+
+@dataclass
+class KernelHead:
+    """The kernel vote ``s(x) = k(x, rows) @ votes`` (+ ``softmax(prior_scale · x̂P̂ᵀ)`` with a prior term).
+
+    ``rows``: C×K×D text support vectors (``labels``/``source`` None: row c·K+k is of class c, from text),
+    or M×D rows with their class ``labels`` and ``source`` (:data:`svgen.support.SOURCES`)."""
+
+    rows: torch.Tensor
+    bandwidth: float
+    votes: torch.Tensor
+    labels: Optional[torch.Tensor] = None
+    source: Optional[torch.Tensor] = None
+    prior_scale: Optional[float] = None
+
+    def flat_rows(self) -> torch.Tensor:
+        """The rows as M×D (text rows C×K×D flattened class by class)."""
+        return self.rows.reshape(-1, self.rows.shape[-1])
+
+    def support_set(self) -> SupportSet:
+        """The rows as a :class:`~svgen.support.SupportSet` (rows, class of each row, source of each row)."""
+        return SupportSet.from_text(self.rows) if self.labels is None else SupportSet(self.rows, self.labels, self.source)
+
+
+@dataclass
+class LinearHead:
+    """``x̂ Wᵀ + b``."""
+
+    weight: torch.Tensor
+    bias: torch.Tensor
+
+
+@dataclass
+class Calibration:
+    """Per-head temperatures (``softmax(logits / T)``), the kind of the kernel head's logits
+    (:data:`svgen.calibration.KERNEL_LOGITS`) and the record of how they were fitted (``svgen.json``)."""
+
+    temperatures: dict
+    kernel_logits: str = "log"
+    record: dict = field(default_factory=dict)
+
+    def copy(self) -> "Calibration":
+        import json
+
+        return Calibration(dict(self.temperatures), self.kernel_logits, json.loads(json.dumps(self.record)))
+
+
+@dataclass
+class Heads:
+    """One stage's complete predictor. ``calibration`` None: not known (the zero-shot heads of an artifact
+    that did not store theirs; the text rule recomputes them)."""
+
+    kernel: KernelHead
+    linear: LinearHead
+    calibration: Optional[Calibration] = None
+
+    def copy(self) -> "Heads":
+        """A new record of the same tensors (tensors are never written into, only replaced)."""
+        return Heads(replace(self.kernel), replace(self.linear),
+                     None if self.calibration is None else self.calibration.copy())
+
+
+@dataclass
+class TextSide:
+    """What every stage is built on and never changes: the classes, their unit prototypes (C×D) and per-template
+    text embeddings (C×T×D), the fit's settings (:class:`svgen.training.FitConfig`) and the rule the stored vote
+    weights are scaled by (``"M·λ"`` or none)."""
+
+    classes: list
+    prototypes: torch.Tensor
+    per_template: torch.Tensor
+    config: object
+    vote_rule: Optional[str] = None
+
+    @property
+    def n_classes(self) -> int:
+        return len(self.classes)
