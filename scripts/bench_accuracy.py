@@ -70,7 +70,7 @@ def correct(scores: torch.Tensor, y: np.ndarray):
 
 def compare(hit: np.ndarray, base: np.ndarray, folds: np.ndarray, seed: int = 0) -> dict:
     """Difference to cosine in points: whole half with its paired bootstrap interval, and per fold."""
-    from svgen.metrics import paired_bootstrap
+    from svgen.evaluation.metrics import paired_bootstrap
 
     b = paired_bootstrap(hit, base, n_resamples=RESAMPLES, seed=seed)
     return {"acc": 100 * float(hit.mean()), "diff": 100 * b["diff"], "low": 100 * b["low"], "high": 100 * b["high"],
@@ -105,7 +105,7 @@ def _fixed_kappa():
     """Context: the metric at the requested κ for every input (before the strength rule existed)."""
     import contextlib
 
-    from svgen import training
+    from svgen.zeroshot import training
 
     @contextlib.contextmanager
     def ctx():
@@ -146,7 +146,7 @@ def main(argv=None) -> int:
     import contextlib
 
     from svgen import SVGClassifier
-    from svgen.heads import cosine_logits
+    from svgen.heads.scoring import cosine_logits
 
     inputs, x, y = load_data()
     xt = torch.from_numpy(x)

@@ -4,7 +4,7 @@
 Text-only default fits of both LVIS inputs ("a {class}", C×D; and stacked with the GPT-3
 description embedding, T=2). The 602 dev-half image features (even-indexed classes, all 1,203
 classes as candidates) judge each head's ``predict_proba``: top-1 accuracy, NLL, ECE (15 bins),
-and the temperature, which comes from the text side only (svgen.calibration.text_temperatures);
+and the temperature, which comes from the text side only (svgen.calibration.temperatures.text_temperatures);
 no dev label, and no image, sets anything. The stock alternative is the cosine head at CLIP's
 logit scale 100 (open_clip's ``(100 * image @ text.T).softmax(-1)``); ``ece − cosine`` carries a
 paired bootstrap 95% interval over the dev examples. Two rows explain the design and are not
@@ -33,7 +33,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_accuracy import class_folds, load_data  # noqa: E402  (the two LVIS inputs, the dev half, class folds)
 from bench_common import ROOT, machine, print_table, save_result  # noqa: E402
 
-from svgen import SVGClassifier, calibration  # noqa: E402
+from svgen import SVGClassifier  # noqa: E402
+from svgen.calibration import temperatures as calibration
 
 HEADS = ("cosine", "kernel", "linear")
 BOOT = 2000

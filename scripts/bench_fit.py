@@ -77,12 +77,12 @@ def worker(C, path, n_steps, extra):
     import torch
 
     from bench_common import make_prototypes
-    from svgen import scale
+    from svgen.core import scale
     from svgen.config import FitConfig
-    from svgen.generator import SupportVectorGenerator, template_anchors
-    from svgen.kernels import kernel, median_heuristic
-    from svgen.prototypes import prototypes_from_embeddings
-    from svgen.training import TrainState, _batch_loss, generate_all
+    from svgen.core.generator import SupportVectorGenerator, template_anchors
+    from svgen.core.kernels import kernel, median_heuristic
+    from svgen.encoders.prototypes import prototypes_from_embeddings
+    from svgen.zeroshot.training import TrainState, _batch_loss, generate_all
 
     emb, _ = make_prototypes(C)
     E, P = prototypes_from_embeddings(torch.from_numpy(emb))
@@ -99,7 +99,7 @@ def worker(C, path, n_steps, extra):
     params = list(gen.parameters()) + [state.weight, state.bias, state.log_sigma]
     opt = torch.optim.Adam(params, lr=1e-3)
     y_cache = torch.arange(min(C, cfg.batch_classes)).repeat_interleave(K)
-    from svgen.training import ClassBatchSampler
+    from svgen.zeroshot.training import ClassBatchSampler
 
     sampler = ClassBatchSampler(P, cfg.batch_classes, cfg.neighbours, 0)
     times = []

@@ -31,7 +31,7 @@ def main(argv=None):
     args = ap.parse_args(argv)
     from sklearn.kernel_approximation import RBFSampler
 
-    from svgen.kernels import RandomFourierFeatures, kernel, median_heuristic
+    from svgen.core.kernels import RandomFourierFeatures, kernel, median_heuristic
 
     n_points, seeds = (600, 2) if args.quick else (args.points, args.seeds)
     ms = (128, 512, 2048) if args.quick else (128, 256, 512, 1024, 2048, 4096)

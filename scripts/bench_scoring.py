@@ -5,9 +5,9 @@ For N×D features and C classes with K support vectors each (M = C·K):
 
 * ``gemm``  — the same matrix products without anything else: ``X Sᵀ`` (N×D·D×M) then, for dense
   vote weights, ``(·) A`` (N×M·M×C); this is the stock alternative and the 100% mark;
-* ``kernel`` — :func:`svgen.heads.kernel_scores` (normalise, in-place RBF on blocks of S, vote);
+* ``kernel`` — :func:`svgen.heads.scoring.kernel_scores` (normalise, in-place RBF on blocks of S, vote);
 * ``naive`` — the unblocked formula ``exp(-||x̂-s||²/2σ²) @ A`` with the full N×M kernel;
-* ``linear`` — :func:`svgen.heads.linear_logits` against the GEMM ``X Wᵀ`` (N×D·D×C).
+* ``linear`` — :func:`svgen.heads.scoring.linear_logits` against the GEMM ``X Wᵀ`` (N×D·D×C).
 
 ``frac`` = GEMM time / head time (throughput as a fraction of GEMM; target ≥ 0.5 for the kernel
 head). Large C uses sparse vote weights (the large-C artifact layout), whose GEMM mark is ``X Sᵀ``.
@@ -32,7 +32,7 @@ warnings.filterwarnings("ignore", message="Sparse")
 
 def sparse_votes(P, K, neighbours=32, seed=0):
     """Vote weights with the layout of a large-C artifact: column c on c's nearest classes' rows."""
-    from svgen.scale import class_neighbours
+    from svgen.core.scale import class_neighbours
 
     C = P.shape[0]
     nb = class_neighbours(P, neighbours)
@@ -48,8 +48,8 @@ def main(argv=None):
     ap.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     ap.add_argument("--n", type=int, default=2048, help="feature rows per call")
     args = ap.parse_args(argv)
-    from svgen.heads import kernel_scores, linear_logits
-    from svgen.kernels import kernel
+    from svgen.heads.scoring import kernel_scores, linear_logits
+    from svgen.core.kernels import kernel
 
     N, repeat = (512, 2) if args.quick else (args.n, 3)
     cases = [(1000, "dense"), (21843, "sparse")] if not args.quick else [(1000, "dense"), (5000, "sparse")]

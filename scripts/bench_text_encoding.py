@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parent.parent
 def imagenet_classes():
     path = ROOT / "prompts" / "classes" / "imagenet1k.txt"
     if path.is_file():
-        from svgen.prompts import read_classes
+        from svgen.encoders.prompts import read_classes
 
         return read_classes(path)
     from open_clip.zero_shot_metadata import IMAGENET_CLASSNAMES
@@ -75,7 +75,7 @@ def main(argv=None) -> int:
 
     import open_clip
 
-    from svgen.encoders import ClipEncoder
+    from svgen.encoders.clip import ClipEncoder
 
     logging.getLogger().setLevel(logging.ERROR)  # open_clip warns (on the root logger) about random weights
     if args.threads:

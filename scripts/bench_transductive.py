@@ -84,13 +84,14 @@ def evaluate(clf, U, P, yv):
     """Correctness (0/1 per pool image) of every method, after the inductive ``clf`` is fitted."""
     import torch
 
-    from svgen import transductive as td
+    from svgen.heads.scoring import CLIP_LOGIT_SCALE
+    from svgen.transductive import solve as td
 
     from svgen.classifier import prior_head_of
 
     head = prior_head_of(clf)
     out = {"cosine": U @ unit(P).T}
-    target = td._entropy(td.CLIP_LOGIT_SCALE * torch.as_tensor(out["cosine"]))
+    target = td._entropy(CLIP_LOGIT_SCALE * torch.as_tensor(out["cosine"]))
     for h in ("kernel", "linear"):
         out[f"inductive_{h}"] = np.asarray(clf.decision_function(U, h))
         t = td.match_entropy(torch.as_tensor(out[f"inductive_{h}"]), target)
@@ -185,7 +186,7 @@ def run_lvis(log):
     correct, info = evaluate(clf, U, P, yv)
     if info["fallback"]:
         # diagnostic, not a default: what the solve would have done without the fall-back
-        from svgen import transductive as td
+        from svgen.transductive import solve as td
 
         keep, td.MIN_POOL_PER_CLASS = td.MIN_POOL_PER_CLASS, 0.0
         try:

@@ -18,8 +18,8 @@ import os
 import sys
 from typing import List, Optional
 
-from . import __version__
-from .errors import SvgenError
+from svgen import __version__
+from svgen.errors import SvgenError
 
 COMMANDS = ("fit", "classify", "eval", "export", "diagnose", "add-classes", "adapt", "check-encoder")
 

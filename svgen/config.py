@@ -3,17 +3,17 @@
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from typing import Optional, Union
 
-from .errors import SvgenError
+from svgen.errors import SvgenError
 
 KERNELS = ("rbf", "laplacian")
 MARGIN_NAMES = ("hinge", "ce")
 RIDGE_RULES = ("auto", "loo", "gcv")
 METRICS = ("neighbour", "none")
 LINEAR_HEADS = ("whitened", "lda")                 # closed-form linear head under the text metric
-SOLVERS = ("auto", "exact", "blocked", "rff")      # alignment path per class batch (svgen.scale)
+SOLVERS = ("auto", "exact", "blocked", "rff")      # alignment path per class batch (svgen.core.scale)
 VOTE_SOLVERS = ("auto", "dense", "local")          # vote weights: dense Cholesky or sparse neighbourhoods
 DEFAULT_RFF_DIM = 2048                             # random features per step on the rff path
 MAX_SUPPORT = 256                                  # -K: the generator's last layer is 2D × K·D
@@ -56,9 +56,17 @@ class FitConfig:
     vote_neighbours: int = 32
     seed: int = 0
 
+    @classmethod
+    def from_params(cls, params: dict) -> "FitConfig":
+        """A config from an estimator's settings (the fields it names; the rest keep their defaults), each
+        ``int``/``float``/``bool`` field cast to its type, as ``SVGClassifier(n_support=4.0)`` is meant."""
+        casts = {"int": int, "float": float, "bool": bool}
+        return cls(**{f.name: casts[f.type](params[f.name]) if f.type in casts else params[f.name]
+                      for f in fields(cls) if f.name in params})
+
     def validate(self) -> None:
         """One :class:`SvgenError` line for any setting out of its range (also for an artifact's
-        recorded ``fit``, see :mod:`svgen.schema`); every number must be finite."""
+        recorded ``fit``, see :mod:`svgen.io.schema`); every number must be finite."""
         if not 1 <= int(self.n_support) <= MAX_SUPPORT:
             raise SvgenError(f"the number of support vectors per class (-K) must be >= 1 and <= {MAX_SUPPORT}, "
                              f"got {self.n_support}")

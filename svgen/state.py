@@ -4,12 +4,12 @@ A classifier passes through up to three stages, each producing a complete :class
 
 * ``zero-shot`` (``svgen fit``): the kernel vote over the generated text support vectors and the text-metric
   linear head;
-* ``shots`` (:mod:`svgen.shot_adapt`): labelled images re-solve both heads from the zero-shot ones;
-* ``pool`` (:mod:`svgen.pool_adapt`): an unlabelled pool may replace the heads of the stage before it.
+* ``shots`` (:mod:`svgen.fewshot.adapt`): labelled images re-solve both heads from the zero-shot ones;
+* ``pool`` (:mod:`svgen.transductive.adapt`): an unlabelled pool may replace the heads of the stage before it.
 
 :class:`svgen.SVGClassifier` holds the deployed heads (``heads_``), the zero-shot heads the shots were added to
 (``zero_shot_``, once there are shots or pool rows), and the inductive heads a pool replaced (``inductive_``), so
-adapting again starts from them. Nothing here computes; :mod:`svgen.codec` turns these objects into an artifact's
+adapting again starts from them. Nothing here computes; :mod:`svgen.io.codec` turns these objects into an artifact's
 tensors and back.
 """
 
@@ -20,7 +20,7 @@ from typing import Optional
 
 import torch
 
-from .support import SupportSet
+from svgen.core.support import SupportSet
 
 
 @dataclass
@@ -28,7 +28,7 @@ class KernelHead:
     """The kernel vote ``s(x) = k(x, rows) @ votes`` (+ ``softmax(prior_scale · x̂P̂ᵀ)`` with a prior term).
 
     ``rows``: C×K×D text support vectors (``labels``/``source`` None: row c·K+k is of class c, from text),
-    or M×D rows with their class ``labels`` and ``source`` (:data:`svgen.support.SOURCES`)."""
+    or M×D rows with their class ``labels`` and ``source`` (:data:`svgen.core.support.SOURCES`)."""
 
     rows: torch.Tensor
     bandwidth: float
@@ -42,7 +42,7 @@ class KernelHead:
         return self.rows.reshape(-1, self.rows.shape[-1])
 
     def support_set(self) -> SupportSet:
-        """The rows as a :class:`~svgen.support.SupportSet` (rows, class of each row, source of each row)."""
+        """The rows as a :class:`~svgen.core.support.SupportSet` (rows, class of each row, source of each row)."""
         return SupportSet.from_text(self.rows) if self.labels is None else SupportSet(self.rows, self.labels, self.source)
 
 
@@ -57,7 +57,7 @@ class LinearHead:
 @dataclass
 class Calibration:
     """Per-head temperatures (``softmax(logits / T)``), the kind of the kernel head's logits
-    (:data:`svgen.calibration.KERNEL_LOGITS`) and the record of how they were fitted (``svgen.json``)."""
+    (:data:`svgen.calibration.temperatures.KERNEL_LOGITS`) and the record of how they were fitted (``svgen.json``)."""
 
     temperatures: dict
     kernel_logits: str = "log"
@@ -87,7 +87,7 @@ class Heads:
 @dataclass
 class TextSide:
     """What every stage is built on and never changes: the classes, their unit prototypes (C×D) and per-template
-    text embeddings (C×T×D), the fit's settings (:class:`svgen.training.FitConfig`) and the rule the stored vote
+    text embeddings (C×T×D), the fit's settings (:class:`svgen.zeroshot.training.FitConfig`) and the rule the stored vote
     weights are scaled by (``"M·λ"`` or none)."""
 
     classes: list

@@ -10,8 +10,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .errors import SvgenError
-from .prompts import validate_classes
+from svgen.errors import SvgenError
+from svgen.encoders.prompts import validate_classes
 
 log = logging.getLogger(__name__)
 
@@ -97,7 +97,7 @@ def duplicate_prototypes(P: torch.Tensor, threshold: float = DUPLICATE_COS, bloc
 def check_distinct(P: torch.Tensor, classes: Sequence[str], new_from: int = 0) -> None:
     """Refuse classes whose prototypes coincide (cos ≥ 0.9999), naming them, before any solve; only
     pairs that involve a row from ``new_from`` on (classes being added) count."""
-    from .prototypes import short_name
+    from svgen.encoders.prototypes import short_name
 
     pairs = [(i, j, c) for i, j, c in duplicate_prototypes(P) if j >= new_from]
     if pairs:
@@ -117,8 +117,8 @@ def check_vocabulary(P: torch.Tensor, classes: Sequence[str], strict: bool = Fal
     them. Coinciding classes tie under every head, and their support vectors coincide, so K_SS is
     singular; the vote solve ``(K_SS + M·λ·I)⁻¹ Y`` stays well-posed because λ > 0.
     """
-    from .prompts import duplicate_names
-    from .prototypes import short_name
+    from svgen.encoders.prompts import duplicate_names
+    from svgen.encoders.prototypes import short_name
 
     names = duplicate_names(classes)
     pairs = duplicate_prototypes(P)

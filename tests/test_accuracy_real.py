@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from svgen import SVGClassifier
-from svgen.heads import cosine_logits
-from svgen.metrics import paired_bootstrap
+from svgen.heads.scoring import cosine_logits
+from svgen.evaluation.metrics import paired_bootstrap
 
 TOLERANCE = 0.003  # 0.3 points
 

@@ -13,8 +13,9 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from svgen import SVGClassifier, calibration
-from svgen.heads import kernel, one_hot_blocks
+from svgen import SVGClassifier
+from svgen.calibration import temperatures as calibration
+from svgen.heads.scoring import kernel, one_hot_blocks
 
 sklearn_metrics = pytest.importorskip("sklearn.metrics")
 
@@ -198,7 +199,7 @@ def test_set_temperatures_hook_persists(fitted, tmp_path):
 
 @pytest.mark.parametrize("fmt", ["safetensors", "npz", "onnx"])
 def test_exports_carry_the_temperature(fitted, tmp_path, fmt):
-    from svgen.export import export_head, load_head
+    from svgen.io.export import export_head, load_head
 
     clf, _, centres = fitted
     x, _ = _images(centres)
@@ -286,7 +287,7 @@ def test_plot_without_matplotlib_is_one_line(fitted, tmp_path, cli, monkeypatch)
 
 def test_adapted_scores_stay_on_the_probability_scale(fitted, tmp_path):
     """Shots (format 3): the kernel head is p₀ + a correction fitted to the residual Y − p₀, so on the shots
-    its scores are about one for the true class and about zero elsewhere (svgen.residual), and the
+    its scores are about one for the true class and about zero elsewhere (svgen.fewshot.residual), and the
     temperatures are fitted on the shots."""
     clf, emb, centres = fitted
     x, y = _images(centres, n=48, noise=1.0, seed=7)

@@ -12,9 +12,11 @@ import numpy as np
 import pytest
 import torch
 
-from svgen import SVGClassifier, calibration, fewshot
-from svgen.kernels import kernel
-from svgen.support import IMAGE
+from svgen import SVGClassifier
+from svgen.calibration import temperatures as calibration
+from svgen.fewshot import lda as fewshot
+from svgen.core.kernels import kernel
+from svgen.core.support import IMAGE
 
 optimize = pytest.importorskip("scipy.optimize")
 
@@ -74,7 +76,7 @@ def test_adapt_fits_each_heads_temperature_by_loo_nll(adapted, tmp_path):
     assert cal["method"] == "loo-nll" and cal["shots"] == len(y)
     assert clf.temperatures_["cosine"] == 1.0
     shots = clf.support_set_.part(IMAGE)
-    from svgen import residual
+    from svgen.fewshot import residual
 
     sel = residual.select(residual.unit(shots.rows.numpy()), shots.labels.numpy(), residual.unit(clf.prototypes_.numpy()),
                           C, 100.0)

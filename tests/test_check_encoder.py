@@ -1,4 +1,4 @@
-"""``svgen check-encoder`` and :func:`svgen.check.check_encoder`: verdicts on deliberately wrong encoders.
+"""``svgen check-encoder`` and :func:`svgen.encoders.check.check_encoder`: verdicts on deliberately wrong encoders.
 
 With plain random weights GELU and QuickGELU give nearly the same embeddings (cosine ≈ 0.99996),
 so no check could tell them apart. The model here is the tiny architecture with random weights
@@ -19,8 +19,8 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from svgen.check import THRESHOLD, Reference, check_encoder, reference_applies, shipped_reference
-from svgen.encoders import ClipEncoder
+from svgen.encoders.check import THRESHOLD, Reference, check_encoder, reference_applies, shipped_reference
+from svgen.encoders.clip import ClipEncoder
 from svgen.errors import SvgenError
 
 from conftest import TINY_CFG
@@ -54,7 +54,7 @@ def _reference(config, checkpoint, quick_gelu) -> Reference:
     import open_clip
     from PIL import Image
 
-    from svgen.check import REFERENCE_DIR
+    from svgen.encoders.check import REFERENCE_DIR
 
     open_clip.add_model_config(config)
     model = open_clip.create_model(Path(config).stem, pretrained=checkpoint, force_quick_gelu=quick_gelu).eval()
@@ -178,7 +178,7 @@ def test_which_models_the_reference_applies_to(tiny_model, tmp_path):
 
 @pytest.fixture
 def tiny_reference(monkeypatch, ref_quick):
-    import svgen.check as check
+    import svgen.encoders.check as check
 
     monkeypatch.setattr(check, "shipped_reference", lambda: ref_quick)
     monkeypatch.setattr(check, "reference_applies", lambda model, pretrained: (True, ""))

@@ -16,7 +16,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from svgen import SVGClassifier
-from svgen.export import load_head
+from svgen.io.export import load_head
 
 C, D = 7, 16
 
@@ -272,7 +272,7 @@ def test_sparse_vote_weights_export(synth, tmp_path):
     """Large-C artifacts keep A sparse: head files store COO, ONNX densifies, both match svgen."""
     import runpy
 
-    from svgen.export import export_head
+    from svgen.io.export import export_head
 
     clf = SVGClassifier.load(synth["art"])
     A = clf.vote_weights_.clone()

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from svgen.export import load_head
+from svgen.io.export import load_head
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "scripts" / "zero_shot_classify.py"

@@ -207,12 +207,12 @@ def test_diagnose_names_duplicate_classes_as_the_cause(cli, emb_files, tmp_path)
 # ----------------------------------------------------------------------------- 5. diagnose --plot
 
 def test_plot_checks_come_before_the_work(cli, art, tmp_path, monkeypatch):
-    import svgen.diagnostics
+    import svgen.evaluation.diagnostics
 
     def no_work(*a, **k):
         raise AssertionError("diagnose ran before --plot was checked")
 
-    monkeypatch.setattr(svgen.diagnostics, "diagnose", no_work)
+    monkeypatch.setattr(svgen.evaluation.diagnostics, "diagnose", no_work)
     _one_line_error(*cli("diagnose", art, "--plot", tmp_path / "missing" / "s.png"), "does not exist")
     _one_line_error(*cli("diagnose", art, "--plot", tmp_path / "s.jpg"), ".png")
     _one_line_error(*cli("diagnose", art, "--plot", tmp_path / "spectrum"), ".png")
@@ -280,16 +280,16 @@ def test_zero_shot_script_reads_a_real_npz_named_safetensors_as_an_error(cli, ar
 # ----------------------------------------------------------------------------- 7./8. strict JSON, clean stdout
 
 def test_diagnose_json_is_strict_when_the_condition_number_is_infinite(cli, art, monkeypatch):
-    import svgen.diagnostics
+    import svgen.evaluation.diagnostics
 
-    real = svgen.diagnostics.diagnose
+    real = svgen.evaluation.diagnostics.diagnose
 
     def singular(*a, **k):
         report = real(*a, **k)
         report["condition_number"] = float("inf")
         return report
 
-    monkeypatch.setattr(svgen.diagnostics, "diagnose", singular)
+    monkeypatch.setattr(svgen.evaluation.diagnostics, "diagnose", singular)
     code, out, err = cli("diagnose", art, "--json")
     assert code == 0, err
     assert strict_json(out)["condition_number"] is None
@@ -351,7 +351,7 @@ def test_an_interactive_fit_shows_no_library_warnings(cli, emb_files, tmp_path, 
 # ----------------------------------------------------------------------------- 10. built-in class lists
 
 def test_builtin_class_list_by_name(cli, tmp_path):
-    from svgen.prompts import read_classes
+    from svgen.encoders.prompts import read_classes
 
     cifar = read_classes(ROOT / "prompts" / "classes" / "cifar10.txt")
     assert read_classes("cifar10") == cifar and len(cifar) == 10
@@ -377,7 +377,7 @@ def test_readme_uses_the_builtin_name():
 
 @pytest.fixture
 def no_encoder(monkeypatch):
-    from svgen.encoders import ClipEncoder
+    from svgen.encoders.clip import ClipEncoder
 
     def refuse(self, *a, **k):
         raise AssertionError("the encoder was loaded")
@@ -418,7 +418,8 @@ def test_fully_cached_refit_does_not_load_the_model(cli, tiny_art, tmp_path, req
 
 
 def test_encoder_identity_without_loading_matches_the_loaded_encoder(tiny_model):
-    from svgen.encoders import ClipEncoder, encoder_identity
+    from svgen.encoders.clip import ClipEncoder
+    from svgen.encoders.identity import encoder_identity
 
     for model, ckpt in ((tiny_model["config"], tiny_model["safetensors"]), (tiny_model["config"], tiny_model["pt"]),
                         (tiny_model["local_dir"], None)):

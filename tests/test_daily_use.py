@@ -178,7 +178,7 @@ def test_eval_out_suffix_decides_the_format(cli, art, tmp_path):
 def test_local_parquet_has_the_ray_engines_columns_and_exact_float32(cli, art, tmp_path):
     import pyarrow.parquet as pq
 
-    from svgen.blocks import feature_keys, prediction_table
+    from svgen.engine.predictions import feature_keys, prediction_table
 
     for probs in (False, True):
         out = tmp_path / f"p{probs}.parquet"
@@ -221,7 +221,7 @@ def test_classify_features_before_the_artifact_is_not_swallowed(cli, art):
 # ----------------------------------------------------------------------------- issue 24: 3, 8, 10
 
 def test_csv_quotes_carriage_returns_so_python_reads_back_n_rows():
-    from svgen.output import write_text_rows
+    from svgen.io.output import write_text_rows
 
     names = [f"img{i}.jpg" for i in range(14)]
     names[3], names[7] = "bad\rname.jpg", "two\nlines.jpg"
@@ -232,7 +232,7 @@ def test_csv_quotes_carriage_returns_so_python_reads_back_n_rows():
 
 
 def test_jsonl_is_strict_json_and_probabilities_are_never_nan(caplog):
-    from svgen.output import write_text_rows
+    from svgen.io.output import write_text_rows
 
     s = torch.tensor([[1.0, float("inf"), 0.5], [float("nan"), 2.0, 1.0], [-float("inf"), 0.0, 3.0]])
     buf = io.StringIO()
@@ -252,7 +252,7 @@ def test_cli_jsonl_of_overflowing_scores_is_strict(cli, art, tmp_path):
     writes a non-finite score as null and refuses non-finite probabilities, so JSON Lines stays strict."""
     from safetensors.torch import load_file, save_file
 
-    from svgen.output import write_text_rows
+    from svgen.io.output import write_text_rows
 
     bad = tmp_path / "huge.svgen"
     import shutil
@@ -275,7 +275,7 @@ def test_cli_jsonl_of_overflowing_scores_is_strict(cli, art, tmp_path):
 def test_the_writer_streams_blocks_as_they_come():
     """Rows are written block by block: the writer asks for block i+1 only after block i is out, so at
     most one block of scores is alive whatever N is (no timing; the generator records the stream)."""
-    from svgen.output import write_text_rows
+    from svgen.io.output import write_text_rows
 
     buf = io.StringIO()
     seen = []
@@ -296,9 +296,9 @@ def test_classify_memory_does_not_grow_with_the_input(cli, art, tmp_path, monkey
     scores and all of the text). A warm-up run first, so imports are not counted."""
     import tracemalloc
 
-    import svgen.output
+    import svgen.io.output
 
-    monkeypatch.setattr(svgen.output, "BLOCK_ROWS", 1000)
+    monkeypatch.setattr(svgen.io.output, "BLOCK_ROWS", 1000)
     rng = np.random.default_rng(3)
     peaks, sizes = {}, {}
     for n in (100, 3_000, 18_000):
@@ -324,7 +324,7 @@ def test_openai_template_sets_are_open_clips_and_help_lists_every_set_with_its_s
     from open_clip.zero_shot_metadata import OPENAI_IMAGENET_TEMPLATES, SIMPLE_IMAGENET_TEMPLATES
 
     from svgen.cli import main
-    from svgen.prompts import builtin_templates, load_templates
+    from svgen.encoders.prompts import builtin_templates, load_templates
 
     assert load_templates("openai") == [t("{}") for t in OPENAI_IMAGENET_TEMPLATES]
     assert load_templates("openai-simple") == [t("{}") for t in SIMPLE_IMAGENET_TEMPLATES]
@@ -398,18 +398,21 @@ def test_a_fit_without_steps_builds_no_optimiser_and_wall_time_covers_the_whole_
 
     monkeypatch.setattr(torch.optim, "Adam", no_adam)
     marks = {}
-    check, temps = classifier.check_embeddings, SVGClassifier._text_temperatures
+    from svgen.heads import predictor
+
+    check, temps = classifier.check_embeddings, predictor.text_calibration
 
     def first_check(*a, **k):
         marks.setdefault("start", time.perf_counter())
         return check(*a, **k)
 
-    def last_step(self):
-        temps(self)
+    def last_step(*a, **k):   # the temperatures are the fit's last step
+        out = temps(*a, **k)
         marks["end"] = time.perf_counter()
+        return out
 
     monkeypatch.setattr(classifier, "check_embeddings", first_check)
-    monkeypatch.setattr(SVGClassifier, "_text_temperatures", last_step)
+    monkeypatch.setattr(predictor, "text_calibration", last_step)
     emb, _ = _openai_style()
     clf = SVGClassifier(n_support=2).fit(emb[:5] + 0.1, classes=list("abcde"))
     m = clf.fit_metrics_
@@ -420,7 +423,7 @@ def test_a_fit_without_steps_builds_no_optimiser_and_wall_time_covers_the_whole_
 
 
 def test_the_fits_condition_number_is_exact_when_small_and_a_labelled_bound_when_large():
-    from svgen.scale import condition_estimate
+    from svgen.core.scale import condition_estimate
 
     rng = np.random.default_rng(0)
     small = SVGClassifier(n_support=2).fit(rng.normal(size=(20, D)), classes=[f"c{i}" for i in range(20)])
@@ -493,7 +496,7 @@ def test_diagnose_describes_the_deployed_kernel_of_an_adapted_artifact(cli, tmp_
     code, text, err = cli("diagnose", tmp_path / "a.svgen")
     assert code == 0, err
     line = next(l for l in text.splitlines() if l.startswith("deployed kernel"))
-    assert "24 support rows (image 24)" in line   # the adapted kernel head's rows are the shots (svgen.residual)
+    assert "24 support rows (image 24)" in line   # the adapted kernel head's rows are the shots (svgen.fewshot.residual)
     assert f"σ={float(clf.bandwidth_):.4g}" in line and f"σ={clf.zero_shot_.kernel.bandwidth:.4g}" in line
     chose = text.splitlines()[text.splitlines().index(line) + 1]
     assert "24 shot(s) in 6 class(es)" in chose and f"σ={clf.fewshot_['kernel']['sigma']:.4g}" in chose

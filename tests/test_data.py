@@ -1,8 +1,8 @@
-"""svgen.data: labels.csv and ImageFolder layouts matched to an artifact's class names."""
+"""svgen.io.data: labels.csv and ImageFolder layouts matched to an artifact's class names."""
 
 import pytest
 
-from svgen.data import labelled_images
+from svgen.io.data import labelled_images
 from svgen.errors import SvgenError
 
 CLASSES = ["brown bear", "dog", "kitten"]

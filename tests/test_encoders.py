@@ -15,7 +15,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from svgen.encoders import ClipEncoder, _truncation_exact, encode_text_truncated, find_images
+from svgen.encoders.clip import ClipEncoder, _truncation_exact, encode_text_truncated
+
+from svgen.encoders.images import find_images
 from svgen.errors import SvgenError
 
 # A real, downloadable tag; the tests that name it never reach the network (refused before any load: "not both").

@@ -12,11 +12,11 @@ import torch
 from safetensors.torch import load_file
 
 from svgen import SVGClassifier
-from svgen.export import export_head, load_head
-from svgen.fewshot import (fit_kernel_head, fit_lda_head, lda_head_weights, lda_loo, prior_loo,
+from svgen.io.export import export_head, load_head
+from svgen.fewshot.lda import (fit_kernel_head, fit_lda_head, lda_head_weights, lda_loo, prior_loo,
                            prior_means)
-from svgen.kernels import kernel
-from svgen.support import IMAGE, TEXT, SupportSet, image_rows
+from svgen.core.kernels import kernel
+from svgen.core.support import IMAGE, TEXT, SupportSet, image_rows
 
 ROOT = Path(__file__).resolve().parent.parent
 C, D = 5, 16
@@ -195,7 +195,7 @@ def test_format_2_round_trip_and_formula(data, tmp_path):
     assert fs["shots_by_class"] == {f"class_{c}": int(counts[c]) for c in range(C)}
     assert {"sigma", "ridge_c", "decision", "selection"} <= set(fs["kernel"])
     assert {"shrinkage", "prior_shots", "loo_error"} <= set(fs["linear"])
-    M = len(data["y"])   # the adapted kernel head's rows are the shots (svgen.residual)
+    M = len(data["y"])   # the adapted kernel head's rows are the shots (svgen.fewshot.residual)
     assert t["support_vectors"].shape == (M, D) and t["vote_weights"].shape == (M, C)
     assert t["support_labels"].tolist() == data["y"].tolist()
     assert t["support_source"].tolist() == [1] * len(data["y"])
@@ -362,7 +362,7 @@ def test_cli_shots_folder_is_embedded_with_the_artifacts_encoder(cli, tiny_model
     clf = SVGClassifier.load(tmp_path / "fs.svgen")
     assert clf.fewshot_["shots_by_class"] == {n: 3 for n in names}
     # the image rows are the encoder's own embeddings of those files
-    from svgen.encoders import ClipEncoder
+    from svgen.encoders.clip import ClipEncoder
 
     encoder = ClipEncoder(tiny_model["config"], checkpoint=tiny_model["safetensors"])
     paths = sorted(str(p) for p in (tmp_path / "shots").rglob("*.png"))
@@ -394,7 +394,7 @@ def test_real_few_shot_features(shared_data):
 
 
 def test_loo_subset_keeps_every_class_in_proportion():
-    from svgen.fewshot import _stratified
+    from svgen.fewshot.lda import _stratified
 
     labels = np.repeat(np.arange(4), [10, 200, 1000, 1])
     assert _stratified(labels, 5000, seed=0) is None
@@ -407,7 +407,7 @@ def test_one_shot_linear_head_keeps_the_text_prior():
     """One shot per class: LOO cannot judge κ (the left-out class keeps only its prior while the others keep
     their shot, which favours κ = 0 and throws the prototypes away). The head uses κ = LDA_PRIOR_ONE_SHOT;
     with good prototypes independent of the shots it must stay near the zero-shot head and far above κ = 0."""
-    from svgen.fewshot import LDA_PRIOR_ONE_SHOT, lda_head_weights, prior_means
+    from svgen.fewshot.lda import LDA_PRIOR_ONE_SHOT, lda_head_weights, prior_means
 
     rng = np.random.default_rng(0)
     C, D = 20, 64

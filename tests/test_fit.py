@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from svgen import SVGClassifier, SvgenError
-from svgen.artifacts import REQUIRED, load_artifact
+from svgen.io.artifacts import REQUIRED, load_artifact
 
 
 def _protos(C=12, D=16, T=1, seed=0):
@@ -79,7 +79,7 @@ def test_artifact_is_never_overwritten_without_force(tmp_path):
 
 
 def test_divergence_guard_restores_last_good_state(monkeypatch):
-    import svgen.training as training
+    import svgen.zeroshot.training as training
 
     real = training._batch_loss
     calls = {"n": 0}
@@ -272,7 +272,7 @@ def test_cli_add_classes_and_diagnose(tmp_path, cli):
 
 
 def test_metric_decision_is_recorded_shown_by_diagnose_and_kept_by_add_classes(tmp_path, cli):
-    from svgen.metric import metric_strength, neighbour_pairs, text_precision, whitened_cosine_head
+    from svgen.core.metric import metric_strength, neighbour_pairs, text_precision, whitened_cosine_head
 
     emb = _protos(C=14, D=16, T=3, seed=4)
     emb_path, classes = _cli_files(tmp_path, emb[:12], [f"c{i}" for i in range(12)])

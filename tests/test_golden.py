@@ -20,7 +20,7 @@ import pytest
 from safetensors.torch import load_file
 
 import svgen
-from svgen.artifacts import FORMAT_VERSIONS
+from svgen.io.artifacts import FORMAT_VERSIONS
 
 GOLDEN = Path(__file__).resolve().parent / "golden"
 _spec = importlib.util.spec_from_file_location("make_golden", GOLDEN / "make_golden.py")

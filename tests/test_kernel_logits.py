@@ -18,9 +18,10 @@ import numpy as np
 import pytest
 import torch
 
-from svgen import SVGClassifier, calibration
+from svgen import SVGClassifier
+from svgen.calibration import temperatures as calibration
 from svgen.errors import SvgenError
-from svgen.export import export_head, load_head
+from svgen.io.export import export_head, load_head
 
 from test_calibration_shots import C, D, _problem
 

@@ -9,13 +9,13 @@ import torch.nn.functional as F
 
 from svgen.errors import SvgenError
 
-from svgen.generator import SupportVectorGenerator, template_anchors
-from svgen.heads import (cosine_logits, kernel_scores, krr_vote_weights, linear_logits, one_hot_blocks,
+from svgen.core.generator import SupportVectorGenerator, template_anchors
+from svgen.heads.scoring import (cosine_logits, kernel_scores, krr_vote_weights, linear_logits, one_hot_blocks,
                          ridge_path_scores, top_eigenvalue)
-from svgen.kernels import kernel, median_heuristic
-from svgen.losses import block_alignment, grounding_loss, kernel_alignment, multiclass_hinge, softmax_ce
-from svgen.metric import lda_head, neighbour_difference_covariance, shrink_to_condition, text_precision
-from svgen.training import choose_ridge
+from svgen.core.kernels import kernel, median_heuristic
+from svgen.core.losses import block_alignment, grounding_loss, kernel_alignment, multiclass_hinge, softmax_ce
+from svgen.core.metric import lda_head, neighbour_difference_covariance, shrink_to_condition, text_precision
+from svgen.zeroshot.training import choose_ridge
 
 
 def _unit(n, d, seed=0):
@@ -133,8 +133,8 @@ def test_grounding_is_one_minus_cosine_to_own_anchor():
 
 
 def test_spread_anchors_are_symmetric_pairs_around_the_prototype():
-    from svgen.metric import confusion_directions
-    from svgen.training import spread_anchors
+    from svgen.core.metric import confusion_directions
+    from svgen.zeroshot.training import spread_anchors
 
     P = _unit(30, 8, 14).float()
     anchors = template_anchors(P[:, None, :], 4)  # T=1: four copies of the prototype
@@ -162,7 +162,7 @@ def test_spread_anchors_are_symmetric_pairs_around_the_prototype():
 
 
 def test_metric_strength_rule_and_its_limits():
-    from svgen.metric import metric_strength, neighbour_pairs
+    from svgen.core.metric import metric_strength, neighbour_pairs
 
     full = metric_strength(1.3, n_templates=1, n_pairs=600, dim=512)
     assert full["kappa"] == pytest.approx(1.3) and full["reliability"] == 1.0
@@ -179,7 +179,7 @@ def test_metric_strength_rule_and_its_limits():
 
 
 def test_whitened_cosine_head_is_cosine_at_kappa_one_and_whitened_direction_otherwise():
-    from svgen.metric import whitened_cosine_head
+    from svgen.core.metric import whitened_cosine_head
 
     P = _unit(12, 6, 31)
     x = _unit(20, 6, 32)
@@ -195,7 +195,7 @@ def test_whitened_cosine_head_is_cosine_at_kappa_one_and_whitened_direction_othe
 
 
 def test_paired_bootstrap_matches_a_direct_loop():
-    from svgen.metrics import paired_bootstrap
+    from svgen.evaluation.metrics import paired_bootstrap
 
     rng = np.random.default_rng(3)
     a, b = rng.random(200) < 0.7, rng.random(200) < 0.6
@@ -269,8 +269,8 @@ def test_metric_shrinkage_hits_the_condition_number_and_lda_is_mahalanobis():
 
 def test_setup_geometry_pulls_template_groups_towards_the_prototype_by_the_metric_trust():
     from svgen.config import FitConfig
-    from svgen.metric import metric_strength, neighbour_pairs
-    from svgen.training import setup_geometry
+    from svgen.core.metric import metric_strength, neighbour_pairs
+    from svgen.zeroshot.training import setup_geometry
 
     g = torch.Generator().manual_seed(5)
     E = F.normalize(torch.randn(40, 1, 8, generator=g) + 0.3 * torch.randn(40, 2, 8, generator=g), dim=-1)
@@ -290,7 +290,7 @@ def test_setup_geometry_pulls_template_groups_towards_the_prototype_by_the_metri
 
 def test_without_training_the_support_vectors_are_the_anchors():
     from svgen.config import FitConfig
-    from svgen.training import generate_all, train_generator
+    from svgen.zeroshot.training import generate_all, train_generator
 
     g = torch.Generator().manual_seed(7)
     E = F.normalize(torch.randn(30, 2, 12, generator=g), dim=-1)

@@ -1,10 +1,10 @@
-"""svgen.metrics against scikit-learn on random scores (including missing classes and k ≥ C)."""
+"""svgen.evaluation.metrics against scikit-learn on random scores (including missing classes and k ≥ C)."""
 
 import numpy as np
 import pytest
 
 from svgen.errors import SvgenError
-from svgen.metrics import check_labels, evaluate, mean_per_class_recall, top_k_accuracy
+from svgen.evaluation.metrics import check_labels, evaluate, mean_per_class_recall, top_k_accuracy
 
 sk = pytest.importorskip("sklearn.metrics")
 

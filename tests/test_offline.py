@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from svgen import hub
+from svgen.encoders import hub
 from svgen.errors import EncoderUnavailableError
 
 # A real, downloadable tag; the tests that name it never reach the network (HF_HUB_OFFLINE is set and the model builder is patched to fail: nothing is fetched).
@@ -92,7 +92,7 @@ def nothing_cached(monkeypatch):
 def test_library_raises_before_building_the_model(nothing_cached, monkeypatch):
     import open_clip
 
-    from svgen.encoders import ClipEncoder
+    from svgen.encoders.clip import ClipEncoder
 
     def must_not_run(*a, **k):
         raise AssertionError("the model must not be built when its weights cannot be had")

@@ -1,11 +1,12 @@
-"""The held-out check that decides whether a pool may change the heads (svgen.pool_gate), tested against
+"""The held-out check that decides whether a pool may change the heads (svgen.transductive.gate), tested against
 hand computations, and end to end: a pool that helps is kept, one that cannot help changes nothing."""
 
 import numpy as np
 import pytest
 import torch
 
-from svgen import SVGClassifier, pool_gate
+from svgen import SVGClassifier
+from svgen.transductive import gate as pool_gate
 
 C, D = 6, 24
 
@@ -150,7 +151,7 @@ def test_pool_with_shots_stacked_head_formula():
     # the parts: the posterior head is W_G + β·t·W0; take the inductive part back out
     k = t["prior_strength"] * t["linear_prior_temperature"]
     ref = SVGClassifier(n_support=2, steps=5, seed=0).fit(protos).adapt(X, ys)
-    from svgen.pool_solve import transduce
+    from svgen.transductive.pool import transduce
 
     pool = transduce(ref._stage(), ref._side(), torch.nn.functional.normalize(torch.as_tensor(U), dim=-1))
     WG = pool.heads.linear.weight.double() - k * W0.double()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from svgen.errors import SvgenError
-from svgen.prompts import (
+from svgen.encoders.prompts import (
     build_prompts,
     builtin_class_lists,
     builtin_templates,

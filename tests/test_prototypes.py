@@ -9,8 +9,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from svgen.encoders import ClipEncoder
-from svgen.prototypes import PromptCache, build_prototypes, cache_dir, prototypes_from_embeddings
+from svgen.encoders.clip import ClipEncoder
+from svgen.encoders.prototypes import PromptCache, build_prototypes, cache_dir, prototypes_from_embeddings
 
 CLASSES = ["cat", "dog", "golden retriever", "hammerhead shark"]
 TEMPLATES = ["a photo of a {}.", "a blurry photo of the {}.", "art of a {}."]
@@ -170,7 +170,7 @@ def test_cli_fit_from_local_weights_then_from_cache(cli, tiny_model, classes_fil
     assert code == 0, err
     meta = json.loads((tmp_path / "a" / "svgen.json").read_text())
     assert len(meta["encoder"]["checkpoint_sha256"]) == 64 and meta["encoder"]["embed_dim"] == tiny_model["dim"]
-    from svgen.prompts import load_templates
+    from svgen.encoders.prompts import load_templates
 
     assert len(encoded) == 3 * len(load_templates("compact"))
 

@@ -26,7 +26,11 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from svgen.encoders import ClipEncoder, built_quick_gelu, identity_key, swapped_activation
+from svgen.encoders.clip import ClipEncoder
+
+from svgen.encoders.activation import built_quick_gelu, swapped_activation
+
+from svgen.encoders.identity import identity_key
 from svgen.errors import SvgenError
 
 from conftest import TINY_CFG
@@ -191,9 +195,9 @@ def test_checkpoint_with_a_model_config(tmp_path, tiny_model, caplog, name, extr
 
 
 def test_bare_checkpoint_into_an_architecture_with_a_variant_warns_once(hf_cache, tiny_model, caplog, monkeypatch):
-    import svgen.encoders as encoders
+    import svgen.encoders.activation as activation
 
-    monkeypatch.setattr(encoders, "_warned_bare_checkpoint", set())
+    monkeypatch.setattr(activation, "_warned_bare_checkpoint", set())
     with caplog.at_level(logging.WARNING, logger="svgen"):
         first = ClipEncoder("ViT-B-32", checkpoint=tiny_model["safetensors"])
         ClipEncoder("ViT-B-32", checkpoint=tiny_model["pt"])
@@ -203,7 +207,7 @@ def test_bare_checkpoint_into_an_architecture_with_a_variant_warns_once(hf_cache
         assert choice in lines[0]
     assert _acts(first.model) == _expect(False) and first.identity()["quick_gelu"] is False
     caplog.clear()
-    monkeypatch.setattr(encoders, "_warned_bare_checkpoint", set())
+    monkeypatch.setattr(activation, "_warned_bare_checkpoint", set())
     with caplog.at_level(logging.WARNING, logger="svgen"):
         chosen = ClipEncoder("ViT-B-32", checkpoint=tiny_model["safetensors"], quick_gelu=True)
         variant = ClipEncoder("ViT-B-32-quickgelu", checkpoint=tiny_model["safetensors"])
@@ -240,7 +244,7 @@ def _fit(cli, classes_file, out, *encoder_args):
 @pytest.fixture
 def built(monkeypatch):
     """Every ClipEncoder the commands build, in order."""
-    import svgen.encoders as encoders
+    import svgen.encoders.clip as encoders
 
     made = []
 
@@ -289,15 +293,15 @@ def _logged(caplog, text):
 
 
 def test_cli_bare_checkpoint_warns_in_one_line(hf_cache, tmp_path, cli, classes_file, tiny_model, monkeypatch, caplog):
-    import svgen.encoders as encoders
+    import svgen.encoders.activation as activation
 
-    monkeypatch.setattr(encoders, "_warned_bare_checkpoint", set())
+    monkeypatch.setattr(activation, "_warned_bare_checkpoint", set())
     enc, err = _fit(cli, classes_file, tmp_path / "a", "--model", "ViT-B-32", "--checkpoint", tiny_model["safetensors"])
     lines = _logged(caplog, "QuickGELU")
     assert len(lines) == 1 and "\n" not in lines[0] and "--quick-gelu" in lines[0] and "--no-quick-gelu" in lines[0]
     assert enc["quick_gelu"] is False
     caplog.clear()
-    monkeypatch.setattr(encoders, "_warned_bare_checkpoint", set())
+    monkeypatch.setattr(activation, "_warned_bare_checkpoint", set())
     enc, err = _fit(cli, classes_file, tmp_path / "b", "--model", "ViT-B-32", "--checkpoint", tiny_model["safetensors"],
                     "--quick-gelu")
     assert enc["quick_gelu"] is True and not _logged(caplog, "QuickGELU")
@@ -305,7 +309,7 @@ def test_cli_bare_checkpoint_warns_in_one_line(hf_cache, tmp_path, cli, classes_
 
 def test_classify_uses_and_enforces_the_recorded_activation(tmp_path, cli, classes_file, tiny_model, shared_data,
                                                             monkeypatch, built):
-    import svgen.encoders as encoders
+    import svgen.encoders.clip as encoders
 
     image = sorted((shared_data / "images-30class").glob("*.jpg"))[0]
     art = tmp_path / "art"
@@ -358,7 +362,7 @@ def test_older_artifacts_without_the_field_keep_working(hf_cache, tmp_path, cli,
 # ----------------------------------------------------------------------------- messages and the deploy script
 
 def test_offline_message_recommends_quickgelu_for_openai_weights():
-    from svgen import hub
+    from svgen.encoders import hub
 
     line = str(hub.unavailable("ViT-B-32 weights 'openai'", "offline", "ViT-B-32", "openai"))
     assert "--model ViT-B-32 --checkpoint FILE --quick-gelu" in line

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from svgen.blocks import plan_blocks
+from svgen.engine.blocks import plan_blocks
 from test_classify_eval_export_real import jpegs, lvis  # noqa: F401  (the same artifacts, module-scoped)
 
 
@@ -185,7 +185,7 @@ def test_every_kind_of_source_and_unreadable_files(cli, ray_local, jpegs, tmp_pa
 
 def test_rerun_finishes_only_missing_blocks_and_interrupts_leave_whole_blocks(cli, ray_local, lvis, tmp_path,
                                                                              monkeypatch):
-    from svgen import ray_engine
+    from svgen.engine import ray as ray_engine
 
     flags = [lvis["art"], "--features", lvis["feats"], "-k", 2, *RAY, "--block-size", 50]
     out = tmp_path / "preds.parquet"
@@ -195,7 +195,7 @@ def test_rerun_finishes_only_missing_blocks_and_interrupts_leave_whole_blocks(cl
 
     # Ctrl-C during the rename of the second block (the job file was the first write): its temporary
     # file is removed, the first block stays whole
-    from svgen import safeio      # the Ray engine's parts go through export.write_atomic_file → safeio.atomic_file
+    from svgen.io import safeio      # the Ray engine writes its parts through safeio.atomic_file
 
     real, calls = safeio.os.replace, []
 
@@ -266,18 +266,15 @@ def test_an_actor_that_dies_ends_the_run_in_one_line_and_keeps_nothing_partial(r
     """A local run does not restart actors (see build_dataset): an actor that dies — here its encoder
     factory exits the process — ends the run with one error saying how to finish, not a traceback
     and not an endless restart of the same block."""
-    import argparse
-
     from svgen import SVGClassifier
-    from svgen.commands._images import encoder_for_artifact
+    from svgen.encoders.resolve import EncoderRequest, encoder_for_artifact
     from svgen.errors import SvgenError
-    from svgen.ray_engine import run_blocks
+    from svgen.engine.ray import run_blocks
 
     def dies(clf):
         os._exit(1)
 
-    args = argparse.Namespace(model=jpegs["enc"][1], checkpoint=jpegs["enc"][3], pretrained=None, quick_gelu=None,
-                              device="cpu")
+    args = EncoderRequest(model=jpegs["enc"][1], checkpoint=jpegs["enc"][3], device="cpu")
     preprocess = encoder_for_artifact(args, SVGClassifier.load(jpegs["art"])).preprocess
     blocks = plan_blocks([str(jpegs["images"])], 50)
     out = tmp_path / "preds.parquet"
@@ -359,7 +356,7 @@ def test_block_classifier_in_process_equals_the_plan(lvis):
 
     import pyarrow.parquet as pq
 
-    from svgen.ray_engine import BlockClassifier
+    from svgen.engine.ray import BlockClassifier
 
     blocks = plan_blocks([str(lvis["feats"])], 250, features=True, dim=512)
     assert [(b.spec["start"], b.spec["stop"], b.spec["id0"]) for b in blocks] == [(0, 250, 0), (250, 500, 250),
@@ -380,7 +377,7 @@ def test_feature_rows_are_writable_so_torch_does_not_warn(lvis, tmp_path):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from svgen.blocks import read_features
+    from svgen.engine.blocks import read_features
 
     x = np.load(lvis["feats"])
     pq.write_table(pa.table({"embedding": list(x[:200])}), tmp_path / "f.parquet", row_group_size=64)
@@ -397,11 +394,10 @@ def test_images_are_decoded_in_tasks_not_in_the_actors(ray_local, jpegs):
     import functools
 
     from svgen import SVGClassifier
-    from svgen.commands._images import encoder_for_artifact
-    from svgen.ray_engine import build_dataset
+    from svgen.encoders.resolve import EncoderRequest, encoder_for_artifact
+    from svgen.engine.ray import build_dataset
 
-    args = argparse.Namespace(model=jpegs["enc"][1], checkpoint=jpegs["enc"][3], pretrained=None, quick_gelu=None,
-                              device="cpu")
+    args = EncoderRequest(model=jpegs["enc"][1], checkpoint=jpegs["enc"][3], device="cpu")
     clf = SVGClassifier.load(jpegs["art"])
     blocks = plan_blocks([str(jpegs["images"])], 50)
     ds = build_dataset(blocks, jpegs["art"], "kernel", False, 1, preprocess=encoder_for_artifact(args, clf).preprocess,

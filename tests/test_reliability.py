@@ -19,7 +19,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from svgen import SVGClassifier, safeio
+from svgen import SVGClassifier
+from svgen.io import safeio
 from svgen.errors import SvgenError
 
 from conftest import copy_into, file_tree as tree, write_small_inputs
@@ -105,7 +106,8 @@ def _shard(path: Path, n: int = 20) -> list:
 
 @pytest.mark.parametrize("where", ["header boundary", "inside a header", "inside a member"])
 def test_truncated_tar_shard_is_a_failure_not_a_silent_drop(tmp_path, where):
-    from svgen.blocks import decode_block, plan_blocks
+    from svgen.engine.blocks import plan_blocks
+    from svgen.engine.predictions import decode_block
 
     headers = _shard(tmp_path / "whole.tar")
     data = (tmp_path / "whole.tar").read_bytes()
@@ -125,7 +127,7 @@ def test_truncated_tar_shard_is_a_failure_not_a_silent_drop(tmp_path, where):
 
 
 def test_whole_tar_shard_has_no_phantom_failure(tmp_path):
-    from svgen.blocks import plan_blocks
+    from svgen.engine.blocks import plan_blocks
 
     _shard(tmp_path / "whole.tar")
     assert sum(b.size for b in plan_blocks([str(tmp_path / "whole.tar")], block_size=8)) == 20
@@ -134,7 +136,7 @@ def test_whole_tar_shard_has_no_phantom_failure(tmp_path):
 # ----------------------------------------------------------------------------- 4. symlink loops in globs
 
 def test_glob_over_symlink_loops_ends_and_takes_each_file_once(tmp_path):
-    from svgen.blocks import glob_files, plan_blocks
+    from svgen.engine.blocks import glob_files, plan_blocks
 
     leaf = tmp_path / "loop" / "a" / "b"
     leaf.mkdir(parents=True)
@@ -202,10 +204,10 @@ def test_next_write_restores_a_parked_artifact_and_removes_leftovers(cli, work):
 
 
 def test_leftover_file_temporaries_are_removed_by_the_next_write(work):
-    from svgen.export import write_text_atomic
+    from svgen.io.safeio import atomic_text
 
     (work / ".out.csv.tmp-dead.csv").write_bytes(b"x" * 12_000)
-    write_text_atomic(work / "out.csv", "a\n")
+    atomic_text(work / "out.csv", "a\n")
     assert (work / "out.csv").read_text() == "a\n"
     assert not [p for p in os.listdir(work) if p.startswith(".out.csv.")]
 
@@ -222,7 +224,7 @@ def test_a_live_writers_temporary_is_never_removed(work):
 
 def _intruder(monkeypatch, work, target):
     """Patch the weights writer so another process's artifact appears at ``target`` while this one writes."""
-    import svgen.artifacts as artifacts
+    import svgen.io.artifacts as artifacts
 
     real = artifacts.save_file
 
@@ -273,7 +275,7 @@ def test_huge_vote_weights_are_refused_at_load(cli, work, value):
 
 def test_onnx_check_fails_on_nan(work, monkeypatch):
     pytest.importorskip("onnxruntime")
-    import svgen.export as export
+    import svgen.io.export as export
 
     clf = SVGClassifier.load(work / "a.svgen")
     model = export.onnx_model(clf, "kernel")
@@ -295,7 +297,7 @@ def test_extreme_rows_keep_their_direction(work, exponent):
 
 def test_extreme_rows_match_in_onnx(work):
     ort = pytest.importorskip("onnxruntime")
-    import svgen.export as export
+    import svgen.io.export as export
 
     clf = SVGClassifier.load(work / "a.svgen")
     x = np.load(work / "F.npy")[:3]
@@ -383,7 +385,7 @@ def test_out_of_range_fit_settings_are_one_line(cli, work, flags):
 
 @pytest.mark.parametrize("err_no", [errno.ENOSPC, errno.EACCES, errno.EROFS])
 def test_full_disk_or_unwritable_folder_is_one_line_and_leaves_nothing(cli, work, monkeypatch, err_no):
-    import svgen.artifacts as artifacts
+    import svgen.io.artifacts as artifacts
 
     def failing(tensors, path):
         Path(path).write_bytes(b"partial")
@@ -435,7 +437,7 @@ def test_unreadable_is_not_reported_as_missing(tmp_path, monkeypatch):
 
 
 def test_sha_mismatch_names_two_different_encoders():
-    from svgen.commands._common import encoder_mismatch
+    from svgen.encoders.resolve import encoder_mismatch
 
     a = {"model": "ViT-B-32", "pretrained": None, "checkpoint": "w.pt", "checkpoint_sha256": "a" * 64}
     b = {**a, "checkpoint_sha256": "b" * 64}
@@ -456,7 +458,7 @@ def test_device_cuda_without_cuda_is_refused_even_without_an_encoder(cli, work, 
 
 @pytest.mark.parametrize("kind", ["fifo", "dev-zero"])
 def test_class_and_list_files_that_are_not_regular_are_one_line(cli, work, kind):
-    from svgen.blocks import plan_blocks
+    from svgen.engine.blocks import plan_blocks
 
     for name in ("fifo.txt", "list.lst"):
         os.mkfifo(work / name) if kind == "fifo" else os.symlink("/dev/zero", work / name)
@@ -467,14 +469,14 @@ def test_class_and_list_files_that_are_not_regular_are_one_line(cli, work, kind)
 
 def test_a_file_that_appears_while_written_is_not_replaced(work):
     from svgen.errors import TargetExistsError
-    from svgen.export import write_atomic_file
+    from svgen.io.safeio import atomic_file
 
     def racing(tmp):
         (work / "out.npz").write_bytes(b"theirs")
         tmp.write_bytes(b"ours")
 
     with pytest.raises(TargetExistsError):
-        write_atomic_file(work / "out.npz", racing)
+        atomic_file(work / "out.npz", racing)
     assert (work / "out.npz").read_bytes() == b"theirs"
     assert not [p for p in os.listdir(work) if p.startswith(".out.npz.")]
 

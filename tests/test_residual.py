@@ -1,4 +1,4 @@
-"""The adapted kernel head (svgen.residual): its math against independent computations, its decision
+"""The adapted kernel head (svgen.fewshot.residual): its math against independent computations, its decision
 rule, and the artifact that carries it (format 3) through save/load and every export."""
 
 from __future__ import annotations
@@ -11,8 +11,9 @@ import numpy as np
 import pytest
 import torch
 
-from svgen import SVGClassifier, residual
-from svgen.artifacts import FORMAT_VERSION_PRIOR
+from svgen import SVGClassifier
+from svgen.fewshot import residual
+from svgen.io.artifacts import FORMAT_VERSION_PRIOR
 
 
 def _unit(x):
@@ -33,7 +34,7 @@ def _problem(seed=0, C=5, D=16, per_class=4, spread=0.35):
 def held_out_scores(X: np.ndarray, y: np.ndarray, P: np.ndarray, C: int, sigma: float, c: float,
                     logit_scale: float, seed: int = 0):
     """(rows, scores): the adapted head at (σ, c) refitted without each balanced fold by a direct solve, scored
-    on the fold: the independent route to what :func:`svgen.residual.select` computes in its eigenbasis."""
+    on the fold: the independent route to what :func:`svgen.fewshot.residual.select` computes in its eigenbasis."""
     rows, out = [], []
     p0 = residual.prior_probs(X, P, logit_scale)
     R = np.eye(C)[y] - p0
@@ -190,7 +191,7 @@ def test_a_prior_term_outside_format_3_is_refused(adapted, tmp_path):
 
 @pytest.mark.parametrize("fmt", ["safetensors", "npz"])
 def test_kernel_head_file_carries_the_prior(adapted, tmp_path, fmt):
-    from svgen.export import export_head, load_head
+    from svgen.io.export import export_head, load_head
 
     clf, _, X, _, P = adapted
     path = tmp_path / f"k.{fmt}"
@@ -206,7 +207,7 @@ def test_kernel_head_file_carries_the_prior(adapted, tmp_path, fmt):
 
 def test_onnx_kernel_head_matches_with_the_prior(adapted, tmp_path):
     pytest.importorskip("onnxruntime")
-    from svgen.export import onnx_model, verify_onnx
+    from svgen.io.export import onnx_model, verify_onnx
 
     clf, _, X, _, _ = adapted
     model = onnx_model(clf, "kernel")
@@ -248,7 +249,7 @@ def test_head_choice_on_a_class_subset_refits_the_linear_head_on_the_same_classe
     clf = SVGClassifier(n_support=2).fit(P.astype(np.float32)).adapt(X.astype(np.float32), y)
     hc = clf.fewshot_["head_choice"]
     assert hc["classes_compared"] == 4 and hc["shots_compared"] == 16
-    from svgen import fewshot
+    from svgen.fewshot import lda as fewshot
 
     seen, orig = [], fewshot.lda_head_weights
 
@@ -275,6 +276,6 @@ def test_cli_classify_and_export_use_the_recorded_default_head(adapted, tmp_path
     want = clf.predict(X.astype(np.float32), "linear")[0]
     assert want in first
     assert main(["export", str(art), "--format", "npz", "--out", str(tmp_path / "h.npz")]) == 0
-    from svgen.export import load_head
+    from svgen.io.export import load_head
 
     assert load_head(tmp_path / "h.npz")["head"] == "linear"

@@ -1,4 +1,4 @@
-"""Scaling machinery (svgen.scale): blocked = exact, RFF converges, sparse vote weights are faithful.
+"""Scaling machinery (svgen.core.scale): blocked = exact, RFF converges, sparse vote weights are faithful.
 
 Correctness only; nothing here is timed.
 """
@@ -14,10 +14,10 @@ import torch.nn.functional as F
 
 from svgen import SVGClassifier
 from svgen.config import FitConfig
-from svgen.heads import kernel_scores, krr_vote_weights, one_hot_blocks
-from svgen.kernels import RandomFourierFeatures, kernel
-from svgen.losses import block_alignment
-from svgen import scale
+from svgen.heads.scoring import kernel_scores, krr_vote_weights, one_hot_blocks
+from svgen.core.kernels import RandomFourierFeatures, kernel
+from svgen.core.losses import block_alignment
+from svgen.core import scale
 
 
 def clustered(C, K, D, seed=0, spread=0.3):

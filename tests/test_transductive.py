@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 import torch
 
-from svgen import SVGClassifier, predictor
-from svgen import transductive as td
+from svgen import SVGClassifier
+from svgen.heads import predictor
+from svgen.transductive import solve as td
 
 C, D = 4, 12
 
@@ -41,10 +42,10 @@ def data():
 
 @pytest.fixture
 def gate_open(monkeypatch):
-    """The pool check (svgen.pool_gate) always adopts: for tests of the transduction itself, which the
+    """The pool check (svgen.transductive.gate) always adopts: for tests of the transduction itself, which the
     check's own tests (tests/test_pool_gate.py) do not need to pass through. With shots the stacked head is
     then ``1·(pool Gaussian log-likelihood) + β·t·(inductive LDA logits)``: the posterior itself."""
-    from svgen import pool_gate
+    from svgen.transductive import gate as pool_gate
 
     def with_shots(stage, side, U, strength, progress=False):
         return {"adopt": True, "evidence": "held-out shots as pool members", "head": stage.default_head,
@@ -131,7 +132,7 @@ def test_infinite_prior_strength_is_the_inductive_prediction(data):
     clf = SVGClassifier(n_support=2, steps=5, seed=0).fit(data["protos"]).adapt(data["X"], data["ys"])
     q = data["U"]
     before = clf.decision_function(q, "linear").argmax(1)
-    from svgen.pool_solve import transduce
+    from svgen.transductive.pool import transduce
 
     pool = transduce(clf._stage(), clf._side(), torch.nn.functional.normalize(torch.as_tensor(q), dim=-1), strength=1e7)
     after = predictor.scores(pool.heads, clf.prototypes_, "rbf", torch.as_tensor(q), "linear")
@@ -368,7 +369,7 @@ def test_cli_image_folder_pool_is_embedded_with_the_artifacts_encoder(cli, tiny_
     rows = [json.loads(line) for line in out.splitlines()]
     assert len(rows) == 9 and all(abs(sum(r["probs"]) - 1) < 1e-4 for r in rows)   # 3 of 3 classes: probabilities
     # the same as adapting to the encoder's own embeddings of those files
-    from svgen.encoders import ClipEncoder
+    from svgen.encoders.clip import ClipEncoder
 
     encoder = ClipEncoder(tiny_model["config"], checkpoint=tiny_model["safetensors"])
     paths = [r["path"] for r in rows]
@@ -410,9 +411,9 @@ def test_pool_support_matches_a_loop():
 def test_soft_target_kernel_head_against_numpy(data):
     """fit_kernel_head with soft targets: the vote weights are the formula re-solved in numpy, and the LOO
     error of the chosen setting is brute-force refitting without each row."""
-    from svgen import fewshot
-    from svgen.pool_solve import text_votes
-    from svgen.support import IMAGE, POOL, SupportSet
+    from svgen.fewshot import lda as fewshot
+    from svgen.transductive.pool import text_votes
+    from svgen.core.support import IMAGE, POOL, SupportSet
 
     clf = data["clf"]
     U = torch.as_tensor(_unit(data["U"]), dtype=torch.float32)
@@ -466,7 +467,7 @@ def _kernel_resolved(clf):
 
 
 def test_pool_kernel_head_in_the_classifier(hard, tmp_path, gate_open):
-    from svgen.support import POOL
+    from svgen.core.support import POOL
 
     clf = SVGClassifier(n_support=2, steps=5, seed=0).fit(hard["protos"])
     K0 = clf.decision_function(hard["U"], "kernel")
@@ -490,7 +491,7 @@ def test_pool_kernel_head_in_the_classifier(hard, tmp_path, gate_open):
     b = SVGClassifier.load(tmp_path / "t.svgen")
     assert b.fewshot_ is None and b.transductive_["kernel_head"]["replaced"]
     assert np.allclose(b.decision_function(hard["U"], "kernel"), clf.decision_function(hard["U"], "kernel"))
-    from svgen.export import head_tensors
+    from svgen.io.export import head_tensors
 
     ex = head_tensors(b, "kernel")
     assert (ex["support_source"] == POOL).sum() == kh["pool_rows"]
@@ -507,7 +508,7 @@ def test_pool_kernel_head_in_the_classifier(hard, tmp_path, gate_open):
 
 
 def test_pool_kernel_head_after_shots_keeps_the_shots(data, gate_open):
-    from svgen.support import IMAGE, POOL
+    from svgen.core.support import IMAGE, POOL
 
     clf = SVGClassifier(n_support=2, steps=5, seed=0).fit(data["protos"]).adapt(data["X"], data["ys"])
     K0, M0 = clf.decision_function(data["U"], "kernel"), len(clf.support_source_)
@@ -553,7 +554,7 @@ def test_cli_classify_transductive_kernel_head(cli, hard, tmp_path, gate_open):
 
 
 def _kernel_probs_by_hand(clf, U):
-    """p = score^(1/T) / Σ score^(1/T) of the kernel vote, from its raw scores (independent of svgen.calibration)."""
+    """p = score^(1/T) / Σ score^(1/T) of the kernel vote, from its raw scores (independent of svgen.calibration.temperatures)."""
     s = np.asarray(clf.decision_function(U, "kernel"), dtype=np.float64)
     return _softmax(np.log(np.maximum(s, 1e-30)) / clf.temperatures_["kernel"])
 
@@ -579,7 +580,7 @@ def test_pool_probabilities_have_the_linear_heads_confidence(hard, monkeypatch, 
     """The pool's printed probabilities are the posterior's logits at one temperature: the argmax is the
     solve's, and their mean entropy on the pool is the linear head's (at its own T), not the solve's
     far sharper z_i."""
-    from svgen import transductive as td
+    from svgen.transductive import solve as td
 
     seen = []
     real = td.transduce

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import SvgenError
+from svgen.errors import SvgenError
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +56,7 @@ class ExamplesFormatter(argparse.HelpFormatter):
         return "\n\n".join(out)
 
 
-DEFAULT_MODEL = "ViT-B-32"
+from svgen.encoders.resolve import DEFAULT_MODEL
 
 
 def add_encoder_args(p: argparse.ArgumentParser, with_model_default: bool = True) -> None:
@@ -91,48 +91,25 @@ def add_quick_gelu_arg(g, default_help: str = "") -> None:
 
 
 def default_pretrained(args):
-    """The pretrained tag implied by CLI options: a plain built-in architecture defaults to 'openai'."""
+    """The pretrained tag implied by CLI options (``--model`` filled in with the default)."""
+    from svgen.encoders.resolve import EncoderRequest
+
     args.model = args.model or DEFAULT_MODEL
-    if args.pretrained or getattr(args, "checkpoint", None):
-        return args.pretrained
-    if args.model.startswith(("hf-hub:", "local-dir:")) or args.model.endswith(".json"):
-        return None
-    return "openai"
+    return EncoderRequest.from_options(args).pretrained_or_default
 
 
 def load_encoder(args):
-    """A ClipEncoder from the CLI's encoder options."""
-    from ..encoders import ClipEncoder
+    """A ClipEncoder from the CLI's encoder options (:func:`svgen.encoders.resolve.load_encoder`)."""
+    from svgen.encoders.resolve import EncoderRequest, load_encoder as load
 
-    pretrained = default_pretrained(args)
-    return ClipEncoder(args.model or DEFAULT_MODEL, pretrained=pretrained, checkpoint=args.checkpoint, device=args.device,
-                       quick_gelu=getattr(args, "quick_gelu", None))
-
-
-def _describe_encoder(identity: dict, other: dict) -> str:
-    """``model, tag-or-checkpoint``, plus what tells it from ``other`` when that reads the same
-    (a checkpoint's sha256, the activation)."""
-    text = f"{identity.get('model')}, {identity.get('pretrained') or identity.get('checkpoint')}"
-    other_text = f"{other.get('model')}, {other.get('pretrained') or other.get('checkpoint')}"
-    if text == other_text:
-        sha, other_sha = identity.get("checkpoint_sha256"), other.get("checkpoint_sha256")
-        if sha != other_sha:
-            text += f", sha256 {sha[:12]}…" if sha else ", no sha256"
-        elif identity.get("quick_gelu") != other.get("quick_gelu"):
-            text += ", QuickGELU" if identity.get("quick_gelu") else ", GELU"
-    return text
-
-
-def encoder_mismatch(identity: dict, expect: dict) -> SvgenError:
-    """One line naming both encoders so that they read differently."""
-    return SvgenError(f"the encoder ({_describe_encoder(identity, expect)}) does not match the one the artifact "
-                      f"was fitted with ({_describe_encoder(expect, identity)})")
+    default_pretrained(args)
+    return load(EncoderRequest.from_options(args))
 
 
 def check_device(args) -> None:
     """Refuse an unavailable ``--device`` up front, also where no encoder ends up being loaded
     (``fit --prototypes``, ``add-classes --prototypes``), instead of accepting it silently."""
-    from ..encoders import resolve_device
+    from svgen.encoders.clip import resolve_device
 
     try:
         resolve_device(args.device)
@@ -141,43 +118,11 @@ def check_device(args) -> None:
 
 
 def text_prototypes(args, classes, templates, expect: dict = None):
-    """``(Prototypes, encoder identity)`` of ``classes`` × ``templates`` under the CLI's encoder options.
+    """``(Prototypes, encoder identity)`` under the CLI's encoder options (:func:`svgen.encoders.resolve.text_prototypes`)."""
+    from svgen.encoders.resolve import EncoderRequest, text_prototypes as prototypes
 
-    When every prompt is already in the prompt cache, the encoder is not loaded at all (the
-    identity, a checkpoint's sha256 included, is known without it). ``expect``, an artifact's
-    recorded encoder, is compared before anything is loaded.
-    """
-    from ..encoders import check_artifact_activation, encoder_identity, identity_key
-    from ..prototypes import build_prototypes, cached_prototypes
-
-    pretrained = default_pretrained(args)
-    ident = encoder_identity(args.model or DEFAULT_MODEL, pretrained, args.checkpoint, getattr(args, "quick_gelu", None))
-
-    def same(identity):  # an artifact from before svgen recorded the activation matches on the rest
-        want = {**expect, "quick_gelu": expect.get("quick_gelu", identity.get("quick_gelu"))}
-        if str(want.get("model")).startswith("hf-hub:") and not want.get("checkpoint_sha256"):
-            want["checkpoint_sha256"] = identity.get("checkpoint_sha256")  # from before svgen hashed hf-hub: weights
-        return identity_key(identity) == identity_key(want)
-
-    if expect is not None and ident is not None and not same(ident):
-        raise encoder_mismatch(ident, expect)
-    if ident is not None:
-        protos = cached_prototypes(identity_key(ident), classes, templates)
-        if protos is not None:
-            log.info("all %d prompts are in the prompt cache; the encoder is not loaded", len(classes) * len(templates))
-            return protos, ident
-    from ..hub import check_weights_reachable
-
-    check_weights_reachable(args.model, pretrained)  # fail fast, before torch loads
-    encoder = load_encoder(args)
-    if expect is not None:
-        check_artifact_activation(expect, encoder)  # a different activation: refused; none recorded: a warning
-    if expect is not None and not same(encoder.identity()):
-        raise encoder_mismatch(encoder.identity(), expect)
-    protos = build_prototypes(encoder, classes, templates, progress=args.progress)
-    log.info("encoded %d prompts (%d from cache)", len(classes) * len(templates),
-             len(classes) * len(templates) - protos.encoded)
-    return protos, encoder.identity()
+    default_pretrained(args)
+    return prototypes(EncoderRequest.from_options(args), classes, templates, expect)
 
 
 def note(args, text: str) -> None:
@@ -223,7 +168,7 @@ def _check_npy_size(path: Path, what: str) -> None:
 
 def load_array(path, what: str, mmap: bool = False) -> np.ndarray:
     """``np.load`` without pickle (``mmap``: memory-mapped); a clear one-line error for every way it can fail."""
-    from ..safeio import check_regular, os_error
+    from svgen.io.safeio import check_regular, os_error
 
     path = Path(path)
     check_regular(path, f"{what} file")  # missing, unreadable, a folder or a FIFO: one line each

@@ -5,8 +5,8 @@ from __future__ import annotations
 import logging
 from typing import Optional
 
-from ..errors import SvgenError
-from ._common import load_array
+from svgen.errors import SvgenError
+from svgen.commands._common import load_array
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +37,7 @@ def pool_paths(args):
     """The image files of ``--unlabelled DIR`` (found before any expensive work)."""
     from pathlib import Path
 
-    from ..encoders import find_images
+    from svgen.encoders.images import find_images
 
     if not Path(args.unlabelled).is_dir():
         raise SvgenError(f"--unlabelled: {args.unlabelled} is not a folder")
@@ -53,7 +53,7 @@ def pool_array(args):
 
 def encode_pool(args, encoder, paths, command: str):
     """N×D embeddings of the readable images of the pool folder."""
-    from ._images import encode_paths
+    from svgen.commands._images import encode_paths
 
     if not hasattr(args, "batch_size"):
         args.batch_size, args.workers = 32, None

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import logging
 
-from ..errors import SvgenError
-from ._common import load_array
+from svgen.errors import SvgenError
+from svgen.commands._common import load_array
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +45,7 @@ def shot_arrays(args):
 
 def shot_images(args, classes):
     """The labelled folder's paths and class indices (unknown class names fail here, before any encoding)."""
-    from ..data import labelled_images
+    from svgen.io.data import labelled_images
 
     return labelled_images(args.shots, classes)
 
@@ -54,7 +54,7 @@ def encode_shots(args, encoder, data, command: str):
     """(X, y) for the readable images of a labelled folder."""
     import numpy as np
 
-    from ._images import encode_paths
+    from svgen.commands._images import encode_paths
 
     if not hasattr(args, "batch_size"):
         args.batch_size, args.workers = 32, None

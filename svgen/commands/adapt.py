@@ -6,11 +6,11 @@ import argparse
 import logging
 from pathlib import Path
 
-from ..errors import SvgenError
-from ._common import ExamplesFormatter, json_text, note
-from ._images import add_image_encoder_args
-from ._pool import add_pool_args, encode_pool, pool_array, pool_check_summary, pool_note, pool_paths, wants_pool
-from ._shots import add_shot_args, encode_shots, shot_arrays, shot_images, wants_shots
+from svgen.errors import SvgenError
+from svgen.commands._common import ExamplesFormatter, json_text, note
+from svgen.commands._images import add_image_encoder_args
+from svgen.commands._pool import add_pool_args, encode_pool, pool_array, pool_check_summary, pool_note, pool_paths, wants_pool
+from svgen.commands._shots import add_shot_args, encode_shots, shot_arrays, shot_images, wants_shots
 
 log = logging.getLogger(__name__)
 
@@ -50,11 +50,11 @@ def add_parser(sub):
 
 
 def run(args) -> int:
-    from .. import SVGClassifier
+    from svgen import SVGClassifier
 
     pool = wants_pool(args)
     shots = wants_shots(args, required=not pool)
-    from ..safeio import check_dir_target
+    from svgen.io.safeio import check_dir_target
 
     out = check_dir_target(args.out, args.force)  # before any work: only an artifact or an empty folder is replaced
     clf = SVGClassifier.load(args.artifact)
@@ -63,7 +63,7 @@ def run(args) -> int:
     data = shot_images(args, clf.classes_) if args.shots else None
     encoder = None
     if args.shots or args.unlabelled:
-        from ._images import encoder_for_artifact
+        from svgen.commands._images import encoder_for_artifact
 
         encoder = encoder_for_artifact(args, clf)
     X = y = U = None

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from ._common import HelpFormatter, add_encoder_args, check_device, load_array, note, text_prototypes
+from svgen.commands._common import HelpFormatter, add_encoder_args, check_device, load_array, note, text_prototypes
 
 
 def add_parser(sub):
@@ -27,9 +27,9 @@ def add_parser(sub):
 
 
 def run(args) -> int:
-    from .. import SVGClassifier
-    from ..errors import SvgenError
-    from ..prompts import read_class_names, validate_new_classes
+    from svgen import SVGClassifier
+    from svgen.errors import SvgenError
+    from svgen.encoders.prompts import read_class_names, validate_new_classes
 
     check_device(args)
     names = read_class_names(args.classes)

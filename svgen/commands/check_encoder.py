@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from ..errors import SvgenError
-from ._common import ExamplesFormatter, add_encoder_args, default_pretrained, load_encoder
+from svgen.errors import SvgenError
+from svgen.commands._common import ExamplesFormatter, add_encoder_args, default_pretrained, load_encoder
 
 
 def add_parser(sub):
@@ -30,8 +30,8 @@ def add_parser(sub):
 
 
 def run(args) -> int:
-    from .. import check
-    from ..encoders import activation_name
+    from svgen.encoders import check
+    from svgen.encoders.activation import activation_name
 
     pretrained = default_pretrained(args)
     if pretrained:  # decided before any weights are loaded: another tag has no reference

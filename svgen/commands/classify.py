@@ -8,10 +8,10 @@ import sys
 
 import numpy as np
 
-from ..blocks import score
-from ..errors import SvgenError
-from ._common import ExamplesFormatter, note
-from ._images import add_image_encoder_args, check_out, encode_paths, encoder_for_artifact, load_features
+from svgen.engine.predictions import score
+from svgen.errors import SvgenError
+from svgen.commands._common import ExamplesFormatter, note
+from svgen.commands._images import add_image_encoder_args, check_out, encode_paths, encoder_for_artifact, load_features
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +71,7 @@ def add_parser(sub):
     p.add_argument("--out", metavar="FILE", help="write here (atomically, streamed) instead of stdout")
     p.add_argument("--force", action="store_true", help="overwrite --out if it exists")
     add_image_encoder_args(p)
-    from .classify_ray import add_ray_args
+    from svgen.commands.classify_ray import add_ray_args
 
     add_ray_args(p)
     p.set_defaults(func=run)
@@ -81,13 +81,13 @@ IMAGE_CHUNK = 4096  # images embedded and written per step: memory stays bounded
 
 
 def run(args) -> int:
-    from .. import SVGClassifier
-    from ..output import output_format, require_pyarrow
+    from svgen import SVGClassifier
+    from svgen.io.output import output_format, require_pyarrow
 
     _take_artifact(args)
     if args.top_k < 1:
         raise SvgenError(f"--top-k must be at least 1, got {args.top_k}")
-    from .classify_ray import check_local, run_ray
+    from svgen.commands.classify_ray import check_local, run_ray
 
     if args.engine == "ray":
         return run_ray(args)
@@ -111,7 +111,7 @@ def run(args) -> int:
         arrays = {f: load_features(f, clf, mmap=True) for f in args.features}  # every file checked before output
         blocks = _feature_blocks(clf, arrays, head, args)
     else:
-        from ..encoders import find_images
+        from svgen.encoders.images import find_images
 
         paths = find_images(args.inputs)
         if not paths:
@@ -152,8 +152,8 @@ def _head_name(args) -> str:
 
 def _write(blocks, clf, args) -> int:
     """Stream the blocks to stdout, or to ``--out`` through a temporary file renamed into place."""
-    from ..export import write_atomic_file
-    from ..output import write_parquet, write_text_rows
+    from svgen.io.safeio import atomic_file
+    from svgen.io.output import write_parquet, write_text_rows
 
     k, probs, name = args.top_k, _probs(args), _head_name(args)
     if not args.out:
@@ -169,7 +169,7 @@ def _write(blocks, clf, args) -> int:
             with open(tmp, "w", encoding="utf-8", newline="") as f:
                 written.append(write_text_rows(f, blocks, clf.classes_, k, args.format, name, probs))
 
-    write_atomic_file(args.out, writer, force=args.force)
+    atomic_file(args.out, writer, force=args.force)
     return written[0]
 
 
@@ -187,7 +187,7 @@ def _warn_top_k_once(blocks, args, C: int):
 def _feature_blocks(clf, arrays: dict, head: str, args):
     import torch
 
-    from ..output import feature_blocks, matrix_blocks
+    from svgen.io.output import feature_blocks, matrix_blocks
 
     if args.transductive:
         x = torch.from_numpy(np.concatenate([np.asarray(a, dtype=np.float32) for a in arrays.values()]))
@@ -202,7 +202,7 @@ def _feature_blocks(clf, arrays: dict, head: str, args):
 
 def _image_blocks(clf, encoder, paths, head: str, args):
     """Embed and score the images ``IMAGE_CHUNK`` at a time; unreadable files are reported and skipped."""
-    from ..output import matrix_blocks
+    from svgen.io.output import matrix_blocks
 
     if args.transductive:
         feats, ok, _ = encode_paths(args, encoder, paths, "classify")

@@ -1,19 +1,17 @@
-"""``svgen classify --engine ray``: the options, their checks, and the run (see :mod:`svgen.ray_engine`)."""
+"""``svgen classify --engine ray``: the options, their checks, and the run (see :mod:`svgen.engine.ray`)."""
 
 from __future__ import annotations
 
-import argparse
 import functools
 import logging
 import os
 from pathlib import Path
 
-from ..errors import SvgenError
-from ._common import note
+from svgen.errors import SvgenError
+from svgen.commands._common import note
 
 log = logging.getLogger(__name__)
 
-_ENCODER_FIELDS = ("model", "pretrained", "checkpoint", "quick_gelu", "device")
 
 
 def add_ray_args(p) -> None:
@@ -58,10 +56,6 @@ def check_local(args) -> None:
         raise SvgenError(f"{flags} only apply with --engine ray")
 
 
-def _encoder_args(args) -> argparse.Namespace:
-    return argparse.Namespace(**{k: getattr(args, k, None) for k in _ENCODER_FIELDS})
-
-
 def _check(args) -> None:
     if args.transductive:
         raise SvgenError("--transductive adapts to all inputs at once; it does not run with --engine ray")
@@ -82,7 +76,7 @@ def _check(args) -> None:
         raise SvgenError(f"--actor-cpus must be positive, got {args.actor_cpus:g}")
     if args.batch_size < 1:
         raise SvgenError(f"--batch-size must be at least 1, got {args.batch_size}")
-    from ..ray_engine import check_address
+    from svgen.engine.ray import check_address
 
     check_address(args.address)
     if args.address and (args.cpus or args.object_store_mb):
@@ -90,8 +84,9 @@ def _check(args) -> None:
 
 
 def run_ray(args) -> int:
-    from .. import SVGClassifier, ray_engine
-    from ..blocks import plan_blocks, plan_digest
+    from svgen import SVGClassifier
+    from svgen.engine import ray as ray_engine
+    from svgen.engine.blocks import plan_blocks, plan_digest
 
     _check(args)
     ray_engine.require_ray()  # before any work: one line saying what to install
@@ -105,11 +100,12 @@ def run_ray(args) -> int:
     n_inputs = sum(b.size for b in blocks)
     preprocess = factory = None
     if not features:
-        from ._images import encoder_for_artifact
+        from svgen.encoders.resolve import EncoderRequest, encoder_for_artifact
 
         # Checked (and its preprocessing taken) here, so a wrong encoder is one line before Ray starts.
-        preprocess = encoder_for_artifact(args, clf).preprocess
-        factory = functools.partial(encoder_for_artifact, _encoder_args(args))
+        request = EncoderRequest.from_options(args)
+        preprocess = encoder_for_artifact(request, clf).preprocess
+        factory = functools.partial(encoder_for_artifact, request)
     job = {"artifact": str(Path(args.artifact).resolve()), "head": args.head, "probs": bool(args.probs),
            "top_k": args.top_k, "block_size": block_size, "blocks": len(blocks), "inputs": n_inputs,
            "plan_sha256": plan_digest(blocks), "kind": "features" if features else "images"}

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ._common import HelpFormatter, json_text, note
+from svgen.commands._common import HelpFormatter, json_text, note
 
 
 def add_parser(sub):
@@ -28,9 +28,9 @@ def add_parser(sub):
 
 
 def run(args) -> int:
-    from ..artifacts import load_artifact
-    from ..diagnostics import diagnose
-    from ..errors import SvgenError
+    from svgen.io.artifacts import load_artifact
+    from svgen.evaluation.diagnostics import diagnose
+    from svgen.errors import SvgenError
 
     if args.max_classes < 2:
         raise SvgenError(f"--max-classes must be at least 2, got {args.max_classes}")
@@ -42,7 +42,7 @@ def run(args) -> int:
     spectrum = report.pop("spectrum")
     geometry = (meta.get("metrics") or {}).get("geometry")
     report["geometry"] = geometry  # the text-metric decision made at fit time (None: older artifact)
-    from ..diagnostics import deployed_kernel, describe_deployed
+    from svgen.evaluation.diagnostics import deployed_kernel, describe_deployed
 
     report["deployed"] = deployed_kernel(meta, t)  # None: the text kernel measured here is the one deployed
     if plt is not None:
@@ -76,8 +76,8 @@ def _check_plot(path, force: bool):
     """Everything about ``--plot`` that can fail, before any work: suffix, folder, --force, matplotlib."""
     from pathlib import Path
 
-    from ..errors import SvgenError
-    from ._images import check_out
+    from svgen.errors import SvgenError
+    from svgen.commands._images import check_out
 
     if Path(path).suffix.lower() != ".png":
         raise SvgenError(f"--plot {path}: the spectrum is written as PNG; give a file name ending in .png")
@@ -93,7 +93,7 @@ def _check_plot(path, force: bool):
 
 
 def _plot(plt, spectrum, path, force: bool) -> None:
-    from ..export import write_atomic_file
+    from svgen.io.safeio import atomic_file
 
     fig, ax = plt.subplots(figsize=(6, 4))
     ax.semilogy(spectrum.clamp_min(1e-16).numpy())
@@ -102,6 +102,6 @@ def _plot(plt, spectrum, path, force: bool) -> None:
     ax.set_title("kernel spectrum")
     fig.tight_layout()
     try:
-        write_atomic_file(path, lambda p: fig.savefig(p, format="png"), force=force)
+        atomic_file(path, lambda p: fig.savefig(p, format="png"), force=force)
     finally:
         plt.close(fig)

@@ -5,13 +5,13 @@ from __future__ import annotations
 import argparse
 import logging
 
-from ..errors import SvgenError
-from ._common import ExamplesFormatter, json_text, load_array, note
-from ._images import add_image_encoder_args, check_out, emit, encode_paths, encoder_for_artifact, load_features
+from svgen.errors import SvgenError
+from svgen.commands._common import ExamplesFormatter, json_text, load_array, note
+from svgen.commands._images import add_image_encoder_args, check_out, emit, encode_paths, encoder_for_artifact, load_features
+
+from svgen.evaluation.metrics import HEAD_ORDER, evaluate_heads
 
 log = logging.getLogger(__name__)
-
-HEAD_ORDER = ("cosine", "kernel", "linear")
 
 
 def add_parser(sub):
@@ -52,28 +52,6 @@ def add_parser(sub):
     p.set_defaults(func=run)
 
 
-def evaluate_heads(clf, x, labels, bins: dict = None) -> dict:
-    """``{head: {acc1, acc5, mean_per_class_recall, nll, ece, temperature, n}}`` for every head of ``clf``.
-
-    ``nll`` and ``ece`` (15 bins) judge ``clf.predict_proba``; ``bins``, when given, receives each
-    head's reliability bins (for ``--plot``).
-    """
-    from ..calibration import calibration_metrics, head_logits, reliability, softmax
-    from ..metrics import check_labels, evaluate
-
-    y = check_labels(labels, x.shape[0], len(clf.classes_))
-    out = {}
-    for head in HEAD_ORDER:
-        scores = clf.decision_function(x, head=head)
-        logits, T = head_logits(scores, head, clf.kernel_logits_), clf.temperatures_[head]
-        r = evaluate(scores, y)
-        n = r.pop("n")
-        out[head] = {**r, **calibration_metrics(logits, T, y), "temperature": T, "n": n}
-        if bins is not None:
-            bins[head] = reliability(softmax(logits, T), y)
-    return out
-
-
 def format_table(results: dict, default_head: str = "kernel") -> str:
     """The heads side by side; ``*`` marks the default head (the one classify, export and predict use)."""
     lines = [f"{'head':<8} {'acc1':>8} {'acc5':>8} {'mean_per_class_recall':>22} {'nll':>7} {'ece':>7} "
@@ -88,7 +66,7 @@ def format_table(results: dict, default_head: str = "kernel") -> str:
 
 
 def run(args) -> int:
-    from .. import SVGClassifier
+    from svgen import SVGClassifier
 
     if args.data and (args.features or args.labels):
         raise SvgenError("give --data DIR or --features with --labels, not both")
@@ -111,7 +89,7 @@ def run(args) -> int:
     else:
         import numpy as np
 
-        from ..data import labelled_images
+        from svgen.io.data import labelled_images
 
         data = labelled_images(args.data, clf.classes_)
         encoder = encoder_for_artifact(args, clf)
@@ -123,7 +101,7 @@ def run(args) -> int:
     text = (json_text({**results, "default_head": clf.default_head_}) + "\n" if args.json
             else format_table(results, clf.default_head_))
     if args.plot:
-        from ..calibration import plot_reliability
+        from svgen.calibration.temperatures import plot_reliability
 
         plot_reliability({h: {**results[h], "reliability": bins[h]} for h in HEAD_ORDER}, args.plot,
                          title=f"{args.artifact}: reliability ({results['cosine']['n']} examples)", force=args.force)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 import logging
 
-from ..errors import SvgenError
-from ._common import ExamplesFormatter, note
+from svgen.errors import SvgenError
+from svgen.commands._common import ExamplesFormatter, note
 
 log = logging.getLogger(__name__)
 
@@ -47,9 +47,9 @@ def add_parser(sub):
 def run(args) -> int:
     from pathlib import Path
 
-    from .. import SVGClassifier
-    from ..export import export_head
-    from ._images import check_out
+    from svgen import SVGClassifier
+    from svgen.io.export import export_head
+    from svgen.commands._images import check_out
 
     fmt = args.format
     by_suffix = {v: k for k, v in SUFFIX.items()}

@@ -7,18 +7,18 @@ import os
 import sys
 from pathlib import Path
 
-from ..errors import SvgenError
-from ._common import (DEFAULT_MODEL, HelpFormatter, add_encoder_args, check_device, default_pretrained, json_text,
+from svgen.errors import SvgenError
+from svgen.commands._common import (DEFAULT_MODEL, HelpFormatter, add_encoder_args, check_device, default_pretrained, json_text,
                       load_array,
                       load_encoder, note, text_prototypes)
-from ._pool import add_pool_args, encode_pool, pool_array, pool_check_summary, pool_note, pool_paths, wants_pool
-from ._shots import add_shot_args, encode_shots, shot_arrays, shot_images, wants_shots
+from svgen.commands._pool import add_pool_args, encode_pool, pool_array, pool_check_summary, pool_note, pool_paths, wants_pool
+from svgen.commands._shots import add_shot_args, encode_shots, shot_arrays, shot_images, wants_shots
 
 log = logging.getLogger(__name__)
 
 
 def add_parser(sub):
-    from ..config import DEFAULT_RFF_DIM, LINEAR_HEADS, SOLVERS, VOTE_SOLVERS, FitConfig
+    from svgen.config import DEFAULT_RFF_DIM, LINEAR_HEADS, SOLVERS, VOTE_SOLVERS, FitConfig
 
     d = FitConfig()
     p = sub.add_parser(
@@ -45,7 +45,7 @@ def add_parser(sub):
                         "by default they are fitted with one warning naming them (they tie; the ridge keeps "
                         "the solve well-posed), as open_clip classifies with such vocabularies")
     add_encoder_args(p)
-    from ..prompts import builtin_template_sizes
+    from svgen.encoders.prompts import builtin_template_sizes
 
     p.add_argument("--templates", default=None, metavar="NAME|FILE",
                    help=f"prompt templates: a built-in set, with its number of templates: {builtin_template_sizes()} "
@@ -91,7 +91,7 @@ def add_parser(sub):
 
 
 def _ridge(value: str):
-    from ..config import RIDGE_RULES
+    from svgen.config import RIDGE_RULES
 
     if value in RIDGE_RULES:
         return value
@@ -102,9 +102,9 @@ def _ridge(value: str):
 
 
 def run(args) -> int:
-    from .. import SVGClassifier
-    from ..prompts import load_templates, read_classes
-    from ..safeio import check_dir_target
+    from svgen import SVGClassifier
+    from svgen.encoders.prompts import load_templates, read_classes
+    from svgen.io.safeio import check_dir_target
 
     check_device(args)
     classes = read_classes(args.classes, duplicates="error" if args.strict else "allow")
@@ -117,7 +117,7 @@ def run(args) -> int:
         metric_condition=args.metric_strength, linear_head=args.linear_head, progress=args.progress,
         strict=args.strict,
     )
-    clf._config()  # validate settings before any expensive work
+    clf.check_params()  # settings checked before any expensive work
     shots = shot_folder = None
     if wants_shots(args):
         # read (and check) the labelled images before any expensive work
@@ -139,7 +139,7 @@ def run(args) -> int:
                              "made and no encoder is loaded; drop {} (name the model when classifying images)"
                              .format("it" if len(named) == 1 else "them"))
     else:
-        from ..hub import check_weights_reachable
+        from svgen.encoders.hub import check_weights_reachable
 
         templates = load_templates(args.templates or "single")
         check_weights_reachable(args.model or DEFAULT_MODEL, default_pretrained(args))  # fail fast, before torch loads
@@ -159,7 +159,7 @@ def run(args) -> int:
         emb = protos.per_template
         encoder_id = {**identity, "embed_dim": int(emb.shape[-1])}
     if shot_folder is not None or pool_folder is not None:  # images to embed: the encoder is needed even
-        from ..hub import check_weights_reachable               # when every prompt was cached
+        from svgen.encoders.hub import check_weights_reachable               # when every prompt was cached
 
         check_weights_reachable(args.model or DEFAULT_MODEL, default_pretrained(args))
         encoder = load_encoder(args)

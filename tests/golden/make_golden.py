@@ -60,7 +60,7 @@ def build(name: str):
     elif name == "v2_shots_refused":   # format 2: shot rows with zero votes (the correction refused on the folds)
         from unittest import mock
 
-        from svgen import residual
+        from svgen.fewshot import residual
 
         X, y = images(3)
         refuse = lambda *a, **k: {**decide(*a, **k), "adopted": False}   # noqa: E731  (forced: a format fixture)

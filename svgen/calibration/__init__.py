@@ -1,0 +1,1 @@
+"""Probabilities from every head: temperatures from the text side and from held-out shots."""

@@ -1,0 +1,312 @@
+"""A frozen open_clip model as a text and image encoder.
+
+Four ways to name the weights, as open_clip does:
+
+* ``ClipEncoder("ViT-B-32", pretrained="openai")``: a built-in architecture and a pretrained
+  tag (downloaded once into the usual open_clip / Hugging Face cache);
+* ``ClipEncoder("hf-hub:ORG/REPO")``: config and weights from the Hugging Face Hub;
+* ``ClipEncoder("local-dir:PATH")``: a folder with ``open_clip_config.json`` and weights;
+* ``ClipEncoder("ViT-B-32", checkpoint="FILE")``: an architecture plus a local checkpoint
+  (safetensors, or a torch file read with ``weights_only=True``). The architecture may also be
+  the path of an open_clip model-config JSON file (a custom architecture, registered by stem).
+
+When weights are not local and the hub cannot be reached, :class:`EncoderUnavailableError` is
+raised within seconds (a short reachability probe instead of a minute of retries).
+
+The MLP activation (GELU or QuickGELU) is decided once, before the model is built (:mod:`svgen.encoders.activation`),
+and recorded in :meth:`ClipEncoder.identity` as ``quick_gelu``. Weights' identity and sha256:
+:mod:`svgen.encoders.identity`; image files: :mod:`svgen.encoders.images`.
+
+Text encoding truncates each batch to its longest tokenised prompt. CLIP's text tower is causal
+and pools the end-of-text token, so positions after it never influence the result: the output
+equals stock ``encode_text`` (to float rounding) at a fraction of the cost. Models where that
+does not hold (a non-causal mask, last-token pooling, HF text towers) use stock ``encode_text``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import pickle
+import warnings
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+import torch
+
+from svgen.io.safeio import check_regular
+from svgen.errors import EncoderUnavailableError, SvgenError
+from svgen.encoders.activation import activation_name, built_quick_gelu, decide_quick_gelu
+from svgen.encoders.hub import check_weights_reachable, unavailable
+from svgen.encoders.identity import _hf_hub_weights_sha256, _local_dir_weights, file_sha256, identity_key
+from svgen.encoders.images import _collate, _ImageFiles
+
+log = logging.getLogger(__name__)
+
+
+
+def resolve_device(device: Optional[str]) -> torch.device:
+    """``None``/``"auto"`` picks CUDA when present; an unavailable CUDA request is a clear error."""
+    if device in (None, "auto"):
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dev = torch.device(device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise SvgenError("--device cuda was requested but no CUDA device is available; use --device cpu")
+    return dev
+
+
+# ----------------------------------------------------------------------------- text encoding
+
+def _truncation_exact(model) -> bool:
+    """Whether truncating tokens after the end-of-text token leaves ``encode_text`` unchanged."""
+    import open_clip
+
+    if not isinstance(model, open_clip.CLIP) or getattr(model, "cls_emb", None) is not None:
+        return False
+    if getattr(model, "text_pool_type", None) not in ("argmax", "eos"):
+        return False
+    mask = getattr(model, "attn_mask", None)
+    if mask is None or mask.dim() != 2:
+        return False
+    n = mask.shape[0]
+    causal = torch.triu(torch.ones(n, n, dtype=torch.bool, device=mask.device), diagonal=1)
+    return bool(torch.equal(torch.isinf(mask) & (mask < 0), causal)) and bool((mask[~causal] == 0).all())
+
+
+def _pool_positions(model, tokens: torch.Tensor) -> torch.Tensor:
+    if model.text_pool_type == "argmax":
+        return tokens.argmax(dim=-1)
+    return (tokens == model.text_eos_id).int().argmax(dim=-1)
+
+
+def encode_text_truncated(model, tokens: torch.Tensor) -> torch.Tensor:
+    """``model.encode_text(tokens)`` computed on tokens cut after the last pooled position.
+
+    Exact for causal text towers that pool the end-of-text token (see module docstring).
+    """
+    length = int(_pool_positions(model, tokens).max()) + 1
+    tokens = tokens[:, :length]
+    cast_dtype = model.transformer.get_cast_dtype()
+    x = model.token_embedding(tokens).to(cast_dtype)
+    x = x + model.positional_embedding[:length].to(cast_dtype)
+    x = model.transformer(x, attn_mask=model.attn_mask[:length, :length])
+    x = model.ln_final(x)
+    x = x[torch.arange(x.shape[0], device=x.device), _pool_positions(model, tokens)]
+    if model.text_projection is not None:
+        x = model.text_projection(x) if isinstance(model.text_projection, torch.nn.Linear) else x @ model.text_projection
+    return x
+
+
+# ----------------------------------------------------------------------------- image loading
+
+# ----------------------------------------------------------------------------- the encoder
+
+class ClipEncoder:
+    """A frozen open_clip model in inference mode, with batched text and image encoding."""
+
+    def __init__(
+        self,
+        model: str = "ViT-B-32",
+        pretrained: Optional[str] = None,
+        checkpoint: Optional[str] = None,
+        device: Optional[str] = "cpu",
+        quick_gelu: Optional[bool] = None,
+    ):
+        import open_clip
+
+        if pretrained and checkpoint:
+            raise SvgenError("give either --pretrained TAG or --checkpoint FILE, not both")
+        self.model_name = model
+        self.pretrained = pretrained
+        self.checkpoint = str(checkpoint) if checkpoint else None
+        self.device = resolve_device(device)
+        self.checkpoint_sha256 = None
+
+        if model.endswith(".json") and os.path.isfile(model):
+            # A custom architecture: an open_clip model config file, registered under its stem.
+            open_clip.add_model_config(model)
+            model = self.model_name = Path(model).stem
+        if model.startswith("local-dir:"):
+            folder = Path(model[len("local-dir:"):])
+            if not (folder / "open_clip_config.json").is_file():
+                raise SvgenError(f"local-dir:{folder} must be a folder holding open_clip_config.json and weights")
+            weights = _local_dir_weights(folder)
+            if weights is None:  # open_clip would only warn and go on with random weights
+                raise SvgenError(f"local-dir:{folder} holds no weights (*.safetensors, *.bin or *.pth) "
+                                 "beside open_clip_config.json")
+            self.checkpoint_sha256 = file_sha256(weights)  # the cache key follows the weights, not the path
+        elif not model.startswith("hf-hub:") and model not in open_clip.list_models():
+            raise SvgenError(f"unknown open_clip model {model!r}; see open_clip.list_models() for built-in names")
+        if self.checkpoint:
+            check_regular(self.checkpoint, "checkpoint file")  # missing, unreadable or not a file: one line each
+            self.checkpoint_sha256 = file_sha256(self.checkpoint)
+        elif pretrained and not model.startswith(("hf-hub:", "local-dir:")) and not open_clip.get_pretrained_cfg(model, pretrained):
+            tags = [t for m, t in open_clip.list_pretrained() if m == model]
+            raise SvgenError(f"unknown pretrained tag {pretrained!r} for {model}; known tags: {', '.join(tags) or 'none'}")
+        want, self.quick_gelu_reason = decide_quick_gelu(model, pretrained, self.checkpoint, quick_gelu)
+        check_weights_reachable(model, pretrained)
+
+        act = {} if want is None else {"quick_gelu": want, "force_quick_gelu": want}
+        try:
+            with warnings.catch_warnings():
+                # open_clip compares the tag's activation with its config *before* our override is
+                # applied; the activation actually built is checked against the decision below.
+                warnings.filterwarnings("ignore", message="QuickGELU mismatch", category=UserWarning)
+                self.model, _, self.preprocess = open_clip.create_model_and_transforms(
+                    model, pretrained=self.checkpoint or pretrained, device=self.device, **act
+                )
+            self.tokenizer = open_clip.get_tokenizer(model)
+        except EncoderUnavailableError:
+            raise
+        except RuntimeError as e:
+            if "size mismatch" in str(e) or "Missing key" in str(e) or "Unexpected key" in str(e):
+                raise SvgenError(f"checkpoint {self.checkpoint or pretrained} does not match architecture {model}") from None
+            what = self.checkpoint or (f"{model} weights '{pretrained}'" if pretrained else model)
+            raise unavailable(what, (str(e).splitlines() or ["load failed"])[0][:200], model, pretrained) from None
+        except (OSError, ValueError) as e:
+            raise SvgenError(f"cannot load {self.checkpoint or model}: {(str(e).splitlines() or [''])[0][:200]}") from None
+        except pickle.UnpicklingError:
+            raise SvgenError(f"cannot load {self.checkpoint or model}: torch.load(weights_only=True) refused it "
+                             "(not a torch file, or it holds pickled objects besides tensors); "
+                             "convert it to .safetensors") from None
+        except Exception as e:  # e.g. safetensors' own error for a damaged file: still one line, no traceback
+            first = (str(e).splitlines() or [""])[0][:200]
+            raise SvgenError(f"cannot load {self.checkpoint or model}: {type(e).__name__}: {first}") from None
+        self.model.eval().requires_grad_(False)
+        if model.startswith("hf-hub:"):
+            self.checkpoint_sha256 = _hf_hub_weights_sha256(model)
+        self.quick_gelu = built_quick_gelu(self.model)
+        if want is not None and self.quick_gelu is not None and self.quick_gelu != want:  # pragma: no cover
+            raise SvgenError(f"asked open_clip for {activation_name(want)} ({self.quick_gelu_reason}) "
+                             f"but it built {activation_name(self.quick_gelu)}")
+        log.info("%s: %s (%s)", self.model_name, activation_name(self.quick_gelu), self.quick_gelu_reason)
+        self.truncate_text = _truncation_exact(self.model)
+        if not self.truncate_text:
+            log.info("text tower is not causal/EOT-pooled; using stock encode_text")
+
+    @classmethod
+    def from_model(cls, model, tokenizer, preprocess=None, name: str = "custom", device: Optional[str] = None):
+        """Wrap an open_clip model that is already built (e.g. ``open_clip.create_model(...)``).
+
+        No weights are loaded or checked; the identity is ``name`` alone, so give each distinct set of
+        weights its own name if the prompt cache is used.
+        """
+        self = cls.__new__(cls)
+        self.model_name, self.pretrained, self.checkpoint, self.checkpoint_sha256 = name, None, None, None
+        self.device = resolve_device(device) if device else next(model.parameters()).device
+        self.model = model.to(self.device).eval().requires_grad_(False)
+        self.tokenizer, self.preprocess = tokenizer, preprocess
+        self.quick_gelu, self.quick_gelu_reason = built_quick_gelu(self.model), "the model given"
+        self.truncate_text = _truncation_exact(self.model)
+        return self
+
+    # identity -------------------------------------------------------------------------------
+    @property
+    def embed_dim(self) -> int:
+        with torch.inference_mode():
+            return int(self.encode_text(["a"]).shape[-1])
+
+    @property
+    def context_length(self) -> int:
+        return int(getattr(self.tokenizer, "context_length", 77))
+
+    def identity(self) -> Dict[str, object]:
+        """What produced the embeddings: recorded in artifacts and used as the cache key.
+
+        ``quick_gelu`` is the MLP activation actually built (``None`` for towers without open_clip
+        transformer MLPs). Artifacts from before it was recorded lack the key: see
+        :func:`check_artifact_activation`.
+        """
+        return {
+            "model": self.model_name,
+            "pretrained": self.pretrained,
+            "checkpoint": os.path.basename(self.checkpoint) if self.checkpoint else None,
+            "checkpoint_sha256": self.checkpoint_sha256,
+            "quick_gelu": self.quick_gelu,
+        }
+
+    def identity_key(self) -> str:
+        """A short stable hash of :meth:`identity` minus the checkpoint's file name."""
+        return identity_key(self.identity())
+
+    # text -----------------------------------------------------------------------------------
+    def too_long(self, prompts: Sequence[str]) -> List[str]:
+        """Prompts whose tokens exceed the context length (they get truncated by the tokenizer)."""
+        out = []
+        for p in prompts:
+            ids = self.tokenizer.encode(p) if hasattr(self.tokenizer, "encode") else None
+            if ids is not None and len(ids) + 2 > self.context_length:
+                out.append(p)
+        return out
+
+    @torch.inference_mode()
+    def encode_text(self, prompts: Sequence[str], batch_size: int = 256, progress: bool = False) -> torch.Tensor:
+        """Raw (unnormalised) text embeddings, N×D float32 on the CPU, in the order given.
+
+        Prompts are sorted by token length so each batch is truncated as tightly as possible.
+        """
+        if len(prompts) == 0:
+            return torch.zeros(0, 0)
+        tokens = self.tokenizer(list(prompts))
+        lengths = _pool_positions(self.model, tokens) if self.truncate_text else torch.zeros(len(prompts))
+        order = torch.argsort(lengths, stable=True)
+        out = [None] * len(prompts)
+        starts = range(0, len(prompts), batch_size)
+        if progress:
+            from tqdm.auto import tqdm
+
+            starts = tqdm(starts, desc="encoding prompts", unit="batch", leave=False)
+        for s in starts:
+            idx = order[s:s + batch_size]
+            batch = tokens[idx].to(self.device)
+            feats = encode_text_truncated(self.model, batch) if self.truncate_text else self.model.encode_text(batch)
+            for i, f in zip(idx.tolist(), feats.float().cpu()):
+                out[i] = f
+        return torch.stack(out)
+
+    # images ---------------------------------------------------------------------------------
+    @torch.inference_mode()
+    def encode_batch(self, images: torch.Tensor) -> torch.Tensor:
+        """Raw image embeddings (float32, CPU) of a batch of preprocessed images."""
+        return self.model.encode_image(images.to(self.device)).float().cpu()
+
+    @torch.inference_mode()
+    def encode_images(
+        self,
+        paths: Sequence[str],
+        batch_size: int = 32,
+        num_workers: Optional[int] = None,
+        progress: bool = False,
+    ) -> Tuple[torch.Tensor, List[str], List[Tuple[str, str]]]:
+        """Encode image files; returns (N_ok×D raw features, ok paths, [(failed path, reason)]).
+
+        Unreadable and non-image files are skipped and reported, never fatal.
+        """
+        paths = list(paths)
+        if num_workers is None:
+            num_workers = 0 if len(paths) <= 2 * batch_size else min(4, os.cpu_count() or 1)
+        loader = torch.utils.data.DataLoader(
+            _ImageFiles(paths, self.preprocess), batch_size=batch_size, num_workers=num_workers,
+            collate_fn=_collate, shuffle=False,
+        )
+        feats, ok, failed = [], [], []
+        it = loader
+        if progress:
+            from tqdm.auto import tqdm
+
+            it = tqdm(loader, desc="encoding images", unit="batch", leave=False)
+        for idx, images, bad in it:
+            failed.extend((paths[i], why) for i, why in bad)
+            if images is None:
+                continue
+            feats.append(self.encode_batch(images))
+            ok.extend(paths[i] for i in idx)
+        for p, why in failed:
+            log.info("skipped %s: %s", p, why)  # returned in `failed`; the caller reports them
+        dim = feats[0].shape[1] if feats else 0
+        return (torch.cat(feats) if feats else torch.zeros(0, dim)), ok, failed
+
+
+def as_numpy(x) -> np.ndarray:
+    return x.detach().cpu().numpy() if isinstance(x, torch.Tensor) else np.asarray(x)

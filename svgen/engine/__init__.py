@@ -1,0 +1,1 @@
+"""Large collections: deterministic blocks of inputs and the Ray Data engine."""

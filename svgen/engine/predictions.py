@@ -1,0 +1,128 @@
+"""One block's predictions: decoding its images, scoring them, and the rows of its part file.
+
+:func:`score` is the one scoring function of ``svgen classify``: the single-process path and the Ray engine's
+actors both call it, and :func:`prediction_table` turns its output into the rows of a part file (key columns,
+``labels``, ``scores`` or ``probs``, ``head``). The blocks themselves: :mod:`svgen.engine.blocks`.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+from typing import Dict, Sequence, Tuple
+
+from svgen.engine.blocks import Block
+
+log = logging.getLogger(__name__)
+
+SCORE_BATCH = 4096  # rows scored at once: bounds the N×C score matrix, not the result
+
+
+def decode_block(block: Block, preprocess):
+    """(N_ok×… float32 images, ok keys, [(key, reason)]) of an image or tar block.
+
+    Every input lands in exactly one of the two lists: ``len(ok) + len(failed) == block.size``.
+    """
+    import torch
+
+    from svgen.encoders.images import load_image
+
+    images, ok, failed = [], [], []
+
+    def take(key, source):
+        x, reason = load_image(source, preprocess)
+        if x is None:
+            failed.append((key, reason))
+        else:
+            images.append(x)
+            ok.append(key)
+
+    if block.kind == "images":
+        for p in block.spec["paths"]:
+            take(p, p)
+    elif block.kind == "tar":
+        shard = block.spec["shard"]
+        try:
+            f = open(shard, "rb")
+        except OSError as e:
+            failed.extend((f"{shard}/{name}", f"cannot open shard: {e}") for name, _, _ in block.spec["members"])
+        else:
+            with f:
+                for name, offset, size in block.spec["members"]:
+                    key = f"{shard}/{name}"
+                    if offset < 0:
+                        failed.append((key, "the shard is truncated or damaged here: its remaining members "
+                                            "cannot be read"))
+                        continue
+                    f.seek(offset)
+                    data = f.read(size)
+                    if len(data) != size:
+                        failed.append((key, "truncated tar member"))
+                    else:
+                        take(key, io.BytesIO(data))
+    else:
+        raise ValueError(f"decode_block: a {block.kind} block holds no images")
+    return (torch.stack(images) if images else None), ok, failed
+
+
+# ----------------------------------------------------------------------------- scoring
+
+def score(clf, x, head: str, probs: bool, batch: int = SCORE_BATCH):
+    """N×C scores (``probs``: probabilities) of one head for N×D embeddings, ``batch`` rows at a time."""
+    import torch
+
+    x = torch.as_tensor(x)
+    fn = clf.predict_proba if probs else clf.decision_function
+    if x.shape[0] == 0:
+        return torch.zeros(0, len(clf.classes_))
+    return torch.cat([fn(x[s:s + batch], head=head) for s in range(0, x.shape[0], batch)])
+
+
+def value_column(probs: bool) -> str:
+    return "probs" if probs else "scores"
+
+
+def prediction_table(keys: Dict[str, list], scores, classes: Sequence[str], k: int, head: str, probs: bool):
+    """A pyarrow table: the ``keys`` columns, then ``labels`` (top-k names), ``scores``/``probs`` and ``head``."""
+    import pyarrow as pa
+
+    from svgen.heads.scoring import topk
+
+    n = int(scores.shape[0])
+    if n:
+        values, indices = topk(scores, k)
+        values, indices = values.double().tolist(), indices.tolist()
+    else:
+        values, indices = [], []
+    cols = {name: pa.array(v, type=pa.int64() if name in ("index", "row") else pa.string())
+            for name, v in keys.items()}
+    cols["labels"] = pa.array([[classes[i] for i in row] for row in indices], type=pa.list_(pa.string()))
+    cols[value_column(probs)] = pa.array(values, type=pa.list_(pa.float64()))
+    cols["head"] = pa.array([head] * n, type=pa.string())
+    return pa.table(cols)
+
+
+def failure_table(block: int, failed: Sequence[Tuple[str, str]]):
+    """A pyarrow table of the inputs of ``block`` that could not be read: ``path``, ``reason``, ``block``."""
+    import pyarrow as pa
+
+    return pa.table({"path": pa.array([p for p, _ in failed], type=pa.string()),
+                     "reason": pa.array([r for _, r in failed], type=pa.string()),
+                     "block": pa.array([block] * len(failed), type=pa.int64())})
+
+
+def feature_keys(block: Block) -> Dict[str, list]:
+    s = block.spec
+    n = s["stop"] - s["start"]
+    return {"index": list(range(s["id0"], s["id0"] + n)), "source": [s["file"]] * n,
+            "row": list(range(s["start"], s["stop"]))}
+
+
+def table_bytes(table) -> bytes:
+    """A pyarrow table as the bytes of a Parquet file."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    sink = pa.BufferOutputStream()
+    pq.write_table(table, sink)
+    return sink.getvalue().to_pybytes()

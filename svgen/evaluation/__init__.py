@@ -1,0 +1,1 @@
+"""Judging a classifier: metrics over score matrices and the kernel's diagnostics."""

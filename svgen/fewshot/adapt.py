@@ -1,0 +1,161 @@
+"""Labelled images ("shots") added to the zero-shot heads: the ``shots`` stage (:mod:`svgen.state`).
+
+:func:`adapt` takes the zero-shot :class:`~svgen.state.Heads`, all the shots and the :class:`~svgen.state.TextSide`
+and returns new heads and their record (``svgen.json`` ``fewshot``); it changes nothing it is given.
+
+* **Kernel head**: zero-shot probabilities plus kernel ridge on their residual (:mod:`svgen.fewshot.residual`: σ and c
+  on balanced held-out folds; zero-shot kept where the correction is worse there).
+* **Linear head**: shared-covariance LDA with the prototypes as prior means (:func:`svgen.fewshot.lda.fit_lda_head`).
+* **Default head**: the higher accuracy on the same held-out shots (:func:`choose_default_head`).
+* **Temperatures**: fitted on held-out scores of the shots (:func:`temperatures`).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from svgen.calibration import temperatures as calibration
+from svgen.fewshot import lda as fewshot
+from svgen.heads import predictor
+from svgen.fewshot import residual
+from svgen.state import Calibration, Heads, KernelHead, LinearHead, TextSide
+from svgen.core.support import IMAGE, SupportSet
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class ShotFit:
+    """The shots stage: its heads (calibrated) and its record (``svgen.json`` ``fewshot``)."""
+
+    heads: Heads
+    record: dict
+
+
+def adapt(zero_shot: Heads, shots: SupportSet, side: TextSide) -> ShotFit:
+    """The heads for ``shots`` (every image shot, earlier ones included) on top of ``zero_shot``."""
+    C = side.n_classes
+    t0 = time.perf_counter()
+    res = residual.fit_residual_head(shots.rows.numpy(), shots.labels.numpy(), side.prototypes.numpy(), C,
+                                     seed=side.config.seed)
+    W, b, lchoice = fewshot.fit_lda_head(side.prototypes, shots, C)
+    wall = time.perf_counter() - t0
+    heads = Heads(kernel_head(res, zero_shot, shots, C), LinearHead(W, b))
+    default, head_choice = choose_default_head(heads, side, res, shots, lchoice)
+    counts = shots.counts(C)
+    record = {
+        "shots": int(counts.sum()), "classes_with_shots": int((counts > 0).sum()),
+        "shots_per_class": {"min": int(counts.min()), "max": int(counts.max()), "mean": float(counts.mean())},
+        "shots_by_class": {name: int(n) for name, n in zip(side.classes, counts) if n},
+        "kernel": {"head": "zero-shot probabilities + kernel ridge on their residual" if res.adopted
+                   else "zero-shot (the shots' correction was refused)", **res.record},
+        "linear": lchoice.as_dict(), "default_head": default, "head_choice": head_choice,
+        "text_bandwidth": float(zero_shot.kernel.bandwidth), "wall_time_s": wall,
+    }
+    log.info("adapted to %d shots in %.2fs: kernel %s (σ=%.3g, c=%.3g), linear LDA γ=%g κ=%g (LOO error %.3f)",
+             len(shots), wall, "adapted" if res.adopted else "kept zero-shot", res.sigma, res.record["ridge_c"],
+             lchoice.settings["shrinkage"], lchoice.settings["prior_shots"], lchoice.loo_error)
+    heads.calibration = temperatures(heads, side, shots, res, lchoice)
+    return ShotFit(heads, record)
+
+
+def kernel_head(res, zero_shot: Heads, shots: SupportSet, n_classes: int) -> KernelHead:
+    """The kernel head from a :class:`svgen.fewshot.residual.ResidualFit`: its rows and votes with the zero-shot prior
+    term when it was adopted, else the zero-shot kernel vote over the text rows exactly (the shots follow as rows
+    with zero votes, so adapting again or adding classes still has them)."""
+    if res.adopted:
+        return KernelHead(torch.from_numpy(res.rows).float(), float(res.sigma), torch.from_numpy(res.votes).float(),
+                          torch.from_numpy(res.labels).to(torch.int64),
+                          torch.full((res.rows.shape[0],), IMAGE, dtype=torch.uint8), float(res.logit_scale))
+    z = zero_shot.kernel
+    rows = SupportSet.from_text(z.rows).join(shots)   # the shots kept as rows with zero votes
+    return KernelHead(rows.rows.float(), float(z.bandwidth),
+                      torch.cat([z.votes.float(), torch.zeros(len(shots), n_classes)]), rows.labels, rows.source)
+
+
+def choose_default_head(heads: Heads, side: TextSide, res, shots: SupportSet, lchoice) -> tuple:
+    """("kernel" | "linear", record): the head ``classify``, ``eval``, ``export`` and ``predict`` use.
+
+    Both heads are compared on the same held-out shots (the balanced folds of :mod:`svgen.fewshot.residual`, each head
+    refitted without the fold at its chosen settings, as it will be deployed) and the higher held-out accuracy
+    wins; a tie keeps the kernel head (which is the zero-shot head when the correction was refused). Where the
+    kernel head's settings were chosen on a subset of whole classes (:data:`svgen.fewshot.residual.SELECT_MAX`), the LDA
+    head is refitted on the same subset's shots, so both are scored on the same problem (the other classes
+    without shots in both). With one shot per class there are no folds: the kernel head."""
+    if res.folds is None:
+        return "kernel", {"rule": "one shot per class: no held-out shots to compare the heads on; kernel"}
+    X, y = shots.rows.double(), shots.labels
+    m = fewshot.prior_means(side.prototypes, X)
+    rows = np.concatenate(res.folds)
+    pool = np.arange(len(y)) if res.loo_rows is None else np.asarray(res.loo_rows)
+    lin_ok = []
+    kernel_held = dict(zip(res.held_rows.tolist(), res.held_scores.argmax(axis=1).tolist()))
+    eq = lchoice.settings.get("means") == "equal Mahalanobis radius"
+    for held in res.folds:
+        keep = torch.from_numpy(np.setdiff1d(pool, held))
+        W, b = fewshot.lda_head_weights(X[keep], y[keep], m, lchoice.settings["shrinkage"],
+                                        lchoice.settings["prior_shots"], equal_radius=eq)
+        lin_ok.append(((X[held] @ W.T + b).argmax(dim=1) == y[held]).numpy())
+    lin_ok = np.concatenate(lin_ok).astype(float)
+    truth = y.numpy()[rows]
+    if res.adopted:
+        ker_ok = np.array([kernel_held[r] for r in rows.tolist()]) == truth
+    else:   # the kernel head is the zero-shot one: its predictions need no refit
+        x = shots.rows[rows].float()
+        ker_ok = np.asarray(predictor.scores(heads, side.prototypes, side.config.kernel, x, "kernel")).argmax(axis=1) == truth
+    d = lin_ok - ker_ok.astype(float)
+    se = float(d.std(ddof=1) / math.sqrt(len(d))) if len(d) > 1 else 0.0
+    head = "linear" if d.mean() > 0 else "kernel"
+    return head, {"kernel_held_out_accuracy": float(ker_ok.mean()), "linear_held_out_accuracy": float(lin_ok.mean()),
+                  "linear_minus_kernel": float(d.mean()), "standard_error": se, "shots_compared": int(len(d)),
+                  "classes_compared": "all" if res.loo_rows is None else int(np.unique(y.numpy()[pool]).size),
+                  "rule": "the higher accuracy on the held-out shots (balanced folds, both heads refitted without "
+                          "each fold on the same classes' shots); a tie keeps the kernel head"}
+
+
+def temperatures(heads: Heads, side: TextSide, shots: SupportSet, res, lchoice) -> Calibration:
+    """The kernel and linear heads' temperatures fitted by leave-one-out NLL on the shots
+    (:func:`svgen.calibration.temperatures.loo_temperatures`); the cosine head keeps CLIP's scale (T = 1).
+
+    An adapted kernel head's kind of logits and T come from its balanced folds' held-out scores (the predictor
+    as deployed, refitted without each fold at the chosen settings: the evidence its settings were chosen on),
+    through :func:`svgen.calibration.temperatures.choose_kernel_logits`. Exact LOO scores (:func:`svgen.fewshot.residual.loo_scores`)
+    leave the held-out image's class one shot short of every other class; at 2 shots a class with one shot
+    against classes with two, a softer T than the deployed head needs (dev data, 2 shots: query NLL 0.01–0.07
+    lower with the folds' T). With one shot per class there are no folds: the LOO scores, which describe images
+    of a class without shots. A refused correction keeps the zero-shot kernel head with the text rule. The text
+    rule's temperatures are recorded next to them for comparison."""
+    C = side.n_classes
+    text_cal = predictor.text_calibration(heads, side.prototypes, side.per_template, side.config.kernel)
+    text_temps = dict(text_cal.temperatures)
+    y = shots.labels.numpy()
+    sub = residual.class_subset(y, fewshot.LDA_LOO_MAX, side.config.seed)   # T from whole classes' shots
+    lin = calibration.lda_loo_logits(side.prototypes, shots, C, lchoice.settings["shrinkage"],
+                                     lchoice.settings["prior_shots"],
+                                     equal_radius=lchoice.settings.get("means") == "equal Mahalanobis radius", rows=sub)
+    fit = calibration.loo_temperatures({"linear": lin}, y if sub is None else y[sub], fallback=text_temps)
+    temps, loo, kind, choice, evidence = dict(fit["temperatures"]), dict(fit["loo"]), None, None, {}
+    if res.adopted and (res.held_scores is not None or res.loo_scores is not None):
+        # the kind and T by the guarded NLL (both kinds) on the balanced folds' held-out scores (the deployed
+        # predictor, each class one shot short at once); with one shot per class, on the exact LOO scores
+        if res.held_scores is not None:
+            zk, yk = res.held_scores, y[res.held_rows]
+        else:
+            zk, yk = res.loo_scores, (y if res.loo_rows is None else y[res.loo_rows])
+        kfit = calibration.choose_kernel_logits(torch.from_numpy(zk), yk, fallback=text_temps["kernel"],
+                                                signed_votes=True)
+        kind, temps["kernel"], loo["kernel"] = kfit["kind"], kfit["temperature"], kfit["loo"]
+        choice = {k: v for k, v in kfit.items() if k not in ("temperature", "loo")}
+        evidence = {"kernel_evidence": "balanced folds" if res.held_scores is not None else "leave-one-out"}
+    return predictor.with_temperatures(
+        text_cal, temps, method="loo-nll", kernel_logits=kind, shots=len(shots), loo=loo, text_temperatures=text_temps,
+        **({"kernel_logits_choice": choice} if choice is not None else {}), **evidence,
+        rule="linear: T minimising the leave-one-out NLL of the shots; an adapted kernel head: T minimising the NLL "
+             "of its balanced folds' held-out scores (one shot per class: leave-one-out), for log scores and raw "
+             "scores, the lower NLL kept, log charged for unseen scores ≤ 0; cosine: CLIP's logit scale 100")

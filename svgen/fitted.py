@@ -1,0 +1,144 @@
+"""A fitted svgen predictor: the state (:mod:`svgen.state`) and everything that reads it to predict.
+
+:class:`FittedHeads` is what a loaded artifact needs for inference — its heads' scores, logits and probabilities,
+the fitted attributes scikit-learn users read (``support_vectors_``, ``temperatures_`` …) and the default head.
+:class:`svgen.SVGClassifier` adds fitting, adapting and saving on top of it.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import numpy as np
+import torch
+
+from svgen.errors import SvgenError
+from svgen.estimator import Estimator
+from svgen.heads import predictor
+from svgen.heads.scoring import HEADS
+from svgen.core.support import SupportSet
+from svgen.validation import check_embeddings
+
+
+def _head_attribute(part: str, field: str, doc: str):
+    """A fitted attribute (``support_vectors_`` …) read from and written to the deployed heads."""
+    def get(self):
+        if "heads_" not in vars(self):   # unfitted: no fitted attributes (scikit-learn's hasattr protocol)
+            raise AttributeError(f"this SVGClassifier is not fitted yet, so it has no {field!r}; call fit() or load()")
+        return getattr(getattr(self.heads_, part), field)
+
+    def set_(self, value):
+        setattr(getattr(self.heads_, part), field, value)
+
+    return property(get, set_, doc=doc)
+
+
+class FittedHeads(Estimator):
+    """The deployed heads (``heads_``, :class:`svgen.state.Heads`), the zero-shot heads (``zero_shot_``), the inductive
+    heads a pool replaced (``inductive_``), the records of the shots and the pool (``fewshot_``,
+    ``transductive_``), and prediction from them."""
+
+    # ------------------------------------------------------------------------------ the fitted state
+    support_vectors_ = _head_attribute("kernel", "rows", "The kernel head's rows: C×K×D text support vectors, or M×D.")
+    bandwidth_ = _head_attribute("kernel", "bandwidth", "The kernel head's σ.")
+    vote_weights_ = _head_attribute("kernel", "votes", "The kernel head's M×C vote weights.")
+    kernel_prior_ = _head_attribute("kernel", "prior_scale", "The logit scale of the kernel head's zero-shot prior term, or None.")
+    support_labels_ = _head_attribute("kernel", "labels", "The class of each kernel row (M×D rows only).")
+    support_source_ = _head_attribute("kernel", "source", "Where each kernel row came from (M×D rows only).")
+    linear_weight_ = _head_attribute("linear", "weight", "The linear head's C×D weight.")
+    linear_bias_ = _head_attribute("linear", "bias", "The linear head's C bias.")
+    temperatures_ = _head_attribute("calibration", "temperatures", "Each head's temperature T: softmax(logits / T).")
+    kernel_logits_ = _head_attribute("calibration", "kernel_logits", "The kind of the kernel head's logits: log or score.")
+    calibration_ = _head_attribute("calibration", "record", "How the temperatures were fitted (svgen.json).")
+
+    @property
+    def support_set_(self) -> SupportSet:
+        """The support set behind the kernel head: rows, class of each row, source of each row."""
+        self._check_fitted()
+        return self.heads_.kernel.support_set()
+
+    @property
+    def default_head_(self) -> str:
+        """The head ``classify``, ``eval``, ``export`` and :meth:`predict` use when none is named: what the fit with
+        shots decided (:func:`svgen.fewshot.adapt.choose_default_head`) or a kept pool (the linear head), else the
+        kernel head."""
+        head = (self.transductive_ or {}).get("default_head") or (self.fewshot_ or {}).get("default_head", "kernel")
+        return head if head in HEADS else "kernel"
+
+    def _text_temperatures(self, only: Optional[str] = None) -> None:
+        """Per-head temperatures from the text side (:func:`svgen.heads.predictor.text_calibration`)."""
+        self.heads_.calibration = predictor.text_calibration(self.heads_, self.prototypes_, self.per_template_,
+                                                             self.fit_config_.kernel, only=only)
+
+    def set_temperatures(self, temperatures: dict, method: str, kernel_logits: Optional[str] = None,
+                         **details) -> "FittedHeads":
+        """Replace some heads' temperatures, e.g. fitted on labelled shots::
+
+            clf.set_temperatures({"kernel": calibration.fit_temperature(z_loo, y)}, method="loo-nll")
+
+        ``kernel_logits`` ("log" or "score", :data:`svgen.calibration.temperatures.KERNEL_LOGITS`) changes the kind
+        of the kernel head's logits; a kernel temperature must come with it (T belongs to its kind).
+        Without it the kind is kept. ``method`` and ``details`` are recorded in ``svgen.json`` under
+        ``calibration``.
+        """
+        self._check_fitted()
+        self.heads_.calibration = predictor.with_temperatures(self.heads_.calibration, temperatures, method,
+                                                              kernel_logits, **details)
+        return self
+
+    def predict_proba(self, X, head: Optional[str] = None):
+        """N×C probabilities of one head: ``softmax(z / T_head)`` with z the head's logits (the kernel
+        vote's are ``log score`` or, where ``kernel_logits_ == "score"``, the raw vote; see
+        :mod:`svgen.calibration.temperatures`). Rows sum to one (float64; a torch
+        tensor for a torch input, else numpy, as :meth:`decision_function`). ``head=None``: :attr:`default_head_`."""
+        head = head or self.default_head_
+        p = predictor.proba(self.heads_, self.prototypes_, self.fit_config_.kernel, self._features(X), head)
+        return p if isinstance(X, torch.Tensor) else p.numpy()
+
+    def logits(self, X, head: Optional[str] = None):
+        """N×C logits of one head, the input of :meth:`predict_proba`'s softmax (kernel: ``log score``, or
+        the score itself where ``kernel_logits_ == "score"``);
+        a torch tensor for a torch input, else numpy, as :meth:`decision_function`."""
+        z = predictor.logits(self.heads_, self.prototypes_, self.fit_config_.kernel, self._features(X),
+                             head or self.default_head_)
+        return z if isinstance(X, torch.Tensor) else z.numpy()
+
+    def _check_fitted(self):
+        if "heads_" not in vars(self):
+            raise SvgenError("this SVGClassifier is not fitted yet; call fit() or load() first")
+
+    @property
+    def transductive_labels_(self) -> Optional[np.ndarray]:
+        """The pool's class probabilities (N×C numpy array) after ``adapt(unlabelled=…)``, else None."""
+        t = vars(self).get("_transductive_labels")
+        return None if t is None else np.asarray(t.detach().cpu() if isinstance(t, torch.Tensor) else t)
+
+    @transductive_labels_.setter
+    def transductive_labels_(self, value) -> None:
+        self._transductive_labels = value
+
+    @property
+    def n_features_in_(self) -> int:
+        return int(self.prototypes_.shape[1])
+
+    def _features(self, X) -> torch.Tensor:
+        self._check_fitted()
+        x = check_embeddings(X, "features", ndims=(2,))
+        if x.shape[1] != self.n_features_in_:
+            raise SvgenError(f"features have dimension {x.shape[1]} but the artifact expects {self.n_features_in_}")
+        return x
+
+    def decision_function(self, X, head: Optional[str] = None):
+        """N×C scores of one head: ``kernel`` (vote), ``linear`` or ``cosine`` (the CLIP baseline).
+
+        A torch tensor for a torch input; a float32 numpy array for anything else (numpy, lists),
+        as scikit-learn returns. ``head=None``: :attr:`default_head_` (what the fit decided).
+        """
+        head = head or self.default_head_
+        scores = predictor.scores(self.heads_, self.prototypes_, self.fit_config_.kernel, self._features(X), head)
+        return scores if isinstance(X, torch.Tensor) else scores.cpu().numpy()
+
+    def predict(self, X, head: Optional[str] = None) -> np.ndarray:
+        """Predicted class names (array of str)."""
+        idx = np.asarray(self.decision_function(X, head).argmax(1))
+        return np.asarray(self.classes_, dtype=object)[idx]

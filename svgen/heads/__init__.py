@@ -1,0 +1,1 @@
+"""The heads (kernel vote, linear, cosine): their scores, logits and probabilities."""

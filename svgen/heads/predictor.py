@@ -1,0 +1,87 @@
+"""Scores, logits and probabilities of a :class:`svgen.state.Heads` — the one place a head is evaluated.
+
+``scores``: the kernel vote ``k(x̂, rows) @ votes`` (+ ``softmax(100·x̂P̂ᵀ)`` with a prior term), the linear head
+``x̂Wᵀ + b`` or CLIP's cosine ``100·x̂P̂ᵀ``; ``logits``: what the softmax takes (the kernel vote's ``log score`` or
+raw score, :mod:`svgen.calibration.temperatures`); probabilities are ``softmax(logits / T_head)``.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from svgen.calibration import temperatures as calibration
+from svgen.errors import SvgenError
+from svgen.heads.scoring import HEADS, cosine_logits, kernel_scores, linear_logits, prior_probs
+from svgen.state import Calibration, Heads
+
+
+def scores(heads: Heads, prototypes: torch.Tensor, kind: str, x: torch.Tensor, head: str) -> torch.Tensor:
+    """N×C scores of one head for checked N×D features ``x`` (``kind``: the kernel, e.g. ``"rbf"``)."""
+    with torch.no_grad():
+        if head == "kernel":
+            k = heads.kernel
+            s = kernel_scores(x, k.rows, k.bandwidth, k.votes, kind)
+            return s if k.prior_scale is None else s + prior_probs(x, prototypes, k.prior_scale)
+        if head == "linear":
+            return linear_logits(x, heads.linear.weight, heads.linear.bias)
+        if head == "cosine":
+            return cosine_logits(x, prototypes)
+    raise SvgenError(f"unknown head {head!r}; expected one of {', '.join(HEADS)}")
+
+
+def scores_in_blocks(heads: Heads, prototypes, kind: str, U: torch.Tensor, head: str, block: int = 8192) -> torch.Tensor:
+    """N×C float32 scores in row blocks (a kernel head's N×M kernel never whole)."""
+    return torch.cat([scores(heads, prototypes, kind, U[s:s + block], head).float() for s in range(0, U.shape[0], block)])
+
+
+def logits(heads: Heads, prototypes, kind: str, x: torch.Tensor, head: str) -> torch.Tensor:
+    return calibration.head_logits(scores(heads, prototypes, kind, x, head), head, heads.calibration.kernel_logits)
+
+
+def proba(heads: Heads, prototypes, kind: str, x: torch.Tensor, head: str) -> torch.Tensor:
+    """``softmax(logits / T_head)`` (float64)."""
+    return calibration.softmax(logits(heads, prototypes, kind, x, head), heads.calibration.temperatures[head])
+
+
+def proba_of_scores(heads: Heads, s: torch.Tensor, head: str) -> torch.Tensor:
+    """:func:`proba` from scores already computed."""
+    cal = heads.calibration
+    return calibration.softmax(calibration.head_logits(s, head, cal.kernel_logits), cal.temperatures[head])
+
+
+def text_calibration(heads: Heads, prototypes, per_template, kind: str, only: Optional[str] = None) -> Calibration:
+    """Per-head temperatures from the text side (:func:`svgen.calibration.temperatures.text_temperatures`). ``only``: re-set
+    that head's alone where the others were fitted on shots (``loo-nll``) and are unchanged. The text rule
+    matches log scores, so a kernel head it sets has ``kernel_logits = "log"``."""
+    prev = heads.calibration
+    restrict = only is not None and prev is not None and prev.record.get("method") == "loo-nll"
+    info = calibration.text_temperatures(lambda q, h: scores(heads, prototypes, kind, q, h), per_template,
+                                         **({"heads": (only,)} if restrict else {}))
+    temps = info.pop("temperatures")
+    kernel = {"kernel_logits_choice": {"reason": calibration.TEXT_RULE_KERNEL_LOGITS}}
+    if restrict:   # only that head's queries are scored: the others' temperatures are kept
+        return Calibration({**prev.temperatures, only: temps[only]}, "log" if only == "kernel" else prev.kernel_logits,
+                           {**prev.record, "text_rule_heads": [only], **(kernel if only == "kernel" else {})})
+    return Calibration(temps, "log", {**info, **kernel})
+
+
+def with_temperatures(cal: Calibration, temperatures: dict, method: str, kernel_logits: Optional[str] = None,
+                      **details) -> Calibration:
+    """``cal`` with some heads' temperatures replaced (checked), ``method`` and ``details`` recorded."""
+    import math
+
+    if kernel_logits is not None:
+        calibration.check_kernel_logits(kernel_logits)
+        if kernel_logits != cal.kernel_logits and "kernel" not in temperatures:
+            raise SvgenError(f"changing the kernel head's logits to {kernel_logits!r} needs its temperature "
+                             "for them too (temperatures={'kernel': T})")
+    for head, t in temperatures.items():
+        if head not in HEADS:
+            raise SvgenError(f"unknown head {head!r}; expected one of {', '.join(HEADS)}")
+        if not (isinstance(t, (int, float)) and math.isfinite(t) and t > 0):
+            raise SvgenError(f"temperature of the {head} head must be a positive number, got {t!r}")
+    return Calibration({**cal.temperatures, **{h: float(t) for h, t in temperatures.items()}},
+                       cal.kernel_logits if kernel_logits is None else kernel_logits,
+                       {**cal.record, "method": method, **details})

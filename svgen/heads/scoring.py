@@ -1,0 +1,203 @@
+"""The three classification heads and the closed-form kernel-ridge vote weights.
+
+One implementation each, shared by the Python API, the CLI and the exporters:
+
+* cosine (the plain CLIP baseline): ``100 · x̂ P̂ᵀ``
+* kernel vote:                      ``k(x̂, S) @ A`` with ``A = (K_SS + M·λ·I)⁻¹ Y``
+* linear:                           ``x̂ Wᵀ + b``
+
+``x̂ = x / ||x||``. Scores are not probabilities; :mod:`svgen.calibration.temperatures` turns them into some.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+import weakref
+from typing import Iterable, Optional, Sequence, Tuple
+
+import torch
+import torch.nn.functional as F
+
+from svgen.core.kernels import kernel
+
+HEADS = ("kernel", "linear", "cosine")
+CLIP_LOGIT_SCALE = 100.0   # CLIP's own calibration: softmax(100 · cos), as in open_clip; svgen's one copy
+
+
+def cosine_logits(x: torch.Tensor, prototypes: torch.Tensor, scale: float = CLIP_LOGIT_SCALE) -> torch.Tensor:
+    """CLIP zero-shot logits ``scale · x̂ p̂ᵀ`` (N×C)."""
+    return scale * F.normalize(x, dim=-1) @ F.normalize(prototypes, dim=-1).T
+
+
+def prior_probs(x: torch.Tensor, prototypes: torch.Tensor, scale: float = CLIP_LOGIT_SCALE) -> torch.Tensor:
+    """CLIP's zero-shot probabilities ``softmax(scale · x̂ p̂ᵀ)`` (N×C): the prior term of an adapted kernel
+    head (:mod:`svgen.fewshot.residual`)."""
+    return torch.softmax(cosine_logits(x.float(), prototypes.float(), scale), dim=1)
+
+
+def linear_logits(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """Linear-head logits ``x̂ Wᵀ + b`` (N×C)."""
+    return F.normalize(x, dim=-1) @ weight.T + bias
+
+
+def _kernel_from_gram_(G: torch.Tensor, sigma: float, kind: str) -> torch.Tensor:
+    """In place on ``G = x̂ Ŝᵀ``: RBF ``exp(-(2 - 2G)/2σ²) = exp((G - 1)/σ²)`` or Laplacian
+    ``exp(-sqrt(2 - 2G)/σ)`` (same clamping as :func:`svgen.core.kernels.kernel`), without temporaries."""
+    if kind == "rbf":
+        return G.clamp_(max=1.0).sub_(1.0).mul_(1.0 / (sigma * sigma)).exp_()
+    if kind == "laplacian":
+        return G.mul_(-2.0).add_(2.0).clamp_(min=0.0).add_(1e-12).sqrt_().mul_(-1.0 / sigma).exp_()
+    raise ValueError(f"unknown kernel {kind!r}")
+
+
+def sparse_row_blocks(A: torch.Tensor, block_size: int):
+    """Row blocks ``A[s:s+block_size]`` of a sparse COO matrix, each a sparse COO (block×C) tensor."""
+    A = A.coalesce()
+    idx, val = A.indices(), A.values()
+    M, C = A.shape
+    bounds = torch.searchsorted(idx[0].contiguous(), torch.arange(0, M + block_size, block_size))
+    out = []
+    for b, start in enumerate(range(0, M, block_size)):
+        lo, hi = int(bounds[b]), int(bounds[b + 1])
+        rows = min(block_size, M - start)
+        sub = torch.stack([idx[0, lo:hi] - start, idx[1, lo:hi]])
+        out.append(torch.sparse_coo_tensor(sub, val[lo:hi], (rows, C), is_coalesced=True,
+                                               check_invariants=False))
+    return out
+
+
+_CSR_CACHE: dict = {}  # id(A) -> (weakref to A, block_size, blocks); tensors are not hashable by value
+
+
+def _csr_blocks(A: torch.Tensor, block_size: int):
+    """Aᵀ row blocks as CSR (CSR @ dense is ~16× faster than dense @ COO on CPU), cached per tensor."""
+    hit = _CSR_CACHE.get(id(A))
+    if hit is not None and hit[0]() is A and hit[1] == block_size:
+        return hit[2]
+    with warnings.catch_warnings():  # torch: "Sparse CSR tensor support is in beta state"
+        warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta")
+        blocks = [blk.t().coalesce().to_sparse_csr() for blk in sparse_row_blocks(A, block_size)]
+    for key in [k for k, v in _CSR_CACHE.items() if v[0]() is None]:
+        del _CSR_CACHE[key]
+    _CSR_CACHE[id(A)] = (weakref.ref(A), block_size, blocks)
+    return blocks
+
+
+def kernel_scores(
+    x: torch.Tensor,
+    support: torch.Tensor,
+    sigma,
+    vote_weights: torch.Tensor,
+    kind: str = "rbf",
+    block_size: int = 8192,
+) -> torch.Tensor:
+    """Kernel-vote scores ``k(x̂, S) @ A`` (N×C), streamed over blocks of support vectors.
+
+    ``support`` is M×D (class-major) or C×K×D; ``vote_weights`` is dense M×C or a sparse COO
+    M×C tensor (large-C artifacts, see :mod:`svgen.core.scale`). Memory is O(N·block_size + N·C)
+    whatever M is; without autograd the kernel block is computed in place.
+    """
+    support = support.reshape(-1, support.shape[-1])
+    if (x.requires_grad or support.requires_grad or getattr(sigma, "requires_grad", False)) and torch.is_grad_enabled():
+        out = None
+        for start in range(0, support.shape[0], block_size):
+            part = kernel(x, support[start:start + block_size], sigma, kind) @ vote_weights[start:start + block_size]
+            out = part if out is None else out + part
+        return out
+    sigma = float(sigma)
+    x = F.normalize(x, dim=-1)
+    S = F.normalize(support, dim=-1)
+    if not vote_weights.is_sparse:
+        out = torch.zeros(x.shape[0], vote_weights.shape[1], dtype=x.dtype, device=x.device)
+        for start in range(0, S.shape[0], block_size):
+            kern = _kernel_from_gram_(x @ S[start:start + block_size].T, sigma, kind)
+            out.addmm_(kern, vote_weights[start:start + block_size].to(kern.dtype))
+        return out
+    # Sparse votes: work transposed, so that both operands of the sparse product are row-major.
+    # ``Aᵀ[:, block] (CSR) @ k(S_block, x̂)`` accumulated in place into ``scoresᵀ`` is ~2× faster
+    # than ``(CSR @ kernᵀ)ᵀ`` on a transposed view plus a temporary per block (measured in
+    # scripts/bench_scoring.py: 0.30× → 0.64× of GEMM at C = 21,843, N = 2,048).
+    blocks = _csr_blocks(vote_weights, block_size)
+    out_t = torch.zeros(vote_weights.shape[1], x.shape[0], dtype=x.dtype, device=x.device)
+    for b, start in enumerate(range(0, S.shape[0], block_size)):
+        kern_t = _kernel_from_gram_(S[start:start + block_size] @ x.T, sigma, kind)
+        out_t.addmm_(blocks[b].to(kern_t.dtype), kern_t)
+    return out_t.T.contiguous()
+
+
+def one_hot_blocks(n_classes: int, n_support: int, dtype=torch.float32) -> torch.Tensor:
+    """The M×C class indicator Y of class-major support vectors (K consecutive rows per class)."""
+    return torch.repeat_interleave(torch.eye(n_classes, dtype=dtype), n_support, dim=0)
+
+
+def krr_vote_weights(K_ss: torch.Tensor, Y: torch.Tensor, lam: float) -> torch.Tensor:
+    """Kernel ridge classification ``A = (K_SS + M·λ·I)⁻¹ Y``: one Cholesky for all C columns.
+
+    Differentiable: gradients flow through the factorisation into ``K_SS`` (never detached).
+    """
+    M = K_ss.shape[0]
+    system = K_ss + (M * lam) * torch.eye(M, dtype=K_ss.dtype, device=K_ss.device)
+    L = torch.linalg.cholesky(system)
+    return torch.cholesky_solve(Y.to(K_ss.dtype), L)
+
+
+def ridge_path_scores(
+    K_ss: torch.Tensor, Y: torch.Tensor, lambdas: Sequence[float], criterion: str = "loo"
+) -> Tuple[list, list]:
+    """Closed-form model selection for λ over one eigendecomposition ``K = U diag(e) Uᵀ``.
+
+    With ``H_c = K (K + cI)⁻¹ = U diag(e/(e+c)) Uᵀ`` and ``c = M·λ``:
+
+    * ``loo``: leave-one-out residuals ``(Y - H Y)_i / (1 - H_ii)``; the score is the LOO
+      misclassification rate (argmax of the LOO prediction vs the true class), ties broken by
+      the mean squared LOO residual.
+    * ``gcv``: generalised cross-validation ``M ||(I - H) Y||² / (M - tr H)²``.
+
+    Returns (scores, lambdas) with lower scores better.
+    """
+    M = K_ss.shape[0]
+    e, U = torch.linalg.eigh(K_ss.double())
+    e = e.clamp_min(0)
+    UtY = U.T @ Y.double()
+    U2 = U * U
+    truth = Y.argmax(dim=1)
+    scores = []
+    for lam in lambdas:
+        c = M * lam
+        shrink = e / (e + c)
+        fitted = U @ (shrink[:, None] * UtY)
+        resid = Y.double() - fitted
+        if criterion == "gcv":
+            scores.append(float(M * (resid ** 2).sum() / (M - shrink.sum()) ** 2))
+            continue
+        h = (U2 @ shrink).clamp(max=1 - 1e-9)
+        loo_resid = resid / (1 - h)[:, None]
+        loo_pred = Y.double() - loo_resid
+        err = float((loo_pred.argmax(dim=1) != truth).double().mean())
+        mse = float((loo_resid ** 2).sum(dim=1).mean())
+        scores.append(err + 1e-6 * mse)
+    return scores, list(lambdas)
+
+
+def top_eigenvalue(K: torch.Tensor, iters: int = 50, tol: float = 0.0) -> float:
+    """Largest eigenvalue of a PSD matrix by power iteration from the all-ones vector; stops early
+    once the estimate changes by at most ``tol`` (relative; 0 runs all ``iters``)."""
+    v = torch.ones(K.shape[0], dtype=K.dtype) / math.sqrt(K.shape[0])
+    lam = 0.0
+    for _ in range(iters):
+        w = K @ v
+        prev, lam = lam, float(w.norm())
+        v = w / max(lam, 1e-300)
+        if abs(lam - prev) <= tol * lam:
+            break
+    return lam
+
+
+def topk(scores: torch.Tensor, k: int) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(values, indices) of the k best classes per row, best first."""
+    k = min(k, scores.shape[1])
+    return torch.topk(scores, k, dim=1)
+
+
+DEFAULT_LAMBDAS: Iterable[float] = tuple(10.0 ** p for p in range(-6, 1))

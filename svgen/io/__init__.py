@@ -1,0 +1,1 @@
+"""Files: atomic writes, the artifact format and codec, exports, prediction files, labelled folders."""

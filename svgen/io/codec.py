@@ -1,0 +1,254 @@
+"""The artifact codec: a classifier's state (:mod:`svgen.state`) to an artifact's tensors and ``svgen.json``,
+and back (:mod:`svgen.io.artifacts` writes and checks the files).
+
+Tensors (float32 unless named; ``C`` classes, ``K`` support vectors per class, ``M`` kernel rows):
+
+* the deployed heads: ``support_vectors`` (C×K×D text rows, or M×D with ``support_labels``/``support_source``),
+  ``bandwidth``, ``vote_weights``, ``linear_head.{weight,bias}``, ``temperature.<head>``,
+  ``kernel_prior.logit_scale`` (format 3);
+* the zero-shot heads where the kernel has image or pool rows (formats 2–3): ``text.*``;
+* the inductive heads a pool replaced: ``inductive.linear_head.*``; ``inductive.{vote_weights,bandwidth}`` where
+  the kernel vote was replaced (its rows are the zero-shot text rows, or the first rows of the deployed
+  kernel's), and ``inductive.support_*`` where they are neither;
+* the fit: ``prototypes``, ``per_template``, ``metric.precision``, ``generator.*``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from svgen.io import artifacts
+from svgen.calibration import temperatures as calibration
+from svgen.errors import SvgenError
+from svgen.core.generator import SupportVectorGenerator
+from svgen.heads.scoring import HEADS
+from svgen.state import Calibration, Heads, KernelHead, LinearHead
+from svgen.core.support import SOURCES
+from svgen.config import FitConfig, config_dict
+from svgen.zeroshot.fit import scale_votes
+
+CONSTRUCTOR_FIELDS = ("n_support", "kernel", "steps", "lr", "margin", "alignment_weight", "margin_weight",
+                      "grounding_weight", "query_weight", "radius", "head_lr", "batch_classes", "learn_sigma", "ridge",
+                      "metric", "metric_condition", "linear_head", "rff_dim", "solver", "vote_solver",
+                      "vote_neighbours", "seed")
+
+
+def has_image_rows(heads: Heads) -> bool:
+    """Whether the kernel head's rows are listed one by one (shots or pool rows: formats 2–3)."""
+    return heads.kernel.labels is not None
+
+
+def _is_prefix(inductive: KernelHead, deployed: KernelHead) -> bool:
+    """Whether the inductive kernel's rows are the deployed kernel's first rows (the compact ``inductive.*`` form)."""
+    rows, cur = inductive.flat_rows(), deployed.flat_rows()
+    if rows.shape[0] > cur.shape[0] or inductive.prior_scale != deployed.prior_scale:
+        return False
+    if not torch.equal(rows, cur[: rows.shape[0]]):
+        return False
+    if inductive.labels is None:
+        return True
+    return (deployed.labels is not None and torch.equal(inductive.labels, deployed.labels[: rows.shape[0]])
+            and torch.equal(inductive.source, deployed.source[: rows.shape[0]]))
+
+
+def tensors(clf) -> dict:
+    h, ind = clf.heads_, clf.inductive_
+    t = {"support_vectors": h.kernel.rows, "bandwidth": torch.tensor(float(h.kernel.bandwidth)),
+         "vote_weights": h.kernel.votes, "linear_head.weight": h.linear.weight, "linear_head.bias": h.linear.bias,
+         "prototypes": clf.prototypes_, "per_template": clf.per_template_}
+    t.update({f"temperature.{k}": torch.tensor(float(v)) for k, v in h.calibration.temperatures.items()})
+    if clf.metric_precision_ is not None:
+        t["metric.precision"] = clf.metric_precision_
+    if ind is not None and ind.linear is not h.linear:
+        t["inductive.linear_head.weight"], t["inductive.linear_head.bias"] = ind.linear.weight, ind.linear.bias
+    if ind is not None and ind.kernel is not h.kernel:
+        t["inductive.vote_weights"] = ind.kernel.votes
+        t["inductive.bandwidth"] = torch.tensor(float(ind.kernel.bandwidth))
+    if clf.generator_ is not None:
+        t.update({f"generator.{k}": v for k, v in clf.generator_.state_dict().items()})
+    if h.kernel.prior_scale is not None:
+        t["kernel_prior.logit_scale"] = torch.tensor(float(h.kernel.prior_scale))
+    if (ind is not None and ind.kernel is not h.kernel and ind.kernel is not clf.zero_shot_.kernel
+            and not _is_prefix(ind.kernel, h.kernel)):
+        ik = ind.kernel
+        t.update({"inductive.support_vectors": ik.rows, "inductive.support_labels": ik.labels,
+                  "inductive.support_source": ik.source})
+        if ik.prior_scale is not None:
+            t["inductive.kernel_prior.logit_scale"] = torch.tensor(float(ik.prior_scale))
+    if has_image_rows(h):
+        z = clf.zero_shot_
+        t.update({"support_labels": h.kernel.labels.to(torch.int64), "support_source": h.kernel.source.to(torch.uint8),
+                  "text.support_vectors": z.kernel.rows, "text.bandwidth": torch.tensor(float(z.kernel.bandwidth)),
+                  "text.vote_weights": z.kernel.votes, "text.linear_head.weight": z.linear.weight,
+                  "text.linear_head.bias": z.linear.bias})
+    seen = set()   # one state may hold a tensor twice (the zero-shot votes are the inductive ones): a file may not
+    for name, v in t.items():
+        if v.is_sparse:
+            continue
+        if v.untyped_storage().data_ptr() in seen:
+            t[name] = v.clone()
+        seen.add(t[name].untyped_storage().data_ptr())
+    return t
+
+
+def has_prior_term(clf) -> bool:
+    ind = clf.inductive_
+    return clf.heads_.kernel.prior_scale is not None or (ind is not None and ind.kernel.prior_scale is not None)
+
+
+def metadata(clf) -> dict:
+    h = clf.heads_
+    extra = {}
+    if has_image_rows(h):
+        extra = {"format_version": artifacts.FORMAT_VERSION_PRIOR if has_prior_term(clf)
+                 else artifacts.FORMAT_VERSION_SHOTS,
+                 "support_source": {str(i): name for i, name in enumerate(SOURCES)},
+                 "fewshot": clf.fewshot_}
+    if clf.transductive_:
+        extra["transductive"] = clf.transductive_
+    if h.kernel.prior_scale is not None:
+        extra["kernel_prior"] = {"kind": "cosine-softmax", "logit_scale": float(h.kernel.prior_scale),
+                                 "scores": "softmax(logit_scale · x̂ P̂ᵀ) + exp(-||x̂ - s||²/(2σ²)) @ vote_weights"}
+    cal = h.calibration
+    return {
+        **extra,
+        "classes": clf.classes_,
+        "n_support": clf.fit_config_.n_support,
+        "kernel": clf.fit_config_.kernel,
+        "dim": clf.n_features_in_,
+        "encoder": clf.encoder_,
+        "templates": clf.templates_,
+        "fit": config_dict(clf.fit_config_),
+        "metrics": clf.fit_metrics_,
+        "vote_weights_scale": clf.vote_scale_,
+        "calibration": {**cal.record, "temperatures": cal.temperatures, "kernel_logits": cal.kernel_logits,
+                        "probabilities": "softmax(logits / temperature); logits: kernel "
+                                         + ("log(max(score, 1e-30))" if cal.kernel_logits == "log" else "score")
+                                         + ", linear and cosine their scores"},
+    }
+
+
+def load(cls, path):
+    """A ``cls`` (:class:`svgen.SVGClassifier`) from the artifact at ``path``; artifacts of every earlier
+    version load (votes scaled, temperatures set where they predate either)."""
+    meta, t = artifacts.load_artifact(path)
+    fit = dict(meta.get("fit") or {})
+    cfg = FitConfig(**{k: v for k, v in fit.items() if k in FitConfig.__dataclass_fields__})
+    if fit and "linear_head" not in fit:
+        cfg.linear_head = "lda"  # artifacts written before the whitened-cosine head carry an LDA head
+    v2 = meta.get("format_version") in (artifacts.FORMAT_VERSION_SHOTS, artifacts.FORMAT_VERSION_PRIOR)
+    text_sv = t["text.support_vectors"] if v2 else t["support_vectors"]
+    cfg.n_support = int(text_sv.shape[1])
+    cfg.kernel = meta.get("kernel", cfg.kernel)
+    self = cls(**{k: getattr(cfg, k) for k in CONSTRUCTOR_FIELDS})
+    C, K, D = text_sv.shape
+    self.fit_config_ = cfg
+    self.classes_ = list(meta["classes"])
+    self.templates_ = meta.get("templates")
+    self.encoder_ = meta.get("encoder")
+    self.prototypes_ = t["prototypes"]
+    self.per_template_ = t.get("per_template", t["prototypes"][:, None, :])
+    self.ridge_lambda_ = (meta.get("metrics") or {}).get("ridge_lambda")
+    self.fit_metrics_ = meta.get("metrics") or {}
+    self.metric_precision_ = t.get("metric.precision")
+    self.fewshot_ = None
+    self.transductive_ = meta.get("transductive")
+    self.transductive_labels_ = None   # the pool's soft labels are not stored; adapt again to get them
+    linear = LinearHead(t["linear_head.weight"], t["linear_head.bias"])
+    kernel = KernelHead(t["support_vectors"], float(t["bandwidth"]), t["vote_weights"],
+                        prior_scale=artifacts.kernel_prior(meta, t, "kernel_prior.logit_scale", path))
+    self.heads_ = Heads(kernel, linear)
+    self.zero_shot_ = self.heads_
+    if v2:
+        kernel.labels, kernel.source = t["support_labels"].to(torch.int64), t["support_source"].to(torch.uint8)
+        self.zero_shot_ = Heads(KernelHead(text_sv, float(t["text.bandwidth"]), t["text.vote_weights"]),
+                                LinearHead(t["text.linear_head.weight"], t["text.linear_head.bias"]))
+        # null: a zero-shot artifact whose kernel head has pool rows (no shots); absent: older files
+        self.fewshot_ = None if "fewshot" in meta and meta["fewshot"] is None else (meta.get("fewshot") or {})
+    self.inductive_ = _inductive(self, meta, t, path, C)
+    gen_state = {k[len("generator."):]: v for k, v in t.items() if k.startswith("generator.")}
+    self.generator_ = None
+    if gen_state:
+        gen = SupportVectorGenerator(D, K, radius=cfg.radius)
+        try:
+            gen.load_state_dict(gen_state)
+        except RuntimeError:
+            raise SvgenError(f"{path}: generator tensors do not match K={K}, D={D}") from None
+        self.generator_ = gen.eval().requires_grad_(False)
+    _votes_and_temperatures(self, meta, t)
+    return self
+
+
+def _inductive(clf, meta: dict, t: dict, path, C: int):
+    """The inductive heads a pool replaced (``inductive.*`` tensors, ``transductive.inductive_calibration``),
+    or None."""
+    h = clf.heads_
+    linear, kernel = h.linear, h.kernel
+    if "inductive.linear_head.weight" in t and "inductive.linear_head.bias" in t:
+        W0, b0 = t["inductive.linear_head.weight"], t["inductive.linear_head.bias"]
+        if W0.shape != h.linear.weight.shape or b0.shape != h.linear.bias.shape:
+            raise SvgenError(f"{path}: inductive.linear_head has shape {tuple(W0.shape)}, expected "
+                             f"{tuple(h.linear.weight.shape)}")
+        linear = LinearHead(W0, b0)
+    if has_image_rows(h) and "inductive.vote_weights" in t and "inductive.bandwidth" in t:
+        A0, M = t["inductive.vote_weights"], h.kernel.rows.shape[0]
+        if A0.dim() != 2 or A0.shape[0] > M or A0.shape[1] != C:
+            raise SvgenError(f"{path}: inductive.vote_weights has shape {tuple(A0.shape)}, expected (M0 ≤ {M}, {C})")
+        bandwidth = float(t["inductive.bandwidth"])
+        if clf.fewshot_ is None:        # a zero-shot artifact: back to its version-1 state
+            kernel = clf.zero_shot_.kernel
+        elif "inductive.support_vectors" in t:   # the whole inductive head was kept
+            kernel = KernelHead(t["inductive.support_vectors"], bandwidth, A0,
+                                t["inductive.support_labels"].to(torch.int64),
+                                t["inductive.support_source"].to(torch.uint8),
+                                artifacts.kernel_prior(meta, t, "inductive.kernel_prior.logit_scale", path))
+        else:                           # the pool rows come last: the inductive rows are the first ones
+            M0 = A0.shape[0]
+            kernel = KernelHead(h.kernel.rows[:M0], bandwidth, A0, h.kernel.labels[:M0], h.kernel.source[:M0],
+                                h.kernel.prior_scale)
+    if linear is h.linear and kernel is h.kernel:
+        return None
+    snap = (clf.transductive_ or {}).get("inductive_calibration")
+    cal = None
+    if snap is not None:
+        temps = snap.get("temperatures") if isinstance(snap, dict) else None
+        if not (isinstance(temps, dict) and set(temps) == set(HEADS)
+                and all(isinstance(v, (int, float)) and math.isfinite(v) and v > 0 for v in temps.values())
+                and isinstance(snap.get("calibration"), dict)):
+            raise SvgenError(f"{path}: transductive.inductive_calibration is not a record of the inductive heads' "
+                             "temperatures; refit or adapt from the original artifact")
+        cal = Calibration({k: float(v) for k, v in temps.items()},
+                          calibration.check_kernel_logits(snap.get("kernel_logits", "log"),
+                                                          "transductive.inductive_calibration.kernel_logits"),
+                          snap["calibration"])
+    return Heads(kernel, linear, cal)
+
+
+def _votes_and_temperatures(clf, meta: dict, t: dict) -> None:
+    """Vote scaling and temperatures as recorded; artifacts from before either existed get them now (votes times
+    M·λ, text-side temperatures), so every loaded classifier reads the same."""
+    scale = meta.get("vote_weights_scale")
+    if isinstance(scale, dict) and "factor" in scale:
+        clf.vote_scale_ = dict(scale)  # already stored scaled: never again
+    elif has_image_rows(clf.heads_):  # format 2 from before the scaling: its text and image votes stay as they are
+        clf.vote_scale_ = {"factor": 1.0, "rule": "none (format 2 written before the M·λ scaling)"}
+    else:
+        clf.vote_weights_, clf.vote_scale_ = scale_votes(clf.vote_weights_, clf.support_vectors_, clf.ridge_lambda_)
+        clf.vote_scale_["applied_on_load"] = True
+    temps = {h: float(t[f"temperature.{h}"]) for h in HEADS if f"temperature.{h}" in t}
+    if len(temps) == len(HEADS):
+        cal = meta.get("calibration") or {}
+        # svgen.json holds each T exactly (float64); the tensor is its float32 copy. The exact one is used where
+        # it agrees with the tensor, so a loaded classifier predicts what the saved one did
+        exact = cal.get("temperatures") if isinstance(cal.get("temperatures"), dict) else {}
+        for h, v in exact.items():
+            if (h in temps and isinstance(v, float) and math.isfinite(v) and v > 0
+                    and float(torch.tensor(v, dtype=torch.float32)) == temps[h]):
+                temps[h] = v
+        clf.heads_.calibration = Calibration(temps, cal.get("kernel_logits", "log"),   # absent: before the choice
+                                             {k: v for k, v in cal.items()
+                                              if k not in ("temperatures", "probabilities", "kernel_logits")})
+    else:
+        clf._text_temperatures()

@@ -1,0 +1,449 @@
+"""Filesystem primitives that never lose what exists: bounded reads, no-replace and exchanging renames,
+and the recovery of what an interrupted writer left behind.
+
+* :func:`read_regular` reads a file only when it is a regular file no larger than a cap, so a name
+  that is a symlink to ``/dev/zero``, a FIFO or a folder is one :class:`SvgenError` line, never an
+  endless read or a hang.
+* :func:`rename_noreplace` moves a finished temporary into place and fails when the target appeared
+  meanwhile (``renameat2(RENAME_NOREPLACE)`` on Linux; ``link`` + ``unlink`` for files and a plain
+  ``rename``, which never replaces a non-empty folder, elsewhere).
+* :func:`exchange` swaps a finished temporary with the target in one step
+  (``renameat2(RENAME_EXCHANGE)``), so the target is at every instant the complete old or the
+  complete new version. Where the kernel or file system cannot exchange, the old version is first
+  renamed to ``.NAME.old-*`` and the next writer of that target puts it back if it was left there
+  (:func:`recover`).
+* Every temporary (``.NAME.tmp-PID-*``, ``.NAME.old-PID-*``) is created and held under an exclusive
+  ``flock`` while its writer lives (:func:`temporary`); :func:`recover` removes only those whose lock
+  is free and whose writer (the process id in the name) is gone (a crash, kill -9), never a
+  concurrent writer's, not even in the instant between its creating and locking the temporary.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import fcntl
+import logging
+import os
+import re
+import shutil
+import stat
+import tempfile
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator, Optional
+
+from svgen.errors import SvgenError, TargetExistsError
+
+log = logging.getLogger(__name__)
+
+MAX_JSON_BYTES = 64 << 20  # svgen.json: 64 MiB holds the names of millions of classes
+MAX_TEXT_BYTES = 256 << 20  # class lists, templates, lists of paths
+_AT_FDCWD = -100
+_RENAME_NOREPLACE, _RENAME_EXCHANGE = 1, 2
+_NOT_SUPPORTED = {errno.EINVAL, errno.ENOSYS, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EPERM}
+
+
+def os_error(e: OSError, what: str) -> SvgenError:
+    """One line for an :class:`OSError` while doing ``what`` (``cannot write X: No space left on device``)."""
+    reason = e.strerror or str(e) or type(e).__name__
+    return SvgenError(f"{what}: {reason}")
+
+
+def as_os_error(e: BaseException) -> Optional[OSError]:
+    """``e`` as an :class:`OSError` if it is one, or a library's wrapper of one (safetensors raises
+    ``SafetensorError: … I/O error: No space left on device (os error 28)``); else None."""
+    if isinstance(e, OSError):
+        return e
+    found = re.search(r"\(os error (\d+)\)", str(e)) if isinstance(e, Exception) else None
+    if found:
+        code = int(found.group(1))
+        return OSError(code, os.strerror(code))
+    return None
+
+
+# ----------------------------------------------------------------------------- reading
+
+def check_regular(path, what: str = "file") -> os.stat_result:
+    """``stat`` of ``path`` (symlinks followed) when it is a regular file; otherwise one line."""
+    path = Path(path)
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        raise SvgenError(f"{what} not found: {path}") from None
+    except OSError as e:  # EACCES on a folder on the way: unreadable, not missing
+        raise os_error(e, f"cannot read {what} {path}") from None
+    if not stat.S_ISREG(st.st_mode):
+        kind = "a folder" if stat.S_ISDIR(st.st_mode) else "not a regular file (a device, FIFO or socket)"
+        raise SvgenError(f"{what} {path} is {kind}")
+    return st
+
+
+def read_regular(path, cap: int = MAX_JSON_BYTES, what: str = "file") -> bytes:
+    """The bytes of ``path`` if it is a regular file of at most ``cap`` bytes, else :class:`SvgenError`.
+
+    Opened with ``O_NONBLOCK`` so a FIFO swapped in after the check cannot hang the open, and read at
+    most ``cap + 1`` bytes whatever the file claims.
+    """
+    path = Path(path)
+    check_regular(path, what)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except OSError as e:
+        raise os_error(e, f"cannot read {what} {path}") from None
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise SvgenError(f"{what} {path} is not a regular file")
+        try:   # read(n) allocates n bytes up front: ask for what the file holds (+1 shows growth past the cap)
+            data = f.read(min(st.st_size, cap) + 1)
+        except OSError as e:
+            raise os_error(e, f"cannot read {what} {path}") from None
+    if len(data) > cap:
+        raise SvgenError(f"{what} {path} is larger than {cap >> 20} MiB; not an svgen file")
+    return data
+
+
+# ----------------------------------------------------------------------------- renaming
+
+def _libc_renameat2():
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        fn = libc.renameat2
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    fn.restype = ctypes.c_int
+    return fn
+
+
+_renameat2 = _libc_renameat2()
+
+
+def _rename2(src, dst, flags: int) -> bool:
+    """``renameat2(src, dst, flags)``: True when done, False when this kernel/file system cannot do it;
+    raises :class:`OSError` for a real failure (``EEXIST``: the target exists)."""
+    if _renameat2 is None:
+        return False
+    rc = _renameat2(_AT_FDCWD, os.fsencode(str(src)), _AT_FDCWD, os.fsencode(str(dst)), flags)
+    if rc == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in _NOT_SUPPORTED:
+        return False
+    raise OSError(err, os.strerror(err), str(dst))
+
+
+def rename_noreplace(src, dst) -> None:
+    """Rename ``src`` to ``dst``; :class:`FileExistsError` if ``dst`` exists (even one that appeared a
+    moment ago: the check and the rename are one step where the system allows)."""
+    if _rename2(src, dst, _RENAME_NOREPLACE):
+        return
+    if os.path.lexists(dst):
+        raise FileExistsError(errno.EEXIST, "File exists", str(dst))
+    if os.path.isdir(src):
+        os.rename(src, dst)  # POSIX: never replaces a non-empty folder (ENOTEMPTY), and an artifact is not empty
+        return
+    os.link(src, dst)  # fails with EEXIST if dst appeared meanwhile
+    os.unlink(src)
+
+
+def exchange(new, target) -> None:
+    """Swap ``new`` and ``target`` (both exist): afterwards ``target`` is the new version and ``new``'s
+    name holds the old one, which the caller removes. One atomic step where the system allows; else
+    two renames through a locked ``.NAME.old-*`` sibling that :func:`recover` puts back after a crash."""
+    if _rename2(new, target, _RENAME_EXCHANGE):
+        return
+    target = Path(target)
+    with temporary(target, "old", directory=True) as old:
+        parked = old / "artifact"
+        os.rename(target, parked)
+        try:
+            rename_noreplace(new, target)
+        except BaseException:
+            os.rename(parked, target)
+            raise
+        os.rename(parked, new)  # the old version now under the caller's temporary name
+
+
+# ----------------------------------------------------------------------------- temporaries
+
+def _prefix(target: Path, kind: str) -> str:
+    return f".{target.name}.{kind}-"
+
+
+def _owner_alive(path: Path, target: Path) -> bool:
+    """Whether the process whose id the temporary's name carries (``.NAME.tmp-PID-XXXX``) still runs:
+    it covers the instant between creating a temporary and locking it."""
+    rest = next((path.name[len(_prefix(target, k)):] for k in ("tmp", "old")
+                 if path.name.startswith(_prefix(target, k))), "")
+    pid = rest.split("-", 1)[0]
+    if not pid.isdigit() or int(pid) == os.getpid():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # EPERM: it exists, owned by someone else
+        return True
+    return True
+
+
+def _lock(fd: int) -> bool:
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    except OSError:
+        return False
+
+
+@contextmanager
+def temporary(target, kind: str = "tmp", directory: bool = False, suffix: str = "") -> Iterator[Path]:
+    """A fresh sibling ``.NAME.<kind>-XXXX`` of ``target`` held under an exclusive lock while the block
+    runs; removed afterwards if it still exists (the caller renames it away on success)."""
+    target = Path(target)
+    parent = target.absolute().parent
+    try:
+        prefix = f"{_prefix(target, kind)}{os.getpid()}-"
+        if directory:
+            tmp = Path(tempfile.mkdtemp(prefix=prefix, suffix=suffix, dir=parent))
+            fd = os.open(tmp, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+        else:
+            fd, name = tempfile.mkstemp(prefix=prefix, suffix=suffix, dir=parent)
+            tmp = Path(name)
+    except OSError as e:
+        raise os_error(e, f"cannot write {target}") from None
+    try:
+        _lock(fd)
+        yield tmp
+    finally:
+        try:
+            remove(tmp)
+        finally:
+            os.close(fd)
+
+
+def remove(path) -> None:
+    """Remove a file or folder tree if it exists."""
+    path = Path(path)
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        try:
+            path.unlink()
+        except FileNotFoundError:
+            pass
+
+
+def _abandoned(path: Path) -> bool:
+    """True when no live process holds ``path``'s lock (its writer crashed or was killed)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | (getattr(os, "O_DIRECTORY", 0) if path.is_dir() else 0))
+    except OSError:
+        return False
+    try:
+        return _lock(fd)
+    finally:
+        os.close(fd)
+
+
+def leftovers(target) -> list:
+    """The ``.NAME.tmp-*`` / ``.NAME.old-*`` siblings of ``target`` whose writer is gone."""
+    target = Path(target)
+    parent = target.absolute().parent
+    try:
+        names = os.listdir(parent)
+    except OSError:
+        return []
+    found = [parent / n for n in sorted(names)
+             if n.startswith((_prefix(target, "tmp"), _prefix(target, "old")))]
+    return [p for p in found if _abandoned(p) and not _owner_alive(p, target)]
+
+
+def recover(target) -> Optional[Path]:
+    """Tidy up after an interrupted writer of ``target``: an old version parked in ``.NAME.old-*`` goes
+    back to ``target`` if the target is missing; every other abandoned temporary is removed.
+    Returns the path restored, if any."""
+    target = Path(target)
+    restored = None
+    for p in leftovers(target):
+        parked = p / "artifact"
+        if p.name.startswith(_prefix(target, "old")) and parked.exists() and not os.path.lexists(target):
+            try:
+                rename_noreplace(parked, target)
+                restored = target
+                log.warning("restored %s from %s, left by an interrupted write", target, p)
+            except OSError:
+                pass
+        log.info("removing %s, left by an interrupted write", p)
+        remove(p)
+    return restored
+
+
+# ----------------------------------------------------------------------------- atomic writes
+
+ARTIFACT_FILES = ("svgen.json", "weights.safetensors")
+
+
+def check_target_name(path) -> Path:
+    """Refuse targets that can never be replaced: '', '/', '.', '..' or the current folder (or one above it)."""
+    if not str(path).strip():
+        raise SvgenError("the output path is empty; name the folder or file to write")
+    path = Path(path)
+    if path.name in ("", ".", "..") or path.resolve() == Path(path.resolve().anchor):
+        raise SvgenError(f"cannot write to {str(path)!r}: name a new folder or file inside a folder")
+    here = Path.cwd().resolve()
+    if path.resolve() == here or path.resolve() in here.parents:
+        raise SvgenError(f"cannot write to {path}: it is the current folder or one above it")
+    return path
+
+
+def check_replaceable_dir(path: Path) -> None:
+    """With ``force``, only an svgen artifact (``svgen.json`` + ``weights.safetensors``, nothing else) or
+    an empty folder may be replaced; anything else is refused in one line and left as it is."""
+    if path.is_symlink():
+        raise SvgenError(f"{path} is a symbolic link; --force replaces only an svgen artifact folder, give its real path")
+    if not path.is_dir():
+        raise SvgenError(f"{path} exists and is not a folder; --force replaces only an svgen artifact or an empty folder")
+    try:
+        names = sorted(os.listdir(path))
+    except OSError as e:
+        raise os_error(e, f"cannot inspect {path}") from None
+    if not names:
+        return
+    other = [n for n in names if n not in ARTIFACT_FILES]
+    if "svgen.json" not in names or other:
+        what = f"it holds {other[0]!r}" if other else "it has no svgen.json"
+        raise SvgenError(f"{path} is not an svgen artifact ({what}); --force replaces only an svgen artifact or "
+                         "an empty folder, so it was left as it is")
+
+
+def _fsync(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _place(tmp: Path, path: Path, force: bool, check_existing) -> None:
+    """Move the finished ``tmp`` to ``path``: never over something that appeared meanwhile without
+    ``force``; with it, by an atomic exchange (the old version then sits under ``tmp``'s name)."""
+    for _ in range(8):  # a concurrent writer may create or remove the target between the steps
+        try:
+            rename_noreplace(tmp, path)
+            return
+        except FileExistsError:
+            pass
+        except OSError as e:
+            if e.errno not in (errno.EEXIST, errno.ENOTEMPTY):
+                raise
+        if not force:
+            raise TargetExistsError(path, appeared=True)
+        check_existing(path)
+        try:
+            exchange(tmp, path)
+            return
+        except FileNotFoundError:
+            continue  # the target vanished between the checks: try the plain rename again
+    raise SvgenError(f"cannot write {path}: other processes keep replacing it")
+
+
+def check_dir_target(path, force: bool = False) -> Path:
+    """Refuse, before any work, a folder target that :func:`atomic_dir` would refuse: a bad name, an
+    existing one without ``force``, with ``force`` one that is not an svgen artifact or empty, or a
+    missing parent folder."""
+    path = check_target_name(path)
+    recover(path)  # first: an artifact an interrupted write parked goes back, so it counts as existing
+    if os.path.lexists(path):
+        if not force:
+            raise TargetExistsError(path)
+        check_replaceable_dir(path)
+    parent = path.absolute().parent
+    if not parent.is_dir():
+        raise SvgenError(f"cannot write {path}: folder {parent} does not exist")
+    return path
+
+
+@contextmanager
+def _write_errors(path: Path):
+    """An OS error (or a library's wrapper of one) while writing ``path`` becomes one line."""
+    try:
+        yield
+    except Exception as e:
+        if as_os_error(e) is None:
+            raise
+        raise os_error(as_os_error(e), f"cannot write {path}") from None
+
+
+def follow_umask(path, directory: bool = False) -> None:
+    """Give a ``mkstemp``/``mkdtemp`` path (created 0600/0700) the mode a plain ``open``/``mkdir``
+    would have: 0666/0777 minus the umask (0644/0755 under 022), so artifacts and exported
+    heads can be shared and deployed."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    os.chmod(path, (0o777 if directory else 0o666) & ~mask)
+
+
+def atomic_dir(path, files: dict, force: bool = False, mode=follow_umask) -> Path:
+    """Create folder ``path`` from ``{name: writer(file_path)}`` atomically (see the module docstring).
+
+    Files are written into a locked temporary sibling folder then renamed into place (never over an artifact
+    that appeared meanwhile) or, with ``force``, exchanged with the existing one in one step: a failure or a kill
+    leaves the complete old or the complete new folder. ``mode(path, directory)`` sets new files' permissions
+    (default :func:`follow_umask`). ``force`` replaces only an svgen artifact or an empty folder.
+    """
+    path = check_dir_target(path, force)
+    with temporary(path, "tmp", directory=True) as tmp, _write_errors(path):
+        if mode:
+            mode(tmp, True)
+        for name, writer in files.items():
+            writer(tmp / name)
+            if mode:
+                mode(tmp / name, False)
+            _fsync(tmp / name)
+        _place(tmp, path, force, check_replaceable_dir)
+    return path
+
+
+def _check_replaceable_file(path: Path) -> None:
+    if path.is_dir():
+        raise SvgenError(f"{path} is a folder; give a file name to write")
+
+
+def atomic_file(path, writer, force: bool = False, mode=follow_umask, suffix: Optional[str] = None) -> Path:
+    """Write file ``path`` via ``writer(tmp_path)`` into a locked temporary sibling, then rename it into
+    place (never over a file that appeared meanwhile, unless ``force``). A failure leaves nothing behind and
+    never harms an existing file. The temporary file ends in ``suffix`` (default: ``path``'s own, which
+    writers such as ``numpy.savez`` and ``savefig`` read)."""
+    suffix = Path(path).suffix if suffix is None else suffix
+    path = check_target_name(path)
+    recover(path)
+    if path.is_dir():
+        raise SvgenError(f"{path} is a folder; give a file name to write")
+    if os.path.lexists(path) and not force:
+        raise TargetExistsError(path)
+    parent = path.absolute().parent
+    if not parent.is_dir():
+        raise SvgenError(f"cannot write {path}: folder {parent} does not exist")
+    with temporary(path, "tmp", suffix=suffix) as tmp, _write_errors(path):
+        writer(tmp)
+        if mode:
+            mode(tmp, False)
+        _fsync(tmp)
+        if force:
+            _check_replaceable_file(path)
+            os.replace(tmp, path)  # a file is replaced in one step
+        else:
+            _place(tmp, path, False, _check_replaceable_file)
+    return path
+
+
+def atomic_text(path, text: str, force: bool = False) -> Path:
+    """:func:`atomic_file` for a UTF-8 text."""
+    return atomic_file(path, lambda p: p.write_text(text, encoding="utf-8"), force=force)

@@ -1,0 +1,124 @@
+"""An unlabelled pool added to the inductive heads: the ``pool`` stage (:mod:`svgen.state`), kept only on
+held-out evidence.
+
+:func:`adapt` takes the inductive :class:`~svgen.transductive.pool.Stage` and the unit pool and returns a
+:class:`~svgen.transductive.pool.PoolFit`: the heads to deploy (the inductive ones when the pool is refused), the record
+(``svgen.json`` ``transductive``), the pool's probabilities, and the heads it replaced. The check is
+:mod:`svgen.transductive.gate`; the solve :func:`svgen.transductive.pool.transduce`.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Optional
+
+import torch
+
+from svgen.transductive import gate as pool_gate
+from svgen.heads import predictor
+from svgen.transductive import solve as td
+from svgen.transductive.pool import PoolFit, Stage, transduce
+from svgen.state import Heads, LinearHead, TextSide
+
+log = logging.getLogger(__name__)
+
+HEADS_FITTED_BY_POOL = ("kernel", "linear")   # the heads a pool re-solves (cosine stays CLIP's)
+
+
+def adapt(stage: Stage, side: TextSide, U: torch.Tensor, strength: Optional[float] = None,
+          progress: bool = False) -> PoolFit:
+    """The pool ``U`` (N×D, unit rows) checked and, where the check keeps it, solved in.
+
+    * With labelled shots, half of them at a time join the pool unlabelled and the predictor is rebuilt without
+      them; the stacked linear head ``a·(pool Gaussian log-likelihood) + b·(inductive LDA logits)`` ((a, b) by
+      held-out NLL, cross-fitted) must beat the inductive default head there (top-1 by more than 1 SE, top-5
+      and NLL not worse by more than 1 SE). Kept, it is the default head at T = 1 (:func:`_adopt_stacked`);
+      the kernel head stays inductive.
+    * Without labels, a head adapted on one half of the pool must agree with the other half's own posterior
+      more often than the inductive head (by more than 1 SE; top 5 not worse). Kept, the posterior
+      ``β·t·(inductive linear logits) + Gaussian log-likelihood`` is the default linear head and the kernel vote
+      is re-solved with pool rows of soft class (:func:`pool_kernel_head`), each at the inductive default
+      head's mean entropy on the pool.
+
+    Otherwise the heads stay exactly the inductive ones, the record's ``fallback`` says why and its ``check``
+    holds the evidence; the pool's probabilities are then the inductive default head's."""
+    C, N = side.n_classes, U.shape[0]
+    t0 = time.perf_counter()
+    reason, check = td.fallback_reason(N, C), None
+    if reason is None:
+        check = (pool_gate.check_with_shots(stage, side, U, strength, progress=progress)
+                 if stage.shots is not None and len(stage.shots)
+                 else pool_gate.check_without_shots(stage, side, U, strength, progress=progress))
+        if not check["adopt"]:
+            reason = check["reason"] + "; kept the inductive heads"
+    if reason is not None:
+        log.warning("transductive: %s", reason)
+        return refused(stage, side, U, {"pool": N, "fallback": reason, "prior_head": stage.prior_head,
+                                        **({"check": check} if check else {}), "wall_time_s": time.perf_counter() - t0})
+    if check["evidence"] == "held-out shots as pool members":
+        return _adopt_stacked(stage, side, U, strength, progress, check, t0)
+    head = stage.default_head
+    rows = td.calibration_rows(N)
+    entropy_before = td._entropy(predictor.logits(stage.heads, side.prototypes, side.config.kernel, U[rows], head)
+                                 .double() / stage.heads.calibration.temperatures[head])
+    fit = transduce(stage, side, U, strength, progress, labels_entropy=entropy_before)
+    if fit.record.get("fallback"):
+        log.warning("transductive: %s", fit.record["fallback"])
+        return refused(stage, side, U, fit.record)
+    fit.heads.calibration = _entropy_matched(fit.heads, side, U[rows], entropy_before)
+    fit.record.update({"check": check, "default_head": "linear", "wall_time_s": time.perf_counter() - t0})
+    return fit
+
+
+def refused(stage: Stage, side: TextSide, U: torch.Tensor, record: dict) -> PoolFit:
+    """A pool that changes nothing: the inductive heads, and as the pool's probabilities the inductive default
+    head's (what ``classify`` without ``--transductive`` prints), not the transduction's prior head's."""
+    head = stage.default_head
+    s = predictor.scores_in_blocks(stage.heads, side.prototypes, side.config.kernel, U, head)
+    return PoolFit(stage.heads, record, predictor.proba_of_scores(stage.heads, s, head), None)
+
+
+def _adopt_stacked(stage: Stage, side: TextSide, U, strength, progress, check: dict, t0: float) -> PoolFit:
+    """With shots, the pool changes the linear head only, into the stacked head the check chose:
+    ``a·(x̂ W_Gᵀ + b_G) + b·(x̂ W0ᵀ + b0)`` (the pool's Gaussian log-likelihood and the inductive LDA head, (a, b)
+    by held-out NLL, :func:`svgen.transductive.gate.fit_stack`) at T = 1; it becomes the default head. The kernel head
+    stays the inductive one."""
+    W0, b0 = stage.heads.linear.weight, stage.heads.linear.bias
+    fit = transduce(stage, side, U, strength, progress)
+    if fit.record.get("fallback"):
+        log.warning("transductive: %s", fit.record["fallback"])
+        return refused(stage, side, U, fit.record)
+    WG, bG = pool_gate.pool_parts(fit.record, fit.heads.linear, W0, b0)
+    a, b = check["stack"]["gaussian"], check["stack"]["inductive_linear"]
+    if b is None:   # the transduction's own posterior weight β·t (a = 1: the posterior head itself)
+        b = float(fit.record["prior_strength"]) * float(fit.record["linear_prior_temperature"])
+    fit.heads.linear = LinearHead((a * WG + b * W0.double()).float(), (a * bG + b * b0.double()).float())
+    fit.heads.calibration = predictor.with_temperatures(
+        fit.heads.calibration, {"linear": 1.0}, method="held-out-nll",
+        rule="after a pool with shots: the stacked linear head's (a, b) by the NLL of held-out shots that were "
+             "pool members (pool_gate.check_with_shots); its T is 1")
+    fit.labels = predictor.scores_in_blocks(fit.heads, side.prototypes, side.config.kernel, U,
+                                            "linear").double().softmax(dim=1).float()
+    fit.record.update({"check": check, "default_head": "linear", "wall_time_s": time.perf_counter() - t0,
+                       "heads": {"linear": f"stacked: {a:.4g}·(pool Gaussian log-likelihood) + "
+                                           f"{b:.4g}·(inductive LDA logits)",
+                                 "kernel": "inductive (with shots a pool adapts the linear head only)"}})
+    return fit
+
+
+def _entropy_matched(heads: Heads, side: TextSide, U_cal: torch.Tensor, entropy_before: float):
+    """Without labels: the pool-adapted heads' temperatures are the scales at which each head's mean entropy on
+    the pool is what the inductive default head's was (the ranking may move, the claimed certainty may not)."""
+    temps = {}
+    for h in HEADS_FITTED_BY_POOL:
+        z = predictor.logits(heads, side.prototypes, side.config.kernel, U_cal, h).double()
+        if bool(torch.isfinite(z).all()):
+            temps[h] = 1.0 / td.match_entropy(z, entropy_before)
+    if not temps:
+        return heads.calibration
+    return predictor.with_temperatures(heads.calibration, temps, method="entropy-matched",
+                                       rule="after a pool without labels: T giving each adapted head the inductive "
+                                            "default head's mean entropy on the pool")
+
+

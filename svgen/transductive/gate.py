@@ -1,0 +1,249 @@
+"""Whether an unlabelled pool may change the heads: a held-out check before the transduction is kept.
+
+The transduction (:mod:`svgen.transductive.solve`) always finds *some* structure in a pool; whether it is
+the classes' is a question for evidence the pool's own solve has not seen. The deployed heads change
+only when that evidence says the pool-adapted predictor is better; otherwise the inductive heads stay
+exactly, and ``transductive.fallback`` says why.
+
+**With labelled shots: held-out shots become pool images.** The shots are split into two folds (half
+of each class's shots in each; with one shot per class, half of the classes' shots). For each fold the
+predictor is rebuilt as it would be deployed — from the zero-shot head, adapted to the other fold's
+shots with the fit's own rules — and the held-out shots join the pool *unlabelled*, exactly like the
+queries a user classifies. Both predictors, inductive and pool-adapted, are then scored on the
+held-out shots (every shot is held out once):
+
+* the candidate is a *stacked linear head*, ``a·(x̂ W_Gᵀ + b_G) + b·(x̂ W0ᵀ + b0)``: the pool's Gaussian
+  log-likelihood (the class model the transduction solved) and the inductive LDA head, with (a, b) ≥ 0
+  minimising the NLL of held-out shots (:func:`fit_stack`; convex; a = 0 is the LDA head alone). For the
+  check, each fold's (a, b) comes from the other fold's held-out shots (cross-fitted);
+* it is kept only if its top-1 accuracy on the held-out shots is above the inductive default head's by
+  more than one standard error of the paired difference, and its top-5 accuracy and NLL are not worse by
+  more than one (:func:`paired_gate`). Then it is the deployed (default) head, at T = 1, with (a, b) fitted
+  on all held-out shots; the kernel head stays the inductive one (with shots the pool does not re-solve it).
+
+**Without labels: does the pool's structure replicate?** The pool is split into two random halves, A
+and B, and each is adapted on its own. The head adapted on A predicts B, which it never saw, and is
+compared with B's own transductive posterior; so is the inductive head. B's posterior starts from the
+inductive prediction and is pulled towards it, so the adapted head from A agrees with it more often
+than the inductive head only where both halves found the same class structure — not noise in one half
+(few images per class, many classes). Pooled over A→B and B→A, the pool-adapted heads are kept only if
+that agreement (argmax) is higher by more than one standard error and the adapted head's top 5 holds the
+other half's posterior class not less often by more than one (:func:`replication_gate`). The adapted
+linear head (the transduction's posterior) is then the default head; with no labels the temperatures are
+set so that each adapted head's mean entropy on the pool equals the inductive head's
+(:func:`svgen.transductive.solve.match_entropy`): the adaptation may move the ranking, not claim more certainty.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import Optional
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from svgen.calibration import temperatures as calibration
+from svgen.heads import predictor
+from svgen.fewshot import adapt as shot_adapt
+from svgen.transductive.pool import Stage, transduce
+from svgen.state import TextSide
+from svgen.core.support import IMAGE, image_rows
+
+log = logging.getLogger(__name__)
+
+def shot_folds(y: np.ndarray, n_classes: int, seed: int = 0) -> list:
+    """Two folds of shot indices (each a sorted array, together every shot once): half of each class's
+    shots in each (the odd one of a class alternates between folds from class to class); classes with one
+    shot alternate whole. Empty folds are dropped (a single shot gives one fold)."""
+    rng = np.random.default_rng(seed)
+    fold = np.zeros(len(y), dtype=np.int64)
+    turn = 0
+    for c in range(n_classes):
+        idx = rng.permutation(np.flatnonzero(y == c))
+        for j, i in enumerate(idx):
+            fold[i] = (j + turn) % 2
+        turn = (turn + len(idx)) % 2
+    return [np.flatnonzero(fold == f) for f in (0, 1) if (fold == f).any()]
+
+
+def _se(d: np.ndarray) -> float:
+    return float(d.std(ddof=1) / math.sqrt(len(d))) if len(d) > 1 else float("inf")
+
+
+def paired_gate(p_ind: np.ndarray, p_pool: np.ndarray, y: np.ndarray) -> dict:
+    """The pool-adapted probabilities ``p_pool`` against the inductive ``p_ind`` on the same held-out
+    labelled images ``y``: kept only if top-1 is higher by more than one paired standard error and neither
+    top-5 nor NLL is worse by more than one."""
+    def per_image(p):
+        order = np.argsort(-p, axis=1)[:, :5]
+        return ((order[:, 0] == y).astype(float), np.any(order == y[:, None], axis=1).astype(float),
+                -np.log(np.maximum(p[np.arange(len(y)), y], 1e-300)))
+
+    (a1, a5, an), (b1, b5, bn) = per_image(p_ind), per_image(p_pool)
+    d1, d5, dn = b1 - a1, b5 - a5, bn - an
+    out = {"images": int(len(y)), "top1": {"inductive": float(a1.mean()), "pool": float(b1.mean()),
+                                             "difference": float(d1.mean()), "standard_error": _se(d1)},
+           "top5": {"inductive": float(a5.mean()), "pool": float(b5.mean()),
+                    "difference": float(d5.mean()), "standard_error": _se(d5)},
+           "nll": {"inductive": float(an.mean()), "pool": float(bn.mean()),
+                   "difference": float(dn.mean()), "standard_error": _se(dn)}}
+    why = []
+    if not d1.mean() > _se(d1):
+        why.append(f"top-1 on held-out shots {100 * b1.mean():.1f}% is not above the inductive {100 * a1.mean():.1f}% "
+                   "by more than 1 SE")
+    if d5.mean() < -_se(d5):
+        why.append(f"top-5 {100 * b5.mean():.1f}% is below the inductive {100 * a5.mean():.1f}% by more than 1 SE")
+    if dn.mean() > _se(dn):
+        why.append(f"NLL {bn.mean():.3f} is above the inductive {an.mean():.3f} by more than 1 SE")
+    out.update({"adopt": not why, "reason": "; ".join(why) or None,
+                "rule": "kept if top-1 on the held-out shots (unlabelled pool members) is above the inductive "
+                        "predictor's by more than 1 SE, and top-5 and NLL are not worse by more than 1 SE (paired)"})
+    return out
+
+
+def replication_gate(agree_pool: np.ndarray, agree_ind: np.ndarray, agree5_pool: np.ndarray,
+                     agree5_ind: np.ndarray) -> dict:
+    """Per pool image of one half: does the head adapted on the other half agree with this half's own
+    posterior (its argmax first: ``agree_pool``; within its top 5: ``agree5_pool``), against the inductive
+    head (``agree_ind``, ``agree5_ind``)? Kept only if the adapted head's argmax agrees more often by more
+    than one paired standard error and its top 5 is not behind by more than one."""
+    d = agree_pool.astype(float) - agree_ind.astype(float)
+    d5 = agree5_pool.astype(float) - agree5_ind.astype(float)
+    why = []
+    if not d.mean() > _se(d):
+        why.append(f"a head adapted on one half of the pool agrees with the other half's own posterior on "
+                   f"{100 * agree_pool.mean():.1f}% of it, the inductive head on {100 * agree_ind.mean():.1f}%: "
+                   "the pool's structure does not replicate by more than 1 SE")
+    if d5.mean() < -_se(d5):
+        why.append(f"the adapted head's top 5 holds the other half's posterior class on {100 * agree5_pool.mean():.2f}%"
+                   f" of it, the inductive head's on {100 * agree5_ind.mean():.2f}%, more often by more than 1 SE")
+    return {"images": int(len(d)), "agreement_pool": float(agree_pool.mean()),
+            "agreement_inductive": float(agree_ind.mean()), "difference": float(d.mean()), "standard_error": _se(d),
+            "top5_agreement_pool": float(agree5_pool.mean()), "top5_agreement_inductive": float(agree5_ind.mean()),
+            "adopt": not why, "reason": "; ".join(why) or None,
+            "rule": "kept if a head adapted on one half of the pool agrees with the other half's transductive "
+                    "posterior (argmax) more often than the inductive head by more than 1 SE, and its top 5 holds "
+                    "that class not less often by more than 1 SE (paired, both directions)"}
+
+
+def fit_stack(g: np.ndarray, z: np.ndarray, y: np.ndarray) -> tuple:
+    """(a, b) ≥ 0 minimising the mean NLL of ``softmax(a·g + b·z)`` on labelled rows: how much of the pool's
+    Gaussian log-likelihood ``g`` and of the inductive linear head's logits ``z`` the deployed head takes.
+    Convex in (a, b) (a softmax of a linear function of them); ``a = 0`` is the inductive head alone."""
+    from scipy.optimize import minimize
+
+    g, z = np.asarray(g, dtype=np.float64), np.asarray(z, dtype=np.float64)
+    sg, sz = float(g.std()) or 1.0, float(z.std()) or 1.0      # conditioning: unit-scale features
+    g, z = g / sg, z / sz
+    rows = np.arange(len(y))
+
+    def nll(theta):
+        L = theta[0] * g + theta[1] * z
+        L = L - L.max(axis=1, keepdims=True)
+        lse = np.log(np.exp(L).sum(axis=1))
+        p = np.exp(L - lse[:, None])
+        grad = [float(((p * f).sum(axis=1) - f[rows, y]).mean()) for f in (g, z)]
+        return float((lse - L[rows, y]).mean()), np.array(grad)
+
+    res = minimize(nll, x0=np.array([0.0, 1.0]), jac=True, method="L-BFGS-B", bounds=[(0.0, None), (0.0, None)])
+    return float(res.x[0] / sg), float(res.x[1] / sz)
+
+
+def stacked_probs(g, z, a: float, b: float) -> np.ndarray:
+    """``softmax(a·g + b·z)``: the stacked head's probabilities (its T is 1)."""
+    return calibration.softmax(torch.as_tensor(a * np.asarray(g, dtype=np.float64) + b * np.asarray(z, dtype=np.float64)),
+                               1.0).numpy()
+
+
+def pool_parts(record: dict, linear, W0: torch.Tensor, b0: torch.Tensor):
+    """(W_G, b_G): the Gaussian log-likelihood part of a transduced linear head ``linear``, which is
+    ``W_G + β·t·W0`` (:func:`svgen.transductive.pool.transduce`, ``record`` its record), W0 the inductive linear head."""
+    k = float(record["prior_strength"]) * float(record["linear_prior_temperature"])
+    return linear.weight.double() - k * W0.double(), linear.bias.double() - k * b0.double()
+
+
+def _steps(items, progress: bool, what: str):
+    """``items``, under a progress bar when ``progress`` (the check re-adapts twice: minutes at ImageNet scale)."""
+    if not progress:
+        return items
+    from tqdm.auto import tqdm
+
+    return tqdm(items, desc=f"checking the pool ({what})", unit="fold", leave=False)
+
+
+def check_with_shots(stage: Stage, side: TextSide, U: torch.Tensor, strength: Optional[float],
+                     progress: bool = False) -> dict:
+    """:func:`paired_gate` on held-out shots made pool members (see the module text). The candidate is the
+    stacked linear head ``a·(pool Gaussian log-likelihood) + b·(inductive linear logits)``, (a, b) by
+    :func:`fit_stack` on the other fold's held-out shots (cross-fitted), against the inductive default head."""
+    C, D = side.n_classes, side.prototypes.shape[1]
+    X, y = stage.shots.rows.float(), stage.shots.labels.numpy()
+    head = stage.default_head
+    folds = shot_folds(y, C, side.config.seed)
+    base = {"evidence": "held-out shots as pool members", "head": head}
+    if len(folds) < 2:
+        return {**base, "adopt": False, "reason": "one shot in all: no held-out shots to check a pool on"}
+    parts = []
+    for held in _steps(folds, progress, "held-out shots"):
+        keep = np.setdiff1d(np.arange(len(y)), held)
+        shots = image_rows(X[keep], torch.from_numpy(y[keep]), C, D)
+        fit = shot_adapt.adapt(stage.zero_shot, shots, side)   # the predictor as deployed, without the fold
+        Xh = F.normalize(X[held], dim=-1)
+        with torch.no_grad():
+            p_ind = predictor.proba(fit.heads, side.prototypes, side.config.kernel, Xh, head).numpy()
+            W0, b0 = fit.heads.linear.weight.clone(), fit.heads.linear.bias.clone()
+            part = Stage(fit.heads, stage.zero_shot, fit.record, fit.heads.kernel.support_set().part(IMAGE),
+                         fit.record["default_head"])
+            pool = transduce(part, side, torch.cat([U, Xh]), strength, progress=False)
+            if pool.record.get("fallback"):
+                return {**base, "adopt": False, "reason": "without half of the shots " + pool.record["fallback"]}
+            WG, bG = pool_parts(pool.record, pool.heads.linear, W0, b0)
+            g = (Xh.double() @ WG.T + bG).numpy()
+            z = (Xh.double() @ W0.double().T + b0.double()).numpy()
+        parts.append((held, p_ind, g, z))
+    stacks = [fit_stack(parts[1 - f][2], parts[1 - f][3], y[parts[1 - f][0]]) for f in (0, 1)]
+    p_pool = np.concatenate([stacked_probs(g, z, *stacks[f]) for f, (_, _, g, z) in enumerate(parts)])
+    rows = np.concatenate([p[0] for p in parts])
+    gate = paired_gate(np.concatenate([p[1] for p in parts]), p_pool, y[rows])
+    a, b = fit_stack(np.concatenate([p[2] for p in parts]), np.concatenate([p[3] for p in parts]), y[rows])
+    gate.update({**base, "stack": {"gaussian": a, "inductive_linear": b, "cross_fitted": stacks}})
+    return gate
+
+
+def check_without_shots(stage: Stage, side: TextSide, U: torch.Tensor, strength: Optional[float],
+                        progress: bool = False) -> dict:
+    """:func:`replication_gate` over two random halves of the pool (see the module text): the adapted linear
+    head (what a pool deploys) against the inductive default head."""
+    N = U.shape[0]
+    P, kind = side.prototypes, side.config.kernel
+    perm = torch.from_numpy(np.random.default_rng(side.config.seed).permutation(N))
+    halves = [perm[: N // 2].sort().values, perm[N // 2:].sort().values]
+    head = stage.default_head
+    base = {"evidence": "halves of the pool", "head": head}
+    with torch.no_grad():
+        ind = top5(predictor.scores(stage.heads, P, kind, U, head))
+        adapted = []
+        for rows in _steps(halves, progress, "halves of the pool"):
+            fit = transduce(stage, side, U[rows], strength, progress=False, kernel_head=False)
+            if fit.record.get("fallback"):
+                return {**base, "adopt": False, "reason": "half of the pool alone does not adapt ("
+                        + fit.record["fallback"].replace("; kept the inductive heads", "") + ")"}
+            adapted.append(fit)
+        a1, i1, a5, i5 = [], [], [], []
+        for a, b in ((0, 1), (1, 0)):
+            posterior = adapted[b].labels.argmax(dim=1)[:, None]
+            rows = halves[b]
+            new = top5(predictor.scores(adapted[a].heads, P, kind, U[rows], "linear"))
+            a1.append((new[:, :1] == posterior).any(dim=1).numpy())
+            i1.append((ind[rows, :1] == posterior).any(dim=1).numpy())
+            a5.append((new == posterior).any(dim=1).numpy())
+            i5.append((ind[rows] == posterior).any(dim=1).numpy())
+    gate = replication_gate(*(np.concatenate(v) for v in (a1, i1, a5, i5)))
+    gate.update(base)
+    return gate
+
+
+def top5(scores: torch.Tensor) -> torch.Tensor:
+    return scores.topk(min(5, scores.shape[1]), dim=1).indices

@@ -1,0 +1,57 @@
+"""The zero-shot fit, start to end: text prototypes → generator → support vectors → vote weights → temperatures.
+
+:func:`fit_zero_shot` returns the whole zero-shot stage as plain objects (:class:`ZeroShotFit`); the steps are
+:mod:`svgen.zeroshot.training` (the generator and the vote solve) and :func:`svgen.heads.predictor.text_calibration`
+(the temperatures, from the text side).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from svgen.heads import predictor
+from svgen.state import Heads, KernelHead, LinearHead
+from svgen.zeroshot.training import fit_metrics, generate_all, solve_vote_weights, train_generator
+
+
+def scale_votes(votes: torch.Tensor, rows: torch.Tensor, lam) -> tuple:
+    """(votes × M·λ, the record): in the Parzen regime ``(K + M·λ·I)⁻¹ ≈ I/(M·λ)`` (M support vectors), so a score
+    ≈ the summed kernel mass of the class's own support vectors instead of a number like 2e-05. A positive
+    factor: no ranking changes."""
+    M = rows.reshape(-1, rows.shape[-1]).shape[0]
+    factor = float(M * lam) if lam else 1.0
+    return votes * factor, {"factor": factor, "rule": "M·λ"}
+
+
+@dataclass
+class ZeroShotFit:
+    """Everything a zero-shot fit produces: calibrated heads and what they were made with."""
+
+    heads: Heads
+    generator: torch.nn.Module
+    precision: Optional[torch.Tensor]
+    history: list
+    metrics: dict
+    ridge_lambda: float
+    vote_scale: dict
+
+
+def fit_zero_shot(P: torch.Tensor, E: torch.Tensor, cfg, t0: float, progress: bool = False) -> ZeroShotFit:
+    """Fit from unit prototypes ``P`` (C×D) and per-template embeddings ``E`` (C×T×D) with the settings ``cfg``
+    (:class:`svgen.config.FitConfig`); ``t0``: when the fit began (``metrics.wall_time_s`` covers it all)."""
+    state = train_generator(P, E, cfg, progress=progress)
+    S = generate_all(state.generator, P, state.anchors)
+    sigma = float(state.log_sigma.detach().exp())
+    A, lam, K_ss, path = solve_vote_weights(S, sigma, cfg, P.shape[0])
+    metrics = fit_metrics(state, S, P, K_ss, lam, cfg, time.perf_counter() - t0, vote_weights=A)
+    metrics["ridge_selection"] = path
+    votes, vote_scale = scale_votes(A, S, lam)
+    heads = Heads(KernelHead(S, sigma, votes), LinearHead(state.weight.detach().clone(), state.bias.detach().clone()))
+    heads.calibration = predictor.text_calibration(heads, P, E, cfg.kernel)
+    metrics["wall_time_s"] = time.perf_counter() - t0
+    return ZeroShotFit(heads, state.generator.eval().requires_grad_(False), state.precision, state.history, metrics,
+                       lam, vote_scale)

@@ -1,0 +1,123 @@
+"""The package layout holds (issue 25): no import cycles, modules and classes of readable size, the library never
+reaching into the command line, and one definition of the helpers that were once written several times."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+import pytest
+
+SVGEN = Path(__file__).resolve().parent.parent / "svgen"
+MAX_MODULE_LINES = 450
+MAX_CLASS_LINES = 300
+
+
+def modules() -> dict:
+    """{dotted name: path} of every module in the package."""
+    out = {}
+    for p in SVGEN.rglob("*.py"):
+        parts = list(p.relative_to(SVGEN.parent).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        out[".".join(parts)] = p
+    return out
+
+
+def import_graph() -> dict:
+    """{module: set of svgen modules it imports}, function-level imports included (a cycle through one is still a
+    cycle: it only fails later, at the call)."""
+    mods = modules()
+    graph = {}
+    for name, path in mods.items():
+        package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+        edges = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    parts = package.split(".")
+                    base = ".".join(parts[:len(parts) - node.level + 1] + ([node.module] if node.module else []))
+                subs = [f"{base}.{a.name}" for a in node.names if f"{base}.{a.name}" in mods]
+                edges.update(subs if len(subs) == len(node.names) else [base, *subs])
+            elif isinstance(node, ast.Import):
+                edges.update(a.name for a in node.names)
+        graph[name] = {e for e in edges if e in mods and e != name}
+    return graph
+
+
+def cycles(graph: dict) -> list:
+    """Strongly connected components with more than one module (Tarjan)."""
+    index, low, stack, on, found, counter = {}, {}, [], set(), [], [0]
+
+    def visit(v):
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                found.append(sorted(comp))
+
+    for v in graph:
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_the_cycle_finder_finds_a_cycle():
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_no_import_cycles():
+    assert cycles(import_graph()) == []
+
+
+def test_the_library_never_imports_the_command_line():
+    graph = import_graph()
+    library = {m for m in graph if not (m.startswith("svgen.commands") or m == "svgen.cli")}
+    offenders = {m: sorted(e for e in graph[m] if e.startswith("svgen.commands") or e == "svgen.cli") for m in library}
+    assert {m: e for m, e in offenders.items() if e} == {}
+
+
+@pytest.mark.parametrize("path", sorted(SVGEN.rglob("*.py")), ids=lambda p: str(p.relative_to(SVGEN.parent)))
+def test_modules_and_classes_are_of_readable_size(path):
+    lines = path.read_text().count("\n")
+    assert lines <= MAX_MODULE_LINES, f"{path.name}: {lines} lines"
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ClassDef):
+            size = node.end_lineno - node.lineno + 1
+            assert size <= MAX_CLASS_LINES, f"{path.name}: class {node.name} has {size} lines"
+
+
+@pytest.mark.parametrize("pattern, home", [
+    (r"^CLIP_LOGIT_SCALE\s*=|^COSINE_LOGIT_SCALE\s*=|LOGIT_SCALE\s*=\s*100", "heads/scoring.py"),
+    (r"^def (follow_umask|atomic_file|atomic_dir|atomic_text)\b", "io/safeio.py"),
+    (r"^def bisect\b", "calibration/temperatures.py"),
+])
+def test_each_shared_helper_is_defined_once(pattern, home):
+    where = [str(p.relative_to(SVGEN)) for p in SVGEN.rglob("*.py")
+             if any(re.search(pattern, line) for line in p.read_text().splitlines())]
+    assert where == [home], where
+
+
+def test_no_hand_written_renames_outside_safeio():
+    """Files reach disk through svgen.io.safeio (atomic, never losing what exists), not os.replace/os.rename."""
+    where = [str(p.relative_to(SVGEN)) for p in SVGEN.rglob("*.py")
+             if re.search(r"\bos\.(replace|rename)\(", p.read_text()) and p.name != "safeio.py"]
+    assert where == []
