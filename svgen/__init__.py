@@ -1,12 +1,18 @@
 """svgen: support vector generation — CLIP's zero-shot classifier as a kernel machine.
 
-The method in a few files: :mod:`svgen.core.generator` (the MLP), :mod:`svgen.core.kernels`,
-:mod:`svgen.core.losses`, :mod:`svgen.heads.scoring`, :mod:`svgen.zeroshot.training`; :class:`SVGClassifier` is the
-estimator; :mod:`svgen.encoders.clip` and :mod:`svgen.encoders.prototypes` turn class names into prototypes.
+:class:`SVGClassifier` is the estimator. The package tree is the architecture (``docs/architecture.md``): the math in
+:mod:`svgen.core` and :mod:`svgen.zeroshot`, the heads in :mod:`svgen.heads`, labelled and unlabelled images in
+:mod:`svgen.fewshot` and :mod:`svgen.transductive`, files in :mod:`svgen.io`, the encoder in :mod:`svgen.encoders`.
+Modules that moved there keep their old import paths (``svgen.artifacts`` …) with a deprecation warning.
 """
 
+import importlib
+import importlib.abc
+import importlib.util
 import logging
 import os
+import sys
+import warnings
 
 from svgen.errors import SvgenError
 
@@ -28,3 +34,53 @@ def __getattr__(name):
 
         return SVGClassifier
     raise AttributeError(f"module 'svgen' has no attribute {name!r}")
+
+
+# Where the modules of the flat layout (up to svgen 0.1's session 9) now live: ``import svgen.artifacts`` still works,
+# warns once, and gives the module itself (the same object as ``svgen.io.artifacts``).
+MOVED = {
+    "svgen.kernels": "svgen.core.kernels",
+    "svgen.generator": "svgen.core.generator",
+    "svgen.losses": "svgen.core.losses",
+    "svgen.metric": "svgen.core.metric",
+    "svgen.support": "svgen.core.support",
+    "svgen.scale": "svgen.core.scale",
+    "svgen.training": "svgen.zeroshot.training",
+    "svgen.predictor": "svgen.heads.predictor",
+    "svgen.residual": "svgen.fewshot.residual",
+    "svgen.shot_adapt": "svgen.fewshot.adapt",
+    "svgen.pool_solve": "svgen.transductive.pool",
+    "svgen.pool_gate": "svgen.transductive.gate",
+    "svgen.pool_adapt": "svgen.transductive.adapt",
+    "svgen.safeio": "svgen.io.safeio",
+    "svgen.artifacts": "svgen.io.artifacts",
+    "svgen.schema": "svgen.io.schema",
+    "svgen.codec": "svgen.io.codec",
+    "svgen.export": "svgen.io.export",
+    "svgen.output": "svgen.io.output",
+    "svgen.data": "svgen.io.data",
+    "svgen.hub": "svgen.encoders.hub",
+    "svgen.prompts": "svgen.encoders.prompts",
+    "svgen.prototypes": "svgen.encoders.prototypes",
+    "svgen.check": "svgen.encoders.check",
+    "svgen.blocks": "svgen.engine.blocks",
+    "svgen.ray_engine": "svgen.engine.ray",
+    "svgen.metrics": "svgen.evaluation.metrics",
+    "svgen.diagnostics": "svgen.evaluation.diagnostics",
+}
+
+
+class _MovedModules(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    def find_spec(self, name, path=None, target=None):
+        return importlib.util.spec_from_loader(name, self) if name in MOVED else None
+
+    def create_module(self, spec):
+        warnings.warn(f"{spec.name} moved to {MOVED[spec.name]}; import it from there", DeprecationWarning, stacklevel=3)
+        return importlib.import_module(MOVED[spec.name])
+
+    def exec_module(self, module):
+        pass
+
+
+if not any(isinstance(f, _MovedModules) for f in sys.meta_path):
+    sys.meta_path.append(_MovedModules())

@@ -24,9 +24,9 @@ import numpy as np
 import torch.nn.functional as F
 
 from svgen.config import FitConfig
+from svgen.core.generator import prototypes_from_embeddings
 from svgen.core.support import IMAGE, image_rows
 from svgen.encoders.prompts import validate_classes, validate_new_classes
-from svgen.encoders.prototypes import prototypes_from_embeddings
 from svgen.errors import SvgenError
 from svgen.fitted import FittedHeads
 from svgen.fewshot import adapt as shot_adapt
@@ -210,8 +210,8 @@ class SVGClassifier(FittedHeads):
         C = len(self.classes_)
         new = image_rows(X, y, C, self.n_features_in_)
         if self.zero_shot_.kernel.votes.is_sparse:
-            raise SvgenError(f"this artifact's {C} classes have sparse (local) vote weights; adding images needs "
-                             "dense ones (fit with --vote-solver dense)")
+            why = f"this artifact's {C} classes have sparse (local) vote weights; adding images needs dense ones"
+            raise SvgenError(f"{why} (fit with vote_solver='dense')", cli=f"{why} (fit with --vote-solver dense)")
         shots = new if self.fewshot_ is None else self.support_set_.part(IMAGE).join(new)
         self._restore_inductive()   # the heads are re-solved from the zero-shot heads and the shots
         self.transductive_ = None

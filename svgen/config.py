@@ -6,7 +6,7 @@ import math
 from dataclasses import asdict, dataclass, fields
 from typing import Optional, Union
 
-from svgen.errors import SvgenError
+from svgen.errors import SvgenError, setting_error
 
 KERNELS = ("rbf", "laplacian")
 MARGIN_NAMES = ("hinge", "ce")
@@ -68,16 +68,17 @@ class FitConfig:
         """One :class:`SvgenError` line for any setting out of its range (also for an artifact's
         recorded ``fit``, see :mod:`svgen.io.schema`); every number must be finite."""
         if not 1 <= int(self.n_support) <= MAX_SUPPORT:
-            raise SvgenError(f"the number of support vectors per class (-K) must be >= 1 and <= {MAX_SUPPORT}, "
-                             f"got {self.n_support}")
+            rest = f"must be >= 1 and <= {MAX_SUPPORT}, got {self.n_support}"
+            raise SvgenError(f"n_support (support vectors per class) {rest}",
+                             cli=f"the number of support vectors per class (-K) {rest}")
         if not 0 <= int(self.seed) <= MAX_SEED:
-            raise SvgenError(f"--seed must be in 0..{MAX_SEED}, got {self.seed}")
+            raise setting_error("seed", "--seed", f"must be in 0..{MAX_SEED}, got {self.seed}")
         if not (0 < self.lr <= MAX_LR):
-            raise SvgenError(f"--lr must be a positive number <= {MAX_LR:g}, got {self.lr}")
+            raise setting_error("lr", "--lr", f"must be a positive number <= {MAX_LR:g}, got {self.lr}")
         for name, flag in (("alignment_weight", "alignment_weight"), ("margin_weight", "--margin-weight"),
                            ("grounding_weight", "--grounding-weight"), ("query_weight", "query_weight")):
             if not 0 <= getattr(self, name) <= MAX_WEIGHT:
-                raise SvgenError(f"{flag} must be in [0, {MAX_WEIGHT:g}], got {getattr(self, name)}")
+                raise setting_error(name, flag, f"must be in [0, {MAX_WEIGHT:g}], got {getattr(self, name)}")
         for name in ("radius", "parzen_factor", "query_ridge", "linear_init_scale"):
             if not (0 < getattr(self, name) <= MAX_WEIGHT):
                 raise SvgenError(f"{name} must be a positive number <= {MAX_WEIGHT:g}, got {getattr(self, name)}")
@@ -88,7 +89,7 @@ class FitConfig:
         if self.margin not in MARGIN_NAMES:
             raise SvgenError(f"unknown margin loss {self.margin!r}; expected one of {', '.join(MARGIN_NAMES)}")
         if not 0 <= int(self.steps) <= MAX_STEPS:
-            raise SvgenError(f"--steps must be >= 0 and <= {MAX_STEPS}, got {self.steps}")
+            raise setting_error("steps", "--steps", f"must be >= 0 and <= {MAX_STEPS}, got {self.steps}")
         if not (self.head_lr >= 0 and math.isfinite(self.head_lr)):
             raise SvgenError(f"head_lr must be >= 0 (0 keeps the closed-form linear head), got {self.head_lr}")
         if int(self.batch_classes) < 2:
@@ -100,17 +101,18 @@ class FitConfig:
         if self.linear_head not in LINEAR_HEADS:
             raise SvgenError(f"unknown linear head {self.linear_head!r}; expected one of {', '.join(LINEAR_HEADS)}")
         if not 1 <= self.metric_condition <= MAX_WEIGHT:
-            raise SvgenError(f"--metric-strength must be in [1, {MAX_WEIGHT:g}], got {self.metric_condition}")
+            raise setting_error("metric_condition", "--metric-strength",
+                                f"must be in [1, {MAX_WEIGHT:g}], got {self.metric_condition}")
         if not isinstance(self.ridge, str) and not 0 < self.ridge <= MAX_WEIGHT:
             raise SvgenError(f"ridge must be a positive number <= {MAX_WEIGHT:g}, got {self.ridge}")
         if self.rff_dim is not None and not 1 <= int(self.rff_dim) <= MAX_RFF_DIM:
-            raise SvgenError(f"--rff-dim must be in 1..{MAX_RFF_DIM}, got {self.rff_dim}")
+            raise setting_error("rff_dim", "--rff-dim", f"must be in 1..{MAX_RFF_DIM}, got {self.rff_dim}")
         if self.solver not in SOLVERS:
             raise SvgenError(f"unknown solver {self.solver!r}; expected one of {', '.join(SOLVERS)}")
         if self.vote_solver not in VOTE_SOLVERS:
             raise SvgenError(f"unknown vote solver {self.vote_solver!r}; expected one of {', '.join(VOTE_SOLVERS)}")
         if int(self.vote_neighbours) < 1:
-            raise SvgenError(f"--vote-neighbours must be >= 1, got {self.vote_neighbours}")
+            raise setting_error("vote_neighbours", "--vote-neighbours", f"must be >= 1, got {self.vote_neighbours}")
 
 
 def config_dict(cfg: FitConfig) -> dict:

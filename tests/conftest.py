@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -19,6 +20,8 @@ os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 ROOT = Path(__file__).resolve().parent.parent
+if str(Path(__file__).resolve().parent) not in sys.path:   # `from conftest import …` in tests/<layer>/ files
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
 SHARED_DATA = ROOT.parent / "shared" / "data"
 
 TINY_CFG = {
@@ -195,22 +198,16 @@ def classes_file(tmp_path):
 
 # ----------------------------------------------------------------------------- benchmark scripts
 
-SCRIPTS = ROOT / "scripts"
-
-
 def load_script(name: str):
-    """``scripts/<name>.py`` as a module, imported once under its own name (so a script that imports another
-    one lazily, as ``bench_calibration`` does ``bench_fewshot``, gets the same module object a test patches)."""
+    """``benchmarks/<name>.py`` imported as ``benchmarks.<name>`` (the package the benchmarks are run from with
+    ``python -m``), once, so a benchmark that imports another (``bench_calibration`` imports ``bench_fewshot``) gets
+    the same module object a test patches."""
     import importlib
     import sys
 
-    if name in sys.modules:
-        return sys.modules[name]
-    sys.path.insert(0, str(SCRIPTS))
-    try:
-        return importlib.import_module(name)
-    finally:
-        sys.path.remove(str(SCRIPTS))
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+    return importlib.import_module(f"benchmarks.{name}")
 
 
 def write_coop_toy(root, name, C=4, D=16, splits=(("train16", 16), ("val", 10)), noise=1.0, centre_scale=1.0,

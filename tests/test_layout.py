@@ -121,3 +121,46 @@ def test_no_hand_written_renames_outside_safeio():
     where = [str(p.relative_to(SVGEN)) for p in SVGEN.rglob("*.py")
              if re.search(r"\bos\.(replace|rename)\(", p.read_text()) and p.name != "safeio.py"]
     assert where == []
+
+
+def test_old_import_paths_still_work_and_warn():
+    """Code written against the flat layout keeps working: a moved module is the same object at its old name (with a
+    DeprecationWarning), and the packages that took a module's name still answer its attributes."""
+    import importlib
+    import sys
+    import warnings
+
+    import svgen
+
+    for old, new in svgen.MOVED.items():
+        sys.modules.pop(old, None)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            module = importlib.import_module(old)
+        assert module is importlib.import_module(new), old
+        assert any(issubclass(w.category, DeprecationWarning) and new in str(w.message) for w in caught), old
+    from svgen.calibration import softmax
+    from svgen.calibration.temperatures import softmax as here
+    from svgen.encoders import ClipEncoder
+    from svgen.encoders.clip import ClipEncoder as there
+
+    assert softmax is here and ClipEncoder is there
+    with pytest.raises(AttributeError):
+        importlib.import_module("svgen.heads").no_such_name
+
+
+def test_library_errors_name_python_settings_and_the_cli_prints_its_flags(cli, tmp_path):
+    """A setting out of range reads as the parameter to a Python caller and as the flag on the command line."""
+    import numpy as np
+
+    from svgen import SVGClassifier
+    from svgen.errors import SvgenError
+
+    with pytest.raises(SvgenError) as e:
+        SVGClassifier(seed=-1).fit(np.eye(3, 8, dtype=np.float32))
+    assert str(e.value).startswith("seed must be in 0..") and e.value.cli_message.startswith("--seed must be in 0..")
+    np.save(tmp_path / "p.npy", np.eye(3, 8, dtype=np.float32))
+    (tmp_path / "c.txt").write_text("a\nb\nc\n")
+    code, out, err = cli("fit", "--prototypes", tmp_path / "p.npy", "--classes", tmp_path / "c.txt", "--seed", "-1",
+                         "--out", tmp_path / "x.svgen")
+    assert code == 2 and err.strip().endswith(e.value.cli_message) and "error: --seed must be in 0.." in err

@@ -408,7 +408,8 @@ def plot_reliability(per_head: Dict[str, dict], path, title: Optional[str] = Non
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        raise SvgenError("--plot needs matplotlib: pip install 'svgen[plot]'") from None
+        raise SvgenError("plotting needs matplotlib: pip install 'svgen[plot]'",
+                         cli="--plot needs matplotlib: pip install 'svgen[plot]'") from None
     from svgen.io.safeio import atomic_file
 
     heads = list(per_head)

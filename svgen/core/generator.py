@@ -62,3 +62,12 @@ class SupportVectorGenerator(nn.Module):
         norm = h.norm(dim=-1, keepdim=True).clamp_min(1e-12)
         delta = self.radius * torch.tanh(norm) * h / norm  # ||delta|| < radius: a trust region
         return F.normalize(anchors + delta, dim=-1)
+
+
+def prototypes_from_embeddings(emb: torch.Tensor) -> tuple:
+    """(per_template C×T×D, mean C×D) from raw C×D or C×T×D embeddings, all rows L2-normalised."""
+    emb = torch.as_tensor(emb, dtype=torch.float32)
+    if emb.dim() == 2:
+        emb = emb[:, None, :]
+    per_template = F.normalize(emb, dim=-1)
+    return per_template, F.normalize(per_template.mean(dim=1), dim=-1)

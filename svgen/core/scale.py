@@ -132,9 +132,9 @@ def _plan(n_classes, n_support, dim, batch_classes, solver, rff_dim, orthogonal,
         vs, vwhy = vote_solver, "requested"
         need = dense_vote_bytes(m_total, n_classes)
         if vs == "dense" and need > 0.8 * available:  # refused at the first plan, i.e. before any training
-            raise SvgenError(f"--vote-solver dense needs ≈ {need / 2**30:.1f} GiB for M = {m_total} support "
-                             f"vectors but {available / 2**30:.1f} GiB is available; use --vote-solver auto or "
-                             "local (sparse vote weights)")
+            rest = f"needs ≈ {need / 2**30:.1f} GiB for M = {m_total} support vectors but {available / 2**30:.1f} GiB is available"
+            raise SvgenError(f"vote_solver='dense' {rest}; use vote_solver='auto' or 'local' (sparse vote weights)",
+                             cli=f"--vote-solver dense {rest}; use --vote-solver auto or local (sparse vote weights)")
     m = (rff_dim or DEFAULT_RFF_DIM) if path == "rff" else rff_dim
     return ScalePlan(path, batch_m, m, bool(orthogonal), vs, int(vote_neighbours) if vs == "local" else None,
                      m_total, budget, f"alignment: {why}; vote weights: {vwhy}")

@@ -52,7 +52,8 @@ def resolve_device(device: Optional[str]) -> torch.device:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dev = torch.device(device)
     if dev.type == "cuda" and not torch.cuda.is_available():
-        raise SvgenError("--device cuda was requested but no CUDA device is available; use --device cpu")
+        raise SvgenError(f"device {device!r} was requested but no CUDA device is available; use device='cpu'",
+                         cli="--device cuda was requested but no CUDA device is available; use --device cpu")
     return dev
 
 
@@ -116,7 +117,8 @@ class ClipEncoder:
         import open_clip
 
         if pretrained and checkpoint:
-            raise SvgenError("give either --pretrained TAG or --checkpoint FILE, not both")
+            raise SvgenError("give either pretrained=TAG or checkpoint=FILE, not both",
+                             cli="give either --pretrained TAG or --checkpoint FILE, not both")
         self.model_name = model
         self.pretrained = pretrained
         self.checkpoint = str(checkpoint) if checkpoint else None

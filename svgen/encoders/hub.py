@@ -152,10 +152,12 @@ def unavailable(what: str, why: str, model: str, pretrained: Optional[str] = Non
             quick = False
     flag = " --quick-gelu" if quick and not model.endswith("-quickgelu") else ""
     why_flag = f"; '{pretrained}' weights need QuickGELU" if quick else ""
+    kwarg = ", quick_gelu=True" if flag else ""
     return EncoderUnavailableError(
-        f"cannot load {what}: {why}. Pass local weights instead: "
-        f"--model {arch} --checkpoint FILE{flag} (safetensors or .pt{why_flag}), or --model local-dir:PATH"
-    )
+        f"cannot load {what}: {why}. Pass local weights instead: ClipEncoder({arch!r}, checkpoint=FILE{kwarg}) "
+        f"(safetensors or .pt{why_flag}), or ClipEncoder('local-dir:PATH')",
+        cli=f"cannot load {what}: {why}. Pass local weights instead: "
+            f"--model {arch} --checkpoint FILE{flag} (safetensors or .pt{why_flag}), or --model local-dir:PATH")
 
 
 def check_weights_reachable(model: str, pretrained: Optional[str]) -> None:

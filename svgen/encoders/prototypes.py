@@ -19,11 +19,11 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
 import torch
-import torch.nn.functional as F
 from safetensors import safe_open
 from safetensors.torch import save_file
 
 from svgen.errors import SvgenError
+from svgen.core.generator import prototypes_from_embeddings  # noqa: F401  (also read from here)
 from svgen.io import safeio
 from svgen.encoders.prompts import build_prompts
 
@@ -49,15 +49,6 @@ class Prototypes:
 def short_name(name: str, limit: int = 40) -> str:
     """A class name fit for a one-line message: quoted, cut at ``limit`` characters with its length said."""
     return repr(name) if len(name) <= limit else f"{name[:limit]!r}… ({len(name)} characters)"
-
-
-def prototypes_from_embeddings(emb: torch.Tensor) -> tuple:
-    """(per_template C×T×D, mean C×D) from raw C×D or C×T×D embeddings, all rows L2-normalised."""
-    emb = torch.as_tensor(emb, dtype=torch.float32)
-    if emb.dim() == 2:
-        emb = emb[:, None, :]
-    per_template = F.normalize(emb, dim=-1)
-    return per_template, F.normalize(per_template.mean(dim=1), dim=-1)
 
 
 class PromptCache:

@@ -53,7 +53,7 @@ def diagnose(support: torch.Tensor, sigma: float, kind: str = "rbf", max_classes
     """
     duplicates = []
     if prototypes is not None:
-        from svgen.classifier import duplicate_prototypes
+        from svgen.validation import duplicate_prototypes
 
         names = list(classes) if classes is not None else [f"class_{i}" for i in range(prototypes.shape[0])]
         duplicates = [[names[i], names[j], c] for i, j, c in duplicate_prototypes(prototypes)]

@@ -145,7 +145,7 @@ def _stratified(labels: np.ndarray, n_max: int, seed: int) -> Optional[np.ndarra
 
 def _eigh(A: torch.Tensor):
     """``torch.linalg.eigh`` through numpy's LAPACK: the same decomposition, measured here at 1,600 shots
-    with about 2.5× less CPU time than torch's (scripts/bench_fit_time.py)."""
+    with about 2.5× less CPU time than torch's (benchmarks/bench_fit_time.py)."""
     e, U = np.linalg.eigh(A.numpy())
     return torch.from_numpy(e), torch.from_numpy(U)
 

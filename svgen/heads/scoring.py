@@ -117,7 +117,7 @@ def kernel_scores(
     # Sparse votes: work transposed, so that both operands of the sparse product are row-major.
     # ``Aᵀ[:, block] (CSR) @ k(S_block, x̂)`` accumulated in place into ``scoresᵀ`` is ~2× faster
     # than ``(CSR @ kernᵀ)ᵀ`` on a transposed view plus a temporary per block (measured in
-    # scripts/bench_scoring.py: 0.30× → 0.64× of GEMM at C = 21,843, N = 2,048).
+    # benchmarks/bench_scoring.py: 0.30× → 0.64× of GEMM at C = 21,843, N = 2,048).
     blocks = _csr_blocks(vote_weights, block_size)
     out_t = torch.zeros(vote_weights.shape[1], x.shape[0], dtype=x.dtype, device=x.device)
     for b, start in enumerate(range(0, S.shape[0], block_size)):

@@ -164,8 +164,9 @@ def _dense_votes(t: dict) -> np.ndarray:
         return t["vote_weights"]
     M, C = (int(v) for v in t["vote_weights.shape"])
     if M * C * 4 > ONNX_MAX_BYTES:
-        raise SvgenError(f"the kernel head's {M}×{C} vote weights are too large for an ONNX graph; "
-                         "export --format safetensors or npz (they keep them sparse)")
+        why = f"the kernel head's {M}×{C} vote weights are too large for an ONNX graph"
+        raise SvgenError(f"{why}; export as safetensors or npz (they keep them sparse)",
+                         cli=f"{why}; export --format safetensors or npz (they keep them sparse)")
     A = np.zeros((M, C), dtype=np.float32)
     rows, cols = t["vote_weights.indices"]
     np.add.at(A, (rows, cols), t["vote_weights.values"])

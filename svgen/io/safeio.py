@@ -7,15 +7,13 @@ and the recovery of what an interrupted writer left behind.
 * :func:`rename_noreplace` moves a finished temporary into place and fails when the target appeared
   meanwhile (``renameat2(RENAME_NOREPLACE)`` on Linux; ``link`` + ``unlink`` for files and a plain
   ``rename``, which never replaces a non-empty folder, elsewhere).
-* :func:`exchange` swaps a finished temporary with the target in one step
-  (``renameat2(RENAME_EXCHANGE)``), so the target is at every instant the complete old or the
-  complete new version. Where the kernel or file system cannot exchange, the old version is first
-  renamed to ``.NAME.old-*`` and the next writer of that target puts it back if it was left there
-  (:func:`recover`).
-* Every temporary (``.NAME.tmp-PID-*``, ``.NAME.old-PID-*``) is created and held under an exclusive
-  ``flock`` while its writer lives (:func:`temporary`); :func:`recover` removes only those whose lock
-  is free and whose writer (the process id in the name) is gone (a crash, kill -9), never a
-  concurrent writer's, not even in the instant between its creating and locking the temporary.
+* :func:`exchange` swaps a finished temporary with the target in one step (``renameat2(RENAME_EXCHANGE)``), so
+  the target is at every instant the complete old or the complete new version. Elsewhere the old version is first
+  renamed to ``.NAME.old-*``, which the next writer of that target puts back if it was left (:func:`recover`).
+* Every temporary (``.NAME.tmp-PID-*``, ``.NAME.old-PID-*``) is created and held under an exclusive ``flock``
+  while its writer lives (:func:`temporary`); :func:`recover` removes only those whose lock is free and whose
+  writer (the process id in the name) is gone (a crash, kill -9), never a concurrent writer's.
+* :func:`atomic_file`, :func:`atomic_dir` and :func:`atomic_text` are how every file svgen writes reaches disk.
 """
 
 from __future__ import annotations
@@ -298,13 +296,17 @@ def check_target_name(path) -> Path:
     return path
 
 
+def _not_replaced(why: str, rest: str = "replaces only an svgen artifact or an empty folder") -> SvgenError:
+    return SvgenError(f"{why}; force=True {rest}", cli=f"{why}; --force {rest}")
+
+
 def check_replaceable_dir(path: Path) -> None:
     """With ``force``, only an svgen artifact (``svgen.json`` + ``weights.safetensors``, nothing else) or
     an empty folder may be replaced; anything else is refused in one line and left as it is."""
     if path.is_symlink():
-        raise SvgenError(f"{path} is a symbolic link; --force replaces only an svgen artifact folder, give its real path")
+        raise _not_replaced(f"{path} is a symbolic link", "replaces only an svgen artifact folder, give its real path")
     if not path.is_dir():
-        raise SvgenError(f"{path} exists and is not a folder; --force replaces only an svgen artifact or an empty folder")
+        raise _not_replaced(f"{path} exists and is not a folder")
     try:
         names = sorted(os.listdir(path))
     except OSError as e:
@@ -314,8 +316,8 @@ def check_replaceable_dir(path: Path) -> None:
     other = [n for n in names if n not in ARTIFACT_FILES]
     if "svgen.json" not in names or other:
         what = f"it holds {other[0]!r}" if other else "it has no svgen.json"
-        raise SvgenError(f"{path} is not an svgen artifact ({what}); --force replaces only an svgen artifact or "
-                         "an empty folder, so it was left as it is")
+        raise _not_replaced(f"{path} is not an svgen artifact ({what})",
+                            "replaces only an svgen artifact or an empty folder, so it was left as it is")
 
 
 def _fsync(path: Path) -> None:
@@ -382,9 +384,8 @@ def _write_errors(path: Path):
 
 
 def follow_umask(path, directory: bool = False) -> None:
-    """Give a ``mkstemp``/``mkdtemp`` path (created 0600/0700) the mode a plain ``open``/``mkdir``
-    would have: 0666/0777 minus the umask (0644/0755 under 022), so artifacts and exported
-    heads can be shared and deployed."""
+    """Give a ``mkstemp``/``mkdtemp`` path (created 0600/0700) the mode a plain ``open``/``mkdir`` would have:
+    0666/0777 minus the umask (0644/0755 under 022), so artifacts and exported heads can be shared and deployed."""
     mask = os.umask(0o022)
     os.umask(mask)
     os.chmod(path, (0o777 if directory else 0o666) & ~mask)

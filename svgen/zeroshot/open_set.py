@@ -10,9 +10,8 @@ import torch
 import torch.nn.functional as F
 
 from svgen.config import FitConfig, config_dict
-from svgen.core.generator import template_anchors
+from svgen.core.generator import prototypes_from_embeddings, template_anchors
 from svgen.core.metric import lda_head, whiten_directions, whitened_cosine_head
-from svgen.encoders.prototypes import prototypes_from_embeddings
 from svgen.state import Heads, KernelHead, LinearHead, TextSide
 from svgen.validation import check_distinct
 from svgen.zeroshot.fit import scale_votes

@@ -1,0 +1,180 @@
+#!/usr/bin/env python
+"""Unlabelled pools on text-like prototypes: does adapting to the pool ever make svgen worse?
+
+Data: real CLIP ViT-B/32 validation features of the CoOp sets and their **text-like prototypes**
+(``../shared/data/clip-vit-b32/coop-fewshot/*/textlike_prototypes.npy``, real text's geometry).
+For each seed, k validation images per class are the labelled shots (k = 0: zero-shot), the other
+validation images are the queries, and the pool is the queries themselves (``--pool all``, the
+transductive setting: ``classify --transductive`` over a folder) or at most ``--per-class`` of
+them per class (``--pool small``: ImageNet with a 5-per-class pool, the many-classes/few-images case).
+Everything is scored on the pool images, which are the queries; labels are only scored.
+
+* ``zero_shot``     cosine, ``softmax(100 · x̂ P̂ᵀ)``
+* ``inductive``     the default head after ``fit(P)`` (and ``.adapt(X, y)`` with shots): what ``classify`` uses
+* ``pool``          the default head after ``.adapt(unlabelled=pool)``: what the adapted artifact deploys
+* ``pool_labels``   ``transductive_labels_``: the pool's probabilities (what ``classify --transductive`` prints)
+
+Paired bootstrap 95% intervals (images resampled within each dataset, seeds averaged per image) of
+``pool − inductive`` and ``pool_labels − inductive`` for top-1, top-5 and NLL, per dataset and for the mean.
+
+    python -m benchmarks.bench_pool                                  # every set, 0/1/4 shots, 2 seeds
+    python -m benchmarks.bench_pool --datasets sun397 --shots 0 1 --pool small --seeds 1
+
+Writes ``bench-results/bench_pool.json`` (``--out``) and prints the tables (``--render FILE`` reprints them).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from benchmarks.bench_common import machine, save_result
+
+from benchmarks.bench_adapt import DATASETS, FEWSHOT, load_dataset, softmax, unit
+from benchmarks.bench_adapt import sample as sample_shots
+from benchmarks.bench_fewshot import bootstrap_mean as bootstrap
+
+METHODS = ("zero_shot", "inductive", "pool", "pool_labels")
+METRICS = ("top1", "top5", "nll")
+
+
+def sample(y, k, seed):
+    """k shots of every class (seeded; none for k = 0), the rest queries."""
+    if k == 0:
+        return np.zeros(0, dtype=np.int64), np.arange(len(y))
+    return sample_shots(y, k, seed)
+
+
+def small_pool(q, y, per_class, seed):
+    """At most ``per_class`` of the queries ``q`` of each class (seeded)."""
+    rng = np.random.default_rng(seed + 1000)
+    keep = [rng.permutation(q[y[q] == c])[:per_class] for c in np.unique(y[q])]
+    return np.sort(np.concatenate(keep))
+
+
+def metrics(p, y):
+    """Per-image top-1 and top-5 correctness and NLL of probabilities ``p``."""
+    order = np.argsort(-p, axis=1)[:, :5]
+    return {"top1": (order[:, 0] == y).astype(float), "top5": np.any(order == y[:, None], axis=1).astype(float),
+            "nll": -np.log(np.maximum(p[np.arange(len(y)), y], 1e-300))}
+
+
+def run_dataset(name, shots, seeds, pool_kind, per_class, log):
+    X, y, P, C, base = load_dataset(name)
+    out = {}
+    for k in shots:
+        if k and np.bincount(y, minlength=C).min() <= k:
+            log(f"{name:>15} {k:>2} shots: skipped (a class has ≤ {k} validation images)")
+            continue
+        per = {m: {x: np.zeros(len(y)) for x in METRICS} for m in METHODS}
+        seen = np.zeros(len(y))
+        info = []
+        for seed in range(seeds):
+            s, q = sample(y, k, seed)
+            if pool_kind == "small":
+                q = small_pool(q, y, per_class, seed)
+            U = X[q].astype(np.float32)
+            clf = copy.deepcopy(base)
+            if k:
+                clf.adapt(X[s].astype(np.float32), y[s])
+            probs = {"zero_shot": softmax(100.0 * X[q] @ P.T),
+                     "inductive": np.asarray(clf.predict_proba(U), dtype=np.float64)}
+            t0 = time.perf_counter()
+            clf.adapt(unlabelled=U)
+            wall = time.perf_counter() - t0
+            probs["pool"] = np.asarray(clf.predict_proba(U), dtype=np.float64)
+            probs["pool_labels"] = np.asarray(clf.transductive_labels_, dtype=np.float64)
+            for m, p in probs.items():
+                for x, v in metrics(p, y[q]).items():
+                    per[m][x][q] += v
+            seen[q] += 1
+            td = clf.transductive_ or {}
+            info.append({"seed": seed, "pool": len(q), "wall_s": wall, "fallback": td.get("fallback"),
+                         "decision": td.get("decision"), "default_head": clf.default_head_})
+        rows = seen > 0
+        res = {m: {x: v[rows] / seen[rows] for x, v in d.items()} for m, d in per.items()}
+        out[k] = {"per_image": res, "info": info}
+        log(f"{name:>15} {k:>2} shots, pool {np.mean([i['pool'] for i in info]):.0f}: "
+            + "  ".join(f"{m} {100 * res[m]['top1'].mean():.1f}/{100 * res[m]['top5'].mean():.1f}/"
+                        f"{res[m]['nll'].mean():.3f}" for m in METHODS)
+            + " | " + "; ".join(str(i["fallback"] or "adapted")[:60] for i in info))
+    return out
+
+
+def summarise(results, shots):
+    summary = {}
+    for k in shots:
+        names = [n for n in results if k in results[n]]
+        if not names:
+            continue
+        scale = {"top1": 100.0, "top5": 100.0, "nll": 1.0}
+        s = {"datasets": names, "mean": {m: {x: float(np.mean([scale[x] * results[n][k]["per_image"][m][x].mean()
+                                                               for n in names])) for x in METRICS} for m in METHODS}}
+        for m in ("pool", "pool_labels"):
+            for x in METRICS:
+                d = [scale[x] * (results[n][k]["per_image"][m][x] - results[n][k]["per_image"]["inductive"][x])
+                     for n in names]
+                s[f"{m}-inductive {x}"] = {"mean": bootstrap(d), "per_dataset": {n: bootstrap([v]) for n, v in zip(names, d)}}
+        summary[k] = s
+    return summary
+
+
+def _ci(r, digits=2):
+    return f"{r['diff']:+.{digits}f} [{r['ci95'][0]:+.{digits}f}, {r['ci95'][1]:+.{digits}f}]"
+
+
+def markdown(result: dict) -> str:
+    out = [f"Pool: {result['pool']}" + (f" (at most {result['per_class']} per class)" if result["pool"] == "small" else "")
+           + f"; {len(result['seeds'])} seeds; top-1 / top-5 / NLL on the pool images (the queries).", ""]
+    out.append("| shots | datasets | " + " | ".join(METHODS) + " | pool − inductive top-1 | top-5 | NLL "
+               "| pool_labels − inductive top-1 | top-5 | NLL |")
+    out.append("|---:|---:|" + "---|" * (len(METHODS) + 6))
+    for k, s in result["summary"].items():
+        cells = [f"{s['mean'][m]['top1']:.1f} / {s['mean'][m]['top5']:.1f} / {s['mean'][m]['nll']:.3f}" for m in METHODS]
+        diffs = [_ci(s[f"{m}-inductive {x}"]["mean"], 3 if x == "nll" else 2)
+                 for m in ("pool", "pool_labels") for x in METRICS]
+        out.append(f"| {k} | {len(s['datasets'])} | " + " | ".join(cells + diffs) + " |")
+    out += ["", "Per dataset, pool − inductive (top-1, top-5, NLL) and what the adaptation decided:", "",
+            "| dataset | shots | top-1 | top-5 | NLL | decision per seed |", "|---|---:|---|---|---|---|"]
+    for k, s in result["summary"].items():
+        for n in s["datasets"]:
+            cells = [_ci(s[f"pool-inductive {x}"]["per_dataset"][n], 3 if x == "nll" else 2) for x in METRICS]
+            dec = "; ".join(str(i.get("fallback") or "adapted")[:70] for i in result["info"][n][str(k)])
+            out.append(f"| {n} | {k} | " + " | ".join(cells) + f" | {dec} |")
+    return "\n".join(out) + "\n"
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--datasets", nargs="+", default=list(DATASETS), choices=DATASETS)
+    ap.add_argument("--shots", nargs="+", type=int, default=[0, 1, 4])
+    ap.add_argument("--seeds", type=int, default=2)
+    ap.add_argument("--pool", choices=("all", "small"), default="all")
+    ap.add_argument("--per-class", type=int, default=5, help="--pool small: pool images per class")
+    ap.add_argument("--out", default="bench_pool", help="result name under bench-results/")
+    ap.add_argument("--render", metavar="RESULT.json", help="print the markdown of a saved result and stop")
+    args = ap.parse_args(argv)
+    if args.render:
+        print(markdown(json.loads(Path(args.render).read_text())), end="")
+        return 0
+    if not FEWSHOT.is_dir():
+        print(f"bench_pool: {FEWSHOT} is missing", file=sys.stderr)
+        return 2
+    log = lambda s: print(s, flush=True)  # noqa: E731
+    results = {n: run_dataset(n, args.shots, args.seeds, args.pool, args.per_class, log) for n in args.datasets}
+    result = {"datasets": args.datasets, "shots": args.shots, "seeds": list(range(args.seeds)), "pool": args.pool,
+              "per_class": args.per_class, "machine": machine(), "summary": summarise(results, args.shots),
+              "info": {n: {str(k): r[k]["info"] for k in r} for n, r in results.items()}}
+    print("\n" + markdown(json.loads(json.dumps(result))), end="")
+    print(f"\nwrote {save_result(args.out, result)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

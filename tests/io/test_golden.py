@@ -1,0 +1,111 @@
+"""Golden artifacts (``tests/io/golden/``): every format version and support source svgen writes, kept as files.
+
+* Each committed artifact still loads, and ``predict_proba`` on its stored queries gives the stored
+  probabilities for every head and for the default head (so moving code cannot change a prediction).
+* Refitting each case from scratch writes the same tensors byte for byte and the same ``svgen.json``
+  apart from timings (so moving code cannot change what is written).
+* A loaded artifact saved again writes the same files (the codec loses nothing).
+
+``python tests/io/golden/make_golden.py`` rewrites them when a format changes on purpose.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from safetensors.torch import load_file
+
+import svgen
+from svgen.io.artifacts import FORMAT_VERSIONS
+
+GOLDEN = Path(__file__).resolve().parent / "golden"
+_spec = importlib.util.spec_from_file_location("make_golden", GOLDEN / "make_golden.py")
+make_golden = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(make_golden)
+CASES = make_golden.CASES
+
+
+def without_timings(obj):
+    """``svgen.json`` with every timing removed: keys ending in ``_s`` with a number, and ``timings_s``."""
+    if isinstance(obj, dict):
+        return {k: without_timings(v) for k, v in obj.items()
+                if not (k == "timings_s" or (k.endswith("_s") and isinstance(v, (int, float))))}
+    if isinstance(obj, list):
+        return [without_timings(v) for v in obj]
+    return obj
+
+
+def same_files(a: Path, b: Path) -> None:
+    assert (a / "weights.safetensors").read_bytes() == (b / "weights.safetensors").read_bytes(), \
+        sorted(k for k, v in load_file(str(a / "weights.safetensors")).items()
+               if not np.array_equal(v.numpy(), load_file(str(b / "weights.safetensors")).get(k, v[:0]).numpy()))
+    ja, jb = (json.loads((p / "svgen.json").read_text()) for p in (a, b))
+    assert without_timings(ja) == without_timings(jb)
+
+
+def test_every_format_and_source_is_covered():
+    seen = [json.loads((GOLDEN / c / "case.json").read_text()) for c in CASES]
+    assert {s["format_version"] for s in seen} == set(FORMAT_VERSIONS)
+    assert {src for s in seen for src in s["support_sources"]} == {0, 1, 2}   # text, image, pool
+    verdicts = {(s["transductive"] or "none").split(":")[0] for s in seen}
+    assert verdicts == {"none", "refused", "kept"}
+    assert {s["default_head"] for s in seen} == {"kernel", "linear"}
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_golden_artifact_loads_to_the_same_probabilities(case):
+    d = GOLDEN / case
+    want = json.loads((d / "case.json").read_text())
+    clf = svgen.SVGClassifier.load(d / "artifact")
+    q = np.load(d / "queries.npy", allow_pickle=False)
+    assert clf.default_head_ == want["default_head"]
+    assert json.loads((d / "artifact" / "svgen.json").read_text()).get("format_version") == want["format_version"]
+    for head in ("kernel", "linear", "cosine", "default"):
+        got = np.asarray(clf.predict_proba(q, head=None if head == "default" else head), dtype=np.float64)
+        # float32 scores differ in the last bits with the BLAS thread count; a kernel T of 0.005 makes that 1e-5
+        np.testing.assert_allclose(got, np.load(d / f"proba_{head}.npy", allow_pickle=False), rtol=1e-4, atol=1e-6,
+                                   err_msg=f"{case}: {head}")
+        assert (got.argmax(axis=1) == np.load(d / f"proba_{head}.npy").argmax(axis=1)).all(), (case, head)
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_refitting_writes_the_same_files(case, tmp_path):
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)   # as make_golden.py wrote them
+    try:
+        make_golden.build(case).save(tmp_path / "a")
+    finally:
+        torch.set_num_threads(threads)
+    same_files(GOLDEN / case / "artifact", tmp_path / "a")
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_load_then_save_writes_the_same_files(case, tmp_path):
+    svgen.SVGClassifier.load(GOLDEN / case / "artifact").save(tmp_path / "b")
+    same_files(GOLDEN / case / "artifact", tmp_path / "b")
+
+
+@pytest.mark.parametrize("case", make_golden.REAL_CASES)
+def test_real_predictions_are_unchanged(case, shared_data):
+    """Fixed-seed fits on real CLIP features of pets (text-like prototypes, val shots): each head's predicted
+    classes hash to what ``make_golden.py`` recorded, with the same top-1 and mean NLL (4 decimals)."""
+    import torch
+
+    want = json.loads((GOLDEN / f"real_{make_golden.REAL_SET}.json").read_text())[case]
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        got = make_golden.real_summary(*make_golden.real_case(shared_data, case))
+    finally:
+        torch.set_num_threads(threads)
+    assert got["default_head"] == want["default_head"]
+    for head in ("kernel", "linear", "cosine", "default"):
+        assert got[head]["top1"] == want[head]["top1"], (case, head)
+        assert abs(got[head]["nll"] - want[head]["nll"]) <= 2e-4, (case, head)
+        assert got[head]["argmax_sha256"] == want[head]["argmax_sha256"], (case, head)
