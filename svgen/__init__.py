@@ -84,3 +84,20 @@ class _MovedModules(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
 if not any(isinstance(f, _MovedModules) for f in sys.meta_path):
     sys.meta_path.append(_MovedModules())
+
+
+def moved_attributes(package: str, modules: tuple):
+    """A module ``__getattr__`` for a package that took the name of a module of the flat layout: a submodule by
+    name, else what the old module held, read lazily from ``modules`` where it lives now (so importing a sibling
+    never loads torch or open_clip through the package)."""
+
+    def __getattr__(name):
+        if importlib.util.find_spec(f"{package}.{name}") is not None:
+            return importlib.import_module(f"{package}.{name}")
+        for module in modules:
+            value = getattr(importlib.import_module(module), name, None)
+            if value is not None:
+                return value
+        raise AttributeError(f"module {package!r} has no attribute {name!r}")
+
+    return __getattr__
