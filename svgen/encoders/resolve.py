@@ -22,6 +22,7 @@ optional). Messages name the command-line options, which are how users pass them
 from __future__ import annotations
 
 import logging
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
@@ -31,6 +32,14 @@ from svgen.errors import SvgenError
 log = logging.getLogger(__name__)
 
 DEFAULT_MODEL = "ViT-B-32"
+
+
+def options_error(cli_text: str) -> SvgenError:
+    """A refusal that names the encoder options: the command line's words (``--checkpoint FILE``) for the CLI, the
+    Python keywords (``checkpoint=FILE``) for everyone else."""
+    opt = r"--(model|pretrained|checkpoint)"
+    text = re.sub(opt + r" (FILE|TAG|\S*[^a-z\s;,]\S*)", r"\1=\2", cli_text)   # an option and its value
+    return SvgenError(re.sub(opt + r"\b", r"\1", text), cli=cli_text)   # an option named alone
 
 
 @dataclass(frozen=True)
@@ -151,7 +160,7 @@ def _self_contained_model(args: EncoderRequest, enc):
         flag = "--checkpoint" if args.checkpoint else "--pretrained"
         raise SvgenError(f"the artifact was fit from {want}, which holds its own weights; drop {flag}")
     if args.model and args.model != want and not (args.model.startswith("local-dir:") and want.startswith("local-dir:")):
-        raise SvgenError(f"--model {args.model} does not match the artifact's encoder {want!r}; "
+        raise options_error(f"--model {args.model} does not match the artifact's encoder {want!r}; "
                          "images must be embedded by the model the artifact was fit with")
     return args.model or want, None
 
@@ -176,7 +185,7 @@ def encoder_for_artifact(args: EncoderRequest, clf):
     if enc.get("source") == "prototypes" or not enc.get("model"):
         if not args.model:
             src = f" ({enc['file']})" if enc.get("file") else ""
-            raise SvgenError(f"this artifact was fit from precomputed prototypes{src}, so it does not know which "
+            raise options_error(f"this artifact was fit from precomputed prototypes{src}, so it does not know which "
                              "model embeds images; name it with --model and --pretrained/--checkpoint")
         pretrained = args.pretrained
         if not pretrained and not args.checkpoint and not args.model.startswith(("hf-hub:", "local-dir:")) \
@@ -188,15 +197,15 @@ def encoder_for_artifact(args: EncoderRequest, clf):
     else:
         want = enc["model"]
         if args.model and _model_name(args.model) != want:
-            raise SvgenError(f"--model {args.model} does not match the artifact's encoder {want!r}; "
+            raise options_error(f"--model {args.model} does not match the artifact's encoder {want!r}; "
                              "images must be embedded by the model the artifact was fit with")
         model = args.model or want
         if enc.get("checkpoint_sha256"):
             if args.pretrained:
-                raise SvgenError(f"the artifact was fit from checkpoint {enc.get('checkpoint')!r}, not pretrained "
+                raise options_error(f"the artifact was fit from checkpoint {enc.get('checkpoint')!r}, not pretrained "
                                  f"tag {args.pretrained!r}; pass --checkpoint FILE")
             if not args.checkpoint:
-                raise SvgenError(f"the artifact was fit from checkpoint {enc.get('checkpoint')!r}; pass it with "
+                raise options_error(f"the artifact was fit from checkpoint {enc.get('checkpoint')!r}; pass it with "
                                  "--checkpoint FILE")
             sha = file_sha256(args.checkpoint)
             if sha != enc["checkpoint_sha256"]:
@@ -206,17 +215,17 @@ def encoder_for_artifact(args: EncoderRequest, clf):
         else:
             if args.checkpoint:
                 tag = enc.get("pretrained")
-                raise SvgenError(f"the artifact was fit from {want}" + (f" pretrained {tag!r}" if tag else "")
+                raise options_error(f"the artifact was fit from {want}" + (f" pretrained {tag!r}" if tag else "")
                                  + ", not from a checkpoint file; drop --checkpoint")
             if args.pretrained and args.pretrained != enc.get("pretrained"):
-                raise SvgenError(f"--pretrained {args.pretrained} does not match the artifact's encoder "
+                raise options_error(f"--pretrained {args.pretrained} does not match the artifact's encoder "
                                  f"({want}, pretrained {enc.get('pretrained')!r})")
             pretrained = enc.get("pretrained")
         if not args.model and not want.startswith(("hf-hub:", "local-dir:")):
             import open_clip
 
             if want not in open_clip.list_models():
-                raise SvgenError(f"the artifact's encoder {want!r} is not a built-in open_clip architecture; "
+                raise options_error(f"the artifact's encoder {want!r} is not a built-in open_clip architecture; "
                                  "pass --model with its model-config .json")
         edim = enc.get("embed_dim")
         if edim is not None and int(edim) != dim:

@@ -43,7 +43,7 @@ from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from svgen.errors import SvgenError
+from svgen.errors import SvgenError, setting_error
 
 log = logging.getLogger(__name__)
 
@@ -192,8 +192,9 @@ def _table_column(path: Path, column: str) -> List[str]:
             raise SvgenError(f"cannot read {path}: {e}") from None
         header, rows = (rows[0], rows[1:]) if rows else ([], [])
         if column not in header:
-            raise SvgenError(f"{path} has no column {column!r} (columns: {', '.join(header) or 'none'}); "
-                             "name the column of paths with --path-column")
+            why = f"{path} has no column {column!r} (columns: {', '.join(header) or 'none'})"
+            raise SvgenError(f"{why}; name the column of paths with path_column=",
+                             cli=f"{why}; name the column of paths with --path-column")
         at = header.index(column)
         values = [r[at] if at < len(r) else "" for r in rows]
     else:
@@ -201,8 +202,9 @@ def _table_column(path: Path, column: str) -> List[str]:
         try:
             schema = pa.parquet.read_schema(path)
             if column not in schema.names:
-                raise SvgenError(f"{path} has no column {column!r} (columns: {', '.join(schema.names)}); "
-                                 "name the column of paths with --path-column")
+                why = f"{path} has no column {column!r} (columns: {', '.join(schema.names)})"
+                raise SvgenError(f"{why}; name the column of paths with path_column=",
+                                 cli=f"{why}; name the column of paths with --path-column")
             values = pa.parquet.read_table(path, columns=[column]).column(column).to_pylist()
         except SvgenError:
             raise
@@ -262,7 +264,7 @@ def plan_blocks(sources: Sequence[str], block_size: int, features: bool = False,
     a feature shard of the wrong dimension (``dim``), or no inputs at all.
     """
     if block_size < 1:
-        raise SvgenError(f"--block-size must be at least 1, got {block_size}")
+        raise setting_error("block_size", "--block-size", f"must be at least 1, got {block_size}")
     if not sources:
         raise SvgenError("nothing to classify: give image folders, files, globs, lists, tables or shards")
     blocks: List[Block] = []
@@ -271,7 +273,8 @@ def plan_blocks(sources: Sequence[str], block_size: int, features: bool = False,
         for source in sources:
             for f in _expand(source):
                 if f.is_dir() or f.suffix.lower() not in FEATURE_SUFFIXES:
-                    raise SvgenError(f"--features takes .npy or .parquet embedding shards, got {f}")
+                    raise SvgenError(f"features=True takes .npy or .parquet embedding shards, got {f}",
+                                     cli=f"--features takes .npy or .parquet embedding shards, got {f}")
                 n, column = feature_shape(f, features_column, dim)
                 for s in range(0, n, block_size):
                     stop = min(n, s + block_size)
@@ -322,8 +325,9 @@ def _parquet_feature_column(path: Path, want: Optional[str]):
              or pa.types.is_large_list(f.type)]
     if want is None:
         if len(lists) != 1:
-            raise SvgenError(f"{path} has {len(lists)} list columns ({', '.join(lists) or 'none'}); "
-                             "name the embedding column with --features-column")
+            why = f"{path} has {len(lists)} list columns ({', '.join(lists) or 'none'})"
+            raise SvgenError(f"{why}; name the embedding column with features_column=",
+                             cli=f"{why}; name the embedding column with --features-column")
         want = lists[0]
     elif want not in lists:
         raise SvgenError(f"{path} has no list column {want!r} (list columns: {', '.join(lists) or 'none'})")

@@ -39,7 +39,7 @@ import numpy as np
 
 from svgen.engine.blocks import Block, read_features
 from svgen.engine.predictions import decode_block, failure_table, feature_keys, prediction_table, score, table_bytes
-from svgen.errors import SvgenError
+from svgen.errors import SvgenError, setting_error
 from svgen.io.safeio import atomic_file
 
 log = logging.getLogger(__name__)
@@ -70,13 +70,14 @@ def check_output(out, job: dict, force: bool = False) -> None:
     ``job`` (then it is continued), or one that ``force`` may start over."""
     out = Path(out)
     if out.exists() and not out.is_dir():
-        raise SvgenError(f"--out {out} is a file; --engine ray writes a folder of Parquet parts there")
+        raise SvgenError(f"out {out} is a file; the Ray engine writes a folder of Parquet parts there",
+                         cli=f"--out {out} is a file; --engine ray writes a folder of Parquet parts there")
     if not out.resolve().parent.is_dir():
         raise SvgenError(f"cannot write {out}: folder {out.resolve().parent} does not exist")
     job_file = out / JOB_FILE
     if out.is_dir() and any(out.iterdir()):
         if not job_file.is_file():
-            raise SvgenError(f"--out {out} is a folder that holds other files, not an earlier svgen classify run")
+            raise setting_error("out", "--out", f"{out} is a folder that holds other files, not an earlier svgen classify run")
         if not force:
             try:
                 before = json.loads(job_file.read_text(encoding="utf-8"))
@@ -84,8 +85,9 @@ def check_output(out, job: dict, force: bool = False) -> None:
                 raise SvgenError(f"cannot read {job_file}: {e}") from None
             changed = [k for k in sorted(set(job) | set(before)) if job.get(k) != before.get(k)]
             if changed:
-                raise SvgenError(f"{out} holds a different job (it differs in {', '.join(changed)}); "
-                                 "use another --out, or --force to start over")
+                why = f"{out} holds a different job (it differs in {', '.join(changed)})"
+                raise SvgenError(f"{why}; use another out, or force=True to start over",
+                                 cli=f"{why}; use another --out, or --force to start over")
 
 
 def prepare_output(out, job: dict, force: bool = False) -> set:
@@ -243,7 +245,7 @@ class BlockClassifier:
 
 def check_address(address: Optional[str]) -> None:
     if address and address != "auto" and not address.startswith("ray://"):
-        raise SvgenError(f"--address takes 'auto' or ray://HOST:PORT, got {address!r}")
+        raise setting_error("address", "--address", f"takes 'auto' or ray://HOST:PORT, got {address!r}")
 
 
 def connect(address: Optional[str] = None, num_cpus: Optional[int] = None,
@@ -291,8 +293,9 @@ def run_blocks(blocks: Sequence[Block], out, artifact: str, head: str, probs: bo
     cpus = ray.cluster_resources().get("CPU", 0)
     need = actors * actor_cpus + (1 if images else 0)
     if cpus < need:
-        raise SvgenError(f"{actors} actor(s) of {actor_cpus:g} CPU(s)" + (" plus one decoding task" if images else "")
-                         + f" need {need:g} CPUs but the Ray cluster has {cpus:g}; use fewer --actors")
+        why = (f"{actors} actor(s) of {actor_cpus:g} CPU(s)" + (" plus one decoding task" if images else "")
+               + f" need {need:g} CPUs but the Ray cluster has {cpus:g}")
+        raise SvgenError(f"{why}; use fewer actors", cli=f"{why}; use fewer --actors")
     ctx = DataContext.get_current()
     ctx.enable_progress_bars = False
     ctx.print_on_execution_start = False

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Dict, List, Sequence
 
 from svgen.encoders.images import IMAGE_SUFFIXES
-from svgen.errors import SvgenError
+from svgen.errors import SvgenError, setting_error
 
 LABELS_CSV = "labels.csv"
 _HEADER_FILE = {"file", "filename", "file_name", "path", "image", "img"}
@@ -127,7 +127,7 @@ def labelled_images(folder, classes: Sequence[str]) -> LabelledImages:
     if not folder.exists():
         raise SvgenError(f"no such folder: {folder}")
     if not folder.is_dir():
-        raise SvgenError(f"--data must be a folder, got a file: {folder}")
+        raise setting_error("the labelled images", "--data", f"must be a folder, got a file: {folder}")
     if (folder / LABELS_CSV).is_file():
         return read_labels_csv(folder, classes)
     return read_image_folder(folder, classes)

@@ -52,8 +52,9 @@ def output_format(out: Optional[str], fmt: Optional[str], default: str = "csv") 
     """
     by_suffix = SUFFIXES.get(Path(out).suffix.lower()) if out else None
     if fmt and by_suffix and fmt != by_suffix:
-        raise SvgenError(f"--format {fmt} contradicts --out {out} (a .{Path(out).suffix.lower()[1:]} file is "
-                         f"{by_suffix}); drop --format or rename the file")
+        what = f"{out} (a .{Path(out).suffix.lower()[1:]} file is {by_suffix})"
+        raise SvgenError(f"format {fmt!r} contradicts out {what}; drop format or rename the file",
+                         cli=f"--format {fmt} contradicts --out {what}; drop --format or rename the file")
     return fmt or by_suffix or default
 
 
