@@ -164,3 +164,22 @@ def test_library_errors_name_python_settings_and_the_cli_prints_its_flags(cli, t
     code, out, err = cli("fit", "--prototypes", tmp_path / "p.npy", "--classes", tmp_path / "c.txt", "--seed", "-1",
                          "--out", tmp_path / "x.svgen")
     assert code == 2 and err.strip().endswith(e.value.cli_message) and "error: --seed must be in 0.." in err
+
+
+def test_library_errors_name_flags_only_in_their_cli_wording():
+    """Outside ``commands/`` and ``cli.py`` an error's message speaks Python (``seed``, ``force=True``); a command-line
+    flag (``--seed``) may appear only in the ``cli=`` wording the CLI prints."""
+    offenders = []
+    for path in SVGEN.rglob("*.py"):
+        if "commands" in path.parts or path.name == "cli.py":
+            continue
+        src = path.read_text()
+        for node in ast.walk(ast.parse(src)):
+            if not isinstance(node, ast.Call):
+                continue
+            name = getattr(node.func, "id", getattr(node.func, "attr", ""))
+            if name in ("SvgenError", "EncoderUnavailableError", "setting_error") and node.args:
+                first = ast.get_source_segment(src, node.args[0]) or ""
+                if re.search(r"--[a-z]", first) and not any(k.arg == "cli" for k in node.keywords):
+                    offenders.append(f"{path.relative_to(SVGEN)}:{node.lineno}")
+    assert offenders == []
