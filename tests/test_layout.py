@@ -183,3 +183,12 @@ def test_library_errors_name_flags_only_in_their_cli_wording():
                 if re.search(r"--[a-z]", first) and not any(k.arg == "cli" for k in node.keywords):
                     offenders.append(f"{path.relative_to(SVGEN)}:{node.lineno}")
     assert offenders == []
+
+
+def test_every_package_is_installed():
+    """pyproject.toml lists its packages by hand: a new one left out would be missing from a non-editable install."""
+    tomllib = pytest.importorskip("tomllib")   # Python 3.11+
+
+    listed = set(tomllib.loads((SVGEN.parent / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    present = {".".join(p.parent.relative_to(SVGEN.parent).parts) for p in SVGEN.rglob("__init__.py")}
+    assert present - listed == set()
