@@ -33,12 +33,10 @@ Writes ``bench-results/bench_adapt.json`` and prints the tables (``--render FILE
 
 from __future__ import annotations
 
-import argparse
 import copy
 import sys
 import time
 import warnings
-from pathlib import Path
 
 import numpy as np
 
@@ -294,14 +292,9 @@ def markdown(result: dict) -> str:
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--datasets", nargs="+", default=list(DATASETS), choices=DATASETS)
-    ap.add_argument("--shots", nargs="+", type=int, default=list(SHOTS))
-    ap.add_argument("--seeds", type=int, default=3)
-    ap.add_argument("--out", default="bench_adapt", help="result name under bench-results/")
-    ap.add_argument("--render", metavar="RESULT.json", help="print the markdown table of a saved result and stop")
-    args = ap.parse_args(argv)
-    from benchmarks.bench_fewshot import render_or_missing
+    from benchmarks.bench_fewshot import coop_parser, render_or_missing
+
+    args = coop_parser(__doc__, SHOTS, "bench_adapt", datasets=DATASETS).parse_args(argv)
 
     code = render_or_missing(args, markdown, "bench_adapt")
     if code is not None:

@@ -215,13 +215,14 @@ def bootstrap_mean(diffs, reps=2000, seed=0):
     return {"diff": est, "ci95": [float(lo), float(hi)]}
 
 
-def coop_parser(doc: str, shots, out: str, extra_datasets=()) -> argparse.ArgumentParser:
-    """The options every CoOp benchmark shares (this one and ``bench_transductive.py``; ``extra_datasets``
-    are accepted by ``--datasets`` but not run by default)."""
+def coop_parser(doc: str, shots, out: str, extra_datasets=(), datasets=DATASETS,
+                seeds: int = 3) -> argparse.ArgumentParser:
+    """The options every CoOp benchmark shares (this one, ``bench_transductive``, ``bench_adapt``, ``bench_pool``;
+    ``extra_datasets`` are accepted by ``--datasets`` but not run by default)."""
     ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
-    ap.add_argument("--datasets", nargs="+", default=list(DATASETS), choices=(*DATASETS, *extra_datasets))
+    ap.add_argument("--datasets", nargs="+", default=list(datasets), choices=(*datasets, *extra_datasets))
     ap.add_argument("--shots", nargs="+", type=int, default=list(shots))
-    ap.add_argument("--seeds", type=int, default=3)
+    ap.add_argument("--seeds", type=int, default=seeds)
     ap.add_argument("--out", default=out, help="result name under bench-results/")
     ap.add_argument("--render", metavar="RESULT.json", help="print the markdown tables of a saved result and stop")
     return ap

@@ -25,18 +25,17 @@ Writes ``bench-results/bench_pool.json`` (``--out``) and prints the tables (``--
 
 from __future__ import annotations
 
-import argparse
 import copy
 import json
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 
 from benchmarks.bench_common import machine, save_result
 
-from benchmarks.bench_adapt import DATASETS, FEWSHOT, load_dataset, softmax, unit
+from benchmarks.bench_adapt import DATASETS, load_dataset, softmax
+from benchmarks.bench_fewshot import coop_parser, render_or_missing
 from benchmarks.bench_adapt import sample as sample_shots
 from benchmarks.bench_fewshot import bootstrap_mean as bootstrap
 
@@ -151,21 +150,13 @@ def markdown(result: dict) -> str:
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--datasets", nargs="+", default=list(DATASETS), choices=DATASETS)
-    ap.add_argument("--shots", nargs="+", type=int, default=[0, 1, 4])
-    ap.add_argument("--seeds", type=int, default=2)
+    ap = coop_parser(__doc__, [0, 1, 4], "bench_pool", datasets=DATASETS, seeds=2)
     ap.add_argument("--pool", choices=("all", "small"), default="all")
     ap.add_argument("--per-class", type=int, default=5, help="--pool small: pool images per class")
-    ap.add_argument("--out", default="bench_pool", help="result name under bench-results/")
-    ap.add_argument("--render", metavar="RESULT.json", help="print the markdown of a saved result and stop")
     args = ap.parse_args(argv)
-    if args.render:
-        print(markdown(json.loads(Path(args.render).read_text())), end="")
-        return 0
-    if not FEWSHOT.is_dir():
-        print(f"bench_pool: {FEWSHOT} is missing", file=sys.stderr)
-        return 2
+    done = render_or_missing(args, markdown, "bench_pool")
+    if done is not None:
+        return done
     log = lambda s: print(s, flush=True)  # noqa: E731
     results = {n: run_dataset(n, args.shots, args.seeds, args.pool, args.per_class, log) for n in args.datasets}
     result = {"datasets": args.datasets, "shots": args.shots, "seeds": list(range(args.seeds)), "pool": args.pool,

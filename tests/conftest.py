@@ -210,6 +210,19 @@ def load_script(name: str):
     return importlib.import_module(f"benchmarks.{name}")
 
 
+def write_inputs(folder, prototypes, **arrays) -> Path:
+    """A folder of CLI inputs: ``P.npy`` (the prototypes), ``classes.txt`` (``c0``, ``c1``, … one per prototype) and
+    ``NAME.npy`` for every other array given; returns the folder."""
+    import numpy as np
+
+    folder = Path(folder)
+    np.save(folder / "P.npy", prototypes)
+    (folder / "classes.txt").write_text("".join(f"c{i}\n" for i in range(len(prototypes))))
+    for name, array in arrays.items():
+        np.save(folder / f"{name}.npy", array)
+    return folder
+
+
 def write_coop_toy(root, name, C=4, D=16, splits=(("train16", 16), ("val", 10)), noise=1.0, centre_scale=1.0,
                    seed=0) -> dict:
     """A small synthetic CoOp folder ``root/name`` (``<split>_features.npy`` / ``<split>_labels.npy``, ``n``

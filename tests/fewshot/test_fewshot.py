@@ -287,18 +287,12 @@ def test_format_2_exports_reproduce_scores(data, tmp_path, fmt, head):
 
 @pytest.fixture
 def files(tmp_path, data):
-    np.save(tmp_path / "P.npy", data["protos"])
-    (tmp_path / "classes.txt").write_text("".join(f"c{i}\n" for i in range(C)))
-    np.save(tmp_path / "X.npy", data["X"])
-    np.save(tmp_path / "y.npy", data["y"])
-    np.save(tmp_path / "ybad.npy", np.r_[data["y"][:-1], 7])
+    from conftest import write_inputs
+
     Xn = data["X"].copy()
     Xn[3, 0] = np.nan
-    np.save(tmp_path / "Xnan.npy", Xn)
-    np.save(tmp_path / "Xdim.npy", data["X"][:, :8])
-    np.save(tmp_path / "Xempty.npy", np.zeros((0, D), np.float32))
-    np.save(tmp_path / "yempty.npy", np.zeros(0, np.int64))
-    return tmp_path
+    return write_inputs(tmp_path, data["protos"], X=data["X"], y=data["y"], ybad=np.r_[data["y"][:-1], 7], Xnan=Xn,
+                        Xdim=data["X"][:, :8], Xempty=np.zeros((0, D), np.float32), yempty=np.zeros(0, np.int64))
 
 
 def test_cli_fit_and_adapt_with_shot_features(cli, files):

@@ -280,13 +280,9 @@ def test_bad_pools(data, pool, msg):
 
 @pytest.fixture
 def files(tmp_path, data):
-    np.save(tmp_path / "P.npy", data["protos"])
-    (tmp_path / "classes.txt").write_text("".join(f"c{i}\n" for i in range(C)))
-    np.save(tmp_path / "U.npy", data["U"])
-    np.save(tmp_path / "X.npy", data["X"])
-    np.save(tmp_path / "y.npy", data["ys"])
-    np.save(tmp_path / "Udim.npy", data["U"][:, :5])
-    return tmp_path
+    from conftest import write_inputs
+
+    return write_inputs(tmp_path, data["protos"], U=data["U"], X=data["X"], y=data["ys"], Udim=data["U"][:, :5])
 
 
 def test_cli_fit_adapt_classify_transductive(cli, files, gate_open):
