@@ -33,7 +33,7 @@ from svgen.fewshot import adapt as shot_adapt
 from svgen.io import codec
 from svgen.state import Heads, TextSide
 from svgen.transductive import adapt as pool_adapt
-from svgen.transductive.pool import Stage
+from svgen.transductive.pool import Stage, prior_head
 from svgen.validation import (DUPLICATE_COS, SAFE_PEAK, check_distinct, check_embeddings, check_pool,  # noqa: F401
                               check_vocabulary, duplicate_prototypes, label_indices, looks_like_labels, safe_rows)
 from svgen.zeroshot.fit import fit_zero_shot
@@ -43,8 +43,8 @@ log = logging.getLogger(__name__)
 
 
 def prior_head_of(clf) -> str:
-    """The head whose prediction is the transductive prior (:attr:`svgen.transductive.pool.Stage.prior_head`)."""
-    return "kernel" if clf.fewshot_ is None else "linear"
+    """The head whose prediction is the transductive prior (:func:`svgen.transductive.pool.prior_head`)."""
+    return prior_head(clf.fewshot_)
 
 
 class SVGClassifier(FittedHeads):
@@ -248,7 +248,6 @@ class SVGClassifier(FittedHeads):
                                 self.heads_.calibration if ind.calibration is None else ind.calibration)
             self.inductive_ = None
 
-    # ------------------------------------------------------------------------------ probabilities
     # ------------------------------------------------------------------------------ persistence
     def tensors(self) -> dict:
         self._check_fitted()

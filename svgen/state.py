@@ -15,7 +15,7 @@ tensors and back.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Optional
 
 import torch
@@ -63,11 +63,6 @@ class Calibration:
     kernel_logits: str = "log"
     record: dict = field(default_factory=dict)
 
-    def copy(self) -> "Calibration":
-        import json
-
-        return Calibration(dict(self.temperatures), self.kernel_logits, json.loads(json.dumps(self.record)))
-
 
 @dataclass
 class Heads:
@@ -77,11 +72,6 @@ class Heads:
     kernel: KernelHead
     linear: LinearHead
     calibration: Optional[Calibration] = None
-
-    def copy(self) -> "Heads":
-        """A new record of the same tensors (tensors are never written into, only replaced)."""
-        return Heads(replace(self.kernel), replace(self.linear),
-                     None if self.calibration is None else self.calibration.copy())
 
 
 @dataclass

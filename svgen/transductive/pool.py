@@ -31,6 +31,13 @@ from svgen.zeroshot.training import choose_ridge
 
 log = logging.getLogger(__name__)
 
+def prior_head(fewshot: Optional[dict]) -> str:
+    """The head whose prediction is the transductive prior: the kernel vote zero-shot; with shots (``fewshot``, the
+    shots stage's record) the linear (LDA) head, whose logits are the log-likelihood ratios of a Gaussian class
+    model — the model the transduction continues to solve on the pool."""
+    return "kernel" if fewshot is None else "linear"
+
+
 @dataclass
 class Stage:
     """The inductive state a pool adapts: the deployed ``heads`` (calibrated), the ``zero_shot`` heads (the
@@ -44,10 +51,7 @@ class Stage:
 
     @property
     def prior_head(self) -> str:
-        """The head whose prediction is the transductive prior: the kernel vote zero-shot; with shots the linear
-        (LDA) head, whose logits are the log-likelihood ratios of a Gaussian class model — the model the
-        transduction continues to solve on the pool."""
-        return "kernel" if self.fewshot is None else "linear"
+        return prior_head(self.fewshot)
 
 
 @dataclass
