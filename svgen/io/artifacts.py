@@ -104,6 +104,11 @@ def save_artifact(path, tensors: Dict[str, torch.Tensor], meta: dict, force: boo
         meta.pop("vote_weights", None)
     tensors = {k: v.detach().cpu().contiguous().float() if v.is_floating_point() else v.detach().cpu().contiguous()
                for k, v in tensors.items()}
+    seen = set()   # safetensors refuses two names over one storage (a state may hold one tensor twice: the zero-shot
+    for k, v in tensors.items():   # votes are also the inductive ones after a zero-shot pool); each name gets its own
+        if v.untyped_storage().data_ptr() in seen:
+            tensors[k] = v.clone()
+        seen.add(tensors[k].untyped_storage().data_ptr())
 
     def write_meta(p):
         p.write_text(json.dumps(meta, indent=2, ensure_ascii=False, default=_json_default, allow_nan=False) + "\n",

@@ -29,12 +29,6 @@ from svgen.core.support import SOURCES
 from svgen.config import FitConfig, config_dict
 from svgen.zeroshot.fit import scale_votes
 
-CONSTRUCTOR_FIELDS = ("n_support", "kernel", "steps", "lr", "margin", "alignment_weight", "margin_weight",
-                      "grounding_weight", "query_weight", "radius", "head_lr", "batch_classes", "learn_sigma", "ridge",
-                      "metric", "metric_condition", "linear_head", "rff_dim", "solver", "vote_solver",
-                      "vote_neighbours", "seed")
-
-
 def has_image_rows(heads: Heads) -> bool:
     """Whether the kernel head's rows are listed one by one (shots or pool rows: formats 2–3)."""
     return heads.kernel.labels is not None
@@ -83,13 +77,6 @@ def tensors(clf) -> dict:
                   "text.support_vectors": z.kernel.rows, "text.bandwidth": torch.tensor(float(z.kernel.bandwidth)),
                   "text.vote_weights": z.kernel.votes, "text.linear_head.weight": z.linear.weight,
                   "text.linear_head.bias": z.linear.bias})
-    seen = set()   # one state may hold a tensor twice (the zero-shot votes are the inductive ones): a file may not
-    for name, v in t.items():
-        if v.is_sparse:
-            continue
-        if v.untyped_storage().data_ptr() in seen:
-            t[name] = v.clone()
-        seen.add(t[name].untyped_storage().data_ptr())
     return t
 
 
@@ -142,7 +129,7 @@ def load(cls, path):
     text_sv = t["text.support_vectors"] if v2 else t["support_vectors"]
     cfg.n_support = int(text_sv.shape[1])
     cfg.kernel = meta.get("kernel", cfg.kernel)
-    self = cls(**{k: getattr(cfg, k) for k in CONSTRUCTOR_FIELDS})
+    self = cls(**{k: getattr(cfg, k) for k in cls._param_names() if k in FitConfig.__dataclass_fields__})
     C, K, D = text_sv.shape
     self.fit_config_ = cfg
     self.classes_ = list(meta["classes"])

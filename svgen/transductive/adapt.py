@@ -53,7 +53,6 @@ def adapt(stage: Stage, side: TextSide, U: torch.Tensor, strength: Optional[floa
         if not check["adopt"]:
             reason = check["reason"] + "; kept the inductive heads"
     if reason is not None:
-        log.warning("transductive: %s", reason)
         return refused(stage, side, U, {"pool": N, "fallback": reason, "prior_head": stage.prior_head,
                                         **({"check": check} if check else {}), "wall_time_s": time.perf_counter() - t0})
     if check["evidence"] == "held-out shots as pool members":
@@ -64,7 +63,6 @@ def adapt(stage: Stage, side: TextSide, U: torch.Tensor, strength: Optional[floa
                                  .double() / stage.heads.calibration.temperatures[head])
     fit = transduce(stage, side, U, strength, progress, labels_entropy=entropy_before)
     if fit.record.get("fallback"):
-        log.warning("transductive: %s", fit.record["fallback"])
         return refused(stage, side, U, fit.record)
     fit.heads.calibration = _entropy_matched(fit.heads, side, U[rows], entropy_before)
     fit.record.update({"check": check, "default_head": "linear", "wall_time_s": time.perf_counter() - t0})
@@ -72,8 +70,10 @@ def adapt(stage: Stage, side: TextSide, U: torch.Tensor, strength: Optional[floa
 
 
 def refused(stage: Stage, side: TextSide, U: torch.Tensor, record: dict) -> PoolFit:
-    """A pool that changes nothing: the inductive heads, and as the pool's probabilities the inductive default
-    head's (what ``classify`` without ``--transductive`` prints), not the transduction's prior head's."""
+    """A pool that changes nothing (``record["fallback"]`` says why, in one warning): the inductive heads, and as
+    the pool's probabilities the inductive default head's (what ``classify`` without ``--transductive`` prints),
+    not the transduction's prior head's."""
+    log.warning("transductive: %s", record["fallback"])
     head = stage.default_head
     s = predictor.scores_in_blocks(stage.heads, side.prototypes, side.config.kernel, U, head)
     return PoolFit(stage.heads, record, predictor.proba_of_scores(stage.heads, s, head), None)
@@ -87,7 +87,6 @@ def _adopt_stacked(stage: Stage, side: TextSide, U, strength, progress, check: d
     W0, b0 = stage.heads.linear.weight, stage.heads.linear.bias
     fit = transduce(stage, side, U, strength, progress)
     if fit.record.get("fallback"):
-        log.warning("transductive: %s", fit.record["fallback"])
         return refused(stage, side, U, fit.record)
     WG, bG = pool_gate.pool_parts(fit.record, fit.heads.linear, W0, b0)
     a, b = check["stack"]["gaussian"], check["stack"]["inductive_linear"]
