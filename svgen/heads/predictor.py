@@ -7,6 +7,7 @@ raw score, :mod:`svgen.calibration.temperatures`); probabilities are ``softmax(l
 
 from __future__ import annotations
 
+import math
 from typing import Optional
 
 import torch
@@ -42,13 +43,13 @@ def logits(heads: Heads, prototypes, kind: str, x: torch.Tensor, head: str) -> t
 
 def proba(heads: Heads, prototypes, kind: str, x: torch.Tensor, head: str) -> torch.Tensor:
     """``softmax(logits / T_head)`` (float64)."""
-    return calibration.softmax(logits(heads, prototypes, kind, x, head), heads.calibration.temperatures[head])
+    return proba_of_scores(heads, scores(heads, prototypes, kind, x, head), head)
 
 
 def proba_of_scores(heads: Heads, s: torch.Tensor, head: str) -> torch.Tensor:
     """:func:`proba` from scores already computed."""
-    cal = heads.calibration
-    return calibration.softmax(calibration.head_logits(s, head, cal.kernel_logits), cal.temperatures[head])
+    return calibration.softmax(calibration.head_logits(s, head, heads.calibration.kernel_logits),
+                               heads.calibration.temperatures[head])
 
 
 def text_calibration(heads: Heads, prototypes, per_template, kind: str, only: Optional[str] = None) -> Calibration:
@@ -70,8 +71,6 @@ def text_calibration(heads: Heads, prototypes, per_template, kind: str, only: Op
 def with_temperatures(cal: Calibration, temperatures: dict, method: str, kernel_logits: Optional[str] = None,
                       **details) -> Calibration:
     """``cal`` with some heads' temperatures replaced (checked), ``method`` and ``details`` recorded."""
-    import math
-
     if kernel_logits is not None:
         calibration.check_kernel_logits(kernel_logits)
         if kernel_logits != cal.kernel_logits and "kernel" not in temperatures:
