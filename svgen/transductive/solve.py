@@ -58,7 +58,6 @@ import math
 from dataclasses import dataclass, field
 from typing import Optional
 
-import numpy as np
 import torch
 
 from svgen.calibration.temperatures import bisect

@@ -70,8 +70,7 @@ def build(name: str):
     elif name == "v3_shots":
         X, y = images(4)
         clf.fit(text, classes=classes).adapt(X, y)
-    elif name in ("v3_shots_pool_refused", "v3_shots_pool_kept",
-         "v3_one_shot_pool_kept"):
+    elif name in ("v3_shots_pool_refused", "v3_shots_pool_kept"):
         X, y = images(4)
         U, _ = images(40 if name.endswith("refused") else 80)
         clf.fit(text, classes=classes).adapt(X, y, unlabelled=U)
