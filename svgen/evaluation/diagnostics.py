@@ -148,7 +148,7 @@ def deployed_kernel(meta: Dict, tensors: Dict) -> Optional[Dict]:
         out["fewshot"] = {"shots": fs.get("shots"), "classes_with_shots": fs.get("classes_with_shots"),
                           "kernel": {"sigma": k.get("sigma"), "ridge_c": k.get("ridge_c"),
                                      "adapted": dec.get("adopted"), "rule": (k.get("selection") or {}).get("rule")},
-                          "linear": {n: lin.get(n) for n in ("kind", "shrinkage", "loo_error")},
+                          "linear": {n: lin.get(n) for n in ("kind", "shrinkage", "loo_error", "form", "alpha")},
                           "default_head": fs.get("default_head")}
         if k.get("prior_weight") is not None:   # format 2 (before the residual head): its own record
             out["fewshot"]["kernel"].update({n: k.get(n) for n in ("ridge_lambda", "prior_weight", "loo_error")})
@@ -178,8 +178,10 @@ def describe_deployed(d: Dict) -> List[str]:
             k.get("adapted"), "")
         lines.append(f"  chosen by adapt from {fs['shots']} shot(s) in {fs['classes_with_shots']} class(es): kernel "
                      f"σ={k['sigma']:.4g}{c}{lam}{prior}{kept} ({k.get('rule')}); linear head "
-                     f"{lin.get('kind')}" + (f", shrinkage {lin['shrinkage']:.3g}" if lin.get("shrinkage") is not None
-                                             else "") + f"; default head: {fs.get('default_head') or 'kernel'}")
+                     + (f"zero-shot logits + {lin['alpha']:g}·LDA logits" if lin.get("alpha") is not None
+                        else f"{lin.get('kind')}")
+                     + (f", shrinkage {lin['shrinkage']:.3g}" if lin.get("shrinkage") is not None else "")
+                     + f"; default head: {fs.get('default_head') or 'kernel'}")
     td = d.get("transductive")
     if td:
         if td.get("fallback"):

@@ -5,7 +5,8 @@ and returns new heads and their record (``svgen.json`` ``fewshot``); it changes 
 
 * **Kernel head**: zero-shot probabilities plus kernel ridge on their residual (:mod:`svgen.fewshot.residual`: σ and c
   on balanced held-out folds; zero-shot kept where the correction is worse there).
-* **Linear head**: shared-covariance LDA with the prototypes as prior means (:func:`svgen.fewshot.lda.fit_lda_head`).
+* **Linear head**: CLIP's zero-shot logits plus α × the shared-covariance LDA head's (:mod:`svgen.fewshot.linear`;
+  the LDA head, :func:`svgen.fewshot.lda.fit_lda_head`, has the prototypes as prior means; α on the same folds).
 * **Default head**: the higher accuracy on the same held-out shots (:func:`choose_default_head`).
 * **Temperatures**: fitted on held-out scores of the shots (:func:`temperatures`).
 """
@@ -22,6 +23,7 @@ import torch
 
 from svgen.calibration import temperatures as calibration
 from svgen.fewshot import lda as fewshot
+from svgen.fewshot import linear
 from svgen.heads import predictor
 from svgen.fewshot import residual
 from svgen.state import Calibration, Heads, KernelHead, LinearHead, TextSide
@@ -45,9 +47,12 @@ def adapt(zero_shot: Heads, shots: SupportSet, side: TextSide) -> ShotFit:
     res = residual.fit_residual_head(shots.rows.numpy(), shots.labels.numpy(), side.prototypes.numpy(), C,
                                      seed=side.config.seed)
     W, b, lchoice = fewshot.fit_lda_head(side.prototypes, shots, C)
+    lin = linear.fit_linear_head(side.prototypes, shots, C, W, b, lchoice.settings, res.folds,
+                                 None if res.loo_rows is None else np.asarray(res.loo_rows),
+                                 residual.class_subset(shots.labels.numpy(), fewshot.LDA_LOO_MAX, side.config.seed))
     wall = time.perf_counter() - t0
-    heads = Heads(kernel_head(res, zero_shot, shots, C), LinearHead(W, b))
-    default, head_choice = choose_default_head(heads, side, res, shots, lchoice)
+    heads = Heads(kernel_head(res, zero_shot, shots, C), LinearHead(lin.weight, lin.bias))
+    default, head_choice = choose_default_head(heads, side, res, shots, lin)
     counts = shots.counts(C)
     record = {
         "shots": int(counts.sum()), "classes_with_shots": int((counts > 0).sum()),
@@ -55,13 +60,14 @@ def adapt(zero_shot: Heads, shots: SupportSet, side: TextSide) -> ShotFit:
         "shots_by_class": {name: int(n) for name, n in zip(side.classes, counts) if n},
         "kernel": {"head": "zero-shot probabilities + kernel ridge on their residual" if res.adopted
                    else "zero-shot (the shots' correction was refused)", **res.record},
-        "linear": lchoice.as_dict(), "default_head": default, "head_choice": head_choice,
+        "linear": {**lchoice.as_dict(), **lin.record}, "default_head": default, "head_choice": head_choice,
         "text_bandwidth": float(zero_shot.kernel.bandwidth), "wall_time_s": wall,
     }
-    log.info("adapted to %d shots in %.2fs: kernel %s (σ=%.3g, c=%.3g), linear LDA γ=%g κ=%g (LOO error %.3f)",
+    log.info("adapted to %d shots in %.2fs: kernel %s (σ=%.3g, c=%.3g), linear LDA γ=%g κ=%g (LOO error %.3f), α=%s",
              len(shots), wall, "adapted" if res.adopted else "kept zero-shot", res.sigma, res.record["ridge_c"],
-             lchoice.settings["shrinkage"], lchoice.settings["prior_shots"], lchoice.loo_error)
-    heads.calibration = temperatures(heads, side, shots, res, lchoice)
+             lchoice.settings["shrinkage"], lchoice.settings["prior_shots"], lchoice.loo_error,
+             lin.record.get("alpha", "none (LDA alone)"))
+    heads.calibration = temperatures(heads, side, shots, res, lin)
     return ShotFit(heads, record)
 
 
@@ -79,31 +85,23 @@ def kernel_head(res, zero_shot: Heads, shots: SupportSet, n_classes: int) -> Ker
                       torch.cat([z.votes.float(), torch.zeros(len(shots), n_classes)]), rows.labels, rows.source)
 
 
-def choose_default_head(heads: Heads, side: TextSide, res, shots: SupportSet, lchoice) -> tuple:
+def choose_default_head(heads: Heads, side: TextSide, res, shots: SupportSet, lin) -> tuple:
     """("kernel" | "linear", record): the head ``classify``, ``eval``, ``export`` and ``predict`` use.
 
     Both heads are compared on the same held-out shots (the balanced folds of :mod:`svgen.fewshot.residual`, each head
-    refitted without the fold at its chosen settings, as it will be deployed) and the higher held-out accuracy
-    wins; a tie keeps the kernel head (which is the zero-shot head when the correction was refused). Where the
-    kernel head's settings were chosen on a subset of whole classes (:data:`svgen.fewshot.residual.SELECT_MAX`), the LDA
-    head is refitted on the same subset's shots, so both are scored on the same problem (the other classes
-    without shots in both). With one shot per class there are no folds: the kernel head."""
+    refitted without the fold at its chosen settings, as it will be deployed: ``lin`` holds the linear head's,
+    :func:`svgen.fewshot.linear.fit_linear_head`) and the higher held-out accuracy wins; a tie keeps the kernel head
+    (which is the zero-shot head when the correction was refused). Where the kernel head's settings were chosen on
+    a subset of whole classes (:data:`svgen.fewshot.residual.SELECT_MAX`), the LDA part is refitted on the same
+    subset's shots, so both are scored on the same problem (the other classes without shots in both). With one shot
+    per class there are no folds: the kernel head."""
     if res.folds is None:
         return "kernel", {"rule": "one shot per class: no held-out shots to compare the heads on; kernel"}
-    X, y = shots.rows.double(), shots.labels
-    m = fewshot.prior_means(side.prototypes, X)
+    y = shots.labels
     rows = np.concatenate(res.folds)
-    pool = np.arange(len(y)) if res.loo_rows is None else np.asarray(res.loo_rows)
-    lin_ok = []
-    kernel_held = dict(zip(res.held_rows.tolist(), res.held_scores.argmax(axis=1).tolist()))
-    eq = lchoice.settings.get("means") == "equal Mahalanobis radius"
-    for held in res.folds:
-        keep = torch.from_numpy(np.setdiff1d(pool, held))
-        W, b = fewshot.lda_head_weights(X[keep], y[keep], m, lchoice.settings["shrinkage"],
-                                        lchoice.settings["prior_shots"], equal_radius=eq)
-        lin_ok.append(((X[held] @ W.T + b).argmax(dim=1) == y[held]).numpy())
-    lin_ok = np.concatenate(lin_ok).astype(float)
     truth = y.numpy()[rows]
+    lin_ok = (lin.held_logits.argmax(axis=1) == truth).astype(float)
+    kernel_held = dict(zip(res.held_rows.tolist(), res.held_scores.argmax(axis=1).tolist()))
     if res.adopted:
         ker_ok = np.array([kernel_held[r] for r in rows.tolist()]) == truth
     else:   # the kernel head is the zero-shot one: its predictions need no refit
@@ -114,32 +112,29 @@ def choose_default_head(heads: Heads, side: TextSide, res, shots: SupportSet, lc
     head = "linear" if d.mean() > 0 else "kernel"
     return head, {"kernel_held_out_accuracy": float(ker_ok.mean()), "linear_held_out_accuracy": float(lin_ok.mean()),
                   "linear_minus_kernel": float(d.mean()), "standard_error": se, "shots_compared": int(len(d)),
-                  "classes_compared": "all" if res.loo_rows is None else int(np.unique(y.numpy()[pool]).size),
+                  "classes_compared": "all" if res.loo_rows is None else int(np.unique(y.numpy()[res.loo_rows]).size),
                   "rule": "the higher accuracy on the held-out shots (balanced folds, both heads refitted without "
                           "each fold on the same classes' shots); a tie keeps the kernel head"}
 
 
-def temperatures(heads: Heads, side: TextSide, shots: SupportSet, res, lchoice) -> Calibration:
-    """The kernel and linear heads' temperatures fitted by leave-one-out NLL on the shots
+def temperatures(heads: Heads, side: TextSide, shots: SupportSet, res, lin) -> Calibration:
+    """The kernel and linear heads' temperatures fitted by NLL on held-out scores of the shots
     (:func:`svgen.calibration.temperatures.loo_temperatures`); the cosine head keeps CLIP's scale (T = 1).
 
-    An adapted kernel head's kind of logits and T come from its balanced folds' held-out scores (the predictor
-    as deployed, refitted without each fold at the chosen settings: the evidence its settings were chosen on),
-    through :func:`svgen.calibration.temperatures.choose_kernel_logits`. Exact LOO scores (:func:`svgen.fewshot.residual.loo_scores`)
-    leave the held-out image's class one shot short of every other class; at 2 shots a class with one shot
-    against classes with two, a softer T than the deployed head needs (dev data, 2 shots: query NLL 0.01–0.07
-    lower with the folds' T). With one shot per class there are no folds: the LOO scores, which describe images
-    of a class without shots. A refused correction keeps the zero-shot kernel head with the text rule. The text
-    rule's temperatures are recorded next to them for comparison."""
-    C = side.n_classes
+    The linear head's T comes from its exact leave-one-out logits (:class:`svgen.fewshot.linear.LinearFit`: the
+    deployed head's LDA part left out shot by shot; a fold's LDA head can differ from the deployed one, at 2
+    shots per class by having no within-class scatter). An adapted kernel head's kind of logits and T come from its
+    balanced folds' held-out scores (the predictor as deployed, refitted without each fold at the chosen settings:
+    the evidence its settings were chosen on), through :func:`svgen.calibration.temperatures.choose_kernel_logits`.
+    Exact LOO scores (:func:`svgen.fewshot.residual.loo_scores`) leave the held-out image's class one shot short of
+    every other class; at 2 shots a class with one shot against classes with two, a softer T than the deployed
+    kernel head needs (dev data, 2 shots: query NLL 0.01–0.07 lower with the folds' T). With one shot per class
+    there are no folds: the LOO scores, which describe images of a class without shots. A refused correction keeps
+    the zero-shot kernel head with the text rule. The text rule's temperatures are recorded next to them."""
     text_cal = predictor.text_calibration(heads, side.prototypes, side.per_template, side.config.kernel)
     text_temps = dict(text_cal.temperatures)
     y = shots.labels.numpy()
-    sub = residual.class_subset(y, fewshot.LDA_LOO_MAX, side.config.seed)   # T from whole classes' shots
-    lin = calibration.lda_loo_logits(side.prototypes, shots, C, lchoice.settings["shrinkage"],
-                                     lchoice.settings["prior_shots"],
-                                     equal_radius=lchoice.settings.get("means") == "equal Mahalanobis radius", rows=sub)
-    fit = calibration.loo_temperatures({"linear": lin}, y if sub is None else y[sub], fallback=text_temps)
+    fit = calibration.loo_temperatures({"linear": lin.loo_logits}, lin.loo_labels, fallback=text_temps)
     temps, loo, kind, choice, evidence = dict(fit["temperatures"]), dict(fit["loo"]), None, None, {}
     if res.adopted and (res.held_scores is not None or res.loo_scores is not None):
         # the kind and T by the guarded NLL (both kinds) on the balanced folds' held-out scores (the deployed

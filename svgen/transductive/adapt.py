@@ -84,13 +84,13 @@ def _adopt_stacked(stage: Stage, side: TextSide, U, strength, progress, check: d
     ``a·(x̂ W_Gᵀ + b_G) + b·(x̂ W0ᵀ + b0)`` (the pool's Gaussian log-likelihood and the inductive LDA head, (a, b)
     by held-out NLL, :func:`svgen.transductive.gate.fit_stack`) at T = 1; it becomes the default head. The kernel head
     stays the inductive one."""
-    W0, b0 = stage.heads.linear.weight, stage.heads.linear.bias
     fit = transduce(stage, side, U, strength, progress)
     if fit.record.get("fallback"):
         return refused(stage, side, U, fit.record)
+    W0, b0 = fit.prior_linear.weight, fit.prior_linear.bias   # the inductive LDA head (or LDA part) it continued
     WG, bG = pool_gate.pool_parts(fit.record, fit.heads.linear, W0, b0)
     a, b = check["stack"]["gaussian"], check["stack"]["inductive_linear"]
-    if b is None:   # the transduction's own posterior weight β·t (a = 1: the posterior head itself)
+    if b is None:   # the transduction's own posterior head (a = 1)
         b = float(fit.record["prior_strength"]) * float(fit.record["linear_prior_temperature"])
     fit.heads.linear = LinearHead((a * WG + b * W0.double()).float(), (a * bG + b * b0.double()).float())
     fit.heads.calibration = predictor.with_temperatures(

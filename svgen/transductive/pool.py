@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from svgen.fewshot import lda as fewshot
+from svgen.fewshot import linear as linear_head
 from svgen.heads import predictor
 from svgen.transductive import solve as td
 from svgen.heads.scoring import CLIP_LOGIT_SCALE, kernel_scores, krr_vote_weights
@@ -63,6 +64,7 @@ class PoolFit:
     record: dict
     labels: Optional[torch.Tensor] = None
     inductive: Optional[Heads] = None
+    prior_linear: Optional[LinearHead] = None   # the linear head the solve continued: ``linear = W_G + β·t·prior_linear``
 
 
 def lda_loo_temperature(heads: Heads):
@@ -91,24 +93,33 @@ def transduce(stage: Stage, side: TextSide, U: torch.Tensor, strength: Optional[
         log.info("transductive: %s", reason)
         return PoolFit(heads, {"pool": N, "fallback": reason, "prior_head": head})
     t0 = time.perf_counter()
-    prior = predictor.scores_in_blocks(heads, P, kind, U, head)
+    shots = stage.shots if stage.fewshot is not None else None
+    fitted = shots is not None and bool((shots.counts(C) > 1).any())
+    # with shots the linear head may be zero-shot logits + α·LDA logits (svgen.fewshot.linear): the solve continues
+    # its LDA part, the Gaussian class model
+    part = linear_head.lda_part(P, shots, C, stage.fewshot.get("linear")) if fitted else None
+    prior_linear = heads.linear if part is None else LinearHead(part[0], part[1])
+    lin_heads = heads if part is None else Heads(heads.kernel, prior_linear, heads.calibration)
+    prior = predictor.scores_in_blocks(lin_heads, P, kind, U, head)
     timings = {"prior_scores": time.perf_counter() - t0}
     with torch.no_grad():
         cal = U[td.calibration_rows(N)]
         target = td._entropy(CLIP_LOGIT_SCALE * cal @ F.normalize(P.float(), dim=-1).T)
-        lin = predictor.scores_in_blocks(heads, P, kind, U, "linear")
-        shots = stage.shots if stage.fewshot is not None else None
+        lin = predictor.scores_in_blocks(lin_heads, P, kind, U, "linear")
         # with a within-class scatter the LDA head's Σ is fitted on the shots and its logits are log-likelihood
         # ratios of that Gaussian model: both are used as they are; otherwise (zero-shot, or one shot per class,
         # Σ = I) the prior's scale is calibrated without labels
-        fitted = shots is not None and bool((shots.counts(C) > 1).any())
         precision = None
         if fitted:
             Sigma = fewshot.lda_covariance(shots.rows.double(), shots.labels, C,
                                            float(stage.fewshot["linear"]["shrinkage"]))
             precision = torch.linalg.inv(Sigma).float()
             t_prior = t_lin = 1.0
-            t_post, t_post_source = lda_loo_temperature(heads)
+            if part is None:
+                t_post, t_post_source = lda_loo_temperature(heads)
+            else:
+                t_post, t_post_source = ((part[2], "the LDA part's leave-one-out NLL temperature on the shots")
+                                         if part[3] else (1.0, "1 (the LDA part's temperature was not fitted)"))
         else:
             t_prior, t_lin = td.match_entropy(prior, target), td.match_entropy(lin, target)
             t_post, t_post_source = 1.0, "1 (no class model fitted on labels)"
@@ -130,8 +141,8 @@ def transduce(stage: Stage, side: TextSide, U: torch.Tensor, strength: Optional[
     ic = heads.calibration
     inductive_calibration = {"temperatures": dict(ic.temperatures), "kernel_logits": ic.kernel_logits,
                              "calibration": json.loads(json.dumps(ic.record))}
-    new = Heads(heads.kernel, LinearHead(res.weight + beta * t_lin * heads.linear.weight.float(),
-                                         res.bias + beta * t_lin * heads.linear.bias.float()), ic)
+    new = Heads(heads.kernel, LinearHead(res.weight + beta * t_lin * prior_linear.weight.float(),
+                                         res.bias + beta * t_lin * prior_linear.bias.float()), ic)
     t1 = time.perf_counter()
     with torch.no_grad():
         if shots is not None:
@@ -170,7 +181,7 @@ def transduce(stage: Stage, side: TextSide, U: torch.Tensor, strength: Optional[
               "inductive_calibration": inductive_calibration}
     log.info("transductive: %d images, β=%.3g, %d rounds, %.1f%% of the pool relabelled from the prior, %.2fs",
              N, beta, res.info["rounds"], 100 * res.info["changed_from_prior"], record["wall_time_s"])
-    return PoolFit(new, record, labels, heads)
+    return PoolFit(new, record, labels, heads, prior_linear)
 
 
 def text_votes(zero_shot: Heads, side: TextSide, support: SupportSet):

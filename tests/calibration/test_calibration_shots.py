@@ -85,13 +85,19 @@ def test_adapt_fits_each_heads_temperature_by_loo_nll(adapted, tmp_path):
     zk, yk = (sel["loo"], y) if sel["one_shot"] else (sel["held_out_scores"], y[sel["held_out_rows"]])
     assert cal["kernel_evidence"] == ("leave-one-out" if sel["one_shot"] else "balanced folds")
     z = {"kernel": calibration.head_logits(torch.from_numpy(zk), "kernel", clf.kernel_logits_).numpy()}
-    z = {**z,
-         "linear": calibration.lda_loo_logits(clf.prototypes_, shots, C, clf.fewshot_["linear"]["shrinkage"],
-                                              clf.fewshot_["linear"]["prior_shots"],
-                                              equal_radius=clf.fewshot_["linear"]["means"] == "equal Mahalanobis radius"
-                                              ).numpy()}
-    assert clf.fewshot_["linear"]["means"] == "equal Mahalanobis radius"      # the default head
-    labels = {"kernel": yk, "linear": y}
+    lin = clf.fewshot_["linear"]
+    assert lin["means"] == "equal Mahalanobis radius"      # the default head
+    # the linear head: its exact leave-one-out logits, zero-shot logits + α·s·(LDA refitted without each shot)
+    zl = calibration.lda_loo_logits(clf.prototypes_, shots, C, lin["shrinkage"], lin["prior_shots"],
+                                    equal_radius=True).numpy()
+    if not sel["one_shot"]:
+        Pn = torch.nn.functional.normalize(clf.prototypes_.double(), dim=-1)
+        zl = (100.0 * shots.rows.double() @ Pn.T).numpy() + lin["alpha"] * lin["scale"] * zl
+    else:
+        assert lin["form"] == "lda"
+    yl = y
+    z = {**z, "linear": zl}
+    labels = {"kernel": yk, "linear": yl}
     for head, zh in z.items():
         y = labels[head]
         if not cal["loo"][head]["fitted"]:        # every shot ranked first: the text rule's T is kept

@@ -137,7 +137,7 @@ def test_zero_shot_pool_with_real_structure_is_kept(tmp_path):
 
 
 def test_pool_with_shots_stacked_head_formula():
-    """With shots, a kept pool deploys ``a·G + b·LDA``: recomputed from the transduction's parts."""
+    """With shots, a kept pool deploys ``a·G + b·(inductive LDA logits)``: recomputed from the transduction's parts."""
     protos, U, yu, X, ys = _world(7, 1.6, 30, 0.5, shots_per_class=8, shot_noise=1.5)
     clf = SVGClassifier(n_support=2, steps=5, seed=0).fit(protos).adapt(X, ys)
     W0, b0 = clf.linear_weight_.clone(), clf.linear_bias_.clone()
@@ -154,9 +154,24 @@ def test_pool_with_shots_stacked_head_formula():
     from svgen.transductive.pool import transduce
 
     pool = transduce(ref._stage(), ref._side(), torch.nn.functional.normalize(torch.as_tensor(U), dim=-1))
-    WG = pool.heads.linear.weight.double() - k * W0.double()
-    bG = pool.heads.linear.bias.double() - k * b0.double()
-    want = torch.as_tensor(U).double() @ (a * WG + b * W0.double()).T + (a * bG + b * b0.double())
+    # the solve continued the LDA part of the inductive linear head (zero-shot logits + α·s·LDA logits,
+    # svgen.fewshot.linear), refitted here from the shots at the recorded settings
+    from svgen.core.support import IMAGE
+    from svgen.fewshot.lda import lda_head_weights, prior_means
+
+    rec = ref.fewshot_["linear"]
+    assert rec["form"] != "lda" and rec["alpha"] > 0
+    Xd, ylab = ref.support_set_.part(IMAGE).rows.double(), ref.support_set_.part(IMAGE).labels
+    Wl, bl = lda_head_weights(Xd, ylab, prior_means(ref.prototypes_, Xd), rec["shrinkage"], rec["prior_shots"],
+                              equal_radius=True)
+    Pn = torch.nn.functional.normalize(ref.prototypes_.double(), dim=-1)
+    np.testing.assert_allclose(W0.double(), 100.0 * Pn + rec["alpha"] * rec["scale"] * Wl, rtol=1e-4, atol=1e-4)
+    WG = pool.heads.linear.weight.double() - k * Wl.float().double()
+    bG = pool.heads.linear.bias.double() - k * bl.float().double()
+    # the stack mixes the pool's Gaussian part with that same LDA part (the same model at a fold's scale and the
+    # deployed one), not with the zero-shot + LDA head itself
+    want = (torch.as_tensor(U).double() @ (a * WG + b * Wl.float().double()).T
+            + (a * bG + b * bl.float().double()))
     np.testing.assert_allclose(clf.decision_function(U, "linear"), want.numpy(), rtol=1e-4, atol=1e-4)
     assert clf.default_head_ == "linear" and clf.temperatures_["linear"] == 1.0
     np.testing.assert_array_equal(clf.decision_function(U, "kernel"), K0)          # the kernel head stays

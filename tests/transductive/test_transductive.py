@@ -128,13 +128,14 @@ def test_infinite_prior_strength_is_the_inductive_prediction(data):
     assert torch.equal(res.labels.argmax(1), L0.argmax(1))
     assert res.info["changed_from_prior"] == 0
     # and in the classifier's transduction (before the pool check decides what is kept): the posterior linear
-    # head predicts as the inductive one
+    # head predicts as the linear head the solve continued (the LDA part of the inductive one)
     clf = SVGClassifier(n_support=2, steps=5, seed=0).fit(data["protos"]).adapt(data["X"], data["ys"])
     q = data["U"]
-    before = clf.decision_function(q, "linear").argmax(1)
     from svgen.transductive.pool import transduce
 
     pool = transduce(clf._stage(), clf._side(), torch.nn.functional.normalize(torch.as_tensor(q), dim=-1), strength=1e7)
+    qn = torch.nn.functional.normalize(torch.as_tensor(q), dim=-1)
+    before = (qn @ pool.prior_linear.weight.T + pool.prior_linear.bias).argmax(1).numpy()
     after = predictor.scores(pool.heads, clf.prototypes_, "rbf", torch.as_tensor(q), "linear")
     assert np.array_equal(after.argmax(1).numpy(), before)
     assert np.array_equal(pool.labels.argmax(1).numpy(), before)
@@ -224,8 +225,11 @@ def test_posterior_temperature_is_the_lda_heads_loo_temperature(gate_open):
     ys = np.repeat(np.arange(C), 4)
     X = _unit(centres[ys] + 1.6 * rng.normal(size=(len(ys), D)) / np.sqrt(D)).astype(np.float32)
     clf = SVGClassifier(n_support=2, steps=5, seed=0).fit(protos).adapt(X, ys)
-    assert clf.calibration_["loo"]["linear"]["fitted"]          # the shots do not all rank first when left out
-    T = clf.temperatures_["linear"]
+    # the linear head is zero-shot logits + α·s·LDA logits; the solve continues its LDA part, at that part's own
+    # leave-one-out temperature (recorded with the head)
+    lin = clf.fewshot_["linear"]
+    assert lin["form"] != "lda" and lin["lda_temperature_fitted"]   # the shots do not all rank first when left out
+    T = lin["lda_temperature"]
     assert T != 1.0
     seen = []
     real = td.transduce

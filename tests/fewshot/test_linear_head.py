@@ -1,0 +1,124 @@
+"""The linear head with shots (svgen.fewshot.linear): zero-shot logits + α·s·LDA logits, α on the balanced folds.
+Each number is checked against a brute-force recomputation from the formulas (refits without each fold, the
+spread ratio by a second formula, the deployed head against the two terms computed apart)."""
+
+import numpy as np
+import pytest
+import torch
+
+from svgen import SVGClassifier
+from svgen.core.support import IMAGE
+from svgen.fewshot import linear, residual
+from svgen.fewshot.lda import fit_lda_head, lda_covariance, lda_head_weights, prior_means
+
+C, D = 6, 24
+
+
+def _problem(per_class, seed=0, noise=1.0):
+    rng = np.random.default_rng(seed)
+    centres = rng.normal(size=(C, D))
+    protos = (centres[:, None, :] + 0.7 * rng.normal(size=(C, 3, D))).astype(np.float32)   # a noisy text prior
+    y = np.repeat(np.arange(C), per_class)
+    X = (centres[y] + noise * rng.normal(size=(len(y), D))).astype(np.float32)
+    q = np.repeat(np.arange(C), 5)
+    Q = (centres[q] + noise * rng.normal(size=(len(q), D))).astype(np.float32)
+    return protos, X, y, Q
+
+
+def _tau(X, y):
+    """The LDA shrinkage target tr S_w/(df·D) on all shots (leave-one-out holds it fixed)."""
+    S = lda_covariance(X, y, C, 0.0)
+    t = float(torch.diagonal(S).sum()) / X.shape[1]
+    return t if t > 0 else 1.0
+
+
+def _unit(a):
+    a = np.asarray(a, dtype=np.float64)
+    return a / np.linalg.norm(a, axis=1, keepdims=True)
+
+
+@pytest.mark.parametrize("per_class", [2, 4])
+def test_alpha_is_the_best_held_out_accuracy_and_the_head_is_the_two_terms(per_class):
+    protos, X, y, Q = _problem(per_class, noise=1.2)
+    clf = SVGClassifier(n_support=2, steps=5, seed=0).fit(protos).adapt(X, y)
+    rec = clf.fewshot_["linear"]
+    shots = clf.support_set_.part(IMAGE)
+    Xd, yt = shots.rows.double(), shots.labels
+    P = clf.prototypes_
+    Pn = _unit(P.numpy())
+    # the LDA head on all shots at the recorded (γ, κ), as fit_lda_head gives it
+    W_lda, b_lda, choice = fit_lda_head(P, shots, C)
+    assert choice.settings["shrinkage"] == rec["shrinkage"] and choice.settings["prior_shots"] == rec["prior_shots"]
+    Xn = Xd.numpy()
+    Z_all = 100.0 * Xn @ Pn.T
+    # α: brute force over the grid on the kernel head's balanced folds, LDA refitted without each fold
+    folds = residual.balanced_folds(shots.labels.numpy(), 0)
+    m = prior_means(P, Xd)
+    held = np.concatenate(folds)
+    L_held = []
+    for f in folds:
+        keep = torch.from_numpy(np.setdiff1d(np.arange(len(yt)), f))
+        W, b = lda_head_weights(Xd[keep], yt[keep], m, rec["shrinkage"], rec["prior_shots"], equal_radius=True)
+        L_held.append((Xd[f] @ W.T + b).numpy())
+    L_held = np.concatenate(L_held)
+    Z_held = 100.0 * Xn[held] @ Pn.T
+    # s by a second formula, on the held-out shots: root mean square of the class-centred logits
+    rms = lambda A: np.sqrt(np.mean((A - A.mean(axis=1, keepdims=True)) ** 2))
+    assert rec["fold_scale"] == pytest.approx(rms(Z_held) / rms(L_held), rel=1e-6)
+    # the deployed head's scale: on its exact leave-one-out logits (refits without each shot)
+    L_loo = np.stack([(Xd[i] @ W.T + b).numpy() for i in range(len(yt))
+                      for W, b in [lda_head_weights(Xd[torch.arange(len(yt)) != i], yt[torch.arange(len(yt)) != i], m,
+                                                    rec["shrinkage"], rec["prior_shots"], equal_radius=True,
+                                                    centre=Xd.mean(0), tau=_tau(Xd, yt))]])
+    assert rec["scale"] == pytest.approx(rms(Z_all) / rms(L_loo), rel=1e-6)
+    # the LDA part's own temperature (the pool's transduction continues it): the minimiser of its LOO NLL
+    from scipy import optimize
+
+    def nll(log_t):
+        a = L_loo / np.exp(log_t)
+        a = a - a.max(axis=1, keepdims=True)
+        return float(-(a[np.arange(len(yt)), yt.numpy()] - np.log(np.exp(a).sum(axis=1))).mean())
+
+    best = optimize.minimize_scalar(nll, bounds=(-20, 20), method="bounded", options={"xatol": 1e-10})
+    assert rec["lda_temperature_fitted"] and rec["lda_temperature"] == pytest.approx(float(np.exp(best.x)), rel=1e-3)
+    accs = [float(((Z_held + a * rec["fold_scale"] * L_held).argmax(1) == yt.numpy()[held]).mean()) for a in linear.ALPHAS]
+    assert rec["alpha"] == linear.ALPHAS[int(np.argmax(accs))]          # the first best: ties to the smaller α
+    assert rec["held_out_accuracy"] == pytest.approx(max(accs))
+    assert rec["zero_shot_held_out_accuracy"] == pytest.approx(accs[0])
+    assert clf.fewshot_["head_choice"]["linear_held_out_accuracy"] == pytest.approx(max(accs))
+    # the deployed head is one matrix equal to the two terms computed apart
+    Qn = _unit(Q)
+    want = 100.0 * Qn @ Pn.T + rec["alpha"] * rec["scale"] * (Qn @ W_lda.double().numpy().T + b_lda.double().numpy())
+    got = np.asarray(clf.decision_function(Q, head="linear"), dtype=np.float64)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
+
+
+def test_a_text_prior_already_right_on_every_shot_keeps_the_zero_shot_head():
+    """Zero-shot ranks every held-out shot first, so no α > 0 does better: the tie goes to α = 0, and the linear
+    head is CLIP's cosine head exactly (zero-shot is a candidate)."""
+    protos, X, y, Q = _problem(4, seed=3, noise=0.05)
+    protos = np.repeat(protos[:, :1, :], 3, axis=1)      # every template the same text row
+    rng = np.random.default_rng(5)
+    X = (np.asarray(protos[:, 0])[y] + 0.05 * rng.normal(size=X.shape)).astype(np.float32)
+    clf = SVGClassifier(n_support=2, steps=5, seed=0).fit(protos).adapt(X, y)
+    rec = clf.fewshot_["linear"]
+    assert rec["zero_shot_held_out_accuracy"] == 1.0 and rec["alpha"] == 0.0
+    np.testing.assert_allclose(np.asarray(clf.decision_function(Q, head="linear")),
+                               np.asarray(clf.decision_function(Q, head="cosine")), rtol=1e-5, atol=1e-3)
+
+
+def test_one_shot_per_class_keeps_the_lda_head_alone():
+    protos, X, y, Q = _problem(1)
+    clf = SVGClassifier(n_support=2, steps=5, seed=0).fit(protos).adapt(X, y)
+    rec = clf.fewshot_["linear"]
+    assert rec["form"] == "lda" and "alpha" not in rec
+    W, b, _ = fit_lda_head(clf.prototypes_, clf.support_set_.part(IMAGE), C)
+    np.testing.assert_allclose(clf.heads_.linear.weight.numpy(), W.numpy(), rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(clf.heads_.linear.bias.numpy(), b.numpy(), rtol=1e-6, atol=1e-7)
+
+
+def test_spread_ratio_is_scale_equivariant():
+    rng = np.random.default_rng(0)
+    Z, L = rng.normal(size=(9, 4)), rng.normal(size=(9, 4))
+    assert linear.spread_ratio(3.0 * Z, L) == pytest.approx(3.0 * linear.spread_ratio(Z, L))
+    assert linear.spread_ratio(Z, 2.0 * L + 5.0) == pytest.approx(linear.spread_ratio(Z, L) / 2.0)
