@@ -12,10 +12,14 @@ shots with the fit's own rules — and the held-out shots join the pool *unlabel
 queries a user classifies. Both predictors, inductive and pool-adapted, are then scored on the
 held-out shots (every shot is held out once):
 
-* the candidate is a *stacked linear head*, ``a·(x̂ W_Gᵀ + b_G) + b·(x̂ W0ᵀ + b0)``: the pool's Gaussian
-  log-likelihood (the class model the transduction solved) and the inductive LDA head, with (a, b) ≥ 0
-  minimising the NLL of held-out shots (:func:`fit_stack`; convex; a = 0 is the LDA head alone). For the
-  check, each fold's (a, b) comes from the other fold's held-out shots (cross-fitted);
+* the candidate is a *stacked linear head*, ``a·(x̂ W_Gᵀ + b_G) + b·(x̂ W0ᵀ + b0) + c·100·x̂P̂ᵀ``: the pool's
+  Gaussian log-likelihood (the class model the transduction solved), the inductive LDA head (the one the
+  solve continued) and CLIP's zero-shot logits, with (a, b, c) ≥ 0 minimising the NLL of held-out shots
+  (:func:`fit_stack`; convex; a = c = 0 is the LDA head alone). The zero-shot logits do not depend on the
+  shots, so their weight carries over from a check's half of the shots to all of them (without them, the
+  stack could only fall back on the LDA head where the deployed linear head is zero-shot + LDA: fgvc at
+  4 shots then kept a pool that cost 1.0 point of top-5 on the queries). For the check, each fold's weights
+  come from the other fold's held-out shots (cross-fitted);
 * it is kept only if its top-1 accuracy on the held-out shots is above the inductive default head's by
   more than one standard error of the paired difference, and its top-5 accuracy and NLL are not worse by
   more than one (:func:`paired_gate`). Then it is the deployed (default) head, at T = 1, with (a, b) fitted
@@ -46,6 +50,7 @@ import torch.nn.functional as F
 
 from svgen.calibration import temperatures as calibration
 from svgen.heads import predictor
+from svgen.heads.scoring import cosine_logits
 from svgen.fewshot import adapt as shot_adapt
 from svgen.transductive.pool import Stage, transduce
 from svgen.state import TextSide
@@ -128,33 +133,36 @@ def replication_gate(agree_pool: np.ndarray, agree_ind: np.ndarray, agree5_pool:
                     "that class not less often by more than 1 SE (paired, both directions)"}
 
 
-def fit_stack(g: np.ndarray, z: np.ndarray, y: np.ndarray) -> tuple:
-    """(a, b) ≥ 0 minimising the mean NLL of ``softmax(a·g + b·z)`` on labelled rows: how much of the pool's
-    Gaussian log-likelihood ``g`` and of the inductive linear head's logits ``z`` the deployed head takes.
-    Convex in (a, b) (a softmax of a linear function of them); ``a = 0`` is the inductive head alone."""
+def fit_stack(parts, y: np.ndarray) -> tuple:
+    """Weights ``w ≥ 0`` minimising the mean NLL of ``softmax(Σ_k w_k·parts[k])`` on labelled rows: how much of each
+    N×C logit matrix the deployed head takes (the pool's Gaussian log-likelihood, the inductive LDA logits, CLIP's
+    zero-shot logits). Convex in ``w`` (a softmax of a linear function of it); the start is the second part
+    alone (the inductive LDA head)."""
     from scipy.optimize import minimize
 
-    g, z = np.asarray(g, dtype=np.float64), np.asarray(z, dtype=np.float64)
-    sg, sz = float(g.std()) or 1.0, float(z.std()) or 1.0      # conditioning: unit-scale features
-    g, z = g / sg, z / sz
+    feats = [np.asarray(f, dtype=np.float64) for f in parts]
+    scales = [float(f.std()) or 1.0 for f in feats]          # conditioning: unit-scale features
+    feats = [f / sc for f, sc in zip(feats, scales)]
     rows = np.arange(len(y))
 
     def nll(theta):
-        L = theta[0] * g + theta[1] * z
+        L = sum(t * f for t, f in zip(theta, feats))
         L = L - L.max(axis=1, keepdims=True)
         lse = np.log(np.exp(L).sum(axis=1))
         p = np.exp(L - lse[:, None])
-        grad = [float(((p * f).sum(axis=1) - f[rows, y]).mean()) for f in (g, z)]
+        grad = [float(((p * f).sum(axis=1) - f[rows, y]).mean()) for f in feats]
         return float((lse - L[rows, y]).mean()), np.array(grad)
 
-    res = minimize(nll, x0=np.array([0.0, 1.0]), jac=True, method="L-BFGS-B", bounds=[(0.0, None), (0.0, None)])
-    return float(res.x[0] / sg), float(res.x[1] / sz)
+    x0 = np.zeros(len(feats))
+    x0[min(1, len(feats) - 1)] = 1.0
+    res = minimize(nll, x0=x0, jac=True, method="L-BFGS-B", bounds=[(0.0, None)] * len(feats))
+    return tuple(float(t / sc) for t, sc in zip(res.x, scales))
 
 
-def stacked_probs(g, z, a: float, b: float) -> np.ndarray:
-    """``softmax(a·g + b·z)``: the stacked head's probabilities (its T is 1)."""
-    return calibration.softmax(torch.as_tensor(a * np.asarray(g, dtype=np.float64) + b * np.asarray(z, dtype=np.float64)),
-                               1.0).numpy()
+def stacked_probs(parts, weights) -> np.ndarray:
+    """``softmax(Σ_k w_k·parts[k])``: the stacked head's probabilities (its T is 1)."""
+    L = sum(w * np.asarray(f, dtype=np.float64) for w, f in zip(weights, parts))
+    return calibration.softmax(torch.as_tensor(L), 1.0).numpy()
 
 
 def pool_parts(record: dict, linear, W0: torch.Tensor, b0: torch.Tensor):
@@ -177,7 +185,7 @@ def _steps(items, progress: bool, what: str):
 def check_with_shots(stage: Stage, side: TextSide, U: torch.Tensor, strength: Optional[float],
                      progress: bool = False) -> dict:
     """:func:`paired_gate` on held-out shots made pool members (see the module text). The candidate is the
-    stacked linear head ``a·(pool Gaussian log-likelihood) + b·(inductive LDA logits)``, (a, b) by
+    stacked linear head ``a·(pool Gaussian log-likelihood) + b·(inductive LDA logits) + c·(zero-shot logits)``, by
     :func:`fit_stack` on the other fold's held-out shots (cross-fitted), against the inductive default head. The
     LDA logits are those of the LDA head the solve continued (the inductive linear head, or its LDA part when it
     is zero-shot logits + α·LDA logits, :func:`svgen.fewshot.linear.lda_part`): the same model at the fold's
@@ -207,13 +215,14 @@ def check_with_shots(stage: Stage, side: TextSide, U: torch.Tensor, strength: Op
             WG, bG = pool_parts(pool.record, pool.heads.linear, W0, b0)
             g = (Xh.double() @ WG.T + bG).numpy()
             z = (Xh.double() @ W0.double().T + b0.double()).numpy()
-        parts.append((held, p_ind, g, z))
-    stacks = [fit_stack(parts[1 - f][2], parts[1 - f][3], y[parts[1 - f][0]]) for f in (0, 1)]
-    p_pool = np.concatenate([stacked_probs(g, z, *stacks[f]) for f, (_, _, g, z) in enumerate(parts)])
+            t = cosine_logits(Xh.double(), side.prototypes.double()).numpy()
+        parts.append((held, p_ind, (g, z, t)))
+    stacks = [fit_stack(parts[1 - f][2], y[parts[1 - f][0]]) for f in (0, 1)]
+    p_pool = np.concatenate([stacked_probs(feats, stacks[f]) for f, (_, _, feats) in enumerate(parts)])
     rows = np.concatenate([p[0] for p in parts])
     gate = paired_gate(np.concatenate([p[1] for p in parts]), p_pool, y[rows])
-    a, b = fit_stack(np.concatenate([p[2] for p in parts]), np.concatenate([p[3] for p in parts]), y[rows])
-    gate.update({**base, "stack": {"gaussian": a, "inductive_linear": b, "cross_fitted": stacks}})
+    a, b, c = fit_stack([np.concatenate([p[2][k] for p in parts]) for k in range(3)], y[rows])
+    gate.update({**base, "stack": {"gaussian": a, "inductive_linear": b, "zero_shot": c, "cross_fitted": stacks}})
     return gate
 
 

@@ -64,16 +64,16 @@ def test_paired_gate_by_hand():
 
 
 def test_fit_stack_is_the_nll_minimum():
-    """(a, b) against a brute-force grid over the same NLL, computed independently."""
+    """The weights against a brute-force grid over the same NLL, computed independently."""
     rng = np.random.default_rng(0)
     n = 300
     y = rng.integers(0, C, n)
     g = rng.normal(size=(n, C)) * 40 + 60 * np.eye(C)[y] * (rng.random(n) < 0.6)[:, None]   # informative, big scale
     z = rng.normal(size=(n, C)) + 1.5 * np.eye(C)[y]
-    a, b = pool_gate.fit_stack(g, z, y)
+    a, b = pool_gate.fit_stack([g, z], y)
 
-    def nll(a_, b_):
-        L = a_ * g + b_ * z
+    def nll(*w, parts=(g, z)):
+        L = sum(wk * f for wk, f in zip(w, parts))
         L = L - L.max(1, keepdims=True)
         return float(np.mean(np.log(np.exp(L).sum(1)) - L[np.arange(n), y]))
 
@@ -81,10 +81,19 @@ def test_fit_stack_is_the_nll_minimum():
     best = min(nll(*p) for p in grid)
     assert nll(a, b) <= best + 1e-6
     assert a > 0 and b > 0
-    np.testing.assert_allclose(pool_gate.stacked_probs(g, z, a, b).sum(1), 1.0)
+    np.testing.assert_allclose(pool_gate.stacked_probs([g, z], (a, b)).sum(1), 1.0)
     # a useless g gets (almost) no weight: the inductive head alone
-    a0, b0 = pool_gate.fit_stack(rng.normal(size=(n, C)) * 40, z, y)
+    a0, b0 = pool_gate.fit_stack([rng.normal(size=(n, C)) * 40, z], y)
     assert a0 * 40 < 0.05 and b0 > 0.5
+    # three parts (the pool check's: Gaussian, LDA, zero-shot logits): a third informative part gets weight, and
+    # the fit is at least as good as every point of a grid around it and as the two-part fit
+    t = 30 * (rng.normal(size=(n, C)) + 1.0 * np.eye(C)[y])
+    w = pool_gate.fit_stack([g, z, t], y)
+    three = lambda *v: nll(*v, parts=(g, z, t))   # noqa: E731
+    assert w[2] > 0 and three(*w) <= nll(a, b) + 1e-9
+    grid3 = [(p, q, r) for p in np.linspace(0, 3 * w[0] + 0.02, 13) for q in np.linspace(0, 3 * w[1] + 0.2, 13)
+             for r in np.linspace(0, 3 * w[2] + 0.02, 13)]
+    assert three(*w) <= min(three(*v) for v in grid3) + 1e-6
 
 
 def test_replication_gate_by_hand():
@@ -137,17 +146,18 @@ def test_zero_shot_pool_with_real_structure_is_kept(tmp_path):
 
 
 def test_pool_with_shots_stacked_head_formula():
-    """With shots, a kept pool deploys ``a·G + b·(inductive LDA logits)``: recomputed from the transduction's parts."""
+    """With shots, a kept pool deploys ``a·G + b·(inductive LDA logits) + c·(zero-shot logits)``: recomputed from the
+    transduction's parts."""
     protos, U, yu, X, ys = _world(7, 1.6, 30, 0.5, shots_per_class=8, shot_noise=1.5)
     clf = SVGClassifier(n_support=2, steps=5, seed=0).fit(protos).adapt(X, ys)
-    W0, b0 = clf.linear_weight_.clone(), clf.linear_bias_.clone()
+    W0 = clf.linear_weight_.clone()
     acc_ind = float((clf.predict(U) == np.array(clf.classes_)[yu]).mean())
     K0 = clf.decision_function(U, "kernel")
     clf.adapt(unlabelled=U)
     t = clf.transductive_
     assert t["fallback"] is None and t["check"]["evidence"] == "held-out shots as pool members"
     assert t["check"]["images"] == len(ys)
-    a, b = t["check"]["stack"]["gaussian"], t["check"]["stack"]["inductive_linear"]
+    a, b, c = (t["check"]["stack"][k] for k in ("gaussian", "inductive_linear", "zero_shot"))
     # the parts: the posterior head is W_G + β·t·W0; take the inductive part back out
     k = t["prior_strength"] * t["linear_prior_temperature"]
     ref = SVGClassifier(n_support=2, steps=5, seed=0).fit(protos).adapt(X, ys)
@@ -170,8 +180,9 @@ def test_pool_with_shots_stacked_head_formula():
     bG = pool.heads.linear.bias.double() - k * bl.float().double()
     # the stack mixes the pool's Gaussian part with that same LDA part (the same model at a fold's scale and the
     # deployed one), not with the zero-shot + LDA head itself
-    want = (torch.as_tensor(U).double() @ (a * WG + b * Wl.float().double()).T
-            + (a * bG + b * bl.float().double()))
+    Un = torch.nn.functional.normalize(torch.as_tensor(U).double(), dim=-1)
+    want = (Un @ (a * WG + b * Wl.float().double()).T + (a * bG + b * bl.float().double())
+            + c * 100.0 * Un @ Pn.T)
     np.testing.assert_allclose(clf.decision_function(U, "linear"), want.numpy(), rtol=1e-4, atol=1e-4)
     assert clf.default_head_ == "linear" and clf.temperatures_["linear"] == 1.0
     np.testing.assert_array_equal(clf.decision_function(U, "kernel"), K0)          # the kernel head stays

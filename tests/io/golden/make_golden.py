@@ -72,7 +72,7 @@ def build(name: str):
         clf.fit(text, classes=classes).adapt(X, y)
     elif name in ("v3_shots_pool_refused", "v3_shots_pool_kept"):
         X, y = images(4)
-        U, _ = images(40 if name.endswith("refused") else 80)
+        U, _ = images(10 if name.endswith("refused") else 80)
         clf.fit(text, classes=classes).adapt(X, y, unlabelled=U)
     elif name == "v3_one_shot_pool_kept":   # one shot per class: no within-class scatter, no folds
         X, y = images(1)
