@@ -90,12 +90,15 @@ def fit_linear_head(prototypes: torch.Tensor, shots, n_classes: int, W_lda: torc
     loo = calibration.lda_loo_logits(prototypes, shots, n_classes, settings["shrinkage"], settings["prior_shots"],
                                      equal_radius=eq, rows=loo_rows).numpy()
     loo_y = y.numpy() if loo_rows is None else y.numpy()[loo_rows]
-    if folds is None:
-        return LinearFit(W_lda, b_lda, {"form": "lda", "rule": "one shot per class: no held-out folds to weigh the "
-                                                              "LDA logits against the zero-shot ones; the LDA head"},
-                         loo_logits=loo, loo_labels=loo_y)
     P = torch.nn.functional.normalize(prototypes.double(), dim=-1).numpy()
     Xn = X.numpy()
+    Z_loo = logit_scale * (Xn if loo_rows is None else Xn[loo_rows]) @ P.T
+    s = spread_ratio(Z_loo, loo)
+    if folds is None:
+        return LinearFit(W_lda, b_lda, {"form": "lda", "scale": s,
+                                        "rule": "one shot per class: no held-out folds to weigh the LDA logits "
+                                                "against the zero-shot ones; the LDA head"},
+                         loo_logits=loo, loo_labels=loo_y)
     rows = np.concatenate(folds)
     L = fold_lda_logits(prototypes, X, y, folds, np.arange(len(y)) if pool is None else pool, settings)
     Z = logit_scale * Xn[rows] @ P.T
@@ -104,8 +107,6 @@ def fit_linear_head(prototypes: torch.Tensor, shots, n_classes: int, W_lda: torc
     acc = np.array([((Z + a * s_fold * L).argmax(axis=1) == truth).mean() for a in ALPHAS])
     i = int(np.argmax(acc))      # the first best: ties to the smaller α
     alpha = ALPHAS[i]
-    Z_loo = logit_scale * (Xn if loo_rows is None else Xn[loo_rows]) @ P.T
-    s = spread_ratio(Z_loo, loo)
     W = logit_scale * torch.from_numpy(P) + alpha * s * W_lda.double()
     b = alpha * s * b_lda.double()
     t_lda = calibration.loo_temperatures({"lda": loo}, loo_y, fallback={"lda": 1.0})

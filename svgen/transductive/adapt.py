@@ -17,7 +17,6 @@ import torch
 
 from svgen.transductive import gate as pool_gate
 from svgen.heads import predictor
-from svgen.heads.scoring import CLIP_LOGIT_SCALE
 from svgen.transductive import solve as td
 from svgen.transductive.pool import PoolFit, Stage, transduce
 from svgen.state import Heads, LinearHead, TextSide
@@ -32,8 +31,8 @@ def adapt(stage: Stage, side: TextSide, U: torch.Tensor, strength: Optional[floa
     """The pool ``U`` (N×D, unit rows) checked and, where the check keeps it, solved in.
 
     * With labelled shots, half of them at a time join the pool unlabelled and the predictor is rebuilt without
-      them; the stacked linear head ``a·(pool Gaussian log-likelihood) + b·(inductive LDA logits) + c·(zero-shot
-      logits)`` ((a, b, c) by held-out NLL, cross-fitted) must beat the inductive default head there (top-1 by more than 1 SE, top-5
+      them; the stacked linear head ``a·(pool Gaussian log-likelihood) + b·(inductive linear logits)`` ((a, b) by
+      held-out NLL, cross-fitted) must beat the inductive default head there (top-1 by more than 1 SE, top-5
       and NLL not worse by more than 1 SE). Kept, it is the default head at T = 1 (:func:`_adopt_stacked`);
       the kernel head stays inductive.
     * Without labels, a head adapted on one half of the pool must agree with the other half's own posterior
@@ -82,21 +81,19 @@ def refused(stage: Stage, side: TextSide, U: torch.Tensor, record: dict) -> Pool
 
 def _adopt_stacked(stage: Stage, side: TextSide, U, strength, progress, check: dict, t0: float) -> PoolFit:
     """With shots, the pool changes the linear head only, into the stacked head the check chose:
-    ``a·(x̂ W_Gᵀ + b_G) + b·(x̂ W0ᵀ + b0) + c·100·x̂P̂ᵀ`` (the pool's Gaussian log-likelihood, the inductive LDA head
-    and CLIP's zero-shot logits, (a, b, c) by held-out NLL, :func:`svgen.transductive.gate.fit_stack`) at T = 1; it becomes the default head. The kernel head
+    ``a·(x̂ W_Gᵀ + b_G) + b·(x̂ W0ᵀ + b0)`` (the pool's Gaussian log-likelihood and the inductive linear head, (a, b)
+    by held-out NLL, :func:`svgen.transductive.gate.fit_stack`) at T = 1; it becomes the default head. The kernel head
     stays the inductive one."""
     fit = transduce(stage, side, U, strength, progress)
     if fit.record.get("fallback"):
         return refused(stage, side, U, fit.record)
-    W0, b0 = fit.prior_linear.weight, fit.prior_linear.bias   # the inductive LDA head (or LDA part) it continued
-    WG, bG = pool_gate.pool_parts(fit.record, fit.heads.linear, W0, b0)
+    WG, bG = pool_gate.pool_parts(fit.record, fit.heads.linear, fit.prior_linear.weight, fit.prior_linear.bias)
     a, b = check["stack"]["gaussian"], check["stack"]["inductive_linear"]
-    c = float(check["stack"].get("zero_shot") or 0.0)   # the weight of CLIP's zero-shot logits 100·x̂P̂ᵀ
-    if b is None:   # the transduction's own posterior head (a = 1)
+    W0, b0 = stage.heads.linear.weight, stage.heads.linear.bias   # the inductive linear head
+    if b is None:   # the transduction's own posterior head (a = 1; β·t on the LDA head or part it continued)
+        W0, b0 = fit.prior_linear.weight, fit.prior_linear.bias
         b = float(fit.record["prior_strength"]) * float(fit.record["linear_prior_temperature"])
-    P = torch.nn.functional.normalize(side.prototypes.double(), dim=-1)
-    fit.heads.linear = LinearHead((a * WG + b * W0.double() + c * CLIP_LOGIT_SCALE * P).float(),
-                                  (a * bG + b * b0.double()).float())
+    fit.heads.linear = LinearHead((a * WG + b * W0.double()).float(), (a * bG + b * b0.double()).float())
     fit.heads.calibration = predictor.with_temperatures(
         fit.heads.calibration, {"linear": 1.0}, method="held-out-nll",
         rule="after a pool with shots: the stacked linear head's (a, b) by the NLL of held-out shots that were "
@@ -105,7 +102,7 @@ def _adopt_stacked(stage: Stage, side: TextSide, U, strength, progress, check: d
                                             "linear").double().softmax(dim=1).float()
     fit.record.update({"check": check, "default_head": "linear", "wall_time_s": time.perf_counter() - t0,
                        "heads": {"linear": f"stacked: {a:.4g}·(pool Gaussian log-likelihood) + "
-                                           f"{b:.4g}·(inductive LDA logits) + {c:.4g}·(zero-shot logits)",
+                                           f"{b:.4g}·(inductive linear logits)",
                                  "kernel": "inductive (with shots a pool adapts the linear head only)"}})
     return fit
 

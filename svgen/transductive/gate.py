@@ -12,14 +12,17 @@ shots with the fit's own rules — and the held-out shots join the pool *unlabel
 queries a user classifies. Both predictors, inductive and pool-adapted, are then scored on the
 held-out shots (every shot is held out once):
 
-* the candidate is a *stacked linear head*, ``a·(x̂ W_Gᵀ + b_G) + b·(x̂ W0ᵀ + b0) + c·100·x̂P̂ᵀ``: the pool's
-  Gaussian log-likelihood (the class model the transduction solved), the inductive LDA head (the one the
-  solve continued) and CLIP's zero-shot logits, with (a, b, c) ≥ 0 minimising the NLL of held-out shots
-  (:func:`fit_stack`; convex; a = c = 0 is the LDA head alone). The zero-shot logits do not depend on the
-  shots, so their weight carries over from a check's half of the shots to all of them (without them, the
-  stack could only fall back on the LDA head where the deployed linear head is zero-shot + LDA: fgvc at
-  4 shots then kept a pool that cost 1.0 point of top-5 on the queries). For the check, each fold's weights
-  come from the other fold's held-out shots (cross-fitted);
+* the candidate is a *stacked linear head*, ``a·(x̂ W_Gᵀ + b_G) + b·(x̂ W0ᵀ + b0)``: the pool's Gaussian
+  log-likelihood (the class model the transduction solved) and the inductive linear head, with (a, b) ≥ 0
+  minimising the NLL of held-out shots (:func:`fit_stack`; convex; a = 0 is the inductive linear head alone).
+  For the check, each fold's (a, b) comes from the other fold's held-out shots (cross-fitted). Where the
+  linear head is zero-shot logits + α·s·LDA logits (:mod:`svgen.fewshot.linear`), a fold's part is that mix
+  at the deployed head's α (the fold's own LDA part and its own scale s), not the fold's own choice of α: the
+  weights fitted on the folds must mean the same on the deployed head. (With the fold's own α, fgvc at 4
+  shots kept pools worth +1.25 query NLL; with the zero-shot logits and the LDA part as separate parts,
+  weighed apart, the folds' weaker LDA part gave the zero-shot logits 100× its weight: stanford_cars at 4
+  shots kept pools that cost 1 point, and at one shot per class, where every held-out shot's class has no
+  shot left, pools that cost up to 7.6.)
 * it is kept only if its top-1 accuracy on the held-out shots is above the inductive default head's by
   more than one standard error of the paired difference, and its top-5 accuracy and NLL are not worse by
   more than one (:func:`paired_gate`). Then it is the deployed (default) head, at T = 1, with (a, b) fitted
@@ -185,12 +188,9 @@ def _steps(items, progress: bool, what: str):
 def check_with_shots(stage: Stage, side: TextSide, U: torch.Tensor, strength: Optional[float],
                      progress: bool = False) -> dict:
     """:func:`paired_gate` on held-out shots made pool members (see the module text). The candidate is the
-    stacked linear head ``a·(pool Gaussian log-likelihood) + b·(inductive LDA logits) + c·(zero-shot logits)``, by
-    :func:`fit_stack` on the other fold's held-out shots (cross-fitted), against the inductive default head. The
-    LDA logits are those of the LDA head the solve continued (the inductive linear head, or its LDA part when it
-    is zero-shot logits + α·LDA logits, :func:`svgen.fewshot.linear.lda_part`): the same model at the fold's
-    scale and the deployed one, so (a, b) carry over. (Stacking the zero-shot + LDA head itself, whose α differs
-    between a fold's half of the shots and all of them, made fgvc at 4 shots +1.25 NLL worse on the queries.)"""
+    stacked linear head ``a·(pool Gaussian log-likelihood) + b·(inductive linear logits)``, (a, b) by
+    :func:`fit_stack` on the other fold's held-out shots (cross-fitted), against the inductive default head. A
+    fold's linear logits are the deployed head's mix (its α) of the fold's zero-shot and LDA logits."""
     C, D = side.n_classes, side.prototypes.shape[1]
     X, y = stage.shots.rows.float(), stage.shots.labels.numpy()
     head = stage.default_head
@@ -198,6 +198,7 @@ def check_with_shots(stage: Stage, side: TextSide, U: torch.Tensor, strength: Op
     base = {"evidence": "held-out shots as pool members", "head": head}
     if len(folds) < 2:
         return {**base, "adopt": False, "reason": "one shot in all: no held-out shots to check a pool on"}
+    alpha = (stage.fewshot.get("linear") or {}).get("alpha")   # None: the linear head is the LDA head
     parts = []
     for held in _steps(folds, progress, "held-out shots"):
         keep = np.setdiff1d(np.arange(len(y)), held)
@@ -215,14 +216,16 @@ def check_with_shots(stage: Stage, side: TextSide, U: torch.Tensor, strength: Op
             WG, bG = pool_parts(pool.record, pool.heads.linear, W0, b0)
             g = (Xh.double() @ WG.T + bG).numpy()
             z = (Xh.double() @ W0.double().T + b0.double()).numpy()
-            t = cosine_logits(Xh.double(), side.prototypes.double()).numpy()
-        parts.append((held, p_ind, (g, z, t)))
+            if alpha is not None:   # the deployed linear head's mix: zero-shot logits + α·s·LDA logits
+                z = (cosine_logits(Xh.double(), side.prototypes.double()).numpy()
+                     + alpha * float(fit.record["linear"]["scale"]) * z)
+        parts.append((held, p_ind, (g, z)))
     stacks = [fit_stack(parts[1 - f][2], y[parts[1 - f][0]]) for f in (0, 1)]
     p_pool = np.concatenate([stacked_probs(feats, stacks[f]) for f, (_, _, feats) in enumerate(parts)])
     rows = np.concatenate([p[0] for p in parts])
     gate = paired_gate(np.concatenate([p[1] for p in parts]), p_pool, y[rows])
-    a, b, c = fit_stack([np.concatenate([p[2][k] for p in parts]) for k in range(3)], y[rows])
-    gate.update({**base, "stack": {"gaussian": a, "inductive_linear": b, "zero_shot": c, "cross_fitted": stacks}})
+    a, b = fit_stack([np.concatenate([p[2][k] for p in parts]) for k in range(2)], y[rows])
+    gate.update({**base, "stack": {"gaussian": a, "inductive_linear": b, "cross_fitted": stacks}})
     return gate
 
 
