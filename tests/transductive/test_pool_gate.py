@@ -42,6 +42,24 @@ def test_shot_folds_partition_and_balance(counts):
     assert len(pool_gate.shot_folds(np.array([0]), 1)) == 1
 
 
+@pytest.mark.parametrize("counts", [[3] * 5, [4, 3, 6, 5], [8, 8, 8]])
+def test_shot_folds_hold_out_one_shot_per_class_with_three_or_more(counts):
+    """Three or more shots in every class: each fold holds out at most one shot of each class (the fold's
+    predictor keeps all the others); as many folds as the largest class has shots, at most MAX_FOLDS; no shot
+    is held out twice."""
+    from svgen.fewshot.residual import MAX_FOLDS
+
+    y = np.concatenate([np.full(n, c) for c, n in enumerate(counts)])
+    folds = pool_gate.shot_folds(y, len(counts), seed=3)
+    assert len(folds) == min(max(counts), MAX_FOLDS)
+    held = np.concatenate(folds)
+    assert len(np.unique(held)) == len(held)                                     # never twice
+    for f in folds:
+        assert np.bincount(y[f], minlength=len(counts)).max() == 1               # one shot per class at most
+    for c, n in enumerate(counts):
+        assert int((y[held] == c).sum()) == min(n, MAX_FOLDS)
+
+
 def test_paired_gate_by_hand():
     rep = 25                                             # 100 held-out images, four patterns
     y = np.tile([0, 1, 2, 0], rep)
@@ -156,7 +174,7 @@ def test_pool_with_shots_stacked_head_formula():
     clf.adapt(unlabelled=U)
     t = clf.transductive_
     assert t["fallback"] is None and t["check"]["evidence"] == "held-out shots as pool members"
-    assert t["check"]["images"] == len(ys)
+    assert t["check"]["images"] == len(np.concatenate(pool_gate.shot_folds(ys, C, 0)))   # 4 of each class's 8
     a, b = t["check"]["stack"]["gaussian"], t["check"]["stack"]["inductive_linear"]
     # the parts: the posterior head is W_G + β·t·W0; take the inductive part back out
     k = t["prior_strength"] * t["linear_prior_temperature"]
