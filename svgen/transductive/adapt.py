@@ -30,7 +30,8 @@ def adapt(stage: Stage, side: TextSide, U: torch.Tensor, strength: Optional[floa
           progress: bool = False) -> PoolFit:
     """The pool ``U`` (N×D, unit rows) checked and, where the check keeps it, solved in.
 
-    * With labelled shots, half of them at a time join the pool unlabelled and the predictor is rebuilt without
+    * With labelled shots, held-out shots join the pool unlabelled (:func:`svgen.transductive.gate.shot_folds`: one
+      shot of every class at a time from three shots up, else half of them) and the predictor is rebuilt without
       them; the stacked linear head ``a·(pool Gaussian log-likelihood) + b·(inductive linear logits)`` ((a, b) by
       held-out NLL, cross-fitted) must beat the inductive default head there (top-1 by more than 1 SE, top-5
       and NLL not worse by more than 1 SE). Kept, it is the default head at T = 1 (:func:`_adopt_stacked`);

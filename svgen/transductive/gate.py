@@ -222,7 +222,7 @@ def check_with_shots(stage: Stage, side: TextSide, U: torch.Tensor, strength: Op
                          fit.record["default_head"])
             pool = transduce(part, side, torch.cat([U, Xh]), strength, progress=False)
             if pool.record.get("fallback"):
-                return {**base, "adopt": False, "reason": "without half of the shots " + pool.record["fallback"]}
+                return {**base, "adopt": False, "reason": "without a fold of the shots " + pool.record["fallback"]}
             W0, b0 = pool.prior_linear.weight, pool.prior_linear.bias   # the LDA head (part) the solve continued
             WG, bG = pool_parts(pool.record, pool.heads.linear, W0, b0)
             g = (Xh.double() @ WG.T + bG).numpy()
