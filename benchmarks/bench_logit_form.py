@@ -21,7 +21,6 @@ would need a new artifact format: a measurement, not a shipped method (docs/fews
 
 from __future__ import annotations
 
-import argparse
 import math
 import sys
 import time
@@ -147,22 +146,18 @@ def summary(rows: list) -> str:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[1])
-    ap.add_argument("--datasets", nargs="+", default=list(DATASETS), choices=DATASETS)
-    ap.add_argument("--shots", nargs="+", type=int, default=[2, 4])
-    ap.add_argument("--seeds", type=int, default=3)
-    ap.add_argument("--out", default="bench_logit_form", help="result name under bench-results/")
-    args = ap.parse_args(argv)
-    if not FEWSHOT.is_dir():
-        print(f"bench_logit_form: {FEWSHOT} is absent; nothing to measure", file=sys.stderr)
-        return 1
+    from benchmarks.bench_fewshot import coop_parser, render_or_missing
+
+    args = coop_parser(__doc__, (2, 4), "bench_logit_form", datasets=DATASETS).parse_args(argv)
+    code = render_or_missing(args, lambda result: result["summary"] + "\n", "bench_logit_form")
+    if code is not None:
+        return code
     rows = [r for name in args.datasets for r in run_dataset(name, args.shots, args.seeds)]
     text = summary(rows)
     print(text)
     path = save_result(args.out, {"machine": machine(), "rows": rows, "summary": text})
     print(f"wrote {path}")
     return 0
-
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -19,14 +19,13 @@ default head (``SVGClassifier().fit(P).adapt(X, y).predict_proba``) and of the f
 
 from __future__ import annotations
 
-import argparse
 import copy
 import sys
 
 import numpy as np
 import torch
 
-from benchmarks.bench_adapt import DATASETS, FEWSHOT, load_dataset, nll_of, sample
+from benchmarks.bench_adapt import DATASETS, load_dataset, nll_of, sample
 from benchmarks.bench_common import machine, save_result
 from svgen.calibration import temperatures as calibration
 from svgen.fewshot import residual
@@ -82,20 +81,20 @@ def summary(rows: list) -> str:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[1])
-    ap.add_argument("--datasets", nargs="+", default=list(DATASETS), choices=DATASETS)
-    ap.add_argument("--seeds", type=int, default=3)
-    ap.add_argument("--out", default="bench_one_shot_nll", help="result name under bench-results/")
-    args = ap.parse_args(argv)
-    if not FEWSHOT.is_dir():
-        print(f"bench_one_shot_nll: {FEWSHOT} is absent; nothing to measure", file=sys.stderr)
+    from benchmarks.bench_fewshot import coop_parser, render_or_missing
+
+    args = coop_parser(__doc__, (1,), "bench_one_shot_nll", datasets=DATASETS).parse_args(argv)
+    if args.shots != [1]:
+        print("bench_one_shot_nll: it measures one shot per class only (--shots 1)", file=sys.stderr)
         return 2
+    code = render_or_missing(args, lambda result: result["summary"] + "\n", "bench_one_shot_nll")
+    if code is not None:
+        return code
     rows = [r for name in args.datasets for r in run_dataset(name, args.seeds)]
     text = summary(rows)
     print(text)
     print(f"wrote {save_result(args.out, {'machine': machine(), 'rows': rows, 'summary': text})}")
     return 0
-
 
 if __name__ == "__main__":
     sys.exit(main())
