@@ -2,17 +2,19 @@
 """One shot per class: the kernel head's NLL with floored log scores, against what svgen deploys (dev data).
 
 With one shot per class the adapted kernel head's scores ``s = p₀ + k(x̂, X)V`` (:mod:`svgen.fewshot.residual`) turn
-into probabilities as raw scores or as ``log(max(s, 10⁻³⁰))`` at a temperature fitted on the shots' exact
-leave-one-out scores (:func:`svgen.calibration.temperatures.choose_kernel_logits`). A class whose score the
-correction pushed to ≤ 0 then gets almost no probability, and the LOO temperature, fitted on images of classes
-without a shot, is far too soft: svgen's 1-shot NLL is above zero-shot's on fgvc and sun397 (docs/fewshot.md).
+into probabilities at a temperature fitted on the shots' exact leave-one-out scores
+(:func:`svgen.calibration.temperatures.choose_kernel_logits`). Until session 10 the kinds were raw scores and
+``log(max(s, 10⁻³⁰))``: a class whose score the correction pushed to ≤ 0 then got almost no probability, and the
+LOO temperature, fitted on images of classes without a shot, was far too soft; svgen's 1-shot NLL was above
+zero-shot's on fgvc and sun397 (docs/fewshot.md).
 
-This measures a third kind, not shipped (it needs a new ``kernel_logits`` kind carried through every export):
-**floored log scores**, ``log(max(s_c, ε·p₀_c·max_j s_j / max_j p₀_j))``. No floor reaches the top score (ε < 1),
-so the argmax, and top-1, are exactly the head's; a class the correction pushed down falls back to a fraction of
-its zero-shot probability instead of 10⁻³⁰. ε ∈ {0.1, 0.3, 0.5, 0.9} and T are chosen by the LOO NLL of the shots
-(as svgen chooses the kind and T), nothing from the queries. Columns: query NLL of zero-shot, of svgen's deployed
-default head (``SVGClassifier().fit(P).adapt(X, y).predict_proba``) and of the floored kind; the argmax check.
+This measures the third kind svgen now also offers, **floored log scores**,
+``log(max(s_c, ε·p₀_c·max_j s_j / max_j p₀_j))``. No floor reaches the top score (ε < 1), so the argmax, and top-1,
+are exactly the head's; a class the correction pushed down falls back to a fraction of its zero-shot probability
+instead of 10⁻³⁰. ε ∈ {0.1, 0.3, 0.5, 0.9} and T are chosen by the LOO NLL of the shots, nothing from the
+queries. Columns: query NLL of zero-shot, of svgen's deployed default head
+(``SVGClassifier().fit(P).adapt(X, y).predict_proba``, which chooses among the three kinds) and of the floored
+kind alone; the argmax check.
 
     python -m benchmarks.bench_one_shot_nll            # 7 sets, 3 seeds: ~1 min on 2 cores
 """

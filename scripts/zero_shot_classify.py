@@ -17,8 +17,9 @@ Scores, given raw image embeddings ``x`` and ``x̂ = x / ||x||``:
 
 ``--probs`` prints probabilities instead: ``softmax(logits / temperature)`` with the head file's
 ``temperature``; a kernel head's logits are as its ``kernel_logits`` says: ``log`` (also files
-without the field), ``log(max(scores, 1e-30))``, or ``score``, the scores themselves. ONNX: the
-``probs`` output.
+without the field), ``log(max(scores, 1e-30))``; ``score``, the scores themselves; or ``floored``,
+``log(max(scores, kernel_floor·prior·max(scores)/max(prior), 1e-30))`` with ``prior`` the zero-shot probabilities
+``softmax(prior_logit_scale·x̂·prior_prototypesᵀ)`` (maxima per row). ONNX: the ``probs`` output.
 
 The model defaults to the one recorded in the head file (``--model``/``--pretrained``/
 ``--checkpoint`` as in open_clip; a model-config ``.json`` path registers a custom architecture).
@@ -39,7 +40,8 @@ from pathlib import Path
 
 import numpy as np
 
-KERNEL_LOGITS = ("log", "score")  # a kernel head's logits: log(max(scores, 1e-30)), or the scores
+KERNEL_LOGITS = ("log", "score", "floored")  # a kernel head's logits: log(max(scores, 1e-30)), the scores, or
+# log(max(scores, kernel_floor * prior * max(scores) / max(prior), 1e-30)) with prior the zero-shot probabilities
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm", ".pgm"}
 
 
@@ -127,12 +129,24 @@ def load_head(path: str) -> dict:
         head["score"] = score
     logits_kind = meta.get("kernel_logits", "log") if head["head"] == "kernel" else "score"
     if logits_kind not in KERNEL_LOGITS:
-        raise Failure(f"{path}: kernel_logits is {logits_kind!r}; this script knows {' and '.join(KERNEL_LOGITS)}")
-    if "temperature" in arrays:  # p = softmax(logits / T); a kernel head's logits are log scores or the scores
+        raise Failure(f"{path}: kernel_logits is {logits_kind!r}; this script knows {', '.join(KERNEL_LOGITS)}")
+    if logits_kind == "floored" and not {"kernel_floor", "prior_prototypes", "prior_logit_scale"} <= set(arrays):
+        raise Failure(f"{path}: kernel_logits is 'floored' but the file lacks kernel_floor or the prior term")
+    if "temperature" in arrays:  # p = softmax(logits / T); a kernel head's logits: log scores, scores, floored logs
         T = float(arrays["temperature"])
         floor = 1e-30
-        to_logits = (lambda s: np.log(np.maximum(s, floor))) if logits_kind == "log" else (lambda s: s)
-        head["probs"] = lambda x: softmax(to_logits(head["score"](x).astype(np.float64)) / T)
+
+        def to_logits(x, s):
+            if logits_kind == "log":
+                return np.log(np.maximum(s, floor))
+            if logits_kind == "floored":   # log max(s, ε·p₀·max s / max p₀, 1e-30), p₀ the zero-shot prior term
+                P, tau = arrays["prior_prototypes"].astype(np.float64), float(arrays["prior_logit_scale"])
+                p0 = softmax(tau * normalize(x).astype(np.float64) @ P.T).astype(np.float64)
+                f = float(arrays["kernel_floor"]) * p0 * (s.max(axis=1, keepdims=True) / p0.max(axis=1, keepdims=True))
+                return np.log(np.maximum(np.maximum(s, f), floor))
+            return s
+
+        head["probs"] = lambda x: softmax(to_logits(x, head["score"](x).astype(np.float64)) / T)
     return head
 
 

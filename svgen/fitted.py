@@ -71,24 +71,27 @@ class FittedHeads(Estimator):
                                                              self.fit_config_.kernel, only=only)
 
     def set_temperatures(self, temperatures: dict, method: str, kernel_logits: Optional[str] = None,
-                         **details) -> "FittedHeads":
+                         kernel_floor: Optional[float] = None, **details) -> "FittedHeads":
         """Replace some heads' temperatures, e.g. fitted on labelled shots::
 
             clf.set_temperatures({"kernel": calibration.fit_temperature(z_loo, y)}, method="loo-nll")
 
-        ``kernel_logits`` ("log" or "score", :data:`svgen.calibration.temperatures.KERNEL_LOGITS`) changes the kind
-        of the kernel head's logits; a kernel temperature must come with it (T belongs to its kind).
+        ``kernel_logits`` ("log", "score" or "floored", :data:`svgen.calibration.temperatures.KERNEL_LOGITS`) changes
+        the kind of the kernel head's logits; a kernel temperature must come with it (T belongs to its kind), and
+        ``kernel_floor`` (ε in (0, 1)) with "floored", which only a kernel head with a zero-shot prior term has.
         Without it the kind is kept. ``method`` and ``details`` are recorded in ``svgen.json`` under
         ``calibration``.
         """
         self._check_fitted()
+        if kernel_logits == "floored" and self.kernel_prior_ is None:
+            raise SvgenError("kernel_logits='floored' needs a kernel head with a zero-shot prior term (adapted to shots)")
         self.heads_.calibration = predictor.with_temperatures(self.heads_.calibration, temperatures, method,
-                                                              kernel_logits, **details)
+                                                              kernel_logits, kernel_floor, **details)
         return self
 
     def predict_proba(self, X, head: Optional[str] = None):
         """N×C probabilities of one head: ``softmax(z / T_head)`` with z the head's logits (the kernel
-        vote's are ``log score`` or, where ``kernel_logits_ == "score"``, the raw vote; see
+        vote's are ``log score``, the raw vote where ``kernel_logits_ == "score"``, or the floored log score; see
         :mod:`svgen.calibration.temperatures`). Rows sum to one (float64; a torch
         tensor for a torch input, else numpy, as :meth:`decision_function`). ``head=None``: :attr:`default_head_`."""
         head = head or self.default_head_

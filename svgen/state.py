@@ -62,6 +62,7 @@ class Calibration:
     temperatures: dict
     kernel_logits: str = "log"
     record: dict = field(default_factory=dict)
+    kernel_floor: Optional[float] = None   # ε of the "floored" kernel logits (None for the other kinds)
 
 
 @dataclass

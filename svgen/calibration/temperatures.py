@@ -81,7 +81,8 @@ ECE_BINS = 15
 LOG_T_RANGE = (-30.0, 30.0)  # bisection bracket for log T
 
 
-KERNEL_LOGITS = ("log", "score")   # kinds of kernel-vote logits; the first is the default
+KERNEL_LOGITS = ("log", "score", "floored")   # kinds of kernel-vote logits; the first is the default
+KERNEL_FLOORS = (0.1, 0.3, 0.5, 0.9)   # ε of the "floored" kind (a head with a zero-shot prior term), by held-out NLL
 TEXT_RULE_KERNEL_LOGITS = ("the text rule: its temperature matches log scores on the text queries, and without "
                            "labels nothing measures whether raw votes fit better")
 
@@ -93,19 +94,43 @@ def check_kernel_logits(kind, where: str = "kernel_logits") -> str:
     return kind
 
 
-def kernel_logits(scores, kind: str = "log") -> torch.Tensor:
-    """The kernel vote's logits: ``log max(score, ε)`` (``"log"``) or the score itself (``"score"``)."""
+def floored_log(scores, prior, floor: float) -> torch.Tensor:
+    """``log max(s_c, ε·p₀_c·max_j s_j / max_j p₀_j)`` row by row (and at least ``log 10⁻³⁰``): the ``"floored"`` kind
+    of an adapted kernel head's logits (scores ``s = p₀ + k(x̂, X)V``, ``prior`` its zero-shot term ``p₀``). A class the
+    shots' correction pushed to ≤ 0 keeps a fraction of its zero-shot probability instead of ``10⁻³⁰``; with
+    ``ε < 1`` no floor reaches the row's top score, so the argmax is the scores' exactly."""
+    s = torch.as_tensor(scores, dtype=torch.float64)
+    p = torch.as_tensor(prior, dtype=torch.float64)
+    f = float(floor) * p * (s.max(dim=1, keepdim=True).values / p.max(dim=1, keepdim=True).values.clamp_min(1e-300))
+    return torch.maximum(s, f).clamp_min(KERNEL_LOG_FLOOR).log()
+
+
+def check_floor(floor) -> float:
+    if not (isinstance(floor, (int, float)) and not isinstance(floor, bool) and 0 < floor < 1):
+        raise SvgenError(f"kernel_floor must be a number in (0, 1), got {floor!r}")
+    return float(floor)
+
+
+def kernel_logits(scores, kind: str = "log", prior=None, floor: Optional[float] = None) -> torch.Tensor:
+    """The kernel vote's logits: ``log max(score, 10⁻³⁰)`` (``"log"``), the score itself (``"score"``), or
+    :func:`floored_log` (``"floored"``: needs the head's zero-shot ``prior`` term and its ``floor`` ε)."""
     scores = torch.as_tensor(scores)
-    if check_kernel_logits(kind) == "log":
+    kind = check_kernel_logits(kind)
+    if kind == "log":
         return scores.clamp_min(KERNEL_LOG_FLOOR).log()
+    if kind == "floored":
+        if prior is None:
+            raise SvgenError("the 'floored' kernel logits need the head's zero-shot prior term")
+        return floored_log(scores, prior, check_floor(floor))
     return scores
 
 
-def head_logits(scores: torch.Tensor, head: str, kernel_kind: str = "log") -> torch.Tensor:
+def head_logits(scores: torch.Tensor, head: str, kernel_kind: str = "log", prior=None,
+                floor: Optional[float] = None) -> torch.Tensor:
     """The logits a head's probabilities are a softmax of: :func:`kernel_logits` of the kind
     ``kernel_kind`` for the kernel vote, the scores themselves for the linear and cosine heads."""
     if head == "kernel":
-        return kernel_logits(scores, kernel_kind)
+        return kernel_logits(scores, kernel_kind, prior, floor)
     return torch.as_tensor(scores)
 
 
@@ -251,7 +276,7 @@ def loo_temperatures(loo_logits: Dict[str, torch.Tensor], labels, fallback: Dict
     return {"temperatures": temps, "loo": loo}
 
 
-def choose_kernel_logits(loo_scores, labels, fallback: float, signed_votes: bool = True) -> dict:
+def choose_kernel_logits(loo_scores, labels, fallback: float, signed_votes: bool = True, prior=None) -> dict:
     """The kernel head's kind of logits (:data:`KERNEL_LOGITS`) and temperature from the shots' exact
     held-out scores (N×C: :mod:`svgen.fewshot.residual`'s fold scores, or its leave-one-out scores with one shot per class).
 
@@ -267,39 +292,58 @@ def choose_kernel_logits(loo_scores, labels, fallback: float, signed_votes: bool
     weight is negative, so no vote can be ≤ 0) there is nothing to charge. When either kind gives no finite T (every shot ranked
     first when left out) the NLLs cannot be compared: ``"log"``, with its fitted T or else ``fallback``
     (the text rule's T).
-    Returns ``{"kind", "temperature", "loo": {nll, ece, acc1, fitted} of the kept kind, "candidates":
+    With the head's zero-shot ``prior`` term at the same shots (an adapted kernel head, ``s = p₀ + k(x̂, X)V``) a third
+    kind competes, ``"floored"`` (:func:`floored_log`), with its ε from :data:`KERNEL_FLOORS` by the same held-out
+    NLL; its floor bounds what a true-class vote ≤ 0 costs by the zero-shot probability, so it is not charged.
+    Returns ``{"kind", "temperature", "floor" (ε, or None), "loo": {nll, ece, acc1, fitted} of the kept kind, "candidates":
     {kind: {temperature, nll, ece, acc1, fitted}}, "nll_score_minus_log": {"mean", "se"},
     "loo_true_vote_not_positive", "reason"}`` (the NLL difference per shot, paired, with its standard
     error, ``None`` when not both were fitted; the share of shots whose own class gets a LOO vote ≤ 0,
     where ``"log"`` puts p ≈ 0).
     """
     y = np.asarray(labels)
-    z = {kind: kernel_logits(torch.as_tensor(loo_scores, dtype=torch.float64), kind) for kind in KERNEL_LOGITS}
-    fit = loo_temperatures(z, y, fallback={kind: fallback for kind in KERNEL_LOGITS})
-    cand = {kind: {"temperature": fit["temperatures"][kind], **fit["loo"][kind]} if fit["loo"][kind]["fitted"]
-            else {"temperature": None, "nll": None, "ece": None, "acc1": fit["loo"][kind]["acc1"], "fitted": False}
-            for kind in KERNEL_LOGITS}
+    plain = ("log", "score")
+    z = {kind: kernel_logits(torch.as_tensor(loo_scores, dtype=torch.float64), kind) for kind in plain}
+    floors = {}
+    if prior is not None:   # "floored", one candidate per ε: the best of them by its own held-out NLL
+        floors = {eps: floored_log(loo_scores, prior, eps) for eps in KERNEL_FLOORS}
+    fit = loo_temperatures({**z, **{f"floored {e:g}": v for e, v in floors.items()}}, y,
+                           fallback={k: fallback for k in [*plain, *(f"floored {e:g}" for e in floors)]})
+    entry = lambda k: ({"temperature": fit["temperatures"][k], **fit["loo"][k]} if fit["loo"][k]["fitted"]  # noqa: E731
+                       else {"temperature": None, "nll": None, "ece": None, "acc1": fit["loo"][k]["acc1"],
+                             "fitted": False})
+    cand = {kind: entry(kind) for kind in plain}
+    floor = None
+    if floors:
+        fitted = [e for e in floors if fit["loo"][f"floored {e:g}"]["fitted"]]
+        floor = min(fitted, key=lambda e: (fit["loo"][f"floored {e:g}"]["nll"], e)) if fitted else KERNEL_FLOORS[-1]
+        cand["floored"] = {**entry(f"floored {floor:g}"), "floor": floor,
+                           "by_floor": {f"{e:g}": fit["loo"][f"floored {e:g}"]["nll"] for e in floors}}
+        z["floored"] = floors[floor]
     diff = guard = None
     if all(c["fitted"] for c in cand.values()):
         d = (example_nll(z["score"], cand["score"]["temperature"], y)
              - example_nll(z["log"], cand["log"]["temperature"], y))
         diff = {"mean": float(d.mean()), "se": float(d.std(ddof=1) / math.sqrt(len(d))) if len(d) > 1 else None}
         guard = log_tail_guard(z["log"], loo_scores, y, cand["log"]["temperature"], signed_votes)
-        guarded_log = cand["log"]["nll"] + guard["charge"]
-        kind = "score" if cand["score"]["nll"] < guarded_log else "log"
+        charged = {"log": cand["log"]["nll"] + guard["charge"], "score": cand["score"]["nll"],
+                   **({"floored": cand["floored"]["nll"]} if "floored" in cand else {})}
+        kind = min(charged, key=lambda k: (charged[k], list(charged).index(k)))   # ties: log, score, floored
         reason = (f"leave-one-out NLL on the shots: score {cand['score']['nll']:.4g}, log {cand['log']['nll']:.4g} "
                   f"+ {guard['charge']:.4g} for true-class votes ≤ 0 on new images (up to {guard['rate_bound']:.3g} of them "
-                  f"at {guard['loss']:.4g} each; {guard['seen']} of {len(y)} shots showed one)")
-        T, loo = cand[kind]["temperature"], {k: v for k, v in cand[kind].items() if k != "temperature"}
+                  f"at {guard['loss']:.4g} each; {guard['seen']} of {len(y)} shots showed one)"
+                  + (f", floored (ε = {floor:g}) {cand['floored']['nll']:.4g}" if "floored" in cand else ""))
+        T, loo = cand[kind]["temperature"], {k: v for k, v in cand[kind].items()
+                                             if k not in ("temperature", "floor", "by_floor")}
     else:
         kind, T, loo = "log", fit["temperatures"]["log"], fit["loo"]["log"]
         reason = ("under at least one kind every shot is ranked first when left out: its NLL has no finite minimiser, so the "
                   "kinds cannot be compared; log" + ("" if loo["fitted"] else " with the text rule's T"))
     s = z["score"]
     not_positive = float((s[torch.arange(len(y)), torch.as_tensor(y, dtype=torch.long)] <= 0).double().mean())
-    return {"kind": kind, "temperature": T, "loo": loo, "candidates": cand, "nll_score_minus_log": diff,
-            "loo_true_vote_not_positive": not_positive, "log_tail_guard": guard,
-            "reason": reason}
+    return {"kind": kind, "temperature": T, "floor": floor if kind == "floored" else None, "loo": loo,
+            "candidates": cand, "nll_score_minus_log": diff, "loo_true_vote_not_positive": not_positive,
+            "log_tail_guard": guard, "reason": reason}
 
 
 def event_rate_bound(k: int, n: int, level: float = 0.95) -> float:
@@ -395,49 +439,3 @@ def calibration_metrics(logits, temperature: float, labels, n_bins: int = ECE_BI
     """``{"nll", "ece"}`` of ``softmax(logits / T)`` against class indices."""
     return {"nll": nll_from_logits(logits, temperature, labels),
             "ece": ece(softmax(logits, temperature), labels, n_bins)}
-
-
-def plot_reliability(per_head: Dict[str, dict], path, title: Optional[str] = None, force: bool = False) -> None:
-    """Reliability diagrams side by side (one panel per head) into a PNG; needs ``svgen[plot]``.
-
-    ``per_head``: ``{head: {"reliability": reliability(...), "ece", "nll", "temperature", "acc1"}}``.
-    """
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        raise SvgenError("plotting needs matplotlib: pip install 'svgen[plot]'",
-                         cli="--plot needs matplotlib: pip install 'svgen[plot]'") from None
-    from svgen.io.safeio import atomic_file
-
-    heads = list(per_head)
-    fig, axes = plt.subplots(1, len(heads), figsize=(4 * len(heads), 4.2), sharey=True, squeeze=False)
-    for ax, head in zip(axes[0], heads):
-        info = per_head[head]
-        r = info["reliability"]
-        edges = r["edges"]
-        width = edges[1] - edges[0]
-        used = r["count"] > 0
-        ax.bar(edges[:-1][used], r["accuracy"][used], width=width, align="edge", edgecolor="black", color="#4c72b0",
-               label="accuracy in the bin")
-        ax.plot((edges[:-1] + width / 2)[used], r["confidence"][used], "o", color="#c44e52", ms=5,
-                label="mean confidence in the bin")
-        ax.plot([0, 1], [0, 1], "k--", lw=1, label="perfect calibration")
-        share = r["count"] / max(int(r["count"].sum()), 1)  # where the examples are
-        ax.bar(edges[:-1], 0.15 * share / max(float(share.max()), 1e-12), width=width, align="edge", color="#999999",
-               alpha=0.6, label="examples per bin (scaled)")
-        ax.set_xlim(0, 1)
-        ax.set_ylim(0, 1)
-        ax.set_xlabel("confidence (max probability)")
-        ax.set_title(f"{head}: T={info['temperature']:.3g}\nECE {info['ece']:.3f}, NLL {info['nll']:.3f}")
-    axes[0][0].set_ylabel("accuracy")
-    axes[0][0].legend(loc="lower right", fontsize=7)
-    if title:
-        fig.suptitle(title)
-    fig.tight_layout()
-    try:
-        atomic_file(path, lambda p: fig.savefig(str(p), format="png", dpi=100), force=force)
-    finally:
-        plt.close(fig)

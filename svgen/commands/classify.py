@@ -27,7 +27,8 @@ def add_parser(sub):
                     "support vectors), linear logits, or cosine logits (100 · cosine similarity, plain CLIP); "
                     "--probs prints probabilities instead: softmax(logits / T) with the head's temperature "
                     "stored in the artifact (cosine: T = 1, CLIP's own softmax; kernel logits are log scores, "
-                    "or the raw votes where adapt chose them: svgen.json calibration.kernel_logits).",
+                    "or the raw votes or floored log scores where adapt chose them: svgen.json "
+                    "calibration.kernel_logits).",
         epilog="examples:\n"
                "  svgen classify lvis.svgen photos/ --top-k 3\n"
                "  svgen classify lvis.svgen photos/ --probs --head linear\n"

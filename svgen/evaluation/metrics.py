@@ -125,14 +125,14 @@ def evaluate_heads(clf, x, labels, bins: dict = None) -> dict:
     ``nll`` and ``ece`` (15 bins) judge ``clf.predict_proba``; ``bins``, when given, receives each
     head's reliability bins (for ``--plot``).
     """
-    from svgen.calibration.temperatures import calibration_metrics, head_logits, reliability, softmax
+    from svgen.calibration.temperatures import calibration_metrics, reliability, softmax
     from svgen.evaluation.metrics import check_labels, evaluate
 
     y = check_labels(labels, x.shape[0], len(clf.classes_))
     out = {}
     for head in HEAD_ORDER:
         scores = clf.decision_function(x, head=head)
-        logits, T = head_logits(scores, head, clf.kernel_logits_), clf.temperatures_[head]
+        logits, T = clf.logits(x, head=head), clf.temperatures_[head]
         r = evaluate(scores, y)
         n = r.pop("n")
         out[head] = {**r, **calibration_metrics(logits, T, y), "temperature": T, "n": n}

@@ -135,22 +135,29 @@ def temperatures(heads: Heads, side: TextSide, shots: SupportSet, res, lin) -> C
     text_temps = dict(text_cal.temperatures)
     y = shots.labels.numpy()
     fit = calibration.loo_temperatures({"linear": lin.loo_logits}, lin.loo_labels, fallback=text_temps)
-    temps, loo, kind, choice, evidence = dict(fit["temperatures"]), dict(fit["loo"]), None, None, {}
+    temps, loo, kind, floor, choice, evidence = dict(fit["temperatures"]), dict(fit["loo"]), None, None, None, {}
     if res.adopted and (res.held_scores is not None or res.loo_scores is not None):
         # the kind and T by the guarded NLL (both kinds) on the balanced folds' held-out scores (the deployed
         # predictor, each class one shot short at once); with one shot per class, on the exact LOO scores
         if res.held_scores is not None:
-            zk, yk = res.held_scores, y[res.held_rows]
+            rows = res.held_rows
+            zk = res.held_scores
         else:
-            zk, yk = res.loo_scores, (y if res.loo_rows is None else y[res.loo_rows])
+            rows = np.arange(len(y)) if res.loo_rows is None else np.asarray(res.loo_rows)
+            zk = res.loo_scores
+        yk = y[rows]
+        p0 = residual.prior_probs(residual.unit(shots.rows.numpy()[rows]), residual.unit(side.prototypes.numpy()),
+                                  res.logit_scale)   # the prior term at those shots: the "floored" kind's floor
         kfit = calibration.choose_kernel_logits(torch.from_numpy(zk), yk, fallback=text_temps["kernel"],
-                                                signed_votes=True)
-        kind, temps["kernel"], loo["kernel"] = kfit["kind"], kfit["temperature"], kfit["loo"]
-        choice = {k: v for k, v in kfit.items() if k not in ("temperature", "loo")}
+                                                signed_votes=True, prior=torch.from_numpy(p0))
+        kind, floor, temps["kernel"], loo["kernel"] = kfit["kind"], kfit["floor"], kfit["temperature"], kfit["loo"]
+        choice = {k: v for k, v in kfit.items() if k not in ("temperature", "loo", "floor")}
         evidence = {"kernel_evidence": "balanced folds" if res.held_scores is not None else "leave-one-out"}
     return predictor.with_temperatures(
-        text_cal, temps, method="loo-nll", kernel_logits=kind, shots=len(shots), loo=loo, text_temperatures=text_temps,
+        text_cal, temps, method="loo-nll", kernel_logits=kind, kernel_floor=floor, shots=len(shots), loo=loo,
+        text_temperatures=text_temps,
         **({"kernel_logits_choice": choice} if choice is not None else {}), **evidence,
         rule="linear: T minimising the leave-one-out NLL of the shots; an adapted kernel head: T minimising the NLL "
-             "of its balanced folds' held-out scores (one shot per class: leave-one-out), for log scores and raw "
-             "scores, the lower NLL kept, log charged for unseen scores ≤ 0; cosine: CLIP's logit scale 100")
+             "of its balanced folds' held-out scores (one shot per class: leave-one-out), for log scores, raw scores "
+             "and log scores floored at ε × the zero-shot probability, the lowest NLL kept, log charged for unseen "
+             "scores ≤ 0; cosine: CLIP's logit scale 100")

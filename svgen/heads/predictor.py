@@ -37,19 +37,40 @@ def scores_in_blocks(heads: Heads, prototypes, kind: str, U: torch.Tensor, head:
     return torch.cat([scores(heads, prototypes, kind, U[s:s + block], head).float() for s in range(0, U.shape[0], block)])
 
 
+def kernel_prior(heads: Heads, prototypes, x: torch.Tensor) -> Optional[torch.Tensor]:
+    """The kernel head's zero-shot prior term ``softmax(τ·x̂P̂ᵀ)`` at ``x`` (None: the head has none)."""
+    k = heads.kernel
+    if k.prior_scale is None:
+        return None
+    with torch.no_grad():
+        return prior_probs(x, prototypes, k.prior_scale)
+
+
+def logits_of_scores(heads: Heads, s: torch.Tensor, head: str, prior=None) -> torch.Tensor:
+    """What the head's softmax takes, from its scores ``s``; ``prior``: the kernel head's zero-shot term at the same
+    images (:func:`kernel_prior`), needed by its ``"floored"`` logits only."""
+    cal = heads.calibration
+    return calibration.head_logits(s, head, cal.kernel_logits, prior, cal.kernel_floor)
+
+
+def _needs_prior(heads: Heads, head: str) -> bool:
+    return head == "kernel" and heads.calibration.kernel_logits == "floored"
+
+
 def logits(heads: Heads, prototypes, kind: str, x: torch.Tensor, head: str) -> torch.Tensor:
-    return calibration.head_logits(scores(heads, prototypes, kind, x, head), head, heads.calibration.kernel_logits)
+    prior = kernel_prior(heads, prototypes, x) if _needs_prior(heads, head) else None
+    return logits_of_scores(heads, scores(heads, prototypes, kind, x, head), head, prior)
 
 
 def proba(heads: Heads, prototypes, kind: str, x: torch.Tensor, head: str) -> torch.Tensor:
     """``softmax(logits / T_head)`` (float64)."""
-    return proba_of_scores(heads, scores(heads, prototypes, kind, x, head), head)
+    prior = kernel_prior(heads, prototypes, x) if _needs_prior(heads, head) else None
+    return proba_of_scores(heads, scores(heads, prototypes, kind, x, head), head, prior)
 
 
-def proba_of_scores(heads: Heads, s: torch.Tensor, head: str) -> torch.Tensor:
-    """:func:`proba` from scores already computed."""
-    return calibration.softmax(calibration.head_logits(s, head, heads.calibration.kernel_logits),
-                               heads.calibration.temperatures[head])
+def proba_of_scores(heads: Heads, s: torch.Tensor, head: str, prior=None) -> torch.Tensor:
+    """:func:`proba` from scores already computed (``prior``: see :func:`logits_of_scores`)."""
+    return calibration.softmax(logits_of_scores(heads, s, head, prior), heads.calibration.temperatures[head])
 
 
 def text_calibration(heads: Heads, prototypes, per_template, kind: str, only: Optional[str] = None) -> Calibration:
@@ -64,15 +85,21 @@ def text_calibration(heads: Heads, prototypes, per_template, kind: str, only: Op
     kernel = {"kernel_logits_choice": {"reason": calibration.TEXT_RULE_KERNEL_LOGITS}}
     if restrict:   # only that head's queries are scored: the others' temperatures are kept
         return Calibration({**prev.temperatures, only: temps[only]}, "log" if only == "kernel" else prev.kernel_logits,
-                           {**prev.record, "text_rule_heads": [only], **(kernel if only == "kernel" else {})})
+                           {**prev.record, "text_rule_heads": [only], **(kernel if only == "kernel" else {})},
+                           None if only == "kernel" else prev.kernel_floor)
     return Calibration(temps, "log", {**info, **kernel})
 
 
 def with_temperatures(cal: Calibration, temperatures: dict, method: str, kernel_logits: Optional[str] = None,
-                      **details) -> Calibration:
-    """``cal`` with some heads' temperatures replaced (checked), ``method`` and ``details`` recorded."""
+                      kernel_floor: Optional[float] = None, **details) -> Calibration:
+    """``cal`` with some heads' temperatures replaced (checked), ``method`` and ``details`` recorded; a new
+    ``kernel_logits`` kind comes with its ``kernel_floor`` (ε) when it is ``"floored"``."""
     if kernel_logits is not None:
         calibration.check_kernel_logits(kernel_logits)
+        if (kernel_logits == "floored") != (kernel_floor is not None):
+            raise SvgenError("the 'floored' kernel logits need kernel_floor (ε in (0, 1)), and only they take one")
+        if kernel_floor is not None:
+            calibration.check_floor(kernel_floor)
         if kernel_logits != cal.kernel_logits and "kernel" not in temperatures:
             raise SvgenError(f"changing the kernel head's logits to {kernel_logits!r} needs its temperature "
                              "for them too (temperatures={'kernel': T})")
@@ -83,4 +110,5 @@ def with_temperatures(cal: Calibration, temperatures: dict, method: str, kernel_
             raise SvgenError(f"temperature of the {head} head must be a positive number, got {t!r}")
     return Calibration({**cal.temperatures, **{h: float(t) for h, t in temperatures.items()}},
                        cal.kernel_logits if kernel_logits is None else kernel_logits,
-                       {**cal.record, "method": method, **details})
+                       {**cal.record, "method": method, **details},
+                       cal.kernel_floor if kernel_logits is None else kernel_floor)

@@ -16,6 +16,7 @@ Tensors (float32 unless named; ``C`` classes, ``K`` support vectors per class, `
 from __future__ import annotations
 
 import math
+from typing import Optional
 
 import torch
 
@@ -28,6 +29,11 @@ from svgen.state import Calibration, Heads, KernelHead, LinearHead
 from svgen.core.support import SOURCES
 from svgen.config import FitConfig, config_dict
 from svgen.zeroshot.fit import scale_votes
+
+KERNEL_LOGITS_TEXT = {"log": "log(max(score, 1e-30))", "score": "score",
+                      "floored": "log(max(score, {floor:g}·prior·max(score)/max(prior), 1e-30)), prior = "
+                                 "softmax(logit_scale·x̂P̂ᵀ) (kernel_prior)"}
+
 
 def has_image_rows(heads: Heads) -> bool:
     """Whether the kernel head's rows are listed one by one (shots or pool rows: formats 2–3)."""
@@ -111,8 +117,9 @@ def metadata(clf) -> dict:
         "metrics": clf.fit_metrics_,
         "vote_weights_scale": clf.vote_scale_,
         "calibration": {**cal.record, "temperatures": cal.temperatures, "kernel_logits": cal.kernel_logits,
+                        **({"kernel_floor": cal.kernel_floor} if cal.kernel_floor is not None else {}),
                         "probabilities": "softmax(logits / temperature); logits: kernel "
-                                         + ("log(max(score, 1e-30))" if cal.kernel_logits == "log" else "score")
+                                         + KERNEL_LOGITS_TEXT[cal.kernel_logits].format(floor=cal.kernel_floor)
                                          + ", linear and cosine their scores"},
     }
 
@@ -206,11 +213,21 @@ def _inductive(clf, meta: dict, t: dict, path, C: int):
                 and isinstance(snap.get("calibration"), dict)):
             raise SvgenError(f"{path}: transductive.inductive_calibration is not a record of the inductive heads' "
                              "temperatures; refit or adapt from the original artifact")
-        cal = Calibration({k: float(v) for k, v in temps.items()},
-                          calibration.check_kernel_logits(snap.get("kernel_logits", "log"),
-                                                          "transductive.inductive_calibration.kernel_logits"),
-                          snap["calibration"])
+        kind = calibration.check_kernel_logits(snap.get("kernel_logits", "log"),
+                                               "transductive.inductive_calibration.kernel_logits")
+        cal = Calibration({k: float(v) for k, v in temps.items()}, kind, snap["calibration"],
+                          _floor(snap, kind, f"{path}: transductive.inductive_calibration"))
     return Heads(kernel, linear, cal)
+
+
+def _floor(cal: dict, kind: str, where) -> Optional[float]:
+    """The ε of ``"floored"`` kernel logits from a calibration record (``kernel_floor``), checked; None otherwise."""
+    if kind != "floored":
+        return None
+    try:
+        return calibration.check_floor(cal.get("kernel_floor"))
+    except SvgenError as e:
+        raise SvgenError(f"{where}: {e}") from None
 
 
 def _votes_and_temperatures(clf, meta: dict, t: dict) -> None:
@@ -234,8 +251,14 @@ def _votes_and_temperatures(clf, meta: dict, t: dict) -> None:
             if (h in temps and isinstance(v, float) and math.isfinite(v) and v > 0
                     and float(torch.tensor(v, dtype=torch.float32)) == temps[h]):
                 temps[h] = v
-        clf.heads_.calibration = Calibration(temps, cal.get("kernel_logits", "log"),   # absent: before the choice
+        kind = cal.get("kernel_logits", "log")   # absent: before the choice
+        clf.heads_.calibration = Calibration(temps, kind,
                                              {k: v for k, v in cal.items()
-                                              if k not in ("temperatures", "probabilities", "kernel_logits")})
+                                              if k not in ("temperatures", "probabilities", "kernel_logits",
+                                                           "kernel_floor")},
+                                             _floor(cal, kind, "svgen.json calibration"))
+        if kind == "floored" and clf.heads_.kernel.prior_scale is None:
+            raise SvgenError("svgen.json calibration: kernel_logits 'floored' needs the kernel head's zero-shot prior "
+                             "term (kernel_prior.logit_scale), and this artifact has none")
     else:
         clf._text_temperatures()

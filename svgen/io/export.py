@@ -16,7 +16,8 @@ artifact's head (to float rounding). Class names travel inside the file.
   open_clip's zero-shot classifier).
 * every head file has ``temperature`` (scalar): probabilities are ``softmax(logits / temperature)``.
   A kernel head file says which logits its temperature belongs to in ``kernel_logits``: ``log``,
-  ``log(max(scores, 1e-30))``, or ``score``, the raw scores (see :mod:`svgen.calibration.temperatures`; files
+  ``log(max(scores, 1e-30))``; ``score``, the raw scores; or ``floored``, ``log(max(scores, kernel_floor·prior·
+  max(scores)/max(prior), 1e-30))`` with the file's ``kernel_floor`` (see :mod:`svgen.calibration.temperatures`; files
   without the field are ``log``); ``probabilities`` spells the formula out.
 * ``kernel`` head — ``scores = exp(-||x̂ - s||² / (2σ²)) @ vote_weights`` over the rows ``s`` of
   ``support_vectors`` (M×D unit rows, class-major), ``bandwidth`` σ, ``vote_weights`` M×C; with
@@ -69,6 +70,9 @@ LOGIT_SCALE = CLIP_LOGIT_SCALE  # 100, as in open_clip
 ONNX_OPSET = 17
 PROBS_USAGE = {("kernel", "log"): f"probs = softmax(log(max(scores, {KERNEL_LOG_FLOOR:g})) / temperature)",
                ("kernel", "score"): "probs = softmax(scores / temperature)",
+               ("kernel", "floored"): ("probs = softmax(log(max(scores, kernel_floor * prior * max(scores) / max(prior), "
+                                       f"{KERNEL_LOG_FLOOR:g})) / temperature), maxima per row, prior = "
+                                       "softmax(prior_logit_scale * x/||x|| @ prior_prototypes.T)"),
                "linear": "probs = softmax(logits / temperature)"}
 
 
@@ -125,6 +129,8 @@ def _head_arrays(clf, head: str) -> Dict[str, np.ndarray]:
         if clf.kernel_prior_ is not None:   # adapted to shots: + softmax(τ x̂ P̂ᵀ)
             out["prior_prototypes"] = F.normalize(clf.prototypes_.float(), dim=-1).contiguous().numpy()
             out["prior_logit_scale"] = np.asarray(clf.kernel_prior_, dtype=np.float32)
+        if clf.kernel_logits_ == "floored":   # its probabilities' floor: ε × the prior, scaled to the top score
+            out["kernel_floor"] = np.asarray(clf.heads_.calibration.kernel_floor, dtype=np.float32)
         return out
     raise SvgenError(f"unknown head {head!r}; expected one of {', '.join(EXPORT_HEADS)}")
 
@@ -244,6 +250,16 @@ def onnx_model(clf, head: str = "linear"):
     logits = "scores"
     if head == "kernel" and clf.kernel_logits_ == "log":   # "score": the scores are the logits
         nodes += [helper.make_node("Max", ["scores", const("log_floor", KERNEL_LOG_FLOOR)], ["scores_pos"]),
+                  helper.make_node("Log", ["scores_pos"], ["log_scores"])]
+        logits = "log_scores"
+    elif head == "kernel" and clf.kernel_logits_ == "floored":   # log max(s, ε·p₀·max s / max p₀, 1e-30)
+        nodes += [helper.make_node("ReduceMax", ["scores"], ["s_max"], axes=[1], keepdims=1),
+                  helper.make_node("ReduceMax", ["prior"], ["p_max"], axes=[1], keepdims=1),
+                  helper.make_node("Div", ["s_max", "p_max"], ["ratio"]),
+                  helper.make_node("Mul", ["prior", "ratio"], ["prior_scaled"]),
+                  helper.make_node("Mul", ["prior_scaled", const("kernel_floor", t["kernel_floor"])], ["floor"]),
+                  helper.make_node("Max", ["scores", "floor"], ["scores_floored"]),
+                  helper.make_node("Max", ["scores_floored", const("log_floor", KERNEL_LOG_FLOOR)], ["scores_pos"]),
                   helper.make_node("Log", ["scores_pos"], ["log_scores"])]
         logits = "log_scores"
     nodes += [helper.make_node("Div", [logits, const("temperature", t["temperature"])], ["tempered"]),

@@ -61,6 +61,20 @@ def _raw_probs(clf, x):
     return _softmax(_kernel_scores(clf, x) / clf.temperatures_["kernel"])
 
 
+def _floored_probs(clf, x):
+    """``softmax(log max(s, ε·p₀·max s / max p₀, 1e-30) / T)`` in numpy from the stored tensors."""
+    s = _kernel_scores(clf, x)
+    xh = np.asarray(x, dtype=np.float64)
+    xh = xh / np.linalg.norm(xh, axis=1, keepdims=True)
+    P = clf.prototypes_.double().numpy()
+    p0 = _softmax(clf.kernel_prior_ * xh @ (P / np.linalg.norm(P, axis=1, keepdims=True)).T)
+    f = clf.heads_.calibration.kernel_floor * p0 * s.max(1, keepdims=True) / p0.max(1, keepdims=True)
+    return _softmax(np.log(np.maximum(np.maximum(s, f), 1e-30)) / clf.temperatures_["kernel"])
+
+
+PROBS = {"log": _log_probs, "score": _raw_probs, "floored": _floored_probs}
+
+
 def _queries(n=40, seed=3):
     protos, _, _ = _problem(1)
     rng = np.random.default_rng(seed)
@@ -79,8 +93,9 @@ def raw_votes():
 def _with_kind(clf, kind):
     """A copy of ``clf`` whose kernel head uses ``kind``, at that kind's LOO temperature."""
     c = copy.deepcopy(clf)
-    T = c.calibration_["kernel_logits_choice"]["candidates"][kind]["temperature"]
-    return c.set_temperatures({"kernel": T}, method="loo-nll", kernel_logits=kind)
+    cand = c.calibration_["kernel_logits_choice"]["candidates"][kind]
+    return c.set_temperatures({"kernel": cand["temperature"]}, method="loo-nll", kernel_logits=kind,
+                              kernel_floor=cand.get("floor"))
 
 
 # ----------------------------------------------------------------------------- the choice
@@ -209,7 +224,7 @@ def test_round_trip_keeps_the_kind_and_old_artifacts_read_as_log(raw_votes, tmp_
     art = raw_votes.save(tmp_path / "raw.svgen")
     meta = json.loads((art / "svgen.json").read_text())
     assert meta["calibration"]["kernel_logits"] == "score"
-    assert set(meta["calibration"]["kernel_logits_choice"]["candidates"]) == {"log", "score"}
+    assert set(meta["calibration"]["kernel_logits_choice"]["candidates"]) == {"log", "score", "floored"}
     back = SVGClassifier.load(art)
     assert back.kernel_logits_ == "score"
     np.testing.assert_allclose(back.predict_proba(x, "kernel"), raw_votes.predict_proba(x, "kernel"), rtol=1e-6)
@@ -253,13 +268,13 @@ def test_a_corrupted_kind_is_one_line(raw_votes, tmp_path, cli, bad):
 
 # ----------------------------------------------------------------------------- exports
 
-@pytest.mark.parametrize("kind", ["log", "score"])
+@pytest.mark.parametrize("kind", ["log", "score", "floored"])
 @pytest.mark.parametrize("fmt", ["safetensors", "npz", "onnx"])
-def test_exports_give_predict_proba_for_both_kinds(raw_votes, tmp_path, kind, fmt):
+def test_exports_give_predict_proba_for_every_kind(raw_votes, tmp_path, kind, fmt):
     clf = _with_kind(raw_votes, kind)
     x = _queries()
     want = clf.predict_proba(x, "kernel")
-    ref = _log_probs(clf, x) if kind == "log" else _raw_probs(clf, x)
+    ref = PROBS[kind](clf, x)
     np.testing.assert_allclose(want, ref, rtol=1e-4, atol=1e-6)  # float32 scores inside
     f = tmp_path / f"kernel.{fmt}"
     if fmt == "onnx":
@@ -268,7 +283,7 @@ def test_exports_give_predict_proba_for_both_kinds(raw_votes, tmp_path, kind, fm
         export_head(clf, f, "onnx", head="kernel")
         model = onnx.load(str(f))
         ops = {n.op_type for n in model.graph.node}
-        assert ("Log" in ops) == (kind == "log")
+        assert ("Log" in ops) == (kind != "score")
         props = {p.key: p.value for p in model.metadata_props}
         assert props["kernel_logits"] == kind
         got = ort.InferenceSession(str(f), providers=["CPUExecutionProvider"]).run(["probs"], {"embeddings": x})[0]
@@ -277,8 +292,9 @@ def test_exports_give_predict_proba_for_both_kinds(raw_votes, tmp_path, kind, fm
     export_head(clf, f, fmt, head="kernel")
     h = load_head(f)
     assert h["kernel_logits"] == kind
-    assert h["probabilities"] == ("probs = softmax(log(max(scores, 1e-30)) / temperature)" if kind == "log"
-                                  else "probs = softmax(scores / temperature)")
+    assert h["probabilities"] == {"log": "probs = softmax(log(max(scores, 1e-30)) / temperature)",
+                                  "score": "probs = softmax(scores / temperature)"}.get(kind, h["probabilities"])
+    assert ("kernel_floor" in h["probabilities"]) == (kind == "floored")
     # numpy from the head file's arrays and fields alone
     S, A, sig = h["support_vectors"].astype(np.float64), h["vote_weights"].astype(np.float64), float(h["bandwidth"])
     xh = x / np.linalg.norm(x, axis=1, keepdims=True)
@@ -286,6 +302,10 @@ def test_exports_give_predict_proba_for_both_kinds(raw_votes, tmp_path, kind, fm
     if "prior_prototypes" in h:   # an adapted head (format 3): + softmax(τ x̂ P̂ᵀ)
         s = s + _softmax(float(h["prior_logit_scale"]) * xh @ h["prior_prototypes"].astype(np.float64).T)
     z = np.log(np.maximum(s, 1e-30)) if h["kernel_logits"] == "log" else s
+    if h["kernel_logits"] == "floored":    # ε × the prior term, scaled to each row's top score
+        p0 = _softmax(float(h["prior_logit_scale"]) * xh @ h["prior_prototypes"].astype(np.float64).T)
+        fl = float(h["kernel_floor"]) * p0 * s.max(1, keepdims=True) / p0.max(1, keepdims=True)
+        z = np.log(np.maximum(np.maximum(s, fl), 1e-30))
     np.testing.assert_allclose(_softmax(z / float(h["temperature"])), want, atol=2e-5)
     script = runpy.run_path(str(SCRIPT))
     np.testing.assert_allclose(script["load_head"](str(f))["probs"](x), want, atol=2e-5)
@@ -356,3 +376,68 @@ def test_script_prints_the_librarys_raw_vote_probabilities(tmp_path, tiny_model,
     save_file(load_file(str(head)), str(tmp_path / "as_log.safetensors"), metadata=meta)
     as_log = script(tmp_path / "as_log.safetensors")
     assert max(abs(float(a["prob_1"]) - float(b["prob_1"])) for a, b in zip(as_log, theirs)) > 1e-3
+
+
+# ----------------------------------------------------------------------------- the floored kind
+
+def test_floored_logits_keep_the_argmax_and_bound_the_tail():
+    rng = np.random.default_rng(4)
+    s = 0.3 * rng.normal(size=(60, 9)) + 0.05                 # residual-corrected scores, many ≤ 0
+    p0 = rng.dirichlet(np.full(9, 0.2), size=60)              # confident zero-shot rows
+    for eps in calibration.KERNEL_FLOORS:
+        z = calibration.floored_log(torch.as_tensor(s), torch.as_tensor(p0), eps).numpy()
+        assert (z.argmax(1) == s.argmax(1)).all()               # the floor never reaches the top score
+        want = np.log(np.maximum(np.maximum(s, eps * p0 * s.max(1, keepdims=True) / p0.max(1, keepdims=True)), 1e-30))
+        np.testing.assert_allclose(z, want, rtol=1e-12)
+        assert z.min() > np.log(1e-30)                          # never the bare 1e-30 floor here
+    with pytest.raises(SvgenError, match="prior"):
+        calibration.kernel_logits(torch.as_tensor(s), "floored")
+    with pytest.raises(SvgenError, match="kernel_floor"):
+        calibration.kernel_logits(torch.as_tensor(s), "floored", torch.as_tensor(p0), 1.0)
+
+
+def test_choice_with_a_prior_scores_every_floor_and_keeps_the_lowest_nll():
+    rng = np.random.default_rng(1)
+    N, k = 90, 5
+    y = rng.integers(0, k, N)
+    p0 = rng.dirichlet(np.full(k, 0.5), size=N)
+    p0[np.arange(N), y] += 0.3
+    p0 /= p0.sum(1, keepdims=True)
+    s = p0 + 0.4 * (np.eye(k)[y] - p0) + 0.2 * rng.normal(size=(N, k))   # a correction, noisy, often ≤ 0
+    out = calibration.choose_kernel_logits(torch.as_tensor(s), y, fallback=0.3, prior=torch.as_tensor(p0))
+    c = out["candidates"]["floored"]
+    nlls = {}
+    for eps in calibration.KERNEL_FLOORS:    # brute force: each ε's own NLL-minimising T
+        z = np.log(np.maximum(np.maximum(s, eps * p0 * s.max(1, keepdims=True) / p0.max(1, keepdims=True)), 1e-30))
+        T = calibration.fit_temperature(torch.as_tensor(z), y)
+        nlls[eps] = _nll(z, y, T)
+        assert c["by_floor"][f"{eps:g}"] == pytest.approx(nlls[eps], rel=1e-6)
+    assert c["floor"] == min(nlls, key=nlls.get) and c["nll"] == pytest.approx(min(nlls.values()), rel=1e-6)
+    charged = {"log": out["candidates"]["log"]["nll"] + out["log_tail_guard"]["charge"],
+               "score": out["candidates"]["score"]["nll"], "floored": c["nll"]}
+    assert out["kind"] == min(charged, key=charged.get)
+    assert (out["floor"] == c["floor"]) == (out["kind"] == "floored")
+    # without a prior term there is no floored candidate (the zero-shot kernel head)
+    assert "floored" not in calibration.choose_kernel_logits(torch.as_tensor(s), y, fallback=0.3)["candidates"]
+
+
+def test_floored_round_trip_and_its_errors(raw_votes, tmp_path):
+    clf = _with_kind(raw_votes, "floored")
+    x = _queries()
+    art = clf.save(tmp_path / "f.svgen")
+    meta = json.loads((art / "svgen.json").read_text())
+    assert meta["calibration"]["kernel_logits"] == "floored"
+    assert meta["calibration"]["kernel_floor"] == clf.heads_.calibration.kernel_floor
+    back = SVGClassifier.load(art)
+    np.testing.assert_allclose(back.predict_proba(x, "kernel"), clf.predict_proba(x, "kernel"), rtol=1e-6)
+    np.testing.assert_array_equal(back.predict_proba(x, "kernel").argmax(1), back.decision_function(x, "kernel").argmax(1))
+    meta["calibration"].pop("kernel_floor")
+    (art / "svgen.json").write_text(json.dumps(meta))
+    with pytest.raises(SvgenError, match="kernel_floor"):
+        SVGClassifier.load(art)
+    protos, _, _ = _problem(1)
+    zs = SVGClassifier(n_support=2, steps=5, seed=0).fit(protos)      # no prior term: no floored logits
+    with pytest.raises(SvgenError, match="prior term"):
+        zs.set_temperatures({"kernel": 0.5}, method="manual", kernel_logits="floored", kernel_floor=0.5)
+    with pytest.raises(SvgenError, match="kernel_floor"):
+        copy.deepcopy(raw_votes).set_temperatures({"kernel": 0.5}, method="manual", kernel_logits="floored")
