@@ -243,6 +243,17 @@ def write_coop_toy(root, name, C=4, D=16, splits=(("train16", 16), ("val", 10)),
     return out
 
 
+def write_textlike_val_toy(root, name, C, n_val, D=16, spread=1.5):
+    """:func:`write_coop_toy` with only a ``val`` split (centres ×2) and ``textlike_prototypes.npy``: each class's
+    val mean moved by ``spread`` × Gaussian noise, a prior that is informative but off; returns ``(X, y, P)``."""
+    import numpy as np
+
+    X, y = write_coop_toy(root, name, C=C, D=D, splits=(("val", n_val),), centre_scale=2.0)["val"]
+    P = np.stack([X[y == c].mean(0) for c in range(C)]) + spread * np.random.default_rng(1).normal(size=(C, D))
+    np.save(Path(root) / name / "textlike_prototypes.npy", P.astype(np.float32))
+    return X, y, P
+
+
 # ----------------------------------------------------------------------------- reliability tests (issue 24)
 
 def file_tree(folder) -> dict:

@@ -7,7 +7,7 @@ import math
 
 import numpy as np
 import pytest
-from conftest import load_script, write_coop_toy
+from conftest import load_script, write_textlike_val_toy
 
 from svgen.fewshot import residual
 
@@ -15,10 +15,7 @@ from svgen.fewshot import residual
 @pytest.fixture
 def toy(tmp_path, monkeypatch):
     bench = load_script("bench_logit_form")
-    data = write_coop_toy(tmp_path, "fgvc", C=5, D=16, splits=(("val", 12),), centre_scale=2.0)
-    X, y = data["val"]
-    P = np.stack([X[y == c].mean(0) for c in range(5)]) + 1.5 * np.random.default_rng(1).normal(size=(5, 16))
-    np.save(tmp_path / "fgvc" / "textlike_prototypes.npy", P.astype(np.float32))
+    X, y, P = write_textlike_val_toy(tmp_path, "fgvc", C=5, n_val=12)
     monkeypatch.setattr(bench, "FEWSHOT", tmp_path)
     return bench, X, y, P
 

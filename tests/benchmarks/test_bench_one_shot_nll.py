@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from conftest import load_script, write_coop_toy
+from conftest import load_script, write_textlike_val_toy
 
 from svgen.calibration import temperatures as calibration
 
@@ -16,10 +16,7 @@ from svgen.calibration import temperatures as calibration
 def toy(tmp_path, monkeypatch):
     bench = load_script("bench_one_shot_nll")
     adapt = load_script("bench_adapt")
-    data = write_coop_toy(tmp_path, "fgvc", C=6, D=16, splits=(("val", 8),), centre_scale=2.0)
-    X, y = data["val"]
-    P = np.stack([X[y == c].mean(0) for c in range(6)]) + 1.5 * np.random.default_rng(1).normal(size=(6, 16))
-    np.save(tmp_path / "fgvc" / "textlike_prototypes.npy", P.astype(np.float32))
+    X, y, P = write_textlike_val_toy(tmp_path, "fgvc", C=6, n_val=8)
     monkeypatch.setattr(adapt, "FEWSHOT", tmp_path)
     return bench, X, y, P
 
