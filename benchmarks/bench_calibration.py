@@ -34,6 +34,7 @@ from benchmarks.bench_common import ROOT, machine, print_table, save_result
 
 from svgen import SVGClassifier
 from svgen.calibration import temperatures as calibration
+from svgen.heads import predictor
 
 HEADS = ("cosine", "kernel", "linear")
 BOOT = 2000
@@ -229,7 +230,9 @@ def kernel_kinds(clf, Xv, yv) -> dict:
         if T is None:   # not fitted: raw votes have no temperature of their own to show
             out["kinds"][kind] = {"loo_nll": None, "temperature": None, "nll": None, "ece": None}
             continue
-        z = calibration.kernel_logits(s, kind)
+        # the floored kind's floor is ε × the head's zero-shot term at the same images
+        prior = predictor.kernel_prior(clf.heads_, clf.prototypes_, clf._features(Xv)) if kind == "floored" else None
+        z = calibration.kernel_logits(s, kind, prior, c.get("floor"))
         out["kinds"][kind] = {"loo_nll": c["nll"], "temperature": T, "nll": calibration.nll_from_logits(z, T, yv),
                               "ece": calibration.ece(calibration.softmax(z, T).numpy(), yv)}
     return out
