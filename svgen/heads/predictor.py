@@ -53,19 +53,31 @@ def logits_of_scores(heads: Heads, s: torch.Tensor, head: str, prior=None) -> to
     return calibration.head_logits(s, head, cal.kernel_logits, prior, cal.kernel_floor)
 
 
-def _needs_prior(heads: Heads, head: str) -> bool:
+def needs_prior(heads: Heads, head: str) -> bool:
+    """Whether ``head``'s logits need the kernel head's zero-shot term besides its scores (the floored kind)."""
     return head == "kernel" and heads.calibration.kernel_logits == "floored"
 
 
+def _scores_and_prior(heads: Heads, prototypes, kind: str, x: torch.Tensor, head: str) -> tuple:
+    """(:func:`scores`, the zero-shot term where :func:`needs_prior`, else None): the term is computed once, for
+    both."""
+    if not needs_prior(heads, head):
+        return scores(heads, prototypes, kind, x, head), None
+    k = heads.kernel
+    prior = kernel_prior(heads, prototypes, x)
+    with torch.no_grad():
+        return kernel_scores(x, k.rows, k.bandwidth, k.votes, kind) + prior, prior
+
+
 def logits(heads: Heads, prototypes, kind: str, x: torch.Tensor, head: str) -> torch.Tensor:
-    prior = kernel_prior(heads, prototypes, x) if _needs_prior(heads, head) else None
-    return logits_of_scores(heads, scores(heads, prototypes, kind, x, head), head, prior)
+    s, prior = _scores_and_prior(heads, prototypes, kind, x, head)
+    return logits_of_scores(heads, s, head, prior)
 
 
 def proba(heads: Heads, prototypes, kind: str, x: torch.Tensor, head: str) -> torch.Tensor:
     """``softmax(logits / T_head)`` (float64)."""
-    prior = kernel_prior(heads, prototypes, x) if _needs_prior(heads, head) else None
-    return proba_of_scores(heads, scores(heads, prototypes, kind, x, head), head, prior)
+    s, prior = _scores_and_prior(heads, prototypes, kind, x, head)
+    return proba_of_scores(heads, s, head, prior)
 
 
 def proba_of_scores(heads: Heads, s: torch.Tensor, head: str, prior=None) -> torch.Tensor:

@@ -77,7 +77,8 @@ def refused(stage: Stage, side: TextSide, U: torch.Tensor, record: dict) -> Pool
     log.warning("transductive: %s", record["fallback"])
     head = stage.default_head
     s = predictor.scores_in_blocks(stage.heads, side.prototypes, side.config.kernel, U, head)
-    prior = predictor.kernel_prior(stage.heads, side.prototypes, U) if head == "kernel" else None
+    floored = predictor.needs_prior(stage.heads, head)
+    prior = predictor.kernel_prior(stage.heads, side.prototypes, U) if floored else None
     return PoolFit(stage.heads, record, predictor.proba_of_scores(stage.heads, s, head, prior), None)
 
 
