@@ -32,13 +32,12 @@ from benchmarks.bench_common import machine, save_result
 from svgen.calibration import temperatures as calibration
 from svgen.fewshot import residual
 
-FLOORS = (0.1, 0.3, 0.5, 0.9)
+FLOORS = calibration.KERNEL_FLOORS
 
 
 def floored_log(s: np.ndarray, p0: np.ndarray, eps: float) -> np.ndarray:
-    """``log(max(s, ε·p₀·max s / max p₀))`` row by row (the floor never reaches the row's top score)."""
-    floor = eps * p0 * (s.max(axis=1, keepdims=True) / p0.max(axis=1, keepdims=True))
-    return np.log(np.maximum(s, np.maximum(floor, 1e-30)))
+    """:func:`svgen.calibration.temperatures.floored_log` on numpy rows (the kind svgen ships)."""
+    return calibration.floored_log(s, p0, eps).numpy()
 
 
 def mean_nll(z: np.ndarray, y: np.ndarray, T: float) -> float:

@@ -149,9 +149,9 @@ def replication_gate(agree_pool: np.ndarray, agree_ind: np.ndarray, agree5_pool:
 
 def fit_stack(parts, y: np.ndarray) -> tuple:
     """Weights ``w ≥ 0`` minimising the mean NLL of ``softmax(Σ_k w_k·parts[k])`` on labelled rows: how much of each
-    N×C logit matrix the deployed head takes (the pool's Gaussian log-likelihood, the inductive LDA logits, CLIP's
-    zero-shot logits). Convex in ``w`` (a softmax of a linear function of it); the start is the second part
-    alone (the inductive LDA head)."""
+    N×C logit matrix the deployed head takes (:func:`check_with_shots`: the pool's Gaussian log-likelihood and the
+    inductive linear head's logits). Convex in ``w`` (a softmax of a linear function of it); the start is the
+    second part alone (the inductive head)."""
     from scipy.optimize import minimize
 
     feats = [np.asarray(f, dtype=np.float64) for f in parts]
