@@ -13,6 +13,8 @@ Scores, given raw image embeddings ``x`` and ``x̂ = x / ||x||``:
 * linear / cosine head file: ``logits = logit_scale * (x̂ @ weight + bias)`` (weight D×C);
 * kernel head file: ``exp(-||x̂ - s||² / (2σ²)) @ vote_weights`` over the support vectors ``s``
   (``exp(-||x̂ - s|| / σ)`` for the Laplacian kernel; vote weights dense or COO);
+* mixture head file (after labelled shots): the kernel and linear heads' tensors prefixed ``kernel.`` and ``linear.``
+  and ``mixture_weight`` w; probabilities ``w·p_kernel + (1 − w)·p_linear``, scores ``log(max(probs, 1e-30))``;
 * ONNX: ``session.run(["scores"], {"embeddings": x})``.
 
 ``--probs`` prints probabilities instead: ``softmax(logits / temperature)`` with the head file's
@@ -92,6 +94,29 @@ def load_head(path: str) -> dict:
     if meta.get("format") != "svgen-head":
         raise Failure(f"{path} is not an exported svgen head (format {meta.get('format')!r})")
     head = {"head": meta["head"], "classes": classes, "encoder": json.loads(meta.get("encoder") or "{}")}
+    if head["head"] == "mixture":   # w·p_kernel + (1 − w)·p_linear, each from its own head file's tensors
+        if "mixture_weight" not in arrays:
+            raise Failure(f"{path}: a mixture head file needs mixture_weight")
+        w = float(arrays["mixture_weight"])
+        parts = {h: head_functions({k[len(h) + 1:]: v for k, v in arrays.items() if k.startswith(h + ".")},
+                                   meta, h, path) for h in ("kernel", "linear")}
+        if any("probs" not in f for f in parts.values()):
+            raise Failure(f"{path}: a mixture head file needs kernel.temperature and linear.temperature")
+
+        def probs(x):
+            return (w * parts["kernel"]["probs"](x).astype(np.float64)
+                    + (1.0 - w) * parts["linear"]["probs"](x).astype(np.float64))
+
+        head.update(dim=parts["kernel"]["dim"], probs=lambda x: probs(x).astype(np.float32),
+                    score=lambda x: np.log(np.maximum(probs(x), 1e-30)).astype(np.float32))
+        return head
+    head.update(head_functions(arrays, meta, head["head"], path))
+    return head
+
+
+def head_functions(arrays: dict, meta: dict, name: str, path: str) -> dict:
+    """``{"dim", "score", "probs"?}`` of one head (``name``) from its tensors ``arrays`` and the file's ``meta``."""
+    head = {}
     if "weight" in arrays:  # linear or cosine: an open_clip-style D×C classifier
         W, b = arrays["weight"].astype(np.float32), arrays["bias"].astype(np.float32)
         scale = float(arrays["logit_scale"])
@@ -127,7 +152,7 @@ def load_head(path: str) -> dict:
             return votes(x) + softmax((tau * normalize(x) @ P.T).astype(np.float64)).astype(np.float32)
 
         head["score"] = score
-    logits_kind = meta.get("kernel_logits", "log") if head["head"] == "kernel" else "score"
+    logits_kind = meta.get("kernel_logits", "log") if name == "kernel" else "score"
     if logits_kind not in KERNEL_LOGITS:
         raise Failure(f"{path}: kernel_logits is {logits_kind!r}; this script knows {', '.join(KERNEL_LOGITS)}")
     if logits_kind == "floored" and not {"kernel_floor", "prior_prototypes", "prior_logit_scale"} <= set(arrays):

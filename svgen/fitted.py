@@ -15,7 +15,6 @@ import torch
 from svgen.errors import SvgenError
 from svgen.estimator import Estimator
 from svgen.heads import predictor
-from svgen.heads.scoring import HEADS
 from svgen.core.support import SupportSet
 from svgen.validation import check_embeddings
 
@@ -60,10 +59,17 @@ class FittedHeads(Estimator):
     @property
     def default_head_(self) -> str:
         """The head ``classify``, ``eval``, ``export`` and :meth:`predict` use when none is named: what the fit with
-        shots decided (:func:`svgen.fewshot.adapt.choose_default_head`) or a kept pool (the linear head), else the
-        kernel head."""
+        shots decided (:func:`svgen.fewshot.adapt.choose_default_head`: the mixture of the kernel and linear heads, or
+        one of them) or a kept pool (the linear head), else the kernel head."""
         head = (self.transductive_ or {}).get("default_head") or (self.fewshot_ or {}).get("default_head", "kernel")
-        return head if head in HEADS else "kernel"
+        return head if head in predictor.head_names(self.heads_) else "kernel"
+
+    @property
+    def head_names_(self) -> tuple:
+        """The heads this classifier can be read through: kernel, linear, cosine, and ``"mixture"`` where labelled
+        shots fitted one (:mod:`svgen.calibration.mixture`)."""
+        self._check_fitted()
+        return predictor.head_names(self.heads_)
 
     def _text_temperatures(self, only: Optional[str] = None) -> None:
         """Per-head temperatures from the text side (:func:`svgen.heads.predictor.text_calibration`)."""

@@ -57,12 +57,14 @@ class LinearHead:
 @dataclass
 class Calibration:
     """Per-head temperatures (``softmax(logits / T)``), the kind of the kernel head's logits
-    (:data:`svgen.calibration.temperatures.KERNEL_LOGITS`) and the record of how they were fitted (``svgen.json``)."""
+    (:data:`svgen.calibration.temperatures.KERNEL_LOGITS`), the weight of the kernel head in the ``"mixture"`` head
+    where shots fitted one (:mod:`svgen.calibration.mixture`) and the record of how they were fitted (``svgen.json``)."""
 
     temperatures: dict
     kernel_logits: str = "log"
     record: dict = field(default_factory=dict)
     kernel_floor: Optional[float] = None   # ε of the "floored" kernel logits (None for the other kinds)
+    mixture_weight: Optional[float] = None   # w of the "mixture" head, w·p_kernel + (1 − w)·p_linear (None: none)
 
 
 @dataclass

@@ -55,9 +55,11 @@ def add_parser(sub):
     p.add_argument("--features", metavar="FEATS.npy", nargs="+",
                    help="precomputed N×D image embeddings instead of images (raw or normalised); several "
                         "files are read as one, in order; with --engine ray also .parquet shards and globs")
-    p.add_argument("--head", choices=("kernel", "linear", "cosine"), default=None,
-                   help="kernel vote, linear head, or cosine (the plain CLIP baseline); default: the head the fit "
-                        "chose (svgen.json), with --transductive the pool's probabilities")
+    p.add_argument("--head", choices=("kernel", "linear", "cosine", "mixture"), default=None,
+                   help="kernel vote, linear head, cosine (the plain CLIP baseline), or mixture (after labelled "
+                        "shots: the kernel and linear heads' probabilities averaged with the fitted weight; its "
+                        "scores are log-probabilities); default: the head the fit chose (svgen.json), with "
+                        "--transductive the pool's probabilities")
     p.add_argument("--probs", action="store_true",
                    help="print probabilities (each row sums to one over all classes) instead of scores")
     p.add_argument("-k", "-K", "--top-k", type=int, default=5,

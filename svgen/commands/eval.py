@@ -17,7 +17,7 @@ log = logging.getLogger(__name__)
 def add_parser(sub):
     p = sub.add_parser(
         "eval",
-        help="accuracy of all three heads on labelled images or embeddings",
+        help="accuracy of every head (cosine, kernel, linear; mixture after shots) on labelled images or embeddings",
         description="Evaluate the cosine (plain CLIP), kernel-vote and linear heads of an artifact on the same "
                     "labelled data and print one table: top-1 and top-5 accuracy, mean per-class recall (over "
                     "the classes present in the labels) and the number of examples evaluated. --data DIR is a "
@@ -26,7 +26,9 @@ def add_parser(sub):
                     "into the artifact's class list. The probabilities of every head (softmax(logits / T), T "
                     "stored in the artifact) are judged by nll (mean −log p of the true class) and ece "
                     "(expected calibration error over 15 equal-width confidence bins); T is each head's "
-                    "temperature.",
+                    "temperature. After labelled shots the table has a fourth head, their mixture (the kernel "
+                    "and linear heads' probabilities averaged with the weight the fit chose; T = 1); '*' marks the "
+                    "default head, the one classify, export and predict use.",
         epilog="examples:\n"
                "  svgen eval lvis.svgen --features dev_feats.npy --labels dev_labels.npy\n"
                "  svgen eval pets.svgen --data pets-val/ --json --out pets-eval.json\n"
@@ -42,7 +44,7 @@ def add_parser(sub):
                    help="print one JSON object {head: {acc1, acc5, mean_per_class_recall, nll, ece, temperature, n}} "
                         "instead of a table (implied by --out FILE.json)")
     p.add_argument("--plot", metavar="FILE.png",
-                   help="also draw reliability diagrams of the three heads side by side (needs svgen[plot]; "
+                   help="also draw reliability diagrams of the heads side by side (needs svgen[plot]; "
                         "--force replaces an existing file)")
     p.add_argument("--out", metavar="FILE",
                    help="write here (atomically) instead of stdout: FILE.json gets the JSON object, FILE.txt "
@@ -56,7 +58,7 @@ def format_table(results: dict, default_head: str = "kernel") -> str:
     """The heads side by side; ``*`` marks the default head (the one classify, export and predict use)."""
     lines = [f"{'head':<8} {'acc1':>8} {'acc5':>8} {'mean_per_class_recall':>22} {'nll':>7} {'ece':>7} "
              f"{'T':>9} {'n':>7}"]
-    for head in HEAD_ORDER:
+    for head in (h for h in HEAD_ORDER if h in results):
         r = results[head]
         name = head + ("*" if head == default_head else "")
         lines.append(f"{name:<8} {100 * r['acc1']:>7.2f}% {100 * r['acc5']:>7.2f}% "
@@ -103,10 +105,10 @@ def run(args) -> int:
     if args.plot:
         from svgen.calibration.plots import plot_reliability
 
-        plot_reliability({h: {**results[h], "reliability": bins[h]} for h in HEAD_ORDER}, args.plot,
+        plot_reliability({h: {**results[h], "reliability": bins[h]} for h in HEAD_ORDER if h in results}, args.plot,
                          title=f"{args.artifact}: reliability ({results['cosine']['n']} examples)", force=args.force)
-        note(args, f"wrote {args.plot}: reliability diagrams of the {', '.join(HEAD_ORDER)} heads")
-    emit(text, args.out, args.force, args, f"{', '.join(HEAD_ORDER)} heads on {len(y)} example(s), "
+        note(args, f"wrote {args.plot}: reliability diagrams of the {', '.join(results)} heads")
+    emit(text, args.out, args.force, args, f"{', '.join(results)} heads on {len(y)} example(s), "
                                            f"{'JSON' if args.json else 'table'}")
     return 0
 

@@ -22,10 +22,13 @@ def add_parser(sub):
                     "'logit_scale' (100), so that\n"
                     "    logits = logit_scale * (x/||x|| @ weight + bias)\n"
                     "reproduces svgen's scores; '100. * image_features @ weight' is the open_clip idiom. "
-                    "--head kernel writes 'support_vectors' (M×D), 'bandwidth' and 'vote_weights' (M×C).\n"
+                    "--head kernel writes 'support_vectors' (M×D), 'bandwidth' and 'vote_weights' (M×C). "
+                    "--head mixture (after labelled shots) writes both heads, their tensors prefixed 'kernel.' "
+                    "and 'linear.', and 'mixture_weight' w: probs = w·p_kernel + (1 − w)·p_linear.\n"
                     "Class names, the encoder identity and the formula travel in the file's metadata.\n\n"
                     "onnx (needs svgen[onnx]): a graph from 'embeddings' (N×D raw image embeddings) to 'scores' "
-                    "(N×C) for the linear, kernel or cosine head, checked against svgen with onnxruntime "
+                    "(N×C) and 'probs' for the linear, kernel, cosine or mixture head, checked against svgen with "
+                    "onnxruntime "
                     "before it is written.",
         epilog="examples:\n"
                "  svgen export lvis.svgen --format safetensors --out lvis-linear.safetensors\n"
@@ -36,8 +39,8 @@ def add_parser(sub):
     p.add_argument("artifact", metavar="ARTIFACT_DIR", help="artifact written by 'svgen fit'")
     p.add_argument("--format", choices=tuple(SUFFIX), default=None,
                    help="file format (default: from the --out suffix; a suffix naming another format is refused)")
-    p.add_argument("--head", choices=("linear", "kernel", "cosine"), default=None,
-                   help="which head to export (default: the artifact's default head, the one classify uses: kernel)")
+    p.add_argument("--head", choices=("linear", "kernel", "cosine", "mixture"), default=None,
+                   help="which head to export (default: the artifact's default head, the one classify uses)")
     p.add_argument("--out", required=True, metavar="FILE", help="file to write (atomically)")
     p.add_argument("--force", action="store_true", help="overwrite --out if it exists")
     p.add_argument("--no-verify", action="store_true", help="skip the onnxruntime check of an ONNX export")

@@ -116,11 +116,12 @@ def paired_bootstrap(correct_a, correct_b, n_resamples: int = 2000, seed: int = 
             "high": float(np.percentile(means, 100 - tail)), "n": int(d.size), "resamples": int(n_resamples)}
 
 
-HEAD_ORDER = ("cosine", "kernel", "linear")
+HEAD_ORDER = ("cosine", "kernel", "linear", "mixture")   # the heads a classifier has, in this order
 
 
 def evaluate_heads(clf, x, labels, bins: dict = None) -> dict:
-    """``{head: {acc1, acc5, mean_per_class_recall, nll, ece, temperature, n}}`` for every head of ``clf``.
+    """``{head: {acc1, acc5, mean_per_class_recall, nll, ece, temperature, n}}`` for every head of ``clf`` (the
+    mixture's only where shots fitted one; its temperature is 1 and its logits are ``log p``).
 
     ``nll`` and ``ece`` (15 bins) judge ``clf.predict_proba``; ``bins``, when given, receives each
     head's reliability bins (for ``--plot``).
@@ -128,11 +129,13 @@ def evaluate_heads(clf, x, labels, bins: dict = None) -> dict:
     from svgen.calibration.temperatures import calibration_metrics, reliability, softmax
     from svgen.evaluation.metrics import check_labels, evaluate
 
+    from svgen.heads import predictor
+
     y = check_labels(labels, x.shape[0], len(clf.classes_))
     out = {}
-    for head in HEAD_ORDER:
+    for head in (h for h in HEAD_ORDER if h in clf.head_names_):
         scores = clf.decision_function(x, head=head)
-        logits, T = clf.logits(x, head=head), clf.temperatures_[head]
+        logits, T = clf.logits(x, head=head), predictor.temperature(clf.heads_, head)
         r = evaluate(scores, y)
         n = r.pop("n")
         out[head] = {**r, **calibration_metrics(logits, T, y), "temperature": T, "n": n}

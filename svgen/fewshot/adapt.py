@@ -7,20 +7,22 @@ and returns new heads and their record (``svgen.json`` ``fewshot``); it changes 
   on balanced held-out folds; zero-shot kept where the correction is worse there).
 * **Linear head**: CLIP's zero-shot logits plus α × the shared-covariance LDA head's (:mod:`svgen.fewshot.linear`;
   the LDA head, :func:`svgen.fewshot.lda.fit_lda_head`, has the prototypes as prior means; α on the same folds).
-* **Default head**: the higher accuracy on the same held-out shots (:func:`choose_default_head`).
+* **Default head**: the mixture of the two calibrated heads, ``w·p_kernel + (1 − w)·p_linear``, with ``w`` by the NLL of
+  the same held-out shots (:func:`choose_default_head`; ``w`` = 1 or 0: that head alone).
 * **Temperatures**: fitted on held-out scores of the shots (:func:`temperatures`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
-import math
 import time
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
+from svgen.calibration import mixture
 from svgen.calibration import temperatures as calibration
 from svgen.fewshot import lda as fewshot
 from svgen.fewshot import linear
@@ -52,7 +54,9 @@ def adapt(zero_shot: Heads, shots: SupportSet, side: TextSide) -> ShotFit:
                                  residual.class_subset(shots.labels.numpy(), fewshot.LDA_LOO_MAX, side.config.seed))
     wall = time.perf_counter() - t0
     heads = Heads(kernel_head(res, zero_shot, shots, C), LinearHead(lin.weight, lin.bias))
-    default, head_choice = choose_default_head(heads, side, res, shots, lin)
+    heads.calibration = temperatures(heads, side, shots, res, lin)
+    default, weight, head_choice = choose_default_head(heads, side, res, shots, lin)
+    heads.calibration = dataclasses.replace(heads.calibration, mixture_weight=weight)
     counts = shots.counts(C)
     record = {
         "shots": int(counts.sum()), "classes_with_shots": int((counts > 0).sum()),
@@ -67,7 +71,6 @@ def adapt(zero_shot: Heads, shots: SupportSet, side: TextSide) -> ShotFit:
              len(shots), wall, "adapted" if res.adopted else "kept zero-shot", res.sigma, res.record["ridge_c"],
              lchoice.settings["shrinkage"], lchoice.settings["prior_shots"], lchoice.loo_error,
              lin.record.get("alpha", "none (LDA alone)"))
-    heads.calibration = temperatures(heads, side, shots, res, lin)
     return ShotFit(heads, record)
 
 
@@ -76,7 +79,9 @@ def kernel_head(res, zero_shot: Heads, shots: SupportSet, n_classes: int) -> Ker
     term when it was adopted, else the zero-shot kernel vote over the text rows exactly (the shots follow as rows
     with zero votes, so adapting again or adding classes still has them)."""
     if res.adopted:
-        return KernelHead(torch.from_numpy(res.rows).float(), float(res.sigma), torch.from_numpy(res.votes).float(),
+        # σ as the artifact stores it (float32), so a saved and loaded head scores exactly as the fitted one
+        return KernelHead(torch.from_numpy(res.rows).float(), float(np.float32(res.sigma)),
+                          torch.from_numpy(res.votes).float(),
                           torch.from_numpy(res.labels).to(torch.int64),
                           torch.full((res.rows.shape[0],), IMAGE, dtype=torch.uint8), float(res.logit_scale))
     z = zero_shot.kernel
@@ -85,36 +90,57 @@ def kernel_head(res, zero_shot: Heads, shots: SupportSet, n_classes: int) -> Ker
                       torch.cat([z.votes.float(), torch.zeros(len(shots), n_classes)]), rows.labels, rows.source)
 
 
-def choose_default_head(heads: Heads, side: TextSide, res, shots: SupportSet, lin) -> tuple:
-    """("kernel" | "linear", record): the head ``classify``, ``eval``, ``export`` and ``predict`` use.
-
-    Both heads are compared on the same held-out shots (the balanced folds of :mod:`svgen.fewshot.residual`, each head
-    refitted without the fold at its chosen settings, as it will be deployed: ``lin`` holds the linear head's,
-    :func:`svgen.fewshot.linear.fit_linear_head`) and the higher held-out accuracy wins; a tie keeps the kernel head
-    (which is the zero-shot head when the correction was refused). Where the kernel head's settings were chosen on
-    a subset of whole classes (:data:`svgen.fewshot.residual.SELECT_MAX`), the LDA part is refitted on the same
-    subset's shots, so both are scored on the same problem (the other classes without shots in both). With one shot
-    per class there are no folds: the kernel head."""
-    if res.folds is None:
-        return "kernel", {"rule": "one shot per class: no held-out shots to compare the heads on; kernel"}
-    y = shots.labels
-    rows = np.concatenate(res.folds)
-    truth = y.numpy()[rows]
-    lin_ok = (lin.held_logits.argmax(axis=1) == truth).astype(float)
-    kernel_held = dict(zip(res.held_rows.tolist(), res.held_scores.argmax(axis=1).tolist()))
+def held_out_probabilities(heads: Heads, side: TextSide, res, shots: SupportSet, lin) -> tuple:
+    """(rows, kernel N×C, linear N×C): both calibrated heads' probabilities on the shots neither saw — the balanced
+    folds' held-out shots, each head refitted without its fold at its chosen settings (``res.held_scores``,
+    ``lin.held_logits``), or with one shot per class the exact leave-one-out scores (``res.loo_scores``,
+    ``lin.loo_logits``): the evidence the temperatures in ``heads.calibration`` were fitted on. A refused kernel
+    correction is the zero-shot kernel head, which needs no refit."""
+    cal = heads.calibration
+    if res.folds is not None:
+        rows, zk, zl = np.concatenate(res.folds), res.held_scores, lin.held_logits
+    else:
+        rows = np.arange(len(shots)) if res.loo_rows is None else np.asarray(res.loo_rows)
+        zk, zl = res.loo_scores, lin.loo_logits
+    x = shots.rows[rows].float()
     if res.adopted:
-        ker_ok = np.array([kernel_held[r] for r in rows.tolist()]) == truth
-    else:   # the kernel head is the zero-shot one: its predictions need no refit
-        x = shots.rows[rows].float()
-        ker_ok = np.asarray(predictor.scores(heads, side.prototypes, side.config.kernel, x, "kernel")).argmax(axis=1) == truth
-    d = lin_ok - ker_ok.astype(float)
-    se = float(d.std(ddof=1) / math.sqrt(len(d))) if len(d) > 1 else 0.0
-    head = "linear" if d.mean() > 0 else "kernel"
-    return head, {"kernel_held_out_accuracy": float(ker_ok.mean()), "linear_held_out_accuracy": float(lin_ok.mean()),
-                  "linear_minus_kernel": float(d.mean()), "standard_error": se, "shots_compared": int(len(d)),
-                  "classes_compared": "all" if res.loo_rows is None else int(np.unique(y.numpy()[res.loo_rows]).size),
-                  "rule": "the higher accuracy on the held-out shots (balanced folds, both heads refitted without "
-                          "each fold on the same classes' shots); a tie keeps the kernel head"}
+        p0 = residual.prior_probs(residual.unit(x.numpy()), residual.unit(side.prototypes.numpy()), res.logit_scale)
+        z = calibration.kernel_logits(torch.as_tensor(zk, dtype=torch.float64), cal.kernel_logits,
+                                      torch.from_numpy(p0), cal.kernel_floor)
+        pk = calibration.softmax(z, cal.temperatures["kernel"]).numpy()
+    else:
+        pk = predictor.proba(heads, side.prototypes, side.config.kernel, x, "kernel").numpy()
+    pl = calibration.softmax(torch.as_tensor(zl, dtype=torch.float64), cal.temperatures["linear"]).numpy()
+    return rows, pk, pl
+
+
+def choose_default_head(heads: Heads, side: TextSide, res, shots: SupportSet, lin) -> tuple:
+    """(``"mixture"`` | ``"kernel"`` | ``"linear"``, w, record): the head ``classify``, ``eval``, ``export`` and
+    ``predict`` use, and the mixture's weight (None where it is one head alone).
+
+    The mixture ``w·p_kernel + (1 − w)·p_linear`` (:mod:`svgen.calibration.mixture`) has ``w`` minimising the NLL of
+    both calibrated heads on the same held-out shots (:func:`held_out_probabilities`); ``w = 1`` deploys the kernel
+    head alone (a tie keeps it) and ``w = 0`` the linear head alone. Each head is refitted without each fold at its
+    chosen settings, as it will be deployed, and zero-shot is a candidate inside both (a refused correction; α = 0).
+    Where the kernel head's settings were chosen on a subset of whole classes
+    (:data:`svgen.fewshot.residual.SELECT_MAX`), the LDA part is refitted on the same subset's shots, so both are
+    scored on the same problem."""
+    rows, pk, pl = held_out_probabilities(heads, side, res, shots, lin)
+    truth = shots.labels.numpy()[rows]
+    fit = mixture.fit_weight(pk, pl, truth)
+    w = fit["weight"]
+    head = "kernel" if w == 1.0 else "linear" if w == 0.0 else "mixture"
+    acc = lambda p: float((p.argmax(axis=1) == truth).mean())   # noqa: E731
+    return head, (None if head != "mixture" else w), {
+        "mixture_weight": w, "held_out_nll": {"mixture": fit["nll"], "kernel": fit["nll_kernel"],
+                                              "linear": fit["nll_linear"]},
+        "held_out_accuracy": {"mixture": acc(w * pk + (1 - w) * pl), "kernel": acc(pk), "linear": acc(pl)},
+        "shots_compared": fit["images"],
+        "evidence": "balanced folds" if res.folds is not None else "leave-one-out",
+        "classes_compared": "all" if res.loo_rows is None else int(np.unique(truth).size),
+        "rule": "w·p_kernel + (1 − w)·p_linear, each head at its own temperature, w minimising the NLL of the "
+                "held-out shots (both heads refitted without each fold, on the same classes' shots; one shot per "
+                "class: exact leave-one-out); w = 1 is the kernel head alone (ties), w = 0 the linear head alone"}
 
 
 def temperatures(heads: Heads, side: TextSide, shots: SupportSet, res, lin) -> Calibration:

@@ -2,7 +2,9 @@
 
 ``scores``: the kernel vote ``k(x̂, rows) @ votes`` (+ ``softmax(100·x̂P̂ᵀ)`` with a prior term), the linear head
 ``x̂Wᵀ + b`` or CLIP's cosine ``100·x̂P̂ᵀ``; ``logits``: what the softmax takes (the kernel vote's ``log score`` or
-raw score, :mod:`svgen.calibration.temperatures`); probabilities are ``softmax(logits / T_head)``.
+raw score, :mod:`svgen.calibration.temperatures`); probabilities are ``softmax(logits / T_head)``. With shots the
+``"mixture"`` head (:mod:`svgen.calibration.mixture`) is ``w·p_kernel + (1 − w)·p_linear``; its scores and logits are
+``log max(p, 10⁻³⁰)`` and its T is 1.
 """
 
 from __future__ import annotations
@@ -14,12 +16,44 @@ import torch
 
 from svgen.calibration import temperatures as calibration
 from svgen.errors import SvgenError
-from svgen.heads.scoring import HEADS, cosine_logits, kernel_scores, linear_logits, prior_probs
+from svgen.heads.scoring import HEADS, MIXTURE, cosine_logits, kernel_scores, linear_logits, prior_probs
 from svgen.state import Calibration, Heads
 
 
+def head_names(heads: Heads) -> tuple:
+    """The heads ``heads`` can be read through: :data:`~svgen.heads.scoring.HEADS`, and ``"mixture"`` where shots
+    fitted its weight."""
+    cal = heads.calibration
+    return HEADS + ((MIXTURE,) if cal is not None and cal.mixture_weight is not None else ())
+
+
+def check_head(heads: Heads, head: str) -> str:
+    """``head`` if ``heads`` has it, else one :class:`SvgenError` line."""
+    if head in head_names(heads):
+        return head
+    if head == MIXTURE:
+        raise SvgenError("this classifier has no mixture head: it is fitted only where labelled shots give both the "
+                         "kernel and the linear head held-out probabilities (adapt with shots)")
+    raise SvgenError(f"unknown head {head!r}; expected one of {', '.join(head_names(heads))}")
+
+
+def temperature(heads: Heads, head: str) -> float:
+    """``head``'s T (the mixture's is 1: its parts are calibrated)."""
+    return 1.0 if head == MIXTURE else heads.calibration.temperatures[head]
+
+
+def mixture_proba(heads: Heads, prototypes, kind: str, x: torch.Tensor) -> torch.Tensor:
+    """``w·p_kernel + (1 − w)·p_linear`` (float64), each head at its own temperature."""
+    check_head(heads, MIXTURE)
+    w = heads.calibration.mixture_weight
+    return w * proba(heads, prototypes, kind, x, "kernel") + (1.0 - w) * proba(heads, prototypes, kind, x, "linear")
+
+
 def scores(heads: Heads, prototypes: torch.Tensor, kind: str, x: torch.Tensor, head: str) -> torch.Tensor:
-    """N×C scores of one head for checked N×D features ``x`` (``kind``: the kernel, e.g. ``"rbf"``)."""
+    """N×C scores of one head for checked N×D features ``x`` (``kind``: the kernel, e.g. ``"rbf"``); the
+    mixture's are ``log max(p, 10⁻³⁰)`` (float32; the floor of the kernel's log scores, which float32 exports reach)."""
+    if head == MIXTURE:
+        return mixture_proba(heads, prototypes, kind, x).clamp_min(calibration.KERNEL_LOG_FLOOR).log().float()
     with torch.no_grad():
         if head == "kernel":
             k = heads.kernel
@@ -29,7 +63,7 @@ def scores(heads: Heads, prototypes: torch.Tensor, kind: str, x: torch.Tensor, h
             return linear_logits(x, heads.linear.weight, heads.linear.bias)
         if head == "cosine":
             return cosine_logits(x, prototypes)
-    raise SvgenError(f"unknown head {head!r}; expected one of {', '.join(HEADS)}")
+    raise SvgenError(f"unknown head {head!r}; expected one of {', '.join(head_names(heads))}")
 
 
 def scores_in_blocks(heads: Heads, prototypes, kind: str, U: torch.Tensor, head: str, block: int = 8192) -> torch.Tensor:
@@ -75,14 +109,16 @@ def logits(heads: Heads, prototypes, kind: str, x: torch.Tensor, head: str) -> t
 
 
 def proba(heads: Heads, prototypes, kind: str, x: torch.Tensor, head: str) -> torch.Tensor:
-    """``softmax(logits / T_head)`` (float64)."""
+    """``softmax(logits / T_head)`` (float64); the mixture's :func:`mixture_proba`."""
+    if head == MIXTURE:
+        return mixture_proba(heads, prototypes, kind, x)
     s, prior = _scores_and_prior(heads, prototypes, kind, x, head)
     return proba_of_scores(heads, s, head, prior)
 
 
 def proba_of_scores(heads: Heads, s: torch.Tensor, head: str, prior=None) -> torch.Tensor:
     """:func:`proba` from scores already computed (``prior``: see :func:`logits_of_scores`)."""
-    return calibration.softmax(logits_of_scores(heads, s, head, prior), heads.calibration.temperatures[head])
+    return calibration.softmax(logits_of_scores(heads, s, head, prior), temperature(heads, head))
 
 
 def text_calibration(heads: Heads, prototypes, per_template, kind: str, only: Optional[str] = None) -> Calibration:
@@ -105,7 +141,8 @@ def text_calibration(heads: Heads, prototypes, per_template, kind: str, only: Op
 def with_temperatures(cal: Calibration, temperatures: dict, method: str, kernel_logits: Optional[str] = None,
                       kernel_floor: Optional[float] = None, **details) -> Calibration:
     """``cal`` with some heads' temperatures replaced (checked), ``method`` and ``details`` recorded; a new
-    ``kernel_logits`` kind comes with its ``kernel_floor`` (ε) when it is ``"floored"``."""
+    ``kernel_logits`` kind comes with its ``kernel_floor`` (ε) when it is ``"floored"``. The mixture's weight is
+    kept (its parts are calibrated by whatever T they have)."""
     if kernel_logits is not None:
         calibration.check_kernel_logits(kernel_logits)
         if (kernel_logits == "floored") != (kernel_floor is not None):
@@ -123,4 +160,4 @@ def with_temperatures(cal: Calibration, temperatures: dict, method: str, kernel_
     return Calibration({**cal.temperatures, **{h: float(t) for h, t in temperatures.items()}},
                        cal.kernel_logits if kernel_logits is None else kernel_logits,
                        {**cal.record, "method": method, **details},
-                       cal.kernel_floor if kernel_logits is None else kernel_floor)
+                       cal.kernel_floor if kernel_logits is None else kernel_floor, cal.mixture_weight)

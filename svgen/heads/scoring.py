@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from svgen.core.kernels import kernel
 
 HEADS = ("kernel", "linear", "cosine")
+MIXTURE = "mixture"   # with labelled shots: w·p_kernel + (1 − w)·p_linear (svgen.calibration.mixture)
 CLIP_LOGIT_SCALE = 100.0   # CLIP's own calibration: softmax(100 · cos), as in open_clip; svgen's one copy
 
 

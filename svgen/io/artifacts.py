@@ -70,7 +70,9 @@ log = logging.getLogger(__name__)
 FORMAT_VERSION = 1          # zero-shot artifacts (text support vectors only)
 FORMAT_VERSION_SHOTS = 2    # artifacts with image support vectors
 FORMAT_VERSION_PRIOR = 3    # format 2 whose kernel head adds the zero-shot probabilities (svgen.fewshot.residual)
-FORMAT_VERSIONS = (FORMAT_VERSION, FORMAT_VERSION_SHOTS, FORMAT_VERSION_PRIOR)
+FORMAT_VERSION_MIXTURE = 4  # format 2 or 3 with a "mixture" head (calibration.mixture_weight; svgen.calibration.mixture)
+FORMAT_VERSIONS = (FORMAT_VERSION, FORMAT_VERSION_SHOTS, FORMAT_VERSION_PRIOR, FORMAT_VERSION_MIXTURE)
+IMAGE_ROW_VERSIONS = (FORMAT_VERSION_SHOTS, FORMAT_VERSION_PRIOR, FORMAT_VERSION_MIXTURE)   # kernel rows one by one
 META_FILE = "svgen.json"
 WEIGHTS_FILE = "weights.safetensors"
 REQUIRED = ("support_vectors", "bandwidth", "vote_weights", "linear_head.weight", "linear_head.bias", "prototypes")
@@ -192,7 +194,7 @@ def check_shapes(meta: dict, t: Dict[str, torch.Tensor], where="artifact") -> No
     C = len(classes)
     _check_temperatures(t, where)
     _check_optional_shapes(C, t, where)
-    if meta.get("format_version") in (FORMAT_VERSION_SHOTS, FORMAT_VERSION_PRIOR):
+    if meta.get("format_version") in IMAGE_ROW_VERSIONS:
         return _check_shapes_v2(C, t, where)
     S = t["support_vectors"]
     if S.dim() != 3 or S.shape[0] != C:
@@ -300,11 +302,12 @@ def _check_temperatures(t: Dict[str, torch.Tensor], where) -> None:
 
 def kernel_prior(meta: dict, t: Dict[str, torch.Tensor], name: str, where) -> Optional[float]:
     """The kernel head's zero-shot prior term (``softmax(τ · x̂ P̂ᵀ)`` added to the vote): its logit scale τ
-    from tensor ``name``, or None where there is none. Only format 3 has one; τ must be a positive number."""
+    from tensor ``name``, or None where there is none. Only formats 3 and 4 have one; τ must be a positive number."""
     if name not in t:
         return None
-    if meta.get("format_version") != FORMAT_VERSION_PRIOR:
-        raise SvgenError(f"{where}: {name} is only valid in format version {FORMAT_VERSION_PRIOR} artifacts")
+    if meta.get("format_version") not in (FORMAT_VERSION_PRIOR, FORMAT_VERSION_MIXTURE):
+        raise SvgenError(f"{where}: {name} is only valid in format version {FORMAT_VERSION_PRIOR} and "
+                         f"{FORMAT_VERSION_MIXTURE} artifacts")
     v = t[name]
     if v.numel() != 1 or not v.is_floating_point() or not (math.isfinite(float(v)) and float(v) > 0):
         raise SvgenError(f"{where}: {name} must be one positive number")

@@ -21,10 +21,12 @@ from typing import Optional
 import torch
 
 from svgen.io import artifacts
+from svgen.calibration import mixture
 from svgen.calibration import temperatures as calibration
 from svgen.errors import SvgenError
 from svgen.core.generator import SupportVectorGenerator
-from svgen.heads.scoring import HEADS
+from svgen.heads import predictor
+from svgen.heads.scoring import HEADS, MIXTURE
 from svgen.state import Calibration, Heads, KernelHead, LinearHead
 from svgen.core.support import SOURCES
 from svgen.config import FitConfig, config_dict
@@ -86,6 +88,12 @@ def tensors(clf) -> dict:
     return t
 
 
+def has_mixture(clf) -> bool:
+    """Whether the deployed heads or the inductive heads a pool replaced have a mixture head (format 4)."""
+    cals = [clf.heads_.calibration, *([clf.inductive_.calibration] if clf.inductive_ is not None else [])]
+    return any(c is not None and c.mixture_weight is not None for c in cals)
+
+
 def has_prior_term(clf) -> bool:
     ind = clf.inductive_
     return clf.heads_.kernel.prior_scale is not None or (ind is not None and ind.kernel.prior_scale is not None)
@@ -95,8 +103,8 @@ def metadata(clf) -> dict:
     h = clf.heads_
     extra = {}
     if has_image_rows(h):
-        extra = {"format_version": artifacts.FORMAT_VERSION_PRIOR if has_prior_term(clf)
-                 else artifacts.FORMAT_VERSION_SHOTS,
+        extra = {"format_version": artifacts.FORMAT_VERSION_MIXTURE if has_mixture(clf)
+                 else artifacts.FORMAT_VERSION_PRIOR if has_prior_term(clf) else artifacts.FORMAT_VERSION_SHOTS,
                  "support_source": {str(i): name for i, name in enumerate(SOURCES)},
                  "fewshot": clf.fewshot_}
     if clf.transductive_:
@@ -118,9 +126,13 @@ def metadata(clf) -> dict:
         "vote_weights_scale": clf.vote_scale_,
         "calibration": {**cal.record, "temperatures": cal.temperatures, "kernel_logits": cal.kernel_logits,
                         **({"kernel_floor": cal.kernel_floor} if cal.kernel_floor is not None else {}),
+                        **({"mixture_weight": cal.mixture_weight} if cal.mixture_weight is not None else {}),
                         "probabilities": "softmax(logits / temperature); logits: kernel "
                                          + KERNEL_LOGITS_TEXT[cal.kernel_logits].format(floor=cal.kernel_floor)
-                                         + ", linear and cosine their scores"},
+                                         + ", linear and cosine their scores"
+                                         + ("" if cal.mixture_weight is None else
+                                            f"; mixture: {cal.mixture_weight:.6g}·p_kernel + "
+                                            f"{1 - cal.mixture_weight:.6g}·p_linear")},
     }
 
 
@@ -132,7 +144,7 @@ def load(cls, path):
     cfg = FitConfig(**{k: v for k, v in fit.items() if k in FitConfig.__dataclass_fields__})
     if fit and "linear_head" not in fit:
         cfg.linear_head = "lda"  # artifacts written before the whitened-cosine head carry an LDA head
-    v2 = meta.get("format_version") in (artifacts.FORMAT_VERSION_SHOTS, artifacts.FORMAT_VERSION_PRIOR)
+    v2 = meta.get("format_version") in artifacts.IMAGE_ROW_VERSIONS
     text_sv = t["text.support_vectors"] if v2 else t["support_vectors"]
     cfg.n_support = int(text_sv.shape[1])
     cfg.kernel = meta.get("kernel", cfg.kernel)
@@ -172,6 +184,10 @@ def load(cls, path):
             raise SvgenError(f"{path}: generator tensors do not match K={K}, D={D}") from None
         self.generator_ = gen.eval().requires_grad_(False)
     _votes_and_temperatures(self, meta, t)
+    recorded = (self.transductive_ or {}).get("default_head") or (self.fewshot_ or {}).get("default_head")
+    if recorded == MIXTURE and MIXTURE not in predictor.head_names(self.heads_):
+        raise SvgenError(f"{path}: svgen.json names the mixture head as the default head, but its calibration has "
+                         "no mixture_weight")
     return self
 
 
@@ -216,7 +232,8 @@ def _inductive(clf, meta: dict, t: dict, path, C: int):
         kind = calibration.check_kernel_logits(snap.get("kernel_logits", "log"),
                                                "transductive.inductive_calibration.kernel_logits")
         cal = Calibration({k: float(v) for k, v in temps.items()}, kind, snap["calibration"],
-                          _floor(snap, kind, f"{path}: transductive.inductive_calibration"))
+                          _floor(snap, kind, f"{path}: transductive.inductive_calibration"),
+                          _mixture_weight(snap, meta, f"{path}: transductive.inductive_calibration"))
     return Heads(kernel, linear, cal)
 
 
@@ -228,6 +245,17 @@ def _floor(cal: dict, kind: str, where) -> Optional[float]:
         return calibration.check_floor(cal.get("kernel_floor"))
     except SvgenError as e:
         raise SvgenError(f"{where}: {e}") from None
+
+
+def _mixture_weight(cal: dict, meta: dict, where) -> Optional[float]:
+    """The mixture head's weight from a calibration record (``mixture_weight``), checked; None where there is none.
+    Only format 4 has one."""
+    if cal.get("mixture_weight") is None:
+        return None
+    if meta.get("format_version") != artifacts.FORMAT_VERSION_MIXTURE:
+        raise SvgenError(f"{where}: mixture_weight is only valid in format version "
+                         f"{artifacts.FORMAT_VERSION_MIXTURE} artifacts")
+    return mixture.check_weight(cal["mixture_weight"], f"{where}: mixture_weight")
 
 
 def _votes_and_temperatures(clf, meta: dict, t: dict) -> None:
@@ -255,8 +283,9 @@ def _votes_and_temperatures(clf, meta: dict, t: dict) -> None:
         clf.heads_.calibration = Calibration(temps, kind,
                                              {k: v for k, v in cal.items()
                                               if k not in ("temperatures", "probabilities", "kernel_logits",
-                                                           "kernel_floor")},
-                                             _floor(cal, kind, "svgen.json calibration"))
+                                                           "kernel_floor", "mixture_weight")},
+                                             _floor(cal, kind, "svgen.json calibration"),
+                                             _mixture_weight(cal, meta, "svgen.json calibration"))
         if kind == "floored" and clf.heads_.kernel.prior_scale is None:
             raise SvgenError("svgen.json calibration: kernel_logits 'floored' needs the kernel head's zero-shot prior "
                              "term (kernel_prior.logit_scale), and this artifact has none")

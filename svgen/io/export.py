@@ -58,14 +58,16 @@ import torch.nn.functional as F
 from svgen.io import safeio
 from svgen.errors import SvgenError
 from svgen.calibration.temperatures import KERNEL_LOG_FLOOR
-from svgen.heads.scoring import CLIP_LOGIT_SCALE
+from svgen.heads.predictor import check_head
+from svgen.heads.scoring import CLIP_LOGIT_SCALE, MIXTURE
 
 log = logging.getLogger(__name__)
 
 HEAD_FORMAT = "svgen-head"
 HEAD_FORMAT_VERSION = 1
 EXPORT_FORMATS = ("safetensors", "npz", "onnx")
-EXPORT_HEADS = ("linear", "kernel", "cosine")
+EXPORT_HEADS = ("linear", "kernel", "cosine", MIXTURE)
+MIXTURE_PARTS = ("kernel", "linear")   # the mixture file's two heads, its tensors prefixed "kernel." and "linear."
 LOGIT_SCALE = CLIP_LOGIT_SCALE  # 100, as in open_clip
 ONNX_OPSET = 17
 PROBS_USAGE = {("kernel", "log"): f"probs = softmax(log(max(scores, {KERNEL_LOG_FLOOR:g})) / temperature)",
@@ -79,6 +81,10 @@ PROBS_USAGE = {("kernel", "log"): f"probs = softmax(log(max(scores, {KERNEL_LOG_
 def probs_usage(clf, head: str) -> str:
     """How an export's probabilities are computed (:data:`PROBS_USAGE` for the head and, for the
     kernel head, its kind of logits)."""
+    if head == MIXTURE:
+        return ("probs = mixture_weight * p_kernel + (1 - mixture_weight) * p_linear; p_kernel: "
+                + probs_usage(clf, "kernel") + " with the kernel.* tensors; p_linear: " + PROBS_USAGE["linear"]
+                + " with the linear.* tensors")
     return PROBS_USAGE[("kernel", clf.kernel_logits_)] if head == "kernel" else PROBS_USAGE["linear"]
 NORM_EPS = 1e-12  # F.normalize's eps
 
@@ -87,7 +93,14 @@ NORM_EPS = 1e-12  # F.normalize's eps
 
 def head_tensors(clf, head: str = "linear") -> Dict[str, np.ndarray]:
     """The float32 arrays of one exported head (see module docstring for the formulas), with the
-    head's softmax ``temperature``."""
+    head's softmax ``temperature``; the mixture's are both heads' arrays, prefixed ``kernel.`` and ``linear.``, and
+    its ``mixture_weight`` (its own ``temperature`` is 1)."""
+    if head == MIXTURE:
+        check_head(clf.heads_, MIXTURE)
+        out = {f"{h}.{k}": v for h in MIXTURE_PARTS for k, v in head_tensors(clf, h).items()}
+        out["mixture_weight"] = np.asarray(clf.heads_.calibration.mixture_weight, dtype=np.float32)
+        out["temperature"] = np.asarray(1.0, dtype=np.float32)
+        return out
     out = _head_arrays(clf, head)
     out["temperature"] = np.asarray(clf.temperatures_[head], dtype=np.float32)
     return out
@@ -146,7 +159,12 @@ def head_metadata(clf, head: str) -> Dict[str, str]:
         "dim": str(clf.n_features_in_),
         "normalize_input": "true",
     }
-    if head == "kernel":
+    if head == MIXTURE:
+        meta["kernel"] = clf.fit_config_.kernel
+        meta["kernel_logits"] = clf.kernel_logits_
+        meta["usage"] = ("scores = log(max(probs, 1e-30)); kernel.* and linear.* are the kernel and linear head "
+                         "files' tensors, each with its own temperature")
+    elif head == "kernel":
         meta["kernel"] = clf.fit_config_.kernel
         meta["usage"] = ("scores = k(x/||x||, support_vectors) @ vote_weights"
                          + (" + softmax(prior_logit_scale * x/||x|| @ prior_prototypes.T)"
@@ -179,6 +197,74 @@ def _dense_votes(t: dict) -> np.ndarray:
     return A
 
 
+def _branch(clf, head: str, t: dict, const, helper, p: str) -> list:
+    """ONNX nodes from ``x_hat`` to ``{p}scores`` and ``{p}probs`` for one head (``t``: its exported tensors;
+    every name it makes is prefixed ``p``)."""
+    if head in ("linear", "cosine"):
+        # exactly the svgen computation: x̂ Wᵀ + b (the 1/100 of the head file is not applied here)
+        if head == "linear":
+            W, b = clf.linear_weight_.float().T.contiguous().numpy(), clf.linear_bias_.float().numpy()
+        else:
+            W, b = LOGIT_SCALE * t["weight"], t["bias"]
+        nodes = [helper.make_node("MatMul", ["x_hat", const(p + "weight", W)], [p + "xw"]),
+                 helper.make_node("Add", [p + "xw", const(p + "bias", b)], [p + "scores"])]
+    else:
+        sigma = float(clf.bandwidth_)
+        nodes = [
+            helper.make_node("Transpose", [const(p + "support_vectors", t["support_vectors"])], [p + "s_t"], perm=[1, 0]),
+            helper.make_node("MatMul", ["x_hat", p + "s_t"], [p + "dots"]),
+            helper.make_node("Mul", [p + "dots", const(p + "two", 2.0)], [p + "two_dots"]),
+            helper.make_node("Sub", [const(p + "two_", 2.0), p + "two_dots"], [p + "d2_raw"]),
+            helper.make_node("Max", [p + "d2_raw", const(p + "zero", 0.0)], [p + "d2"]),
+        ]
+        if clf.fit_config_.kernel == "rbf":
+            nodes += [helper.make_node("Div", [p + "d2", const(p + "two_sigma2", 2.0 * sigma * sigma)], [p + "expo"])]
+        elif clf.fit_config_.kernel == "laplacian":
+            nodes += [
+                helper.make_node("Add", [p + "d2", const(p + "tiny", 1e-12)], [p + "d2e"]),
+                helper.make_node("Sqrt", [p + "d2e"], [p + "dist"]),
+                helper.make_node("Div", [p + "dist", const(p + "sigma", sigma)], [p + "expo"]),
+            ]
+        else:
+            raise SvgenError(f"cannot export kernel {clf.fit_config_.kernel!r} to ONNX")
+        prior = "prior_prototypes" in t
+        nodes += [
+            helper.make_node("Neg", [p + "expo"], [p + "neg"]),
+            helper.make_node("Exp", [p + "neg"], [p + "k"]),
+            helper.make_node("MatMul", [p + "k", const(p + "vote_weights", _dense_votes(t))],
+                             [p + ("votes" if prior else "scores")]),
+        ]
+        if prior:   # + softmax(τ x̂ P̂ᵀ), the zero-shot probabilities the shots correct
+            nodes += [
+                helper.make_node("Transpose", [const(p + "prior_prototypes", t["prior_prototypes"])], [p + "p_t"],
+                                 perm=[1, 0]),
+                helper.make_node("MatMul", ["x_hat", p + "p_t"], [p + "cos"]),
+                helper.make_node("Mul", [p + "cos", const(p + "prior_logit_scale", t["prior_logit_scale"])],
+                                 [p + "prior_logits"]),
+                helper.make_node("Softmax", [p + "prior_logits"], [p + "prior"], axis=1),
+                helper.make_node("Add", [p + "votes", p + "prior"], [p + "scores"]),
+            ]
+    logits = p + "scores"
+    if head == "kernel" and clf.kernel_logits_ == "log":   # "score": the scores are the logits
+        nodes += [helper.make_node("Max", [p + "scores", const(p + "log_floor", KERNEL_LOG_FLOOR)], [p + "scores_pos"]),
+                  helper.make_node("Log", [p + "scores_pos"], [p + "log_scores"])]
+        logits = p + "log_scores"
+    elif head == "kernel" and clf.kernel_logits_ == "floored":   # log max(s, ε·p₀·max s / max p₀, 1e-30)
+        nodes += [helper.make_node("ReduceMax", [p + "scores"], [p + "s_max"], axes=[1], keepdims=1),
+                  helper.make_node("ReduceMax", [p + "prior"], [p + "p_max"], axes=[1], keepdims=1),
+                  helper.make_node("Div", [p + "s_max", p + "p_max"], [p + "ratio"]),
+                  helper.make_node("Mul", [p + "prior", p + "ratio"], [p + "prior_scaled"]),
+                  helper.make_node("Mul", [p + "prior_scaled", const(p + "kernel_floor", t["kernel_floor"])],
+                                   [p + "floor"]),
+                  helper.make_node("Max", [p + "scores", p + "floor"], [p + "scores_floored"]),
+                  helper.make_node("Max", [p + "scores_floored", const(p + "log_floor", KERNEL_LOG_FLOOR)],
+                                   [p + "scores_pos"]),
+                  helper.make_node("Log", [p + "scores_pos"], [p + "log_scores"])]
+        logits = p + "log_scores"
+    return nodes + [helper.make_node("Div", [logits, const(p + "temperature", t["temperature"])], [p + "tempered"]),
+                    helper.make_node("Softmax", [p + "tempered"], [p + "probs"], axis=1)]
+
+
 def onnx_model(clf, head: str = "linear"):
     """An ``onnx.ModelProto``: ``embeddings`` (N×D, raw) → ``scores`` (N×C) for one head."""
     try:
@@ -204,66 +290,18 @@ def onnx_model(clf, head: str = "linear"):
         helper.make_node("Max", ["norm", const("eps", NORM_EPS)], ["norm_eps"]),
         helper.make_node("Div", ["x_scaled", "norm_eps"], ["x_hat"]),
     ]
-    if head in ("linear", "cosine"):
-        # exactly the svgen computation: x̂ Wᵀ + b (the 1/100 of the head file is not applied here)
-        if head == "linear":
-            W, b = clf.linear_weight_.float().T.contiguous().numpy(), clf.linear_bias_.float().numpy()
-        else:
-            W, b = LOGIT_SCALE * t["weight"], t["bias"]
-        nodes += [
-            helper.make_node("MatMul", ["x_hat", const("weight", W)], ["xw"]),
-            helper.make_node("Add", ["xw", const("bias", b)], ["scores"]),
-        ]
+    if head == MIXTURE:   # both heads' branches, their probabilities mixed: w·p_kernel + (1 − w)·p_linear
+        w = float(t["mixture_weight"])
+        for part in MIXTURE_PARTS:
+            nodes += _branch(clf, part, {k[len(part) + 1:]: v for k, v in t.items() if k.startswith(part + ".")},
+                             const, helper, f"{part}_")
+        nodes += [helper.make_node("Mul", ["kernel_probs", const("mixture_weight", w)], ["kernel_part"]),
+                  helper.make_node("Mul", ["linear_probs", const("one_minus_mixture_weight", 1.0 - w)], ["linear_part"]),
+                  helper.make_node("Add", ["kernel_part", "linear_part"], ["probs"]),
+                  helper.make_node("Max", ["probs", const("log_floor", KERNEL_LOG_FLOOR)], ["probs_pos"]),
+                  helper.make_node("Log", ["probs_pos"], ["scores"])]
     else:
-        sigma = float(clf.bandwidth_)
-        nodes += [
-            helper.make_node("Transpose", [const("support_vectors", t["support_vectors"])], ["s_t"], perm=[1, 0]),
-            helper.make_node("MatMul", ["x_hat", "s_t"], ["dots"]),
-            helper.make_node("Mul", ["dots", const("two", 2.0)], ["two_dots"]),
-            helper.make_node("Sub", [const("two_", 2.0), "two_dots"], ["d2_raw"]),
-            helper.make_node("Max", ["d2_raw", const("zero", 0.0)], ["d2"]),
-        ]
-        if clf.fit_config_.kernel == "rbf":
-            nodes += [helper.make_node("Div", ["d2", const("two_sigma2", 2.0 * sigma * sigma)], ["expo"])]
-        elif clf.fit_config_.kernel == "laplacian":
-            nodes += [
-                helper.make_node("Add", ["d2", const("tiny", 1e-12)], ["d2e"]),
-                helper.make_node("Sqrt", ["d2e"], ["dist"]),
-                helper.make_node("Div", ["dist", const("sigma", sigma)], ["expo"]),
-            ]
-        else:
-            raise SvgenError(f"cannot export kernel {clf.fit_config_.kernel!r} to ONNX")
-        nodes += [
-            helper.make_node("Neg", ["expo"], ["neg"]),
-            helper.make_node("Exp", ["neg"], ["k"]),
-            helper.make_node("MatMul", ["k", const("vote_weights", _dense_votes(t))],
-                             ["scores" if "prior_prototypes" not in t else "votes"]),
-        ]
-        if "prior_prototypes" in t:   # + softmax(τ x̂ P̂ᵀ), the zero-shot probabilities the shots correct
-            nodes += [
-                helper.make_node("Transpose", [const("prior_prototypes", t["prior_prototypes"])], ["p_t"], perm=[1, 0]),
-                helper.make_node("MatMul", ["x_hat", "p_t"], ["cos"]),
-                helper.make_node("Mul", ["cos", const("prior_logit_scale", t["prior_logit_scale"])], ["prior_logits"]),
-                helper.make_node("Softmax", ["prior_logits"], ["prior"], axis=1),
-                helper.make_node("Add", ["votes", "prior"], ["scores"]),
-            ]
-    logits = "scores"
-    if head == "kernel" and clf.kernel_logits_ == "log":   # "score": the scores are the logits
-        nodes += [helper.make_node("Max", ["scores", const("log_floor", KERNEL_LOG_FLOOR)], ["scores_pos"]),
-                  helper.make_node("Log", ["scores_pos"], ["log_scores"])]
-        logits = "log_scores"
-    elif head == "kernel" and clf.kernel_logits_ == "floored":   # log max(s, ε·p₀·max s / max p₀, 1e-30)
-        nodes += [helper.make_node("ReduceMax", ["scores"], ["s_max"], axes=[1], keepdims=1),
-                  helper.make_node("ReduceMax", ["prior"], ["p_max"], axes=[1], keepdims=1),
-                  helper.make_node("Div", ["s_max", "p_max"], ["ratio"]),
-                  helper.make_node("Mul", ["prior", "ratio"], ["prior_scaled"]),
-                  helper.make_node("Mul", ["prior_scaled", const("kernel_floor", t["kernel_floor"])], ["floor"]),
-                  helper.make_node("Max", ["scores", "floor"], ["scores_floored"]),
-                  helper.make_node("Max", ["scores_floored", const("log_floor", KERNEL_LOG_FLOOR)], ["scores_pos"]),
-                  helper.make_node("Log", ["scores_pos"], ["log_scores"])]
-        logits = "log_scores"
-    nodes += [helper.make_node("Div", [logits, const("temperature", t["temperature"])], ["tempered"]),
-              helper.make_node("Softmax", ["tempered"], ["probs"], axis=1)]
+        nodes += _branch(clf, head, t, const, helper, "")
     graph = helper.make_graph(
         nodes, f"svgen_{head}_head",
         [helper.make_tensor_value_info("embeddings", TensorProto.FLOAT, ["N", D])],

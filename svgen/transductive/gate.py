@@ -217,7 +217,9 @@ def check_with_shots(stage: Stage, side: TextSide, U: torch.Tensor, strength: Op
         fit = shot_adapt.adapt(stage.zero_shot, shots, side)   # the predictor as deployed, without the fold
         Xh = F.normalize(X[held], dim=-1)
         with torch.no_grad():
-            p_ind = predictor.proba(fit.heads, side.prototypes, side.config.kernel, Xh, head).numpy()
+            # the fold's inductive predictor as deployed: its own default head (the mixture's weight is refitted too)
+            p_ind = predictor.proba(fit.heads, side.prototypes, side.config.kernel, Xh,
+                                    fit.record["default_head"]).numpy()
             part = Stage(fit.heads, stage.zero_shot, fit.record, fit.heads.kernel.support_set().part(IMAGE),
                          fit.record["default_head"])
             pool = transduce(part, side, torch.cat([U, Xh]), strength, progress=False)

@@ -141,6 +141,7 @@ def transduce(stage: Stage, side: TextSide, U: torch.Tensor, strength: Optional[
     ic = heads.calibration
     inductive_calibration = {"temperatures": dict(ic.temperatures), "kernel_logits": ic.kernel_logits,
                              **({"kernel_floor": ic.kernel_floor} if ic.kernel_floor is not None else {}),
+                             **({"mixture_weight": ic.mixture_weight} if ic.mixture_weight is not None else {}),
                              "calibration": json.loads(json.dumps(ic.record))}
     new = Heads(heads.kernel, LinearHead(res.weight + beta * t_lin * prior_linear.weight.float(),
                                          res.bias + beta * t_lin * prior_linear.bias.float()), ic)

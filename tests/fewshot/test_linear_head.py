@@ -37,6 +37,23 @@ def _unit(a):
     return a / np.linalg.norm(a, axis=1, keepdims=True)
 
 
+def fold_logits(clf):
+    """(held-out rows, zero-shot logits, LDA logits) on the kernel head's balanced folds of ``clf``'s shots, the LDA
+    head refitted without each fold at the recorded (γ, κ) by a direct solve; folds concatenated."""
+    rec = clf.fewshot_["linear"]
+    shots = clf.support_set_.part(IMAGE)
+    Xd, yt = shots.rows.double(), shots.labels
+    folds = residual.balanced_folds(yt.numpy(), 0)
+    m = prior_means(clf.prototypes_, Xd)
+    held = np.concatenate(folds)
+    L_held = []
+    for f in folds:
+        keep = torch.from_numpy(np.setdiff1d(np.arange(len(yt)), f))
+        W, b = lda_head_weights(Xd[keep], yt[keep], m, rec["shrinkage"], rec["prior_shots"], equal_radius=True)
+        L_held.append((Xd[f] @ W.T + b).numpy())
+    return held, 100.0 * Xd.numpy()[held] @ _unit(clf.prototypes_.numpy()).T, np.concatenate(L_held)
+
+
 @pytest.mark.parametrize("per_class", [2, 4])
 def test_alpha_is_the_best_held_out_accuracy_and_the_head_is_the_two_terms(per_class):
     protos, X, y, Q = _problem(per_class, noise=1.2)
@@ -52,16 +69,8 @@ def test_alpha_is_the_best_held_out_accuracy_and_the_head_is_the_two_terms(per_c
     Xn = Xd.numpy()
     Z_all = 100.0 * Xn @ Pn.T
     # α: brute force over the grid on the kernel head's balanced folds, LDA refitted without each fold
-    folds = residual.balanced_folds(shots.labels.numpy(), 0)
+    held, Z_held, L_held = fold_logits(clf)
     m = prior_means(P, Xd)
-    held = np.concatenate(folds)
-    L_held = []
-    for f in folds:
-        keep = torch.from_numpy(np.setdiff1d(np.arange(len(yt)), f))
-        W, b = lda_head_weights(Xd[keep], yt[keep], m, rec["shrinkage"], rec["prior_shots"], equal_radius=True)
-        L_held.append((Xd[f] @ W.T + b).numpy())
-    L_held = np.concatenate(L_held)
-    Z_held = 100.0 * Xn[held] @ Pn.T
     # s by a second formula, on the held-out shots: root mean square of the class-centred logits
     rms = lambda A: np.sqrt(np.mean((A - A.mean(axis=1, keepdims=True)) ** 2))
     assert rec["fold_scale"] == pytest.approx(rms(Z_held) / rms(L_held), rel=1e-6)
@@ -85,7 +94,7 @@ def test_alpha_is_the_best_held_out_accuracy_and_the_head_is_the_two_terms(per_c
     assert rec["alpha"] == linear.ALPHAS[int(np.argmax(accs))]          # the first best: ties to the smaller α
     assert rec["held_out_accuracy"] == pytest.approx(max(accs))
     assert rec["zero_shot_held_out_accuracy"] == pytest.approx(accs[0])
-    assert clf.fewshot_["head_choice"]["linear_held_out_accuracy"] == pytest.approx(max(accs))
+    assert clf.fewshot_["head_choice"]["held_out_accuracy"]["linear"] == pytest.approx(max(accs))
     # the deployed head is one matrix equal to the two terms computed apart
     Qn = _unit(Q)
     want = 100.0 * Qn @ Pn.T + rec["alpha"] * rec["scale"] * (Qn @ W_lda.double().numpy().T + b_lda.double().numpy())
