@@ -9,6 +9,7 @@ held-out evidence.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from typing import Optional
@@ -17,6 +18,7 @@ import torch
 
 from svgen.transductive import gate as pool_gate
 from svgen.heads import predictor
+from svgen.heads.scoring import MIXTURE
 from svgen.transductive import solve as td
 from svgen.transductive.pool import PoolFit, Stage, transduce
 from svgen.state import Heads, LinearHead, TextSide
@@ -85,8 +87,9 @@ def refused(stage: Stage, side: TextSide, U: torch.Tensor, record: dict) -> Pool
 def _adopt_stacked(stage: Stage, side: TextSide, U, strength, progress, check: dict, t0: float) -> PoolFit:
     """With shots, the pool changes the linear head only, into the stacked head the check chose:
     ``a·(x̂ W_Gᵀ + b_G) + b·(x̂ W0ᵀ + b0)`` (the pool's Gaussian log-likelihood and the inductive linear head, (a, b)
-    by held-out NLL, :func:`svgen.transductive.gate.fit_stack`) at T = 1; it becomes the default head. The kernel head
-    stays the inductive one."""
+    by held-out NLL, :func:`svgen.transductive.gate.fit_stack`) at T = 1. The kernel head stays the inductive one, and
+    the default head is their mixture at the check's weight w (:func:`svgen.transductive.gate.stack_and_mixture`;
+    w = 0: the stacked head alone, w = 1: the kernel head alone)."""
     fit = transduce(stage, side, U, strength, progress)
     if fit.record.get("fallback"):
         return refused(stage, side, U, fit.record)
@@ -97,16 +100,20 @@ def _adopt_stacked(stage: Stage, side: TextSide, U, strength, progress, check: d
         W0, b0 = fit.prior_linear.weight, fit.prior_linear.bias
         b = float(fit.record["prior_strength"]) * float(fit.record["linear_prior_temperature"])
     fit.heads.linear = LinearHead((a * WG + b * W0.double()).float(), (a * bG + b * b0.double()).float())
-    fit.heads.calibration = predictor.with_temperatures(
+    w = check["mixture_weight"]
+    default = "kernel" if w == 1.0 else "linear" if w == 0.0 else MIXTURE
+    fit.heads.calibration = dataclasses.replace(predictor.with_temperatures(
         fit.heads.calibration, {"linear": 1.0}, method="held-out-nll",
         rule="after a pool with shots: the stacked linear head's (a, b) by the NLL of held-out shots that were "
-             "pool members (pool_gate.check_with_shots); its T is 1")
-    fit.labels = predictor.scores_in_blocks(fit.heads, side.prototypes, side.config.kernel, U,
-                                            "linear").double().softmax(dim=1).float()
-    fit.record.update({"check": check, "default_head": "linear", "wall_time_s": time.perf_counter() - t0,
+             "pool members (pool_gate.check_with_shots); its T is 1; the mixture's weight of the inductive kernel head "
+             "by the same NLL"), mixture_weight=w if default == MIXTURE else None)
+    fit.labels = torch.cat([predictor.proba(fit.heads, side.prototypes, side.config.kernel, U[s:s + 8192], default)
+                            for s in range(0, U.shape[0], 8192)]).float()
+    fit.record.update({"check": check, "default_head": default, "wall_time_s": time.perf_counter() - t0,
                        "heads": {"linear": f"stacked: {a:.4g}·(pool Gaussian log-likelihood) + "
                                            f"{b:.4g}·(inductive linear logits)",
-                                 "kernel": "inductive (with shots a pool adapts the linear head only)"}})
+                                 "kernel": "inductive (with shots a pool adapts the linear head only)",
+                                 "default": f"{default} (the kernel head's weight in the mixture: {w:.4g})"}})
     return fit
 
 

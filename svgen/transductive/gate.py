@@ -52,6 +52,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from svgen.calibration import mixture
 from svgen.calibration import temperatures as calibration
 from svgen.heads import predictor
 from svgen.heads.scoring import cosine_logits
@@ -220,6 +221,7 @@ def check_with_shots(stage: Stage, side: TextSide, U: torch.Tensor, strength: Op
             # the fold's inductive predictor as deployed: its own default head (the mixture's weight is refitted too)
             p_ind = predictor.proba(fit.heads, side.prototypes, side.config.kernel, Xh,
                                     fit.record["default_head"]).numpy()
+            p_kernel = predictor.proba(fit.heads, side.prototypes, side.config.kernel, Xh, "kernel").numpy()
             part = Stage(fit.heads, stage.zero_shot, fit.record, fit.heads.kernel.support_set().part(IMAGE),
                          fit.record["default_head"])
             pool = transduce(part, side, torch.cat([U, Xh]), strength, progress=False)
@@ -232,16 +234,33 @@ def check_with_shots(stage: Stage, side: TextSide, U: torch.Tensor, strength: Op
             if alpha is not None:   # the deployed linear head's mix: zero-shot logits + α·s·LDA logits
                 z = (cosine_logits(Xh.double(), side.prototypes.double()).numpy()
                      + alpha * float(fit.record["linear"]["scale"]) * z)
-        parts.append((held, p_ind, (g, z)))
-    # cross-fitted: each fold's weights from the other folds' held-out shots
-    stacks = [fit_stack([np.concatenate([p[2][k] for j, p in enumerate(parts) if j != f]) for k in range(2)],
-                        np.concatenate([y[p[0]] for j, p in enumerate(parts) if j != f])) for f in range(len(parts))]
-    p_pool = np.concatenate([stacked_probs(feats, stacks[f]) for f, (_, _, feats) in enumerate(parts)])
+        parts.append((held, p_ind, (g, z), p_kernel))
+    # cross-fitted: each fold's weights (the stack's, then the mixture's) from the other folds' held-out shots
+    fitted = [stack_and_mixture([p for j, p in enumerate(parts) if j != f], y) for f in range(len(parts))]
+    p_pool = np.concatenate([mixed_probs(part, *fitted[f]) for f, part in enumerate(parts)])
     rows = np.concatenate([p[0] for p in parts])
     gate = paired_gate(np.concatenate([p[1] for p in parts]), p_pool, y[rows])
-    a, b = fit_stack([np.concatenate([p[2][k] for p in parts]) for k in range(2)], y[rows])
-    gate.update({**base, "stack": {"gaussian": a, "inductive_linear": b, "cross_fitted": stacks}})
+    (a, b), w = stack_and_mixture(parts, y)
+    gate.update({**base, "stack": {"gaussian": a, "inductive_linear": b, "cross_fitted": [st for st, _ in fitted]},
+                 "mixture_weight": w, "cross_fitted_mixture_weights": [m for _, m in fitted]})
     return gate
+
+
+def stack_and_mixture(parts: list, y: np.ndarray) -> tuple:
+    """((a, b), w) from folds' held-out shots ``parts`` (rows, inductive probabilities, (Gaussian, linear) logits,
+    kernel probabilities): the stacked linear head's weights (:func:`fit_stack`), then the weight of the inductive
+    kernel head in the mixture with it (:func:`svgen.calibration.mixture.fit_weight`), both by held-out NLL: the
+    pool adapts the linear head, and the deployed predictor mixes it with the kernel head as the shots' fit does."""
+    yy = np.concatenate([y[p[0]] for p in parts])
+    feats = [np.concatenate([p[2][k] for p in parts]) for k in range(2)]
+    st = fit_stack(feats, yy)
+    w = mixture.fit_weight(np.concatenate([p[3] for p in parts]), stacked_probs(feats, st), yy)["weight"]
+    return st, w
+
+
+def mixed_probs(part, stack: tuple, w: float) -> np.ndarray:
+    """``w·p_kernel + (1 − w)·softmax(stacked logits)`` on one fold's held-out shots."""
+    return w * part[3] + (1.0 - w) * stacked_probs(part[2], stack)
 
 
 def check_without_shots(stage: Stage, side: TextSide, U: torch.Tensor, strength: Optional[float],

@@ -114,6 +114,33 @@ def test_fit_stack_is_the_nll_minimum():
     assert three(*w) <= min(three(*v) for v in grid3) + 1e-6
 
 
+def test_stack_and_mixture_weigh_the_kernel_head_against_the_stacked_head_by_nll():
+    """The pool check's candidate: the stack's (a, b), then the kernel head's weight in the mixture with the stacked
+    head, against a brute-force grid over the mixture's NLL computed independently; folds are cross-fitted."""
+    rng = np.random.default_rng(3)
+    n = 240
+    y = rng.integers(0, C, n)
+    g = rng.normal(size=(n, C)) * 10 + 12 * np.eye(C)[y] * (rng.random(n) < 0.5)[:, None]
+    z = rng.normal(size=(n, C)) + 1.2 * np.eye(C)[y]
+    pk = rng.dirichlet(np.full(C, 0.4), size=n)
+    pk[np.arange(n), y] += rng.random(n)
+    pk /= pk.sum(1, keepdims=True)
+    rows = np.arange(n)
+    folds = [rows[:120], rows[120:]]
+    parts = [(f, None, (g[f], z[f]), pk[f]) for f in folds]
+    (a, b), w = pool_gate.stack_and_mixture(parts, y)
+    assert (a, b) == pytest.approx(pool_gate.fit_stack([g, z], y))
+    ps = pool_gate.stacked_probs([g, z], (a, b))
+    grid = np.linspace(0, 1, 10001)
+    nll = -np.log(grid[:, None] * pk[rows, y] + (1 - grid[:, None]) * ps[rows, y]).mean(1)
+    assert w == pytest.approx(grid[np.argmin(nll)], abs=2e-4) and 0 < w < 1
+    mixed = pool_gate.mixed_probs(parts[0], (a, b), w)
+    np.testing.assert_allclose(mixed, w * pk[:120] + (1 - w) * ps[:120], rtol=1e-12)
+    # each fold's weights from the other fold alone
+    (a1, b1), w1 = pool_gate.stack_and_mixture(parts[1:], y)
+    assert (a1, b1) == pytest.approx(pool_gate.fit_stack([g[120:], z[120:]], y[120:]))
+
+
 def test_replication_gate_by_hand():
     ones, zeros = np.ones(40, bool), np.zeros(40, bool)
     more = np.r_[ones[:30], zeros[:10]]
@@ -200,8 +227,13 @@ def test_pool_with_shots_stacked_head_formula():
     Un = torch.nn.functional.normalize(torch.as_tensor(U).double(), dim=-1)
     want = Un @ (a * WG + b * W0.double()).T + (a * bG + b * b0.double())
     np.testing.assert_allclose(clf.decision_function(U, "linear"), want.numpy(), rtol=1e-4, atol=1e-4)
-    assert clf.default_head_ == "linear" and clf.temperatures_["linear"] == 1.0
+    assert clf.temperatures_["linear"] == 1.0
     np.testing.assert_array_equal(clf.decision_function(U, "kernel"), K0)          # the kernel head stays
+    # deployed: the mixture of the kernel head and the stacked head at the check's weight (0: the stacked head)
+    w = t["check"]["mixture_weight"]
+    assert clf.default_head_ == ("kernel" if w == 1 else "linear" if w == 0 else "mixture")
+    p_lin = torch.softmax(want, dim=1).numpy()
+    np.testing.assert_allclose(clf.predict_proba(U), w * clf.predict_proba(U, "kernel") + (1 - w) * p_lin, atol=1e-5)
     assert float((clf.predict(U) == np.array(clf.classes_)[yu]).mean()) >= acc_ind
     np.testing.assert_allclose(np.asarray(clf.transductive_labels_), clf.predict_proba(U), atol=1e-5)
 

@@ -44,12 +44,13 @@ def data():
 def gate_open(monkeypatch):
     """The pool check (svgen.transductive.gate) always adopts: for tests of the transduction itself, which the
     check's own tests (tests/transductive/test_pool_gate.py) do not need to pass through. With shots the stacked head is
-    then ``1·(pool Gaussian log-likelihood) + β·t·(inductive LDA logits)``: the posterior itself."""
+    then ``1·(pool Gaussian log-likelihood) + β·t·(inductive LDA logits)``: the posterior itself, deployed alone
+    (mixture weight 0)."""
     from svgen.transductive import gate as pool_gate
 
     def with_shots(stage, side, U, strength, progress=False):
         return {"adopt": True, "evidence": "held-out shots as pool members", "head": stage.default_head,
-                "stack": {"gaussian": 1.0, "inductive_linear": None}}
+                "stack": {"gaussian": 1.0, "inductive_linear": None}, "mixture_weight": 0.0}
 
     monkeypatch.setattr(pool_gate, "check_without_shots", lambda stage, side, U, strength, progress=False: {
         "adopt": True, "evidence": "halves of the pool", "head": stage.default_head})
