@@ -203,8 +203,9 @@ class SVGClassifier(FittedHeads):
         ``X`` is N×D raw image embeddings from the artifact's encoder, ``y`` N class indices (rows of
         ``classes_``). Shots added earlier are kept and joined by the new ones. The kernel head becomes zero-shot
         probabilities plus kernel ridge on their residual, the linear head shared-covariance LDA with the
-        prototypes as prior means; the default head is the one with the higher held-out accuracy. Temperatures
-        are fitted on held-out scores of the shots (``calibration_`` records them). Returns ``self``.
+        prototypes as prior means. Temperatures are fitted on held-out scores of the shots (``calibration_`` records
+        them), and the default head is the two heads' mixture weighed by the NLL of the same held-out shots (one of
+        them alone where that weight is 1 or 0; :func:`svgen.fewshot.adapt.choose_default_head`). Returns ``self``.
         """
         self._check_fitted()
         C = len(self.classes_)

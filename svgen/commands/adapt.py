@@ -25,8 +25,9 @@ def add_parser(sub):
                     "correction is worse there by more than one standard error); the linear head becomes CLIP's "
                     "zero-shot logits plus α × those of a shared-covariance LDA head with the text prototypes as "
                     "prior means (α, 0 included, on the same held-out folds; one shot per class: the LDA head "
-                    "alone). The head with the higher "
-                    "held-out accuracy is the default (svgen.json fewshot.default_head). No text is re-encoded; "
+                    "alone). The default head (svgen.json fewshot.default_head) is their mixture, w × the kernel "
+                    "head's probabilities + (1 − w) × the linear head's, w by the NLL of the same held-out shots "
+                    "(w = 1 or 0: that head alone). No text is re-encoded; "
                     "images added earlier are kept. "
                     "Softmax temperatures (classify --probs): the kernel head's on its held-out fold scores (one "
                     "shot per class: leave-one-out), log scores, raw votes or log scores floored at a fraction of "
@@ -80,6 +81,7 @@ def run(args) -> int:
     summary = {}
     if shots:
         summary.update({"kernel": fs["kernel"], "linear": fs["linear"], "default_head": fs["default_head"],
+                        "mixture_weight": fs["head_choice"].get("mixture_weight"),
                         "temperatures": clf.temperatures_, "temperature_method": clf.calibration_.get("method"),
                         "kernel_logits": clf.kernel_logits_})
     if pool:

@@ -19,7 +19,7 @@ discriminant, so it stays one matrix: exports, ONNX and the pool's stacked head 
   :data:`ALPHAS` is scored on the fold, and the best held-out accuracy wins (ties: the smaller α, nearer
   zero-shot). α = 0 is CLIP's cosine head: zero-shot is a candidate.
 * **One shot per class** has no folds (a held-out shot leaves its class with none): the LDA head alone, as
-  before (SimpleShot's CL2N with κ = 4 prior shots); the kernel head is the default there.
+  before (SimpleShot's CL2N with κ = 4 prior shots); its weight in the default mixture comes from leave-one-out.
 
 Measured on the dev sets (``docs/fewshot.md``, 7 CoOp validation sets, 3 seeds): as a candidate for the default
 head it moves the mean top-1 by +0.3 / +0.9 / +0.5 / +0.2 points at 2 / 4 / 8 / 16 shots, and the NLL down on
