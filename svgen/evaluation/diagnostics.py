@@ -149,7 +149,8 @@ def deployed_kernel(meta: Dict, tensors: Dict) -> Optional[Dict]:
                           "kernel": {"sigma": k.get("sigma"), "ridge_c": k.get("ridge_c"),
                                      "adapted": dec.get("adopted"), "rule": (k.get("selection") or {}).get("rule")},
                           "linear": {n: lin.get(n) for n in ("kind", "shrinkage", "loo_error", "form", "alpha")},
-                          "default_head": fs.get("default_head")}
+                          "default_head": fs.get("default_head"),
+                          "mixture_weight": (fs.get("head_choice") or {}).get("mixture_weight")}
         if k.get("prior_weight") is not None:   # format 2 (before the residual head): its own record
             out["fewshot"]["kernel"].update({n: k.get(n) for n in ("ridge_lambda", "prior_weight", "loo_error")})
     if td:
@@ -181,7 +182,9 @@ def describe_deployed(d: Dict) -> List[str]:
                      + (f"zero-shot logits + {lin['alpha']:g}·LDA logits" if lin.get("alpha") is not None
                         else f"{lin.get('kind')}")
                      + (f", shrinkage {lin['shrinkage']:.3g}" if lin.get("shrinkage") is not None else "")
-                     + f"; default head: {fs.get('default_head') or 'kernel'}")
+                     + f"; default head: {fs.get('default_head') or 'kernel'}"
+                     + (f" (w = {fs['mixture_weight']:.3g} × the kernel head's probabilities + {1 - fs['mixture_weight']:.3g}"
+                        " × the linear head's)" if fs.get("default_head") == "mixture" else ""))
     td = d.get("transductive")
     if td:
         if td.get("fallback"):

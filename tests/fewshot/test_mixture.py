@@ -257,6 +257,10 @@ def test_cli_eval_marks_the_mixture_and_classify_export_use_it(mixed, tmp_path, 
     from svgen.io.export import load_head
 
     assert load_head(tmp_path / "h.npz")["head"] == "mixture"
+    capsys.readouterr()
+    assert main(["diagnose", str(art)]) == 0
+    w = clf.heads_.calibration.mixture_weight
+    assert f"default head: mixture (w = {w:.3g} × the kernel head's probabilities" in capsys.readouterr().out
 
 
 def test_cli_asking_a_zero_shot_artifact_for_the_mixture_is_one_line(tmp_path, capsys):
