@@ -95,7 +95,7 @@ def evaluate(clf, U, P, yv):
         out[f"inductive_{h}"] = np.asarray(clf.decision_function(U, h))
         t = td.match_entropy(torch.as_tensor(out[f"inductive_{h}"]), target)
         out[f"refine_{h}"] = refine(U, P, t * out[f"inductive_{h}"])
-    out["inductive"] = out[f"inductive_{head}"]
+    out["inductive"] = out.get(f"inductive_{head}", np.asarray(clf.decision_function(U, head)))
     t0 = time.perf_counter()
     clf.adapt(unlabelled=U)
     wall = time.perf_counter() - t0

@@ -43,7 +43,7 @@ def build(name: str):
     """(classifier, description) for one golden case, fitted from scratch (deterministic)."""
     import svgen
 
-    text, images = problem(2 if name == "v3_one_shot_pool_kept" else 0)   # seed 2: a one-shot problem whose pool is kept
+    text, images = problem(3 if name == "v3_one_shot_pool_kept" else 0)   # seed 3: a one-shot problem whose pool is kept
     classes = [f"class {i}" for i in range(C)]
     fit = dict(n_support=2, seed=0)
     clf = svgen.SVGClassifier(**fit)
