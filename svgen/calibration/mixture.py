@@ -21,6 +21,7 @@ import math
 import numpy as np
 
 from svgen.errors import SvgenError
+from svgen.heads.scoring import MIXTURE
 
 PROB_FLOOR = 1e-300   # a true-class probability of 0 in both heads: the NLL stays finite
 BISECTIONS = 60
@@ -56,6 +57,11 @@ def fit_weight(p_kernel: np.ndarray, p_linear: np.ndarray, labels: np.ndarray) -
         w = 0.5 * (lo + hi)
     return {"weight": w, "nll": nll(w, a, b), "nll_kernel": nll(1.0, a, b), "nll_linear": nll(0.0, a, b),
             "images": int(y.size)}
+
+
+def head_of_weight(w: float) -> str:
+    """The head a weight deploys: ``"kernel"`` at 1, ``"linear"`` at 0, else ``"mixture"``."""
+    return "kernel" if w == 1.0 else "linear" if w == 0.0 else MIXTURE
 
 
 def check_weight(w, where: str = "mixture_weight") -> float:

@@ -129,7 +129,7 @@ def choose_default_head(heads: Heads, side: TextSide, res, shots: SupportSet, li
     truth = shots.labels.numpy()[rows]
     fit = mixture.fit_weight(pk, pl, truth)
     w = fit["weight"]
-    head = "kernel" if w == 1.0 else "linear" if w == 0.0 else "mixture"
+    head = mixture.head_of_weight(w)
     acc = lambda p: float((p.argmax(axis=1) == truth).mean())   # noqa: E731
     return head, (None if head != "mixture" else w), {
         "mixture_weight": w, "held_out_nll": {"mixture": fit["nll"], "kernel": fit["nll_kernel"],

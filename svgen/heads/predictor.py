@@ -71,6 +71,11 @@ def scores_in_blocks(heads: Heads, prototypes, kind: str, U: torch.Tensor, head:
     return torch.cat([scores(heads, prototypes, kind, U[s:s + block], head).float() for s in range(0, U.shape[0], block)])
 
 
+def proba_in_blocks(heads: Heads, prototypes, kind: str, U: torch.Tensor, head: str, block: int = 8192) -> torch.Tensor:
+    """N×C float32 probabilities (:func:`proba`) in row blocks."""
+    return torch.cat([proba(heads, prototypes, kind, U[s:s + block], head).float() for s in range(0, U.shape[0], block)])
+
+
 def kernel_prior(heads: Heads, prototypes, x: torch.Tensor) -> Optional[torch.Tensor]:
     """The kernel head's zero-shot prior term ``softmax(τ·x̂P̂ᵀ)`` at ``x`` (None: the head has none)."""
     k = heads.kernel

@@ -18,6 +18,7 @@ import torch
 
 from svgen.transductive import gate as pool_gate
 from svgen.heads import predictor
+from svgen.calibration import mixture
 from svgen.heads.scoring import MIXTURE
 from svgen.transductive import solve as td
 from svgen.transductive.pool import PoolFit, Stage, transduce
@@ -101,14 +102,13 @@ def _adopt_stacked(stage: Stage, side: TextSide, U, strength, progress, check: d
         b = float(fit.record["prior_strength"]) * float(fit.record["linear_prior_temperature"])
     fit.heads.linear = LinearHead((a * WG + b * W0.double()).float(), (a * bG + b * b0.double()).float())
     w = check["mixture_weight"]
-    default = "kernel" if w == 1.0 else "linear" if w == 0.0 else MIXTURE
+    default = mixture.head_of_weight(w)
     fit.heads.calibration = dataclasses.replace(predictor.with_temperatures(
         fit.heads.calibration, {"linear": 1.0}, method="held-out-nll",
         rule="after a pool with shots: the stacked linear head's (a, b) by the NLL of held-out shots that were "
              "pool members (pool_gate.check_with_shots); its T is 1; the mixture's weight of the inductive kernel head "
              "by the same NLL"), mixture_weight=w if default == MIXTURE else None)
-    fit.labels = torch.cat([predictor.proba(fit.heads, side.prototypes, side.config.kernel, U[s:s + 8192], default)
-                            for s in range(0, U.shape[0], 8192)]).float()
+    fit.labels = predictor.proba_in_blocks(fit.heads, side.prototypes, side.config.kernel, U, default)
     fit.record.update({"check": check, "default_head": default, "wall_time_s": time.perf_counter() - t0,
                        "heads": {"linear": f"stacked: {a:.4g}·(pool Gaussian log-likelihood) + "
                                            f"{b:.4g}·(inductive linear logits)",

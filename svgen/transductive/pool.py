@@ -105,8 +105,7 @@ def transduce(stage: Stage, side: TextSide, U: torch.Tensor, strength: Optional[
     if shots is None:
         prior = predictor.scores_in_blocks(lin_heads, P, kind, U, head)
     else:   # the inductive predictor as deployed: its calibrated probabilities, as log-probabilities at T = 1
-        prior = torch.cat([predictor.proba(heads, P, kind, U[s:s + 8192], head).clamp_min(KERNEL_LOG_FLOOR).log().float()
-                           for s in range(0, N, 8192)])
+        prior = predictor.proba_in_blocks(heads, P, kind, U, head).clamp_min(KERNEL_LOG_FLOOR).log()
     timings = {"prior_scores": time.perf_counter() - t0}
     with torch.no_grad():
         cal = U[td.calibration_rows(N)]
