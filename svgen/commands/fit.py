@@ -182,7 +182,8 @@ def run(args) -> int:
         summary["metric_kappa"] = m["geometry"].get("kappa")
     if clf.fewshot_:
         summary["fewshot"] = {**{k: clf.fewshot_[k] for k in ("shots", "classes_with_shots", "default_head")},
-                              "kernel_adapted": clf.fewshot_["kernel"]["decision"]["adopted"]}
+                              "kernel_adapted": clf.fewshot_["kernel"]["decision"]["adopted"],
+                              "mixture_weight": (clf.fewshot_.get("head_choice") or {}).get("mixture_weight")}
     if clf.transductive_:
         summary["transductive"] = {**{k: clf.transductive_.get(k) for k in ("pool", "fallback", "prior_strength",
                                                                              "rounds")},

@@ -302,11 +302,14 @@ def test_cli_fit_and_adapt_with_shot_features(cli, files):
     code, out, err = cli(*base, "--out", files / "fs.svgen", "--shot-features", files / "X.npy",
                          "--shot-labels", files / "y.npy")
     assert code == 0, err
-    assert json.loads(out)["fewshot"]["shots"] == 17
+    fit_summary = json.loads(out)["fewshot"]
+    assert fit_summary["shots"] == 17
     code, out, err = cli("adapt", files / "zs.svgen", "--shot-features", files / "X.npy", "--shot-labels",
                          files / "y.npy", "--out", files / "ad.svgen")
     assert code == 0, err
     assert "17 shots over 5 of 5 classes" in err and json.loads(out)["default_head"] == "kernel"
+    # both summaries say the mixture's weight (1 here: the kernel head alone), as the artifact records it
+    assert fit_summary["mixture_weight"] == json.loads(out)["mixture_weight"] == 1.0
     assert json.loads(out)["temperature_method"] == "loo-nll" and json.loads(out)["temperatures"]["cosine"] == 1.0
     a, b = SVGClassifier.load(files / "fs.svgen"), SVGClassifier.load(files / "ad.svgen")
     q = np.load(files / "X.npy")
