@@ -54,8 +54,9 @@ def adapt(zero_shot: Heads, shots: SupportSet, side: TextSide) -> ShotFit:
                                  residual.class_subset(shots.labels.numpy(), fewshot.LDA_LOO_MAX, side.config.seed))
     wall = time.perf_counter() - t0
     heads = Heads(kernel_head(res, zero_shot, shots, C), LinearHead(lin.weight, lin.bias))
-    heads.calibration = temperatures(heads, side, shots, res, lin)
-    default, weight, head_choice = choose_default_head(heads, side, res, shots, lin)
+    evidence = kernel_evidence(res, shots, side)
+    heads.calibration = temperatures(heads, side, shots, res, lin, evidence)
+    default, weight, head_choice = choose_default_head(heads, side, res, shots, lin, evidence)
     heads.calibration = dataclasses.replace(heads.calibration, mixture_weight=weight)
     counts = shots.counts(C)
     record = {
@@ -90,31 +91,48 @@ def kernel_head(res, zero_shot: Heads, shots: SupportSet, n_classes: int) -> Ker
                       torch.cat([z.votes.float(), torch.zeros(len(shots), n_classes)]), rows.labels, rows.source)
 
 
-def held_out_probabilities(heads: Heads, side: TextSide, res, shots: SupportSet, lin) -> tuple:
-    """(rows, kernel N×C, linear N×C): both calibrated heads' probabilities on the shots neither saw — the balanced
-    folds' held-out shots, each head refitted without its fold at its chosen settings (``res.held_scores``,
-    ``lin.held_logits``), or with one shot per class the exact leave-one-out scores (``res.loo_scores``,
-    ``lin.loo_logits``): the evidence the temperatures in ``heads.calibration`` were fitted on. A refused kernel
-    correction is the zero-shot kernel head, which needs no refit."""
-    cal = heads.calibration
-    if res.folds is not None:
-        rows, zk, zl = np.concatenate(res.folds), res.held_scores, lin.held_logits
+@dataclass
+class KernelEvidence:
+    """The shots the adapted kernel head is judged on (its temperature, the mixture's weight): the balanced folds'
+    held-out shots, the head refitted without each fold at its chosen settings, or with one shot per class (no
+    folds) every scored shot left out exactly."""
+
+    rows: np.ndarray        # indices into the shots
+    scores: np.ndarray      # the kernel head's scores on them (``res.held_scores`` or ``res.loo_scores``)
+    prior: np.ndarray       # its zero-shot term p₀ at them (the "floored" kind's floor)
+    name: str               # "balanced folds" | "leave-one-out"
+
+
+def kernel_evidence(res, shots: SupportSet, side: TextSide) -> KernelEvidence:
+    """:class:`KernelEvidence` of a :class:`svgen.fewshot.residual.ResidualFit`."""
+    if res.held_scores is not None:
+        rows, scores, name = res.held_rows, res.held_scores, "balanced folds"
     else:
         rows = np.arange(len(shots)) if res.loo_rows is None else np.asarray(res.loo_rows)
-        zk, zl = res.loo_scores, lin.loo_logits
-    x = shots.rows[rows].float()
+        scores, name = res.loo_scores, "leave-one-out"
+    p0 = residual.prior_probs(residual.unit(shots.rows.numpy()[rows]), residual.unit(side.prototypes.numpy()),
+                              res.logit_scale)
+    return KernelEvidence(rows, scores, p0, name)
+
+
+def held_out_probabilities(heads: Heads, side: TextSide, res, shots: SupportSet, lin, ev: KernelEvidence) -> tuple:
+    """(kernel N×C, linear N×C): both calibrated heads' probabilities on the shots of ``ev``, which neither saw — the
+    kernel head's ``ev.scores`` and the linear head's logits on the same shots (``lin.held_logits`` on the folds,
+    ``lin.loo_logits`` with one shot per class): the evidence the temperatures in ``heads.calibration`` were fitted
+    on. A refused kernel correction is the zero-shot kernel head, which needs no refit."""
+    cal = heads.calibration
     if res.adopted:
-        p0 = residual.prior_probs(residual.unit(x.numpy()), residual.unit(side.prototypes.numpy()), res.logit_scale)
-        z = calibration.kernel_logits(torch.as_tensor(zk, dtype=torch.float64), cal.kernel_logits,
-                                      torch.from_numpy(p0), cal.kernel_floor)
+        z = calibration.kernel_logits(torch.as_tensor(ev.scores, dtype=torch.float64), cal.kernel_logits,
+                                      torch.from_numpy(ev.prior), cal.kernel_floor)
         pk = calibration.softmax(z, cal.temperatures["kernel"]).numpy()
     else:
-        pk = predictor.proba(heads, side.prototypes, side.config.kernel, x, "kernel").numpy()
+        pk = predictor.proba(heads, side.prototypes, side.config.kernel, shots.rows[ev.rows].float(), "kernel").numpy()
+    zl = lin.held_logits if res.held_scores is not None else lin.loo_logits
     pl = calibration.softmax(torch.as_tensor(zl, dtype=torch.float64), cal.temperatures["linear"]).numpy()
-    return rows, pk, pl
+    return pk, pl
 
 
-def choose_default_head(heads: Heads, side: TextSide, res, shots: SupportSet, lin) -> tuple:
+def choose_default_head(heads: Heads, side: TextSide, res, shots: SupportSet, lin, ev: KernelEvidence) -> tuple:
     """(``"mixture"`` | ``"kernel"`` | ``"linear"``, w, record): the head ``classify``, ``eval``, ``export`` and
     ``predict`` use, and the mixture's weight (None where it is one head alone).
 
@@ -125,8 +143,8 @@ def choose_default_head(heads: Heads, side: TextSide, res, shots: SupportSet, li
     Where the kernel head's settings were chosen on a subset of whole classes
     (:data:`svgen.fewshot.residual.SELECT_MAX`), the LDA part is refitted on the same subset's shots, so both are
     scored on the same problem."""
-    rows, pk, pl = held_out_probabilities(heads, side, res, shots, lin)
-    truth = shots.labels.numpy()[rows]
+    pk, pl = held_out_probabilities(heads, side, res, shots, lin, ev)
+    truth = shots.labels.numpy()[ev.rows]
     fit = mixture.fit_weight(pk, pl, truth)
     w = fit["weight"]
     head = mixture.head_of_weight(w)
@@ -136,14 +154,14 @@ def choose_default_head(heads: Heads, side: TextSide, res, shots: SupportSet, li
                                               "linear": fit["nll_linear"]},
         "held_out_accuracy": {"mixture": acc(w * pk + (1 - w) * pl), "kernel": acc(pk), "linear": acc(pl)},
         "shots_compared": fit["images"],
-        "evidence": "balanced folds" if res.folds is not None else "leave-one-out",
+        "evidence": ev.name,
         "classes_compared": "all" if res.loo_rows is None else int(np.unique(truth).size),
         "rule": "w·p_kernel + (1 − w)·p_linear, each head at its own temperature, w minimising the NLL of the "
                 "held-out shots (both heads refitted without each fold, on the same classes' shots; one shot per "
                 "class: exact leave-one-out); w = 1 is the kernel head alone (ties), w = 0 the linear head alone"}
 
 
-def temperatures(heads: Heads, side: TextSide, shots: SupportSet, res, lin) -> Calibration:
+def temperatures(heads: Heads, side: TextSide, shots: SupportSet, res, lin, ev: KernelEvidence) -> Calibration:
     """The kernel and linear heads' temperatures fitted by NLL on held-out scores of the shots
     (:func:`svgen.calibration.temperatures.loo_temperatures`); the cosine head keeps CLIP's scale (T = 1).
 
@@ -162,23 +180,14 @@ def temperatures(heads: Heads, side: TextSide, shots: SupportSet, res, lin) -> C
     y = shots.labels.numpy()
     fit = calibration.loo_temperatures({"linear": lin.loo_logits}, lin.loo_labels, fallback=text_temps)
     temps, loo, kind, floor, choice, evidence = dict(fit["temperatures"]), dict(fit["loo"]), None, None, None, {}
-    if res.adopted and (res.held_scores is not None or res.loo_scores is not None):
+    if res.adopted:
         # the kind and T by the guarded NLL (both kinds) on the balanced folds' held-out scores (the deployed
         # predictor, each class one shot short at once); with one shot per class, on the exact LOO scores
-        if res.held_scores is not None:
-            rows = res.held_rows
-            zk = res.held_scores
-        else:
-            rows = np.arange(len(y)) if res.loo_rows is None else np.asarray(res.loo_rows)
-            zk = res.loo_scores
-        yk = y[rows]
-        p0 = residual.prior_probs(residual.unit(shots.rows.numpy()[rows]), residual.unit(side.prototypes.numpy()),
-                                  res.logit_scale)   # the prior term at those shots: the "floored" kind's floor
-        kfit = calibration.choose_kernel_logits(torch.from_numpy(zk), yk, fallback=text_temps["kernel"],
-                                                signed_votes=True, prior=torch.from_numpy(p0))
+        kfit = calibration.choose_kernel_logits(torch.from_numpy(ev.scores), y[ev.rows], fallback=text_temps["kernel"],
+                                                signed_votes=True, prior=torch.from_numpy(ev.prior))
         kind, floor, temps["kernel"], loo["kernel"] = kfit["kind"], kfit["floor"], kfit["temperature"], kfit["loo"]
         choice = {k: v for k, v in kfit.items() if k not in ("temperature", "loo", "floor")}
-        evidence = {"kernel_evidence": "balanced folds" if res.held_scores is not None else "leave-one-out"}
+        evidence = {"kernel_evidence": ev.name}
     return predictor.with_temperatures(
         text_cal, temps, method="loo-nll", kernel_logits=kind, kernel_floor=floor, shots=len(shots), loo=loo,
         text_temperatures=text_temps,

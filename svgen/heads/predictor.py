@@ -52,7 +52,7 @@ def mixture_proba(heads: Heads, prototypes, kind: str, x: torch.Tensor) -> torch
 def scores(heads: Heads, prototypes: torch.Tensor, kind: str, x: torch.Tensor, head: str) -> torch.Tensor:
     """N×C scores of one head for checked N×D features ``x`` (``kind``: the kernel, e.g. ``"rbf"``); the
     mixture's are ``log max(p, 10⁻³⁰)`` (float32; the floor of the kernel's log scores, which float32 exports reach)."""
-    if head == MIXTURE:
+    if check_head(heads, head) == MIXTURE:
         return mixture_proba(heads, prototypes, kind, x).clamp_min(calibration.KERNEL_LOG_FLOOR).log().float()
     with torch.no_grad():
         if head == "kernel":
@@ -61,9 +61,7 @@ def scores(heads: Heads, prototypes: torch.Tensor, kind: str, x: torch.Tensor, h
             return s if k.prior_scale is None else s + prior_probs(x, prototypes, k.prior_scale)
         if head == "linear":
             return linear_logits(x, heads.linear.weight, heads.linear.bias)
-        if head == "cosine":
-            return cosine_logits(x, prototypes)
-    raise SvgenError(f"unknown head {head!r}; expected one of {', '.join(head_names(heads))}")
+        return cosine_logits(x, prototypes)   # check_head has let only the cosine head through
 
 
 def scores_in_blocks(heads: Heads, prototypes, kind: str, U: torch.Tensor, head: str, block: int = 8192) -> torch.Tensor:

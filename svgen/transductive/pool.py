@@ -37,7 +37,7 @@ def prior_head(fewshot: Optional[dict]) -> str:
     """The head whose prediction is the transductive prior: the kernel vote zero-shot; with shots (``fewshot``, the
     shots stage's record) the inductive default head — the predictor as deployed, whose calibrated probabilities are
     the prior as they are (session 11; before, the LDA head's logits: dev data, 1 shot, whole pool, mean gain
-    +1.35 → +3.30). The Gaussian class model the transduction solves still continues the LDA head (its part)."""
+    +1.35 → +3.99). The Gaussian class model the transduction solves still continues the LDA head (its part)."""
     return "kernel" if fewshot is None else fewshot.get("default_head", "linear")
 
 
