@@ -15,6 +15,9 @@ the temperature that would minimise each head's NLL on the dev labels.
     python -m benchmarks.bench_calibration --fewshot  # few-shot section (CoOp val sets, 1/4/16 shots), calibration_fewshot.json
     python -m benchmarks.bench_calibration --fewshot --prototypes train16 --shots 4 16 --seeds 0 1 2
                                                    # single-image shots from the validation set (see fewshot_run)
+    python -m benchmarks.bench_calibration --fewshot --prototypes textlike --seeds 0 1 2
+                                                   # the protocol of bench_adapt: text-like prototypes, shots and
+                                                   # queries from val, every head and the deployed default head
     python -m benchmarks.bench_calibration --json     # also print one JSON object
 """
 
@@ -213,6 +216,107 @@ def fewshot_run(datasets, shots_list, seeds, log=print, prototypes="shots"):
                     f"{r['head']} acc {r['acc1']:.1f} nll {r['nll']:.3f} ece {r['ece']:.3f}" for r in rows[-3:])
                     + f"  (better: {better}, {wall:.1f}s)")
     return rows
+
+
+TEXTLIKE_HEADS = ("cosine", "kernel", "linear", "default")
+
+
+def textlike_run(datasets, shots_list, seeds, log=print):
+    """The calibration of every head *and of the head a fit deploys*, on ``benchmarks/bench_adapt``'s protocol: the
+    CoOp sets' text-like prototypes (real text's geometry), k single validation images per class as shots
+    (bench_adapt's draw, so the same shots as its table) and the rest of val as queries. One row per dataset,
+    shot count, seed and head; ``"default"`` is :attr:`SVGClassifier.default_head_` (with shots the mixture
+    ``w·p_kernel + (1 − w)·p_linear``, or one head where ``w`` is 0 or 1). Each row keeps the query probabilities'
+    per-image true-class probability, confidence and correctness, so the report pools the seeds' queries."""
+    import copy
+
+    from benchmarks.bench_adapt import load_dataset, sample
+
+    rows = []
+    for name in datasets:
+        X, y, P, C, base = load_dataset(name)
+        for k in shots_list:
+            if np.bincount(y, minlength=C).min() <= k:
+                log(f"{name:>15} {k:>2} shots: skipped (a class has ≤ {k} validation images)")
+                continue
+            for seed in seeds:
+                s, q = sample(y, k, seed)
+                clf = copy.deepcopy(base).adapt(X[s].astype(np.float32), y[s])
+                Q, yq = X[q].astype(np.float32), y[q]
+                default = clf.default_head_
+                for head in TEXTLIKE_HEADS:
+                    p = np.asarray(clf.predict_proba(Q, default if head == "default" else head), dtype=np.float64)
+                    rows.append({"dataset": name, "shots": k, "seed": seed, "head": head,
+                                 "name": default if head == "default" else head,
+                                 "mixture_weight": clf.heads_.calibration.mixture_weight if head == "default" else None,
+                                 "acc1": 100 * float((p.argmax(1) == yq).mean()),
+                                 "nll": float(-np.log(np.maximum(p[np.arange(len(yq)), yq], 1e-300)).mean()),
+                                 "ece": calibration.ece(p, yq),
+                                 "p_true": p[np.arange(len(yq)), yq].tolist(), "conf": p.max(1).tolist(),
+                                 "correct": (p.argmax(1) == yq).astype(int).tolist()})
+                log(f"{name:>15} {k:>2} shots seed {seed}: " + "  ".join(
+                    f"{r['head']} acc {r['acc1']:.1f} nll {r['nll']:.3f} ece {r['ece']:.3f}" for r in rows[-4:])
+                    + f"  (default: {default})")
+    return rows
+
+
+def textlike_markdown(rows, meta) -> str:
+    """Per dataset and shot count (the seeds' queries pooled): top-1 / NLL / ECE of every head, the deployed
+    head's name and ECE with a bootstrap 95% interval over the pooled queries, and the mean over datasets."""
+    seeds = sorted({r["seed"] for r in rows})
+    datasets = list(dict.fromkeys(r["dataset"] for r in rows))
+    shots = sorted({r["shots"] for r in rows})
+    out = ["| data set | shots | " + " | ".join(f"{h} top-1 / NLL / ECE" for h in TEXTLIKE_HEADS)
+           + " | default head (w) | its ECE [95% CI] |", "|---|---:|" + "---|" * (len(TEXTLIKE_HEADS) + 2)]
+    summary = {}
+    rng = np.random.default_rng(0)
+    for k in shots:
+        per = {h: [] for h in TEXTLIKE_HEADS}
+        for name in datasets:
+            sel = [r for r in rows if r["shots"] == k and r["dataset"] == name]
+            if not sel:
+                continue
+            cells = []
+            for h in TEXTLIKE_HEADS:
+                hs = [r for r in sel if r["head"] == h]
+                pt, cf, ok = (np.concatenate([r[key] for r in hs]) for key in ("p_true", "conf", "correct"))
+                m = (100 * ok.mean(), float(-np.log(np.maximum(pt, 1e-300)).mean()), calibration.ece_of(cf, ok))
+                per[h].append(m)
+                cells.append(f"{m[0]:.1f} / {m[1]:.3f} / {m[2]:.3f}")
+                if h == "default":
+                    draws = (rng.integers(0, len(ok), len(ok)) for _ in range(BOOT // 4))
+                    boot = [calibration.ece_of(cf[i], ok[i]) for i in draws]
+                    ci = (float(np.percentile(boot, 2.5)), float(np.percentile(boot, 97.5)))
+                    names = "/".join(sorted({r["name"] for r in hs}))
+                    ws = [r["mixture_weight"] for r in hs if r["mixture_weight"] is not None]
+                    names += f" ({', '.join(f'{w:.2f}' for w in ws)})" if ws else ""
+                    summary[(name, k)] = {"ece": m[2], "ci95": ci, "nll": m[1]}
+            out.append(f"| {name} | {k} | {' | '.join(cells)} | {names} | {m[2]:.3f} [{ci[0]:.3f}, {ci[1]:.3f}] |")
+        n = len(per["default"])
+        means = [tuple(float(np.mean([v[i] for v in per[h]])) for i in range(3)) for h in TEXTLIKE_HEADS]
+        out.append(f"| **mean of {n}** | {k} | " + " | ".join(f"{a:.1f} / {b:.3f} / {c:.3f}" for a, b, c in means)
+                   + " | | |")
+    worst = max(summary.items(), key=lambda kv: kv[1]["ece"]) if summary else None
+    lower_nll = sum(1 for (name, k), v in summary.items()
+                    if v["nll"] < np.mean([r["nll"] for r in rows if r["dataset"] == name and r["shots"] == k
+                                           and r["head"] == "cosine"]))
+    return f"""### With text-like prototypes and single-image shots: the deployed head
+
+Generated by `python -m benchmarks.bench_calibration --fewshot --prototypes textlike --seeds {' '.join(map(str, seeds))}`
+({meta['date']}, {meta['machine']['cpus']} CPUs). `benchmarks/bench_adapt.py`'s protocol and draws: the CoOp sets'
+**text-like prototypes** (`textlike_prototypes.npy`, the geometry of real text), k single validation images per class
+as shots, the rest of val as queries (the seeds' queries pooled; a shot count is skipped where a class has ≤ k
+validation images). `SVGClassifier().fit(prototypes).adapt(shots)`; each head's `predict_proba` as shipped:
+cosine at CLIP's scale 100, the kernel and linear heads at the temperatures `adapt` fitted on held-out shots, and
+**default** = what `classify` uses (`default_head_`: the mixture `w·p_kernel + (1 − w)·p_linear` at the weight
+fitted on the same held-out shots, or one head where w is 0 or 1). ECE: 15 equal-width bins; its 95% interval
+bootstraps the pooled queries ({BOOT // 4} resamples). **Dev data only.**
+
+{chr(10).join(out)}
+
+The default head's NLL is below cosine's on {lower_nll} of {len(summary)} rows; its largest ECE is
+{worst[1]['ece']:.3f} ({worst[0][0]}, {worst[0][1]} shots).
+""" if worst else "(no rows)\n"
 
 
 def kernel_kinds(clf, Xv, yv) -> dict:
@@ -567,9 +671,10 @@ Fits: {json.dumps({k: {"wall_s": round(v["wall_s"], 1), "temperatures": v["tempe
 """
 
 
-SECTIONS = ("lvis", "fewshot", "fewshot-rest", "fewshot-train16")
+SECTIONS = ("lvis", "fewshot-textlike", "fewshot", "fewshot-rest", "fewshot-train16")
 #: the report section each few-shot ``--prototypes`` mode writes
-FEWSHOT_SECTION = {"shots": "fewshot", "rest": "fewshot-rest", "train16": "fewshot-train16"}
+FEWSHOT_SECTION = {"shots": "fewshot", "rest": "fewshot-rest", "train16": "fewshot-train16",
+                   "textlike": "fewshot-textlike"}
 TITLE = "# Calibration of the heads' probabilities\n\n"
 
 
@@ -601,10 +706,12 @@ def main(argv=None):
     ap.add_argument("--seeds", nargs="+", type=int, default=[0], help="few-shot: shot draws")
     ap.add_argument("--render", metavar="JSON", default=None,
                     help="only rewrite the report's section from a saved result (bench-results/calibration*.json)")
-    ap.add_argument("--prototypes", choices=("shots", "rest", "train16"), default="shots",
+    ap.add_argument("--prototypes", choices=("shots", "rest", "train16", "textlike"), default="shots",
                     help="few-shot stand-in prototypes: class means of the shots (as bench_fewshot), or of the "
                          "train16 images that are not shots (leak-free; fewer than 16 shots), or of all train16 "
-                         "rows with single-image shots drawn from the validation set (the rest are the queries)")
+                         "rows with single-image shots drawn from the validation set (the rest are the queries); "
+                         "textlike: the sets' text-like prototypes with bench_adapt's shots and queries, every head "
+                         "and the deployed default head (1/2/4/8/16 shots unless --shots)")
     args = ap.parse_args(argv)
     torch.manual_seed(0)
     meta = {"date": time.strftime("%Y-%m-%d"), "machine": machine()}
@@ -614,8 +721,9 @@ def main(argv=None):
         if "fits" in saved:
             write_section(Path(args.out), "lvis", markdown(saved["rows"], saved["reference_rows"], saved["fits"], meta))
         else:
-            mode = saved["rows"][0].get("prototypes", "shots")
-            write_section(Path(args.out), FEWSHOT_SECTION[mode], fewshot_markdown(saved["rows"], meta))
+            mode = saved.get("prototypes") or saved["rows"][0].get("prototypes", "shots")
+            text = (textlike_markdown if mode == "textlike" else fewshot_markdown)(saved["rows"], meta)
+            write_section(Path(args.out), FEWSHOT_SECTION[mode], text)
         print(f"wrote {args.out} from {args.render}")
         return 0
     if args.fewshot:
@@ -623,11 +731,19 @@ def main(argv=None):
 
         if args.prototypes == "rest" and max(args.shots) >= 16:
             ap.error("--prototypes rest needs fewer than 16 shots (the prototypes are the other train16 images)")
-        rows = fewshot_run(args.datasets or DATASETS, args.shots, args.seeds, prototypes=args.prototypes)
-        result = {"rows": rows, **meta}
         section = FEWSHOT_SECTION[args.prototypes]
+        if args.prototypes == "textlike":
+            from benchmarks.bench_adapt import DATASETS as TEXTLIKE_SETS, SHOTS
+
+            shots = args.shots if "--shots" in (argv if argv is not None else sys.argv) else list(SHOTS)
+            rows = textlike_run(args.datasets or TEXTLIKE_SETS, shots, args.seeds)
+            text = textlike_markdown(rows, meta)
+        else:
+            rows = fewshot_run(args.datasets or DATASETS, args.shots, args.seeds, prototypes=args.prototypes)
+            text = fewshot_markdown(rows, meta)
+        result = {"rows": rows, "prototypes": args.prototypes, **meta}
         path = save_result(f"calibration_{section.replace('-', '_')}", result)
-        write_section(Path(args.out), section, fewshot_markdown(rows, meta))
+        write_section(Path(args.out), section, text)
     else:
         inputs, x, y = load_data()
         inputs = {k: inputs[k] for k in ("CxD", "T=2")}

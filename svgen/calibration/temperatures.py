@@ -417,7 +417,12 @@ def nll_from_logits(logits, temperature: float, labels) -> float:
 def reliability(probs, labels, n_bins: int = ECE_BINS) -> dict:
     """Confidence (max-probability) bins ``(b/B, (b+1)/B]``: count, mean confidence and accuracy per bin."""
     p, y = _probs_labels(probs, labels)
-    conf, correct = p.max(axis=1), (p.argmax(axis=1) == y).astype(np.float64)
+    return reliability_of(p.max(axis=1), p.argmax(axis=1) == y, n_bins)
+
+
+def reliability_of(conf, correct, n_bins: int = ECE_BINS) -> dict:
+    """:func:`reliability` of top-1 confidences ``conf`` and their correctness ``correct`` (per image)."""
+    conf, correct = np.asarray(conf, dtype=np.float64), np.asarray(correct, dtype=np.float64)
     # bin b holds b/B < conf ≤ (b+1)/B (conf > 0 always; the first bin also takes conf = 0)
     idx = np.clip(np.ceil(conf * n_bins).astype(np.int64) - 1, 0, n_bins - 1)
     count = np.bincount(idx, minlength=n_bins)
@@ -429,7 +434,15 @@ def reliability(probs, labels, n_bins: int = ECE_BINS) -> dict:
 
 def ece(probs, labels, n_bins: int = ECE_BINS) -> float:
     """Expected calibration error ``Σ_b (n_b / N) · |acc_b − conf_b|`` over equal-width confidence bins."""
-    r = reliability(probs, labels, n_bins)
+    return _ece(reliability(probs, labels, n_bins))
+
+
+def ece_of(conf, correct, n_bins: int = ECE_BINS) -> float:
+    """:func:`ece` of top-1 confidences and their correctness (per image), e.g. pooled over several fits."""
+    return _ece(reliability_of(conf, correct, n_bins))
+
+
+def _ece(r: dict) -> float:
     n = r["count"].sum()
     used = r["count"] > 0
     return float((r["count"][used] / n * np.abs(r["accuracy"][used] - r["confidence"][used])).sum())

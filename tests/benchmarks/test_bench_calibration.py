@@ -144,3 +144,35 @@ def test_single_image_shots_come_from_validation_and_never_score(bench, tmp_path
     np.testing.assert_allclose(seen["P"], bench_fewshot.class_means(tr, data["train16"][1], C), atol=1e-6)
     text = bench.fewshot_markdown(rows, {"date": "today", "machine": {"cpus": 2}})
     assert "Single-image shots" in text and "| toy | 16 |" not in text and "nan" not in text
+
+
+def test_textlike_run_reports_the_deployed_head(bench, tmp_path, monkeypatch):
+    """``--prototypes textlike``: bench_adapt's draws on text-like prototypes; the "default" rows are exactly the
+    deployed head's predict_proba (the mixture where the fit chose one), and the report's cells pool the seeds'
+    queries."""
+    from conftest import write_textlike_val_toy
+
+    adapt = load_script("bench_adapt")
+    write_textlike_val_toy(tmp_path, "toy", C=4, n_val=9)
+    monkeypatch.setitem(adapt.load_dataset.__globals__, "FEWSHOT", tmp_path)
+    monkeypatch.setattr(bench, "BOOT", 20)
+    logged = []
+    rows = bench.textlike_run(["toy"], [2, 9], [0, 1], log=logged.append)
+    assert {r["shots"] for r in rows} == {2} and any("9 shots: skipped" in m for m in logged)
+    assert [r["head"] for r in rows[:4]] == list(bench.TEXTLIKE_HEADS)
+    X, y, P, C, base = adapt.load_dataset("toy")
+    import copy
+
+    for seed in (0, 1):
+        s, q = adapt.sample(y, 2, seed)
+        clf = copy.deepcopy(base).adapt(X[s].astype(np.float32), y[s])
+        d = [r for r in rows if r["seed"] == seed and r["head"] == "default"][0]
+        assert d["name"] == clf.default_head_
+        p = np.asarray(clf.predict_proba(X[q].astype(np.float32)))
+        np.testing.assert_allclose(d["p_true"], p[np.arange(len(q)), y[q]], rtol=1e-6)
+        assert d["acc1"] == pytest.approx(100 * (p.argmax(1) == y[q]).mean())
+    text = bench.textlike_markdown(rows, {"date": "today", "machine": {"cpus": 2}})
+    sel = [r for r in rows if r["head"] == "cosine"]
+    pooled = 100 * np.mean(np.concatenate([r["correct"] for r in sel]))
+    nll = -np.log(np.concatenate([r["p_true"] for r in sel])).mean()
+    assert f"| toy | 2 | {pooled:.1f} / {nll:.3f} /" in text and "**mean of 1** | 2 |" in text

@@ -56,6 +56,8 @@ def test_ece_matches_a_direct_loop():
     assert total > 0.01  # random probabilities are not calibrated: the check is not vacuous
     one_hot = np.eye(7)[y]
     assert calibration.ece(one_hot, y) == pytest.approx(0.0)  # confident and right
+    # from confidences and correctness (what pooled runs keep): the same number
+    assert calibration.ece_of(p.max(1), p.argmax(1) == y) == pytest.approx(total, abs=1e-12)
 
 
 def test_nll_matches_sklearn_log_loss():
