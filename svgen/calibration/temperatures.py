@@ -59,10 +59,8 @@ images to classify (e.g. means of augmented views), their LOO logits are too sep
 fitted T too low. Any other labelled logits can be used the same way:
 ``clf.set_temperatures({head: fit_temperature(z_loo, y)}, method="loo-nll")``.
 
-**Judging them**: :func:`nll` (mean −log p of the true class, ``sklearn.metrics.log_loss``) and
-:func:`ece` (expected calibration error over 15 equal-width confidence bins,
-``Σ_b n_b/N · |acc_b − conf_b|``); :func:`reliability` gives the bins for a diagram.
-"""
+**Judging them**: :func:`nll` (mean −log p of the true class, ``sklearn.metrics.log_loss``), :func:`ece` (15 equal-width
+confidence bins, ``Σ_b n_b/N · |acc_b − conf_b|``; :func:`ece_of` from top-1 confidences) and :func:`reliability`."""
 
 from __future__ import annotations
 
@@ -434,15 +432,13 @@ def reliability_of(conf, correct, n_bins: int = ECE_BINS) -> dict:
 
 def ece(probs, labels, n_bins: int = ECE_BINS) -> float:
     """Expected calibration error ``Σ_b (n_b / N) · |acc_b − conf_b|`` over equal-width confidence bins."""
-    return _ece(reliability(probs, labels, n_bins))
+    p, y = _probs_labels(probs, labels)
+    return ece_of(p.max(axis=1), p.argmax(axis=1) == y, n_bins)
 
 
 def ece_of(conf, correct, n_bins: int = ECE_BINS) -> float:
     """:func:`ece` of top-1 confidences and their correctness (per image), e.g. pooled over several fits."""
-    return _ece(reliability_of(conf, correct, n_bins))
-
-
-def _ece(r: dict) -> float:
+    r = reliability_of(conf, correct, n_bins)
     n = r["count"].sum()
     used = r["count"] > 0
     return float((r["count"][used] / n * np.abs(r["accuracy"][used] - r["confidence"][used])).sum())
