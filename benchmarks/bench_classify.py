@@ -25,7 +25,6 @@ for the single process (one file at the end), (N − 1) / (wall − start-up). R
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import subprocess

@@ -193,7 +193,7 @@ def run_dataset(name, shots_list, seeds, log):
         out[k] = {"acc": acc, "correct": correct, "fit_s": {m: float(np.mean(v)) for m, v in times.items()},
                   "choices": choices}
         log(f"{name:>15} {k:>2} shots: " + "  ".join(f"{m} {a:.1f}" for m, a in acc.items())
-            + f"  | fit s: " + " ".join(f"{m} {np.mean(v):.2f}" for m, v in times.items()))
+            + "  | fit s: " + " ".join(f"{m} {np.mean(v):.2f}" for m, v in times.items()))
     return out
 
 

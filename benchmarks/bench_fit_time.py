@@ -34,7 +34,6 @@ import statistics
 import sys
 import time
 import warnings
-from pathlib import Path
 
 import numpy as np
 

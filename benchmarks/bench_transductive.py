@@ -45,7 +45,6 @@ from __future__ import annotations
 import logging
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 

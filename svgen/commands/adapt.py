@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-import argparse
 import logging
-from pathlib import Path
 
-from svgen.errors import SvgenError
 from svgen.commands._common import ExamplesFormatter, json_text, note
 from svgen.commands._images import add_image_encoder_args
 from svgen.commands._pool import add_pool_args, encode_pool, pool_array, pool_check_summary, pool_note, pool_paths, wants_pool

@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from pathlib import Path
 
 from svgen.errors import SvgenError
 from svgen.commands._common import (DEFAULT_MODEL, HelpFormatter, add_encoder_args, check_device, default_pretrained, json_text,

@@ -17,7 +17,6 @@ Every kernel here L2-normalises its inputs first, so ``||a - b||² = 2 - 2 a·b`
 from __future__ import annotations
 
 import math
-from typing import Optional
 
 import numpy as np
 import torch

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import math
 from dataclasses import asdict, dataclass
 from typing import Optional
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 import warnings
 import weakref
-from typing import Iterable, Optional, Sequence, Tuple
+from typing import Iterable, Sequence, Tuple
 
 import torch
 import torch.nn.functional as F

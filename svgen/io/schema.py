@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import fields
-from typing import Any, Callable, Dict, Optional
+from typing import Callable, Dict, Optional
 
 from svgen.config import KERNELS, MAX_WEIGHT, FitConfig
 from svgen.errors import SvgenError

@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from svgen.core.generator import SupportVectorGenerator, template_anchors
 from svgen.heads.scoring import DEFAULT_LAMBDAS, krr_vote_weights, top_eigenvalue, one_hot_blocks, ridge_path_scores
 from svgen.core.kernels import kernel, median_heuristic
-from svgen.config import FitConfig, config_dict
+from svgen.config import FitConfig
 from svgen.core.losses import MARGINS, block_alignment, grounding_loss
 from svgen.core import scale
 from svgen.core.metric import (confusion_directions, lda_head, metric_strength, nearest_classes, neighbour_difference_covariance,
