@@ -116,10 +116,13 @@ def kernel_evidence(res, shots: SupportSet, side: TextSide) -> KernelEvidence:
 
 
 def held_out_probabilities(heads: Heads, side: TextSide, res, shots: SupportSet, lin, ev: KernelEvidence) -> tuple:
-    """(kernel N×C, linear N×C): both calibrated heads' probabilities on the shots of ``ev``, which neither saw — the
-    kernel head's ``ev.scores`` and the linear head's logits on the same shots (``lin.held_logits`` on the folds,
+    """(kernel M×C, linear M×C, rows): both calibrated heads' probabilities on the same M shots, which neither saw —
+    the kernel head's ``ev.scores`` and the linear head's logits (``lin.held_logits`` on the folds,
     ``lin.loo_logits`` with one shot per class): the evidence the temperatures in ``heads.calibration`` were fitted
-    on. A refused kernel correction is the zero-shot kernel head, which needs no refit."""
+    on; ``rows`` are those shots (indices into all shots). With one shot per class each head's leave-one-out may
+    cover a different set of whole classes (the kernel head's :data:`~svgen.fewshot.residual.SELECT_MAX` shots, the
+    LDA head's :data:`~svgen.fewshot.lda.LDA_LOO_MAX`: ImageNet's 1,000 classes × 1 shot), and the shots both left
+    out are used. A refused kernel correction is the zero-shot kernel head, which needs no refit."""
     cal = heads.calibration
     if res.adopted:
         z = calibration.kernel_logits(torch.as_tensor(ev.scores, dtype=torch.float64), cal.kernel_logits,
@@ -127,9 +130,15 @@ def held_out_probabilities(heads: Heads, side: TextSide, res, shots: SupportSet,
         pk = calibration.softmax(z, cal.temperatures["kernel"]).numpy()
     else:
         pk = predictor.proba(heads, side.prototypes, side.config.kernel, shots.rows[ev.rows].float(), "kernel").numpy()
-    zl = lin.held_logits if res.held_scores is not None else lin.loo_logits
+    if res.held_scores is not None:   # the same folds' held-out shots, in the same order
+        zl, rows = lin.held_logits, ev.rows
+    else:
+        lin_rows = np.arange(len(shots)) if lin.loo_rows is None else np.asarray(lin.loo_rows)
+        rows = np.intersect1d(ev.rows, lin_rows)
+        pk = pk[np.searchsorted(ev.rows, rows)] if len(rows) < len(ev.rows) else pk
+        zl = lin.loo_logits[np.searchsorted(lin_rows, rows)]
     pl = calibration.softmax(torch.as_tensor(zl, dtype=torch.float64), cal.temperatures["linear"]).numpy()
-    return pk, pl
+    return pk, pl, rows
 
 
 def choose_default_head(heads: Heads, side: TextSide, res, shots: SupportSet, lin, ev: KernelEvidence) -> tuple:
@@ -143,8 +152,8 @@ def choose_default_head(heads: Heads, side: TextSide, res, shots: SupportSet, li
     Where the kernel head's settings were chosen on a subset of whole classes
     (:data:`svgen.fewshot.residual.SELECT_MAX`), the LDA part is refitted on the same subset's shots, so both are
     scored on the same problem."""
-    pk, pl = held_out_probabilities(heads, side, res, shots, lin, ev)
-    truth = shots.labels.numpy()[ev.rows]
+    pk, pl, rows = held_out_probabilities(heads, side, res, shots, lin, ev)
+    truth = shots.labels.numpy()[rows]
     fit = mixture.fit_weight(pk, pl, truth)
     w = fit["weight"]
     head = mixture.head_of_weight(w)

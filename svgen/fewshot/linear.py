@@ -55,6 +55,7 @@ class LinearFit:
     held_logits: Optional[np.ndarray] = None    # the head's logits on them, LDA refitted without each fold
     loo_logits: Optional[np.ndarray] = None     # the deployed head's exact leave-one-out logits (its temperature's)
     loo_labels: Optional[np.ndarray] = None     # their shots' classes
+    loo_rows: Optional[np.ndarray] = None       # which shots those are (indices into all shots; None: all)
 
 
 def spread_ratio(zero_shot: np.ndarray, lda_logits: np.ndarray) -> float:
@@ -99,7 +100,7 @@ def fit_linear_head(prototypes: torch.Tensor, shots, n_classes: int, W_lda: torc
         return LinearFit(W_lda, b_lda, {"form": "lda", "scale": s,
                                         "rule": "one shot per class: no held-out folds to weigh the LDA logits "
                                                 "against the zero-shot ones; the LDA head"},
-                         loo_logits=loo, loo_labels=loo_y)
+                         loo_logits=loo, loo_labels=loo_y, loo_rows=loo_rows)
     rows = np.concatenate(folds)
     L = fold_lda_logits(prototypes, X, y, folds, np.arange(len(y)) if pool is None else pool, settings)
     Z = logit_scale * Xn[rows] @ P.T
@@ -121,7 +122,8 @@ def fit_linear_head(prototypes: torch.Tensor, shots, n_classes: int, W_lda: torc
                       "head's: its exact leave-one-out logits)"}
     log.info("linear head: zero-shot logits + %g·%.3g·LDA (held-out accuracy %.3f, zero-shot %.3f)",
              alpha, s, acc[i], acc[0])
-    return LinearFit(W.float(), b.float(), record, rows, Z + alpha * s_fold * L, Z_loo + alpha * s * loo, loo_y)
+    return LinearFit(W.float(), b.float(), record, rows, Z + alpha * s_fold * L, Z_loo + alpha * s * loo, loo_y,
+                     loo_rows)
 
 
 def lda_part(prototypes: torch.Tensor, shots, n_classes: int, record: Optional[dict]) -> Optional[tuple]:

@@ -279,3 +279,34 @@ def test_cli_classify_and_export_use_the_recorded_default_head(adapted, tmp_path
     from svgen.io.export import load_head
 
     assert load_head(tmp_path / "h.npz")["head"] == "linear"
+
+
+@pytest.mark.parametrize("select_max", [1024, 8])
+def test_one_shot_with_more_classes_than_the_lda_loo_subset(monkeypatch, select_max):
+    """One shot per class with more shots than the LDA head's leave-one-out subset (ImageNet: 1,000 classes × 1 shot,
+    LDA_LOO_MAX = 512): the kernel head's leave-one-out covers every shot (or its own, larger subset), the linear
+    head's only the subset. The mixture's weight is fitted on the shots both were scored on, and equals a fit on
+    those rows alone."""
+    from svgen.calibration import mixture
+    from svgen.fewshot import adapt as shot_adapt
+    from svgen.fewshot import lda as fewshot
+
+    X, y, P = _problem(seed=5, C=12, per_class=1)
+    monkeypatch.setattr(fewshot, "LDA_LOO_MAX", 5)
+    monkeypatch.setattr(residual, "SELECT_MAX", select_max)
+    seen = {}
+    real = shot_adapt.held_out_probabilities
+
+    def spy(*a, **k):
+        seen["out"] = real(*a, **k)
+        return seen["out"]
+
+    monkeypatch.setattr(shot_adapt, "held_out_probabilities", spy)
+    clf = SVGClassifier(n_support=2).fit(P.astype(np.float32)).adapt(X.astype(np.float32), y)
+    hc = clf.fewshot_["head_choice"]
+    pk, pl, rows = seen["out"]
+    lda_rows = residual.class_subset(y, 5, 0)
+    assert hc["shots_compared"] == len(rows) == len(lda_rows) and set(rows) == set(lda_rows)
+    assert pk.shape == pl.shape == (len(rows), 12)
+    assert hc["mixture_weight"] == pytest.approx(mixture.fit_weight(pk, pl, y[rows])["weight"])
+    assert clf.predict_proba(X.astype(np.float32)).shape == (12, 12)
