@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-
 from svgen.errors import SvgenError
 from svgen.commands._common import ExamplesFormatter, add_encoder_args, default_pretrained, load_encoder
 
