@@ -101,11 +101,18 @@ def rbf(A: np.ndarray, B: np.ndarray, sigma: float) -> np.ndarray:
     return np.exp(-np.maximum(2.0 - 2.0 * (A @ B.T), 0.0) / (2.0 * sigma * sigma))
 
 
-def median_distance(X: np.ndarray, seed: int = 0, n_max: int = 1024) -> float:
+COINCIDENT = 1e-10   # squared distance below which two unit shots are the same image (duplicate files)
+
+
+def median_distance(X: np.ndarray, seed: int = 0, n_max: int = 1024) -> Optional[float]:
+    """The median distance between two *different* shots (at most ``n_max`` of them, seeded); None when no two
+    differ. Copies of one image say nothing about how far apart images are: with them counted, a set of mostly
+    duplicate shots gave a median of 0, hence σ = 0."""
     rng = np.random.default_rng(seed)
     Z = X if X.shape[0] <= n_max else X[rng.choice(X.shape[0], n_max, replace=False)]
     d2 = np.maximum(2.0 - 2.0 * Z @ Z.T, 0.0)[np.triu_indices(Z.shape[0], 1)]
-    return float(np.sqrt(np.median(d2))) if d2.size else 1.0
+    d2 = d2[d2 > COINCIDENT]
+    return float(np.sqrt(np.median(d2))) if d2.size else None
 
 
 def loo_scores(U: np.ndarray, e: np.ndarray, c: float, R: np.ndarray, p0: np.ndarray) -> np.ndarray:
@@ -155,12 +162,14 @@ def select(X: np.ndarray, y: np.ndarray, P: np.ndarray, C: int, logit_scale: flo
         e, U = np.linalg.eigh(np.exp(-d2 / (2 * sigma * sigma)))
         return loo_scores(U, np.maximum(e, 0.0), c, R, p0)
 
-    if np.bincount(y, minlength=C).max() <= 1:   # LOO still gives the temperature (pessimistic: a softer T)
+    one_shot = np.bincount(y, minlength=C).max() <= 1
+    med = None if one_shot else median_distance(X, seed)
+    if med is None:   # LOO still gives the temperature (pessimistic: a softer T)
         sigma, c = 1.0 / math.sqrt(TIP_ADAPTER_BETA), ONE_SHOT_RIDGE
+        what = "one shot per class" if one_shot else "every shot is the same image"
         return {"sigma": sigma, "ridge_c": c, "loo": loo(sigma, c), "p0": p0, "one_shot": True,
-                "rule": "one shot per class: σ = 1/√β (Tip-Adapter's β = 5.5), c = 1 (the shot and the text weigh "
+                "rule": f"{what}: σ = 1/√β (Tip-Adapter's β = 5.5), c = 1 (the shot and the text weigh "
                         "the same); the labels cannot identify either"}
-    med = median_distance(X, seed)
     folds = balanced_folds(y, seed)
     held = np.concatenate(folds)
     correct = np.zeros((len(SIGMA_FACTORS), len(RIDGES), held.size), dtype=bool)

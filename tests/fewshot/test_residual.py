@@ -310,3 +310,22 @@ def test_one_shot_with_more_classes_than_the_lda_loo_subset(monkeypatch, select_
     assert pk.shape == pl.shape == (len(rows), 12)
     assert hc["mixture_weight"] == pytest.approx(mixture.fit_weight(pk, pl, y[rows])["weight"])
     assert clf.predict_proba(X.astype(np.float32)).shape == (12, 12)
+
+
+def test_duplicate_shots_never_give_a_zero_bandwidth():
+    """Copies of one image (the same file given twice) are no evidence of how far apart images are: the median
+    distance ignores coincident pairs (mostly duplicates: σ from the distinct pairs), and shots that are all one
+    image take the one-shot default σ = 1/√β instead of σ = 0 (which divided by zero when scoring)."""
+    X, y, P = _problem(seed=2, C=3, per_class=1)
+    dup = np.concatenate([X[:1]] * 4 + [X[1:2]])          # four copies of one shot and one other, both class 0
+    assert residual.median_distance(dup) == pytest.approx(float(np.linalg.norm(X[0] - X[1])))
+    assert residual.median_distance(np.concatenate([X[:1]] * 3)) is None
+    clf = SVGClassifier(n_support=2).fit(P.astype(np.float32))
+    clf.adapt(np.concatenate([X[:1]] * 2).astype(np.float32), np.array([0, 0]))   # all shots one image
+    sel = clf.fewshot_["kernel"]
+    assert sel["sigma"] == pytest.approx(1 / np.sqrt(residual.TIP_ADAPTER_BETA))
+    assert "every shot is the same image" in sel["selection"]["rule"]
+    p = clf.predict_proba(X.astype(np.float32))
+    assert np.isfinite(p).all() and np.allclose(p.sum(1), 1)
+    clf.adapt(dup.astype(np.float32), np.zeros(5, dtype=np.int64))   # mostly duplicates: a finite, positive σ
+    assert 0 < clf.fewshot_["kernel"]["sigma"] < np.inf and np.isfinite(clf.predict_proba(X.astype(np.float32))).all()
