@@ -12,8 +12,12 @@ queries:
 * ``svgen``         ``SVGClassifier().fit(P).adapt(X, y)``, the default head (what classify uses), defaults unchanged
 * ``tip``           Tip-Adapter, paper defaults: ``100·x̂P̂ᵀ + α·exp(−β(1 − x̂Xᵀ))Y``, α = 1, β = 5.5
 * ``tip_cv``        Tip-Adapter, β and α by 2-fold cross-validation on the shots
-* ``gda_cv``        GDA (Wang et al. 2024): class means, one covariance (Ledoit–Wolf shrinkage),
-                    ``100·x̂P̂ᵀ + α·(x̂Σ⁻¹μᵀ − ½ μΣ⁻¹μᵀ)``, α by cross-validation on the shots (1 shot: Σ = I, α = 1)
+* ``gda_cv``        GDA (Wang et al., ICLR 2024): class means, one covariance with the authors' KS shrinkage
+                    estimator ``Σ⁻¹ = D·((N − 1)S + tr(S)·I)⁺`` (S the pooled within-class sample covariance),
+                    ``100·x̂P̂ᵀ + α·(x̂Σ⁻¹μᵀ − ½ μΣ⁻¹μᵀ)``, α from the authors' grid {10⁻⁴ … 100} by cross-validation on the
+                    shots (1 shot: S = 0 and the formula gives zero-shot; Σ = I and α = 1 stand in, as for the variant)
+* ``gda_lw_cv``     the same with a Ledoit–Wolf-shrunk covariance (scikit-learn) and svgen's α grid: a variant that
+                    cross-validates better on few shots (sessions 8–11 reported it as ``gda_cv``)
 * ``proker_cv``     ProKeR-style kernel ridge on the zero-shot residual:
                     ``100·x̂P̂ᵀ + α·k(x, X)(K + λI)⁻¹(Y − softmax(100·XP̂ᵀ))``, β, λ, α by cross-validation (1 shot: β = 5.5, λ = 1, α = 1)
 * ``logreg_cv``     scikit-learn LogisticRegression on the shots alone, C by cross-validation
@@ -55,8 +59,9 @@ RIDGES = (0.01, 0.1, 1.0, 10.0)
 LOGREG_C = (0.1, 1.0, 10.0, 100.0)
 LPP_EPOCHS = 300      # LP++'s default (the authors' configs/base.yaml train_epoch)
 LPP_ALPHA_EVERY = 10  # LP++ updates its blending vector every 10th epoch
-PEERS = ("tip", "tip_cv", "gda_cv", "proker_cv", "logreg_cv", "lpp")
-ORACLES = ("tip_oracle", "gda_oracle", "proker_oracle", "lpp_oracle")
+GDA_ALPHAS = (1e-4, 1e-3, 1e-2, 0.1, 1.0, 10.0, 100.0)   # the GDA authors' grid (main_few_shots.py)
+PEERS = ("tip", "tip_cv", "gda_cv", "gda_lw_cv", "proker_cv", "logreg_cv", "lpp")
+ORACLES = ("tip_oracle", "gda_oracle", "gda_lw_oracle", "proker_oracle", "lpp_oracle")
 
 
 def unit(x):
@@ -96,16 +101,23 @@ def tip_scores(Q, P, X, Y, beta, alpha):
     return 100.0 * Q @ P.T + alpha * np.exp(-beta * (1.0 - Q @ X.T)) @ Y
 
 
-def gda_terms(X, y, C):
-    """(W, b): ``x Σ⁻¹μᵀ − ½ μΣ⁻¹μᵀ`` from class means and a Ledoit–Wolf-shrunk shared covariance."""
+def gda_terms(X, y, C, estimator="ks"):
+    """(W, b): ``x Σ⁻¹μᵀ − ½ μΣ⁻¹μᵀ`` from class means and one shared covariance: GDA's KS estimator
+    ``Σ⁻¹ = D·((N − 1)S + tr(S)·I)⁺`` with S the sample covariance of the class-centred shots (``estimator="ks"``, as
+    the authors' code computes it), or a Ledoit–Wolf-shrunk covariance (``"lw"``). With one shot per class (no
+    within-class scatter) Σ = I."""
     from sklearn.covariance import ledoit_wolf
 
     mu = np.stack([X[y == c].mean(axis=0) for c in range(C)])
-    if len(y) > C:
-        cov, _ = ledoit_wolf(X - mu[y], assume_centered=True)
+    D = X.shape[1]
+    if len(y) <= C:
+        inv = np.eye(D)
+    elif estimator == "ks":
+        S = np.cov((X - mu[y]).T)
+        inv = D * np.linalg.pinv((len(y) - 1) * S + np.trace(S) * np.eye(D))
     else:
-        cov = np.eye(X.shape[1])
-    W = np.linalg.solve(cov, mu.T)
+        inv = np.linalg.inv(ledoit_wolf(X - mu[y], assume_centered=True)[0])
+    W = inv @ mu.T
     return W, -0.5 * np.einsum("cd,dc->c", mu, W)
 
 
@@ -165,10 +177,12 @@ def lpp_fit(X, y, P, C, epochs=LPP_EPOCHS, snapshot_every=None, dtype=np.float32
 def peer_grids(X, y, P, C):
     """For each tunable peer: a list of (settings, scorer(Q) → logits) over its grid, fitted on (X, y)."""
     Y = np.eye(C)[y]
-    W, b = gda_terms(X, y, C)
     grids = {"tip": [({"beta": be, "alpha": al}, (lambda Q, be=be, al=al: tip_scores(Q, P, X, Y, be, al)))
-                     for be in TIP_BETA for al in ALPHAS],
-             "gda": [({"alpha": al}, (lambda Q, al=al: 100.0 * Q @ P.T + al * (Q @ W + b))) for al in ALPHAS]}
+                     for be in TIP_BETA for al in ALPHAS]}
+    for name, estimator, alphas in (("gda", "ks", GDA_ALPHAS), ("gda_lw", "lw", ALPHAS)):
+        W, b = gda_terms(X, y, C, estimator)
+        grids[name] = [({"alpha": al}, (lambda Q, al=al, W=W, b=b: 100.0 * Q @ P.T + al * (Q @ W + b)))
+                       for al in alphas]
     prok = []
     for be in TIP_BETA:
         for lam in RIDGES:
@@ -259,9 +273,9 @@ def run_dataset(name, shots, seeds, log):
             logits["svgen"] = scores
             cv = cv_choice(Xs, ys, P, C, seed)
             grids = peer_grids(Xs, ys, P, C)
-            defaults = {"tip": {"beta": 5.5, "alpha": 1.0}, "gda": {"alpha": 1.0},
+            defaults = {"tip": {"beta": 5.5, "alpha": 1.0}, "gda": {"alpha": 1.0}, "gda_lw": {"alpha": 1.0},
                         "proker": {"beta": 5.5, "lambda": 1.0, "alpha": 1.0}}
-            for peer in ("tip", "gda", "proker"):
+            for peer in ("tip", "gda", "gda_lw", "proker"):
                 if cv is not None:
                     settings, f = cv[peer]
                 else:   # one shot per class: the defaults

@@ -45,14 +45,24 @@ def test_peer_formulas(bench):
     ref = np.array([[100 * Q[i] @ P[c] + 2.0 * sum(np.exp(-5.5 * (1 - Q[i] @ X[j])) * (y[j] == c) for j in range(9))
                      for c in range(C)] for i in range(4)])
     np.testing.assert_allclose(bench.tip_scores(Q, P, X, Y, 5.5, 2.0), ref, rtol=1e-10)
-    # GDA: the Gaussian log-likelihood ratio x Σ⁻¹μᵀ − ½μΣ⁻¹μᵀ with the Ledoit–Wolf covariance (scikit-learn's)
+    # GDA: the Gaussian log-likelihood ratio x Σ⁻¹μᵀ − ½μΣ⁻¹μᵀ with the Ledoit–Wolf covariance (scikit-learn's) …
     from sklearn.covariance import ledoit_wolf
 
-    W, b = bench.gda_terms(X, y, C)
+    W, b = bench.gda_terms(X, y, C, "lw")
     mu = np.stack([X[y == c].mean(0) for c in range(C)])
     cov, _ = ledoit_wolf(X - mu[y], assume_centered=True)
     inv = np.linalg.inv(cov)
     np.testing.assert_allclose(Q @ W + b, Q @ inv @ mu.T - 0.5 * np.einsum("cd,de,ce->c", mu, inv, mu), rtol=1e-8)
+    # … and with the authors' KS estimator, written as their code writes it (torch: Tensor.cov, linalg.pinv)
+    import torch
+
+    Z = torch.tensor(X - mu[y])
+    S = Z.T.cov()
+    ks = (D * torch.linalg.pinv((Z.shape[0] - 1) * S + S.trace() * torch.eye(D, dtype=torch.float64))).numpy()
+    W, b = bench.gda_terms(X, y, C)
+    np.testing.assert_allclose(Q @ W + b, Q @ ks @ mu.T - 0.5 * np.einsum("cd,de,ce->c", mu, ks, mu), rtol=1e-7)
+    W1, b1 = bench.gda_terms(X[:C], y[:C], C)     # one shot per class: Σ = I
+    np.testing.assert_allclose(W1, X[:C].T, rtol=1e-12)
     # ProKeR-style: the ridge solution interpolates the residual as λ → 0
     B = bench.proker_terms(X, y, P, C, 5.5, 1e-10)
     R = Y - bench.softmax(100 * X @ P.T)
@@ -75,7 +85,8 @@ def test_run_reports_every_method_and_the_intervals(bench, tmp_path, monkeypatch
     d = [x for x in rows if x["dataset"] == "toy" and x["shots"] == 2][0]["svgen_minus_zero_shot"]
     assert d["ci95"][0] <= d["diff"] <= d["ci95"][1]
     # the oracle lines are tuned on the queries: never below their cross-validated versions
-    for peer, cv in (("tip", "tip_cv"), ("gda", "gda_cv"), ("proker", "proker_cv"), ("lpp", "lpp")):
+    for peer, cv in (("tip", "tip_cv"), ("gda", "gda_cv"), ("gda_lw", "gda_lw_cv"), ("proker", "proker_cv"),
+                     ("lpp", "lpp")):
         assert r["correct"][f"{peer}_oracle"].mean() >= r["correct"][cv].mean() - 1e-12
     assert "| **mean of 1** | 2 |" in bench.markdown({"rows": rows})
 
