@@ -329,3 +329,17 @@ def test_duplicate_shots_never_give_a_zero_bandwidth():
     assert np.isfinite(p).all() and np.allclose(p.sum(1), 1)
     clf.adapt(dup.astype(np.float32), np.zeros(5, dtype=np.int64))   # mostly duplicates: a finite, positive σ
     assert 0 < clf.fewshot_["kernel"]["sigma"] < np.inf and np.isfinite(clf.predict_proba(X.astype(np.float32))).all()
+
+
+def test_one_shot_at_the_unpatched_subset_sizes():
+    """The same at the shipped sizes, nothing patched: 600 classes × 1 shot (more than LDA_LOO_MAX = 512 shots, fewer
+    than SELECT_MAX = 1,024), the regime of ImageNet at one shot."""
+    from svgen.fewshot import lda as fewshot
+
+    C = 600
+    assert fewshot.LDA_LOO_MAX < C <= residual.SELECT_MAX
+    X, y, P = _problem(seed=7, C=C, D=64, per_class=1, spread=0.6)
+    clf = SVGClassifier(n_support=2, steps=5).fit(P.astype(np.float32)).adapt(X.astype(np.float32), y)
+    assert clf.fewshot_["head_choice"]["shots_compared"] == fewshot.LDA_LOO_MAX
+    p = clf.predict_proba(X[:10].astype(np.float32))
+    assert p.shape == (10, C) and np.allclose(p.sum(1), 1)
