@@ -37,7 +37,7 @@ def check_embeddings(x, what: str = "prototypes", ndims=(2, 3)) -> torch.Tensor:
     try:
         a = x.detach().cpu() if isinstance(x, torch.Tensor) else np.asarray(x)
         if a.dtype.is_complex if isinstance(a, torch.Tensor) else np.iscomplexobj(a):
-            raise SvgenError(f"{what} holds complex numbers; expected real embeddings")
+            raise SvgenError(f"{what}: complex numbers; expected real embeddings")
         t = torch.as_tensor(a if isinstance(a, torch.Tensor) else np.asarray(a), dtype=torch.float32)
     except (TypeError, ValueError, RuntimeError) as e:
         if isinstance(e, SvgenError):
@@ -47,16 +47,16 @@ def check_embeddings(x, what: str = "prototypes", ndims=(2, 3)) -> torch.Tensor:
         shapes = " or ".join({2: "N×D", 3: "C×T×D"}[n] if what != "prototypes" else {2: "C×D", 3: "C×T×D"}[n] for n in ndims)
         raise SvgenError(f"{what} must be a {shapes} array, got shape {tuple(t.shape)}")
     if t.numel() == 0 or t.shape[-1] == 0:
-        raise SvgenError(f"{what} is empty (shape {tuple(t.shape)})")
+        raise SvgenError(f"{what}: empty (shape {tuple(t.shape)})")
     bad = ~torch.isfinite(t)
     if bad.any():
         row = int(bad.reshape(t.shape[0], -1).any(dim=1).nonzero()[0])
-        raise SvgenError(f"{what} contains NaN or inf (first at row {row})")
+        raise SvgenError(f"{what}: NaN or inf (first at row {row})")
     peak = torch.linalg.vector_norm(t, ord=float("inf"), dim=-1)  # max |entry| per row, no N×D temporary
     zero = peak == 0
     if zero.any():
         row = int(zero.reshape(t.shape[0], -1).any(dim=1).nonzero()[0])
-        raise SvgenError(f"{what} has an all-zero vector at row {row}; cannot L2-normalise it")
+        raise SvgenError(f"{what}: an all-zero vector at row {row}; cannot L2-normalise it")
     return safe_rows(t, peak)
 
 
