@@ -32,8 +32,9 @@ def check_head(heads: Heads, head: str) -> str:
     if head in head_names(heads):
         return head
     if head == MIXTURE:
-        raise SvgenError("this classifier has no mixture head: it is fitted only where labelled shots give both the "
-                         "kernel and the linear head held-out probabilities (adapt with shots)")
+        raise SvgenError("this classifier has no mixture head: only a fit with labelled shots has one, where the "
+                         "kernel head's weight fitted on held-out shots is strictly between 0 and 1 (at 0 or 1 the "
+                         "linear or the kernel head alone is the default; svgen.json fewshot.head_choice)")
     raise SvgenError(f"unknown head {head!r}; expected one of {', '.join(head_names(heads))}")
 
 
