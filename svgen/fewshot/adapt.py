@@ -135,7 +135,7 @@ def held_out_probabilities(heads: Heads, side: TextSide, res, shots: SupportSet,
     else:
         lin_rows = np.arange(len(shots)) if lin.loo_rows is None else np.asarray(lin.loo_rows)
         rows = np.intersect1d(ev.rows, lin_rows)
-        pk = pk[np.searchsorted(ev.rows, rows)] if len(rows) < len(ev.rows) else pk
+        pk = pk[np.searchsorted(ev.rows, rows)]
         zl = lin.loo_logits[np.searchsorted(lin_rows, rows)]
     pl = calibration.softmax(torch.as_tensor(zl, dtype=torch.float64), cal.temperatures["linear"]).numpy()
     return pk, pl, rows
