@@ -27,9 +27,14 @@ PROB_FLOOR = 1e-300   # a true-class probability of 0 in both heads: the NLL sta
 BISECTIONS = 60
 
 
+def mix(w: float, p_kernel, p_linear):
+    """``w·p_kernel + (1 − w)·p_linear``: the mixture head's probabilities (numpy arrays or torch tensors)."""
+    return w * p_kernel + (1.0 - w) * p_linear
+
+
 def nll(w: float, a: np.ndarray, b: np.ndarray) -> float:
     """Mean ``−log(w·a + (1 − w)·b)`` for the heads' true-class probabilities ``a`` (kernel) and ``b`` (linear)."""
-    return float(-np.log(np.maximum(w * a + (1.0 - w) * b, PROB_FLOOR)).mean())
+    return float(-np.log(np.maximum(mix(w, a, b), PROB_FLOOR)).mean())
 
 
 def fit_weight(p_kernel: np.ndarray, p_linear: np.ndarray, labels: np.ndarray) -> dict:
@@ -43,7 +48,7 @@ def fit_weight(p_kernel: np.ndarray, p_linear: np.ndarray, labels: np.ndarray) -
     b = np.asarray(p_linear, dtype=np.float64)[rows, y]
 
     def slope(w):   # d/dw of the mean NLL
-        return float(-((a - b) / np.maximum(w * a + (1.0 - w) * b, PROB_FLOOR)).mean())
+        return float(-((a - b) / np.maximum(mix(w, a, b), PROB_FLOOR)).mean())
 
     if slope(1.0) <= 0.0:
         w = 1.0

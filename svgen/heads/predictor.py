@@ -14,6 +14,7 @@ from typing import Optional
 
 import torch
 
+from svgen.calibration import mixture
 from svgen.calibration import temperatures as calibration
 from svgen.errors import SvgenError
 from svgen.heads.scoring import HEADS, MIXTURE, cosine_logits, kernel_scores, linear_logits, prior_probs
@@ -47,7 +48,7 @@ def mixture_proba(heads: Heads, prototypes, kind: str, x: torch.Tensor) -> torch
     """``w·p_kernel + (1 − w)·p_linear`` (float64), each head at its own temperature."""
     check_head(heads, MIXTURE)
     w = heads.calibration.mixture_weight
-    return w * proba(heads, prototypes, kind, x, "kernel") + (1.0 - w) * proba(heads, prototypes, kind, x, "linear")
+    return mixture.mix(w, proba(heads, prototypes, kind, x, "kernel"), proba(heads, prototypes, kind, x, "linear"))
 
 
 def scores(heads: Heads, prototypes: torch.Tensor, kind: str, x: torch.Tensor, head: str) -> torch.Tensor:

@@ -260,7 +260,7 @@ def stack_and_mixture(parts: list, y: np.ndarray) -> tuple:
 
 def mixed_probs(part, stack: tuple, w: float) -> np.ndarray:
     """``w·p_kernel + (1 − w)·softmax(stacked logits)`` on one fold's held-out shots."""
-    return w * part[3] + (1.0 - w) * stacked_probs(part[2], stack)
+    return mixture.mix(w, part[3], stacked_probs(part[2], stack))
 
 
 def check_without_shots(stage: Stage, side: TextSide, U: torch.Tensor, strength: Optional[float],
