@@ -14,7 +14,8 @@ Scores, given raw image embeddings ``x`` and ``x̂ = x / ||x||``:
 * kernel head file: ``exp(-||x̂ - s||² / (2σ²)) @ vote_weights`` over the support vectors ``s``
   (``exp(-||x̂ - s|| / σ)`` for the Laplacian kernel; vote weights dense or COO);
 * mixture head file (after labelled shots): the kernel and linear heads' tensors prefixed ``kernel.`` and ``linear.``
-  and ``mixture_weight`` w; probabilities ``w·p_kernel + (1 − w)·p_linear``, scores ``log(max(probs, 1e-30))``;
+  and ``mixture_weight`` w; probabilities ``w·p_kernel + (1 − w)·p_linear`` (times ``exp(class_log_factor)`` and
+  renormalised where the file has that vector: the classes without shots), scores ``log(max(probs, 1e-30))``;
 * ONNX: ``session.run(["scores"], {"embeddings": x})``.
 
 ``--probs`` prints probabilities instead: ``softmax(logits / temperature)`` with the head file's
@@ -103,9 +104,15 @@ def load_head(path: str) -> dict:
         if any("probs" not in f for f in parts.values()):
             raise Failure(f"{path}: a mixture head file needs kernel.temperature and linear.temperature")
 
+        factor = np.exp(arrays["class_log_factor"].astype(np.float64)) if "class_log_factor" in arrays else None
+
         def probs(x):
-            return (w * parts["kernel"]["probs"](x).astype(np.float64)
-                    + (1.0 - w) * parts["linear"]["probs"](x).astype(np.float64))
+            p = (w * parts["kernel"]["probs"](x).astype(np.float64)
+                 + (1.0 - w) * parts["linear"]["probs"](x).astype(np.float64))
+            if factor is None:
+                return p
+            p = p * factor   # the classes without shots × e^δ (class_log_factor), renormalised
+            return p / p.sum(axis=1, keepdims=True)
 
         head.update(dim=parts["kernel"]["dim"], probs=lambda x: probs(x).astype(np.float32),
                     score=lambda x: np.log(np.maximum(probs(x), 1e-30)).astype(np.float32))

@@ -58,13 +58,15 @@ class LinearHead:
 class Calibration:
     """Per-head temperatures (``softmax(logits / T)``), the kind of the kernel head's logits
     (:data:`svgen.calibration.temperatures.KERNEL_LOGITS`), the weight of the kernel head in the ``"mixture"`` head
-    where shots fitted one (:mod:`svgen.calibration.mixture`) and the record of how they were fitted (``svgen.json``)."""
+    where shots fitted one (:mod:`svgen.calibration.mixture`), the mixture's log-factor for classes without shots where
+    some have none (:mod:`svgen.fewshot.coverage`) and the record of how they were fitted (``svgen.json``)."""
 
     temperatures: dict
     kernel_logits: str = "log"
     record: dict = field(default_factory=dict)
     kernel_floor: Optional[float] = None   # ε of the "floored" kernel logits (None for the other kinds)
     mixture_weight: Optional[float] = None   # w of the "mixture" head, w·p_kernel + (1 − w)·p_linear (None: none)
+    shotless_offset: Optional[float] = None  # δ: the mixture's classes without shots × e^δ (svgen.fewshot.coverage)
 
 
 @dataclass

@@ -64,6 +64,21 @@ def fit_weight(p_kernel: np.ndarray, p_linear: np.ndarray, labels: np.ndarray) -
             "images": int(y.size)}
 
 
+def tilt(p, delta: float, shotless):
+    """``p`` (N×C probabilities, numpy or torch) with the columns where ``shotless`` (C booleans) is true times
+    ``e^δ``, renormalised: ``p'_c = p_c·e^{δ·u_c} / Σ_j p_j·e^{δ·u_j}`` (:mod:`svgen.fewshot.coverage`)."""
+    if isinstance(p, np.ndarray):
+        f = np.where(np.asarray(shotless, dtype=bool), math.exp(delta), 1.0)
+        q = p * f
+        return q / q.sum(axis=1, keepdims=True)
+    import torch
+
+    f = torch.ones(p.shape[1], dtype=p.dtype)
+    f[torch.as_tensor(shotless, dtype=torch.bool)] = math.exp(delta)
+    q = p * f
+    return q / q.sum(dim=1, keepdim=True)
+
+
 def head_of_weight(w: float) -> str:
     """The head a weight deploys: ``"kernel"`` at 1, ``"linear"`` at 0, else ``"mixture"``."""
     return "kernel" if w == 1.0 else "linear" if w == 0.0 else MIXTURE

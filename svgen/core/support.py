@@ -49,6 +49,11 @@ class SupportSet:
         keep = self.source == source
         return SupportSet(self.rows[keep], self.labels[keep], self.source[keep])
 
+    def subset(self, index) -> "SupportSet":
+        """The rows at ``index`` (integer indices)."""
+        i = torch.as_tensor(np.asarray(index), dtype=torch.int64)
+        return SupportSet(self.rows[i], self.labels[i], self.source[i])
+
     def join(self, other: "SupportSet") -> "SupportSet":
         return SupportSet(torch.cat([self.rows, other.rows.to(self.rows.dtype)]), torch.cat([self.labels, other.labels]),
                           torch.cat([self.source, other.source]))

@@ -24,10 +24,12 @@ import torch
 
 from svgen.calibration import mixture
 from svgen.calibration import temperatures as calibration
+from svgen.fewshot import coverage
 from svgen.fewshot import lda as fewshot
 from svgen.fewshot import linear
 from svgen.heads import predictor
 from svgen.fewshot import residual
+from svgen.heads.scoring import MIXTURE
 from svgen.state import Calibration, Heads, KernelHead, LinearHead, TextSide
 from svgen.core.support import IMAGE, SupportSet
 
@@ -40,10 +42,13 @@ class ShotFit:
 
     heads: Heads
     record: dict
+    held_out: tuple = None   # (M×C default-head probabilities of held-out shots, their M labels): the evidence
 
 
-def adapt(zero_shot: Heads, shots: SupportSet, side: TextSide) -> ShotFit:
-    """The heads for ``shots`` (every image shot, earlier ones included) on top of ``zero_shot``."""
+def adapt(zero_shot: Heads, shots: SupportSet, side: TextSide, tilt_shotless: bool = True) -> ShotFit:
+    """The heads for ``shots`` (every image shot, earlier ones included) on top of ``zero_shot``. Where some classes
+    have no shots, the default head is the mixture with those classes tilted by the offset
+    :func:`svgen.fewshot.coverage.fit_offset` fits (``tilt_shotless=False``: not, as in that fit's own refits)."""
     C = side.n_classes
     t0 = time.perf_counter()
     res = residual.fit_residual_head(shots.rows.numpy(), shots.labels.numpy(), side.prototypes.numpy(), C,
@@ -56,8 +61,14 @@ def adapt(zero_shot: Heads, shots: SupportSet, side: TextSide) -> ShotFit:
     heads = Heads(kernel_head(res, zero_shot, shots, C), LinearHead(lin.weight, lin.bias))
     evidence = kernel_evidence(res, shots, side)
     heads.calibration = temperatures(heads, side, shots, res, lin, evidence)
-    default, weight, head_choice = choose_default_head(heads, side, res, shots, lin, evidence)
+    default, weight, head_choice, held = choose_default_head(heads, side, res, shots, lin, evidence)
     heads.calibration = dataclasses.replace(heads.calibration, mixture_weight=weight)
+    offset, without = (coverage.fit_offset(zero_shot, shots, side, lambda part: adapt(zero_shot, part, side, False))
+                       if tilt_shotless else (None, None))
+    if offset:   # the mixture carries the tilt, at the fitted weight even where that is one head alone (0 or 1)
+        heads.calibration = dataclasses.replace(heads.calibration, mixture_weight=head_choice["mixture_weight"],
+                                                shotless_offset=offset)
+        default = MIXTURE
     counts = shots.counts(C)
     record = {
         "shots": int(counts.sum()), "classes_with_shots": int((counts > 0).sum()),
@@ -67,12 +78,13 @@ def adapt(zero_shot: Heads, shots: SupportSet, side: TextSide) -> ShotFit:
                    else "zero-shot (the shots' correction was refused)", **res.record},
         "linear": {**lchoice.as_dict(), **lin.record}, "default_head": default, "head_choice": head_choice,
         "text_bandwidth": float(zero_shot.kernel.bandwidth), "wall_time_s": wall,
+        **({"classes_without_shots": without} if without else {}),
     }
     log.info("adapted to %d shots in %.2fs: kernel %s (σ=%.3g, c=%.3g), linear LDA γ=%g κ=%g (LOO error %.3f), α=%s",
              len(shots), wall, "adapted" if res.adopted else "kept zero-shot", res.sigma, res.record["ridge_c"],
              lchoice.settings["shrinkage"], lchoice.settings["prior_shots"], lchoice.loo_error,
              lin.record.get("alpha", "none (LDA alone)"))
-    return ShotFit(heads, record)
+    return ShotFit(heads, record, held)
 
 
 def kernel_head(res, zero_shot: Heads, shots: SupportSet, n_classes: int) -> KernelHead:
@@ -142,8 +154,9 @@ def held_out_probabilities(heads: Heads, side: TextSide, res, shots: SupportSet,
 
 
 def choose_default_head(heads: Heads, side: TextSide, res, shots: SupportSet, lin, ev: KernelEvidence) -> tuple:
-    """(``"mixture"`` | ``"kernel"`` | ``"linear"``, w, record): the head ``classify``, ``eval``, ``export`` and
-    ``predict`` use, and the mixture's weight (None where it is one head alone).
+    """(``"mixture"`` | ``"kernel"`` | ``"linear"``, w, record, (p, y)): the head ``classify``, ``eval``, ``export``
+    and ``predict`` use, the mixture's weight (None where it is one head alone), and that head's held-out
+    probabilities ``p`` of the shots with classes ``y`` that decided it.
 
     The mixture ``w·p_kernel + (1 − w)·p_linear`` (:mod:`svgen.calibration.mixture`) has ``w`` minimising the NLL of
     both calibrated heads on the same held-out shots (:func:`held_out_probabilities`); ``w = 1`` deploys the kernel
@@ -158,6 +171,7 @@ def choose_default_head(heads: Heads, side: TextSide, res, shots: SupportSet, li
     w = fit["weight"]
     head = mixture.head_of_weight(w)
     acc = lambda p: float((p.argmax(axis=1) == truth).mean())   # noqa: E731
+    held = (mixture.mix(w, pk, pl), truth)
     return head, (None if head != "mixture" else w), {
         "mixture_weight": w, "held_out_nll": {"mixture": fit["nll"], "kernel": fit["nll_kernel"],
                                               "linear": fit["nll_linear"]},
@@ -167,7 +181,7 @@ def choose_default_head(heads: Heads, side: TextSide, res, shots: SupportSet, li
         "classes_compared": "all" if res.loo_rows is None else int(np.unique(truth).size),
         "rule": "w·p_kernel + (1 − w)·p_linear, each head at its own temperature, w minimising the NLL of the "
                 "held-out shots (both heads refitted without each fold, on the same classes' shots; one shot per "
-                "class: exact leave-one-out); w = 1 is the kernel head alone (ties), w = 0 the linear head alone"}
+                "class: exact leave-one-out); w = 1 is the kernel head alone (ties), w = 0 the linear head alone"}, held
 
 
 def temperatures(heads: Heads, side: TextSide, shots: SupportSet, res, lin, ev: KernelEvidence) -> Calibration:

@@ -19,6 +19,7 @@ from svgen.calibration import temperatures as calibration
 from svgen.errors import SvgenError
 from svgen.heads.scoring import HEADS, MIXTURE, cosine_logits, kernel_scores, linear_logits, prior_probs
 from svgen.state import Calibration, Heads
+from svgen.core.support import IMAGE
 
 
 def head_names(heads: Heads) -> tuple:
@@ -45,10 +46,30 @@ def temperature(heads: Heads, head: str) -> float:
 
 
 def mixture_proba(heads: Heads, prototypes, kind: str, x: torch.Tensor) -> torch.Tensor:
-    """``w·p_kernel + (1 − w)·p_linear`` (float64), each head at its own temperature."""
+    """``w·p_kernel + (1 − w)·p_linear`` (float64), each head at its own temperature; where some classes have no
+    shots and the fit tilted them (``calibration.shotless_offset`` δ, :mod:`svgen.fewshot.coverage`), those classes'
+    probabilities × e^δ, renormalised."""
     check_head(heads, MIXTURE)
-    w = heads.calibration.mixture_weight
-    return mixture.mix(w, proba(heads, prototypes, kind, x, "kernel"), proba(heads, prototypes, kind, x, "linear"))
+    cal = heads.calibration
+    p = mixture.mix(cal.mixture_weight, proba(heads, prototypes, kind, x, "kernel"),
+                    proba(heads, prototypes, kind, x, "linear"))
+    return p if not cal.shotless_offset else mixture.tilt(p, cal.shotless_offset, shotless_classes(heads))
+
+
+def class_log_factor(heads: Heads) -> torch.Tensor:
+    """C: the mixture's log-factor of each class, δ (``calibration.shotless_offset``) for the classes without shots
+    and 0 for the others (all 0 where the fit tilted none)."""
+    return (heads.calibration.shotless_offset or 0.0) * shotless_classes(heads).double()
+
+
+def shotless_classes(heads: Heads) -> torch.Tensor:
+    """C booleans: the classes with no labelled image among the kernel head's rows (all of them for text rows)."""
+    k = heads.kernel
+    C = k.votes.shape[1]
+    out = torch.ones(C, dtype=torch.bool)
+    if k.labels is not None:
+        out[k.labels[k.source == IMAGE].long()] = False
+    return out
 
 
 def scores(heads: Heads, prototypes: torch.Tensor, kind: str, x: torch.Tensor, head: str) -> torch.Tensor:
@@ -146,8 +167,8 @@ def text_calibration(heads: Heads, prototypes, per_template, kind: str, only: Op
 def with_temperatures(cal: Calibration, temperatures: dict, method: str, kernel_logits: Optional[str] = None,
                       kernel_floor: Optional[float] = None, **details) -> Calibration:
     """``cal`` with some heads' temperatures replaced (checked), ``method`` and ``details`` recorded; a new
-    ``kernel_logits`` kind comes with its ``kernel_floor`` (ε) when it is ``"floored"``. The mixture's weight is
-    kept (its parts are calibrated by whatever T they have)."""
+    ``kernel_logits`` kind comes with its ``kernel_floor`` (ε) when it is ``"floored"``. The mixture's weight and its
+    offset for classes without shots are kept (its parts are calibrated by whatever T they have)."""
     if kernel_logits is not None:
         calibration.check_kernel_logits(kernel_logits)
         if (kernel_logits == "floored") != (kernel_floor is not None):
@@ -165,4 +186,5 @@ def with_temperatures(cal: Calibration, temperatures: dict, method: str, kernel_
     return Calibration({**cal.temperatures, **{h: float(t) for h, t in temperatures.items()}},
                        cal.kernel_logits if kernel_logits is None else kernel_logits,
                        {**cal.record, "method": method, **details},
-                       cal.kernel_floor if kernel_logits is None else kernel_floor, cal.mixture_weight)
+                       cal.kernel_floor if kernel_logits is None else kernel_floor, cal.mixture_weight,
+                       cal.shotless_offset)

@@ -25,6 +25,7 @@ from svgen.calibration import mixture
 from svgen.calibration import temperatures as calibration
 from svgen.errors import SvgenError
 from svgen.core.generator import SupportVectorGenerator
+from svgen.fewshot import coverage
 from svgen.heads import predictor
 from svgen.heads.scoring import HEADS, MIXTURE
 from svgen.state import Calibration, Heads, KernelHead, LinearHead
@@ -94,6 +95,12 @@ def has_mixture(clf) -> bool:
     return any(c is not None and c.mixture_weight is not None for c in cals)
 
 
+def has_shotless_offset(clf) -> bool:
+    """Whether the deployed mixture tilts the classes without shots (format 5)."""
+    cal = clf.heads_.calibration
+    return cal is not None and cal.shotless_offset is not None
+
+
 def has_prior_term(clf) -> bool:
     ind = clf.inductive_
     return clf.heads_.kernel.prior_scale is not None or (ind is not None and ind.kernel.prior_scale is not None)
@@ -103,7 +110,8 @@ def metadata(clf) -> dict:
     h = clf.heads_
     extra = {}
     if has_image_rows(h):
-        extra = {"format_version": artifacts.FORMAT_VERSION_MIXTURE if has_mixture(clf)
+        extra = {"format_version": artifacts.FORMAT_VERSION_SHOTLESS if has_shotless_offset(clf)
+                 else artifacts.FORMAT_VERSION_MIXTURE if has_mixture(clf)
                  else artifacts.FORMAT_VERSION_PRIOR if has_prior_term(clf) else artifacts.FORMAT_VERSION_SHOTS,
                  "support_source": {str(i): name for i, name in enumerate(SOURCES)},
                  "fewshot": clf.fewshot_}
@@ -127,12 +135,16 @@ def metadata(clf) -> dict:
         "calibration": {**cal.record, "temperatures": cal.temperatures, "kernel_logits": cal.kernel_logits,
                         **({"kernel_floor": cal.kernel_floor} if cal.kernel_floor is not None else {}),
                         **({"mixture_weight": cal.mixture_weight} if cal.mixture_weight is not None else {}),
+                        **({"shotless_offset": cal.shotless_offset} if cal.shotless_offset is not None else {}),
                         "probabilities": "softmax(logits / temperature); logits: kernel "
                                          + KERNEL_LOGITS_TEXT[cal.kernel_logits].format(floor=cal.kernel_floor)
                                          + ", linear and cosine their scores"
                                          + ("" if cal.mixture_weight is None else
                                             f"; mixture: {cal.mixture_weight:.6g}·p_kernel + "
-                                            f"{1 - cal.mixture_weight:.6g}·p_linear")},
+                                            f"{1 - cal.mixture_weight:.6g}·p_linear")
+                                         + ("" if cal.shotless_offset is None else
+                                            f", the classes without an image support vector × "
+                                            f"exp({cal.shotless_offset:.6g}), renormalised")},
     }
 
 
@@ -252,10 +264,24 @@ def _mixture_weight(cal: dict, meta: dict, where) -> Optional[float]:
     Only format 4 has one."""
     if cal.get("mixture_weight") is None:
         return None
-    if meta.get("format_version") != artifacts.FORMAT_VERSION_MIXTURE:
+    if meta.get("format_version") not in artifacts.MIXTURE_VERSIONS:
         raise SvgenError(f"{where}: mixture_weight is only valid in format version "
-                         f"{artifacts.FORMAT_VERSION_MIXTURE} artifacts")
+                         f"{artifacts.FORMAT_VERSION_MIXTURE} and {artifacts.FORMAT_VERSION_SHOTLESS} artifacts")
     return mixture.check_weight(cal["mixture_weight"], f"{where}: mixture_weight")
+
+
+def _shotless_offset(cal: dict, meta: dict, where) -> Optional[float]:
+    """The mixture's log-factor for classes without shots (``shotless_offset``, :mod:`svgen.fewshot.coverage`),
+    checked; None where there is none. Only format 5 has one, with a mixture weight."""
+    v = cal.get("shotless_offset")
+    if v is None:
+        return None
+    if meta.get("format_version") != artifacts.FORMAT_VERSION_SHOTLESS or cal.get("mixture_weight") is None:
+        raise SvgenError(f"{where}: shotless_offset is only valid with a mixture_weight in format version "
+                         f"{artifacts.FORMAT_VERSION_SHOTLESS} artifacts")
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0.0 <= v <= coverage.MAX_OFFSET:
+        raise SvgenError(f"{where}: shotless_offset must be a number in [0, {coverage.MAX_OFFSET:g}], got {v!r}")
+    return float(v)
 
 
 def _votes_and_temperatures(clf, meta: dict, t: dict) -> None:
@@ -283,9 +309,10 @@ def _votes_and_temperatures(clf, meta: dict, t: dict) -> None:
         clf.heads_.calibration = Calibration(temps, kind,
                                              {k: v for k, v in cal.items()
                                               if k not in ("temperatures", "probabilities", "kernel_logits",
-                                                           "kernel_floor", "mixture_weight")},
+                                                           "kernel_floor", "mixture_weight", "shotless_offset")},
                                              _floor(cal, kind, "svgen.json calibration"),
-                                             _mixture_weight(cal, meta, "svgen.json calibration"))
+                                             _mixture_weight(cal, meta, "svgen.json calibration"),
+                                             _shotless_offset(cal, meta, "svgen.json calibration"))
         if kind == "floored" and clf.heads_.kernel.prior_scale is None:
             raise SvgenError("svgen.json calibration: kernel_logits 'floored' needs the kernel head's zero-shot prior "
                              "term (kernel_prior.logit_scale), and this artifact has none")

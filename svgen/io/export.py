@@ -1,8 +1,8 @@
 """Export an artifact's heads as plain files that need neither svgen nor pickle.
 
-Every export takes raw image embeddings ``x`` (N×D, as ``model.encode_image`` returns them),
-L2-normalises them, ``x̂ = x / max(||x||, 1e-12)``, and yields N×C scores equal to the
-artifact's head (to float rounding). Class names travel inside the file.
+Every export takes raw image embeddings ``x`` (N×D, as ``model.encode_image`` returns them), L2-normalises them,
+``x̂ = x / max(||x||, 1e-12)``, and yields N×C scores equal to the artifact's head (to float rounding). Class names
+travel inside the file.
 
 **Head files** (``.safetensors`` or ``.npz``), ``format = "svgen-head"``, ``format_version = 1``:
 
@@ -30,16 +30,16 @@ artifact's head (to float rounding). Class names travel inside the file.
   add the zero-shot probabilities: ``scores = softmax(prior_logit_scale · x̂ @ prior_prototypesᵀ) + …``
   with ``prior_prototypes`` (C×D unit rows) and ``prior_logit_scale`` (CLIP's 100).
 
-In ``.safetensors`` the strings (``format``, ``head``, ``classes`` as a JSON list, ``encoder``
-as JSON, ``kernel``) are in the header metadata; in ``.npz`` they are string arrays (readable
-with ``allow_pickle=False``).
+In ``.safetensors`` the strings (``format``, ``head``, ``classes`` as a JSON list, ``encoder`` as JSON, ``kernel``)
+are in the header metadata; in ``.npz`` they are string arrays (readable with ``allow_pickle=False``).
 
-**ONNX** (``svgen[onnx]``): a graph from input ``embeddings`` (N×D float32, raw) to output
-``scores`` (N×C float32) and ``probs`` (N×C, the softmax with the head's temperature, of the log
-scores or the raw scores as the kernel head's ``kernel_logits`` says) for the
-linear, cosine or kernel head, built with ``onnx.helper``
-(opset 17), with the same strings in ``metadata_props``. :func:`verify_onnx` runs it with
-onnxruntime and compares against the PyTorch heads.
+The mixture head file (after shots) holds both heads' tensors, prefixed ``kernel.`` and ``linear.``, its
+``mixture_weight`` and, where some classes have no shots, ``class_log_factor`` (C; ``probs`` × its exp, renormalised).
+
+**ONNX** (``svgen[onnx]``): a graph from input ``embeddings`` (N×D float32, raw) to output ``scores`` (N×C float32)
+and ``probs`` (N×C, the softmax with the head's temperature, of the log scores or the raw scores as the kernel head's
+``kernel_logits`` says) for any head, built with ``onnx.helper`` (opset 17), with the same strings in
+``metadata_props``. :func:`verify_onnx` runs it with onnxruntime and compares against the PyTorch heads.
 
 All files are written atomically (temporary sibling + rename), with the permissions the umask gives.
 """
@@ -58,7 +58,7 @@ import torch.nn.functional as F
 from svgen.io import safeio
 from svgen.errors import SvgenError
 from svgen.calibration.temperatures import KERNEL_LOG_FLOOR
-from svgen.heads.predictor import check_head
+from svgen.heads.predictor import check_head, class_log_factor
 from svgen.heads.scoring import CLIP_LOGIT_SCALE, MIXTURE
 
 log = logging.getLogger(__name__)
@@ -79,12 +79,13 @@ PROBS_USAGE = {("kernel", "log"): f"probs = softmax(log(max(scores, {KERNEL_LOG_
 
 
 def probs_usage(clf, head: str) -> str:
-    """How an export's probabilities are computed (:data:`PROBS_USAGE` for the head and, for the
-    kernel head, its kind of logits)."""
+    """How an export's probabilities are computed (:data:`PROBS_USAGE` for the head and, for the kernel head, its kind
+    of logits)."""
     if head == MIXTURE:
-        return ("probs = mixture_weight * p_kernel + (1 - mixture_weight) * p_linear; p_kernel: "
-                + probs_usage(clf, "kernel") + " with the kernel.* tensors; p_linear: " + PROBS_USAGE["linear"]
-                + " with the linear.* tensors")
+        tilt = "" if clf.heads_.calibration.shotless_offset is None else ", × exp(class_log_factor), renormalised"
+        return (f"probs = mixture_weight * p_kernel + (1 - mixture_weight) * p_linear{tilt}; p_kernel: "
+                f"{probs_usage(clf, 'kernel')} with the kernel.* tensors; p_linear: {PROBS_USAGE['linear']} with the "
+                "linear.* tensors")
     return PROBS_USAGE[("kernel", clf.kernel_logits_)] if head == "kernel" else PROBS_USAGE["linear"]
 NORM_EPS = 1e-12  # F.normalize's eps
 
@@ -94,11 +95,14 @@ NORM_EPS = 1e-12  # F.normalize's eps
 def head_tensors(clf, head: str = "linear") -> Dict[str, np.ndarray]:
     """The float32 arrays of one exported head (see module docstring for the formulas), with the
     head's softmax ``temperature``; the mixture's are both heads' arrays, prefixed ``kernel.`` and ``linear.``, and
-    its ``mixture_weight`` (its own ``temperature`` is 1)."""
+    its ``mixture_weight`` (its own ``temperature`` is 1), and where the fit tilted the classes without shots
+    (:mod:`svgen.fewshot.coverage`) their log-factor per class, ``class_log_factor`` (C: δ for those classes, else 0)."""
     if head == MIXTURE:
         check_head(clf.heads_, MIXTURE)
         out = {f"{h}.{k}": v for h in MIXTURE_PARTS for k, v in head_tensors(clf, h).items()}
         out["mixture_weight"] = np.asarray(clf.heads_.calibration.mixture_weight, dtype=np.float32)
+        if clf.heads_.calibration.shotless_offset is not None:
+            out["class_log_factor"] = class_log_factor(clf.heads_).numpy().astype(np.float32)
         out["temperature"] = np.asarray(1.0, dtype=np.float32)
         return out
     out = _head_arrays(clf, head)
@@ -276,8 +280,8 @@ def onnx_model(clf, head: str = "linear"):
     D, C = clf.n_features_in_, len(clf.classes_)
     init = []
 
-    def const(name, value):
-        init.append(numpy_helper.from_array(np.asarray(value, dtype=np.float32), name))
+    def const(name, value, dtype=np.float32):
+        init.append(numpy_helper.from_array(np.asarray(value, dtype=dtype), name))
         return name
 
     nodes = [  # x / max|x| first, so a row of 1e38 (or 1e-42) keeps its direction instead of overflowing
@@ -295,10 +299,15 @@ def onnx_model(clf, head: str = "linear"):
         for part in MIXTURE_PARTS:
             nodes += _branch(clf, part, {k[len(part) + 1:]: v for k, v in t.items() if k.startswith(part + ".")},
                              const, helper, f"{part}_")
+        mixed = "probs" if "class_log_factor" not in t else "mixed"
         nodes += [helper.make_node("Mul", ["kernel_probs", const("mixture_weight", w)], ["kernel_part"]),
                   helper.make_node("Mul", ["linear_probs", const("one_minus_mixture_weight", 1.0 - w)], ["linear_part"]),
-                  helper.make_node("Add", ["kernel_part", "linear_part"], ["probs"]),
-                  helper.make_node("Max", ["probs", const("log_floor", KERNEL_LOG_FLOOR)], ["probs_pos"]),
+                  helper.make_node("Add", ["kernel_part", "linear_part"], [mixed])]
+        if mixed != "probs":   # the classes without shots × e^δ, renormalised
+            nodes += [helper.make_node("Mul", [mixed, const("class_factor", np.exp(t["class_log_factor"]))], ["tilted"]),
+                      helper.make_node("ReduceSum", ["tilted", const("axis1", [1], np.int64)], ["total"], keepdims=1),
+                      helper.make_node("Div", ["tilted", "total"], ["probs"])]
+        nodes += [helper.make_node("Max", ["probs", const("log_floor", KERNEL_LOG_FLOOR)], ["probs_pos"]),
                   helper.make_node("Log", ["probs_pos"], ["scores"])]
     else:
         nodes += _branch(clf, head, t, const, helper, "")

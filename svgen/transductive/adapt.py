@@ -46,10 +46,16 @@ def adapt(stage: Stage, side: TextSide, U: torch.Tensor, strength: Optional[floa
       head's mean entropy on the pool.
 
     Otherwise the heads stay exactly the inductive ones, the record's ``fallback`` says why and its ``check``
-    holds the evidence; the pool's probabilities are then the inductive default head's."""
+    holds the evidence; the pool's probabilities are then the inductive default head's. With shots for only some of
+    the classes the pool is not used: its check sees only classes with shots."""
     C, N = side.n_classes, U.shape[0]
     t0 = time.perf_counter()
     reason, check = td.fallback_reason(N, C), None
+    if reason is None and stage.shots is not None and len(stage.shots):
+        without = int((stage.shots.counts(C) == 0).sum())
+        if without:   # the held-out shots could not show what the pool does to those classes
+            reason = (f"{without} of the {C} classes have no labelled shots, and the check on held-out shots "
+                      "cannot see what a pool does to them; kept the inductive heads")
     if reason is None:
         check = (pool_gate.check_with_shots(stage, side, U, strength, progress=progress)
                  if stage.shots is not None and len(stage.shots)

@@ -215,7 +215,9 @@ def check_with_shots(stage: Stage, side: TextSide, U: torch.Tensor, strength: Op
     for held in _steps(folds, progress, "held-out shots"):
         keep = np.setdiff1d(np.arange(len(y)), held)
         shots = image_rows(X[keep], torch.from_numpy(y[keep]), C, D)
-        fit = shot_adapt.adapt(stage.zero_shot, shots, side)   # the predictor as deployed, without the fold
+        # the predictor as deployed, without the fold; a pool is only checked when every class has shots, so the
+        # deployed mixture tilts no class, and nor does the fold's (its held-out classes are the fold's, not the user's)
+        fit = shot_adapt.adapt(stage.zero_shot, shots, side, tilt_shotless=False)
         Xh = F.normalize(X[held], dim=-1)
         with torch.no_grad():
             # the fold's inductive predictor as deployed: its own default head (the mixture's weight is refitted too)
