@@ -22,6 +22,7 @@ from svgen.errors import SvgenError
 from svgen.fewshot import coverage
 from svgen.io.artifacts import FORMAT_VERSION_MIXTURE, FORMAT_VERSION_SHOTLESS
 
+from test_mixture import _rewrite
 from test_residual import _problem
 
 C = 6
@@ -171,12 +172,6 @@ def test_round_trip_is_format_5(partial, tmp_path):
     Q = X.astype(np.float32)
     np.testing.assert_array_equal(back.predict_proba(Q), clf.predict_proba(Q))
     assert back.default_head_ == "mixture"
-
-
-def _rewrite(art: Path, change) -> None:
-    meta = json.loads((art / "svgen.json").read_text())
-    change(meta)
-    (art / "svgen.json").write_text(json.dumps(meta))
 
 
 @pytest.mark.parametrize("change, message", [
