@@ -24,7 +24,10 @@ def add_parser(sub):
                     "prior means (α, 0 included, on the same held-out folds; one shot per class: the LDA head "
                     "alone). The default head (svgen.json fewshot.default_head) is their mixture, w × the kernel "
                     "head's probabilities + (1 − w) × the linear head's, w by the NLL of the same held-out shots "
-                    "(w = 1 or 0: that head alone). No text is re-encoded; "
+                    "(w = 1 or 0: that head alone); where some classes have no shots, the mixture's probabilities "
+                    "of those classes are tilted back up by a factor fitted on refits that leave groups of the other "
+                    "classes' shots out (svgen.json fewshot.classes_without_shots; an unlabelled pool is then not "
+                    "used). No text is re-encoded; "
                     "images added earlier are kept. "
                     "Softmax temperatures (classify --probs): the kernel head's on its held-out fold scores (one "
                     "shot per class: leave-one-out), log scores, raw votes or log scores floored at a fraction of "
@@ -79,6 +82,8 @@ def run(args) -> int:
     if shots:
         summary.update({"kernel": fs["kernel"], "linear": fs["linear"], "default_head": fs["default_head"],
                         "mixture_weight": fs["head_choice"].get("mixture_weight"),
+                        **({"classes_without_shots": fs["classes_without_shots"]} if fs.get("classes_without_shots")
+                           else {}),
                         "temperatures": clf.temperatures_, "temperature_method": clf.calibration_.get("method"),
                         "kernel_logits": clf.kernel_logits_})
     if pool:

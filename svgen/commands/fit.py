@@ -182,7 +182,9 @@ def run(args) -> int:
     if clf.fewshot_:
         summary["fewshot"] = {**{k: clf.fewshot_[k] for k in ("shots", "classes_with_shots", "default_head")},
                               "kernel_adapted": clf.fewshot_["kernel"]["decision"]["adopted"],
-                              "mixture_weight": (clf.fewshot_.get("head_choice") or {}).get("mixture_weight")}
+                              "mixture_weight": (clf.fewshot_.get("head_choice") or {}).get("mixture_weight"),
+                              **({"classes_without_shots_offset": clf.heads_.calibration.shotless_offset}
+                                 if clf.heads_.calibration.shotless_offset is not None else {})}
     if clf.transductive_:
         summary["transductive"] = {**{k: clf.transductive_.get(k) for k in ("pool", "fallback", "prior_strength",
                                                                              "rounds")},

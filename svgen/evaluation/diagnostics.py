@@ -150,7 +150,9 @@ def deployed_kernel(meta: Dict, tensors: Dict) -> Optional[Dict]:
                                      "adapted": dec.get("adopted"), "rule": (k.get("selection") or {}).get("rule")},
                           "linear": {n: lin.get(n) for n in ("kind", "shrinkage", "loo_error", "form", "alpha")},
                           "default_head": fs.get("default_head"),
-                          "mixture_weight": (fs.get("head_choice") or {}).get("mixture_weight")}
+                          "mixture_weight": (fs.get("head_choice") or {}).get("mixture_weight"),
+                          "classes_without_shots": {n: (fs.get("classes_without_shots") or {}).get(n)
+                                                    for n in ("classes_without_shots", "offset")}}
         if k.get("prior_weight") is not None:   # format 2 (before the residual head): its own record
             out["fewshot"]["kernel"].update({n: k.get(n) for n in ("ridge_lambda", "prior_weight", "loo_error")})
     if td:
@@ -185,6 +187,10 @@ def describe_deployed(d: Dict) -> List[str]:
                      + f"; default head: {fs.get('default_head') or 'kernel'}"
                      + (f" (w = {fs['mixture_weight']:.3g} × the kernel head's probabilities + {1 - fs['mixture_weight']:.3g}"
                         " × the linear head's)" if fs.get("default_head") == "mixture" else ""))
+        tilt = fs.get("classes_without_shots") or {}
+        if tilt.get("offset"):
+            lines.append(f"  the {tilt['classes_without_shots']} classes without shots: the mixture's probabilities of "
+                         f"them × e^{tilt['offset']:.3g}, renormalised (fitted on refits without groups of shot classes)")
     td = d.get("transductive")
     if td:
         if td.get("fallback"):

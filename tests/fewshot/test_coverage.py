@@ -45,6 +45,7 @@ def partial():
     w = clf.fewshot_["head_choice"]["mixture_weight"]
     clf.heads_.calibration = dataclasses.replace(clf.heads_.calibration, mixture_weight=w, shotless_offset=1.5)
     clf.fewshot_["default_head"] = "mixture"
+    clf.fewshot_["classes_without_shots"] = {"classes_without_shots": 2, "offset": 1.5}
     return clf, X, y, P, keep
 
 
@@ -208,6 +209,17 @@ def test_every_export_carries_the_tilt(partial, tmp_path, fmt):
     else:
         factor = load_head(path)["class_log_factor"]
         np.testing.assert_allclose(factor, clf.heads_.calibration.shotless_offset * (np.arange(C) >= 4), rtol=1e-6)
+
+
+def test_cli_diagnose_and_eval_say_what_is_deployed(partial, tmp_path, cli):
+    clf, X, y, *_ = partial
+    art = clf.save(tmp_path / "p.svgen")
+    code, out, _ = cli("diagnose", str(art))
+    assert code == 0 and "the 2 classes without shots: the mixture's probabilities of them × e^1.5" in out
+    np.save(tmp_path / "X.npy", X.astype(np.float32))
+    np.save(tmp_path / "y.npy", y)
+    code, out, _ = cli("eval", str(art), "--features", str(tmp_path / "X.npy"), "--labels", str(tmp_path / "y.npy"))
+    assert code == 0 and "mixture*" in out
 
 
 def test_a_pool_is_refused_and_changes_nothing(partial):
