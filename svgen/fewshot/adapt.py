@@ -18,6 +18,7 @@ import dataclasses
 import logging
 import time
 from dataclasses import dataclass
+from typing import Optional
 
 import numpy as np
 import torch
@@ -42,7 +43,7 @@ class ShotFit:
 
     heads: Heads
     record: dict
-    held_out: tuple = None   # (M×C default-head probabilities of held-out shots, their M labels): the evidence
+    held_out: Optional[tuple] = None   # (M×C default-head probabilities of held-out shots, their M labels)
 
 
 def adapt(zero_shot: Heads, shots: SupportSet, side: TextSide, tilt_shotless: bool = True) -> ShotFit:

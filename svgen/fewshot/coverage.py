@@ -14,17 +14,17 @@ The deployed default head is then the mixture (:mod:`svgen.calibration.mixture`)
 
 δ is fitted on held-out evidence of both regimes, the predictor rebuilt as it is deployed (:func:`fit_offset`):
 
-* **classes without shots**: the classes with shots are split into :data:`CLASS_FOLDS` groups; for each group the
-  whole ``adapt`` is rerun without that group's shots, and the group's shots are scored by that predictor, for
-  which their classes have none — images of classes without shots, with labels;
+* **classes without shots**: the classes with shots are split into :data:`CLASS_FOLDS` groups; for :data:`REFITS` of
+  them the whole ``adapt`` is rerun without that group's shots, and the group's shots are scored by that predictor,
+  for which their classes have none — images of classes without shots, with labels;
 * **classes with shots**: the same refitted predictor's own held-out shots (its balanced folds, or with one shot
   per class its exact leave-one-out: :attr:`svgen.fewshot.adapt.ShotFit.held_out`).
 
 Each fold tilts the classes that have no shots in it, and δ minimises the mean NLL of the two kinds of evidence
 weighed by the deployed share of classes without shots and with them (each kind as the balanced mixture of classes
 the deployed predictor will meet). The NLL is convex in δ, so the minimiser is exact (bisection on the derivative).
-With shots for every class nothing changes (there is nothing to tilt); a later ``add-classes`` adds classes without
-shots, and they are tilted by the δ the fit recorded, if it recorded one.
+With shots for every class nothing changes (there is nothing to tilt); ``add-classes`` adapts to the shots again, so
+the classes it adds are classes without shots and δ is fitted for them.
 """
 
 from __future__ import annotations
@@ -126,9 +126,9 @@ def fit_offset(zero_shot, shots: SupportSet, side, refit) -> tuple:
     record = {"classes_without_shots": int(C - with_shots.size), "offset": float(delta),
               "held_out_nll": {"untilted": losses(evidence, 0.0), "tilted": losses(evidence, delta)}, "folds": folds,
               "rule": "the mixture's classes without shots × e^δ, renormalised; δ ≥ 0 minimising the NLL of (a) the "
-                      "shots of each of 4 groups of 1/8 of the classes with shots, scored by adapt rerun without that "
-                      "group's shots, and (b) that rerun's own held-out shots, weighed by the deployed shares of "
-                      "classes without and with shots"}
+                      f"shots of each of {len(groups)} groups of 1/{CLASS_FOLDS} of the classes with shots, scored by "
+                      "adapt rerun without that group's shots, and (b) that rerun's own held-out shots, weighed by the "
+                      "deployed shares of classes without and with shots"}
     log.info("shots: %d of %d classes have none; their mixture probabilities × e^%.3g (held-out NLL %.4f → %.4f)",
              C - with_shots.size, C, delta, record["held_out_nll"]["untilted"], record["held_out_nll"]["tilted"])
     return delta, record

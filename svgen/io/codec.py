@@ -261,7 +261,7 @@ def _floor(cal: dict, kind: str, where) -> Optional[float]:
 
 def _mixture_weight(cal: dict, meta: dict, where) -> Optional[float]:
     """The mixture head's weight from a calibration record (``mixture_weight``), checked; None where there is none.
-    Only format 4 has one."""
+    Only formats 4 and 5 have one."""
     if cal.get("mixture_weight") is None:
         return None
     if meta.get("format_version") not in artifacts.MIXTURE_VERSIONS:
