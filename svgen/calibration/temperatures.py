@@ -76,7 +76,14 @@ KERNEL_LOG_FLOOR = 1e-30
 MAX_QUERIES = 2048
 MAX_LOGITS = 4_000_000  # queries × classes scored when choosing a temperature (the bisection's cost)
 ECE_BINS = 15
-LOG_T_RANGE = (-30.0, 30.0)  # bisection bracket for log T
+T_RANGE = (1e-8, 1e8)   # a fitted T: the artifact's TEMPERATURE_RANGE, so every T is one an artifact can hold (T → ∞,
+# shots that say nothing, reached e^30 ≈ 1e13 with a bracket of (−30, 30), which the artifact then refused to load)
+LOG_T_RANGE = (math.log(T_RANGE[0]), math.log(T_RANGE[1]))   # bisection bracket for log T
+
+
+def in_range(T: float) -> float:
+    """``T`` clipped to :data:`T_RANGE` (the bracket's ends, exp(log(1e8)) = 1.0000000000000002e8, stay inside)."""
+    return min(max(T, T_RANGE[0]), T_RANGE[1])
 
 
 KERNEL_LOGITS = ("log", "score", "floored")   # kinds of kernel-vote logits; the first is the default
@@ -181,8 +188,8 @@ def match_confidence(logits, target: float, iters: int = 60) -> float:
     top = z.max(dim=1)
     gap = (z - top.values[:, None]).scatter(1, top.indices[:, None], -math.inf)  # z_j − z_max, j ≠ max
     # mean_log_odds at T = e^m; T known to 1e-10 relative: further halvings change nothing recorded
-    return math.exp(bisect(lambda m: float((-torch.logsumexp(gap / math.exp(m), dim=1)).mean()) > target,
-                           *LOG_T_RANGE, iters, tol=1e-10))
+    return in_range(math.exp(bisect(lambda m: float((-torch.logsumexp(gap / math.exp(m), dim=1)).mean()) > target,
+                                    *LOG_T_RANGE, iters, tol=1e-10)))
 
 
 def fit_temperature(logits_loo, labels, iters: int = 100) -> float:
@@ -204,7 +211,7 @@ def fit_temperature(logits_loo, labels, iters: int = 100) -> float:
         p = torch.softmax(z * math.exp(log_beta), dim=1)
         return float(((p * z).sum(dim=1) - z_true).mean())
 
-    return math.exp(-bisect(lambda log_beta: slope(log_beta) < 0, -LOG_T_RANGE[1], -LOG_T_RANGE[0], iters))
+    return in_range(math.exp(-bisect(lambda log_beta: slope(log_beta) < 0, -LOG_T_RANGE[1], -LOG_T_RANGE[0], iters)))
 
 
 def query_rows(per_template: torch.Tensor, max_queries: int = MAX_QUERIES, seed: int = 0) -> torch.Tensor:

@@ -141,3 +141,24 @@ def test_transduction_after_shots_keeps_the_kernel_loo_temperature(adapted):
         assert c2.calibration_["method"] == "held-out-nll" and c2.temperatures_["linear"] == 1.0
     else:
         assert c2.calibration_["method"] == "loo-nll" and "kept the inductive heads" in c2.transductive_["fallback"]
+
+
+def test_a_temperature_the_shots_cannot_bound_is_one_an_artifact_can_hold(tmp_path):
+    """Shots that are one image under two labels say nothing: the linear head's NLL falls as T → ∞. Its T was the
+    bisection bracket's end, e^30 ≈ 1e13, which the artifact then refused to load (found by fuzzing). The bracket is
+    the artifact's temperature range, so the fit saves and loads to the same probabilities."""
+    from svgen.calibration.temperatures import T_RANGE, fit_temperature
+    from svgen.io.artifacts import TEMPERATURE_RANGE
+
+    assert T_RANGE == TEMPERATURE_RANGE
+    z = np.array([[2.0, 0.0], [2.0, 0.0]])
+    assert fit_temperature(z, np.array([0, 1])) == TEMPERATURE_RANGE[1]
+    rng = np.random.default_rng(2)
+    u = lambda a: (a / np.linalg.norm(a, axis=1, keepdims=True)).astype(np.float32)   # noqa: E731
+    P = u(rng.normal(size=(3, 16)))
+    X = np.repeat(u(rng.normal(size=(1, 16))), 6, axis=0)
+    clf = SVGClassifier(n_support=2, steps=10).fit(P).adapt(X, np.array([0, 0, 0, 2, 2, 2]))
+    assert max(clf.temperatures_.values()) <= TEMPERATURE_RANGE[1]
+    back = SVGClassifier.load(clf.save(tmp_path / "a.svgen"))
+    Q = u(rng.normal(size=(4, 16)))
+    np.testing.assert_allclose(back.predict_proba(Q), clf.predict_proba(Q), rtol=1e-6)
