@@ -76,14 +76,9 @@ KERNEL_LOG_FLOOR = 1e-30
 MAX_QUERIES = 2048
 MAX_LOGITS = 4_000_000  # queries × classes scored when choosing a temperature (the bisection's cost)
 ECE_BINS = 15
-T_RANGE = (1e-8, 1e8)   # a fitted T: the artifact's TEMPERATURE_RANGE, so every T is one an artifact can hold (T → ∞,
-# shots that say nothing, reached e^30 ≈ 1e13 with a bracket of (−30, 30), which the artifact then refused to load)
+T_RANGE = (1e-8, 1e8)   # a fitted T, clipped (:func:`in_range`): the artifact's TEMPERATURE_RANGE (e^30 was unloadable)
 LOG_T_RANGE = (math.log(T_RANGE[0]), math.log(T_RANGE[1]))   # bisection bracket for log T
-
-
-def in_range(T: float) -> float:
-    """``T`` clipped to :data:`T_RANGE` (the bracket's ends, exp(log(1e8)) = 1.0000000000000002e8, stay inside)."""
-    return min(max(T, T_RANGE[0]), T_RANGE[1])
+in_range = lambda T: min(max(T, T_RANGE[0]), T_RANGE[1])     # noqa: E731  (exp(log 1e8) is a hair above 1e8)
 
 
 KERNEL_LOGITS = ("log", "score", "floored")   # kinds of kernel-vote logits; the first is the default
@@ -179,11 +174,10 @@ def match_confidence(logits, target: float, iters: int = 60) -> float:
     """The temperature T at which the mean log-odds of the top class (:func:`mean_log_odds`) of
     ``softmax(logits / T)`` equals ``target``, by bisection on log T.
 
-    Each row's log-odds ``−log Σ_{j≠max} exp((z_j − z_max)/T)`` falls monotonically with T, so the
-    mean does too. Log-odds rather than the max-probability itself: on text queries the cosine head
-    is often all but certain (p_max = 1 − 10⁻⁹), where probabilities cannot tell temperatures apart
-    but log-odds still can. A target outside the reachable range gives the bracket's end.
-    """
+    Each row's log-odds ``−log Σ_{j≠max} exp((z_j − z_max)/T)`` falls monotonically with T, so the mean does too.
+    Log-odds rather than the max-probability itself: on text queries the cosine head is often all but certain (p_max =
+    1 − 10⁻⁹), where probabilities cannot tell temperatures apart but log-odds still can. A target outside the
+    reachable range gives the bracket's end."""
     z = torch.as_tensor(logits, dtype=torch.float64)
     top = z.max(dim=1)
     gap = (z - top.values[:, None]).scatter(1, top.indices[:, None], -math.inf)  # z_j − z_max, j ≠ max
@@ -198,9 +192,8 @@ def fit_temperature(logits_loo, labels, iters: int = 100) -> float:
     ``logits_loo``: N×C logits of labelled examples, each computed without that example (leave-one-out)
     so the temperature is not fit to scores that have seen their own label. NLL is convex in β = 1/T
     with derivative ``mean_i (E_p[z_i] − z_{i,y_i})``, increasing in β; bisection finds its zero.
-    When the data never prefer a finite β (every example already ranked first, or none), the
-    bracket's end is returned.
-    """
+    When the data never prefer a finite β (every example already ranked first, or none), the bracket's end is
+    returned."""
     z = torch.as_tensor(logits_loo, dtype=torch.float64)
     y = torch.as_tensor(np.asarray(labels), dtype=torch.long)
     if z.dim() != 2 or y.shape != (z.shape[0],) or z.shape[0] == 0:

@@ -273,6 +273,25 @@ def test_huge_vote_weights_are_refused_at_load(cli, work, value):
     assert not (work / "k.onnx").exists()
 
 
+@pytest.mark.parametrize("what", ["temperature", "vote_weights", "meta"])
+def test_an_artifact_svgen_could_not_read_is_never_written(work, what):
+    """Save runs the loader's checks first: a value the loader refuses (a temperature of 1e13 once was one) is one
+    error line, and neither the new artifact nor the one it would replace is touched."""
+    clf = SVGClassifier.load(work / "a.svgen")
+    before = tree(work / "a.svgen")
+    if what == "temperature":
+        clf.heads_.calibration.temperatures["linear"] = 1e13
+    elif what == "vote_weights":
+        clf.heads_.kernel.votes = clf.heads_.kernel.votes * 0 + 1e30
+    else:
+        clf.fit_metrics_["sigma"] = "wide"
+    for out, force in ((work / "new.svgen", False), (work / "a.svgen", True)):
+        with pytest.raises(SvgenError, match="not written") as e:
+            clf.save(out, force=force)
+        assert "\n" not in str(e.value)
+    assert not (work / "new.svgen").exists() and tree(work / "a.svgen") == before
+
+
 def test_onnx_check_fails_on_nan(work, monkeypatch):
     pytest.importorskip("onnxruntime")
     import svgen.io.export as export
