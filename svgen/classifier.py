@@ -216,7 +216,7 @@ class SVGClassifier(FittedHeads):
         shots = new if self.fewshot_ is None else self.support_set_.part(IMAGE).join(new)
         self._restore_inductive()   # the heads are re-solved from the zero-shot heads and the shots
         self.transductive_ = None
-        fit = shot_adapt.adapt(self.zero_shot_, shots, self._side())
+        fit = shot_adapt.adapt(self.zero_shot_, shots, self._side(), progress=self.progress)
         self.heads_, self.fewshot_ = fit.heads, fit.record
         return self
 

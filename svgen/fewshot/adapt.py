@@ -46,10 +46,12 @@ class ShotFit:
     held_out: Optional[tuple] = None   # (M×C default-head probabilities of held-out shots, their M labels)
 
 
-def adapt(zero_shot: Heads, shots: SupportSet, side: TextSide, tilt_shotless: bool = True) -> ShotFit:
+def adapt(zero_shot: Heads, shots: SupportSet, side: TextSide, tilt_shotless: bool = True,
+          progress: bool = False) -> ShotFit:
     """The heads for ``shots`` (every image shot, earlier ones included) on top of ``zero_shot``. Where some classes
     have no shots, the default head is the mixture with those classes tilted by the offset
-    :func:`svgen.fewshot.coverage.fit_offset` fits (``tilt_shotless=False``: not, as in that fit's own refits)."""
+    :func:`svgen.fewshot.coverage.fit_offset` fits (``tilt_shotless=False``: not, as in that fit's own refits;
+    ``progress``: a progress bar over its refits)."""
     C = side.n_classes
     t0 = time.perf_counter()
     res = residual.fit_residual_head(shots.rows.numpy(), shots.labels.numpy(), side.prototypes.numpy(), C,
@@ -64,8 +66,8 @@ def adapt(zero_shot: Heads, shots: SupportSet, side: TextSide, tilt_shotless: bo
     heads.calibration = temperatures(heads, side, shots, res, lin, evidence)
     default, weight, head_choice, held = choose_default_head(heads, side, res, shots, lin, evidence)
     heads.calibration = dataclasses.replace(heads.calibration, mixture_weight=weight)
-    offset, without = (coverage.fit_offset(zero_shot, shots, side, lambda part: adapt(zero_shot, part, side, False))
-                       if tilt_shotless else (None, None))
+    offset, without = (coverage.fit_offset(zero_shot, shots, side, lambda part: adapt(zero_shot, part, side, False),
+                                           progress) if tilt_shotless else (None, None))
     if offset:   # the mixture carries the tilt, at the fitted weight even where that is one head alone (0 or 1)
         heads.calibration = dataclasses.replace(heads.calibration, mixture_weight=head_choice["mixture_weight"],
                                                 shotless_offset=offset)

@@ -94,10 +94,11 @@ def losses(evidence: list, delta: float) -> float:
     return sum(w * nll_and_slope(p, y, u, delta)[0] for p, y, u, w in evidence if y.size)
 
 
-def fit_offset(zero_shot, shots: SupportSet, side, refit) -> tuple:
+def fit_offset(zero_shot, shots: SupportSet, side, refit, progress: bool = False) -> tuple:
     """(δ, record) for ``shots`` that leave some of ``side``'s classes without any, or (None, None) where every class
     has shots or fewer than two classes have them (no class can be left out and another kept). ``refit(shots)`` is
-    ``adapt`` without this step (a :class:`svgen.fewshot.adapt.ShotFit`); ``zero_shot`` the heads it starts from."""
+    ``adapt`` without this step (a :class:`svgen.fewshot.adapt.ShotFit`); ``zero_shot`` the heads it starts from;
+    ``progress``: a progress bar over the refits."""
     from svgen.heads import predictor
 
     C = side.n_classes
@@ -107,7 +108,11 @@ def fit_offset(zero_shot, shots: SupportSet, side, refit) -> tuple:
         return None, None
     share_without = 1.0 - with_shots.size / C
     groups = class_groups(with_shots, side.config.seed)
-    evidence, folds = [], []
+    evidence, folds, n = [], [], len(groups)
+    if progress:
+        from tqdm.auto import tqdm
+
+        groups = tqdm(groups, desc="classes without shots: refits", unit="refit")
     for group in groups:
         out = np.isin(labels, group)
         fit = refit(shots.subset(np.flatnonzero(~out)))
@@ -117,8 +122,8 @@ def fit_offset(zero_shot, shots: SupportSet, side, refit) -> tuple:
         p_out = predictor.proba(fit.heads, side.prototypes, side.config.kernel, shots.rows[out].float(), head).numpy()
         p_in, y_in = fit.held_out
         # each kind's mean NLL weighs by the deployed share of its classes; the folds are averaged
-        evidence += [(p_out, labels[out], shotless, share_without / len(groups)),
-                     (p_in, np.asarray(y_in), shotless, (1.0 - share_without) / len(groups))]
+        evidence += [(p_out, labels[out], shotless, share_without / n),
+                     (p_in, np.asarray(y_in), shotless, (1.0 - share_without) / n)]
         folds.append({"classes_left_without_shots": int(group.size), "their_shots": int(out.sum()),
                       "held_out_shots_of_the_others": int(len(y_in)), "default_head": head})
     delta = best_offset(evidence)
@@ -126,7 +131,7 @@ def fit_offset(zero_shot, shots: SupportSet, side, refit) -> tuple:
     record = {"classes_without_shots": int(C - with_shots.size), "offset": float(delta),
               "held_out_nll": {"untilted": losses(evidence, 0.0), "tilted": losses(evidence, delta)}, "folds": folds,
               "rule": "the mixture's classes without shots × e^δ, renormalised; δ ≥ 0 minimising the NLL of (a) the "
-                      f"shots of each of {len(groups)} groups of 1/{CLASS_FOLDS} of the classes with shots, scored by "
+                      f"shots of each of {n} groups of 1/{CLASS_FOLDS} of the classes with shots, scored by "
                       "adapt rerun without that group's shots, and (b) that rerun's own held-out shots, weighed by the "
                       "deployed shares of classes without and with shots"}
     log.info("shots: %d of %d classes have none; their mixture probabilities × e^%.3g (held-out NLL %.4f → %.4f)",

@@ -277,3 +277,15 @@ def test_half_the_classes_with_shots_no_longer_falls_below_zero_shot(shared_data
     mixed = w * clf.predict_proba(Q, head="kernel") + (1 - w) * clf.predict_proba(Q, head="linear")   # untilted
     untilted = 100 * (mixed.argmax(1) == yq).mean()
     assert clf.heads_.calibration.shotless_offset > 0 and untilted < zs - 3, (untilted, zs)
+
+
+def test_the_refits_show_a_progress_bar_when_asked(capsys):
+    X, y, P = _problem(seed=5, C=C, D=16, per_class=4)
+    keep = y < 4
+    SVGClassifier(n_support=2).fit(P.astype(np.float32)).adapt(X[keep].astype(np.float32), y[keep])
+    assert "refits" not in capsys.readouterr().err
+    clf = SVGClassifier(n_support=2, progress=True).fit(P.astype(np.float32))
+    capsys.readouterr()
+    clf.adapt(X[keep].astype(np.float32), y[keep])
+    assert "classes without shots: refits" in capsys.readouterr().err
+    assert len(clf.fewshot_["classes_without_shots"]["folds"]) == 4
