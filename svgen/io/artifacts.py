@@ -116,29 +116,30 @@ def save_artifact(path, tensors: Dict[str, torch.Tensor], meta: dict, force: boo
             tensors[k] = v.clone()
         seen.add(tensors[k].untyped_storage().data_ptr())
 
-    _check_readable(path, tensors, meta, A)
+    text = _check_readable(path, tensors, meta, A)
 
     def write_meta(p):
-        p.write_text(json.dumps(meta, indent=2, ensure_ascii=False, default=_json_default, allow_nan=False) + "\n",
-                     encoding="utf-8")
+        p.write_text(text + "\n", encoding="utf-8")
 
     return safeio.atomic_dir(path, {WEIGHTS_FILE: lambda p: save_file(tensors, str(p)), META_FILE: write_meta},
                             force=force)
 
 
-def _check_readable(path, tensors: Dict[str, torch.Tensor], meta: dict, votes) -> None:
+def _check_readable(path, tensors: Dict[str, torch.Tensor], meta: dict, votes) -> str:
     """What :func:`load_artifact` checks, on what is about to be written: svgen never writes an artifact it would
     refuse to read (a temperature beyond its range once saved fine and then failed to load). ``votes``: the vote
-    weights as given (a sparse one is checked as the loader rebuilds it)."""
+    weights as given (a sparse one is checked as the loader rebuilds it). Returns the ``svgen.json`` text it checked,
+    which is what gets written."""
     where = f"{path} (not written)"
     try:
-        text = json.dumps(meta, default=_json_default, allow_nan=False)
+        text = json.dumps(meta, indent=2, ensure_ascii=False, default=_json_default, allow_nan=False)
     except ValueError as e:
         raise SvgenError(f"{where}: svgen.json would hold a value JSON cannot ({e})") from None
     schema.validate_meta(json.loads(text), where, FORMAT_VERSIONS)
     check_dtypes(tensors, where)
     check_shapes(meta, {**tensors, **({"vote_weights": votes} if votes is not None and votes.is_sparse else {})},
                  where)
+    return text
 
 
 def load_artifact(path) -> Tuple[dict, Dict[str, torch.Tensor]]:
