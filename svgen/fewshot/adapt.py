@@ -178,7 +178,7 @@ def choose_default_head(heads: Heads, side: TextSide, res, shots: SupportSet, li
     return head, (None if head != "mixture" else w), {
         "mixture_weight": w, "held_out_nll": {"mixture": fit["nll"], "kernel": fit["nll_kernel"],
                                               "linear": fit["nll_linear"]},
-        "held_out_accuracy": {"mixture": acc(mixture.mix(w, pk, pl)), "kernel": acc(pk), "linear": acc(pl)},
+        "held_out_accuracy": {"mixture": acc(held[0]), "kernel": acc(pk), "linear": acc(pl)},
         "shots_compared": fit["images"],
         "evidence": ev.name,
         "classes_compared": "all" if res.loo_rows is None else int(np.unique(truth).size),
