@@ -150,7 +150,9 @@ def deployed_kernel(meta: Dict, tensors: Dict) -> Optional[Dict]:
                                      "adapted": dec.get("adopted"), "rule": (k.get("selection") or {}).get("rule")},
                           "linear": {n: lin.get(n) for n in ("kind", "shrinkage", "loo_error", "form", "alpha")},
                           "default_head": fs.get("default_head"),
-                          "mixture_weight": (fs.get("head_choice") or {}).get("mixture_weight"),
+                          # where some classes have no shots the weight was fitted again with their tilt
+                          "mixture_weight": ((fs.get("classes_without_shots") or {}).get("mixture_weight",
+                                             (fs.get("head_choice") or {}).get("mixture_weight"))),
                           "classes_without_shots": {n: (fs.get("classes_without_shots") or {}).get(n)
                                                     for n in ("classes_without_shots", "offset")}}
         if k.get("prior_weight") is not None:   # format 2 (before the residual head): its own record
@@ -190,7 +192,8 @@ def describe_deployed(d: Dict) -> List[str]:
         tilt = fs.get("classes_without_shots") or {}
         if tilt.get("offset"):
             lines.append(f"  the {tilt['classes_without_shots']} classes without shots: the mixture's probabilities of "
-                         f"them × e^{tilt['offset']:.3g}, renormalised (fitted on refits without groups of shot classes)")
+                         f"them × e^{tilt['offset']:.3g}, renormalised (the weight and the factor fitted together on refits "
+                         "without groups of the classes with shots)")
     td = d.get("transductive")
     if td:
         if td.get("fallback"):

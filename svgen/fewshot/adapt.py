@@ -43,14 +43,14 @@ class ShotFit:
 
     heads: Heads
     record: dict
-    held_out: Optional[tuple] = None   # (M×C default-head probabilities of held-out shots, their M labels)
+    held_out: Optional[tuple] = None   # (kernel M×C, linear M×C calibrated probabilities of held-out shots, M labels)
 
 
 def adapt(zero_shot: Heads, shots: SupportSet, side: TextSide, tilt_shotless: bool = True,
           progress: bool = False) -> ShotFit:
     """The heads for ``shots`` (every image shot, earlier ones included) on top of ``zero_shot``. Where some classes
-    have no shots, the default head is the mixture with those classes tilted by the offset
-    :func:`svgen.fewshot.coverage.fit_offset` fits (``tilt_shotless=False``: not, as in that fit's own refits;
+    have no shots, the default head is the mixture with those classes tilted, its weight and offset as
+    :func:`svgen.fewshot.coverage.fit_tilt` fits them (``tilt_shotless=False``: not, as in that fit's own refits;
     ``progress``: a progress bar over its refits)."""
     C = side.n_classes
     t0 = time.perf_counter()
@@ -66,12 +66,16 @@ def adapt(zero_shot: Heads, shots: SupportSet, side: TextSide, tilt_shotless: bo
     heads.calibration = temperatures(heads, side, shots, res, lin, evidence)
     default, weight, head_choice, held = choose_default_head(heads, side, res, shots, lin, evidence)
     heads.calibration = dataclasses.replace(heads.calibration, mixture_weight=weight)
-    offset, without = (coverage.fit_offset(zero_shot, shots, side, lambda part: adapt(zero_shot, part, side, False),
-                                           progress) if tilt_shotless else (None, None))
-    if offset:   # the mixture carries the tilt, at the fitted weight even where that is one head alone (0 or 1)
-        heads.calibration = dataclasses.replace(heads.calibration, mixture_weight=head_choice["mixture_weight"],
-                                                shotless_offset=offset)
-        default = MIXTURE
+    tilt = (coverage.fit_tilt(zero_shot, shots, side, lambda part: adapt(zero_shot, part, side, False),
+                              head_choice["mixture_weight"], progress) if tilt_shotless else None)
+    without = None
+    if tilt is not None:   # some classes have no shots: the weight and tilt fitted for them too
+        weight, offset, without = tilt
+        # the mixture carries a tilt at its weight even where that is one head alone (0 or 1)
+        default = MIXTURE if offset else mixture.head_of_weight(weight)
+        heads.calibration = dataclasses.replace(
+            heads.calibration, mixture_weight=weight if offset or default == MIXTURE else None,
+            shotless_offset=offset or None)
     counts = shots.counts(C)
     record = {
         "shots": int(counts.sum()), "classes_with_shots": int((counts > 0).sum()),
@@ -157,9 +161,9 @@ def held_out_probabilities(heads: Heads, side: TextSide, res, shots: SupportSet,
 
 
 def choose_default_head(heads: Heads, side: TextSide, res, shots: SupportSet, lin, ev: KernelEvidence) -> tuple:
-    """(``"mixture"`` | ``"kernel"`` | ``"linear"``, w, record, (p, y)): the head ``classify``, ``eval``, ``export``
-    and ``predict`` use, the mixture's weight (None where it is one head alone), and that head's held-out
-    probabilities ``p`` of the shots with classes ``y`` that decided it.
+    """(``"mixture"`` | ``"kernel"`` | ``"linear"``, w, record, (p_kernel, p_linear, y)): the head ``classify``,
+    ``eval``, ``export`` and ``predict`` use, the mixture's weight (None where it is one head alone), and both heads'
+    held-out probabilities of the shots with classes ``y`` that decided it.
 
     The mixture ``w·p_kernel + (1 − w)·p_linear`` (:mod:`svgen.calibration.mixture`) has ``w`` minimising the NLL of
     both calibrated heads on the same held-out shots (:func:`held_out_probabilities`); ``w = 1`` deploys the kernel
@@ -174,17 +178,18 @@ def choose_default_head(heads: Heads, side: TextSide, res, shots: SupportSet, li
     w = fit["weight"]
     head = mixture.head_of_weight(w)
     acc = lambda p: float((p.argmax(axis=1) == truth).mean())   # noqa: E731
-    held = (mixture.mix(w, pk, pl), truth)
+    mixed = mixture.mix(w, pk, pl)
     return head, (None if head != "mixture" else w), {
         "mixture_weight": w, "held_out_nll": {"mixture": fit["nll"], "kernel": fit["nll_kernel"],
                                               "linear": fit["nll_linear"]},
-        "held_out_accuracy": {"mixture": acc(held[0]), "kernel": acc(pk), "linear": acc(pl)},
+        "held_out_accuracy": {"mixture": acc(mixed), "kernel": acc(pk), "linear": acc(pl)},
         "shots_compared": fit["images"],
         "evidence": ev.name,
         "classes_compared": "all" if res.loo_rows is None else int(np.unique(truth).size),
         "rule": "w·p_kernel + (1 − w)·p_linear, each head at its own temperature, w minimising the NLL of the "
                 "held-out shots (both heads refitted without each fold, on the same classes' shots; one shot per "
-                "class: exact leave-one-out); w = 1 is the kernel head alone (ties), w = 0 the linear head alone"}, held
+                "class: exact leave-one-out); w = 1 is the kernel head alone (ties), w = 0 the linear head alone"}, \
+        (pk, pl, truth)
 
 
 def temperatures(heads: Heads, side: TextSide, shots: SupportSet, res, lin, ev: KernelEvidence) -> Calibration:

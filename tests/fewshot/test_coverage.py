@@ -35,17 +35,18 @@ def _softmax(z):
 
 @pytest.fixture(scope="module")
 def partial():
-    """Shots (4 each) for 4 of 6 classes, the tilt of the other two set to δ = 1.5 (on this small problem the fit
-    finds none to make; a format fixture, as the golden ``v5`` case is a fitted one)."""
+    """Shots (4 each) for 4 of 6 classes, the tilt of the other two set to δ = 1.5 at w = 0.37 (on this small problem
+    the fit finds no tilt to make; a format fixture, as the golden ``v5`` case is a fitted one)."""
     import dataclasses
 
     X, y, P = _problem(seed=5, C=C, D=16, per_class=8)
     keep = (y < 4) & (np.arange(len(y)) % 8 < 4)
     clf = SVGClassifier(n_support=2).fit(P.astype(np.float32)).adapt(X[keep].astype(np.float32), y[keep])
-    w = clf.fewshot_["head_choice"]["mixture_weight"]
+    w = 0.37   # not the shots' own weight: the weight fitted with the tilt is the deployed one
+    assert clf.fewshot_["head_choice"]["mixture_weight"] != w
     clf.heads_.calibration = dataclasses.replace(clf.heads_.calibration, mixture_weight=w, shotless_offset=1.5)
     clf.fewshot_["default_head"] = "mixture"
-    clf.fewshot_["classes_without_shots"] = {"classes_without_shots": 2, "offset": 1.5}
+    clf.fewshot_["classes_without_shots"] = {"classes_without_shots": 2, "offset": 1.5, "mixture_weight": w}
     return clf, X, y, P, keep
 
 
@@ -77,37 +78,65 @@ def test_tilt_is_the_formula_for_numpy_and_torch():
     np.testing.assert_allclose(mixture.tilt(p, 0.0, u), p, rtol=1e-12)
 
 
-def test_nll_slope_is_its_finite_difference():
+def _direct(raw, w, d):
+    """The objective from the formula: Σ weight · mean −log of the tilted mixture's true-class probability."""
+    return sum(c * -np.log(mixture.tilt(mixture.mix(w, pk, pl), d, u)[np.arange(y.size), y]).mean()
+               for pk, pl, y, u, c in raw)
+
+
+def test_nll_and_its_slope_are_the_formula_and_its_finite_difference():
     rng = np.random.default_rng(1)
-    p, y = _softmax(2 * rng.normal(size=(40, 6))), rng.integers(0, 6, 40)
+    pk, pl, y = _softmax(2 * rng.normal(size=(40, 6))), _softmax(rng.normal(size=(40, 6))), rng.integers(0, 6, 40)
     u = np.array([0, 1, 0, 1, 1, 0], dtype=bool)
-    for d in (0.0, 0.7, 3.0):
-        nll, slope = coverage.nll_and_slope(p, y, u, d)
-        direct = -np.log(mixture.tilt(p, d, u)[np.arange(40), y]).mean()
-        assert nll == pytest.approx(direct, rel=1e-10)
-        h = 1e-6
-        fd = (coverage.nll_and_slope(p, y, u, d + h)[0] - coverage.nll_and_slope(p, y, u, d - h)[0]) / (2 * h)
-        assert slope == pytest.approx(fd, rel=1e-5, abs=1e-8)
+    e = coverage.evidence(pk, pl, y, u, 1.0)
+    for w in (0.0, 0.3, 1.0):
+        for d in (0.0, 0.7, 3.0):
+            nll, slope = coverage.terms(e, w, d)
+            assert nll.mean() == pytest.approx(_direct([(pk, pl, y, u, 1.0)], w, d), rel=1e-10)
+            h = 1e-6
+            fd = (coverage.terms(e, w, d + h)[0].mean() - coverage.terms(e, w, d - h)[0].mean()) / (2 * h)
+            assert slope.mean() == pytest.approx(fd, rel=1e-5, abs=1e-8)
 
 
-def _evidence(seed=2):
-    """Two kinds of evidence: images of tilted classes under-scored, images of the others well scored."""
+def _raw(seed=2):
+    """Two kinds of evidence from two heads with independent errors (so their mixture beats either): images of the
+    tilted classes under-scored, images of the others not."""
     rng = np.random.default_rng(seed)
     u = np.array([1, 1, 0, 0, 0, 0], dtype=bool)
-    z1 = rng.normal(size=(30, 6)); y1 = rng.integers(0, 2, 30); z1[np.arange(30), y1] += 1.0; z1[:, 2:] += 1.5
-    z2 = rng.normal(size=(50, 6)); y2 = rng.integers(2, 6, 50); z2[np.arange(50), y2] += 3.0
-    return [(_softmax(z1), y1, u, 0.4), (_softmax(z2), y2, u, 0.6)]
+    out = []
+    for n, lo, hi, shift, share in ((30, 0, 2, 1.5, 0.4), (50, 2, 6, 0.0, 0.6)):
+        y = rng.integers(lo, hi, n)
+        z = np.zeros((n, 6))
+        z[np.arange(n), y] += 2.0
+        z[:, 2:] += shift
+        out.append((_softmax(z + 1.5 * rng.normal(size=z.shape)), _softmax(z + 1.5 * rng.normal(size=z.shape)), y, u,
+                    share))
+    return out
 
 
 def test_best_offset_is_the_minimiser_on_a_fine_grid():
-    ev = _evidence()
+    raw = _raw()
+    ev = [coverage.evidence(*r) for r in raw]
     grid = np.linspace(0, 10, 10001)
-    obj = [coverage.losses(ev, d) for d in grid]
-    d = coverage.best_offset(ev)
-    assert 0 < d < 10 and d == pytest.approx(grid[int(np.argmin(obj))], abs=2e-3)
+    for w in (0.0, 0.5, 1.0):
+        d = coverage.best_offset(ev, w)
+        assert 0 < d < 10 and d == pytest.approx(grid[int(np.argmin([_direct(raw, w, g) for g in grid]))], abs=2e-3)
     # the evidence that only rewards raising the tilted classes asks for the top of the range; none for 0
-    assert coverage.best_offset(ev[:1]) == coverage.MAX_OFFSET
-    assert coverage.best_offset(ev[1:]) == 0.0
+    assert coverage.best_offset(ev[:1], 0.5) == coverage.MAX_OFFSET
+    assert coverage.best_offset(ev[1:], 0.5) == 0.0
+
+
+def test_weight_and_offset_are_the_joint_minimiser_on_a_fine_grid():
+    raw = _raw()
+    ev = [coverage.evidence(*r) for r in raw]
+    w, d = coverage.best_weight_and_offset(ev)
+    ws, ds = np.linspace(0, 1, 201), np.linspace(0, 6, 601)
+    obj = np.array([[_direct(raw, a, b) for b in ds] for a in ws])
+    i, j = np.unravel_index(np.argmin(obj), obj.shape)
+    assert 0 < w < 1 and w == pytest.approx(ws[i], abs=0.01) and d == pytest.approx(ds[j], abs=0.02)
+    assert coverage.objective(ev, w, d) <= obj.min() + 1e-9
+    # the objective is not convex in w: its grid-and-golden search still finds the better of two basins
+    assert coverage.objective(ev, w, d) <= min(coverage.objective(ev, a, coverage.best_offset(ev, a)) for a in (0, 1))
 
 
 # ----------------------------------------------------------------------------- the fit and the predictor
@@ -134,31 +163,36 @@ def test_default_head_is_the_tilted_mixture_of_the_two_heads(pets):
 
 
 @pytest.mark.slow
-def test_the_offset_is_the_minimiser_over_the_refits_evidence(pets, monkeypatch):
-    """δ from the evidence the refits make (4 refits, each without one group of classes with shots, each with fewer
-    shots than the fit): the grid minimiser of its objective; and the left-out shots of that evidence are images of
-    classes the refit had no shot of."""
+def test_weight_and_offset_minimise_the_refits_evidence(pets, monkeypatch):
+    """(w, δ) from the evidence the refits make (4 refits, each without one group of classes with shots, each with
+    fewer shots than the fit): the grid minimiser of that objective, computed from the heads' probabilities with the
+    tilt's formula; the left-out shots are images of classes the refit had no shot of."""
     clf, X, y, P, s, some = pets
     side, zero = clf._side(), clf.zero_shot_
     from svgen.core.support import image_rows
     from svgen.fewshot import adapt as shot_adapt
 
     shots = image_rows(X[s], y[s], 37, X.shape[1])
-    calls, seen = [], []
+    calls, raw = [], []
 
     def refit(part):
         calls.append(part.labels.numpy())
         return shot_adapt.adapt(zero, part, side, tilt_shotless=False)
 
-    real = coverage.best_offset
-    monkeypatch.setattr(coverage, "best_offset", lambda ev: seen.append(ev) or real(ev))
-    delta, rec = coverage.fit_offset(zero, shots, side, refit)
-    assert delta == pytest.approx(clf.heads_.calibration.shotless_offset) and len(calls) == len(rec["folds"]) == 4
-    ev = seen[0]
-    for (p_out, y_out, u, _), kept in zip(ev[0::2], calls):
+    real = coverage.evidence
+    monkeypatch.setattr(coverage, "evidence", lambda *a: raw.append(a) or real(*a))
+    w0 = clf.fewshot_["head_choice"]["mixture_weight"]
+    w, delta, rec = coverage.fit_tilt(zero, shots, side, refit, w0)
+    cal = clf.heads_.calibration
+    assert (w, delta) == pytest.approx((cal.mixture_weight, cal.shotless_offset)) and len(calls) == len(rec["folds"]) == 4
+    assert rec["mixture_weight_of_the_shots_alone"] == w0 and rec["mixture_weight"] == w
+    for (pk, pl, y_out, u, _), kept in zip(raw[0::2], calls):
         assert len(kept) < len(shots) and u[y_out].all() and not np.isin(y_out, kept).any()
-    grid = np.linspace(0, 10, 2001)
-    assert delta == pytest.approx(grid[int(np.argmin([coverage.losses(ev, d) for d in grid]))], abs=0.01)
+    ws, ds = np.linspace(0, 1, 41), np.linspace(0, 6, 121)
+    obj = np.array([[_direct(raw, a, b) for b in ds] for a in ws])
+    assert rec["held_out_nll"]["tilted"] == pytest.approx(_direct(raw, w, delta), rel=1e-9)
+    assert rec["held_out_nll"]["tilted"] <= obj.min() + 1e-9
+    assert rec["held_out_nll"]["untilted"] == pytest.approx(_direct(raw, w0, 0.0), rel=1e-9)
 
 
 # ----------------------------------------------------------------------------- the artifact and the exports
@@ -216,6 +250,11 @@ def test_cli_diagnose_and_eval_say_what_is_deployed(partial, tmp_path, cli):
     art = clf.save(tmp_path / "p.svgen")
     code, out, _ = cli("diagnose", str(art))
     assert code == 0 and "the 2 classes without shots: the mixture's probabilities of them × e^1.5" in out
+    w = clf.heads_.calibration.mixture_weight
+    assert f"(w = {w:.3g} × the kernel head's probabilities" in out
+    code, out, _ = cli("diagnose", str(art), "--json")
+    deployed = json.loads(out)["deployed"]["fewshot"]
+    assert code == 0 and deployed["mixture_weight"] == pytest.approx(w) and deployed["classes_without_shots"]["offset"] == 1.5
     np.save(tmp_path / "X.npy", X.astype(np.float32))
     np.save(tmp_path / "y.npy", y)
     code, out, _ = cli("eval", str(art), "--features", str(tmp_path / "X.npy"), "--labels", str(tmp_path / "y.npy"))
