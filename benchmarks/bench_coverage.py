@@ -6,12 +6,13 @@ prototypes). For each seed a random share ``--coverage`` of the classes gets k v
 classes get none; the queries are every other validation image (of all classes). Compared, image by image:
 
 * ``zero_shot``  cosine, ``softmax(100 · x̂ P̂ᵀ)``
-* ``untilted``   the mixture of the adapted kernel and linear heads at its fitted weight, without the tilt
-                 (what svgen deployed before :mod:`svgen.fewshot.coverage`)
-* ``svgen``      the default head (``predict_proba``): that mixture with the classes without shots × e^δ
+* ``untilted``   the mixture of the adapted kernel and linear heads at the weight the shots alone chose, without
+                 the tilt (what svgen deployed before :mod:`svgen.fewshot.coverage`)
+* ``svgen``      the default head (``predict_proba``): the mixture at the weight fitted with the tilt, the classes
+                 without shots × e^δ
 
 Reported per dataset, coverage and shot count: top-1 and NLL, paired bootstrap 95% intervals of svgen − zero-shot
-(all queries, and the queries of classes with and without shots) and of untilted − zero-shot; δ per seed.
+(all queries, and the queries of classes with and without shots) and of untilted − zero-shot; w and δ per seed.
 
     python -m benchmarks.bench_coverage                         # 6 sets × coverage 0.1/0.25/0.5/0.9 × 1/4 shots
     python -m benchmarks.bench_coverage --datasets sun397 --coverage 0.5 --shots 4 --seeds 1
@@ -49,7 +50,7 @@ def run(name, shares, shots, seeds, log):
     for share in shares:
         for k in shots:
             per = {m: {"top1": [], "nll": []} for m in ("zero_shot", "untilted", "svgen")}
-            covered, deltas = [], []
+            covered, deltas, weights = [], [], []
             for seed in range(seeds):
                 s, q, some = draw(y, C, share, k, seed)
                 clf = copy.deepcopy(base).adapt(X[s].astype(np.float32), y[s])
@@ -64,10 +65,12 @@ def run(name, shares, shots, seeds, log):
                     per[m]["nll"].append(nll_of(p, yq))
                 covered.append(np.isin(yq, some))
                 deltas.append(float(cal.shotless_offset or 0.0))
+                weights.append(float(cal.mixture_weight if cal.mixture_weight is not None
+                                     else {"kernel": 1.0, "linear": 0.0}[clf.default_head_]))
             cat = {m: {k2: np.concatenate(v) for k2, v in d.items()} for m, d in per.items()}
             g = np.concatenate(covered)
             d1 = 100 * (cat["svgen"]["top1"] - cat["zero_shot"]["top1"])
-            row = {"dataset": name, "coverage": share, "shots": k, "deltas": deltas,
+            row = {"dataset": name, "coverage": share, "shots": k, "deltas": deltas, "weights": weights,
                    "top1": {m: 100 * float(v["top1"].mean()) for m, v in cat.items()},
                    "nll": {m: float(v["nll"].mean()) for m, v in cat.items()},
                    "svgen_vs_zero_shot": bootstrap(d1),
@@ -76,7 +79,8 @@ def run(name, shares, shots, seeds, log):
                    "untilted_vs_zero_shot": bootstrap(100 * (cat["untilted"]["top1"] - cat["zero_shot"]["top1"]))}
             rows.append(row)
             log(f"{name:>14} cover {share:.2f} k={k}: zero-shot {row['top1']['zero_shot']:.1f} untilted "
-                f"{row['top1']['untilted']:.1f} svgen {row['top1']['svgen']:.1f} δ {np.round(deltas, 2).tolist()}")
+                f"{row['top1']['untilted']:.1f} svgen {row['top1']['svgen']:.1f} δ {np.round(deltas, 2).tolist()} "
+                f"w {np.round(weights, 2).tolist()}")
     return rows
 
 
@@ -88,14 +92,15 @@ def markdown(result: dict) -> str:
     lines = [f"Shots for a share of the classes; {len(result['seeds'])} seeds; the queries are every other validation "
              "image; intervals: paired bootstrap 95%.", "",
              "| dataset | share with shots | shots | zero-shot / untilted / svgen top-1 | svgen − zero-shot top-1 | "
-             "classes with shots | without | NLL svgen − zero-shot | untilted − zero-shot top-1 | δ per seed |",
-             "|---|---:|---:|---|---|---|---|---|---|---|"]
+             "classes with shots | without | NLL svgen − zero-shot | untilted − zero-shot top-1 | δ per seed | w per seed |",
+             "|---|---:|---:|---|---|---|---|---|---|---|---|"]
     for r in result["rows"]:
         t = r["top1"]
         lines.append(f"| {r['dataset']} | {r['coverage']:.2f} | {r['shots']} | {t['zero_shot']:.1f} / {t['untilted']:.1f} / "
                      f"{t['svgen']:.1f} | {_ci(r['svgen_vs_zero_shot'])} | {_ci(r['with_shots'])} | "
                      f"{_ci(r['without_shots'])} | {_ci(r['nll_vs_zero_shot'], '{:+.3f}')} | "
-                     f"{_ci(r['untilted_vs_zero_shot'])} | {', '.join(f'{d:.2f}' for d in r['deltas'])} |")
+                     f"{_ci(r['untilted_vs_zero_shot'])} | {', '.join(f'{d:.2f}' for d in r['deltas'])} | "
+                     + (", ".join(f"{w:.2f}" for w in r["weights"]) if "weights" in r else "–") + " |")
     below = [r for r in result["rows"] if r["svgen_vs_zero_shot"]["diff"] < -0.3 or r["nll_vs_zero_shot"]["diff"] > 0]
     lines += ["", f"Rows below zero-shot − 0.3 in top-1 or above it in NLL: {len(below)} of {len(result['rows'])}"
               + (": " + "; ".join(f"{r['dataset']} {r['coverage']:.2f} × {r['shots']}" for r in below) if below else "")
