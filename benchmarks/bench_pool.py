@@ -25,8 +25,10 @@ Writes ``bench-results/bench_pool.json`` (``--out``) and prints the tables (``--
 
 from __future__ import annotations
 
+import collections
 import copy
 import json
+import re
 import sys
 import time
 
@@ -128,6 +130,24 @@ def _ci(r, digits=2):
     return f"{r['diff']:+.{digits}f} [{r['ci95'][0]:+.{digits}f}, {r['ci95'][1]:+.{digits}f}]"
 
 
+REFUSALS = ((r"top-1 on held-out shots [\d.]+% is not above", "held-out top-1 not better"),
+            (r"top-5 [\d.]+% is below", "held-out top-5 worse"), (r"NLL [\d.]+ is above", "held-out NLL worse"),
+            (r"does not replicate", "the pool's structure does not replicate"),
+            (r"did not settle", "the rounds did not settle"))
+
+
+def decisions(infos: list) -> str:
+    """The seeds' decisions in a few words: how many kept the pool, and why the others did not (each reason counted;
+    the numbers behind them are in the JSON's ``info``)."""
+    why = collections.Counter()
+    for i in infos:
+        if i.get("fallback"):
+            found = [short for pattern, short in REFUSALS if re.search(pattern, i["fallback"])]
+            why[" + ".join(found) or str(i["fallback"])[:60]] += 1
+    kept = sum(1 for i in infos if not i.get("fallback"))
+    return f"kept {kept} of {len(infos)}" + ("; refused: " + ", ".join(f"{r} ×{n}" for r, n in why.items()) if why else "")
+
+
 def markdown(result: dict) -> str:
     out = [f"Pool: {result['pool']}" + (f" (at most {result['per_class']} per class)" if result["pool"] == "small" else "")
            + f"; {len(result['seeds'])} seeds; top-1 / top-5 / NLL on the pool images (the queries).", ""]
@@ -140,12 +160,11 @@ def markdown(result: dict) -> str:
                  for m in ("pool", "pool_labels") for x in METRICS]
         out.append(f"| {k} | {len(s['datasets'])} | " + " | ".join(cells + diffs) + " |")
     out += ["", "Per dataset, pool − inductive (top-1, top-5, NLL) and what the adaptation decided:", "",
-            "| dataset | shots | top-1 | top-5 | NLL | decision per seed |", "|---|---:|---|---|---|---|"]
+            "| dataset | shots | top-1 | top-5 | NLL | the pool, over the seeds |", "|---|---:|---|---|---|---|"]
     for k, s in result["summary"].items():
         for n in s["datasets"]:
             cells = [_ci(s[f"pool-inductive {x}"]["per_dataset"][n], 3 if x == "nll" else 2) for x in METRICS]
-            dec = "; ".join(str(i.get("fallback") or "adapted")[:70] for i in result["info"][n][str(k)])
-            out.append(f"| {n} | {k} | " + " | ".join(cells) + f" | {dec} |")
+            out.append(f"| {n} | {k} | " + " | ".join(cells) + f" | {decisions(result['info'][n][str(k)])} |")
     return "\n".join(out) + "\n"
 
 
