@@ -13,6 +13,7 @@ Everything is scored on the pool images, which are the queries; labels are only 
 * ``inductive``     the default head after ``fit(P)`` (and ``.adapt(X, y)`` with shots): what ``classify`` uses
 * ``pool``          the default head after ``.adapt(unlabelled=pool)``: what the adapted artifact deploys
 * ``pool_labels``   ``transductive_labels_``: the pool's probabilities (what ``classify --transductive`` prints)
+* ``inductive_kernel`` / ``pool_kernel`` (and ``_linear``): each head named, before and after the pool
 
 Paired bootstrap 95% intervals (images resampled within each dataset, seeds averaged per image) of
 ``pool − inductive`` and ``pool_labels − inductive`` for top-1, top-5 and NLL, per dataset and for the mean.
@@ -42,6 +43,8 @@ from benchmarks.bench_adapt import sample as sample_shots
 from benchmarks.bench_fewshot import bootstrap_mean as bootstrap
 
 METHODS = ("zero_shot", "inductive", "pool", "pool_labels")
+HEADS = ("kernel", "linear")   # each head as a user names it (``--head``), before and after the pool
+PAIRS = (("pool", "inductive"), ("pool_labels", "inductive")) + tuple((f"pool_{h}", f"inductive_{h}") for h in HEADS)
 METRICS = ("top1", "top5", "nll")
 
 
@@ -73,7 +76,7 @@ def run_dataset(name, shots, seeds, pool_kind, per_class, log):
         if k and np.bincount(y, minlength=C).min() <= k:
             log(f"{name:>15} {k:>2} shots: skipped (a class has ≤ {k} validation images)")
             continue
-        per = {m: {x: np.zeros(len(y)) for x in METRICS} for m in METHODS}
+        per = {m: {x: np.zeros(len(y)) for x in METRICS} for m in METHODS + tuple(n for pair in PAIRS[2:] for n in pair)}
         seen = np.zeros(len(y))
         info = []
         for seed in range(seeds):
@@ -85,12 +88,14 @@ def run_dataset(name, shots, seeds, pool_kind, per_class, log):
             if k:
                 clf.adapt(X[s].astype(np.float32), y[s])
             probs = {"zero_shot": softmax(100.0 * X[q] @ P.T),
-                     "inductive": np.asarray(clf.predict_proba(U), dtype=np.float64)}
+                     "inductive": np.asarray(clf.predict_proba(U), dtype=np.float64),
+                     **{f"inductive_{h}": np.asarray(clf.predict_proba(U, head=h), dtype=np.float64) for h in HEADS}}
             t0 = time.perf_counter()
             clf.adapt(unlabelled=U)
             wall = time.perf_counter() - t0
             probs["pool"] = np.asarray(clf.predict_proba(U), dtype=np.float64)
             probs["pool_labels"] = np.asarray(clf.transductive_labels_, dtype=np.float64)
+            probs.update({f"pool_{h}": np.asarray(clf.predict_proba(U, head=h), dtype=np.float64) for h in HEADS})
             for m, p in probs.items():
                 for x, v in metrics(p, y[q]).items():
                     per[m][x][q] += v
@@ -117,11 +122,11 @@ def summarise(results, shots):
         scale = {"top1": 100.0, "top5": 100.0, "nll": 1.0}
         s = {"datasets": names, "mean": {m: {x: float(np.mean([scale[x] * results[n][k]["per_image"][m][x].mean()
                                                                for n in names])) for x in METRICS} for m in METHODS}}
-        for m in ("pool", "pool_labels"):
+        for m, before in PAIRS:
             for x in METRICS:
-                d = [scale[x] * (results[n][k]["per_image"][m][x] - results[n][k]["per_image"]["inductive"][x])
+                d = [scale[x] * (results[n][k]["per_image"][m][x] - results[n][k]["per_image"][before][x])
                      for n in names]
-                s[f"{m}-inductive {x}"] = {"mean": bootstrap(d), "per_dataset": {n: bootstrap([v]) for n, v in zip(names, d)}}
+                s[f"{m}-{before} {x}"] = {"mean": bootstrap(d), "per_dataset": {n: bootstrap([v]) for n, v in zip(names, d)}}
         summary[k] = s
     return summary
 
@@ -165,6 +170,20 @@ def markdown(result: dict) -> str:
         for n in s["datasets"]:
             cells = [_ci(s[f"pool-inductive {x}"]["per_dataset"][n], 3 if x == "nll" else 2) for x in METRICS]
             out.append(f"| {n} | {k} | " + " | ".join(cells) + f" | {decisions(result['info'][n][str(k)])} |")
+    if any(f"pool_{HEADS[0]}-inductive_{HEADS[0]} top1" in s for s in result["summary"].values()):
+        out += ["", "Each head named (`predict_proba(head=…)`, `--head`), after − before the pool: the mean, and the lowest "
+                "per-set cell (the highest for NLL):", "",
+                "| shots | head | top-1 | lowest | top-5 | lowest | NLL | highest |", "|---:|---|---|---|---|---|---|---|"]
+        for k, s in result["summary"].items():
+            for h in HEADS:
+                cells = []
+                for x in METRICS:
+                    r = s[f"pool_{h}-inductive_{h} {x}"]
+                    pick = max if x == "nll" else min
+                    n, worst = pick(r["per_dataset"].items(), key=lambda kv: kv[1]["diff"])
+                    digits = 3 if x == "nll" else 2
+                    cells += [_ci(r["mean"], digits), f"{worst['diff']:+.{digits}f} ({n})"]
+                out.append(f"| {k} | {h} | " + " | ".join(cells) + " |")
     return "\n".join(out) + "\n"
 
 
