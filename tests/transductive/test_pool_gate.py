@@ -190,6 +190,30 @@ def test_zero_shot_pool_with_real_structure_is_kept(tmp_path):
     np.testing.assert_allclose(back.predict_proba(U), clf.predict_proba(U), rtol=1e-5, atol=1e-7)
 
 
+def test_a_resolved_kernel_head_is_scored_by_its_scores_at_the_inductive_entropy():
+    """A kept zero-shot pool re-solves the kernel vote with pool rows. Its ridge scores have either sign, so its
+    probabilities are ``softmax(score / T)`` ("score" logits; ``log max(score, 1e-30)`` put every class scored ≤ 0
+    at 1e-30: on real ucf101 features its NLL was twice the inductive head's), with T giving it the inductive default
+    head's mean entropy on the pool."""
+    from scipy.special import softmax
+    from svgen.transductive.solve import calibration_rows
+
+    protos, U, yu, _, _ = _world(7, 1.6, 30, 0.5)
+    clf = SVGClassifier(n_support=2, steps=5, seed=0).fit(protos)
+    rows = calibration_rows(len(U)).numpy()
+    p_before = clf.predict_proba(U)[rows]
+    clf.adapt(unlabelled=U)
+    assert clf.transductive_["kernel_head"]["replaced"] and clf.kernel_logits_ == "score"
+    s = np.asarray(clf.decision_function(U, "kernel"), dtype=np.float64)
+    p = clf.predict_proba(U, head="kernel")
+    np.testing.assert_allclose(p, softmax(s / clf.temperatures_["kernel"], axis=1), rtol=1e-4, atol=1e-7)
+
+    def entropy(q):
+        return float(-(q * np.log(np.maximum(q, 1e-300))).sum(axis=1).mean())
+
+    assert entropy(p[rows]) == pytest.approx(entropy(p_before), rel=1e-3)
+
+
 def test_pool_with_shots_stacked_head_formula():
     """With shots, a kept pool deploys ``a·G + b·(inductive linear logits)``: recomputed from the transduction's
     parts (G: the transduced head minus β·t × the LDA part the solve continued)."""
