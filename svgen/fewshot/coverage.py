@@ -90,24 +90,10 @@ def evidence(p_kernel: np.ndarray, p_linear: np.ndarray, y: np.ndarray, shotless
                     float(weight))
 
 
-def terms(e: Evidence, w: float, delta: float) -> tuple:
-    """Per image, (NLL, its derivative in δ) of the mixture ``w·p_kernel + (1 − w)·p_linear`` tilted by δ
-    (:func:`svgen.calibration.mixture.tilt`): ``−log p_y − δ·u_y + log(1 − P_U + P_U·e^δ)``, ``P_U`` the mixture's
-    mass on the tilted classes; derivative ``−u_y + P_U·e^δ / (1 − P_U + P_U·e^δ)``."""
-    py = np.maximum(mixture.mix(w, e.kernel, e.linear), PROB_FLOOR)
-    mass = mixture.mix(w, e.mass_kernel, e.mass_linear)
-    norm = (1.0 - mass) + mass * math.exp(delta)
-    return -np.log(py) - delta * e.tilted + np.log(norm), -e.tilted + mass * math.exp(delta) / norm
-
-
-def objective(evidence: list, w: float, delta: float) -> float:
-    """``Σ weight · mean NLL`` of the :class:`Evidence` list at (w, δ)."""
-    return sum(e.weight * float(terms(e, w, delta)[0].mean()) for e in evidence if e.size)
-
-
 def _stacked(evidence: list, w: float) -> tuple:
-    """At weight ``w``, every image of ``evidence`` in one set of arrays: the mixture's ``−log p_y``, its mass on the
-    tilted classes, ``[y ∈ U]``, and the image's share of the objective (its kind's weight over its kind's size)."""
+    """At weight ``w``, every image of ``evidence`` in one set of arrays: the mixture's ``−log p_y``, its mass ``P_U``
+    on the tilted classes, ``u_y = [y ∈ U]``, and the image's share of the objective (its kind's weight over its
+    kind's size)."""
     parts = [e for e in evidence if e.size]
     return (np.concatenate([-np.log(np.maximum(mixture.mix(w, e.kernel, e.linear), PROB_FLOOR)) for e in parts]),
             np.concatenate([mixture.mix(w, e.mass_kernel, e.mass_linear) for e in parts]),
@@ -116,34 +102,46 @@ def _stacked(evidence: list, w: float) -> tuple:
 
 
 def _value(stacked: tuple, delta: float) -> float:
-    """:func:`objective` from :func:`_stacked` arrays."""
+    """The objective from :func:`_stacked` arrays: per image ``−log p_y − δ·u_y + log(1 − P_U + P_U·e^δ)``, the NLL of
+    the tilted mixture (:func:`svgen.calibration.mixture.tilt`), weighed by its share."""
     nll, mass, tilted, share = stacked
     return float(share @ (nll - delta * tilted + np.log((1.0 - mass) + mass * math.exp(delta))))
 
 
+def _slope(stacked: tuple, delta: float) -> float:
+    """The derivative of :func:`_value` in δ: per image ``P_U·e^δ / (1 − P_U + P_U·e^δ) − u_y``, weighed by its
+    share."""
+    _, mass, tilted, share = stacked
+    g = math.exp(delta)
+    return float(share @ (mass * g / ((1.0 - mass) + mass * g) - tilted))
+
+
+def objective(evidence: list, w: float, delta: float) -> float:
+    """``Σ weight · mean NLL`` of the :class:`Evidence` list with the mixture at weight ``w`` tilted by δ."""
+    return _value(_stacked(evidence, w), delta)
+
+
+def slope(evidence: list, w: float, delta: float) -> float:
+    """The derivative of :func:`objective` in δ."""
+    return _slope(_stacked(evidence, w), delta)
+
+
 def _offset(stacked: tuple) -> float:
     """:func:`best_offset` from :func:`_stacked` arrays."""
-    _, mass, tilted, share = stacked
-
-    def slope(d):
-        g = math.exp(d)
-        return float(share @ (mass * g / ((1.0 - mass) + mass * g) - tilted))
-
-    if slope(0.0) >= 0.0:
+    if _slope(stacked, 0.0) >= 0.0:
         return 0.0
-    if slope(MAX_OFFSET) <= 0.0:
+    if _slope(stacked, MAX_OFFSET) <= 0.0:
         return MAX_OFFSET
     lo, hi = 0.0, MAX_OFFSET
     for _ in range(BISECTIONS):
         mid = 0.5 * (lo + hi)
-        lo, hi = (mid, hi) if slope(mid) < 0.0 else (lo, mid)
+        lo, hi = (mid, hi) if _slope(stacked, mid) < 0.0 else (lo, mid)
     return 0.5 * (lo + hi)
 
 
 def best_offset(evidence: list, w: float) -> float:
-    """δ in [0, :data:`MAX_OFFSET`] minimising :func:`objective` at weight ``w``; convex in δ (its slope is the mean of
-    :func:`terms`' derivatives), so 0 where the slope at 0 is ≥ 0, the upper end where it is still ≤ 0 there, else
-    the root of the slope by bisection."""
+    """δ in [0, :data:`MAX_OFFSET`] minimising :func:`objective` at weight ``w``; convex in δ, so 0 where the
+    :func:`slope` at 0 is ≥ 0, the upper end where it is still ≤ 0 there, else the root of the slope by bisection."""
     return _offset(_stacked(evidence, w))
 
 

@@ -88,14 +88,14 @@ def test_nll_and_its_slope_are_the_formula_and_its_finite_difference():
     rng = np.random.default_rng(1)
     pk, pl, y = _softmax(2 * rng.normal(size=(40, 6))), _softmax(rng.normal(size=(40, 6))), rng.integers(0, 6, 40)
     u = np.array([0, 1, 0, 1, 1, 0], dtype=bool)
-    e = coverage.evidence(pk, pl, y, u, 1.0)
+    raw = [(pk, pl, y, u, 0.7), (pk[:15], pl[:15], y[:15], u, 0.3)]   # two kinds, each its mean at its weight
+    ev = [coverage.evidence(*r) for r in raw]
     for w in (0.0, 0.3, 1.0):
         for d in (0.0, 0.7, 3.0):
-            nll, slope = coverage.terms(e, w, d)
-            assert nll.mean() == pytest.approx(_direct([(pk, pl, y, u, 1.0)], w, d), rel=1e-10)
+            assert coverage.objective(ev, w, d) == pytest.approx(_direct(raw, w, d), rel=1e-10)
             h = 1e-6
-            fd = (coverage.terms(e, w, d + h)[0].mean() - coverage.terms(e, w, d - h)[0].mean()) / (2 * h)
-            assert slope.mean() == pytest.approx(fd, rel=1e-5, abs=1e-8)
+            fd = (coverage.objective(ev, w, d + h) - coverage.objective(ev, w, d - h)) / (2 * h)
+            assert coverage.slope(ev, w, d) == pytest.approx(fd, rel=1e-5, abs=1e-8)
 
 
 def _raw(seed=2):
