@@ -134,20 +134,18 @@ def _entropy_matched(heads: Heads, side: TextSide, U_cal: torch.Tensor, entropy_
     class scored ≤ 0 at 10⁻³⁰ — images whose own pool row carries a wrong soft label then get their class's
     probability near e⁻⁵⁶ (dev data, ucf101 zero-shot, the whole validation set as the pool: the re-solved kernel
     head's NLL 3.42 against the inductive 1.73, its 99th percentile 56; with ``"score"`` 1.77, the top-1 the same)."""
-    if kernel_resolved and heads.calibration.kernel_logits != "score":
-        # a placeholder T for the new kind; the loop below sets the entropy-matched one
-        heads.calibration = predictor.with_temperatures(heads.calibration, {"kernel": 1.0},
-                                                        method=heads.calibration.record.get("method", "entropy-matched"),
-                                                        kernel_logits="score")
     temps = {}
     for h in HEADS_FITTED_BY_POOL:
-        z = predictor.logits(heads, side.prototypes, side.config.kernel, U_cal, h).double()
+        # the "score" logits of a re-solved kernel vote are its scores
+        of = predictor.scores if h == "kernel" and kernel_resolved else predictor.logits
+        z = of(heads, side.prototypes, side.config.kernel, U_cal, h).double()
         if bool(torch.isfinite(z).all()):
             temps[h] = 1.0 / td.match_entropy(z, entropy_before)
     if not temps:
         return heads.calibration
     return predictor.with_temperatures(heads.calibration, temps, method="entropy-matched",
                                        rule="after a pool without labels: T giving each adapted head the inductive "
-                                            "default head's mean entropy on the pool")
+                                            "default head's mean entropy on the pool",
+                                       **({"kernel_logits": "score"} if kernel_resolved and "kernel" in temps else {}))
 
 
