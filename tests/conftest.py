@@ -24,6 +24,8 @@ if str(Path(__file__).resolve().parent) not in sys.path:   # `from conftest impo
     sys.path.insert(0, str(Path(__file__).resolve().parent))
 SHARED_DATA = ROOT.parent / "shared" / "data"
 
+from netguard import forbid_network  # noqa: E402  (tests/ is on sys.path from here on)
+
 TINY_CFG = {
     "embed_dim": 32,
     "vision_cfg": {"image_size": 32, "layers": 1, "width": 32, "head_width": 16, "patch_size": 16},
@@ -78,25 +80,9 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(autouse=True)
 def _no_network(monkeypatch):
-    """Tests never reach the network: a connection to anything but loopback fails at once (tests that
-    name a downloadable tag such as 'openai' must find it in a seeded cache, never on a hub)."""
-    import ipaddress
-    import socket
-
-    real_connect = socket.socket.connect
-
-    def guarded(sock, address, *args):
-        host = address[0] if isinstance(address, tuple) else None
-        if host is not None:
-            try:
-                loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
-            except ValueError:
-                loopback = False
-            if not loopback:
-                raise OSError(f"tests must not reach the network (tried {host})")
-        return real_connect(sock, address, *args)
-
-    monkeypatch.setattr(socket.socket, "connect", guarded)
+    """Tests never reach the network (tests that name a downloadable tag such as 'openai' must find it in a seeded
+    cache, never on a hub)."""
+    forbid_network(monkeypatch.setattr)
 
 
 @pytest.fixture(autouse=True)

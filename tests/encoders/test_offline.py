@@ -46,7 +46,10 @@ def _env(tmp_path, offline: bool, endpoint_port: int = None):
 
 
 def _svgen(args, env, cwd):
-    cmd = [sys.executable, "-c", "import sys; from svgen.cli import main; sys.exit(main())", *map(str, args)]
+    # the fresh process forbids the network itself (loopback, the closed endpoint, stays allowed), as every test does
+    cmd = [sys.executable, "-c", f"import sys; sys.path.insert(0, {str(ROOT / 'tests')!r}); "
+           "from netguard import forbid_network; forbid_network(); from svgen.cli import main; sys.exit(main())",
+           *map(str, args)]
     return subprocess.run(cmd, env=env, cwd=cwd, capture_output=True, text=True, timeout=120)  # a guard, not a timing
 
 

@@ -272,8 +272,10 @@ def test_done_when_default_fit_builds_quickgelu_for_openai(hf_cache, tmp_path, c
 def test_done_when_no_warning_printed_by_the_real_command(hf_cache, tmp_path):
     """The same in a fresh process, as a user runs it: nothing about QuickGELU on stderr."""
     _seed_tag(hf_cache, tmp_path)
+    # the fresh process has no pytest fixture: it forbids the network itself, as every test does
     script = ("import sys, copy, open_clip.factory as f; sys.path.insert(0, sys.argv.pop(1)); "
-              "from conftest import TINY_CFG; f._MODEL_CONFIGS['ViT-B-32'] = copy.deepcopy(TINY_CFG); "
+              "from netguard import forbid_network; forbid_network(); from conftest import TINY_CFG; "
+              "f._MODEL_CONFIGS['ViT-B-32'] = copy.deepcopy(TINY_CFG); "
               "from svgen.cli import main; sys.exit(main())")
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(hf_cache),
            "SVGEN_CACHE_DIR": str(tmp_path / "svgen-cache"), "PYTHONWARNINGS": "always"}
