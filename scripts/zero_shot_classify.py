@@ -16,6 +16,9 @@ Scores, given raw image embeddings ``x`` and ``x̂ = x / ||x||``:
 * mixture head file (after labelled shots): the kernel and linear heads' tensors prefixed ``kernel.`` and ``linear.``
   and ``mixture_weight`` w; probabilities ``w·p_kernel + (1 − w)·p_linear`` (times ``exp(class_log_factor)`` and
   renormalised where the file has that vector: the classes without shots), scores ``log(max(probs, 1e-30))``;
+* a kernel or mixture head adapted to an unlabelled pool after shots (``pool_factor.*``): its probabilities ``p0`` times
+  the pool's class likelihood to a power, scores ``log(max(p0, 1e-30)) + pool_factor.power * (x̂ @
+  pool_factor.weightᵀ + pool_factor.bias)``, probabilities their softmax (a linear head has it folded in its matrix);
 * ONNX: ``session.run(["scores"], {"embeddings": x})``.
 
 ``--probs`` prints probabilities instead: ``softmax(logits / temperature)`` with the head file's
@@ -116,9 +119,27 @@ def load_head(path: str) -> dict:
 
         head.update(dim=parts["kernel"]["dim"], probs=lambda x: probs(x).astype(np.float32),
                     score=lambda x: np.log(np.maximum(probs(x), 1e-30)).astype(np.float32))
-        return head
+        return with_pool_factor(head, arrays, path)
     head.update(head_functions(arrays, meta, head["head"], path))
-    return head
+    return with_pool_factor(head, arrays, path)
+
+
+def with_pool_factor(head: dict, arrays: dict, path: str) -> dict:
+    """A head adapted to a pool after labelled shots: its probabilities p0 times the pool's class likelihood to a
+    power, ``scores = log(max(p0, 1e-30)) + pool_factor.power * (x̂ @ pool_factor.weight.T + pool_factor.bias)``,
+    ``probs = softmax(scores)``; ``head`` unchanged where the file has no ``pool_factor.power``."""
+    if "pool_factor.power" not in arrays:
+        return head
+    if "probs" not in head or not {"pool_factor.weight", "pool_factor.bias"} <= set(arrays):
+        raise Failure(f"{path}: a head with a pool factor needs its temperature, pool_factor.weight and pool_factor.bias")
+    W, b = arrays["pool_factor.weight"].astype(np.float64), arrays["pool_factor.bias"].astype(np.float64)
+    a, base = float(arrays["pool_factor.power"]), head["probs"]
+
+    def logits(x):
+        p0 = base(x).astype(np.float64)
+        return np.log(np.maximum(p0, 1e-30)) + a * (normalize(x).astype(np.float64) @ W.T + b)
+
+    return {**head, "score": lambda x: logits(x).astype(np.float32), "probs": lambda x: softmax(logits(x))}
 
 
 def head_functions(arrays: dict, meta: dict, name: str, path: str) -> dict:

@@ -241,13 +241,15 @@ class SVGClassifier(FittedHeads):
         return self
 
     def _restore_inductive(self) -> None:
-        """Back to the inductive heads after a pool (whichever it changed), with the temperatures, kernel logit
-        kind and calibration record they had."""
+        """Back to the inductive heads after a pool (whichever it changed, and without its factor), with the
+        temperatures, kernel logit kind and calibration record they had."""
         if self.inductive_ is not None:
             ind = self.inductive_
             self.heads_ = Heads(ind.kernel, ind.linear,
                                 self.heads_.calibration if ind.calibration is None else ind.calibration)
             self.inductive_ = None
+        elif self.heads_.pool_factor is not None:   # a loaded artifact's factor: its heads are the inductive ones
+            self.heads_ = Heads(self.heads_.kernel, self.heads_.linear, self.heads_.calibration)
 
     # ------------------------------------------------------------------------------ persistence
     def tensors(self) -> dict:

@@ -44,7 +44,9 @@ class FittedHeads(Estimator):
     kernel_prior_ = _head_attribute("kernel", "prior_scale", "The logit scale of the kernel head's zero-shot prior term, or None.")
     support_labels_ = _head_attribute("kernel", "labels", "The class of each kernel row (M×D rows only).")
     support_source_ = _head_attribute("kernel", "source", "Where each kernel row came from (M×D rows only).")
-    linear_weight_ = _head_attribute("linear", "weight", "The linear head's C×D weight.")
+    linear_weight_ = _head_attribute("linear", "weight", "The linear head's C×D weight (as the shots left it; after a "
+                                     "pool with shots its probabilities may also carry the pool's factor, "
+                                     "``heads_.pool_factor``, which ``export`` folds into one matrix).")
     linear_bias_ = _head_attribute("linear", "bias", "The linear head's C bias.")
     temperatures_ = _head_attribute("calibration", "temperatures", "Each head's temperature T: softmax(logits / T).")
     kernel_logits_ = _head_attribute("calibration", "kernel_logits", "The kind of the kernel head's logits: log or score.")

@@ -5,7 +5,8 @@ A classifier passes through up to three stages, each producing a complete :class
 * ``zero-shot`` (``svgen fit``): the kernel vote over the generated text support vectors and the text-metric
   linear head;
 * ``shots`` (:mod:`svgen.fewshot.adapt`): labelled images re-solve both heads from the zero-shot ones;
-* ``pool`` (:mod:`svgen.transductive.adapt`): an unlabelled pool may replace the heads of the stage before it.
+* ``pool`` (:mod:`svgen.transductive.adapt`): an unlabelled pool may replace the heads of the stage before it
+  (zero-shot), or multiply some of their probabilities by its class likelihood (with shots: :class:`PoolFactor`).
 
 :class:`svgen.SVGClassifier` holds the deployed heads (``heads_``), the zero-shot heads the shots were added to
 (``zero_shot_``, once there are shots or pool rows), and the inductive heads a pool replaced (``inductive_``), so
@@ -70,13 +71,27 @@ class Calibration:
 
 
 @dataclass
+class PoolFactor:
+    """After a pool with shots (:mod:`svgen.transductive.adapt`): some heads' probabilities are multiplied by the pool's
+    Gaussian class likelihood to a power fitted on held-out shots, ``p_h(x) ∝ p_h⁰(x)·exp(a_h·(x̂ Wᵀ + b))``, where
+    ``p_h⁰`` is the head as the shots left it and ``x̂ Wᵀ + b`` the log-likelihood (C×D ``weight``, C ``bias``).
+    ``powers``: head name → ``a_h`` (> 0) for the heads it changes; the others are as the shots left them."""
+
+    weight: torch.Tensor
+    bias: torch.Tensor
+    powers: dict
+
+
+@dataclass
 class Heads:
     """One stage's complete predictor. ``calibration`` None: not known (the zero-shot heads of an artifact
-    that did not store theirs; the text rule recomputes them)."""
+    that did not store theirs; the text rule recomputes them). ``pool_factor``: a pool's factor on some heads'
+    probabilities (None: none)."""
 
     kernel: KernelHead
     linear: LinearHead
     calibration: Optional[Calibration] = None
+    pool_factor: Optional[PoolFactor] = None
 
 
 @dataclass

@@ -67,7 +67,7 @@ def pool_check_summary(td: dict) -> Optional[dict]:
     if not check:
         return None
     keys = ("evidence", "adopt", "images", "top1", "top5", "nll", "agreement_pool", "agreement_inductive",
-            "top5_agreement_pool", "top5_agreement_inductive", "stack")
+            "top5_agreement_pool", "top5_agreement_inductive", "powers")
     return {k: check[k] for k in keys if k in check}
 
 
@@ -75,5 +75,11 @@ def pool_note(td: dict, default_head: str) -> str:
     """One line on what the pool changed: kept (and which head is now the default) or not, and why."""
     if td.get("fallback"):
         return "the pool changed nothing: " + td["fallback"]
+    powers = (td.get("pool_factor") or {}).get("powers")
+    if powers:   # with shots: heads × the pool's class likelihood to a power
+        return (f"the pool was kept ({td['check']['evidence']} say it is better): "
+                + " and ".join(f"the {h} head" for h in powers)
+                + (" now carry" if len(powers) > 1 else " now carries") + " its class likelihood; the "
+                f"{default_head} head is the default head")
     return (f"the pool was kept ({td['check']['evidence']} say it is better): the {default_head} head is the "
             "default head")

@@ -164,7 +164,8 @@ def deployed_kernel(meta: Dict, tensors: Dict) -> Optional[Dict]:
                                "prior_strength": td.get("prior_strength"), "rounds": td.get("rounds"),
                                "kernel_replaced": kh.get("replaced"), "kernel_reason": kh.get("reason"),
                                "evidence": check.get("evidence"), "default_head": td.get("default_head"),
-                               "linear": (td.get("heads") or {}).get("linear")}
+                               "linear": (td.get("heads") or {}).get("linear"),
+                               "pool_factor": (td.get("pool_factor") or {}).get("powers")}
     return out
 
 
@@ -203,7 +204,9 @@ def describe_deployed(d: Dict) -> List[str]:
                    (f" ({td['kernel_reason']})" if td.get("kernel_reason") else "")
             why = f"kept on {td['evidence']}; " if td.get("evidence") else ""
             head = f"; default head: {td['default_head']}" if td.get("default_head") else ""
+            changed = (f"linear head {td.get('linear') or 're-solved'}; kernel vote {kept}" if not td.get("pool_factor")
+                       else "× the pool's class likelihood to a power: " + ", ".join(
+                           f"{h} head^{a:.3g}" for h, a in td["pool_factor"].items()) + "; the other heads as they were")
             lines.append(f"  transductive pool of {td['pool']} ({why}{td.get('rounds')} round(s), prior strength "
-                         f"{td.get('prior_strength', 0):.3g}): linear head "
-                         f"{td.get('linear') or 're-solved'}; kernel vote {kept}{head}")
+                         f"{td.get('prior_strength', 0):.3g}): {changed}{head}")
     return lines

@@ -4,7 +4,10 @@
 ``x̂Wᵀ + b`` or CLIP's cosine ``100·x̂P̂ᵀ``; ``logits``: what the softmax takes (the kernel vote's ``log score`` or
 raw score, :mod:`svgen.calibration.temperatures`); probabilities are ``softmax(logits / T_head)``. With shots the
 ``"mixture"`` head (:mod:`svgen.calibration.mixture`) is ``w·p_kernel + (1 − w)·p_linear``; its scores and logits are
-``log max(p, 10⁻³⁰)`` and its T is 1.
+``log max(p, 10⁻³⁰)`` and its T is 1. After a pool with shots, a head with a pool factor
+(:class:`svgen.state.PoolFactor`) is ``softmax(z⁰ + a·(x̂ W_Gᵀ + b_G))``, z⁰ the head's calibrated log-probabilities as
+the shots left it (the linear head's ``logits / T``, the others' ``log max(p, 10⁻³⁰)``); its scores and logits are
+that sum and its T is 1.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import math
 from typing import Optional
 
 import torch
+import torch.nn.functional as F
 
 from svgen.calibration import mixture
 from svgen.calibration import temperatures as calibration
@@ -41,8 +45,31 @@ def check_head(heads: Heads, head: str) -> str:
 
 
 def temperature(heads: Heads, head: str) -> float:
-    """``head``'s T (the mixture's is 1: its parts are calibrated)."""
-    return 1.0 if head == MIXTURE else heads.calibration.temperatures[head]
+    """``head``'s T (the mixture's, and a head with a pool factor's, is 1: their parts are calibrated)."""
+    return 1.0 if head == MIXTURE or pool_power(heads, head) is not None else heads.calibration.temperatures[head]
+
+
+def pool_power(heads: Heads, head: str) -> Optional[float]:
+    """The power ``a`` of the pool's factor on ``head``'s probabilities (:class:`svgen.state.PoolFactor`), or None."""
+    f = heads.pool_factor
+    return None if f is None else f.powers.get(head)
+
+
+def pool_log_likelihood(heads: Heads, x: torch.Tensor) -> torch.Tensor:
+    """N×C (float64): the pool's Gaussian class log-likelihood ``x̂ W_Gᵀ + b_G`` at rows ``x`` (the factor's; x̂ = x/‖x‖)."""
+    f = heads.pool_factor
+    return F.normalize(x.double(), dim=-1) @ f.weight.double().T + f.bias.double()
+
+
+def _factored_logits(heads: Heads, prototypes, kind: str, x: torch.Tensor, head: str) -> torch.Tensor:
+    """``z⁰ + a·(x̂ W_Gᵀ + b_G)`` (float64) for a head with a pool factor (the module text)."""
+    x = x.float()
+    with torch.no_grad():
+        if head == "linear":
+            base = linear_logits(x, heads.linear.weight, heads.linear.bias).double() / heads.calibration.temperatures[head]
+        else:
+            base = _base_proba(heads, prototypes, kind, x, head).clamp_min(calibration.KERNEL_LOG_FLOOR).log()
+        return base + pool_power(heads, head) * pool_log_likelihood(heads, x)
 
 
 def mixture_proba(heads: Heads, prototypes, kind: str, x: torch.Tensor) -> torch.Tensor:
@@ -51,8 +78,8 @@ def mixture_proba(heads: Heads, prototypes, kind: str, x: torch.Tensor) -> torch
     probabilities × e^δ, renormalised."""
     check_head(heads, MIXTURE)
     cal = heads.calibration
-    p = mixture.mix(cal.mixture_weight, proba(heads, prototypes, kind, x, "kernel"),
-                    proba(heads, prototypes, kind, x, "linear"))
+    p = mixture.mix(cal.mixture_weight, _base_proba(heads, prototypes, kind, x, "kernel"),
+                    _base_proba(heads, prototypes, kind, x, "linear"))
     return p if not cal.shotless_offset else mixture.tilt(p, cal.shotless_offset, shotless_classes(heads))
 
 
@@ -75,7 +102,14 @@ def shotless_classes(heads: Heads) -> torch.Tensor:
 def scores(heads: Heads, prototypes: torch.Tensor, kind: str, x: torch.Tensor, head: str) -> torch.Tensor:
     """N×C scores of one head for checked N×D features ``x`` (``kind``: the kernel, e.g. ``"rbf"``); the
     mixture's are ``log max(p, 10⁻³⁰)`` (float32; the floor of the kernel's log scores, which float32 exports reach)."""
-    if check_head(heads, head) == MIXTURE:
+    if pool_power(heads, check_head(heads, head)) is not None:
+        return _factored_logits(heads, prototypes, kind, x, head).float()
+    return _base_scores(heads, prototypes, kind, x, head)
+
+
+def _base_scores(heads: Heads, prototypes, kind: str, x: torch.Tensor, head: str) -> torch.Tensor:
+    """:func:`scores` without a pool factor: the head as the shots left it."""
+    if head == MIXTURE:
         return mixture_proba(heads, prototypes, kind, x).clamp_min(calibration.KERNEL_LOG_FLOOR).log().float()
     with torch.no_grad():
         if head == "kernel":
@@ -108,21 +142,23 @@ def kernel_prior(heads: Heads, prototypes, x: torch.Tensor) -> Optional[torch.Te
 
 def logits_of_scores(heads: Heads, s: torch.Tensor, head: str, prior=None) -> torch.Tensor:
     """What the head's softmax takes, from its scores ``s``; ``prior``: the kernel head's zero-shot term at the same
-    images (:func:`kernel_prior`), needed by its ``"floored"`` logits only."""
+    images (:func:`kernel_prior`), needed by its ``"floored"`` logits only. A head with a pool factor: its scores."""
+    if head == MIXTURE or pool_power(heads, head) is not None:
+        return s
     cal = heads.calibration
     return calibration.head_logits(s, head, cal.kernel_logits, prior, cal.kernel_floor)
 
 
 def needs_prior(heads: Heads, head: str) -> bool:
     """Whether ``head``'s logits need the kernel head's zero-shot term besides its scores (the floored kind)."""
-    return head == "kernel" and heads.calibration.kernel_logits == "floored"
+    return head == "kernel" and heads.calibration.kernel_logits == "floored" and pool_power(heads, head) is None
 
 
 def _scores_and_prior(heads: Heads, prototypes, kind: str, x: torch.Tensor, head: str) -> tuple:
-    """(:func:`scores`, the zero-shot term where :func:`needs_prior`, else None): the term is computed once, for
-    both."""
-    if not needs_prior(heads, head):
-        return scores(heads, prototypes, kind, x, head), None
+    """(the scores without a pool factor, the zero-shot term where the floored kernel logits need it, else None): the
+    term is computed once, for both."""
+    if not (head == "kernel" and heads.calibration.kernel_logits == "floored"):
+        return _base_scores(heads, prototypes, kind, x, head), None
     k = heads.kernel
     prior = kernel_prior(heads, prototypes, x)
     with torch.no_grad():
@@ -130,16 +166,28 @@ def _scores_and_prior(heads: Heads, prototypes, kind: str, x: torch.Tensor, head
 
 
 def logits(heads: Heads, prototypes, kind: str, x: torch.Tensor, head: str) -> torch.Tensor:
+    if pool_power(heads, head) is not None:
+        return _factored_logits(heads, prototypes, kind, x, head)
     s, prior = _scores_and_prior(heads, prototypes, kind, x, head)
-    return logits_of_scores(heads, s, head, prior)
+    return calibration.head_logits(s, head, heads.calibration.kernel_logits, prior, heads.calibration.kernel_floor)
 
 
 def proba(heads: Heads, prototypes, kind: str, x: torch.Tensor, head: str) -> torch.Tensor:
-    """``softmax(logits / T_head)`` (float64); the mixture's :func:`mixture_proba`."""
+    """``softmax(logits / T_head)`` (float64); the mixture's :func:`mixture_proba`; a head with a pool factor's
+    ``softmax(z⁰ + a·(x̂ W_Gᵀ + b_G))``."""
+    if pool_power(heads, head) is not None:
+        return torch.softmax(_factored_logits(heads, prototypes, kind, x, head), dim=1)
+    return _base_proba(heads, prototypes, kind, x, head)
+
+
+def _base_proba(heads: Heads, prototypes, kind: str, x: torch.Tensor, head: str) -> torch.Tensor:
+    """:func:`proba` without a pool factor: the head as the shots left it."""
     if head == MIXTURE:
         return mixture_proba(heads, prototypes, kind, x)
     s, prior = _scores_and_prior(heads, prototypes, kind, x, head)
-    return proba_of_scores(heads, s, head, prior)
+    cal = heads.calibration
+    return calibration.softmax(calibration.head_logits(s, head, cal.kernel_logits, prior, cal.kernel_floor),
+                               cal.temperatures[head])
 
 
 def proba_of_scores(heads: Heads, s: torch.Tensor, head: str, prior=None) -> torch.Tensor:

@@ -73,10 +73,13 @@ FORMAT_VERSION_PRIOR = 3    # format 2 whose kernel head adds the zero-shot prob
 FORMAT_VERSION_MIXTURE = 4  # format 2 or 3 with a "mixture" head (calibration.mixture_weight; svgen.calibration.mixture)
 FORMAT_VERSION_SHOTLESS = 5  # format 4 whose mixture tilts the classes without shots (calibration.shotless_offset;
                              # svgen.fewshot.coverage): a reader of format 4 would ignore the tilt, so it must refuse
+FORMAT_VERSION_POOL_FACTOR = 6  # format 2–4 after a pool with shots: some heads × the pool's class likelihood to a power
+                                # (pool_factor.* tensors, calibration.pool_factor_powers; svgen.state.PoolFactor): a
+                                # reader of format 4 would ignore the factor, so it must refuse
 FORMAT_VERSIONS = (FORMAT_VERSION, FORMAT_VERSION_SHOTS, FORMAT_VERSION_PRIOR, FORMAT_VERSION_MIXTURE,
-                   FORMAT_VERSION_SHOTLESS)
+                   FORMAT_VERSION_SHOTLESS, FORMAT_VERSION_POOL_FACTOR)
 IMAGE_ROW_VERSIONS = FORMAT_VERSIONS[1:]   # kernel rows one by one
-MIXTURE_VERSIONS = (FORMAT_VERSION_MIXTURE, FORMAT_VERSION_SHOTLESS)
+MIXTURE_VERSIONS = (FORMAT_VERSION_MIXTURE, FORMAT_VERSION_SHOTLESS, FORMAT_VERSION_POOL_FACTOR)
 META_FILE = "svgen.json"
 WEIGHTS_FILE = "weights.safetensors"
 REQUIRED = ("support_vectors", "bandwidth", "vote_weights", "linear_head.weight", "linear_head.bias", "prototypes")
@@ -324,12 +327,12 @@ def _check_temperatures(t: Dict[str, torch.Tensor], where) -> None:
 
 def kernel_prior(meta: dict, t: Dict[str, torch.Tensor], name: str, where) -> Optional[float]:
     """The kernel head's zero-shot prior term (``softmax(τ · x̂ P̂ᵀ)`` added to the vote): its logit scale τ
-    from tensor ``name``, or None where there is none. Only formats 3 to 5 have one; τ must be a positive number."""
+    from tensor ``name``, or None where there is none. Only formats 3 to 6 have one; τ must be a positive number."""
     if name not in t:
         return None
     if meta.get("format_version") not in (FORMAT_VERSION_PRIOR, *MIXTURE_VERSIONS):
         raise SvgenError(f"{where}: {name} is only valid in format version {FORMAT_VERSION_PRIOR} to "
-                         f"{FORMAT_VERSION_SHOTLESS} artifacts")
+                         f"{FORMAT_VERSION_POOL_FACTOR} artifacts")
     v = t[name]
     if v.numel() != 1 or not v.is_floating_point() or not (math.isfinite(float(v)) and float(v) > 0):
         raise SvgenError(f"{where}: {name} must be one positive number")

@@ -28,7 +28,7 @@ from svgen.core.generator import SupportVectorGenerator
 from svgen.fewshot import coverage
 from svgen.heads import predictor
 from svgen.heads.scoring import HEADS, MIXTURE
-from svgen.state import Calibration, Heads, KernelHead, LinearHead
+from svgen.state import Calibration, Heads, KernelHead, LinearHead, PoolFactor
 from svgen.core.support import SOURCES
 from svgen.config import FitConfig, config_dict
 from svgen.zeroshot.fit import scale_votes
@@ -64,6 +64,8 @@ def tensors(clf) -> dict:
     t.update({f"temperature.{k}": torch.tensor(float(v)) for k, v in h.calibration.temperatures.items()})
     if clf.metric_precision_ is not None:
         t["metric.precision"] = clf.metric_precision_
+    if h.pool_factor is not None:
+        t["pool_factor.weight"], t["pool_factor.bias"] = h.pool_factor.weight, h.pool_factor.bias
     if ind is not None and ind.linear is not h.linear:
         t["inductive.linear_head.weight"], t["inductive.linear_head.bias"] = ind.linear.weight, ind.linear.bias
     if ind is not None and ind.kernel is not h.kernel:
@@ -110,7 +112,8 @@ def metadata(clf) -> dict:
     h = clf.heads_
     extra = {}
     if has_image_rows(h):
-        extra = {"format_version": artifacts.FORMAT_VERSION_SHOTLESS if has_shotless_offset(clf)
+        extra = {"format_version": artifacts.FORMAT_VERSION_POOL_FACTOR if h.pool_factor is not None
+                 else artifacts.FORMAT_VERSION_SHOTLESS if has_shotless_offset(clf)
                  else artifacts.FORMAT_VERSION_MIXTURE if has_mixture(clf)
                  else artifacts.FORMAT_VERSION_PRIOR if has_prior_term(clf) else artifacts.FORMAT_VERSION_SHOTS,
                  "support_source": {str(i): name for i, name in enumerate(SOURCES)},
@@ -136,6 +139,7 @@ def metadata(clf) -> dict:
                         **({"kernel_floor": cal.kernel_floor} if cal.kernel_floor is not None else {}),
                         **({"mixture_weight": cal.mixture_weight} if cal.mixture_weight is not None else {}),
                         **({"shotless_offset": cal.shotless_offset} if cal.shotless_offset is not None else {}),
+                        **({"pool_factor_powers": h.pool_factor.powers} if h.pool_factor is not None else {}),
                         "probabilities": "softmax(logits / temperature); logits: kernel "
                                          + KERNEL_LOGITS_TEXT[cal.kernel_logits].format(floor=cal.kernel_floor)
                                          + ", linear and cosine their scores"
@@ -144,7 +148,12 @@ def metadata(clf) -> dict:
                                             f"{1 - cal.mixture_weight:.6g}·p_linear")
                                          + ("" if cal.shotless_offset is None else
                                             f", the classes without an image support vector × "
-                                            f"exp({cal.shotless_offset:.6g}), renormalised")},
+                                            f"exp({cal.shotless_offset:.6g}), renormalised")
+                                         + ("" if h.pool_factor is None else
+                                            "; after the pool, " + ", ".join(
+                                                f"{k}: softmax(z + {a:.6g}·(x̂·pool_factor.weightᵀ + pool_factor.bias))"
+                                                for k, a in h.pool_factor.powers.items())
+                                            + ", z the head's log-probabilities above (linear: logits / T)")},
     }
 
 
@@ -261,12 +270,12 @@ def _floor(cal: dict, kind: str, where) -> Optional[float]:
 
 def _mixture_weight(cal: dict, meta: dict, where) -> Optional[float]:
     """The mixture head's weight from a calibration record (``mixture_weight``), checked; None where there is none.
-    Only formats 4 and 5 have one."""
+    Only formats 4 to 6 have one."""
     if cal.get("mixture_weight") is None:
         return None
     if meta.get("format_version") not in artifacts.MIXTURE_VERSIONS:
         raise SvgenError(f"{where}: mixture_weight is only valid in format version "
-                         f"{artifacts.FORMAT_VERSION_MIXTURE} and {artifacts.FORMAT_VERSION_SHOTLESS} artifacts")
+                         f"{', '.join(map(str, artifacts.MIXTURE_VERSIONS))} artifacts")
     return mixture.check_weight(cal["mixture_weight"], f"{where}: mixture_weight")
 
 
@@ -282,6 +291,31 @@ def _shotless_offset(cal: dict, meta: dict, where) -> Optional[float]:
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0.0 <= v <= coverage.MAX_OFFSET:
         raise SvgenError(f"{where}: shotless_offset must be a number in [0, {coverage.MAX_OFFSET:g}], got {v!r}")
     return float(v)
+
+
+def _pool_factor(cal: dict, meta: dict, t: dict, heads: Heads) -> Optional[PoolFactor]:
+    """A pool's factor on some heads (``pool_factor.*`` tensors and ``calibration.pool_factor_powers``), checked; None
+    where there is none. Only format 6 has one, and every format 6 artifact does."""
+    powers = cal.get("pool_factor_powers")
+    v6 = meta.get("format_version") == artifacts.FORMAT_VERSION_POOL_FACTOR
+    if powers is None and "pool_factor.weight" not in t and not v6:
+        return None
+    where = "svgen.json calibration.pool_factor_powers"
+    if not v6:
+        raise SvgenError(f"{where}: a pool factor is only valid in format version "
+                         f"{artifacts.FORMAT_VERSION_POOL_FACTOR} artifacts")
+    names = predictor.head_names(heads)
+    if (not isinstance(powers, dict) or not powers
+            or not all(h in names and h != "cosine" and not isinstance(a, bool) and isinstance(a, (int, float))
+                       and math.isfinite(a) and a > 0 for h, a in powers.items())):
+        raise SvgenError(f"{where} must map some of the heads {', '.join(n for n in names if n != 'cosine')} to "
+                         f"positive numbers, got {powers!r}")
+    W, b = t.get("pool_factor.weight"), t.get("pool_factor.bias")
+    C, D = heads.linear.weight.shape
+    if W is None or b is None or tuple(W.shape) != (C, D) or tuple(b.shape) != (C,):
+        raise SvgenError(f"format {artifacts.FORMAT_VERSION_POOL_FACTOR} artifact: pool_factor.weight and "
+                         f"pool_factor.bias must have shapes ({C}, {D}) and ({C},)")
+    return PoolFactor(W.float(), b.float(), {h: float(a) for h, a in powers.items()})
 
 
 def _votes_and_temperatures(clf, meta: dict, t: dict) -> None:
@@ -309,10 +343,12 @@ def _votes_and_temperatures(clf, meta: dict, t: dict) -> None:
         clf.heads_.calibration = Calibration(temps, kind,
                                              {k: v for k, v in cal.items()
                                               if k not in ("temperatures", "probabilities", "kernel_logits",
-                                                           "kernel_floor", "mixture_weight", "shotless_offset")},
+                                                           "kernel_floor", "mixture_weight", "shotless_offset",
+                                                           "pool_factor_powers")},
                                              _floor(cal, kind, "svgen.json calibration"),
                                              _mixture_weight(cal, meta, "svgen.json calibration"),
                                              _shotless_offset(cal, meta, "svgen.json calibration"))
+        clf.heads_.pool_factor = _pool_factor(cal, meta, t, clf.heads_)
         if kind == "floored" and clf.heads_.kernel.prior_scale is None:
             raise SvgenError("svgen.json calibration: kernel_logits 'floored' needs the kernel head's zero-shot prior "
                              "term (kernel_prior.logit_scale), and this artifact has none")

@@ -9,7 +9,6 @@ held-out evidence.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import time
 from typing import Optional
@@ -18,11 +17,9 @@ import torch
 
 from svgen.transductive import gate as pool_gate
 from svgen.heads import predictor
-from svgen.calibration import mixture
-from svgen.heads.scoring import MIXTURE
 from svgen.transductive import solve as td
 from svgen.transductive.pool import PoolFit, Stage, transduce
-from svgen.state import Heads, LinearHead, TextSide
+from svgen.state import Heads, PoolFactor, TextSide
 
 log = logging.getLogger(__name__)
 
@@ -35,10 +32,10 @@ def adapt(stage: Stage, side: TextSide, U: torch.Tensor, strength: Optional[floa
 
     * With labelled shots, held-out shots join the pool unlabelled (:func:`svgen.transductive.gate.shot_folds`: one
       shot of every class at a time from three shots up, else half of them) and the predictor is rebuilt without
-      them; the stacked linear head ``a·(pool Gaussian log-likelihood) + b·(inductive linear logits)`` ((a, b) by
-      held-out NLL, cross-fitted) must beat the inductive default head there (top-1 by more than 1 SE, top-5
-      and NLL not worse by more than 1 SE). Kept, it is the default head at T = 1 (:func:`_adopt_stacked`);
-      the kernel head stays inductive.
+      them; the inductive default head times the pool's Gaussian class likelihood to a power ``a`` (by held-out NLL,
+      cross-fitted) must beat the inductive default head there (top-1 by more than 1 SE, top-5 and NLL not worse
+      by more than 1 SE). Kept, the default head and the linear head carry that factor, each at its own power
+      (:func:`_adopt_factor`); the kernel head, where it is not the default, stays inductive.
     * Without labels, a head adapted on one half of the pool must agree with the other half's own posterior
       more often than the inductive head (by more than 1 SE; top 5 not worse). Kept, the posterior
       ``β·t·(inductive linear logits) + Gaussian log-likelihood`` is the default linear head and the kernel vote
@@ -66,7 +63,7 @@ def adapt(stage: Stage, side: TextSide, U: torch.Tensor, strength: Optional[floa
         return refused(stage, side, U, {"pool": N, "fallback": reason, "prior_head": stage.prior_head,
                                         **({"check": check} if check else {}), "wall_time_s": time.perf_counter() - t0})
     if check["evidence"] == "held-out shots as pool members":
-        return _adopt_stacked(stage, side, U, strength, progress, check, t0)
+        return _adopt_factor(stage, side, U, strength, progress, check, t0)
     head = stage.default_head
     rows = td.calibration_rows(N)
     entropy_before = td._entropy(predictor.logits(stage.heads, side.prototypes, side.config.kernel, U[rows], head)
@@ -92,36 +89,36 @@ def refused(stage: Stage, side: TextSide, U: torch.Tensor, record: dict) -> Pool
     return PoolFit(stage.heads, record, predictor.proba_of_scores(stage.heads, s, head, prior), None)
 
 
-def _adopt_stacked(stage: Stage, side: TextSide, U, strength, progress, check: dict, t0: float) -> PoolFit:
-    """With shots, the pool changes the linear head only, into the stacked head the check chose:
-    ``a·(x̂ W_Gᵀ + b_G) + b·(x̂ W0ᵀ + b0)`` (the pool's Gaussian log-likelihood and the inductive linear head, (a, b)
-    by held-out NLL, :func:`svgen.transductive.gate.fit_stack`) at T = 1. The kernel head stays the inductive one, and
-    the default head is their mixture at the check's weight w (:func:`svgen.transductive.gate.stack_and_mixture`;
-    w = 0: the stacked head alone, w = 1: the kernel head alone)."""
+def _adopt_factor(stage: Stage, side: TextSide, U, strength, progress, check: dict, t0: float) -> PoolFit:
+    """With shots, the pool multiplies the heads the check fitted a power for (the default head; the linear head) by
+    its Gaussian class likelihood: ``p_h(x) ∝ p_h⁰(x)·exp(a_h·(x̂ W_Gᵀ + b_G))``, p_h⁰ the head as the shots left it
+    (:class:`svgen.state.PoolFactor`; a_h by the NLL of held-out shots that were pool members,
+    :func:`svgen.transductive.gate.check_with_shots`). The heads themselves, their temperatures and the default head
+    stay the inductive ones; a head with no power (a = 0, or the kernel head where it is not the default) is
+    unchanged."""
     fit = transduce(stage, side, U, strength, progress)
     if fit.record.get("fallback"):
         return refused(stage, side, U, fit.record)
     WG, bG = pool_gate.pool_parts(fit.record, fit.heads.linear, fit.prior_linear.weight, fit.prior_linear.bias)
-    a, b = check["stack"]["gaussian"], check["stack"]["inductive_linear"]
-    W0, b0 = stage.heads.linear.weight, stage.heads.linear.bias   # the inductive linear head
-    if b is None:   # the transduction's own posterior head (a = 1; β·t on the LDA head or part it continued)
-        W0, b0 = fit.prior_linear.weight, fit.prior_linear.bias
-        b = float(fit.record["prior_strength"]) * float(fit.record["linear_prior_temperature"])
-    fit.heads.linear = LinearHead((a * WG + b * W0.double()).float(), (a * bG + b * b0.double()).float())
-    w = check["mixture_weight"]
-    default = mixture.head_of_weight(w)
-    fit.heads.calibration = dataclasses.replace(predictor.with_temperatures(
-        fit.heads.calibration, {"linear": 1.0}, method="held-out-nll",
-        rule="after a pool with shots: the stacked linear head's (a, b) by the NLL of held-out shots that were "
-             "pool members (pool_gate.check_with_shots); its T is 1; the mixture's weight of the inductive kernel head "
-             "by the same NLL"), mixture_weight=w if default == MIXTURE else None)
-    fit.labels = predictor.proba_in_blocks(fit.heads, side.prototypes, side.config.kernel, U, default)
-    fit.record.update({"check": check, "default_head": default, "wall_time_s": time.perf_counter() - t0,
-                       "heads": {"linear": f"stacked: {a:.4g}·(pool Gaussian log-likelihood) + "
-                                           f"{b:.4g}·(inductive linear logits)",
-                                 "kernel": "inductive (with shots a pool adapts the linear head only)",
-                                 "default": f"{default} (the kernel head's weight in the mixture: {w:.4g})"}})
-    return fit
+    powers = {h: float(a) for h, a in check["powers"].items() if a > 0}
+    ind = stage.heads
+    heads = Heads(ind.kernel, ind.linear, ind.calibration,
+                  PoolFactor(WG.float(), bG.float(), powers) if powers else None)
+    default = stage.default_head
+    labels = predictor.proba_in_blocks(heads, side.prototypes, side.config.kernel, U, default)
+    record = {**fit.record, "check": check, "default_head": default, "wall_time_s": time.perf_counter() - t0,
+              "kernel_head": {"replaced": False, "reason": "with shots a pool multiplies the default and linear heads "
+                                                          "by its likelihood; the kernel vote is not re-solved"},
+              "pool_factor": {"powers": powers,
+                              "rule": "p_head(x) ∝ p_head_inductive(x) · exp(a_head · (x̂ W_Gᵀ + b_G)), the pool's "
+                                      "Gaussian class log-likelihood (tensors pool_factor.weight, pool_factor.bias); "
+                                      "a_head by the NLL of held-out shots that were pool members"},
+              "heads": {h: (f"inductive × pool likelihood^{powers[h]:.4g}" if h in powers else
+                            "inductive (with shots a pool changes the default and linear heads only)"
+                            if h == "kernel" else "inductive (its power on held-out shots is 0)")
+                        for h in predictor.head_names(heads) if h != "cosine"}}
+    # the heads are the inductive ones (the same tensors: an artifact stores them once); adapting again drops the factor
+    return PoolFit(heads, record, labels, Heads(ind.kernel, ind.linear, ind.calibration), fit.prior_linear)
 
 
 def _entropy_matched(heads: Heads, side: TextSide, U_cal: torch.Tensor, entropy_before: float,

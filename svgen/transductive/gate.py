@@ -13,21 +13,21 @@ the fold with the fit's own rules — and the held-out shots join the pool *unla
 queries a user classifies. Both predictors, inductive and pool-adapted, are then scored on the
 held-out shots (every shot is held out once):
 
-* the candidate is a *stacked linear head*, ``a·(x̂ W_Gᵀ + b_G) + b·(x̂ W0ᵀ + b0)``: the pool's Gaussian
-  log-likelihood (the class model the transduction solved) and the inductive linear head, with (a, b) ≥ 0
-  minimising the NLL of held-out shots (:func:`fit_stack`; convex; a = 0 is the inductive linear head alone).
-  For the check, each fold's (a, b) comes from the other folds' held-out shots (cross-fitted). Where the
-  linear head is zero-shot logits + α·s·LDA logits (:mod:`svgen.fewshot.linear`), a fold's part is that mix
-  at the deployed head's α (the fold's own LDA part and its own scale s), not the fold's own choice of α: the
-  weights fitted on the folds must mean the same on the deployed head. (With the fold's own α, fgvc at 4
-  shots kept pools worth +1.25 query NLL; with the zero-shot logits and the LDA part as separate parts,
-  weighed apart, the folds' weaker LDA part gave the zero-shot logits 100× its weight: stanford_cars at 4
-  shots kept pools that cost 1 point, and at one shot per class, where every held-out shot's class has no
-  shot left, pools that cost up to 7.6.)
+* the candidate is the inductive default head times the pool's Gaussian class likelihood to a power,
+  ``p(x) ∝ p⁰(x)·exp(a·(x̂ W_Gᵀ + b_G))`` (:class:`svgen.state.PoolFactor`): p⁰ each fold's own default head, as
+  deployed, and ``a ≥ 0`` minimising the NLL of held-out shots (:func:`fit_pool_weight`; convex; a = 0 is the
+  inductive head), each fold's ``a`` from the other folds' held-out shots (cross-fitted). The factor multiplies the
+  head's *calibrated* probabilities, so a fold's weight means what the deployed one does. (Until session 16 the
+  candidate stacked raw logits, ``a·(Gaussian log-likelihood) + b·(linear logits)`` with a free ``b``: at one shot per
+  class a held-out shot's class has no shot in its fold, the fold's linear logits were weak there, and ``b`` went to
+  0 — on the queries, where every class has its shot, the best ``b`` was ~90 and the stacked head alone lost up to
+  2.5 points of top-5. Against each fold's calibrated head, the fold's ``a`` is within ~20% of the query-optimal one.)
 * it is kept only if its top-1 accuracy on the held-out shots is above the inductive default head's by
   more than one standard error of the paired difference, and its top-5 accuracy and NLL are not worse by
-  more than one (:func:`paired_gate`). Then it is the deployed (default) head, at T = 1, with (a, b) fitted
-  on all held-out shots; the kernel head stays the inductive one (with shots the pool does not re-solve it).
+  more than one (:func:`paired_gate`). Then the default head carries the factor at ``a`` fitted on all held-out
+  shots, and the linear head named alone (where it is not the default) its own power, fitted the same way against
+  each fold's calibrated linear head and kept only where its own paired check passes; the kernel head, where it is
+  not the default, stays the inductive one (the pool does not re-solve it with shots).
 
 **Without labels: does the pool's structure replicate?** The pool is split into two random halves, A
 and B, and each is adapted on its own. The head adapted on A predicts B, which it never saw, and is
@@ -46,16 +46,16 @@ from __future__ import annotations
 
 import logging
 import math
+from dataclasses import dataclass
 from typing import Optional
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-from svgen.calibration import mixture
 from svgen.calibration import temperatures as calibration
+from svgen.calibration.temperatures import KERNEL_LOG_FLOOR
 from svgen.heads import predictor
-from svgen.heads.scoring import cosine_logits
 from svgen.fewshot import adapt as shot_adapt
 from svgen.fewshot import residual
 from svgen.transductive.pool import Stage, transduce
@@ -148,36 +148,64 @@ def replication_gate(agree_pool: np.ndarray, agree_ind: np.ndarray, agree5_pool:
                     "that class not less often by more than 1 SE (paired, both directions)"}
 
 
-def fit_stack(parts, y: np.ndarray) -> tuple:
-    """Weights ``w ≥ 0`` minimising the mean NLL of ``softmax(Σ_k w_k·parts[k])`` on labelled rows: how much of each
-    N×C logit matrix the deployed head takes (:func:`check_with_shots`: the pool's Gaussian log-likelihood and the
-    inductive linear head's logits). Convex in ``w`` (a softmax of a linear function of it); the start is the
-    second part alone (the inductive head)."""
-    from scipy.optimize import minimize
+NLL_TOL = 1e-9   # nats: a weight whose Newton step would lower the mean NLL by less is the fit (numerical, not a rule)
 
-    feats = [np.asarray(f, dtype=np.float64) for f in parts]
-    scales = [float(f.std()) or 1.0 for f in feats]          # conditioning: unit-scale features
-    feats = [f / sc for f, sc in zip(feats, scales)]
-    rows = np.arange(len(y))
 
-    def nll(theta):
-        L = sum(t * f for t, f in zip(theta, feats))
+def fit_pool_weight(g: np.ndarray, z: np.ndarray, y: np.ndarray, tol: float = 1e-7) -> float:
+    """The weight ``a ≥ 0`` minimising the mean NLL of ``softmax(a·g + z)`` on labelled rows ``y``: how much of the
+    pool's Gaussian log-likelihood ``g`` (N×C) joins the calibrated inductive log-probabilities ``z``
+    (:func:`check_with_shots`). Convex in ``a``: slope ``mean(E_p[g] − g_y)``, curvature ``mean(Var_p[g]) ≥ 0``. Zero
+    when the slope is ≥ 0 at ``a = 0`` (the pool adds nothing the inductive head does not say); else Newton steps on
+    the slope, kept inside the bracket of the root found so far (bisection where a step would leave it, doubling
+    until the slope turns), to ``tol`` relative or until a step would lower the mean NLL by less than
+    :data:`NLL_TOL` (where held-out rows are nearly separated the NLL is flat far along ``a``, its minimiser moves
+    with the last bits of the inputs, and the stopping point on the path from 0 does not)."""
+    g = np.asarray(g, dtype=np.float64)
+    z = np.asarray(z, dtype=np.float64)
+    g = g - g.mean(axis=1, keepdims=True)           # row constants change no softmax; centring keeps a·g small
+    gy = g[np.arange(len(y)), y]
+
+    def derivatives(a: float) -> tuple:
+        L = a * g + z
         L = L - L.max(axis=1, keepdims=True)
-        lse = np.log(np.exp(L).sum(axis=1))
-        p = np.exp(L - lse[:, None])
-        grad = [float(((p * f).sum(axis=1) - f[rows, y]).mean()) for f in feats]
-        return float((lse - L[rows, y]).mean()), np.array(grad)
+        p = np.exp(L)
+        p /= p.sum(axis=1, keepdims=True)
+        mean = (p * g).sum(axis=1)
+        return float((mean - gy).mean()), float(((p * g * g).sum(axis=1) - mean ** 2).mean())
 
-    x0 = np.zeros(len(feats))
-    x0[min(1, len(feats) - 1)] = 1.0
-    res = minimize(nll, x0=x0, jac=True, method="L-BFGS-B", bounds=[(0.0, None)] * len(feats))
-    return tuple(float(t / sc) for t, sc in zip(res.x, scales))
+    slope, curvature = derivatives(0.0)
+    if not slope < 0:
+        return 0.0
+    a, lo, hi = 0.0, 0.0, math.inf
+    for _ in range(500):
+        if curvature > 0 and 0.5 * slope * slope / curvature <= NLL_TOL and a > 0:
+            return a   # Newton's step would lower the mean NLL by less than NLL_TOL: flat (near-separable rows)
+        newton = a - slope / curvature if curvature > 0 else math.inf
+        if lo < newton < hi:
+            nxt = newton
+        elif math.isfinite(hi):
+            nxt = 0.5 * (lo + hi)
+        else:   # no root bracketed yet: double (from a·g of unit spread)
+            nxt = max(2.0 * a, 1.0 / (float(g.std()) or 1.0))
+        if abs(nxt - a) <= tol * nxt:
+            return nxt
+        a = nxt
+        slope, curvature = derivatives(a)
+        lo, hi = (a, hi) if slope < 0 else (lo, a)
+    return a   # the slope stays negative (the Gaussian part alone separates the rows): the largest weight tried
 
 
-def stacked_probs(parts, weights) -> np.ndarray:
-    """``softmax(Σ_k w_k·parts[k])``: the stacked head's probabilities (its T is 1)."""
-    L = sum(w * np.asarray(f, dtype=np.float64) for w, f in zip(weights, parts))
+def factored_probs(logp: np.ndarray, g: np.ndarray, a: float) -> np.ndarray:
+    """``softmax(logp + a·g)``: calibrated log-probabilities ``logp`` times the pool's likelihood ``exp(g)`` to the
+    power ``a`` (:class:`svgen.state.PoolFactor`), renormalised."""
+    L = np.asarray(logp, dtype=np.float64) + a * np.asarray(g, dtype=np.float64)
     return calibration.softmax(torch.as_tensor(L), 1.0).numpy()
+
+
+def log_probs(p: np.ndarray) -> np.ndarray:
+    """``log max(p, 10⁻³⁰)``: a head's probabilities as the log-probabilities the factor multiplies (the floor is
+    the mixture's, :func:`svgen.heads.predictor.scores`)."""
+    return np.log(np.maximum(np.asarray(p, dtype=np.float64), KERNEL_LOG_FLOOR))
 
 
 def pool_parts(record: dict, linear, W0: torch.Tensor, b0: torch.Tensor):
@@ -199,10 +227,10 @@ def _steps(items, progress: bool, what: str):
 
 def check_with_shots(stage: Stage, side: TextSide, U: torch.Tensor, strength: Optional[float],
                      progress: bool = False) -> dict:
-    """:func:`paired_gate` on held-out shots made pool members (see the module text). The candidate is the
-    stacked linear head ``a·(pool Gaussian log-likelihood) + b·(inductive linear logits)``, (a, b) by
-    :func:`fit_stack` on the other folds' held-out shots (cross-fitted), against the inductive default head. A
-    fold's linear logits are the deployed head's mix (its α) of the fold's zero-shot and LDA logits."""
+    """:func:`paired_gate` on held-out shots made pool members (see the module text). The candidate is the inductive
+    default head times the pool's Gaussian likelihood to the power ``a`` (:func:`fit_pool_weight` on the other folds'
+    held-out shots, against each fold's own default head: cross-fitted), against the inductive default head. The
+    linear head's own power is fitted the same way against each fold's calibrated linear head (``powers``)."""
     C, D = side.n_classes, side.prototypes.shape[1]
     X, y = stage.shots.rows.float(), stage.shots.labels.numpy()
     head = stage.default_head
@@ -210,7 +238,6 @@ def check_with_shots(stage: Stage, side: TextSide, U: torch.Tensor, strength: Op
     base = {"evidence": "held-out shots as pool members", "head": head}
     if len(folds) < 2:
         return {**base, "adopt": False, "reason": "one shot in all: no held-out shots to check a pool on"}
-    alpha = (stage.fewshot.get("linear") or {}).get("alpha")   # None: the linear head is the LDA head
     parts = []
     for held in _steps(folds, progress, "held-out shots"):
         keep = np.setdiff1d(np.arange(len(y)), held)
@@ -223,46 +250,52 @@ def check_with_shots(stage: Stage, side: TextSide, U: torch.Tensor, strength: Op
             # the fold's inductive predictor as deployed: its own default head (the mixture's weight is refitted too)
             p_ind = predictor.proba(fit.heads, side.prototypes, side.config.kernel, Xh,
                                     fit.record["default_head"]).numpy()
-            p_kernel = predictor.proba(fit.heads, side.prototypes, side.config.kernel, Xh, "kernel").numpy()
             part = Stage(fit.heads, stage.zero_shot, fit.record, fit.heads.kernel.support_set().part(IMAGE),
                          fit.record["default_head"])
             pool = transduce(part, side, torch.cat([U, Xh]), strength, progress=False)
             if pool.record.get("fallback"):
                 return {**base, "adopt": False, "reason": "without a fold of the shots " + pool.record["fallback"]}
-            W0, b0 = pool.prior_linear.weight, pool.prior_linear.bias   # the LDA head (part) the solve continued
-            WG, bG = pool_parts(pool.record, pool.heads.linear, W0, b0)
+            WG, bG = pool_parts(pool.record, pool.heads.linear, pool.prior_linear.weight, pool.prior_linear.bias)
             g = (Xh.double() @ WG.T + bG).numpy()
-            z = (Xh.double() @ W0.double().T + b0.double()).numpy()
-            if alpha is not None:   # the deployed linear head's mix: zero-shot logits + α·s·LDA logits
-                z = (cosine_logits(Xh.double(), side.prototypes.double()).numpy()
-                     + alpha * float(fit.record["linear"]["scale"]) * z)
-        parts.append((held, p_ind, (g, z), p_kernel))
-    # cross-fitted: each fold's weights (the stack's, then the mixture's) from the other folds' held-out shots
-    fitted = [stack_and_mixture([p for j, p in enumerate(parts) if j != f], y) for f in range(len(parts))]
-    p_pool = np.concatenate([mixed_probs(part, *fitted[f]) for f, part in enumerate(parts)])
-    rows = np.concatenate([p[0] for p in parts])
-    gate = paired_gate(np.concatenate([p[1] for p in parts]), p_pool, y[rows])
-    (a, b), w = stack_and_mixture(parts, y)
-    gate.update({**base, "stack": {"gaussian": a, "inductive_linear": b, "cross_fitted": [st for st, _ in fitted]},
-                 "mixture_weight": w, "cross_fitted_mixture_weights": [m for _, m in fitted]})
+            # the fold's linear head as deployed: its logits at its own calibrated temperature
+            z = (predictor.logits(fit.heads, side.prototypes, side.config.kernel, Xh, "linear").double()
+                 / float(fit.heads.calibration.temperatures["linear"])).numpy()
+        p_lin = calibration.softmax(torch.as_tensor(z), 1.0).numpy()
+        parts.append(HeldOut(held, g, {"default": p_ind, "linear": p_lin}, {"default": log_probs(p_ind), "linear": z}))
+    gate, crossed, power = _check_role(parts, y, "default")
+    powers, named = {head: power}, {}
+    if head != "linear":   # the linear head named alone: its own power, kept where its own check passes
+        named["linear"], _, power = _check_role(parts, y, "linear")
+        if named["linear"]["adopt"]:
+            powers["linear"] = power
+    gate.update({**base, "powers": powers, "cross_fitted": crossed, "named_heads": named,
+                 "factor": "p_head(x) ∝ p_head_inductive(x) · exp(a_head · pool Gaussian log-likelihood(x))"})
     return gate
 
 
-def stack_and_mixture(parts: list, y: np.ndarray) -> tuple:
-    """((a, b), w) from folds' held-out shots ``parts`` (rows, inductive probabilities, (Gaussian, linear) logits,
-    kernel probabilities): the stacked linear head's weights (:func:`fit_stack`), then the weight of the inductive
-    kernel head in the mixture with it (:func:`svgen.calibration.mixture.fit_weight`), both by held-out NLL: the
-    pool adapts the linear head, and the deployed predictor mixes it with the kernel head as the shots' fit does."""
-    yy = np.concatenate([y[p[0]] for p in parts])
-    feats = [np.concatenate([p[2][k] for p in parts]) for k in range(2)]
-    st = fit_stack(feats, yy)
-    w = mixture.fit_weight(np.concatenate([p[3] for p in parts]), stacked_probs(feats, st), yy)["weight"]
-    return st, w
+@dataclass
+class HeldOut:
+    """One fold's held-out shots (indices ``rows``): the pool's Gaussian log-likelihood ``g`` at them, and for each
+    head role (``"default"``, ``"linear"``) the fold's inductive probabilities and calibrated log-probabilities."""
+
+    rows: np.ndarray
+    g: np.ndarray
+    probs: dict
+    logp: dict
 
 
-def mixed_probs(part, stack: tuple, w: float) -> np.ndarray:
-    """``w·p_kernel + (1 − w)·softmax(stacked logits)`` on one fold's held-out shots."""
-    return mixture.mix(w, part[3], stacked_probs(part[2], stack))
+def _check_role(parts: list, y: np.ndarray, role: str) -> tuple:
+    """(:func:`paired_gate` of the ``role`` head times the pool's likelihood against that head alone on every fold's
+    held-out shots, each fold's power from the other folds' (cross-fitted); those powers; the power fitted on all)."""
+    def power(folds):
+        return fit_pool_weight(np.concatenate([p.g for p in folds]), np.concatenate([p.logp[role] for p in folds]),
+                               np.concatenate([y[p.rows] for p in folds]))
+
+    crossed = [power([p for j, p in enumerate(parts) if j != f]) for f in range(len(parts))]
+    gate = paired_gate(np.concatenate([p.probs[role] for p in parts]),
+                       np.concatenate([factored_probs(p.logp[role], p.g, a) for p, a in zip(parts, crossed)]),
+                       y[np.concatenate([p.rows for p in parts])])
+    return gate, crossed, power(parts)
 
 
 def check_without_shots(stage: Stage, side: TextSide, U: torch.Tensor, strength: Optional[float],

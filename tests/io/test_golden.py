@@ -50,7 +50,7 @@ def same_files(a: Path, b: Path) -> None:
 
 
 REFIT_RTOL = 1e-3   # floats of a refit, relative (a tensor's: to its largest magnitude); measured across two CPUs: ≤ 7e-5
-# for tensors, ≤ 6e-4 for the pool stack's weights (an iterative NLL fit), which sets it
+# for tensors, ≤ 6e-4 for a fitted weight of the pool check (an iterative NLL fit), which sets it
 
 
 def close_json(a, b, where: str = "svgen.json") -> None:

@@ -294,13 +294,13 @@ def test_an_artifact_svgen_could_not_read_is_never_written(work, what):
 
 def test_onnx_check_fails_on_nan(work, monkeypatch):
     pytest.importorskip("onnxruntime")
-    import svgen.io.export as export
+    import svgen.io.onnx_graph as graph
 
     clf = SVGClassifier.load(work / "a.svgen")
-    model = export.onnx_model(clf, "kernel")
-    monkeypatch.setattr(export, "torch_scores", lambda clf, x, head: np.full((len(x), C), np.nan, np.float32))
+    model = graph.onnx_model(clf, "kernel")
+    monkeypatch.setattr(graph, "torch_scores", lambda clf, x, head: np.full((len(x), C), np.nan, np.float32))
     with pytest.raises(SvgenError, match="NaN"):
-        export.verify_onnx(model, clf, "kernel")
+        graph.verify_onnx(model, clf, "kernel")
 
 
 @pytest.mark.parametrize("exponent", [116, -149])  # rows near 1e38 (the norm overflows) and 1e-42 (it underflows)

@@ -1,6 +1,8 @@
 """The held-out check that decides whether a pool may change the heads (svgen.transductive.gate), tested against
 hand computations, and end to end: a pool that helps is kept, one that cannot help changes nothing."""
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -81,64 +83,46 @@ def test_paired_gate_by_hand():
     assert not t["adopt"] and "not above" in t["reason"]
 
 
-def test_fit_stack_is_the_nll_minimum():
-    """The weights against a brute-force grid over the same NLL, computed independently."""
+def _nll(L, y):
+    L = L - L.max(1, keepdims=True)
+    return float(np.mean(np.log(np.exp(L).sum(1)) - L[np.arange(len(y)), y]))
+
+
+def test_fit_pool_weight_is_the_nll_minimum():
+    """The power against a brute-force grid over the same NLL, computed independently; a useless likelihood gets
+    (almost) none, one that only hurts gets exactly none."""
     rng = np.random.default_rng(0)
     n = 300
     y = rng.integers(0, C, n)
     g = rng.normal(size=(n, C)) * 40 + 60 * np.eye(C)[y] * (rng.random(n) < 0.6)[:, None]   # informative, big scale
     z = rng.normal(size=(n, C)) + 1.5 * np.eye(C)[y]
-    a, b = pool_gate.fit_stack([g, z], y)
-
-    def nll(*w, parts=(g, z)):
-        L = sum(wk * f for wk, f in zip(w, parts))
-        L = L - L.max(1, keepdims=True)
-        return float(np.mean(np.log(np.exp(L).sum(1)) - L[np.arange(n), y]))
-
-    grid = [(ga, gb) for ga in np.linspace(0, 4 * a + 0.05, 81) for gb in np.linspace(0, 4 * b + 0.5, 81)]
-    best = min(nll(*p) for p in grid)
-    assert nll(a, b) <= best + 1e-6
-    assert a > 0 and b > 0
-    np.testing.assert_allclose(pool_gate.stacked_probs([g, z], (a, b)).sum(1), 1.0)
-    # a useless g gets (almost) no weight: the inductive head alone
-    a0, b0 = pool_gate.fit_stack([rng.normal(size=(n, C)) * 40, z], y)
-    assert a0 * 40 < 0.05 and b0 > 0.5
-    # three parts (the pool check's: Gaussian, LDA, zero-shot logits): a third informative part gets weight, and
-    # the fit is at least as good as every point of a grid around it and as the two-part fit
-    t = 30 * (rng.normal(size=(n, C)) + 1.0 * np.eye(C)[y])
-    w = pool_gate.fit_stack([g, z, t], y)
-    three = lambda *v: nll(*v, parts=(g, z, t))   # noqa: E731
-    assert w[2] > 0 and three(*w) <= nll(a, b) + 1e-9
-    grid3 = [(p, q, r) for p in np.linspace(0, 3 * w[0] + 0.02, 13) for q in np.linspace(0, 3 * w[1] + 0.2, 13)
-             for r in np.linspace(0, 3 * w[2] + 0.02, 13)]
-    assert three(*w) <= min(three(*v) for v in grid3) + 1e-6
+    a = pool_gate.fit_pool_weight(g, z, y)
+    grid = np.linspace(0, 4 * a, 4001)
+    nll = [_nll(z + t * g, y) for t in grid]
+    assert a > 0 and _nll(z + a * g, y) <= min(nll) + 1e-9
+    assert a == pytest.approx(grid[int(np.argmin(nll))], abs=2 * (grid[1] - grid[0]))
+    # the slope at the optimum is zero: a second formula (finite differences of the NLL)
+    h = 1e-6 * a
+    assert abs(_nll(z + (a + h) * g, y) - _nll(z + (a - h) * g, y)) / (2 * h) < 1e-3
+    np.testing.assert_allclose(pool_gate.factored_probs(z, g, a).sum(1), 1.0)
+    assert pool_gate.fit_pool_weight(rng.normal(size=(n, C)) * 40, z, y) * 40 < 0.05
+    anti = -g   # the likelihood points away from the labels: a = 0, the head as it was
+    assert pool_gate.fit_pool_weight(anti, z, y) == 0.0
+    np.testing.assert_allclose(pool_gate.factored_probs(z, anti, 0.0), pool_gate.factored_probs(z, g, 0.0))
 
 
-def test_stack_and_mixture_weigh_the_kernel_head_against_the_stacked_head_by_nll():
-    """The pool check's candidate: the stack's (a, b), then the kernel head's weight in the mixture with the stacked
-    head, against a brute-force grid over the mixture's NLL computed independently; folds are cross-fitted."""
-    rng = np.random.default_rng(3)
-    n = 240
+def test_the_power_is_fitted_against_calibrated_log_probabilities():
+    """The factor multiplies the head's calibrated probabilities: a head whose logits are rescaled (a different T)
+    but whose log-probabilities are the same gets the same power — (a, b) fitted on raw logits did not, which let a
+    fold's weak linear head give the pool's likelihood all the weight (dev data, one shot per class: top-5 −2.5)."""
+    rng = np.random.default_rng(4)
+    n = 400
     y = rng.integers(0, C, n)
-    g = rng.normal(size=(n, C)) * 10 + 12 * np.eye(C)[y] * (rng.random(n) < 0.5)[:, None]
-    z = rng.normal(size=(n, C)) + 1.2 * np.eye(C)[y]
-    pk = rng.dirichlet(np.full(C, 0.4), size=n)
-    pk[np.arange(n), y] += rng.random(n)
-    pk /= pk.sum(1, keepdims=True)
-    rows = np.arange(n)
-    folds = [rows[:120], rows[120:]]
-    parts = [(f, None, (g[f], z[f]), pk[f]) for f in folds]
-    (a, b), w = pool_gate.stack_and_mixture(parts, y)
-    assert (a, b) == pytest.approx(pool_gate.fit_stack([g, z], y))
-    ps = pool_gate.stacked_probs([g, z], (a, b))
-    grid = np.linspace(0, 1, 10001)
-    nll = -np.log(grid[:, None] * pk[rows, y] + (1 - grid[:, None]) * ps[rows, y]).mean(1)
-    assert w == pytest.approx(grid[np.argmin(nll)], abs=2e-4) and 0 < w < 1
-    mixed = pool_gate.mixed_probs(parts[0], (a, b), w)
-    np.testing.assert_allclose(mixed, w * pk[:120] + (1 - w) * ps[:120], rtol=1e-12)
-    # each fold's weights from the other fold alone
-    (a1, b1), w1 = pool_gate.stack_and_mixture(parts[1:], y)
-    assert (a1, b1) == pytest.approx(pool_gate.fit_stack([g[120:], z[120:]], y[120:]))
+    g = 20 * (rng.normal(size=(n, C)) + 0.8 * np.eye(C)[y])
+    z = 2 * (rng.normal(size=(n, C)) + 1.2 * np.eye(C)[y])
+    logp = z - np.log(np.exp(z).sum(1, keepdims=True))
+    assert pool_gate.fit_pool_weight(g, z, y) == pytest.approx(pool_gate.fit_pool_weight(g, logp, y), rel=1e-5)
+    np.testing.assert_allclose(pool_gate.log_probs(np.exp(logp)), logp, atol=1e-12)
 
 
 def test_replication_gate_by_hand():
@@ -214,52 +198,51 @@ def test_a_resolved_kernel_head_is_scored_by_its_scores_at_the_inductive_entropy
     assert entropy(p[rows]) == pytest.approx(entropy(p_before), rel=1e-3)
 
 
-def test_pool_with_shots_stacked_head_formula():
-    """With shots, a kept pool deploys ``a·G + b·(inductive linear logits)``: recomputed from the transduction's
-    parts (G: the transduced head minus β·t × the LDA part the solve continued)."""
+def test_pool_with_shots_factor_formula(tmp_path):
+    """With shots, a kept pool multiplies the default head and the linear head by the pool's Gaussian class
+    likelihood to the powers the check fitted: ``softmax(log p⁰ + a·G)``, recomputed here from the transduction's parts
+    (G: the transduced head minus β·t × the LDA part the solve continued) and the inductive heads' own probabilities;
+    the kernel head (not the default here) stays; the factor travels through save/load (format 6)."""
+    from scipy.special import softmax
+
+    from svgen.io.artifacts import FORMAT_VERSION_POOL_FACTOR
+
     protos, U, yu, X, ys = _world(7, 1.6, 30, 0.5, shots_per_class=8, shot_noise=1.5)
+    ref = SVGClassifier(n_support=2, steps=5, seed=0).fit(protos).adapt(X, ys)
     clf = SVGClassifier(n_support=2, steps=5, seed=0).fit(protos).adapt(X, ys)
-    W0, b0 = clf.linear_weight_.clone(), clf.linear_bias_.clone()
+    head = clf.default_head_
+    p0 = {h: ref.predict_proba(U, h) for h in ref.head_names_}
     acc_ind = float((clf.predict(U) == np.array(clf.classes_)[yu]).mean())
-    K0 = clf.decision_function(U, "kernel")
     clf.adapt(unlabelled=U)
     t = clf.transductive_
     assert t["fallback"] is None and t["check"]["evidence"] == "held-out shots as pool members"
-    assert t["check"]["images"] == len(np.concatenate(pool_gate.shot_folds(ys, C, 0)))   # 4 of each class's 8
-    a, b = t["check"]["stack"]["gaussian"], t["check"]["stack"]["inductive_linear"]
-    # the parts: the posterior head is W_G + β·t·W0; take the inductive part back out
-    k = t["prior_strength"] * t["linear_prior_temperature"]
-    ref = SVGClassifier(n_support=2, steps=5, seed=0).fit(protos).adapt(X, ys)
+    assert t["check"]["images"] == len(np.concatenate(pool_gate.shot_folds(ys, C, 0)))   # one shot of each class
+    powers = t["pool_factor"]["powers"]
+    assert head in powers and "kernel" not in powers and clf.default_head_ == head
     from svgen.transductive.pool import transduce
 
     pool = transduce(ref._stage(), ref._side(), torch.nn.functional.normalize(torch.as_tensor(U), dim=-1))
-    # the solve continued the LDA part of the inductive linear head (zero-shot logits + α·s·LDA logits,
-    # svgen.fewshot.linear), refitted here from the shots at the recorded settings
-    from svgen.core.support import IMAGE
-    from svgen.fewshot.lda import lda_head_weights, prior_means
-
-    rec = ref.fewshot_["linear"]
-    assert rec["form"] != "lda" and rec["alpha"] > 0
-    Xd, ylab = ref.support_set_.part(IMAGE).rows.double(), ref.support_set_.part(IMAGE).labels
-    Wl, bl = lda_head_weights(Xd, ylab, prior_means(ref.prototypes_, Xd), rec["shrinkage"], rec["prior_shots"],
-                              equal_radius=True)
-    Pn = torch.nn.functional.normalize(ref.prototypes_.double(), dim=-1)
-    np.testing.assert_allclose(W0.double(), 100.0 * Pn + rec["alpha"] * rec["scale"] * Wl, rtol=1e-4, atol=1e-4)
-    WG = pool.heads.linear.weight.double() - k * Wl.float().double()
-    bG = pool.heads.linear.bias.double() - k * bl.float().double()
-    # the stack mixes the pool's Gaussian part with the inductive linear head (zero-shot + α·s·LDA logits)
+    k = pool.record["prior_strength"] * pool.record["linear_prior_temperature"]
+    WG = pool.heads.linear.weight.double() - k * pool.prior_linear.weight.double()
+    bG = pool.heads.linear.bias.double() - k * pool.prior_linear.bias.double()
     Un = torch.nn.functional.normalize(torch.as_tensor(U).double(), dim=-1)
-    want = Un @ (a * WG + b * W0.double()).T + (a * bG + b * b0.double())
-    np.testing.assert_allclose(clf.decision_function(U, "linear"), want.numpy(), rtol=1e-4, atol=1e-4)
-    assert clf.temperatures_["linear"] == 1.0
-    np.testing.assert_array_equal(clf.decision_function(U, "kernel"), K0)          # the kernel head stays
-    # deployed: the mixture of the kernel head and the stacked head at the check's weight (0: the stacked head)
-    w = t["check"]["mixture_weight"]
-    assert clf.default_head_ == ("kernel" if w == 1 else "linear" if w == 0 else "mixture")
-    p_lin = torch.softmax(want, dim=1).numpy()
-    np.testing.assert_allclose(clf.predict_proba(U), w * clf.predict_proba(U, "kernel") + (1 - w) * p_lin, atol=1e-5)
+    G = (Un @ WG.T + bG).numpy()
+    for h, a in powers.items():
+        want = softmax(np.log(np.maximum(p0[h], 1e-30)) + a * G, axis=1)
+        np.testing.assert_allclose(clf.predict_proba(U, h), want, rtol=1e-4, atol=1e-6)
+        np.testing.assert_allclose(softmax(np.asarray(clf.decision_function(U, h), dtype=np.float64), axis=1), want,
+                                   rtol=1e-4, atol=1e-6)
+    np.testing.assert_array_equal(clf.predict_proba(U, "kernel"), p0["kernel"])          # the kernel head stays
     assert float((clf.predict(U) == np.array(clf.classes_)[yu]).mean()) >= acc_ind
     np.testing.assert_allclose(np.asarray(clf.transductive_labels_), clf.predict_proba(U), atol=1e-5)
+    path = clf.save(tmp_path / "f.svgen")
+    assert json.loads((path / "svgen.json").read_text())["format_version"] == FORMAT_VERSION_POOL_FACTOR
+    back = SVGClassifier.load(path)
+    for h in back.head_names_:
+        np.testing.assert_allclose(back.predict_proba(U, h), clf.predict_proba(U, h), rtol=1e-5, atol=1e-7)
+    back.adapt(unlabelled=U[:C - 1])   # falls back: the factor is dropped, the inductive heads are back
+    for h in back.head_names_:
+        np.testing.assert_allclose(back.predict_proba(U, h), p0[h], rtol=1e-5, atol=1e-7)
 
 
 def test_pool_with_shots_refused_keeps_every_head(monkeypatch):
@@ -334,5 +317,99 @@ def test_diagnose_says_what_the_pool_decided(cli, tmp_path):
     code, out, err = cli("diagnose", tmp_path / "p.svgen")
     assert code == 0, err
     line = next(l for l in out.splitlines() if "transductive pool of" in l)
-    assert "kept on held-out shots as pool members" in line and "linear head stacked: " in line
-    assert line.endswith("default head: linear")
+    assert "kept on held-out shots as pool members" in line and "× the pool's class likelihood to a power: " in line
+    powers = clf.transductive_["pool_factor"]["powers"]
+    assert all(f"{h} head^{a:.3g}" in line for h, a in powers.items()) and "kernel head^" not in line
+    assert line.endswith(f"default head: {clf.default_head_}")
+
+
+@pytest.mark.parametrize("fmt", ["safetensors", "npz", "onnx"])
+def test_every_export_of_a_head_with_a_pool_factor_is_that_head(tmp_path, fmt):
+    """After a pool with shots (the golden format-6 artifact: the default mixture head and the linear head carry the
+    pool's factor, the kernel head none), each exported head file gives the probabilities and scores svgen gives —
+    read by the deployment script without svgen — and the linear head stays one matrix (the factor folded in, T = 1)."""
+    if fmt == "onnx":
+        pytest.importorskip("onnxruntime")
+    import sys
+    from pathlib import Path
+
+    from svgen.io.export import export_head, load_head
+
+    root = Path(__file__).resolve().parents[2]
+    clf = SVGClassifier.load(root / "tests" / "io" / "golden" / "v6_shots_pool_kept" / "artifact")
+    powers = clf.heads_.pool_factor.powers
+    assert set(powers) == {"mixture", "linear"} and clf.default_head_ == "mixture"
+    sys.path.insert(0, str(root / "scripts"))
+    import zero_shot_classify
+
+    Q = 3.0 * np.load(root / "tests" / "io" / "golden" / "v6_shots_pool_kept" / "queries.npy")   # raw, not unit
+    for head in ("mixture", "linear", "kernel"):
+        path = tmp_path / f"{head}.{fmt}"
+        info = export_head(clf, path, fmt, head=head)
+        got = zero_shot_classify.load_head(str(path))
+        # ONNX runs in float32, and the factor's log-likelihood (scale ~10²) costs it a digit
+        np.testing.assert_allclose(got["probs"](Q), clf.predict_proba(Q, head), atol=1e-5 if fmt == "onnx" else 2e-6,
+                                   err_msg=head)
+        np.testing.assert_allclose(got["score"](Q), clf.decision_function(Q, head), atol=2e-4, err_msg=head)
+        if fmt == "onnx":
+            assert info["checked"] is not None
+            continue
+        h = load_head(path)
+        assert ("pool_factor.power" in h) == (head == "mixture")
+        if head == "linear":   # one matrix: softmax(logit_scale·(x̂ W + b)) at T = 1 is the factored head
+            x = Q / np.linalg.norm(Q, axis=1, keepdims=True)
+            z = float(h["logit_scale"]) * (x @ h["weight"] + h["bias"])
+            assert float(h["temperature"]) == 1.0
+            np.testing.assert_allclose(_softmax_np(z), clf.predict_proba(Q, "linear"), atol=2e-5)
+
+
+def _softmax_np(z):
+    z = np.asarray(z, dtype=np.float64)
+    e = np.exp(z - z.max(axis=1, keepdims=True))
+    return e / e.sum(axis=1, keepdims=True)
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda m, t: m.update(format_version=4), "only valid in format version 6"),
+    (lambda m, t: m["calibration"].update(pool_factor_powers={"kernel": -1.0}), "positive numbers"),
+    (lambda m, t: m["calibration"].update(pool_factor_powers={"ensemble": 1.0}), "must map some of the heads"),
+    (lambda m, t: m["calibration"].pop("pool_factor_powers"), "must map some of the heads"),
+    (lambda m, t: t.pop("pool_factor.bias"), "pool_factor.bias must have shapes"),
+    (lambda m, t: t.update({"pool_factor.weight": t["pool_factor.weight"][:, :3].contiguous()}), "must have shapes"),
+    (lambda m, t: t["pool_factor.weight"].fill_(float("nan")), "pool_factor.weight contains NaN"),
+])
+def test_a_damaged_pool_factor_is_one_clear_error(tmp_path, change, message):
+    """A format-6 artifact whose factor is missing, mis-shaped, not finite, or claimed by another format: one line."""
+    import shutil
+    from pathlib import Path
+
+    from safetensors.torch import load_file, save_file
+
+    from svgen.errors import SvgenError
+
+    art = tmp_path / "a.svgen"
+    shutil.copytree(Path(__file__).resolve().parents[1] / "io" / "golden" / "v6_shots_pool_kept" / "artifact", art)
+    meta = json.loads((art / "svgen.json").read_text())
+    t = load_file(str(art / "weights.safetensors"))
+    change(meta, t)
+    (art / "svgen.json").write_text(json.dumps(meta))
+    save_file(t, str(art / "weights.safetensors"))
+    with pytest.raises(SvgenError, match=message) as e:
+        SVGClassifier.load(art)
+    assert "\n" not in str(e.value)
+
+
+def test_cli_says_which_heads_carry_a_kept_pools_likelihood(cli, tmp_path):
+    """With shots a kept pool changes no head's name: ``svgen adapt`` says which heads now carry its factor."""
+    protos, U, _, X, ys = _world(7, 1.6, 30, 0.5, shots_per_class=8, shot_noise=1.5)
+    clf = SVGClassifier(n_support=2, steps=5, seed=0).fit(protos, classes=[f"c{i}" for i in range(C)]).adapt(X, ys)
+    clf.save(tmp_path / "s.svgen")
+    np.save(tmp_path / "U.npy", U)
+    code, out, err = cli("adapt", tmp_path / "s.svgen", "--unlabelled-features", tmp_path / "U.npy",
+                         "--out", tmp_path / "p.svgen")
+    assert code == 0, err
+    back = SVGClassifier.load(tmp_path / "p.svgen")
+    powers = back.transductive_["pool_factor"]["powers"]
+    line = next(l for l in err.splitlines() if "the pool was kept" in l)
+    assert all(f"the {h} head" in line for h in powers) and f"the {back.default_head_} head is the default" in line
+    assert json.loads(out)["transductive"]["check"]["powers"] == pytest.approx(powers)

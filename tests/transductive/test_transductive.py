@@ -43,14 +43,13 @@ def data():
 @pytest.fixture
 def gate_open(monkeypatch):
     """The pool check (svgen.transductive.gate) always adopts: for tests of the transduction itself, which the
-    check's own tests (tests/transductive/test_pool_gate.py) do not need to pass through. With shots the stacked head is
-    then ``1·(pool Gaussian log-likelihood) + β·t·(inductive LDA logits)``: the posterior itself, deployed alone
-    (mixture weight 0)."""
+    check's own tests (tests/transductive/test_pool_gate.py) do not need to pass through. With shots the default head
+    and the linear head are then multiplied by the pool's likelihood to the power 1."""
     from svgen.transductive import gate as pool_gate
 
     def with_shots(stage, side, U, strength, progress=False):
         return {"adopt": True, "evidence": "held-out shots as pool members", "head": stage.default_head,
-                "stack": {"gaussian": 1.0, "inductive_linear": None}, "mixture_weight": 0.0}
+                "powers": {stage.default_head: 1.0, "linear": 1.0}}
 
     monkeypatch.setattr(pool_gate, "check_without_shots", lambda stage, side, U, strength, progress=False: {
         "adopt": True, "evidence": "halves of the pool", "head": stage.default_head})
@@ -610,9 +609,9 @@ def test_pool_probabilities_have_the_linear_heads_confidence(hard, monkeypatch, 
 
 
 def test_adapting_again_restores_the_inductive_probabilities(tmp_path, gate_open):
-    """A transduction changes the heads' temperatures (and the default head); adapting again — here to a
-    pool that falls back — restores the inductive heads *with* the temperatures they had, also after a
-    save/load round trip (svgen.json ``transductive.inductive_calibration``)."""
+    """A pool with shots multiplies heads by its likelihood (a pool factor); adapting again — here to a pool that
+    falls back — restores the inductive heads *with* the temperatures they had, also after a save/load round trip
+    (format 6: the factor travels in the artifact, and adapting again drops it)."""
     rng, centres, protos, U, _ = _clusters(7, 1.6, 30, 0.5)
     ys = np.repeat(np.arange(C), 3)
     X = _unit(centres[ys] + 1.5 * rng.normal(size=(len(ys), D)) / np.sqrt(D)).astype(np.float32)
@@ -620,8 +619,8 @@ def test_adapting_again_restores_the_inductive_probabilities(tmp_path, gate_open
     before = (dict(clf.temperatures_), clf.kernel_logits_, clf.calibration_["method"])
     p_before = clf.predict_proba(U, "kernel"), clf.predict_proba(U, "linear")
     clf.adapt(unlabelled=U)
-    assert clf.transductive_["fallback"] is None and clf.default_head_ == "linear"   # the stacked linear head
-    assert clf.temperatures_ != before[0]          # the transduction did change them
+    assert clf.transductive_["fallback"] is None and clf.heads_.pool_factor is not None
+    assert not np.allclose(clf.predict_proba(U, "linear"), p_before[1], atol=1e-3)   # the pool did change it
     for c in (clf, SVGClassifier.load(clf.save(tmp_path / "t.svgen"))):
         c.adapt(unlabelled=U[:C - 1])              # falls back: the inductive heads come back
         assert c.transductive_["fallback"]
