@@ -326,7 +326,8 @@ def test_diagnose_says_what_the_pool_decided(cli, tmp_path):
 @pytest.mark.parametrize("fmt", ["safetensors", "npz", "onnx"])
 def test_every_export_of_a_head_with_a_pool_factor_is_that_head(tmp_path, fmt):
     """After a pool with shots (the golden format-6 artifact: the default mixture head and the linear head carry the
-    pool's factor, the kernel head none), each exported head file gives the probabilities and scores svgen gives —
+    pool's factor, the kernel head none; and the same with the factor on its kernel head instead, floored logits, as
+    when the kernel head is the default), each exported head file gives the probabilities and scores svgen gives —
     read by the deployment script without svgen — and the linear head stays one matrix (the factor folded in, T = 1)."""
     if fmt == "onnx":
         pytest.importorskip("onnxruntime")
@@ -343,24 +344,27 @@ def test_every_export_of_a_head_with_a_pool_factor_is_that_head(tmp_path, fmt):
     import zero_shot_classify
 
     Q = 3.0 * np.load(root / "tests" / "io" / "golden" / "v6_shots_pool_kept" / "queries.npy")   # raw, not unit
-    for head in ("mixture", "linear", "kernel"):
-        path = tmp_path / f"{head}.{fmt}"
-        info = export_head(clf, path, fmt, head=head)
+    kernel_default = SVGClassifier.load(root / "tests" / "io" / "golden" / "v6_shots_pool_kept" / "artifact")
+    kernel_default.heads_.pool_factor.powers = {"kernel": 0.7 * powers["mixture"]}   # a kernel head (floored logits)
+    assert kernel_default.kernel_logits_ == "floored"                                # with the factor, as the default
+    for model, head in ((clf, "mixture"), (clf, "linear"), (clf, "kernel"), (kernel_default, "kernel")):
+        path = tmp_path / f"{head}{len(model.heads_.pool_factor.powers)}.{fmt}"
+        info = export_head(model, path, fmt, head=head)
         got = zero_shot_classify.load_head(str(path))
         # ONNX runs in float32, and the factor's log-likelihood (scale ~10²) costs it a digit
-        np.testing.assert_allclose(got["probs"](Q), clf.predict_proba(Q, head), atol=1e-5 if fmt == "onnx" else 2e-6,
+        np.testing.assert_allclose(got["probs"](Q), model.predict_proba(Q, head), atol=1e-5 if fmt == "onnx" else 2e-6,
                                    err_msg=head)
-        np.testing.assert_allclose(got["score"](Q), clf.decision_function(Q, head), atol=2e-4, err_msg=head)
+        np.testing.assert_allclose(got["score"](Q), model.decision_function(Q, head), atol=2e-4, err_msg=head)
         if fmt == "onnx":
             assert info["checked"] is not None
             continue
         h = load_head(path)
-        assert ("pool_factor.power" in h) == (head == "mixture")
+        assert ("pool_factor.power" in h) == (head in model.heads_.pool_factor.powers and head != "linear")
         if head == "linear":   # one matrix: softmax(logit_scale·(x̂ W + b)) at T = 1 is the factored head
             x = Q / np.linalg.norm(Q, axis=1, keepdims=True)
             z = float(h["logit_scale"]) * (x @ h["weight"] + h["bias"])
             assert float(h["temperature"]) == 1.0
-            np.testing.assert_allclose(_softmax_np(z), clf.predict_proba(Q, "linear"), atol=2e-5)
+            np.testing.assert_allclose(_softmax_np(z), model.predict_proba(Q, "linear"), atol=2e-5)
 
 
 def _softmax_np(z):
