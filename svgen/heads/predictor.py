@@ -143,8 +143,11 @@ def kernel_prior(heads: Heads, prototypes, x: torch.Tensor) -> Optional[torch.Te
 def logits_of_scores(heads: Heads, s: torch.Tensor, head: str, prior=None) -> torch.Tensor:
     """What the head's softmax takes, from its scores ``s``; ``prior``: the kernel head's zero-shot term at the same
     images (:func:`kernel_prior`), needed by its ``"floored"`` logits only. A head with a pool factor: its scores."""
-    if head == MIXTURE or pool_power(heads, head) is not None:
-        return s
+    return s if pool_power(heads, head) is not None else _base_logits(heads, s, head, prior)
+
+
+def _base_logits(heads: Heads, s: torch.Tensor, head: str, prior=None) -> torch.Tensor:
+    """:func:`logits_of_scores` without a pool factor: the head's own kind of logits of its scores."""
     cal = heads.calibration
     return calibration.head_logits(s, head, cal.kernel_logits, prior, cal.kernel_floor)
 
@@ -169,7 +172,7 @@ def logits(heads: Heads, prototypes, kind: str, x: torch.Tensor, head: str) -> t
     if pool_power(heads, head) is not None:
         return _factored_logits(heads, prototypes, kind, x, head)
     s, prior = _scores_and_prior(heads, prototypes, kind, x, head)
-    return calibration.head_logits(s, head, heads.calibration.kernel_logits, prior, heads.calibration.kernel_floor)
+    return _base_logits(heads, s, head, prior)
 
 
 def proba(heads: Heads, prototypes, kind: str, x: torch.Tensor, head: str) -> torch.Tensor:
@@ -185,9 +188,7 @@ def _base_proba(heads: Heads, prototypes, kind: str, x: torch.Tensor, head: str)
     if head == MIXTURE:
         return mixture_proba(heads, prototypes, kind, x)
     s, prior = _scores_and_prior(heads, prototypes, kind, x, head)
-    cal = heads.calibration
-    return calibration.softmax(calibration.head_logits(s, head, cal.kernel_logits, prior, cal.kernel_floor),
-                               cal.temperatures[head])
+    return calibration.softmax(_base_logits(heads, s, head, prior), heads.calibration.temperatures[head])
 
 
 def proba_of_scores(heads: Heads, s: torch.Tensor, head: str, prior=None) -> torch.Tensor:
