@@ -115,7 +115,8 @@ def _adopt_factor(stage: Stage, side: TextSide, U, strength, progress, check: di
                                       "a_head by the NLL of held-out shots that were pool members"},
               "heads": {h: (f"inductive × pool likelihood^{powers[h]:.4g}" if h in powers else
                             "inductive (with shots a pool changes the default and linear heads only)"
-                            if h == "kernel" else "inductive (its power on held-out shots is 0)")
+                            if h == "kernel" else "inductive (the held-out shots kept no factor for it: its power is "
+                                                  "0, or its own paired check did not pass)")
                         for h in predictor.head_names(heads) if h != "cosine"}}
     # the heads are the inductive ones (the same tensors: an artifact stores them once); adapting again drops the factor
     return PoolFit(heads, record, labels, Heads(ind.kernel, ind.linear, ind.calibration), fit.prior_linear)
