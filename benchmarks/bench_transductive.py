@@ -104,8 +104,7 @@ def evaluate(clf, U, P, yv):
     info = {k: clf.transductive_.get(k) for k in ("prior_head", "prior_strength", "rounds", "round_agreement",
                                                   "changed_from_prior", "fallback", "prior_temperature")}
     kh = clf.transductive_.get("kernel_head") or {}
-    info["kernel_head"] = {k: kh.get(k) for k in ("replaced", "reason", "pool_rows", "agreement",
-                                                  "inductive_agreement", "sigma", "ridge_c", "prior_weight")}
+    info["kernel_head"] = {k: kh.get(k) for k in ("replaced", "factor", "reason")}
     info["adapt_s"] = wall
     return {m: (np.asarray(s).argmax(1) == yv).astype(float) for m, s in out.items()}, info
 
@@ -169,7 +168,7 @@ def run_coop(name, shots_list, seeds, log, zero_shot_path=False, fold="all", sho
         out[k] = {"acc": {m: float(100 * v.mean()) for m, v in correct.items()}, "correct": correct, "choices": infos}
         log(f"{name:>15} {k:>2} shots: " + "  ".join(f"{m} {a:.1f}" for m, a in out[k]["acc"].items())
             + "  | " + "; ".join(f"β {i['prior_strength']:.2f} rounds {i['rounds']} kernel "
-                                 + ("re-solved" if i["kernel_head"]["replaced"] else "kept")
+                                 + ("× pool" if i["kernel_head"].get("factor") else "kept")
                                  if not i["fallback"] else "fallback" for i in infos)
             + f" adapt {infos[0]['adapt_s']:.1f}s")
     return out
@@ -246,14 +245,14 @@ def markdown(result: dict) -> str:
     for k in shots:
         out.append(f"| {k} | " + " | ".join(_ci(summ[k][_pair(a, b)]) for a, b in PAIRS) + " |")
     out += ["", "| dataset | shots | inductive kernel | svgen kernel | kernel − inductive [95% CI] | inductive linear | "
-                "svgen linear | linear − inductive [95% CI] | β per seed | kernel re-solved |",
+                "svgen linear | linear − inductive [95% CI] | β per seed | kernel × pool likelihood |",
             "|---|---:|---:|---:|---|---:|---:|---|---|---|"]
     for n in datasets:
         for k in shots:
             r = result["per_dataset"][n][str(k)]
             a, pd = r["acc"], summ[k]["per_dataset"][n]
             betas = ", ".join("fall-back" if c["fallback"] else f"{c['prior_strength']:.2g}" for c in r["choices"])
-            kept = ", ".join("–" if c["fallback"] else ("yes" if c["kernel_head"]["replaced"] else "no")
+            kept = ", ".join("–" if c["fallback"] else ("yes" if c["kernel_head"].get("factor") else "no")
                              for c in r["choices"])
             out.append(f"| {n} | {k} | {a['inductive_kernel']:.1f} | {a['svgen_kernel']:.1f} | "
                        f"{_ci(pd[_pair('svgen_kernel', 'inductive_kernel')])} | {a['inductive_linear']:.1f} | "

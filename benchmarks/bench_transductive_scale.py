@@ -57,7 +57,7 @@ def child(artifact: str, pool: str, threads: int) -> None:
                       "peak_rss_gb": peak / 2 ** 20, "rss_before_adapt_gb": rss0 / 2 ** 20,
                       "rounds": t.get("rounds"), "prior_strength": t.get("prior_strength"),
                       "fallback": t.get("fallback"), "tries": t.get("tries"),
-                      "kernel_head": {k: (t.get("kernel_head") or {}).get(k) for k in ("replaced", "reason", "pool_rows", "wall_time_s")},
+                      "kernel_head": {k: (t.get("kernel_head") or {}).get(k) for k in ("replaced", "factor", "reason")},
                       "wall_time_s": t.get("wall_time_s")}))
 
 

@@ -224,7 +224,9 @@ class SVGClassifier(FittedHeads):
         """Transductive adaptation to unlabelled images, kept only on held-out evidence (:mod:`svgen.transductive.adapt`,
         the check :mod:`svgen.transductive.gate`).
 
-        A kept pool replaces the default (linear) head, and zero-shot may re-solve the kernel vote with pool rows;
+        A kept pool multiplies the default head by the pool's class likelihood (with shots), or replaces the linear
+        head by the transduction's posterior and multiplies the kernel head's probabilities by the likelihood
+        (zero-shot);
         otherwise every head stays exactly the inductive one and ``transductive_["fallback"]`` says why
         (``transductive_["check"]`` holds the evidence). :attr:`transductive_labels_` holds the pool's
         probabilities (what ``svgen classify --transductive`` prints): the kept predictor's, or the inductive

@@ -72,10 +72,12 @@ class Calibration:
 
 @dataclass
 class PoolFactor:
-    """After a pool with shots (:mod:`svgen.transductive.adapt`): some heads' probabilities are multiplied by the pool's
-    Gaussian class likelihood to a power fitted on held-out shots, ``p_h(x) ∝ p_h⁰(x)·exp(a_h·(x̂ Wᵀ + b))``, where
-    ``p_h⁰`` is the head as the shots left it and ``x̂ Wᵀ + b`` the log-likelihood (C×D ``weight``, C ``bias``).
-    ``powers``: head name → ``a_h`` (> 0) for the heads it changes; the others are as the shots left them."""
+    """After a kept pool (:mod:`svgen.transductive.adapt`): some heads' probabilities are multiplied by the pool's
+    Gaussian class likelihood to a power, ``p_h(x) ∝ p_h⁰(x)·exp(a_h·(x̂ Wᵀ + b))``, where ``p_h⁰`` is the head at its
+    own calibration and ``x̂ Wᵀ + b`` the log-likelihood (C×D ``weight``, C ``bias``). With shots ``a_h`` is fitted on
+    held-out shots and ``p_h⁰`` is the head as the shots left it; without labels only the kernel head carries it (the
+    transduction's posterior with the kernel vote as its prior). ``powers``: head name → ``a_h`` (> 0) for the heads
+    it changes; the others are unchanged."""
 
     weight: torch.Tensor
     bias: torch.Tensor

@@ -28,9 +28,9 @@ Each head's probabilities are a softmax of its *logits* divided by a temperature
   (:func:`choose_kernel_logits`: T fitted for both kinds on the same leave-one-out scores, the
   lower LOO NLL wins, with ``"log"`` charged for the true-class votes ≤ 0 that new images may have:
   its loss there is unbounded, and shots tighter than the images never show one — a 95% upper
-  bound of their rate × that loss, :func:`log_tail_guard`). The text rule, its fallbacks and a
-  transductive re-solve without a LOO fit give ``"log"``: their temperatures are matched on log
-  scores, and without labels nothing measures which kind fits better. Measured on the CoOp sets
+  bound of their rate × that loss, :func:`log_tail_guard`). The text rule and its fallbacks give ``"log"`` (matched
+  on log scores; without labels nothing measures which kind fits better); a kept zero-shot pool ``"score"`` (the
+  scores are its posterior's prior, :func:`svgen.transductive.adapt._adopt_posterior`). Measured on the CoOp sets
   (docs/calibration.md, dev data, one seed): without the charge the LOO rule kept ``"log"`` in every
   run with stand-in prototypes that are the shots' class means (no left-out shot's own class gets a
   vote ≤ 0 — means of augmented views, inside their own prototype — while up to 23% of the

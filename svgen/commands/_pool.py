@@ -16,12 +16,14 @@ def add_pool_args(p) -> None:
         "unlabelled images (transductive)",
         "Images without labels — typically the ones to classify. They are pseudo-labelled by the inductive heads "
         "and the class model is re-solved in closed form over them for a few rounds, with the inductive "
-        "prediction kept as a prior. The result is kept only when held-out evidence says it is better: with "
-        "shots, half of them at a time join the pool unlabelled and the adapted linear head must beat the "
-        "inductive default head on them (top-1 by more than one standard error, top-5 and NLL not worse); "
-        "without shots, a head adapted on one half of the pool must agree with the other half's own posterior "
-        "more often than the inductive head. Kept, the adapted linear head becomes the default head; otherwise "
-        "every head stays as it was. A pool with fewer images than classes changes nothing. svgen.json records "
+        "prediction kept as a prior. The result is kept only when held-out evidence says it is better. With "
+        "shots, held-out shots join the pool unlabelled, and the inductive default head times the pool's class "
+        "likelihood (to a power fitted on them) must beat the inductive default head there (top-1 by more than "
+        "one standard error, top-5 and NLL not worse); kept, the default head carries that factor (the linear "
+        "head too where its own check passes). Without shots, a head adapted on one half of the pool must agree "
+        "with the other half's own posterior more often than the inductive head; kept, the posterior becomes the "
+        "linear head and the default head, and the kernel head carries the pool's class likelihood (the same "
+        "posterior with the kernel vote as its prior). Otherwise every head stays as it was. A pool with fewer images than classes changes nothing. svgen.json records "
         "what was decided, and why, under 'transductive'.")
     src = g.add_mutually_exclusive_group()
     src.add_argument("--unlabelled", metavar="DIR",
@@ -76,10 +78,11 @@ def pool_note(td: dict, default_head: str) -> str:
     if td.get("fallback"):
         return "the pool changed nothing: " + td["fallback"]
     powers = (td.get("pool_factor") or {}).get("powers")
-    if powers:   # with shots: heads × the pool's class likelihood to a power
-        return (f"the pool was kept ({td['check']['evidence']} say it is better): "
-                + " and ".join(f"the {h} head" for h in powers)
+    kept = f"the pool was kept ({td['check']['evidence']} say it is better): "
+    if powers and td["check"]["evidence"] != "halves of the pool":   # with shots: heads × its class likelihood
+        return (kept + " and ".join(f"the {h} head" for h in powers)
                 + (" now carry" if len(powers) > 1 else " now carries") + " its class likelihood; the "
                 f"{default_head} head is the default head")
-    return (f"the pool was kept ({td['check']['evidence']} say it is better): the {default_head} head is the "
-            "default head")
+    # without labels: the linear head is the transduction's posterior, the kernel head the same with its own prior
+    return (kept + f"the {default_head} head is the default head"
+            + ("; the kernel head now carries its class likelihood" if powers else ""))

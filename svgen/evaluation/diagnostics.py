@@ -200,13 +200,16 @@ def describe_deployed(d: Dict) -> List[str]:
         if td.get("fallback"):
             lines.append(f"  transductive pool of {td['pool']}: nothing changed ({td['fallback']})")
         else:
-            kept = ("re-solved with pool rows" if td.get("kernel_replaced") else "kept as it was") + \
-                   (f" ({td['kernel_reason']})" if td.get("kernel_reason") else "")
+            factor = td.get("pool_factor") or {}
+            kept = ("re-solved with pool rows" if td.get("kernel_replaced")   # format 2 artifacts
+                    else f"× the pool's class likelihood^{factor['kernel']:.3g}" if "kernel" in factor
+                    else "kept as it was") + (f" ({td['kernel_reason']})" if td.get("kernel_reason") else "")
             why = f"kept on {td['evidence']}; " if td.get("evidence") else ""
             head = f"; default head: {td['default_head']}" if td.get("default_head") else ""
-            changed = (f"linear head {td.get('linear') or 're-solved'}; kernel vote {kept}" if not td.get("pool_factor")
+            changed = (f"linear head {td.get('linear') or 're-solved'}; kernel vote {kept}"
+                       if not factor or td.get("evidence") == "halves of the pool"
                        else "× the pool's class likelihood to a power: " + ", ".join(
-                           f"{h} head^{a:.3g}" for h, a in td["pool_factor"].items()) + "; the other heads as they were")
+                           f"{h} head^{a:.3g}" for h, a in factor.items()) + "; the other heads as they were")
             lines.append(f"  transductive pool of {td['pool']} ({why}{td.get('rounds')} round(s), prior strength "
                          f"{td.get('prior_strength', 0):.3g}): {changed}{head}")
     return lines

@@ -1,40 +1,20 @@
-"""Labelled images ("shots") in the kernel machine: closed-form heads chosen by exact leave-one-out.
+"""Labelled images ("shots") in the linear head: shared-covariance LDA chosen by exact leave-one-out.
 
-Both heads are closed-form and lean on the zero-shot (text) side as a prior:
+The linear head is closed-form and leans on the zero-shot (text) side as a prior: shared-covariance LDA on the shots
+with the text prototypes as prior means, ``μ_c = (n_c x̄_c + κ m_c)/(n_c + κ)`` (``m_c`` the prototype moved onto the
+shots' centre x̄, :func:`prior_means`) and ``Σ = (1−γ) S_w/(N−C) + γ τ I`` (within-class scatter shrunk towards its
+mean eigenvalue τ), with the means put at one Mahalanobis radius from x̄:
+``logits_c(x) = r (x̂ − x̄)ᵀ Σ⁻¹ d_c / ||d_c||_Σ⁻¹``, ``d_c = μ_c − x̄`` (:func:`lda_head_weights`; with one shot per
+class, SimpleShot's centred-and-renormalised nearest mean).
 
-* kernel vote over the support set ``[T; X]`` (text rows T, image rows X), one bandwidth σ::
+γ and κ are chosen by exact leave-one-out over the shots (image to image): the LOO downdates the class mean and the
+scatter matrix by rank one (:func:`lda_loo`). The rule is the one-standard-error rule towards the smoother model:
+among settings whose LOO error is within one binomial standard error of the best, the most shrinkage. Shots in the
+benchmark are averages of augmented views, tighter than single-crop queries; the plain LOO minimum then prefers too
+little (docs/fewshot.md).
 
-      f(x) = α·F(x) + s₀·k(x, X) B,     F(x) = k(x, T) A_T(σ),
-      B = (K_XX + c·I)⁻¹ (Y − α F(X)/s₀)                      (c = N·λ; K_XX has a unit diagonal)
-
-  so the artifact's vote weights are ``[α A_T ; s₀ B]`` and the scoring formula is unchanged,
-  ``exp(-||x̂ - s||²/2σ²) @ vote_weights``. ``A_T(σ)`` is the zero-shot solve over the text rows
-  (``(K_TT + M_T λ_T I)⁻¹ Y_T`` with the artifact's own λ rule), and ``s₀`` puts F on the scale of
-  Y (the mean spread ``max_c F − mean_c F`` over the shots). α = 1 with no images is the
-  zero-shot head exactly; as shots accumulate, the data term dominates the fixed prior.
-* linear: shared-covariance LDA on the shots with the text prototypes as prior means,
-  ``μ_c = (n_c x̄_c + κ m_c)/(n_c + κ)`` (``m_c`` the prototype moved onto the shots' centre x̄,
-  :func:`prior_means`) and ``Σ = (1−γ) S_w/(N−C) + γ τ I`` (within-class scatter shrunk towards
-  its mean eigenvalue τ), with the means put at one Mahalanobis radius from x̄:
-  ``logits_c(x) = r (x̂ − x̄)ᵀ Σ⁻¹ d_c / ||d_c||_Σ⁻¹``, ``d_c = μ_c − x̄`` (:func:`lda_head_weights`;
-  with one shot per class, SimpleShot's centred-and-renormalised nearest mean).
-
-All settings — σ, λ (c) and α for the kernel head, γ and κ for the linear head — are chosen by
-exact leave-one-out over the shots (image to image). For the kernel head's linear smoother
-``Ŷ = αF + H(Y − αF)`` the LOO prediction is ``αF_i + ((HR)_i − H_ii R_i)/(1 − H_ii)`` with
-``R = Y − αF``: one eigendecomposition of ``K_XX`` per σ scores every (λ, α) pair. The LDA
-head's LOO downdates the class mean and the scatter matrix by rank one (:func:`lda_loo`).
-The rule is the one-standard-error rule towards the smoother model: among settings whose LOO
-error is within one binomial standard error of the best, take the largest σ then λ (kernel),
-the most shrinkage (LDA). Shots in the benchmark are averages of augmented views, tighter than
-single-crop queries; the plain LOO minimum then prefers too small a σ and λ (docs/fewshot.md).
-
-The artifact's default kernel head with shots is :mod:`svgen.fewshot.residual` (zero-shot probabilities plus a
-kernel ridge on their residual); :func:`fit_kernel_head` re-solves the vote over text, shot and pool rows
-in the transductive step, and the LDA head is the linear head.
-
-Classes without shots cannot be judged by LOO; when there are any, the kernel head's α is fixed
-at 1 (the text head keeps its full weight and the shots correct it) and κ = 0 is not offered.
+The kernel head with shots is :mod:`svgen.fewshot.residual` (zero-shot probabilities plus a kernel ridge on their
+residual). Classes without shots cannot be judged by LOO; when there are any, κ = 0 is not offered.
 """
 
 from __future__ import annotations
@@ -42,22 +22,15 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import dataclass, field
-from typing import Callable, Optional, Sequence
+from typing import Optional, Sequence
 
 import numpy as np
 import torch
 
-from svgen.core.kernels import kernel, kernel_from_sq_dists, median_heuristic, sq_dists
 from svgen.core.support import SupportSet
 
 log = logging.getLogger(__name__)
 
-SIGMA_FACTORS = (0.35, 0.5, 0.7, 1.0, 1.4)          # × the median image-to-image distance
-KERNEL_RIDGES = tuple(10.0 ** p for p in np.arange(-3.0, 2.01, 0.5))   # c = N·λ (K_XX has unit diagonal)
-LINEAR_RIDGES = tuple(10.0 ** p for p in np.arange(-3.0, 3.01, 0.5))   # λ / (mean eigenvalue of X̂cᵀX̂c)
-PRIOR_WEIGHTS = (0.0, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0)    # α
-LOO_MAX_SHOTS = 3000   # above this many shots, σ/λ/α are chosen on a class-stratified subset
-MAX_SHOTS = 16384      # the kernel head's dense N×N solve
 
 
 @dataclass
@@ -73,43 +46,6 @@ class HeadChoice:
 
     def as_dict(self) -> dict:
         return {"loo_error": self.loo_error, **self.settings}
-
-
-def prior_scale(F: torch.Tensor) -> float:
-    """``s₀ = mean_i (max_c F_ic − mean_c F_ic)``: the spread of the prior's scores over the shots."""
-    s = float((F.max(dim=1).values - F.mean(dim=1)).mean())
-    return s if s > 1e-12 and math.isfinite(s) else 1.0
-
-
-def prior_loo(U: torch.Tensor, shrinks: Sequence[torch.Tensor], Y: torch.Tensor, F: torch.Tensor,
-              alphas: Sequence[float], return_correct: bool = False):
-    """Exact LOO of ``Ŷ = αF + H(Y − αF)`` for every shrinkage vector and every α.
-
-    ``H = U diag(g) Uᵀ`` (e.g. ``K = U diag(e) Uᵀ``, ``g = e/(e + c)``). Returns (error, mse) arrays of shape
-    (len(shrinks), len(alphas)): the LOO misclassification rate (argmax of the LOO prediction
-    against argmax Y) and the mean squared LOO residual; with ``return_correct`` also the
-    per-shot LOO correctness, a bool array of shape (len(shrinks), len(alphas), N).
-    ``HY`` and ``HF`` for every shrinkage come from one matrix product (``U @ [g_s ⊙ UᵀY, g_s ⊙ UᵀF]_s``).
-    """
-    truth = Y.argmax(dim=1)
-    N, C = Y.shape
-    G = torch.stack([torch.as_tensor(g, dtype=U.dtype) for g in shrinks], dim=1)          # N×S
-    Z = U.T @ torch.cat([Y, F], dim=1)                                                    # N×2C
-    HZ = (U @ (G[:, :, None] * Z[:, None, :]).reshape(N, -1)).reshape(N, G.shape[1], 2 * C)
-    Hd = ((U * U) @ G).clamp(max=1 - 1e-9)                                                 # N×S: diag(H)
-    err = np.zeros((G.shape[1], len(alphas)))
-    mse = np.zeros_like(err)
-    correct = np.zeros(err.shape + (N,), dtype=bool)
-    for i in range(G.shape[1]):
-        HY, HF, h = HZ[:, i, :C], HZ[:, i, C:], Hd[:, i:i + 1]
-        for j, a in enumerate(alphas):
-            R = Y - a * F
-            loo = a * F + (HY - a * HF - h * R) / (1 - h)
-            ok = (loo.argmax(dim=1) == truth).numpy()
-            correct[i, j] = ok
-            err[i, j] = float((~ok).mean())
-            mse[i, j] = float(((Y - loo) ** 2).sum(dim=1).mean())
-    return (err, mse, correct) if return_correct else (err, mse)
 
 
 def one_se_choice(err: np.ndarray, mse: np.ndarray, n: int) -> tuple:
@@ -130,104 +66,12 @@ def one_se_choice(err: np.ndarray, mse: np.ndarray, n: int) -> tuple:
     return tuple(int(i) for i in lead_idx) + (last,)
 
 
-def _stratified(labels: np.ndarray, n_max: int, seed: int) -> Optional[np.ndarray]:
-    """Indices of at most ``n_max`` shots, the same fraction of each class (None: use them all)."""
-    if labels.shape[0] <= n_max:
-        return None
-    rng = np.random.default_rng(seed)
-    keep = []
-    frac = n_max / labels.shape[0]
-    for c in np.unique(labels):
-        idx = np.flatnonzero(labels == c)
-        keep.append(rng.choice(idx, size=max(1, int(round(frac * len(idx)))), replace=False))
-    return np.sort(np.concatenate(keep))
-
-
 def _eigh(A: torch.Tensor):
     """``torch.linalg.eigh`` through numpy's LAPACK: the same decomposition, measured here at 1,600 shots
     with about 2.5× less CPU time than torch's (benchmarks/bench_fit_time.py)."""
     e, U = np.linalg.eigh(A.numpy())
     return torch.from_numpy(e), torch.from_numpy(U)
 
-
-def _alphas(has_unshot: bool) -> tuple:
-    return (1.0,) if has_unshot else PRIOR_WEIGHTS
-
-
-# ----------------------------------------------------------------------------- kernel head
-
-def fit_kernel_head(text: SupportSet, text_votes: Callable[[float], torch.Tensor], shots: SupportSet, n_classes: int,
-                    kind: str = "rbf", sigmas: Optional[Sequence[float]] = None, seed: int = 0,
-                    targets: Optional[torch.Tensor] = None, one_se: bool = True, loo_max: int = LOO_MAX_SHOTS):
-    """(support set, σ, vote weights M×C, HeadChoice) for the kernel vote over ``[text; shots]``.
-
-    ``text_votes(σ)`` returns the text rows' zero-shot vote weights at bandwidth σ (the
-    classifier re-solves them with its own λ rule, or returns the stored ones at its own σ).
-    ``sigmas`` defaults to :data:`SIGMA_FACTORS` × the median distance between shots.
-    ``targets`` (N×C, rows on the simplex) replaces the one-hot ``Y`` of the shots' labels: soft
-    labels, e.g. the transductive posterior of unlabelled pool rows (:mod:`svgen.transductive.solve`);
-    LOO then scores against their argmax. ``one_se=False`` takes the LOO minimum instead of the
-    1-SE rule (rows that are single images like the queries, not tighter view averages);
-    ``loo_max`` caps the rows LOO runs on (class-stratified subset; the LOO costs rows²·C).
-    The squared distances shot–shot and shot–text are computed once for every σ; one
-    eigendecomposition of ``K_XX`` per σ scores every (λ, α).
-    """
-    X = shots.rows.double()
-    N = X.shape[0]
-    if N > MAX_SHOTS:
-        from svgen.errors import SvgenError
-        raise SvgenError(f"{N} shots: the kernel head solves an N×N system and takes at most {MAX_SHOTS}")
-    # Y: the shots' one-hot labels unless soft targets are given; a class no row points to cannot be judged
-    Y = shots.one_hot(n_classes) if targets is None else targets.double()
-    unjudged = bool((torch.bincount(Y.argmax(dim=1), minlength=n_classes) == 0).any())
-    T = text.rows.double()
-    labels = shots.labels.numpy()
-    sub = _stratified(labels, loo_max, seed)
-    Xs, Ys = (X, Y) if sub is None else (X[sub], Y[sub])
-    n = Xs.shape[0]
-    if sigmas is None:
-        med = median_heuristic(X.float(), seed=seed)
-        sigmas = [f * med for f in SIGMA_FACTORS]
-    alphas = _alphas(unjudged)
-    # α = 0 (the images alone) is always scored: the head comparison in choose_head uses it
-    scored = alphas if 0.0 in alphas else (0.0,) + tuple(alphas)
-    offer = [scored.index(a) for a in alphas]
-    ridges = KERNEL_RIDGES
-    d2_ss, d2_st = sq_dists(Xs, Xs), sq_dists(Xs, T)
-    err = np.zeros((len(sigmas), len(ridges), len(scored)))
-    mse = np.zeros_like(err)
-    correct = np.zeros(err.shape + (n,), dtype=bool)
-    for i, sigma in enumerate(sigmas):
-        F = kernel_from_sq_dists(d2_st, sigma, kind) @ text_votes(sigma).double()
-        F = F / prior_scale(F)
-        e, U = _eigh(kernel_from_sq_dists(d2_ss, sigma, kind))
-        e = e.clamp_min(0)
-        # c is in units of n (c = n·λ); the full solve uses the same λ
-        err[i], mse[i], correct[i] = prior_loo(U, [e / (e + c * n / N) for c in ridges], Ys, F, scored,
-                                               return_correct=True)
-    i, j, a = one_se_choice(err[:, :, offer], mse[:, :, offer], n if one_se else math.inf)  # n = ∞: the LOO minimum
-    a = offer[a]
-    sigma, c, alpha = float(sigmas[i]), float(ridges[j]), float(scored[a])
-    A_T = text_votes(sigma).double()
-    F = kernel(X, T, sigma, kind) @ A_T
-    s0 = prior_scale(F)
-    K = kernel(X, X, sigma, kind)
-    K.diagonal().add_(c)
-    B = torch.cholesky_solve(Y - alpha * F / s0, torch.linalg.cholesky(K))
-    votes = torch.cat([alpha * A_T, s0 * B]).float()
-    choice = HeadChoice(float(err[i, j, a]), {"sigma": sigma, "ridge_lambda": c / N, "ridge_c": c,
-                                              "prior_weight": alpha, "prior_scale": s0,
-                                              "loo_shots": n, "rule": "1-SE (largest σ, then λ)" if one_se
-                                              else "LOO minimum (ties: largest σ, then λ)"},
-                        grid=[{"sigma": float(s), "c": float(r), "alpha": float(scored[t]),
-                               "loo_error": float(err[p, q, t])}
-                              for p, s in enumerate(sigmas) for q, r in enumerate(ridges) for t in offer],
-                        loo_correct=correct[i, j, a], loo_correct_images=correct[i, j, scored.index(0.0)],
-                        loo_rows=sub)
-    return text.join(shots), sigma, votes, choice
-
-
-# ----------------------------------------------------------------------------- LDA head
 
 LDA_LOO_MAX = 512    # above this many shots, γ and κ are chosen on the LOO of a random set of whole classes
 LDA_SHRINKAGE = (0.02, 0.05, 0.1, 0.2, 0.4, 0.7)     # γ: Σ = (1−γ)·S_w/df + γ·(tr/D)·I

@@ -39,11 +39,12 @@ Artifacts without images are written as version 1, exactly as before; both versi
 An artifact adapted to unlabelled images (:mod:`svgen.transductive.solve`) keeps its version; its
 ``linear_head.*`` is then the transductive posterior and the inductive linear head travels as
 ``inductive.linear_head.weight`` (C×D) and ``inductive.linear_head.bias`` (C), with
-``svgen.json`` recording the solve under ``"transductive"``. When the transduction also
-re-solved the kernel vote, the artifact is version 2 with unlabelled ``pool`` rows (source 2,
-labelled by the argmax of their posterior) after the text and image rows, and the inductive
-kernel head travels as ``inductive.vote_weights`` (M₀×C, over the first M₀ = text + image rows)
-and ``inductive.bandwidth``. Writes are atomic: everything goes to a temporary sibling directory that is
+``svgen.json`` recording the solve under ``"transductive"``. A pool's factor on some heads' probabilities (with
+shots, or the kernel head after a zero-shot pool) makes it version 6, its kernel rows listed one by one. Version 2
+artifacts written before session 17 may carry a kernel vote re-solved with unlabelled ``pool`` rows (source 2,
+labelled by the argmax of their posterior) after the text and image rows, the inductive kernel head then travelling
+as ``inductive.vote_weights`` (M₀×C, over the first M₀ = text + image rows) and ``inductive.bandwidth``; they load as
+they were written. Writes are atomic: everything goes to a temporary sibling directory that is
 renamed into place; an existing artifact is replaced only with ``force=True``, by an atomic exchange,
 and only when it is an svgen artifact or an empty folder (docs/reliability.md).
 """

@@ -19,7 +19,7 @@ from svgen.transductive import gate as pool_gate
 from svgen.heads import predictor
 from svgen.transductive import solve as td
 from svgen.transductive.pool import PoolFit, Stage, transduce
-from svgen.state import Heads, PoolFactor, TextSide
+from svgen.state import Heads, KernelHead, PoolFactor, TextSide
 
 log = logging.getLogger(__name__)
 
@@ -38,9 +38,9 @@ def adapt(stage: Stage, side: TextSide, U: torch.Tensor, strength: Optional[floa
       (:func:`_adopt_factor`); the kernel head, where it is not the default, stays inductive.
     * Without labels, a head adapted on one half of the pool must agree with the other half's own posterior
       more often than the inductive head (by more than 1 SE; top 5 not worse). Kept, the posterior
-      ``β·t·(inductive linear logits) + Gaussian log-likelihood`` is the default linear head and the kernel vote
-      is re-solved with pool rows of soft class (:func:`pool_kernel_head`), each at the inductive default
-      head's mean entropy on the pool.
+      ``β·t·(inductive linear logits) + Gaussian log-likelihood`` is the default linear head and the kernel head
+      is the same posterior with the kernel vote as its prior (:func:`_adopt_posterior`), each at the inductive
+      default head's mean entropy on the pool.
 
     Otherwise the heads stay exactly the inductive ones, the record's ``fallback`` says why and its ``check``
     holds the evidence; the pool's probabilities are then the inductive default head's. With shots for only some of
@@ -71,8 +71,7 @@ def adapt(stage: Stage, side: TextSide, U: torch.Tensor, strength: Optional[floa
     fit = transduce(stage, side, U, strength, progress, labels_entropy=entropy_before)
     if fit.record.get("fallback"):
         return refused(stage, side, U, fit.record)
-    fit.heads.calibration = _entropy_matched(fit.heads, side, U[rows], entropy_before,
-                                             bool((fit.record.get("kernel_head") or {}).get("replaced")))
+    fit = _adopt_posterior(stage, side, fit, U[rows], entropy_before)
     fit.record.update({"check": check, "default_head": "linear", "wall_time_s": time.perf_counter() - t0})
     return fit
 
@@ -122,28 +121,61 @@ def _adopt_factor(stage: Stage, side: TextSide, U, strength, progress, check: di
     return PoolFit(heads, record, labels, Heads(ind.kernel, ind.linear, ind.calibration), fit.prior_linear)
 
 
-def _entropy_matched(heads: Heads, side: TextSide, U_cal: torch.Tensor, entropy_before: float,
-                     kernel_resolved: bool = False):
-    """Without labels: the pool-adapted heads' temperatures are the scales at which each head's mean entropy on
-    the pool is what the inductive default head's was (the ranking may move, the claimed certainty may not).
+def _adopt_posterior(stage: Stage, side: TextSide, fit: PoolFit, U_cal: torch.Tensor, entropy_before: float) -> PoolFit:
+    """Without labels, a kept pool deploys the transduction's posterior on new images, through both heads, each at
+    the temperature that gives it the inductive default head's mean entropy on the pool (``entropy_before``; the
+    ranking may move, the claimed certainty may not):
 
-    A kernel vote re-solved with pool rows (``kernel_resolved``) is scored by its scores themselves (``"score"``
-    logits): its ridge solve on the pool's soft labels gives scores of either sign, and ``"log"`` logits put every
-    class scored ≤ 0 at 10⁻³⁰ — images whose own pool row carries a wrong soft label then get their class's
-    probability near e⁻⁵⁶ (dev data, ucf101 zero-shot, the whole validation set as the pool: the re-solved kernel
-    head's NLL 3.42 against the inductive 1.73, its 99th percentile 56; with ``"score"`` 1.77, the top-1 the same)."""
-    temps = {}
-    for h in HEADS_FITTED_BY_POOL:
-        # the "score" logits of a re-solved kernel vote are its scores
-        of = predictor.scores if h == "kernel" and kernel_resolved else predictor.logits
-        z = of(heads, side.prototypes, side.config.kernel, U_cal, h).double()
-        if bool(torch.isfinite(z).all()):
-            temps[h] = 1.0 / td.match_entropy(z, entropy_before)
-    if not temps:
-        return heads.calibration
-    return predictor.with_temperatures(heads.calibration, temps, method="entropy-matched",
-                                       rule="after a pool without labels: T giving each adapted head the inductive "
-                                            "default head's mean entropy on the pool",
-                                       **({"kernel_logits": "score"} if kernel_resolved and "kernel" in temps else {}))
+    * linear: the solved head ``x̂ (W_G + β·t_l·W₀)ᵀ + …``, the Gaussian class log-likelihood plus the inductive
+      linear logits it continued (:func:`svgen.transductive.pool.transduce`);
+    * kernel: the same posterior with the kernel vote itself as the prior, as the solve had it:
+      ``z = β·t_p·s(x) + x̂ W_Gᵀ + b_G`` (s the inductive kernel scores, t_p the prior's temperature, β its strength),
+      stored as the kernel head's scores at ``T = 1/(t·β·t_p)`` times the pool's likelihood to the power ``t``
+      (:class:`svgen.state.PoolFactor`), t the entropy-matching scale of z. Its rows and votes stay the inductive
+      ones, listed one by one (the format that carries a factor).
 
-
+    Session 17: it replaced the kernel vote re-solved with pool rows of soft class, whose ridge scores mis-ranked the
+    lower classes (dev data, caltech101, the whole validation set as the pool: NLL +0.09 and top-5 −0.30 against the
+    inductive kernel head; this form −0.065 and 0.00; docs/transductive.md)."""
+    P, kind, rec = side.prototypes, side.config.kernel, fit.record
+    WG, bG = pool_gate.pool_parts(rec, fit.heads.linear, fit.prior_linear.weight, fit.prior_linear.bias)
+    k = float(rec["prior_strength"]) * float(rec["prior_temperature"])
+    with torch.no_grad():
+        s = predictor.scores(stage.heads, P, kind, U_cal, "kernel").double()
+        z = k * s + torch.nn.functional.normalize(U_cal.double(), dim=-1) @ WG.T + bG
+        lin = predictor.logits(fit.heads, P, kind, U_cal, "linear").double()
+    temps, powers, why = {}, {}, None
+    if bool(torch.isfinite(lin).all()):
+        temps["linear"] = 1.0 / td.match_entropy(lin, entropy_before)
+    if fit.heads.kernel.votes.is_sparse:   # (the rows-one-by-one layout stores dense vote weights only)
+        why = "its vote weights are sparse (local); the artifact layout that carries a factor needs dense ones"
+    elif k > 0 and bool(torch.isfinite(z).all()):
+        t = td.match_entropy(z, entropy_before)
+        temps["kernel"], powers["kernel"] = 1.0 / (t * k), t
+    else:
+        why = "its posterior's scores are not finite" if k > 0 else "the transduction gave its prior no weight"
+    cal = predictor.with_temperatures(fit.heads.calibration, temps, method="entropy-matched",
+                                      rule="after a pool without labels: T giving each adapted head the inductive "
+                                           "default head's mean entropy on the pool",
+                                      **({"kernel_logits": "score"} if powers else {}))
+    kernel, ind = fit.heads.kernel, fit.inductive
+    if powers and kernel.labels is None:
+        # the rows one by one, the layout of formats 2 and later, which carry a factor; the inductive heads share the
+        # object, so an artifact stores the vote once
+        ss = kernel.support_set()
+        kernel = KernelHead(ss.rows, kernel.bandwidth, kernel.votes, ss.labels, ss.source, kernel.prior_scale)
+        ind = Heads(kernel, ind.linear, ind.calibration)
+    heads = Heads(kernel, fit.heads.linear, cal, PoolFactor(WG.float(), bG.float(), powers) if powers else None)
+    record = {**rec, "heads": {"linear": "transductive posterior",
+                               "kernel": (f"the transductive posterior with the kernel vote as its prior (the inductive "
+                                          f"kernel scores at T = {temps['kernel']:.4g} × pool likelihood^"
+                                          f"{powers['kernel']:.4g})") if powers else f"inductive ({why})"},
+              "kernel_head": {"replaced": False, "factor": bool(powers),
+                              "reason": ("the pool multiplies the kernel vote by its likelihood: the transduction's "
+                                         "posterior with the vote as its prior") if powers else why},
+              **({"pool_factor": {"powers": powers,
+                                  "rule": "p_kernel(x) ∝ softmax(s(x)/T) · exp(a · (x̂ W_Gᵀ + b_G)), s the "
+                                          "inductive kernel scores, T = 1/(a·β·t_prior): the solve's posterior "
+                                          "β·t_prior·s(x) + x̂ W_Gᵀ + b_G at the entropy-matching scale a"}}
+                 if powers else {})}
+    return PoolFit(heads, record, fit.labels, ind, fit.prior_linear)

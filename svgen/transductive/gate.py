@@ -312,7 +312,7 @@ def check_without_shots(stage: Stage, side: TextSide, U: torch.Tensor, strength:
         ind = top5(predictor.scores(stage.heads, P, kind, U, head))
         adapted = []
         for rows in _steps(halves, progress, "halves of the pool"):
-            fit = transduce(stage, side, U[rows], strength, progress=False, kernel_head=False)
+            fit = transduce(stage, side, U[rows], strength, progress=False)
             if fit.record.get("fallback"):
                 return {**base, "adopt": False, "reason": "half of the pool alone does not adapt ("
                         + fit.record["fallback"].replace("; kept the inductive heads", "") + ")"}

@@ -2,8 +2,8 @@
 decides what is kept; :mod:`svgen.transductive.gate` runs this on parts of the pool and of the shots).
 
 The pool is pseudo-labelled by the current heads and the class model re-solved in closed form for a few rounds
-(:mod:`svgen.transductive.solve`), with the inductive prediction kept as a prior (zero-shot: the kernel head,
-entropy-calibrated; with shots: the LDA head). A pool with fewer images than classes changes nothing; the prior
+(:mod:`svgen.transductive.solve`), with the inductive prediction kept as a prior (zero-shot: the kernel head's scores,
+entropy-calibrated; with shots: the inductive default head's calibrated probabilities). A pool with fewer images than classes changes nothing; the prior
 strength starts at :func:`svgen.transductive.solve.prior_strength` and is raised while the rounds do not settle; if
 they never do, nothing changes.
 """
@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import time
 from dataclasses import dataclass
 from typing import Optional
@@ -25,11 +24,9 @@ from svgen.fewshot import linear as linear_head
 from svgen.heads import predictor
 from svgen.transductive import solve as td
 from svgen.calibration.temperatures import KERNEL_LOG_FLOOR
-from svgen.heads.scoring import CLIP_LOGIT_SCALE, kernel_scores, krr_vote_weights
-from svgen.core.kernels import kernel
-from svgen.state import Heads, KernelHead, LinearHead, TextSide
-from svgen.core.support import POOL, SupportSet
-from svgen.zeroshot.training import choose_ridge
+from svgen.heads.scoring import CLIP_LOGIT_SCALE
+from svgen.core.support import SupportSet
+from svgen.state import Heads, LinearHead, TextSide
 
 log = logging.getLogger(__name__)
 
@@ -81,12 +78,11 @@ def lda_loo_temperature(heads: Heads):
 
 
 def transduce(stage: Stage, side: TextSide, U: torch.Tensor, strength: Optional[float] = None, progress: bool = False,
-              labels_entropy: Optional[float] = None, kernel_head: bool = True) -> PoolFit:
-    """The transduction itself (no check): re-solves the linear head (and, zero-shot, the kernel vote) on the
-    unit pool ``U`` from the inductive heads. ``labels_entropy``: the pool probabilities' mean entropy (default:
-    the adapted linear head's at its text-rule temperature). ``kernel_head=False``: the kernel vote is not
-    re-solved (the check scores the linear head and the posterior only, which do not depend on it). A record
-    with ``fallback`` set: nothing changed."""
+              labels_entropy: Optional[float] = None) -> PoolFit:
+    """The transduction itself (no check): re-solves the linear head on the unit pool ``U`` from the inductive heads
+    (the kernel head is left as it is: :mod:`svgen.transductive.adapt` gives it the pool's factor).
+    ``labels_entropy``: the pool probabilities' mean entropy (default: the adapted linear head's at its text-rule
+    temperature). A record with ``fallback`` set: nothing changed."""
     C, N = side.n_classes, U.shape[0]
     P, kind, heads = side.prototypes, side.config.kernel, stage.heads
     head = stage.prior_head
@@ -152,21 +148,8 @@ def transduce(stage: Stage, side: TextSide, U: torch.Tensor, strength: Optional[
                              "calibration": json.loads(json.dumps(ic.record))}
     new = Heads(heads.kernel, LinearHead(res.weight + beta * t_lin * prior_linear.weight.float(),
                                          res.bias + beta * t_lin * prior_linear.bias.float()), ic)
-    t1 = time.perf_counter()
-    with torch.no_grad():
-        if shots is not None:
-            kinfo = {"replaced": False, "reason": "with shots a pool adapts the linear head only"}
-        elif not kernel_head:
-            kinfo = {"replaced": False, "reason": "not re-solved (the pool check scores the linear head only)"}
-        else:
-            kinfo, solved = pool_kernel_head(stage, side, U, res.labels)
-            if solved is not None:
-                new.kernel = solved
-    timings["kernel_head"] = time.perf_counter() - t1
-    # the changed heads' temperatures follow the text rule (adapt then replaces them); a kernel head kept as it
-    # was keeps its own
-    new.calibration = predictor.text_calibration(new, P, side.per_template, kind,
-                                                 only=None if kinfo.get("replaced") else "linear")
+    # the linear head's temperature follows the text rule (adapt then replaces it); the kernel head keeps its own
+    new.calibration = predictor.text_calibration(new, P, side.per_template, kind, only="linear")
     # the pool's probabilities (what `classify --transductive` prints): the posterior's logits at the temperature
     # that gives them the mean entropy of the linear head — the head that carries the posterior to new images,
     # at its own T — on the pool; the solve's z_i are sharper (without a fitted class model a 512-d Gaussian
@@ -183,72 +166,9 @@ def transduce(stage: Stage, side: TextSide, U: torch.Tensor, strength: Optional[
               "prior_temperature": t_prior, "labels_temperature": 1.0 / t_labels,
               "linear_prior_temperature": t_lin, "calibration": "entropy of softmax(100·cos)",
               "posterior_temperature_source": t_post_source,
-              "heads": {"linear": "transductive posterior",
-                        "kernel": "transductive (pool rows, soft targets)" if kinfo["replaced"]
-                        else "inductive (kept: " + kinfo["reason"] + ")"},
-              "kernel_head": kinfo, "timings_s": timings, "wall_time_s": time.perf_counter() - t0,
+              "heads": {"linear": "transductive posterior", "kernel": "inductive"},
+              "timings_s": timings, "wall_time_s": time.perf_counter() - t0,
               "inductive_calibration": inductive_calibration}
     log.info("transductive: %d images, β=%.3g, %d rounds, %.1f%% of the pool relabelled from the prior, %.2fs",
              N, beta, res.info["rounds"], 100 * res.info["changed_from_prior"], record["wall_time_s"])
     return PoolFit(new, record, labels, heads, prior_linear)
-
-
-def text_votes(zero_shot: Heads, side: TextSide, support: SupportSet):
-    """``σ ↦`` the text rows' vote weights at σ: the stored ones at the text σ, else re-solved with the fit's own
-    λ rule (``A_T = (K_TT + M_T·λ·I)⁻¹ Y_T``)."""
-    cache = {}
-    cfg, z = side.config, zero_shot.kernel
-
-    def votes(sigma: float) -> torch.Tensor:
-        if sigma == z.bandwidth:
-            return z.votes.double()
-        if sigma not in cache:
-            K_tt = kernel(support.rows.double(), support.rows.double(), sigma, cfg.kernel)
-            Y = support.one_hot(side.n_classes)
-            lam, _ = choose_ridge(K_tt, Y, cfg.ridge, parzen_factor=cfg.parzen_factor)
-            cache[sigma] = krr_vote_weights(K_tt, Y, lam)
-            if side.vote_rule == "M·λ":  # on the scale of the stored text votes
-                cache[sigma] = cache[sigma] * (K_tt.shape[0] * lam)
-        return cache[sigma]
-
-    return votes
-
-
-def pool_kernel_head(stage: Stage, side: TextSide, U: torch.Tensor, Z: torch.Tensor):
-    """Zero-shot: the kernel vote re-solved with pool rows as support vectors of soft class (the posterior ``Z``).
-
-    :func:`svgen.transductive.solve.pool_support` picks the rows; :func:`svgen.fewshot.lda.fit_kernel_head` solves
-    ``[text; pool]`` towards the text head with targets ``Z_pool`` (σ, λ, the text weight α by exact LOO). The
-    result replaces the inductive kernel head only if its argmax agrees with the posterior's on more held-out
-    pool rows (not support rows) than the inductive head's does. Returns (what was done, ``svgen.json``
-    ``transductive.kernel_head``; the new :class:`KernelHead` or None)."""
-    C, N = side.n_classes, U.shape[0]
-    t0 = time.perf_counter()
-    text, inductive = stage.zero_shot.kernel, stage.heads.kernel
-    if text.votes.is_sparse:
-        return {"replaced": False, "reason": "the text vote weights are sparse (local); the re-solve needs dense ones"}, None
-    picks = td.pool_support(Z)
-    held = td.held_out_rows(N, picks)
-    info = {"pool_rows": int(picks.numel()), "held_out_rows": int(held.numel())}
-    if held.numel() == 0:
-        return {**info, "replaced": False, "reason": "no held-out pool rows to check a re-solved head on"}, None
-    Zp = Z[picks].double()
-    rows = SupportSet(U[picks], Zp.argmax(dim=1), torch.full((picks.numel(),), POOL, dtype=torch.uint8))
-    text_rows = SupportSet.from_text(text.rows)
-    # many text rows: each σ of the grid would re-solve the text head (an M_T×M_T system); keep the current σ
-    sigmas = None if len(text_rows) <= td.SIGMA_GRID_MAX_TEXT_ROWS else [float(inductive.bandwidth)]
-    support, sigma, A, choice = fewshot.fit_kernel_head(text_rows, text_votes(stage.zero_shot, side, text_rows), rows,
-                                                        C, kind=side.config.kernel, sigmas=sigmas,
-                                                        seed=side.config.seed, targets=Zp, one_se=td.POOL_ONE_SE,
-                                                        loo_max=int(math.sqrt(td.POOL_LOO_BUDGET / C)))
-    Uh, Zh = U[held], Z[held]
-    new = kernel_scores(Uh, support.rows.float(), sigma, A, side.config.kernel)
-    old = predictor.scores_in_blocks(stage.heads, side.prototypes, side.config.kernel, Uh, "kernel")
-    agree, agree0 = td.kernel_agreement(new, Zh), td.kernel_agreement(old, Zh)
-    info.update({"agreement": agree, "inductive_agreement": agree0, **choice.as_dict(),
-                 "wall_time_s": time.perf_counter() - t0})
-    if not agree > agree0:
-        return {**info, "replaced": False,
-                "reason": f"held-out agreement with the posterior {agree:.4f} is not above the inductive {agree0:.4f}"}, None
-    return {**info, "replaced": True, "reason": None}, KernelHead(support.rows.float(), sigma, A, support.labels,
-                                                                  support.source, inductive.prior_scale)

@@ -37,15 +37,8 @@ Safety:
   prior must hold them. After :data:`MAX_ESCALATIONS` raises without settling, the inductive heads
   are kept (:func:`settle`). Every try is recorded.
 
-The kernel-vote head is re-solved too (:func:`pool_support`, then
-:func:`svgen.fewshot.lda.fit_kernel_head` with soft targets): up to :data:`POOL_ROWS_PER_CLASS` pool
-rows per class (at most :data:`POOL_ROWS_MAX` in all), spread over the confidence ranks of the
-rows the posterior assigns to the class, join the support set as ``pool`` rows with their
-posterior ``z_i`` as targets, and the vote is solved in closed form as kernel ridge towards the
-text head (with the shots, if any, as before; σ, λ and the text weight by exact LOO). It replaces
-the inductive kernel head only when it agrees with the posterior's argmax on held-out pool rows
-(rows that are not support rows) more often than the inductive kernel head does
-(:func:`kernel_agreement`); otherwise the inductive kernel head is kept and the reason recorded.
+Zero-shot, the kept pool's kernel head is this posterior with the kernel vote as its prior, on new images (without
+the neighbour term): :func:`svgen.transductive.adapt._adopt_posterior`; the vote itself is not re-solved.
 
 Memory: ``N×C`` float32 matrices (a few at a time) and an ``N×k`` neighbour list; the k-NN search
 runs in row blocks of ``U Uᵀ``.
@@ -72,13 +65,6 @@ PRIOR_PSEUDO_IMAGES = 1.0    # κ: weight of the prior mean in each class mean
 MIN_POOL_PER_CLASS = 1.0     # fall back when N < this × C
 STABLE = 0.999               # stop when two rounds' argmax agree on this fraction of the pool
 KNN_BLOCK = 2048
-POOL_ROWS_PER_CLASS = 16     # kernel head: pool support rows per class at most …
-POOL_ROWS_MAX = 2048         # … and in all (the dense solve over them stays small at 1,000 classes)
-POOL_ONE_SE = False          # kernel head: σ, λ, α at the LOO minimum (pool rows are single images, like queries)
-SIGMA_GRID_MAX_TEXT_ROWS = 2048   # kernel head: more text rows than this keep the current σ (no grid)
-POOL_LOO_BUDGET = 2048 ** 2 * 128   # kernel head: LOO on at most sqrt(this / C) rows (its cost is rows²·C)
-HELD_OUT_FRACTION = 0.25     # kernel head: at least this fraction of the pool is never a support row
-HELD_OUT_ROWS = 4096         # kernel head: held-out pool rows scored for the agreement check
 ESCALATE = 4.0               # β × this when the rounds do not settle
 MAX_ESCALATIONS = 4          # then fall back to the inductive heads
 
@@ -283,43 +269,3 @@ def settle(U: torch.Tensor, prior_logits: torch.Tensor, means: torch.Tensor, bet
                  res.info["round_agreement"][-1])
         beta *= ESCALATE
     return None, tries
-
-
-def pool_support(Z: torch.Tensor, per_class: Optional[int] = None, total: int = POOL_ROWS_MAX) -> torch.Tensor:
-    """Indices of the pool rows that become the kernel head's ``pool`` support rows (sorted).
-
-    The posterior's argmax assigns each pool row to a class; from each class's rows, sorted by
-    ``z_ic`` (most confident first), ``m = min(per_class, total // C, (1 − h)·N // C)`` (at least 1)
-    rows at evenly spaced ranks, so a fraction h = :data:`HELD_OUT_FRACTION` of the pool stays held out
-    (the first is the most confident; a class with ≤ m rows gives all of them). Evenly spaced
-    ranks cover the class from its core to its edge rather than only its most typical images.
-    """
-    N, C = Z.shape
-    m = max(1, min(POOL_ROWS_PER_CLASS if per_class is None else int(per_class), total // C,
-                   int((1 - HELD_OUT_FRACTION) * N) // C))
-    lab = Z.argmax(dim=1)
-    conf = Z.gather(1, lab[:, None])[:, 0]
-    order = torch.argsort(lab.double() * 2 - conf.double())      # by class, then by confidence (descending)
-    counts = torch.bincount(lab, minlength=C)
-    starts = torch.cumsum(counts, 0) - counts
-    keep = []
-    for c in torch.nonzero(counts).flatten().tolist():
-        n = int(counts[c])
-        ranks = torch.arange(n) if n <= m else torch.linspace(0, n - 1, m).round().long()
-        keep.append(order[int(starts[c]) + ranks])
-    return torch.sort(torch.cat(keep)).values
-
-
-def held_out_rows(N: int, support: torch.Tensor, n: int = HELD_OUT_ROWS) -> torch.Tensor:
-    """At most ``n`` evenly spaced pool rows that are not in ``support`` (the agreement check's rows)."""
-    mask = torch.ones(N, dtype=torch.bool)
-    mask[support] = False
-    rest = torch.nonzero(mask).flatten()
-    if rest.numel() <= n:
-        return rest
-    return rest[torch.linspace(0, rest.numel() - 1, n).round().long()]
-
-
-def kernel_agreement(scores: torch.Tensor, Z: torch.Tensor) -> float:
-    """Fraction of rows whose argmax score is the posterior's argmax class."""
-    return float((scores.argmax(dim=1) == Z.argmax(dim=1)).double().mean()) if len(Z) else 0.0

@@ -174,28 +174,51 @@ def test_zero_shot_pool_with_real_structure_is_kept(tmp_path):
     np.testing.assert_allclose(back.predict_proba(U), clf.predict_proba(U), rtol=1e-5, atol=1e-7)
 
 
-def test_a_resolved_kernel_head_is_scored_by_its_scores_at_the_inductive_entropy():
-    """A kept zero-shot pool re-solves the kernel vote with pool rows. Its ridge scores have either sign, so its
-    probabilities are ``softmax(score / T)`` ("score" logits; ``log max(score, 1e-30)`` put every class scored ≤ 0
-    at 1e-30: on real ucf101 features its NLL was twice the inductive head's), with T giving it the inductive default
-    head's mean entropy on the pool."""
+def test_zero_shot_pool_kernel_head_is_the_posterior_with_the_kernel_prior(tmp_path):
+    """A kept zero-shot pool deploys, as the kernel head, the transduction's posterior with the kernel vote as its
+    prior: ``softmax(t·(β·t_p·s(x) + x̂ W_Gᵀ + b_G))``, s the inductive kernel scores, recomputed here from the
+    transduction's parts (W_G: the transduced linear head minus β·t_l × the inductive one), with t giving it the
+    inductive default head's mean entropy on the pool; the kernel's rows and votes are the inductive ones, and it
+    travels through save/load (format 6)."""
     from scipy.special import softmax
+
+    from svgen.io.artifacts import FORMAT_VERSION_POOL_FACTOR
+    from svgen.transductive.pool import transduce
     from svgen.transductive.solve import calibration_rows
 
     protos, U, yu, _, _ = _world(7, 1.6, 30, 0.5)
+    ref = SVGClassifier(n_support=2, steps=5, seed=0).fit(protos)
     clf = SVGClassifier(n_support=2, steps=5, seed=0).fit(protos)
     rows = calibration_rows(len(U)).numpy()
     p_before = clf.predict_proba(U)[rows]
+    s = np.asarray(ref.decision_function(U, "kernel"), dtype=np.float64)
     clf.adapt(unlabelled=U)
-    assert clf.transductive_["kernel_head"]["replaced"] and clf.kernel_logits_ == "score"
-    s = np.asarray(clf.decision_function(U, "kernel"), dtype=np.float64)
-    p = clf.predict_proba(U, head="kernel")
-    np.testing.assert_allclose(p, softmax(s / clf.temperatures_["kernel"], axis=1), rtol=1e-4, atol=1e-7)
+    t = clf.transductive_
+    assert t["fallback"] is None and t["kernel_head"]["factor"] and set(t["pool_factor"]["powers"]) == {"kernel"}
+    pool = transduce(ref._stage(), ref._side(), torch.nn.functional.normalize(torch.as_tensor(U), dim=-1))
+    rec = pool.record
+    kl = rec["prior_strength"] * rec["linear_prior_temperature"]
+    WG = pool.heads.linear.weight.double() - kl * pool.prior_linear.weight.double()
+    bG = pool.heads.linear.bias.double() - kl * pool.prior_linear.bias.double()
+    Un = torch.nn.functional.normalize(torch.as_tensor(U).double(), dim=-1)
+    z = rec["prior_strength"] * rec["prior_temperature"] * s + (Un @ WG.T + bG).numpy()
 
     def entropy(q):
         return float(-(q * np.log(np.maximum(q, 1e-300))).sum(axis=1).mean())
 
+    a = t["pool_factor"]["powers"]["kernel"]
+    p = clf.predict_proba(U, head="kernel")
+    np.testing.assert_allclose(p, softmax(a * z, axis=1), rtol=1e-4, atol=1e-7)
     assert entropy(p[rows]) == pytest.approx(entropy(p_before), rel=1e-3)
+    assert clf.predict(U, head="kernel").tolist() == np.array(clf.classes_)[z.argmax(axis=1)].tolist()
+    assert torch.equal(clf.heads_.kernel.votes, ref.heads_.kernel.votes)   # the vote is not re-solved
+    path = clf.save(tmp_path / "k.svgen")
+    assert json.loads((path / "svgen.json").read_text())["format_version"] == FORMAT_VERSION_POOL_FACTOR
+    back = SVGClassifier.load(path)
+    for h in ("kernel", "linear"):
+        np.testing.assert_allclose(back.predict_proba(U, h), clf.predict_proba(U, h), rtol=1e-5, atol=1e-7)
+    back.adapt(unlabelled=U[:3])   # refused (fewer images than classes): the inductive heads come back
+    np.testing.assert_allclose(back.predict_proba(U, "kernel"), ref.predict_proba(U, "kernel"), rtol=1e-4, atol=1e-6)
 
 
 def test_pool_with_shots_factor_formula(tmp_path):
@@ -327,7 +350,8 @@ def test_diagnose_says_what_the_pool_decided(cli, tmp_path):
 def test_every_export_of_a_head_with_a_pool_factor_is_that_head(tmp_path, fmt):
     """After a pool with shots (the golden format-6 artifact: the default mixture head and the linear head carry the
     pool's factor, the kernel head none; and the same with the factor on its kernel head instead, floored logits, as
-    when the kernel head is the default), each exported head file gives the probabilities and scores svgen gives —
+    when the kernel head is the default) and after a zero-shot pool (the kernel head's scores × the factor), each
+    exported head file gives the probabilities and scores svgen gives —
     read by the deployment script without svgen — and the linear head stays one matrix (the factor folded in, T = 1)."""
     if fmt == "onnx":
         pytest.importorskip("onnxruntime")
@@ -347,24 +371,30 @@ def test_every_export_of_a_head_with_a_pool_factor_is_that_head(tmp_path, fmt):
     kernel_default = SVGClassifier.load(root / "tests" / "io" / "golden" / "v6_shots_pool_kept" / "artifact")
     kernel_default.heads_.pool_factor.powers = {"kernel": 0.7 * powers["mixture"]}   # a kernel head (floored logits)
     assert kernel_default.kernel_logits_ == "floored"                                # with the factor, as the default
-    for model, head in ((clf, "mixture"), (clf, "linear"), (clf, "kernel"), (kernel_default, "kernel")):
-        path = tmp_path / f"{head}{len(model.heads_.pool_factor.powers)}.{fmt}"
+    # after a zero-shot pool: the kernel head's scores ("score" logits) × the pool's likelihood
+    zero_shot = SVGClassifier.load(root / "tests" / "io" / "golden" / "v6_zero_shot_pool_kept" / "artifact")
+    assert set(zero_shot.heads_.pool_factor.powers) == {"kernel"} and zero_shot.kernel_logits_ == "score"
+    for i, (model, head) in enumerate(((clf, "mixture"), (clf, "linear"), (clf, "kernel"), (kernel_default, "kernel"),
+                                       (zero_shot, "kernel"), (zero_shot, "linear"))):
+        path = tmp_path / f"{head}{i}.{fmt}"
         info = export_head(model, path, fmt, head=head)
         got = zero_shot_classify.load_head(str(path))
-        # ONNX runs in float32, and the factor's log-likelihood (scale ~10²) costs it a digit
-        np.testing.assert_allclose(got["probs"](Q), model.predict_proba(Q, head), atol=1e-5 if fmt == "onnx" else 2e-6,
-                                   err_msg=head)
+        # ONNX runs in float32, and the factor's log-likelihood (scale ~10²) costs it a digit; so do the zero-shot
+        # kernel head's scores at their small T (×1/T ~ 10)
+        np.testing.assert_allclose(got["probs"](Q), model.predict_proba(Q, head),
+                                   atol=1e-5 if fmt == "onnx" or model is zero_shot else 2e-6, err_msg=head)
         np.testing.assert_allclose(got["score"](Q), model.decision_function(Q, head), atol=2e-4, err_msg=head)
         if fmt == "onnx":
             assert info["checked"] is not None
             continue
         h = load_head(path)
         assert ("pool_factor.power" in h) == (head in model.heads_.pool_factor.powers and head != "linear")
-        if head == "linear":   # one matrix: softmax(logit_scale·(x̂ W + b)) at T = 1 is the factored head
+        if head == "linear":   # one matrix: softmax(logit_scale·(x̂ W + b) / T), T = 1 where the factor is folded in
             x = Q / np.linalg.norm(Q, axis=1, keepdims=True)
             z = float(h["logit_scale"]) * (x @ h["weight"] + h["bias"])
-            assert float(h["temperature"]) == 1.0
-            np.testing.assert_allclose(_softmax_np(z), model.predict_proba(Q, "linear"), atol=2e-5)
+            assert (float(h["temperature"]) == 1.0) == ("linear" in model.heads_.pool_factor.powers)
+            np.testing.assert_allclose(_softmax_np(z / float(h["temperature"])), model.predict_proba(Q, "linear"),
+                                       atol=2e-5)
 
 
 def _softmax_np(z):

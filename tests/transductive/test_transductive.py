@@ -391,68 +391,7 @@ def test_classifier_keeps_the_inductive_heads_when_the_rounds_never_settle(data,
     assert clf.inductive_ is None
 
 
-# ----------------------------------------------------------------------------- the kernel head re-solved
-
-def test_pool_support_matches_a_loop():
-    rng = np.random.default_rng(3)
-    Z = torch.softmax(torch.as_tensor(rng.normal(size=(90, 5)) * 2), dim=1)
-    got = td.pool_support(Z, per_class=4).tolist()
-    want = []
-    lab, conf = Z.argmax(1).numpy(), Z.max(1).values.numpy()
-    for c in range(5):
-        rows = sorted(np.flatnonzero(lab == c), key=lambda i: -conf[i])
-        ranks = range(len(rows)) if len(rows) <= 4 else np.round(np.linspace(0, len(rows) - 1, 4)).astype(int)
-        want += [rows[r] for r in ranks]
-    assert got == sorted(want)
-    assert len(td.pool_support(Z[:12], per_class=4)) <= int((1 - td.HELD_OUT_FRACTION) * 12)  # ≥ h of the pool held out
-    held = td.held_out_rows(90, torch.tensor(got), n=1000)
-    assert set(held.tolist()) == set(range(90)) - set(got)
-
-
-def test_soft_target_kernel_head_against_numpy(data):
-    """fit_kernel_head with soft targets: the vote weights are the formula re-solved in numpy, and the LOO
-    error of the chosen setting is brute-force refitting without each row."""
-    from svgen.fewshot import lda as fewshot
-    from svgen.transductive.pool import text_votes
-    from svgen.core.support import IMAGE, POOL, SupportSet
-
-    clf = data["clf"]
-    U = torch.as_tensor(_unit(data["U"]), dtype=torch.float32)
-    rng = np.random.default_rng(5)
-    Zs = torch.softmax(torch.as_tensor(rng.normal(size=(len(U), C)) + 3 * np.eye(C)[data["yu"]]), dim=1)
-    rows = SupportSet(U, Zs.argmax(1), torch.full((len(U),), POOL, dtype=torch.uint8))
-    text = SupportSet.from_text(clf.support_vectors_)
-    votes = text_votes(clf.zero_shot_, clf._side(), text)
-    support, sigma, A, choice = fewshot.fit_kernel_head(text, votes, rows, C, targets=Zs, one_se=False)
-    s = choice.settings
-    T, X, Y = text.rows.double().numpy(), U.double().numpy(), Zs.numpy()
-
-    def k(a, b):
-        d = ((a[:, None] - b[None]) ** 2).sum(-1)
-        return np.exp(-d / (2 * sigma ** 2))
-
-    AT = votes(sigma).double().numpy()
-    Fx = k(X, T) @ AT
-    s0 = np.mean(Fx.max(1) - Fx.mean(1))
-    assert s["prior_scale"] == pytest.approx(s0)
-    B = np.linalg.solve(k(X, X) + s["ridge_c"] * np.eye(len(X)), Y - s["prior_weight"] * Fx / s0)
-    want = np.concatenate([s["prior_weight"] * AT, s0 * B])
-    assert np.allclose(A.double().numpy(), want, atol=1e-4 * np.abs(want).max())
-    assert support.source.tolist() == [0] * len(T) + [POOL] * len(X) and IMAGE not in support.source.tolist()
-    # brute-force LOO of the chosen (σ, c, α) against the targets' argmax (scores on the prior's own scale)
-    n, wrong = len(X), 0
-    Fs = Fx / s0
-    for i in range(n):
-        keep = np.arange(n) != i
-        Bi = np.linalg.solve(k(X[keep], X[keep]) + s["ridge_c"] * np.eye(n - 1), Y[keep] - s["prior_weight"] * Fs[keep])
-        pred = s["prior_weight"] * Fs[i] + k(X[i:i + 1], X[keep])[0] @ Bi
-        wrong += int(pred.argmax() != Y[i].argmax())
-    assert choice.loo_error == pytest.approx(wrong / n)
-    # one-hot targets are the labels: the same head as without targets
-    _, _, A1, c1 = fewshot.fit_kernel_head(text, votes, rows, C)
-    _, _, A2, c2 = fewshot.fit_kernel_head(text, votes, rows, C, targets=rows.one_hot(C))
-    assert torch.equal(A1, A2) and c1.settings == c2.settings
-
+# ----------------------------------------------------------------------------- the kernel head after a pool
 
 @pytest.fixture(scope="module")
 def hard():
@@ -461,79 +400,84 @@ def hard():
     return {"protos": protos, "U": U, "yu": yu}
 
 
-def _kernel_resolved(clf):
+def _kernel_factor(clf):
     kh = clf.transductive_["kernel_head"]
-    assert kh["replaced"], kh
-    return kh
+    assert not kh["replaced"] and kh["factor"], kh
+    return clf.transductive_["pool_factor"]["powers"]["kernel"]
 
 
 def test_pool_kernel_head_in_the_classifier(hard, tmp_path, gate_open):
-    from svgen.core.support import POOL
+    """Zero-shot, a kept pool leaves the kernel vote's rows and weights as they were (listed one by one) and
+    multiplies its probabilities by the pool's likelihood (format 6, no shots); the factor travels through save, load
+    and export; adapting again gives the same head, a refused pool the zero-shot head, new classes drop it."""
+    from svgen.core.support import TEXT
 
     clf = SVGClassifier(n_support=2, steps=5, seed=0).fit(hard["protos"])
-    K0 = clf.decision_function(hard["U"], "kernel")
+    K0, P0 = clf.decision_function(hard["U"], "kernel"), clf.predict_proba(hard["U"], "kernel")
+    acc0 = (P0.argmax(1) == hard["yu"]).mean()
     clf.adapt(unlabelled=hard["U"])
-    kh = _kernel_resolved(clf)
-    src = clf.support_source_.numpy()
-    assert (src == POOL).sum() == kh["pool_rows"] and (src == 0).sum() == C * 2
-    assert clf.vote_weights_.shape == (len(src), C) and clf.inductive_.kernel is not clf.heads_.kernel
-    assert kh["agreement"] > kh["inductive_agreement"]
-    assert clf.transductive_["heads"]["kernel"].startswith("transductive")
-    # the scoring formula over the new support set
-    x = _unit(hard["U"])
-    S = clf.support_vectors_.double().numpy()
-    Kx = np.exp(-((x[:, None] - S[None]) ** 2).sum(-1) / (2 * clf.bandwidth_ ** 2))
-    assert np.allclose(clf.decision_function(hard["U"], "kernel"), Kx @ clf.vote_weights_.double().numpy(), atol=1e-5)
-    assert not np.allclose(clf.decision_function(hard["U"], "kernel"), K0)
-    # save/load (version 2, no shots: the prior stays the kernel head), export carries the pool rows
+    a = _kernel_factor(clf)
+    assert a > 0 and clf.kernel_logits_ == "score"
+    assert (clf.support_source_.numpy() == TEXT).all() and len(clf.support_source_) == C * 2
+    assert torch.equal(clf.vote_weights_, SVGClassifier(n_support=2, steps=5, seed=0).fit(hard["protos"]).vote_weights_)
+    assert (clf.predict_proba(hard["U"], "kernel").argmax(1) == hard["yu"]).mean() > acc0
     clf.save(tmp_path / "t.svgen")
     meta = json.loads((tmp_path / "t.svgen" / "svgen.json").read_text())
-    assert meta["format_version"] == 2 and meta["fewshot"] is None and meta["support_source"]["2"] == "pool"
+    assert meta["format_version"] == 6 and meta["fewshot"] is None
+    assert meta["calibration"]["pool_factor_powers"] == {"kernel": pytest.approx(a)}
     b = SVGClassifier.load(tmp_path / "t.svgen")
-    assert b.fewshot_ is None and b.transductive_["kernel_head"]["replaced"]
-    assert np.allclose(b.decision_function(hard["U"], "kernel"), clf.decision_function(hard["U"], "kernel"))
+    assert b.fewshot_ is None and _kernel_factor(b) == pytest.approx(a)
+    np.testing.assert_allclose(b.predict_proba(hard["U"], "kernel"), clf.predict_proba(hard["U"], "kernel"),
+                               rtol=1e-5, atol=1e-7)
     from svgen.io.export import head_tensors
 
     ex = head_tensors(b, "kernel")
-    assert (ex["support_source"] == POOL).sum() == kh["pool_rows"]
+    assert float(ex["pool_factor.power"]) == pytest.approx(a, rel=1e-6) and (ex["support_source"] == TEXT).all()
     # adapting the loaded artifact again starts from the inductive heads: the same result
     b.adapt(unlabelled=hard["U"])
-    assert np.allclose(b.decision_function(hard["U"], "kernel"), clf.decision_function(hard["U"], "kernel"), atol=1e-5)
-    # a pool that falls back restores the zero-shot (version-1) kernel head exactly
+    np.testing.assert_allclose(b.predict_proba(hard["U"], "kernel"), clf.predict_proba(hard["U"], "kernel"),
+                               rtol=1e-4, atol=1e-6)
+    # a pool that falls back restores the zero-shot kernel head's probabilities
     b.adapt(unlabelled=hard["U"][:2])
-    assert b.support_labels_ is None and b.support_vectors_.dim() == 3
-    assert np.allclose(b.decision_function(hard["U"], "kernel"), K0, atol=1e-6)
-    # classes can still be added (the pool rows are dropped)
+    assert b.heads_.pool_factor is None
+    np.testing.assert_allclose(b.decision_function(hard["U"], "kernel"), K0, atol=1e-6)
+    np.testing.assert_allclose(b.predict_proba(hard["U"], "kernel"), P0, rtol=1e-4, atol=1e-6)
+    # classes can still be added (the pool's factor is dropped)
     clf.add_classes(hard["protos"][:1] * -1, ["new"])
-    assert clf.transductive_ is None and clf.support_vectors_.dim() == 3
+    assert clf.transductive_ is None and clf.heads_.pool_factor is None and clf.support_vectors_.dim() == 3
 
 
-def test_pool_kernel_head_after_shots_keeps_the_shots(data, gate_open):
-    from svgen.core.support import IMAGE, POOL
+def test_pool_with_local_votes_keeps_the_kernel_head(hard, tmp_path, gate_open):
+    """Sparse (local) vote weights: a kept zero-shot pool adapts the linear head only (the layout that carries a
+    factor stores dense votes); the kernel head is the inductive one, and the artifact round-trips."""
+    clf = SVGClassifier(n_support=2, steps=5, seed=0, vote_solver="local", vote_neighbours=4).fit(hard["protos"])
+    P0 = clf.predict_proba(hard["U"], "kernel")
+    clf.adapt(unlabelled=hard["U"])
+    kh = clf.transductive_["kernel_head"]
+    assert clf.transductive_["fallback"] is None and not kh["factor"] and "sparse" in kh["reason"]
+    assert clf.heads_.pool_factor is None and clf.heads_.kernel.votes.is_sparse
+    np.testing.assert_array_equal(clf.predict_proba(hard["U"], "kernel"), P0)
+    b = SVGClassifier.load(clf.save(tmp_path / "l.svgen"))
+    for h in ("kernel", "linear", None):
+        np.testing.assert_allclose(b.predict_proba(hard["U"], h), clf.predict_proba(hard["U"], h), rtol=1e-5, atol=1e-7)
+
+
+def test_pool_after_shots_keeps_the_shots(data, gate_open):
+    """With shots the kernel vote is never re-solved; a refused pool gives the few-shot kernel head back, and more
+    shots drop the pool."""
+    from svgen.core.support import IMAGE
 
     clf = SVGClassifier(n_support=2, steps=5, seed=0).fit(data["protos"]).adapt(data["X"], data["ys"])
     K0, M0 = clf.decision_function(data["U"], "kernel"), len(clf.support_source_)
     clf.adapt(unlabelled=data["U"])
-    if clf.transductive_["kernel_head"]["replaced"]:
-        src = clf.support_source_.numpy()
-        assert (src == IMAGE).sum() == len(data["ys"]) and (src[M0:] == POOL).all()
+    assert not (clf.transductive_.get("kernel_head") or {}).get("replaced")
+    assert len(clf.support_source_) == M0 and (clf.support_source_.numpy() == IMAGE).sum() == len(data["ys"])
     clf.adapt(unlabelled=data["U"][:2])   # falls back: the few-shot kernel head again
-    assert len(clf.support_source_) == M0
     assert np.allclose(clf.decision_function(data["U"], "kernel"), K0, atol=1e-6)
     clf.adapt(unlabelled=data["U"])
-    clf.adapt(data["X"][:2], data["ys"][:2])   # more shots: the pool rows are dropped, the shots kept
-    assert (clf.support_source_ != POOL).all() and clf.fewshot_["shots"] == len(data["ys"]) + 2
-
-
-def test_kernel_head_kept_when_it_does_not_agree_better(data, monkeypatch, gate_open):
-    clf = SVGClassifier(n_support=2, steps=5, seed=0).fit(data["protos"])
-    K0 = clf.decision_function(data["U"], "kernel")
-    monkeypatch.setattr(td, "kernel_agreement", lambda scores, Z: 0.5)   # a tie: not better
-    clf.adapt(unlabelled=data["U"])
-    kh = clf.transductive_["kernel_head"]
-    assert not kh["replaced"] and "not above" in kh["reason"] and clf.inductive_.kernel is clf.heads_.kernel
-    assert clf.transductive_["heads"]["kernel"].startswith("inductive")
-    assert np.array_equal(clf.decision_function(data["U"], "kernel"), K0)
+    clf.adapt(data["X"][:2], data["ys"][:2])   # more shots: the pool is dropped, the shots kept
+    assert clf.transductive_ is None and clf.heads_.pool_factor is None
+    assert clf.fewshot_["shots"] == len(data["ys"]) + 2
 
 
 def test_cli_classify_transductive_kernel_head(cli, hard, tmp_path, gate_open):
@@ -547,7 +491,7 @@ def test_cli_classify_transductive_kernel_head(cli, hard, tmp_path, gate_open):
                          "--head", "kernel", "--format", "jsonl", "-k", "1")
     assert code == 0, err
     clf = SVGClassifier.load(files / "zs.svgen").adapt(unlabelled=np.load(files / "U.npy"))
-    _kernel_resolved(clf)
+    _kernel_factor(clf)
     want = clf.decision_function(np.load(files / "U.npy"), "kernel")
     rows = [json.loads(line) for line in out.splitlines()]
     assert [r["labels"][0] for r in rows] == [f"c{i}" for i in want.argmax(1)]
