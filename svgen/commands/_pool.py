@@ -23,8 +23,8 @@ def add_pool_args(p) -> None:
         "head too where its own check passes). Without shots, a head adapted on one half of the pool must agree "
         "with the other half's own posterior more often than the inductive head; kept, the posterior becomes the "
         "linear head and the default head, and the kernel head carries the pool's class likelihood (the same "
-        "posterior with the kernel vote as its prior). Otherwise every head stays as it was. A pool with fewer images than classes changes nothing. svgen.json records "
-        "what was decided, and why, under 'transductive'.")
+        "posterior with the kernel vote as its prior). Otherwise every head stays as it was. A pool with fewer "
+        "images than classes changes nothing. svgen.json records what was decided, and why, under 'transductive'.")
     src = g.add_mutually_exclusive_group()
     src.add_argument("--unlabelled", metavar="DIR",
                      help="folder of images (searched recursively), embedded with the artifact's encoder")

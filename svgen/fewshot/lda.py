@@ -32,7 +32,6 @@ from svgen.core.support import SupportSet
 log = logging.getLogger(__name__)
 
 
-
 @dataclass
 class HeadChoice:
     """What LOO chose for one head, and how well it did (recorded in ``svgen.json``)."""

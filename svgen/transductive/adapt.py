@@ -23,8 +23,6 @@ from svgen.state import Heads, KernelHead, PoolFactor, TextSide
 
 log = logging.getLogger(__name__)
 
-HEADS_FITTED_BY_POOL = ("kernel", "linear")   # the heads a pool re-solves (cosine stays CLIP's)
-
 
 def adapt(stage: Stage, side: TextSide, U: torch.Tensor, strength: Optional[float] = None,
           progress: bool = False) -> PoolFit:
@@ -167,8 +165,8 @@ def _adopt_posterior(stage: Stage, side: TextSide, fit: PoolFit, U_cal: torch.Te
         ind = Heads(kernel, ind.linear, ind.calibration)
     heads = Heads(kernel, fit.heads.linear, cal, PoolFactor(WG.float(), bG.float(), powers) if powers else None)
     record = {**rec, "heads": {"linear": "transductive posterior",
-                               "kernel": (f"the transductive posterior with the kernel vote as its prior (the inductive "
-                                          f"kernel scores at T = {temps['kernel']:.4g} × pool likelihood^"
+                               "kernel": (f"the transductive posterior with the kernel vote as its prior (the "
+                                          f"inductive kernel scores at T = {temps['kernel']:.4g} × pool likelihood^"
                                           f"{powers['kernel']:.4g})") if powers else f"inductive ({why})"},
               "kernel_head": {"replaced": False, "factor": bool(powers),
                               "reason": ("the pool multiplies the kernel vote by its likelihood: the transduction's "

@@ -2,10 +2,10 @@
 decides what is kept; :mod:`svgen.transductive.gate` runs this on parts of the pool and of the shots).
 
 The pool is pseudo-labelled by the current heads and the class model re-solved in closed form for a few rounds
-(:mod:`svgen.transductive.solve`), with the inductive prediction kept as a prior (zero-shot: the kernel head's scores,
-entropy-calibrated; with shots: the inductive default head's calibrated probabilities). A pool with fewer images than classes changes nothing; the prior
-strength starts at :func:`svgen.transductive.solve.prior_strength` and is raised while the rounds do not settle; if
-they never do, nothing changes.
+(:mod:`svgen.transductive.solve`), with the inductive prediction kept as a prior (zero-shot: the kernel head's
+scores, entropy-calibrated; with shots: the inductive default head's calibrated probabilities). A pool with fewer
+images than classes changes nothing; the prior strength starts at :func:`svgen.transductive.solve.prior_strength` and
+is raised while the rounds do not settle; if they never do, nothing changes.
 """
 
 from __future__ import annotations
