@@ -31,11 +31,11 @@ def adapt(stage: Stage, side: TextSide, U: torch.Tensor, strength: Optional[floa
     * With labelled shots, held-out shots join the pool unlabelled (:func:`svgen.transductive.gate.shot_folds`: one
       shot of every class at a time from three shots up, else half of them) and the predictor is rebuilt without
       them; the inductive default head times the pool's Gaussian class likelihood to a power ``a`` (by held-out NLL,
-      cross-fitted) must beat the inductive default head there (top-1 by more than 1 SE, top-5 and NLL not worse
-      by more than 1 SE). Kept, the default head and the linear head carry that factor, each at its own power
+      cross-fitted) must beat the inductive default head there (top-1 beyond chance by the exact sign test at the
+      level of 1 SE, top-5 and NLL not worse by more than 1 SE). Kept, the default head and the linear head carry that factor, each at its own power
       (:func:`_adopt_factor`); the kernel head, where it is not the default, stays inductive.
     * Without labels, a head adapted on one half of the pool must agree with the other half's own posterior
-      more often than the inductive head (by more than 1 SE; top 5 not worse). Kept, the posterior
+      more often than the inductive head (beyond chance; top 5 not worse by more than 1 SE). Kept, the posterior
       ``β·t·(inductive linear logits) + Gaussian log-likelihood`` is the default linear head and the kernel head
       is the same posterior with the kernel vote as its prior (:func:`_adopt_posterior`), each at the inductive
       default head's mean entropy on the pool.

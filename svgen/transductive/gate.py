@@ -22,9 +22,10 @@ held-out shots (every shot is held out once):
   class a held-out shot's class has no shot in its fold, the fold's linear logits were weak there, and ``b`` went to
   0 — on the queries, where every class has its shot, the best ``b`` was ~90 and the stacked head alone lost up to
   2.5 points of top-5. Against each fold's calibrated head, the fold's ``a`` is within ~20% of the query-optimal one.)
-* it is kept only if its top-1 accuracy on the held-out shots is above the inductive default head's by
-  more than one standard error of the paired difference, and its top-5 accuracy and NLL are not worse by
-  more than one (:func:`paired_gate`). Then the default head carries the factor at ``a`` fitted on all held-out
+* it is kept only if its top-1 accuracy on the held-out shots is above the inductive default head's beyond chance
+  (the exact sign test on the shots only one of them gets right, one-sided, at the level of "one standard error",
+  :data:`ONE_SE_LEVEL`: session 17, :func:`sign_test`), and its top-5 accuracy and NLL are not worse by more than
+  one standard error of the paired difference (:func:`paired_gate`). Then the default head carries the factor at ``a`` fitted on all held-out
   shots, and the linear head named alone (where it is not the default) its own power, fitted the same way against
   each fold's calibrated linear head and kept only where its own paired check passes; the kernel head, where it is
   not the default, stays the inductive one (the pool does not re-solve it with shots).
@@ -35,8 +36,8 @@ compared with B's own transductive posterior; so is the inductive head. B's post
 inductive prediction and is pulled towards it, so the adapted head from A agrees with it more often
 than the inductive head only where both halves found the same class structure — not noise in one half
 (few images per class, many classes). Pooled over A→B and B→A, the pool-adapted heads are kept only if
-that agreement (argmax) is higher by more than one standard error and the adapted head's top 5 holds the
-other half's posterior class not less often by more than one (:func:`replication_gate`). The adapted
+that agreement (argmax) is higher beyond chance (the same sign test) and the adapted head's top 5 holds the
+other half's posterior class not less often by more than one standard error (:func:`replication_gate`). The adapted
 linear head (the transduction's posterior) is then the default head; with no labels the temperatures are
 set so that each adapted head's mean entropy on the pool equals the inductive head's
 (:func:`svgen.transductive.solve.match_entropy`): the adaptation may move the ranking, not claim more certainty.
@@ -92,10 +93,29 @@ def _se(d: np.ndarray) -> float:
     return float(d.std(ddof=1) / math.sqrt(len(d))) if len(d) > 1 else float("inf")
 
 
+ONE_SE_LEVEL = 0.5 * math.erfc(1 / math.sqrt(2))   # P(Z > 1) ≈ 0.159: the one-sided level of "more than 1 SE"
+
+
+def sign_test(gains: int, losses: int) -> float:
+    """``P(X ≥ gains)``, X ~ Binomial(gains + losses, ½): the exact one-sided sign (McNemar) test that a candidate is
+    right on more of the paired images than the inductive predictor, from the images where exactly one of them is
+    right. "Above by more than one paired SE" is the normal approximation of this test at :data:`ONE_SE_LEVEL`; with
+    a handful of discordant images (one held-out shot per class, few classes, or a hard set) that approximation
+    keeps a candidate on two gains and no loss (z = 1.41), which the exact test puts at p = 0.25."""
+    n = gains + losses
+    if n == 0:
+        return 1.0
+    # log-space terms: n can be thousands (1,000 classes × 4 folds)
+    logs = [math.lgamma(n + 1) - math.lgamma(k + 1) - math.lgamma(n - k + 1) - n * math.log(2.0)
+            for k in range(gains, n + 1)]
+    top = max(logs)
+    return min(1.0, math.exp(top) * sum(math.exp(v - top) for v in logs))
+
+
 def paired_gate(p_ind: np.ndarray, p_pool: np.ndarray, y: np.ndarray) -> dict:
     """The pool-adapted probabilities ``p_pool`` against the inductive ``p_ind`` on the same held-out
-    labelled images ``y``: kept only if top-1 is higher by more than one paired standard error and neither
-    top-5 nor NLL is worse by more than one."""
+    labelled images ``y``: kept only if top-1 is higher beyond chance (:func:`sign_test` below
+    :data:`ONE_SE_LEVEL`) and neither top-5 nor NLL is worse by more than one paired standard error."""
     def per_image(p):
         order = np.argsort(-p, axis=1)[:, :5]
         return ((order[:, 0] == y).astype(float), np.any(order == y[:, None], axis=1).astype(float),
@@ -110,16 +130,20 @@ def paired_gate(p_ind: np.ndarray, p_pool: np.ndarray, y: np.ndarray) -> dict:
            "nll": {"inductive": float(an.mean()), "pool": float(bn.mean()),
                    "difference": float(dn.mean()), "standard_error": _se(dn)}}
     why = []
-    if not d1.mean() > _se(d1):
+    gains, losses = int((d1 > 0).sum()), int((d1 < 0).sum())
+    p_better = sign_test(gains, losses)
+    out["top1"].update({"gained": gains, "lost": losses, "sign_test_p": p_better})
+    if not p_better < ONE_SE_LEVEL:
         why.append(f"top-1 on held-out shots {100 * b1.mean():.1f}% is not above the inductive {100 * a1.mean():.1f}% "
-                   "by more than 1 SE")
+                   f"beyond chance ({gains} gained, {losses} lost: sign test p = {p_better:.3g} ≥ {ONE_SE_LEVEL:.3f})")
     if d5.mean() < -_se(d5):
         why.append(f"top-5 {100 * b5.mean():.1f}% is below the inductive {100 * a5.mean():.1f}% by more than 1 SE")
     if dn.mean() > _se(dn):
         why.append(f"NLL {bn.mean():.3f} is above the inductive {an.mean():.3f} by more than 1 SE")
     out.update({"adopt": not why, "reason": "; ".join(why) or None,
                 "rule": "kept if top-1 on the held-out shots (unlabelled pool members) is above the inductive "
-                        "predictor's by more than 1 SE, and top-5 and NLL are not worse by more than 1 SE (paired)"})
+                        "predictor's beyond chance (exact sign test on the shots only one of them gets right, one-sided "
+                        "p < 0.159, the level of '1 SE'), and top-5 and NLL are not worse by more than 1 SE (paired)"})
     return out
 
 
@@ -132,19 +156,23 @@ def replication_gate(agree_pool: np.ndarray, agree_ind: np.ndarray, agree5_pool:
     d = agree_pool.astype(float) - agree_ind.astype(float)
     d5 = agree5_pool.astype(float) - agree5_ind.astype(float)
     why = []
-    if not d.mean() > _se(d):
+    gains, losses = int((d > 0).sum()), int((d < 0).sum())
+    p_better = sign_test(gains, losses)
+    if not p_better < ONE_SE_LEVEL:
         why.append(f"a head adapted on one half of the pool agrees with the other half's own posterior on "
                    f"{100 * agree_pool.mean():.1f}% of it, the inductive head on {100 * agree_ind.mean():.1f}%: "
-                   "the pool's structure does not replicate by more than 1 SE")
+                   f"the pool's structure does not replicate beyond chance (sign test p = {p_better:.3g})")
     if d5.mean() < -_se(d5):
         why.append(f"the adapted head's top 5 holds the other half's posterior class on {100 * agree5_pool.mean():.2f}%"
                    f" of it, the inductive head's on {100 * agree5_ind.mean():.2f}%, more often by more than 1 SE")
     return {"images": int(len(d)), "agreement_pool": float(agree_pool.mean()),
             "agreement_inductive": float(agree_ind.mean()), "difference": float(d.mean()), "standard_error": _se(d),
+            "gained": gains, "lost": losses, "sign_test_p": p_better,
             "top5_agreement_pool": float(agree5_pool.mean()), "top5_agreement_inductive": float(agree5_ind.mean()),
             "adopt": not why, "reason": "; ".join(why) or None,
             "rule": "kept if a head adapted on one half of the pool agrees with the other half's transductive "
-                    "posterior (argmax) more often than the inductive head by more than 1 SE, and its top 5 holds "
+                    "posterior (argmax) more often than the inductive head beyond chance (exact sign test, one-sided "
+                    "p < 0.159, the level of '1 SE'), and its top 5 holds "
                     "that class not less often by more than 1 SE (paired, both directions)"}
 
 

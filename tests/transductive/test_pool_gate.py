@@ -83,6 +83,32 @@ def test_paired_gate_by_hand():
     assert not t["adopt"] and "not above" in t["reason"]
 
 
+@pytest.mark.parametrize("gains, losses", [(0, 0), (0, 3), (1, 0), (2, 0), (3, 0), (5, 2), (30, 12), (600, 540)])
+def test_sign_test_is_the_binomial_tail(gains, losses):
+    """The exact one-sided sign test against scipy's binomial test on the same counts."""
+    from scipy.stats import binomtest
+
+    want = 1.0 if gains + losses == 0 else binomtest(gains, gains + losses, 0.5, alternative="greater").pvalue
+    assert pool_gate.sign_test(gains, losses) == pytest.approx(want, rel=1e-9)
+    assert pool_gate.ONE_SE_LEVEL == pytest.approx(0.158655, abs=1e-6)
+
+
+def test_a_few_gained_shots_are_not_evidence():
+    """Two held-out shots gained and none lost is above the inductive head "by more than one SE" (z = 1.41) but not
+    beyond chance (sign test p = 0.25); three gained and none lost is (p = 0.125 < 0.159)."""
+    y = np.zeros(100, dtype=int)
+    eye = np.eye(6)
+
+    def probs(right):   # right on the first `right` images, a wrong class elsewhere; the same confidence
+        return 0.5 * eye[np.where(np.arange(100) < right, 0, 1)] + 0.5 / 6
+
+    two = pool_gate.paired_gate(probs(10), probs(12), y)
+    assert two["top1"]["difference"] > two["top1"]["standard_error"]            # the normal approximation keeps it
+    assert not two["adopt"] and "sign test p = 0.25" in two["reason"]
+    assert (two["top1"]["gained"], two["top1"]["lost"]) == (2, 0)
+    assert pool_gate.paired_gate(probs(10), probs(13), y)["adopt"]
+
+
 def _nll(L, y):
     L = L - L.max(1, keepdims=True)
     return float(np.mean(np.log(np.exp(L).sum(1)) - L[np.arange(len(y)), y]))
