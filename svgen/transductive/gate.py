@@ -25,10 +25,10 @@ held-out shots (every shot is held out once):
 * it is kept only if its top-1 accuracy on the held-out shots is above the inductive default head's beyond chance
   (the exact sign test on the shots only one of them gets right, one-sided, at the level of "one standard error",
   :data:`ONE_SE_LEVEL`: session 17, :func:`sign_test`), and its top-5 accuracy and NLL are not worse by more than
-  one standard error of the paired difference (:func:`paired_gate`). Then the default head carries the factor at ``a`` fitted on all held-out
-  shots, and the linear head named alone (where it is not the default) its own power, fitted the same way against
-  each fold's calibrated linear head and kept only where its own paired check passes; the kernel head, where it is
-  not the default, stays the inductive one (the pool does not re-solve it with shots).
+  one standard error of the paired difference (:func:`paired_gate`). Then the default head carries the factor at
+  ``a`` fitted on all held-out shots, and the linear head named alone (where it is not the default) its own power,
+  fitted the same way against each fold's calibrated linear head and kept only where its own paired check passes;
+  the kernel head, where it is not the default, stays the inductive one (the pool does not re-solve it with shots).
 
 **Without labels: does the pool's structure replicate?** The pool is split into two random halves, A
 and B, and each is adapted on its own. The head adapted on A predicts B, which it never saw, and is
@@ -37,8 +37,8 @@ inductive prediction and is pulled towards it, so the adapted head from A agrees
 than the inductive head only where both halves found the same class structure — not noise in one half
 (few images per class, many classes). Pooled over A→B and B→A, the pool-adapted heads are kept only if
 that agreement (argmax) is higher beyond chance (the same sign test) and the adapted head's top 5 holds the
-other half's posterior class not less often by more than one standard error (:func:`replication_gate`). The adapted
-linear head (the transduction's posterior) is then the default head; with no labels the temperatures are
+other half's posterior class not less often by more than one standard error (:func:`replication_gate`). The
+adapted linear head (the transduction's posterior) is then the default head; with no labels the temperatures are
 set so that each adapted head's mean entropy on the pool equals the inductive head's
 (:func:`svgen.transductive.solve.match_entropy`): the adaptation may move the ranking, not claim more certainty.
 """
