@@ -16,7 +16,8 @@ Scores, given raw image embeddings ``x`` and ``x̂ = x / ||x||``:
 * mixture head file (after labelled shots): the kernel and linear heads' tensors prefixed ``kernel.`` and ``linear.``
   and ``mixture_weight`` w; probabilities ``w·p_kernel + (1 − w)·p_linear`` (times ``exp(class_log_factor)`` and
   renormalised where the file has that vector: the classes without shots), scores ``log(max(probs, 1e-30))``;
-* a kernel or mixture head adapted to an unlabelled pool after shots (``pool_factor.*``): its probabilities ``p0`` times
+* a kernel or mixture head adapted to an unlabelled pool (``pool_factor.*``; a mixture after shots, a kernel head
+  after shots or after a zero-shot pool): its probabilities ``p0`` times
   the pool's class likelihood to a power, scores ``log(max(p0, 1e-30)) + pool_factor.power * (x̂ @
   pool_factor.weightᵀ + pool_factor.bias)``, probabilities their softmax (a linear head has it folded in its matrix);
 * ONNX: ``session.run(["scores"], {"embeddings": x})``.
@@ -125,7 +126,7 @@ def load_head(path: str) -> dict:
 
 
 def with_pool_factor(head: dict, arrays: dict, path: str) -> dict:
-    """A head adapted to a pool after labelled shots: its probabilities p0 times the pool's class likelihood to a
+    """A head adapted to an unlabelled pool: its probabilities p0 times the pool's class likelihood to a
     power, ``scores = log(max(p0, 1e-30)) + pool_factor.power * (x̂ @ pool_factor.weight.T + pool_factor.bias)``,
     ``probs = softmax(scores)``; ``head`` unchanged where the file has no ``pool_factor.power``."""
     if "pool_factor.power" not in arrays:

@@ -5,8 +5,9 @@ A classifier passes through up to three stages, each producing a complete :class
 * ``zero-shot`` (``svgen fit``): the kernel vote over the generated text support vectors and the text-metric
   linear head;
 * ``shots`` (:mod:`svgen.fewshot.adapt`): labelled images re-solve both heads from the zero-shot ones;
-* ``pool`` (:mod:`svgen.transductive.adapt`): an unlabelled pool may replace the heads of the stage before it
-  (zero-shot), or multiply some of their probabilities by its class likelihood (with shots: :class:`PoolFactor`).
+* ``pool`` (:mod:`svgen.transductive.adapt`): an unlabelled pool may multiply some heads' probabilities by its class
+  likelihood (:class:`PoolFactor`: with shots, the default and linear heads; zero-shot, the kernel head, while the
+  linear head is replaced by the transduction's posterior).
 
 :class:`svgen.SVGClassifier` holds the deployed heads (``heads_``), the zero-shot heads the shots were added to
 (``zero_shot_``, once there are shots or pool rows), and the inductive heads a pool replaced (``inductive_``), so

@@ -4,7 +4,7 @@
 ``x̂Wᵀ + b`` or CLIP's cosine ``100·x̂P̂ᵀ``; ``logits``: what the softmax takes (the kernel vote's ``log score`` or
 raw score, :mod:`svgen.calibration.temperatures`); probabilities are ``softmax(logits / T_head)``. With shots the
 ``"mixture"`` head (:mod:`svgen.calibration.mixture`) is ``w·p_kernel + (1 − w)·p_linear``; its scores and logits are
-``log max(p, 10⁻³⁰)`` and its T is 1. After a pool with shots, a head with a pool factor
+``log max(p, 10⁻³⁰)`` and its T is 1. After a kept pool, a head with a pool factor
 (:class:`svgen.state.PoolFactor`) is ``softmax(z⁰ + a·(x̂ W_Gᵀ + b_G))``, z⁰ the head's calibrated log-probabilities as
 the shots left it (the linear head's ``logits / T``, the others' ``log max(p, 10⁻³⁰)``); its scores and logits are
 that sum and its T is 1.
@@ -56,9 +56,13 @@ def pool_power(heads: Heads, head: str) -> Optional[float]:
 
 
 def pool_log_likelihood(heads: Heads, x: torch.Tensor) -> torch.Tensor:
-    """N×C (float64): the pool's Gaussian class log-likelihood ``x̂ W_Gᵀ + b_G`` at rows ``x`` (the factor's; x̂ = x/‖x‖)."""
-    f = heads.pool_factor
-    return F.normalize(x.double(), dim=-1) @ f.weight.double().T + f.bias.double()
+    """N×C (float64): the pool's Gaussian class log-likelihood ``x̂ W_Gᵀ + b_G`` at rows ``x`` (the factor's)."""
+    return gaussian_log_likelihood(heads.pool_factor.weight, heads.pool_factor.bias, x)
+
+
+def gaussian_log_likelihood(W: torch.Tensor, b: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """N×C (float64): ``x̂ Wᵀ + b`` with x̂ = x/‖x‖, a transduction's Gaussian class log-likelihood (C×D ``W``, C ``b``)."""
+    return F.normalize(x.double(), dim=-1) @ W.double().T + b.double()
 
 
 def _factored_logits(heads: Heads, prototypes, kind: str, x: torch.Tensor, head: str) -> torch.Tensor:
@@ -152,15 +156,20 @@ def _base_logits(heads: Heads, s: torch.Tensor, head: str, prior=None) -> torch.
     return calibration.head_logits(s, head, cal.kernel_logits, prior, cal.kernel_floor)
 
 
+def _floored(heads: Heads, head: str) -> bool:
+    """Whether ``head`` is the kernel head with ``"floored"`` logits (which need its zero-shot term)."""
+    return head == "kernel" and heads.calibration.kernel_logits == "floored"
+
+
 def needs_prior(heads: Heads, head: str) -> bool:
     """Whether ``head``'s logits need the kernel head's zero-shot term besides its scores (the floored kind)."""
-    return head == "kernel" and heads.calibration.kernel_logits == "floored" and pool_power(heads, head) is None
+    return _floored(heads, head) and pool_power(heads, head) is None
 
 
 def _scores_and_prior(heads: Heads, prototypes, kind: str, x: torch.Tensor, head: str) -> tuple:
     """(the scores without a pool factor, the zero-shot term where the floored kernel logits need it, else None): the
     term is computed once, for both."""
-    if not (head == "kernel" and heads.calibration.kernel_logits == "floored"):
+    if not _floored(heads, head):
         return _base_scores(heads, prototypes, kind, x, head), None
     k = heads.kernel
     prior = kernel_prior(heads, prototypes, x)

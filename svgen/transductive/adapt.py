@@ -32,8 +32,9 @@ def adapt(stage: Stage, side: TextSide, U: torch.Tensor, strength: Optional[floa
       shot of every class at a time from three shots up, else half of them) and the predictor is rebuilt without
       them; the inductive default head times the pool's Gaussian class likelihood to a power ``a`` (by held-out NLL,
       cross-fitted) must beat the inductive default head there (top-1 beyond chance by the exact sign test at the
-      level of 1 SE, top-5 and NLL not worse by more than 1 SE). Kept, the default head and the linear head carry that factor, each at its own power
-      (:func:`_adopt_factor`); the kernel head, where it is not the default, stays inductive.
+      level of 1 SE, top-5 and NLL not worse by more than 1 SE). Kept, the default head and the linear head carry
+      that factor, each at its own power (:func:`_adopt_factor`); the kernel head, where it is not the default,
+      stays inductive.
     * Without labels, a head adapted on one half of the pool must agree with the other half's own posterior
       more often than the inductive head (beyond chance; top 5 not worse by more than 1 SE). Kept, the posterior
       ``β·t·(inductive linear logits) + Gaussian log-likelihood`` is the default linear head and the kernel head
@@ -138,20 +139,23 @@ def _adopt_posterior(stage: Stage, side: TextSide, fit: PoolFit, U_cal: torch.Te
     P, kind, rec = side.prototypes, side.config.kernel, fit.record
     WG, bG = pool_gate.pool_parts(rec, fit.heads.linear, fit.prior_linear.weight, fit.prior_linear.bias)
     k = float(rec["prior_strength"]) * float(rec["prior_temperature"])
-    with torch.no_grad():
-        s = predictor.scores(stage.heads, P, kind, U_cal, "kernel").double()
-        z = k * s + torch.nn.functional.normalize(U_cal.double(), dim=-1) @ WG.T + bG
-        lin = predictor.logits(fit.heads, P, kind, U_cal, "linear").double()
     temps, powers, why = {}, {}, None
-    if bool(torch.isfinite(lin).all()):
-        temps["linear"] = 1.0 / td.match_entropy(lin, entropy_before)
-    if fit.heads.kernel.votes.is_sparse:   # (the rows-one-by-one layout stores dense vote weights only)
-        why = "its vote weights are sparse (local); the artifact layout that carries a factor needs dense ones"
-    elif k > 0 and bool(torch.isfinite(z).all()):
-        t = td.match_entropy(z, entropy_before)
-        temps["kernel"], powers["kernel"] = 1.0 / (t * k), t
-    else:
-        why = "its posterior's scores are not finite" if k > 0 else "the transduction gave its prior no weight"
+    with torch.no_grad():
+        lin = predictor.logits(fit.heads, P, kind, U_cal, "linear").double()
+        if bool(torch.isfinite(lin).all()):
+            temps["linear"] = 1.0 / td.match_entropy(lin, entropy_before)
+        if fit.heads.kernel.votes.is_sparse:   # (the rows-one-by-one layout stores dense vote weights only)
+            why = "its vote weights are sparse (local); the artifact layout that carries a factor needs dense ones"
+        elif not k > 0:
+            why = "the transduction gave its prior no weight"
+        else:
+            z = (k * predictor.scores(stage.heads, P, kind, U_cal, "kernel").double()
+                 + predictor.gaussian_log_likelihood(WG, bG, U_cal))
+            if bool(torch.isfinite(z).all()):
+                t = td.match_entropy(z, entropy_before)
+                temps["kernel"], powers["kernel"] = 1.0 / (t * k), t
+            else:
+                why = "its posterior's scores are not finite"
     cal = predictor.with_temperatures(fit.heads.calibration, temps, method="entropy-matched",
                                       rule="after a pool without labels: T giving each adapted head the inductive "
                                            "default head's mean entropy on the pool",

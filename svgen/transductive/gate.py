@@ -284,7 +284,7 @@ def check_with_shots(stage: Stage, side: TextSide, U: torch.Tensor, strength: Op
             if pool.record.get("fallback"):
                 return {**base, "adopt": False, "reason": "without a fold of the shots " + pool.record["fallback"]}
             WG, bG = pool_parts(pool.record, pool.heads.linear, pool.prior_linear.weight, pool.prior_linear.bias)
-            g = (Xh.double() @ WG.T + bG).numpy()
+            g = predictor.gaussian_log_likelihood(WG, bG, Xh).numpy()
             # the fold's linear head as deployed: its logits at its own calibrated temperature
             z = (predictor.logits(fit.heads, side.prototypes, side.config.kernel, Xh, "linear").double()
                  / float(fit.heads.calibration.temperatures["linear"])).numpy()
