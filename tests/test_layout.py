@@ -107,7 +107,7 @@ def test_modules_and_classes_are_of_readable_size(path):
 
 @pytest.mark.parametrize("pattern, home", [
     (r"^CLIP_LOGIT_SCALE\s*=|^COSINE_LOGIT_SCALE\s*=|LOGIT_SCALE\s*=\s*100", "heads/scoring.py"),
-    (r"^def (follow_umask|atomic_file|atomic_dir|atomic_text)\b", "io/safeio.py"),
+    (r"^def (follow_umask|atomic_file|atomic_dir|atomic_text)\b", "safeio.py"),
     (r"^def bisect\b", "calibration/temperatures.py"),
 ])
 def test_each_shared_helper_is_defined_once(pattern, home):
@@ -117,7 +117,7 @@ def test_each_shared_helper_is_defined_once(pattern, home):
 
 
 def test_no_hand_written_renames_outside_safeio():
-    """Files reach disk through svgen.io.safeio (atomic, never losing what exists), not os.replace/os.rename."""
+    """Files reach disk through svgen.safeio (atomic, never losing what exists), not os.replace/os.rename."""
     where = [str(p.relative_to(SVGEN)) for p in SVGEN.rglob("*.py")
              if re.search(r"\bos\.(replace|rename)\(", p.read_text()) and p.name != "safeio.py"]
     assert where == []

@@ -168,7 +168,7 @@ def _check_npy_size(path: Path, what: str) -> None:
 
 def load_array(path, what: str, mmap: bool = False) -> np.ndarray:
     """``np.load`` without pickle (``mmap``: memory-mapped); a clear one-line error for every way it can fail."""
-    from svgen.io.safeio import check_regular, os_error
+    from svgen.safeio import check_regular, os_error
 
     path = Path(path)
     check_regular(path, f"{what} file")  # missing, unreadable, a folder or a FIFO: one line each

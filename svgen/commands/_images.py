@@ -76,7 +76,7 @@ def encode_paths(args, encoder, paths, command: str):
 def emit(text: str, out, force: bool, args=None, what: str = "") -> None:
     """Print ``text`` to stdout, or write it atomically to ``out`` and say so on stderr (unless -q)."""
     if out:
-        from svgen.io.safeio import atomic_text
+        from svgen.safeio import atomic_text
         from svgen.commands._common import note
 
         atomic_text(out, text, force=force)

@@ -58,7 +58,7 @@ def run(args) -> int:
 
     pool = wants_pool(args)
     shots = wants_shots(args, required=not pool)
-    from svgen.io.safeio import check_dir_target
+    from svgen.safeio import check_dir_target
 
     out = check_dir_target(args.out, args.force)  # before any work: only an artifact or an empty folder is replaced
     clf = SVGClassifier.load(args.artifact)

@@ -154,7 +154,7 @@ def _head_name(args) -> str:
 
 def _write(blocks, clf, args) -> int:
     """Stream the blocks to stdout, or to ``--out`` through a temporary file renamed into place."""
-    from svgen.io.safeio import atomic_file
+    from svgen.safeio import atomic_file
     from svgen.io.output import write_parquet, write_text_rows
 
     k, probs, name = args.top_k, _probs(args), _head_name(args)

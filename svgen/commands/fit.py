@@ -103,7 +103,7 @@ def _ridge(value: str):
 def run(args) -> int:
     from svgen import SVGClassifier
     from svgen.encoders.prompts import load_templates, read_classes
-    from svgen.io.safeio import check_dir_target
+    from svgen.safeio import check_dir_target
 
     check_device(args)
     classes = read_classes(args.classes, duplicates="error" if args.strict else "allow")

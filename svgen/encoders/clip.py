@@ -35,7 +35,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
-from svgen.io.safeio import check_regular
+from svgen.safeio import check_regular
 from svgen.errors import EncoderUnavailableError, SvgenError
 from svgen.encoders.activation import activation_name, built_quick_gelu, decide_quick_gelu
 from svgen.encoders.hub import check_weights_reachable, unavailable

@@ -13,7 +13,7 @@ from typing import Dict, Optional
 
 
 from svgen.encoders.activation import decide_quick_gelu
-from svgen.io.safeio import check_regular, os_error
+from svgen.safeio import check_regular, os_error
 
 log = logging.getLogger(__name__)
 

@@ -174,7 +174,7 @@ def _expand(source: str) -> List[Path]:
 
 
 def _list_file(path: Path) -> List[str]:
-    from svgen.io.safeio import MAX_TEXT_BYTES, read_regular
+    from svgen.safeio import MAX_TEXT_BYTES, read_regular
 
     try:
         lines = read_regular(path, MAX_TEXT_BYTES, what="list file").decode("utf-8").splitlines()

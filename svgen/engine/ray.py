@@ -40,7 +40,7 @@ import numpy as np
 from svgen.engine.blocks import Block, read_features
 from svgen.engine.predictions import decode_block, failure_table, feature_keys, prediction_table, score, table_bytes
 from svgen.errors import SvgenError, setting_error
-from svgen.io.safeio import atomic_file
+from svgen.safeio import atomic_file
 
 log = logging.getLogger(__name__)
 

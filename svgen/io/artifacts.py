@@ -62,7 +62,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from svgen.io import safeio
+from svgen import safeio
 from svgen.io import schema
 from svgen.errors import SvgenError
 

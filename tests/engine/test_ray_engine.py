@@ -195,7 +195,7 @@ def test_rerun_finishes_only_missing_blocks_and_interrupts_leave_whole_blocks(cl
 
     # Ctrl-C during the rename of the second block (the job file was the first write): its temporary
     # file is removed, the first block stays whole
-    from svgen.io import safeio      # the Ray engine writes its parts through safeio.atomic_file
+    from svgen import safeio      # the Ray engine writes its parts through safeio.atomic_file
 
     real, calls = safeio.os.replace, []
 
