@@ -21,7 +21,8 @@ import math
 import numpy as np
 
 from svgen.errors import SvgenError
-from svgen.heads.scoring import MIXTURE
+
+MIXTURE = "mixture"   # the head with labelled shots: w·p_kernel + (1 − w)·p_linear
 
 PROB_FLOOR = 1e-300   # a true-class probability of 0 in both heads: the NLL stays finite
 BISECTIONS = 60

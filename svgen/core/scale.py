@@ -43,7 +43,7 @@ from torch.utils.checkpoint import checkpoint
 
 from svgen.config import DEFAULT_RFF_DIM
 from svgen.errors import SvgenError
-from svgen.heads.scoring import top_eigenvalue
+from svgen.core.ridge import top_eigenvalue
 from svgen.core.kernels import RandomFourierFeatures, kernel, kernel_from_sq_dists
 from svgen.core.metric import nearest_classes
 

@@ -15,7 +15,8 @@ from safetensors.torch import load_file, save_file
 
 from svgen import SVGClassifier
 from svgen.calibration import temperatures as calibration
-from svgen.heads.scoring import kernel, one_hot_blocks
+from svgen.core.kernels import kernel
+from svgen.core.ridge import one_hot_blocks
 
 sklearn_metrics = pytest.importorskip("sklearn.metrics")
 
