@@ -51,7 +51,7 @@ is used.
 **With labelled images** (``adapt(X, y)``): the kernel and linear heads' T minimise the negative
 log-likelihood of the shots' exact leave-one-out logits (:func:`fit_temperature`, convex in 1/T;
 :func:`svgen.fewshot.residual` gives the kernel head's held-out fold scores — with one shot per class its exact
-leave-one-out scores — and :func:`lda_loo_logits` the LDA head's, so no shot's score has seen its own label); :func:`loo_temperatures` records what it gave. The cosine
+leave-one-out scores — and :func:`svgen.fewshot.loo.lda_loo_logits` the LDA head's, so no shot's score has seen its own label); :func:`loo_temperatures` records what it gave. The cosine
 head keeps CLIP's scale; the kernel head's kind of logits is chosen on the same LOO scores
 (:func:`choose_kernel_logits`). Shots that are all ranked first when left out give no finite
 temperature; the head then keeps the text rule's (and ``"log"``). Caveat: when the shots are tighter than the
@@ -239,21 +239,6 @@ def text_temperatures(score_fn, per_template: torch.Tensor, heads=("kernel", "li
 
 
 # ----------------------------------------------------------------------------- with labelled shots
-
-def lda_loo_logits(prototypes: torch.Tensor, shots, n_classes: int, shrinkage: float, prior_shots: float,
-                   equal_radius: bool = False, rows=None) -> torch.Tensor:
-    """Exact leave-one-out logits (N×C) of the few-shot LDA head at its chosen (γ, κ)
-    (:func:`svgen.fewshot.lda.lda_loo`, rank-one downdates; the shrinkage target held at its all-shot value).
-    ``equal_radius``: the head's means were put at one Mahalanobis radius (as :func:`svgen.fewshot.lda.fit_lda_head`
-    does by default); the LOO logits must be those of the same head. ``rows``: those shots' LOO logits only."""
-    from svgen.fewshot.lda import lda_loo, prior_means
-
-    X = shots.rows.double()
-    _, _, kept = lda_loo(X, shots.labels, prior_means(prototypes, X), [shrinkage], [prior_shots],
-                         equal_radius=equal_radius, keep_scores=True,
-                         score_rows=None if rows is None else torch.as_tensor(rows))
-    return kept[0, 0]
-
 
 def loo_temperatures(loo_logits: Dict[str, torch.Tensor], labels, fallback: Dict[str, float]) -> dict:
     """Per-head T by :func:`fit_temperature` on leave-one-out logits of the shots, and what it gives
