@@ -181,7 +181,7 @@ def test_modules_and_classes_are_of_readable_size(path):
 @pytest.mark.parametrize("pattern, home", [
     (r"^CLIP_LOGIT_SCALE\s*=|^COSINE_LOGIT_SCALE\s*=|LOGIT_SCALE\s*=\s*100", "heads/scoring.py"),
     (r"^def (follow_umask|atomic_file|atomic_dir|atomic_text)\b", "safeio.py"),
-    (r"^def bisect\b", "calibration/temperatures.py"),
+    (r"^def bisect\b", "core/roots.py"),
 ])
 def test_each_shared_helper_is_defined_once(pattern, home):
     where = [str(p.relative_to(SVGEN)) for p in SVGEN.rglob("*.py")

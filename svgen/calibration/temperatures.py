@@ -70,6 +70,7 @@ from typing import Dict, Optional
 import numpy as np
 import torch
 
+from svgen.core.roots import bisect
 from svgen.errors import SvgenError
 
 KERNEL_LOG_FLOOR = 1e-30
@@ -153,21 +154,6 @@ def mean_log_odds(logits, temperature: float) -> float:
     top = z.max(dim=1)
     rest = z.scatter(1, top.indices[:, None], -math.inf)
     return float((top.values - torch.logsumexp(rest, dim=1)).mean())
-
-
-def bisect(above, lo: float, hi: float, iters: int, tol: float = 0.0) -> float:
-    """The point where a monotone condition flips on ``[lo, hi]``: the bracket is halved ``iters`` times (or until
-    it is narrower than ``tol``), keeping the lower half where ``above(mid)`` is false; returns its midpoint.
-    Every temperature svgen searches for (a log T or log scale) is found this way."""
-    for _ in range(iters):
-        if hi - lo < tol:
-            break
-        mid = (lo + hi) / 2
-        if above(mid):
-            lo = mid
-        else:
-            hi = mid
-    return (lo + hi) / 2
 
 
 def match_confidence(logits, target: float, iters: int = 60) -> float:
@@ -342,14 +328,8 @@ def event_rate_bound(k: int, n: int, level: float = 0.95) -> float:
         m = t.max()
         return math.exp(m) * float(np.exp(t - m).sum())
 
-    lo, hi = k / n, 1.0
-    for _ in range(80):          # the CDF falls monotonically in p
-        mid = (lo + hi) / 2
-        if mid >= 1.0 or cdf(mid) < 1 - level:
-            hi = mid
-        else:
-            lo = mid
-    return (lo + hi) / 2
+    # the CDF falls monotonically in p
+    return bisect(lambda p: not (p >= 1.0 or cdf(p) < 1 - level), k / n, 1.0, 80)
 
 
 def log_tail_guard(z_log, scores, labels, temperature: float, signed_votes: bool = True) -> dict:
