@@ -283,16 +283,6 @@ def local_vote_weights(S3: torch.Tensor, sigma: float, kind: str, lam: float, n_
     return torch.sparse_coo_tensor(idx, torch.cat(vals_all).reshape(-1), (M, C), check_invariants=False).coalesce()
 
 
-def kernel_matmul(S: torch.Tensor, B: torch.Tensor, sigma: float, kind: str, rows: Optional[torch.Tensor] = None,
-                  block: int = 4096) -> torch.Tensor:
-    """``K[rows, :] @ B`` with K = k(S, S), streamed over blocks of the rows (B dense M×r)."""
-    rows = torch.arange(S.shape[0]) if rows is None else rows
-    out = []
-    for start in range(0, rows.shape[0], block):
-        out.append(kernel(S[rows[start:start + block]], S, sigma, kind) @ B)
-    return torch.cat(out)
-
-
 def vote_residual(S3: torch.Tensor, sigma: float, kind: str, lam: float, A: torch.Tensor, n_columns: int = 8,
                   seed: int = 0) -> float:
     """Relative residual ``||(K + M·λ·I) A_J − Y_J||_F / ||Y_J||_F`` on a random sample J of columns."""

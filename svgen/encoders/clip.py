@@ -308,7 +308,3 @@ class ClipEncoder:
             log.info("skipped %s: %s", p, why)  # returned in `failed`; the caller reports them
         dim = feats[0].shape[1] if feats else 0
         return (torch.cat(feats) if feats else torch.zeros(0, dim)), ok, failed
-
-
-def as_numpy(x) -> np.ndarray:
-    return x.detach().cpu().numpy() if isinstance(x, torch.Tensor) else np.asarray(x)
