@@ -32,7 +32,6 @@ import warnings
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
-import numpy as np
 import torch
 
 from svgen.safeio import check_regular

@@ -5,8 +5,6 @@ against independent computations, readable (M·λ-scaled) kernel votes, and wher
 from __future__ import annotations
 
 import json
-import math
-from pathlib import Path
 
 import numpy as np
 import pytest

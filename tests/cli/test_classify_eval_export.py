@@ -12,7 +12,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 from safetensors.torch import load_file, save_file
 
 from svgen import SVGClassifier

@@ -185,7 +185,6 @@ def test_every_kind_of_source_and_unreadable_files(cli, ray_local, jpegs, tmp_pa
 
 def test_rerun_finishes_only_missing_blocks_and_interrupts_leave_whole_blocks(cli, ray_local, lvis, tmp_path,
                                                                              monkeypatch):
-    from svgen.engine import ray as ray_engine
 
     flags = [lvis["art"], "--features", lvis["feats"], "-k", 2, *RAY, "--block-size", 50]
     out = tmp_path / "preds.parquet"
@@ -390,7 +389,6 @@ def test_feature_rows_are_writable_so_torch_does_not_warn(lvis, tmp_path):
 
 def test_images_are_decoded_in_tasks_not_in_the_actors(ray_local, jpegs):
     """Ray Data fuses compatible stages; the decoding stage must stay its own (task) operator."""
-    import argparse
     import functools
 
     from svgen import SVGClassifier
