@@ -41,7 +41,7 @@ An artifact adapted to unlabelled images (:mod:`svgen.transductive.solve`) keeps
 ``inductive.linear_head.weight`` (C×D) and ``inductive.linear_head.bias`` (C), with
 ``svgen.json`` recording the solve under ``"transductive"``. A pool's factor on some heads' probabilities (with
 shots, or the kernel head after a zero-shot pool) makes it version 6, its kernel rows listed one by one. Version 2
-artifacts written before session 17 may carry a kernel vote re-solved with unlabelled ``pool`` rows (source 2,
+artifacts written by earlier releases may carry a kernel vote re-solved with unlabelled ``pool`` rows (source 2,
 labelled by the argmax of their posterior) after the text and image rows, the inductive kernel head then travelling
 as ``inductive.vote_weights`` (M₀×C, over the first M₀ = text + image rows) and ``inductive.bandwidth``; they load as
 they were written. Writes are atomic: everything goes to a temporary sibling directory that is

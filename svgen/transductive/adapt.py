@@ -133,9 +133,9 @@ def _adopt_posterior(stage: Stage, side: TextSide, fit: PoolFit, U_cal: torch.Te
       (:class:`svgen.state.PoolFactor`), t the entropy-matching scale of z. Its rows and votes stay the inductive
       ones, listed one by one (the format that carries a factor).
 
-    Session 17: it replaced the kernel vote re-solved with pool rows of soft class, whose ridge scores mis-ranked the
-    lower classes (dev data, caltech101, the whole validation set as the pool: NLL +0.09 and top-5 −0.30 against the
-    inductive kernel head; this form −0.065 and 0.00; docs/transductive.md)."""
+    The kernel vote re-solved with pool rows of soft class instead mis-ranks the lower classes (dev data, caltech101,
+    the whole validation set as the pool: NLL +0.09 and top-5 −0.30 against the inductive kernel head; this form
+    −0.065 and 0.00; docs/history.md)."""
     P, kind, rec = side.prototypes, side.config.kernel, fit.record
     WG, bG = pool_gate.pool_parts(rec, fit.heads.linear, fit.prior_linear.weight, fit.prior_linear.bias)
     k = float(rec["prior_strength"]) * float(rec["prior_temperature"])

@@ -17,14 +17,14 @@ held-out shots (every shot is held out once):
   ``p(x) ∝ p⁰(x)·exp(a·(x̂ W_Gᵀ + b_G))`` (:class:`svgen.state.PoolFactor`): p⁰ each fold's own default head, as
   deployed, and ``a ≥ 0`` minimising the NLL of held-out shots (:func:`fit_pool_weight`; convex; a = 0 is the
   inductive head), each fold's ``a`` from the other folds' held-out shots (cross-fitted). The factor multiplies the
-  head's *calibrated* probabilities, so a fold's weight means what the deployed one does. (Until session 16 the
-  candidate stacked raw logits, ``a·(Gaussian log-likelihood) + b·(linear logits)`` with a free ``b``: at one shot per
-  class a held-out shot's class has no shot in its fold, the fold's linear logits were weak there, and ``b`` went to
-  0 — on the queries, where every class has its shot, the best ``b`` was ~90 and the stacked head alone lost up to
-  2.5 points of top-5. Against each fold's calibrated head, the fold's ``a`` is within ~20% of the query-optimal one.)
+  head's *calibrated* probabilities, so a fold's weight means what the deployed one does. (Stacked raw logits,
+  ``a·(Gaussian log-likelihood) + b·(linear logits)`` with a free ``b``, fail there: at one shot per class a held-out
+  shot's class has no shot in its fold, the fold's linear logits are weak there, and ``b`` goes to 0 — on the
+  queries, where every class has its shot, the best ``b`` was ~90 and the stacked head alone lost up to 2.5 points
+  of top-5. Against each fold's calibrated head, the fold's ``a`` is within ~20% of the query-optimal one.)
 * it is kept only if its top-1 accuracy on the held-out shots is above the inductive default head's beyond chance
   (the exact sign test on the shots only one of them gets right, one-sided, at the level of "one standard error",
-  :data:`ONE_SE_LEVEL`: session 17, :func:`sign_test`), and its top-5 accuracy and NLL are not worse by more than
+  :data:`ONE_SE_LEVEL`, :func:`sign_test`), and its top-5 accuracy and NLL are not worse by more than
   one standard error of the paired difference (:func:`paired_gate`). Then the default head carries the factor at
   ``a`` fitted on all held-out shots, and the linear head named alone (where it is not the default) its own power,
   fitted the same way against each fold's calibrated linear head and kept only where its own paired check passes;
