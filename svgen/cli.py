@@ -2,7 +2,8 @@
 
 Each sub-command lives in ``svgen/commands/<name>.py`` with ``add_parser(subparsers)`` and
 ``run(args) -> int``. Only this module prints errors and exits: a :class:`SvgenError` becomes
-one line on stderr and exit status 2; Ctrl-C exits 130.
+one line on stderr and exit status 2; Ctrl-C exits 130; a reader that closes stdout early (``| head``) ends
+the command quietly with status 0.
 
 Every sub-command gets, from :func:`main` and :func:`build_parser` alone: options and paths in
 any order (``classify ART --top-k 1 img.jpg`` = ``classify ART img.jpg --top-k 1``, argparse's
@@ -113,16 +114,18 @@ def main(argv: Optional[List[str]] = None) -> int:
     configure_logging(args.verbose, args.quiet)
     args.progress = not args.quiet and sys.stderr.isatty() or os.environ.get("SVGEN_PROGRESS") == "1"
     try:
-        return int(args.func(args) or 0)
+        code = int(args.func(args) or 0)
+        sys.stdout.flush()   # here, where a closed pipe is caught, not at exit
+        return code
     except SvgenError as e:
         print(f"svgen {args.command}: error: {getattr(e, 'cli_message', e)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("svgen: interrupted", file=sys.stderr)
         return 130
-    except BrokenPipeError:  # the reader stopped early (`| head`): not our error, and no traceback at exit
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 1
+    except BrokenPipeError:  # the reader stopped early (`| head`): success, as for cat or grep; and no
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # traceback when Python flushes at exit
+        return 0
 
 
 if __name__ == "__main__":  # pragma: no cover
