@@ -133,18 +133,28 @@ def run(args) -> int:
 
 
 def _take_artifact(args) -> None:
-    """``classify --features F.npy ART``: ``--features`` takes several files and swallows the artifact;
-    an artifact folder among them (it holds ``svgen.json``) is the ARTIFACT_DIR."""
+    """``classify --features F.npy ART [IMAGE…]``: ``--features`` takes several files and swallows every path after
+    it. Embeddings are files (``.npy``, ``.parquet`` or a glob of them), so the first value that is a folder or names
+    none of those is the ARTIFACT_DIR (a missing or damaged one is then reported by name), and any after it are
+    inputs (refused with --features as when given first)."""
     from pathlib import Path
 
-    if args.artifact is not None:
+    from svgen.engine.blocks import FEATURE_SUFFIXES
+
+    if args.artifact is not None or not args.features:
+        if args.artifact is None:
+            raise SvgenError("the ARTIFACT_DIR argument is missing: give the artifact written by 'svgen fit'")
         return
-    found = [f for f in args.features or [] if (Path(f) / "svgen.json").is_file()]
-    if len(found) == 1:
-        args.features.remove(found[0])
-        args.artifact = found[0]
-    else:
-        raise SvgenError("the ARTIFACT_DIR argument is missing (give it before --features FEATS.npy ...)")
+
+    def features_file(f: str) -> bool:
+        return not Path(f).is_dir() and (Path(f).suffix.lower() in FEATURE_SUFFIXES or any(c in f for c in "*?["))
+
+    at = next((i for i, f in enumerate(args.features) if not features_file(f)), None)
+    if at is None:
+        raise SvgenError("the ARTIFACT_DIR argument is missing (give it before or after --features FEATS.npy ...)")
+    args.artifact = args.features.pop(at)
+    args.inputs = args.features[at:] + list(args.inputs or [])
+    del args.features[at:]
 
 
 def _probs(args) -> bool:
