@@ -56,6 +56,17 @@ class ExamplesFormatter(argparse.HelpFormatter):
         return "\n\n".join(out)
 
 
+def add_refused_flag(p: argparse.ArgumentParser, flag: str, why: str) -> None:
+    """A hidden ``flag`` that stops with a usage error saying ``why``: ``-k`` is classify's top-k and ``-K`` fit's
+    support vectors, so neither letter is quietly read as the other command's."""
+
+    class Refused(argparse.Action):
+        def __call__(self, parser, namespace, values, option_string=None):
+            parser.error(f"{flag} {why}")
+
+    p.add_argument(flag, action=Refused, dest=argparse.SUPPRESS, default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+
+
 from svgen.encoders.resolve import DEFAULT_MODEL
 
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 import logging
 import os
 import pickle
+import time
 import warnings
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
@@ -291,7 +292,7 @@ class ClipEncoder:
             ImageFiles(paths, self.preprocess), batch_size=batch_size, num_workers=num_workers,
             collate_fn=collate, shuffle=False,
         )
-        feats, ok, failed = [], [], []
+        feats, ok, failed, t0 = [], [], [], time.perf_counter()
         it = loader
         if progress:
             from tqdm.auto import tqdm
@@ -305,5 +306,7 @@ class ClipEncoder:
             ok.extend(paths[i] for i in idx)
         for p, why in failed:
             log.info("skipped %s: %s", p, why)  # returned in `failed`; the caller reports them
+        log.info("images embedded (%d of %d, batch %d) in %.2fs", len(ok), len(paths), batch_size,
+                 time.perf_counter() - t0)
         dim = feats[0].shape[1] if feats else 0
         return (torch.cat(feats) if feats else torch.zeros(0, dim)), ok, failed

@@ -65,6 +65,7 @@ from safetensors.torch import load_file, save_file
 from svgen import safeio
 from svgen.io import schema
 from svgen.errors import SvgenError
+from svgen.steps import timed
 
 log = logging.getLogger(__name__)
 
@@ -120,13 +121,14 @@ def save_artifact(path, tensors: Dict[str, torch.Tensor], meta: dict, force: boo
             tensors[k] = v.clone()
         seen.add(tensors[k].untyped_storage().data_ptr())
 
-    text = _check_readable(path, tensors, meta, A)
+    with timed(log, f"artifact {path} checked and written"):
+        text = _check_readable(path, tensors, meta, A)
 
-    def write_meta(p):
-        p.write_text(text + "\n", encoding="utf-8")
+        def write_meta(p):
+            p.write_text(text + "\n", encoding="utf-8")
 
-    return safeio.atomic_dir(path, {WEIGHTS_FILE: lambda p: save_file(tensors, str(p)), META_FILE: write_meta},
-                            force=force)
+        return safeio.atomic_dir(path, {WEIGHTS_FILE: lambda p: save_file(tensors, str(p)), META_FILE: write_meta},
+                                force=force)
 
 
 def _check_readable(path, tensors: Dict[str, torch.Tensor], meta: dict, votes) -> str:

@@ -20,6 +20,7 @@ from svgen.heads import predictor
 from svgen.transductive import solve as td
 from svgen.transductive.pool import PoolFit, Stage, transduce
 from svgen.state import Heads, KernelHead, PoolFactor, TextSide
+from svgen.steps import Clock
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +47,7 @@ def adapt(stage: Stage, side: TextSide, U: torch.Tensor, strength: Optional[floa
     the classes the pool is not used: its check sees only classes with shots."""
     C, N = side.n_classes, U.shape[0]
     t0 = time.perf_counter()
+    clock = Clock(log)
     reason, check = td.fallback_reason(N, C), None
     if reason is None and stage.shots is not None and len(stage.shots):
         without = int((stage.shots.counts(C) == 0).sum())
@@ -56,6 +58,7 @@ def adapt(stage: Stage, side: TextSide, U: torch.Tensor, strength: Optional[floa
         check = (pool_gate.check_with_shots(stage, side, U, strength, progress=progress)
                  if stage.shots is not None and len(stage.shots)
                  else pool_gate.check_without_shots(stage, side, U, strength, progress=progress))
+        clock.lap("pool check (%s) on %d images", check.get("evidence"), N)
         if not check["adopt"]:
             reason = check["reason"] + "; kept the inductive heads"
     if reason is not None:
