@@ -102,7 +102,8 @@ LAYERS = {
     "errors": [],
     "config": ["errors"],
     "safeio": ["errors"],                        # atomic writes and bounded reads, for every layer that touches files
-    "core": ["config"],                          # the kernel machine's math: kernels, generator, ridge solves, roots
+    "steps": ["errors"],                         # a log line with its duration for each long step (svgen -v)
+    "core": ["config", "steps"],                       # the kernel machine's math: kernels, generator, ridge solves, roots
     "state": ["core"],                           # the fitted state as plain objects
     "calibration": ["core", "safeio"],           # temperatures, the mixture weight, plots
     "heads": ["calibration", "state"],           # scores and probabilities of the heads
@@ -119,6 +120,7 @@ LAYERS = {
     "classifier": ["io", "fitted", "transductive"],
     "commands": ["classifier", "engine"],
     "cli": ["commands"],
+    "__main__": ["cli"],                         # python -m svgen
 }
 
 

@@ -7,7 +7,6 @@ help examples, ``adapt -q``, ``-K``/``-k``, ``--features F ART``, ``python -m sv
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shlex
