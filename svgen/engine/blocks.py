@@ -337,11 +337,9 @@ def _parquet_feature_column(path: Path, want: Optional[str]):
 def feature_shape(path: Path, column: Optional[str] = None, dim: Optional[int] = None) -> Tuple[int, Optional[str]]:
     """(rows, Parquet column or None) of an embedding shard, checking its dimension against ``dim``."""
     if path.suffix.lower() == ".npy":
-        try:
-            x = np.load(path, mmap_mode="r", allow_pickle=False)
-        except (ValueError, OSError, EOFError) as e:
-            raise SvgenError(f"features file {path} is not a readable numeric .npy array "
-                             f"({(str(e).splitlines() or [''])[0]})") from None
+        from svgen.io.npy import load_npy
+
+        x = load_npy(path, "features", mmap=True)  # a damaged header (a negative size, say) is one line
         if x.ndim != 2 or not np.issubdtype(x.dtype, np.number):
             raise SvgenError(f"features file {path} holds {x.dtype} of shape {x.shape}; expected N×D numbers")
         n, d, column = x.shape[0], x.shape[1], None
@@ -362,7 +360,9 @@ def read_features(path, start: int, stop: int, column: Optional[str] = None) -> 
     """
     path = Path(path)
     if path.suffix.lower() == ".npy":
-        return _writable(np.load(path, mmap_mode="r", allow_pickle=False)[start:stop])
+        from svgen.io.npy import load_npy
+
+        return _writable(load_npy(path, "features", mmap=True)[start:stop])
     pa = _require_pyarrow(f"{path}")
     f = pa.parquet.ParquetFile(path)
     groups, first, at = [], None, 0

@@ -111,6 +111,24 @@ def failure_table(block: int, failed: Sequence[Tuple[str, str]]):
                      "block": pa.array([block] * len(failed), type=pa.int64())})
 
 
+def usable_rows(x, keys: Dict[str, list], source: str):
+    """``(x, keys, failed)`` without the embedding rows no head can score: a NaN or inf entry, or all zeros (which
+    the single-process ``classify`` refuses in one line). Each is a failure named ``SOURCE[ROW]`` with its reason,
+    so the rows of a block's part plus its failures still equal its inputs."""
+    import torch
+
+    nonfinite = ~torch.isfinite(x).all(dim=1)
+    zero = ~nonfinite & (x.abs().amax(dim=1) == 0) if x.shape[1] else torch.ones(x.shape[0], dtype=torch.bool)
+    bad = nonfinite | zero
+    if not bool(bad.any()):
+        return x, keys, []
+    failed = [(f"{source}[{r}]", "NaN or inf in the embedding" if nonfinite[i] else
+               "an all-zero embedding; cannot L2-normalise it")
+              for i, r in enumerate(keys["row"]) if bad[i]]
+    keep = (~bad).tolist()
+    return x[~bad], {k: [v for v, ok in zip(vals, keep) if ok] for k, vals in keys.items()}, failed
+
+
 def feature_keys(block: Block) -> Dict[str, list]:
     s = block.spec
     n = s["stop"] - s["start"]
