@@ -45,14 +45,14 @@ def decode_block(block: Block, preprocess):
         try:
             f = open(shard, "rb")
         except OSError as e:
-            failed.extend((f"{shard}/{name}", f"cannot open shard: {e}") for name, _, _ in block.spec["members"])
+            failed.extend((f"{shard}/{m[0]}", f"cannot open shard: {e}") for m in block.spec["members"])
         else:
             with f:
-                for name, offset, size in block.spec["members"]:
+                for name, offset, size, *why in block.spec["members"]:
                     key = f"{shard}/{name}"
-                    if offset < 0:
-                        failed.append((key, "the shard is truncated or damaged here: its remaining members "
-                                            "cannot be read"))
+                    if offset < 0:   # planned as a failure: a member that is no image file, or the lost tail
+                        failed.append((key, why[0] if why else "the shard is truncated or damaged here: its "
+                                                               "remaining members cannot be read"))
                         continue
                     f.seek(offset)
                     data = f.read(size)
