@@ -114,6 +114,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     configure_logging(args.verbose, args.quiet)
     args.progress = not args.quiet and sys.stderr.isatty() or os.environ.get("SVGEN_PROGRESS") == "1"
     try:
+        from svgen.commands._common import check_args
+
+        check_args(args)  # --device, and no output that destroys an input (every command)
         code = int(args.func(args) or 0)
         sys.stdout.flush()   # here, where a closed pipe is caught, not at exit
         return code
@@ -126,6 +129,22 @@ def main(argv: Optional[List[str]] = None) -> int:
     except BrokenPipeError:  # the reader stopped early (`| head`): success, as for cat or grep; and no
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # traceback when Python flushes at exit
         return 0
+    except Exception as e:  # a defect of svgen's own: still one line (the traceback with -vv)
+        return _internal_error(args, e)
+
+
+def _internal_error(args, e: Exception) -> int:
+    """The last line of defence: an unexpected exception as one line on stderr and exit status 2."""
+    first = (str(e).strip().splitlines() or [""])[0][:500]
+    if getattr(args, "verbose", 0) >= 2:
+        import traceback
+
+        traceback.print_exc()
+        print(f"svgen {args.command}: internal error: {type(e).__name__}: {first}", file=sys.stderr)
+    else:
+        print(f"svgen {args.command}: internal error: {type(e).__name__}: {first} (rerun with -vv for the traceback)",
+              file=sys.stderr)
+    return 2
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -163,13 +163,13 @@ def match_confidence(logits, target: float, iters: int = 60) -> float:
     Each row's log-odds ``−log Σ_{j≠max} exp((z_j − z_max)/T)`` falls monotonically with T, so the mean does too.
     Log-odds rather than the max-probability itself: on text queries the cosine head is often all but certain (p_max =
     1 − 10⁻⁹), where probabilities cannot tell temperatures apart but log-odds still can. A target outside the
-    reachable range gives the bracket's end."""
-    z = torch.as_tensor(logits, dtype=torch.float64)
-    top = z.max(dim=1)
+    reachable range gives the bracket's end; logits that all tie (one name twice), which no T changes, give 1."""
+    top = (z := torch.as_tensor(logits, dtype=torch.float64)).max(dim=1)
     gap = (z - top.values[:, None]).scatter(1, top.indices[:, None], -math.inf)  # z_j − z_max, j ≠ max
-    # mean_log_odds at T = e^m; T known to 1e-10 relative: further halvings change nothing recorded
+    if not bool((gap[torch.isfinite(gap)] < 0).any()):
+        return 1.0
     return in_range(math.exp(bisect(lambda m: float((-torch.logsumexp(gap / math.exp(m), dim=1)).mean()) > target,
-                                    *LOG_T_RANGE, iters, tol=1e-10)))
+                                    *LOG_T_RANGE, iters, tol=1e-10)))  # mean_log_odds at T = e^m; T to 1e-10 relative
 
 
 def fit_temperature(logits_loo, labels, iters: int = 100) -> float:

@@ -287,6 +287,49 @@ def test_an_actor_that_dies_ends_the_run_in_one_line_and_keeps_nothing_partial(r
     assert not list(out.glob("part-*")) and not list(out.glob(".*"))
 
 
+def _small_artifact(root):
+    from svgen import SVGClassifier
+
+    rng = np.random.default_rng(0)
+    SVGClassifier(n_support=2).fit(rng.normal(size=(4, 16)).astype(np.float32),
+                                   classes=["a", "b", "c", "d"]).save(root / "a.svgen")
+    return root / "a.svgen", rng.normal(size=(12, 16)).astype(np.float32)
+
+
+def test_nan_rows_are_failures_on_ray(cli, ray_local, tmp_path):
+    """Issue 40, item 10: a NaN feature row ended the run in a 61-line RayTaskError and a partial output folder. It
+    is a failure row now, with the row's reason, and the run ends well: rows + failures = inputs."""
+    art, x = _small_artifact(tmp_path)
+    x[3, 2], x[9] = np.nan, 0
+    np.save(tmp_path / "bad.npy", x)
+    out = tmp_path / "preds.parquet"
+    code, _, err = cli("classify", art, "--features", tmp_path / "bad.npy", *RAY, "--block-size", 5, "--out", out)
+    assert code == 0 and "Traceback" not in err, err
+    failed = failures(out)
+    assert sorted(failed) == [f"{tmp_path / 'bad.npy'}[3]", f"{tmp_path / 'bad.npy'}[9]"]
+    assert "NaN or inf" in failed[f"{tmp_path / 'bad.npy'}[3]"]
+    got, _ = parts(out, key="row")
+    assert sorted(got) == [r for r in range(12) if r not in (3, 9)]
+
+
+def test_a_blocks_own_error_on_ray_is_one_line(ray_local, tmp_path):
+    """A block that raises in an actor (its shard damaged after planning) ends the run with svgen's one line, read
+    out of the remote traceback Ray carries back, not a RayTaskError."""
+    from svgen.errors import SvgenError
+    from svgen.engine.ray import prepare_output, run_blocks
+
+    art, x = _small_artifact(tmp_path)
+    np.save(tmp_path / "x.npy", x)
+    blocks = plan_blocks([str(tmp_path / "x.npy")], 6, features=True, dim=16)
+    (tmp_path / "x.npy").write_bytes(b"garbage")
+    out = tmp_path / "preds.parquet"
+    prepare_output(out, {"blocks": len(blocks)})
+    with pytest.raises(SvgenError) as e:
+        run_blocks(blocks, out, art, "kernel", False, 1, restart_actors=False)
+    assert str(e.value).startswith(f"a block failed (features file {tmp_path / 'x.npy'} has a damaged .npy header")
+    assert len(str(e.value).splitlines()) == 1 and not list(out.glob("part-*"))
+
+
 # ----------------------------------------------------------------------------- errors (no Ray needed)
 
 def test_without_ray_one_line_says_what_to_install(cli, lvis, tmp_path, monkeypatch):
