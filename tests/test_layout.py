@@ -102,6 +102,7 @@ LAYERS = {
     "errors": [],
     "config": ["errors"],
     "safeio": ["errors"],                        # atomic writes and bounded reads, for every layer that touches files
+    "npy": ["errors"],                           # every .npy read: header checked first, native byte order
     "steps": ["errors"],                         # a log line with its duration for each long step (svgen -v)
     "core": ["config", "steps"],                       # the kernel machine's math: kernels, generator, ridge solves, roots
     "state": ["core"],                           # the fitted state as plain objects
@@ -113,7 +114,7 @@ LAYERS = {
     "fewshot": ["heads"],
     "transductive": ["fewshot"],
     "io": ["zeroshot", "fewshot", "encoders"],   # the files: the codec knows every stage's state
-    "engine": ["heads", "encoders"],             # results out, in blocks
+    "engine": ["heads", "encoders", "npy"],            # results out, in blocks
     "evaluation": ["heads", "validation"],
     "estimator": ["evaluation"],
     "fitted": ["estimator"],

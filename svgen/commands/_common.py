@@ -175,7 +175,7 @@ def load_array(path, what: str, mmap: bool = False) -> np.ndarray:
                          "save the array with numpy.save")
     if magic != b"\x93NUMPY":
         raise SvgenError(f"{what} file {path} is an .npz archive; expected a single .npy array")
-    from svgen.io.npy import load_npy
+    from svgen.npy import load_npy
 
     arr = load_npy(path, what, mmap=mmap)  # header checked before allocating; native byte order
     if not (np.issubdtype(arr.dtype, np.number) or arr.dtype == np.bool_) or np.iscomplexobj(arr):

@@ -368,7 +368,7 @@ def _parquet_feature_column(path: Path, want: Optional[str]):
 def feature_shape(path: Path, column: Optional[str] = None, dim: Optional[int] = None) -> Tuple[int, Optional[str]]:
     """(rows, Parquet column or None) of an embedding shard, checking its dimension against ``dim``."""
     if path.suffix.lower() == ".npy":
-        from svgen.io.npy import load_npy
+        from svgen.npy import load_npy
 
         x = load_npy(path, "features", mmap=True)  # a damaged header (a negative size, say) is one line
         if x.ndim != 2 or not np.issubdtype(x.dtype, np.number):
@@ -391,7 +391,7 @@ def read_features(path, start: int, stop: int, column: Optional[str] = None) -> 
     """
     path = Path(path)
     if path.suffix.lower() == ".npy":
-        from svgen.io.npy import load_npy
+        from svgen.npy import load_npy
 
         return _writable(load_npy(path, "features", mmap=True)[start:stop])
     pa = _require_pyarrow(f"{path}")
