@@ -10,6 +10,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from svgen.core.support import check_real_dense
 from svgen.errors import SvgenError
 from svgen.encoders.prompts import validate_classes
 
@@ -34,10 +35,9 @@ def check_embeddings(x, what: str = "prototypes", ndims=(2, 3)) -> torch.Tensor:
     kept instead of being scored as a zero vector or refused as one. Only per-row vectors are
     allocated, never a second N×D array.
     """
+    check_real_dense(x, what)
     try:
         a = x.detach().cpu() if isinstance(x, torch.Tensor) else np.asarray(x)
-        if a.dtype.is_complex if isinstance(a, torch.Tensor) else np.iscomplexobj(a):
-            raise SvgenError(f"{what}: complex numbers; expected real embeddings")
         t = torch.as_tensor(a if isinstance(a, torch.Tensor) else np.asarray(a), dtype=torch.float32)
     except (TypeError, ValueError, RuntimeError) as e:
         if isinstance(e, SvgenError):
