@@ -148,9 +148,10 @@ def looks_like_labels(classes) -> bool:
     return distinct < len(values) and (any(not isinstance(v, str) for v in values) or distinct <= len(values) // 2)
 
 
-def label_indices(y, classes: Sequence[str]):
+def label_indices(y, classes: Sequence[str], what: str = "y", owner: str = "the classifier"):
     """``y`` as class indices: class names are looked up in ``classes`` (a repeated name: its first
-    row); integer indices pass through unchanged (checked where they are used)."""
+    row); integer indices pass through unchanged (checked where they are used). ``what`` and ``owner`` name the
+    labels and whose classes they are in the message for an unknown name."""
     arr = np.asarray(y.cpu() if isinstance(y, torch.Tensor) else y)
     if arr.dtype.kind not in "USO":
         return y
@@ -160,6 +161,6 @@ def label_indices(y, classes: Sequence[str]):
     names = [str(v) for v in arr.ravel()]
     unknown = sorted({n for n in names if n not in index})
     if unknown:
-        raise SvgenError(f"y holds {len(unknown)} name(s) that are not classes of the classifier: "
+        raise SvgenError(f"{what} holds {len(unknown)} name(s) that are not classes of {owner}: "
                          f"{', '.join(map(repr, unknown[:5]))}{' …' if len(unknown) > 5 else ''}")
     return np.asarray([index[n] for n in names], dtype=np.int64).reshape(arr.shape)

@@ -146,7 +146,7 @@ def json_text(obj, **kw) -> str:
     return json.dumps(_finite(obj), allow_nan=False, **kw)
 
 
-def _check_npy_size(path: Path, what: str) -> None:
+def _check_npy_size(path: Path, what: str, strings: bool = False) -> None:
     """Refuse, before anything is allocated, a .npy header that claims more data than the file holds
     (a header saying 10¹²×512 on a 1 kB file would otherwise ask for 2 TB)."""
     try:
@@ -157,6 +157,10 @@ def _check_npy_size(path: Path, what: str) -> None:
             offset = f.tell()
     except (ValueError, OSError, EOFError) as e:
         raise SvgenError(f"{what} file {path} has a damaged .npy header ({(str(e).splitlines() or [''])[0]})") from None
+    if dtype.hasobject and strings:
+        raise SvgenError(f"{what} file {path} holds Python objects (dtype object), which only pickle reads and svgen "
+                         "never unpickles; save class names as a string array: "
+                         "numpy.save(path, numpy.asarray(names, dtype=str))")
     if dtype.hasobject:
         raise SvgenError(f"{what} file {path} is not a plain numeric .npy array (it holds Python objects)")
     need = int(np.prod(shape, dtype=object)) * dtype.itemsize
@@ -166,8 +170,9 @@ def _check_npy_size(path: Path, what: str) -> None:
                          f"{have:,}; it is truncated or damaged")
 
 
-def load_array(path, what: str, mmap: bool = False) -> np.ndarray:
-    """``np.load`` without pickle (``mmap``: memory-mapped); a clear one-line error for every way it can fail."""
+def load_array(path, what: str, mmap: bool = False, strings: bool = False) -> np.ndarray:
+    """``np.load`` without pickle (``mmap``: memory-mapped); a clear one-line error for every way it can fail.
+    ``strings``: a unicode string array (class names) is accepted too."""
     from svgen.io.safeio import check_regular, os_error
 
     path = Path(path)
@@ -181,7 +186,7 @@ def load_array(path, what: str, mmap: bool = False) -> np.ndarray:
         raise SvgenError(f"{what} file {path} is not a .npy file (no NumPy header; a text or CSV file?); "
                          "save the array with numpy.save")
     if magic == b"\x93NUMPY":
-        _check_npy_size(path, what)
+        _check_npy_size(path, what, strings)
     try:
         arr = np.load(path, allow_pickle=False, mmap_mode="r" if mmap else None)
     except ValueError as e:
@@ -190,6 +195,9 @@ def load_array(path, what: str, mmap: bool = False) -> np.ndarray:
         raise SvgenError(f"{what} file {path} is not a readable .npy file ({e})") from None
     if isinstance(arr, np.lib.npyio.NpzFile):
         raise SvgenError(f"{what} file {path} is an .npz archive; expected a single .npy array")
+    if strings and arr.dtype.kind == "U":
+        return arr
     if not (np.issubdtype(arr.dtype, np.number) or arr.dtype == np.bool_) or np.iscomplexobj(arr):
-        raise SvgenError(f"{what} file {path} holds {arr.dtype} data; expected real numbers")
+        expected = "integer class indices or class names (a str array)" if strings else "real numbers"
+        raise SvgenError(f"{what} file {path} holds {arr.dtype} data; expected {expected}")
     return arr
