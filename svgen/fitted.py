@@ -36,7 +36,8 @@ def _head_attribute(part: str, field: str, doc: str):
 
 @functools.lru_cache(maxsize=None)
 def _not_fitted_type(sklearn_error: type) -> type:
-    return type("NotFittedError", (SvgenError, sklearn_error), {"__module__": __name__})
+    return type("NotFittedError", (SvgenError, sklearn_error),
+                {"__module__": __name__, "__reduce__": lambda self: (not_fitted, (str(self),))})  # joblib pickles it
 
 
 def not_fitted(message: str) -> SvgenError:
