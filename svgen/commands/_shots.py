@@ -37,14 +37,14 @@ def wants_shots(args, required: bool = False) -> bool:
     return bool(folder or feats)
 
 
-def shot_arrays(args, classes):
-    """(X, y) from ``--shot-features``/``--shot-labels``, class names in y looked up in ``classes`` (indices are
-    checked against them by the library)."""
+def shot_arrays(args, classes, owner: str = "the artifact"):
+    """(X, y) from ``--shot-features``/``--shot-labels``, class names in y looked up in ``classes`` (``owner``'s;
+    indices are checked against them by the library)."""
     X = load_array(args.shot_features, "shot features")
-    return X, load_labels(args.shot_labels, classes, "shot labels", "--shot-labels")
+    return X, load_labels(args.shot_labels, classes, "shot labels", "--shot-labels", owner)
 
 
-def load_labels(path, classes, what: str, flag: str):
+def load_labels(path, classes, what: str, flag: str, owner: str = "the artifact"):
     """N labels from a .npy: integer class indices as they are, or class names (a unicode array) as their indices
     in ``classes``; an unknown name is one line naming it."""
     from svgen.validation import label_indices
@@ -54,7 +54,7 @@ def load_labels(path, classes, what: str, flag: str):
         return y
     example = f", e.g. {str(classes[0])!r}" if len(classes) else ""
     return label_indices(y, list(classes), what=f"{flag} {path}",
-                         owner=f"the artifact (it has {len(classes)} classes{example})")
+                         owner=f"{owner} (it has {len(classes)} classes{example})")
 
 
 def shot_images(args, classes):

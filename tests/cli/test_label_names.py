@@ -68,7 +68,8 @@ def test_eval_takes_labels_as_class_names(cli, files):
 @pytest.mark.parametrize("command", ["adapt", "fit", "eval"])
 def test_an_unknown_name_or_an_object_array_is_one_line_and_nothing_is_written(cli, files, command):
     art = _fit(cli, files)
-    for labels, words in (("bad", ("zebra", "not classes of the artifact", "5 classes", "'c0'")),
+    owner = "the classes file" if command == "fit" else "the artifact"
+    for labels, words in (("bad", ("zebra", f"not classes of {owner}", "5 classes", "'c0'")),
                           ("objects", ("objects.npy", "pickle", "dtype=str"))):
         out = files / "new.svgen"
         if command == "eval":
