@@ -35,8 +35,9 @@ from svgen.io import codec
 from svgen.state import Heads, TextSide
 from svgen.transductive import adapt as pool_adapt
 from svgen.transductive.pool import Stage, prior_head
-from svgen.validation import (DUPLICATE_COS, SAFE_PEAK, check_distinct, check_embeddings, check_pool,  # noqa: F401
-                              check_vocabulary, duplicate_prototypes, label_indices, looks_like_labels, safe_rows)
+from svgen.validation import (DUPLICATE_COS, SAFE_PEAK, check_distinct, check_embeddings, check_not_labels,  # noqa: F401
+                              check_pool, check_vocabulary, duplicate_prototypes, label_indices, looks_like_labels,
+                              safe_rows)
 from svgen.zeroshot.fit import fit_zero_shot
 from svgen.zeroshot.open_set import extend
 
@@ -178,14 +179,7 @@ class SVGClassifier(FittedHeads):
             return self._fit(prototypes, classes, templates, encoder, None, None).adapt(X, y)
         t0 = time.perf_counter()  # wall_time_s covers the whole fit: checks, solve, metrics, temperatures
         cfg = self.check_params()
-        if classes is not None and looks_like_labels(classes):
-            values = [str(v) for v in np.asarray(classes, dtype=object).ravel()]
-            raise SvgenError(f"fit(prototypes, classes) takes C text prototypes and their C class names, but classes "
-                             f"has {len(values)} entries with {len(set(values))} distinct: per-image labels? "
-                             "svgen fits from text; labelled images join as shots: "
-                             "SVGClassifier(prototypes=P, classes=names).fit(X, y), "
-                             "SVGClassifier().fit(prototypes, classes=names, shots=(X, y)), or clf.adapt(X, y) "
-                             "on a fitted classifier (y: class indices or names)")
+        check_not_labels(classes)
         emb = check_embeddings(prototypes, "prototypes")
         C = emb.shape[0]
         if classes is None:

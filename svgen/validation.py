@@ -148,6 +148,20 @@ def looks_like_labels(classes) -> bool:
     return distinct < len(values) and (any(not isinstance(v, str) for v in values) or distinct <= len(values) // 2)
 
 
+def check_not_labels(classes) -> None:
+    """Refuse per-image labels given as the class names of :meth:`SVGClassifier.fit` (scikit-learn's ``fit(X, y)``
+    reflex without prototypes in the constructor), naming the routes that take labelled images."""
+    if classes is None or not looks_like_labels(classes):
+        return
+    values = [str(v) for v in np.asarray(classes, dtype=object).ravel()]
+    raise SvgenError(f"fit(prototypes, classes) takes C text prototypes and their C class names, but classes "
+                     f"has {len(values)} entries with {len(set(values))} distinct: per-image labels? "
+                     "svgen fits from text; labelled images join as shots: "
+                     "SVGClassifier(prototypes=P, classes=names).fit(X, y), "
+                     "SVGClassifier().fit(prototypes, classes=names, shots=(X, y)), or clf.adapt(X, y) "
+                     "on a fitted classifier (y: class indices or names)")
+
+
 def label_indices(y, classes: Sequence[str], what: str = "y", owner: str = "the classifier"):
     """``y`` as class indices: class names are looked up in ``classes`` (a repeated name: its first
     row); integer indices pass through unchanged (checked where they are used). ``what`` and ``owner`` name the
