@@ -1,6 +1,7 @@
-"""``SVGClassifier``: the scikit-learn-style face of svgen.
+"""``SVGClassifier``: the scikit-learn face of svgen.
 
 >>> clf = SVGClassifier(n_support=4).fit(prototypes, classes=names)   # C×D or C×T×D, text only
+>>> clf = SVGClassifier(prototypes=P, classes=names).fit(X, y)        # the same, then labelled images (few-shot)
 >>> clf.decision_function(image_features, head="kernel")              # N×C scores
 >>> clf.predict(image_features)                                       # class names
 >>> clf.predict_proba(image_features, head="linear")                 # N×C, softmax with the head's temperature
@@ -34,8 +35,9 @@ from svgen.io import codec
 from svgen.state import Heads, TextSide
 from svgen.transductive import adapt as pool_adapt
 from svgen.transductive.pool import Stage, prior_head
-from svgen.validation import (DUPLICATE_COS, SAFE_PEAK, check_distinct, check_embeddings, check_pool,  # noqa: F401
-                              check_vocabulary, duplicate_prototypes, label_indices, looks_like_labels, safe_rows)
+from svgen.validation import (DUPLICATE_COS, SAFE_PEAK, check_distinct, check_embeddings, check_not_labels,  # noqa: F401
+                              check_pool, check_vocabulary, duplicate_prototypes, label_indices, looks_like_labels,
+                              safe_rows)
 from svgen.zeroshot.fit import fit_zero_shot
 from svgen.zeroshot.open_set import extend
 
@@ -52,7 +54,9 @@ class SVGClassifier(FittedHeads):
 
     Parameters mirror :class:`svgen.zeroshot.training.FitConfig`; ``progress`` shows the fit's progress bars;
     ``strict`` refuses repeated class names and coinciding
-    prototypes (by default they are fitted, with one warning: :func:`check_vocabulary`). The fit runs
+    prototypes (by default they are fitted, with one warning: :func:`check_vocabulary`). ``prototypes`` (C×D or
+    C×T×D text embeddings) and ``classes`` (their C names) given here make ``fit(X, y)`` scikit-learn's fit: the
+    zero-shot fit from them, then ``X``, ``y`` as labelled shots (:meth:`fit`). The fit runs
     on the CPU (the default zero-shot fit is a few seconds of dense linear algebra); the encoder that
     makes the prototypes and embeds images takes a device (:class:`svgen.encoders.clip.ClipEncoder`,
     ``--device``). Fitted attributes end in ``_``.
@@ -84,6 +88,8 @@ class SVGClassifier(FittedHeads):
         seed: int = 0,
         progress: bool = False,
         strict: bool = False,
+        prototypes=None,
+        classes: Optional[Sequence[str]] = None,
     ):
         self.n_support = n_support
         self.kernel = kernel
@@ -109,6 +115,8 @@ class SVGClassifier(FittedHeads):
         self.seed = seed
         self.progress = progress
         self.strict = strict
+        self.prototypes = prototypes
+        self.classes = classes
 
     # ------------------------------------------------------------------------------ fitting
     def check_params(self) -> FitConfig:
@@ -118,19 +126,45 @@ class SVGClassifier(FittedHeads):
         cfg.validate()
         return cfg
 
-    def fit(self, prototypes, classes: Optional[Sequence[str]] = None, templates: Optional[Sequence[str]] = None,
-            encoder: Optional[dict] = None, shots=None, unlabelled=None):
-        """Fit from text embeddings: ``prototypes`` is C×D or C×T×D (raw or normalised).
+    def fit(self, X=None, y=None, templates: Optional[Sequence[str]] = None, encoder: Optional[dict] = None,
+            shots=None, unlabelled=None, *, classes: Optional[Sequence[str]] = None):
+        """Fit from text embeddings, then adapt to any images given. Two ways to call it:
 
-        ``classes`` names the rows (default ``class_0`` …); ``templates`` and ``encoder`` are
-        recorded in the artifact. ``shots=(X, y)`` (N×D image embeddings, N class indices) adds
-        labelled images after the zero-shot fit, exactly as :meth:`adapt`; ``unlabelled=U`` (N×D
-        image embeddings without labels) then adapts transductively to that pool. Returns ``self``.
+        * ``SVGClassifier(prototypes=P, classes=names).fit(X, y)`` (scikit-learn's ``fit``, so ``cross_val_score``,
+          ``GridSearchCV`` and ``Pipeline`` work): the zero-shot fit from the constructor's prototypes, then
+          ``X`` (N×D image embeddings) and ``y`` (N class names or indices into ``classes``) as labelled shots,
+          exactly as :meth:`adapt`; ``fit()`` alone is the zero-shot fit.
+        * ``SVGClassifier().fit(prototypes, classes=names)``: ``X`` is the C×D or C×T×D text embeddings (raw or
+          normalised) and ``classes`` (or ``y``) names their rows (default ``class_0`` …); ``shots=(X, y)``
+          adds labelled images after the zero-shot fit, exactly as :meth:`adapt`.
+
+        ``templates`` and ``encoder`` are recorded in the artifact; ``unlabelled=U`` (N×D image embeddings without
+        labels) then adapts transductively to that pool. Returns ``self``.
         """
+        if self.prototypes is None:
+            if X is None:
+                raise SvgenError("fit needs text embeddings: fit(prototypes, classes=names), or "
+                                 "SVGClassifier(prototypes=P, classes=names).fit(X, y) with labelled images")
+            if y is not None and classes is not None:
+                raise SvgenError("fit(prototypes, y, classes=…): give the class names once, as classes=")
+            names = next((c for c in (classes, y, self.classes) if c is not None), None)
+            return self._fit(X, names, templates, encoder, shots, unlabelled)
+        if classes is not None or shots is not None:
+            raise SvgenError("this SVGClassifier has its prototypes from the constructor, so fit(X, y) takes the "
+                             "labelled images; give the class names as SVGClassifier(classes=…) and the shots as X, y")
+        if X is not None and y is None:
+            raise SvgenError("fit(X, y) requires y to be passed, but the target y is None: the labelled images need "
+                             "their class names or indices (fit() alone is the zero-shot fit; fit(unlabelled=U) "
+                             "adapts to images without labels)")
+        if X is None and y is not None:
+            raise SvgenError("fit(X, y): y was given without the image embeddings X")
+        return self._fit(self.prototypes, self.classes, templates, encoder, None if X is None else (X, y), unlabelled)
+
+    def _fit(self, prototypes, classes, templates, encoder, shots, unlabelled):
         if unlabelled is not None:
             emb = check_embeddings(prototypes, "prototypes")
             check_pool(unlabelled, emb.shape[-1])  # fail before the zero-shot fit, not after
-            self.fit(prototypes, classes, templates, encoder, shots=shots)
+            self._fit(prototypes, classes, templates, encoder, shots, None)
             return self.adapt(unlabelled=unlabelled)
         if shots is not None:
             try:
@@ -142,16 +176,10 @@ class SVGClassifier(FittedHeads):
             y = label_indices(y, [str(c).strip() for c in classes] if classes is not None
                               else [f"class_{i}" for i in range(emb.shape[0])])
             image_rows(X, y, emb.shape[0], emb.shape[-1])  # fail before the zero-shot fit, not after
-            return self.fit(prototypes, classes, templates, encoder).adapt(X, y)
+            return self._fit(prototypes, classes, templates, encoder, None, None).adapt(X, y)
         t0 = time.perf_counter()  # wall_time_s covers the whole fit: checks, solve, metrics, temperatures
         cfg = self.check_params()
-        if classes is not None and looks_like_labels(classes):
-            values = [str(v) for v in np.asarray(classes, dtype=object).ravel()]
-            raise SvgenError(f"fit(prototypes, classes) takes C text prototypes and their C class names, but classes "
-                             f"has {len(values)} entries with {len(set(values))} distinct: per-image labels? "
-                             "svgen fits from text; labelled images join as shots: "
-                             "SVGClassifier().fit(prototypes, classes=names, shots=(X, y)), or clf.adapt(X, y) "
-                             "on a fitted classifier (y: class indices or names)")
+        check_not_labels(classes)
         emb = check_embeddings(prototypes, "prototypes")
         C = emb.shape[0]
         if classes is None:
@@ -162,7 +190,7 @@ class SVGClassifier(FittedHeads):
         E, P = prototypes_from_embeddings(emb)
         check_vocabulary(P, classes, strict=bool(self.strict))
         zs = fit_zero_shot(P, E, cfg, t0, progress=self.progress)
-        self.fit_config_, self.classes_, self.per_template_, self.prototypes_ = cfg, list(classes), E, P
+        self.fit_config_, self.classes_, self.per_template_, self.prototypes_ = cfg, np.asarray(classes, object), E, P
         self.templates_ = list(templates) if templates is not None else None
         self.encoder_ = dict(encoder) if encoder else None
         self.heads_ = self.zero_shot_ = zs.heads
@@ -172,7 +200,7 @@ class SVGClassifier(FittedHeads):
         return self
 
     def _side(self) -> TextSide:
-        return TextSide(self.classes_, self.prototypes_, self.per_template_, self.fit_config_,
+        return TextSide(list(self.classes_), self.prototypes_, self.per_template_, self.fit_config_,
                         self.vote_scale_.get("rule"))
 
     def _stage(self) -> Stage:
@@ -288,15 +316,16 @@ class SVGClassifier(FittedHeads):
         classes = list(classes)
         if len(classes) != emb.shape[0]:
             raise SvgenError(f"{emb.shape[0]} new prototypes but {len(classes)} new class names")
-        classes = validate_new_classes(classes, self.classes_)  # new names distinct and new; old repeats stay
+        classes = validate_new_classes(classes, list(self.classes_))  # new names distinct and new; old repeats stay
         if self.transductive_ and not self.transductive_.get("fallback"):  # the pool knew only the old classes
             log.warning("add_classes: the transductive heads are dropped; adapt to the pool again")
         self._restore_inductive()
         self.transductive_ = None
         shots = self.support_set_.part(IMAGE) if self.fewshot_ is not None else None   # solved in again below
         zero = Heads(self.zero_shot_.kernel, self.zero_shot_.linear, self.heads_.calibration)
-        self.classes_, self.prototypes_, self.per_template_, self.heads_, self.vote_scale_ = extend(
+        names, self.prototypes_, self.per_template_, self.heads_, self.vote_scale_ = extend(
             zero, self._side(), self.generator_, self.metric_precision_, self.ridge_lambda_, emb, classes)
+        self.classes_ = np.asarray(names, dtype=object)
         self.zero_shot_, self.fewshot_ = self.heads_, None
         if shots is not None:
             self.adapt(shots.rows, shots.labels)  # its temperatures follow the adapted heads

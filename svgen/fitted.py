@@ -7,6 +7,8 @@ the fitted attributes scikit-learn users read (``support_vectors_``, ``temperatu
 
 from __future__ import annotations
 
+import functools
+import sys
 from typing import Optional
 
 import numpy as np
@@ -30,6 +32,19 @@ def _head_attribute(part: str, field: str, doc: str):
         setattr(getattr(self.heads_, part), field, value)
 
     return property(get, set_, doc=doc)
+
+
+@functools.lru_cache(maxsize=None)
+def _not_fitted_type(sklearn_error: type) -> type:
+    return type("NotFittedError", (SvgenError, sklearn_error),
+                {"__module__": __name__, "__reduce__": lambda self: (not_fitted, (str(self),))})  # joblib pickles it
+
+
+def not_fitted(message: str) -> SvgenError:
+    """The error of a method called before ``fit``: an :class:`SvgenError`, and where scikit-learn is loaded also
+    its ``NotFittedError`` (what its ``check_is_fitted`` raises), without importing scikit-learn."""
+    sk = sys.modules.get("sklearn.exceptions")
+    return _not_fitted_type(sk.NotFittedError)(message) if sk is not None else SvgenError(message)
 
 
 class FittedHeads(Estimator):
@@ -102,6 +117,7 @@ class FittedHeads(Estimator):
         vote's are ``log score``, the raw vote where ``kernel_logits_ == "score"``, or the floored log score; see
         :mod:`svgen.calibration.temperatures`). Rows sum to one (float64; a torch
         tensor for a torch input, else numpy, as :meth:`decision_function`). ``head=None``: :attr:`default_head_`."""
+        self._check_fitted()
         head = head or self.default_head_
         p = predictor.proba(self.heads_, self.prototypes_, self.fit_config_.kernel, self._features(X), head)
         return p if isinstance(X, torch.Tensor) else p.numpy()
@@ -110,13 +126,18 @@ class FittedHeads(Estimator):
         """N×C logits of one head, the input of :meth:`predict_proba`'s softmax (kernel: ``log score``, or
         the score itself where ``kernel_logits_ == "score"``);
         a torch tensor for a torch input, else numpy, as :meth:`decision_function`."""
+        self._check_fitted()
         z = predictor.logits(self.heads_, self.prototypes_, self.fit_config_.kernel, self._features(X),
                              head or self.default_head_)
         return z if isinstance(X, torch.Tensor) else z.numpy()
 
+    def __sklearn_is_fitted__(self) -> bool:
+        """scikit-learn's ``check_is_fitted`` (``Pipeline.predict`` asks it of its last step)."""
+        return "heads_" in vars(self)
+
     def _check_fitted(self):
         if "heads_" not in vars(self):
-            raise SvgenError("this SVGClassifier is not fitted yet; call fit() or load() first")
+            raise not_fitted("this SVGClassifier is not fitted yet; call fit() or load() first")
 
     @property
     def transductive_labels_(self) -> Optional[np.ndarray]:
@@ -145,6 +166,7 @@ class FittedHeads(Estimator):
         A torch tensor for a torch input; a float32 numpy array for anything else (numpy, lists),
         as scikit-learn returns. ``head=None``: :attr:`default_head_` (what the fit decided).
         """
+        self._check_fitted()
         head = head or self.default_head_
         scores = predictor.scores(self.heads_, self.prototypes_, self.fit_config_.kernel, self._features(X), head)
         return scores if isinstance(X, torch.Tensor) else scores.cpu().numpy()

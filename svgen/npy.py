@@ -21,8 +21,9 @@ def _first_line(e: BaseException) -> str:
     return (str(e).splitlines() or [type(e).__name__])[0][:200]
 
 
-def check_npy_header(path, what: str):
-    """``(shape, dtype)`` of a ``.npy`` file's header, checked against the file's size; one line if it is damaged."""
+def check_npy_header(path, what: str, strings: bool = False):
+    """``(shape, dtype)`` of a ``.npy`` file's header, checked against the file's size; one line if it is damaged
+    (``strings``: the file may hold class names, and an object array is told how to save them instead)."""
     path = Path(path)
     try:
         with open(path, "rb") as f:
@@ -35,6 +36,10 @@ def check_npy_header(path, what: str):
     if not all(type(n) is int and n >= 0 for n in shape):
         raise SvgenError(f"{what} file {path} has a damaged .npy header: its shape {shape} holds a size that is not "
                          "a non-negative integer")
+    if dtype.hasobject and strings:
+        raise SvgenError(f"{what} file {path} holds Python objects (dtype object), which only pickle reads and svgen "
+                         "never unpickles; save class names as a string array: "
+                         "numpy.save(path, numpy.asarray(names, dtype=str))")
     if dtype.hasobject:
         raise SvgenError(f"{what} file {path} is not a plain numeric .npy array (it holds Python objects)")
     need = int(np.prod(shape, dtype=object)) * dtype.itemsize
@@ -52,10 +57,10 @@ def native(arr: np.ndarray) -> np.ndarray:
     return arr
 
 
-def load_npy(path, what: str, mmap: bool = False) -> np.ndarray:
+def load_npy(path, what: str, mmap: bool = False, strings: bool = False) -> np.ndarray:
     """The array of a ``.npy`` file (``mmap``: memory-mapped) after :func:`check_npy_header`, without pickle,
     in native byte order."""
-    check_npy_header(path, what)
+    check_npy_header(path, what, strings)
     try:
         arr = np.load(path, allow_pickle=False, mmap_mode="r" if mmap else None)
     except (ValueError, OverflowError, TypeError) as e:

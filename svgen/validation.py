@@ -10,6 +10,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from svgen.core.support import check_real_dense
 from svgen.errors import SvgenError
 from svgen.encoders.prompts import validate_classes
 
@@ -34,10 +35,9 @@ def check_embeddings(x, what: str = "prototypes", ndims=(2, 3)) -> torch.Tensor:
     kept instead of being scored as a zero vector or refused as one. Only per-row vectors are
     allocated, never a second N×D array.
     """
+    check_real_dense(x, what)
     try:
         a = x.detach().cpu() if isinstance(x, torch.Tensor) else np.asarray(x)
-        if a.dtype.is_complex if isinstance(a, torch.Tensor) else np.iscomplexobj(a):
-            raise SvgenError(f"{what}: complex numbers; expected real embeddings")
         t = torch.as_tensor(a if isinstance(a, torch.Tensor) else np.asarray(a), dtype=torch.float32)
     except (TypeError, ValueError, RuntimeError) as e:
         if isinstance(e, SvgenError):
@@ -148,9 +148,24 @@ def looks_like_labels(classes) -> bool:
     return distinct < len(values) and (any(not isinstance(v, str) for v in values) or distinct <= len(values) // 2)
 
 
-def label_indices(y, classes: Sequence[str]):
+def check_not_labels(classes) -> None:
+    """Refuse per-image labels given as the class names of :meth:`SVGClassifier.fit` (scikit-learn's ``fit(X, y)``
+    reflex without prototypes in the constructor), naming the routes that take labelled images."""
+    if classes is None or not looks_like_labels(classes):
+        return
+    values = [str(v) for v in np.asarray(classes, dtype=object).ravel()]
+    raise SvgenError(f"fit(prototypes, classes) takes C text prototypes and their C class names, but classes "
+                     f"has {len(values)} entries with {len(set(values))} distinct: per-image labels? "
+                     "svgen fits from text; labelled images join as shots: "
+                     "SVGClassifier(prototypes=P, classes=names).fit(X, y), "
+                     "SVGClassifier().fit(prototypes, classes=names, shots=(X, y)), or clf.adapt(X, y) "
+                     "on a fitted classifier (y: class indices or names)")
+
+
+def label_indices(y, classes: Sequence[str], what: str = "y", owner: str = "the classifier"):
     """``y`` as class indices: class names are looked up in ``classes`` (a repeated name: its first
-    row); integer indices pass through unchanged (checked where they are used)."""
+    row); integer indices pass through unchanged (checked where they are used). ``what`` and ``owner`` name the
+    labels and whose classes they are in the message for an unknown name."""
     arr = np.asarray(y.cpu() if isinstance(y, torch.Tensor) else y)
     if arr.dtype.kind not in "USO":
         return y
@@ -160,6 +175,6 @@ def label_indices(y, classes: Sequence[str]):
     names = [str(v) for v in arr.ravel()]
     unknown = sorted({n for n in names if n not in index})
     if unknown:
-        raise SvgenError(f"y holds {len(unknown)} name(s) that are not classes of the classifier: "
+        raise SvgenError(f"{what} holds {len(unknown)} name(s) that are not classes of {owner}: "
                          f"{', '.join(map(repr, unknown[:5]))}{' …' if len(unknown) > 5 else ''}")
     return np.asarray([index[n] for n in names], dtype=np.int64).reshape(arr.shape)

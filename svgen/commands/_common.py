@@ -159,8 +159,9 @@ def json_text(obj, **kw) -> str:
     return json.dumps(_finite(obj), allow_nan=False, **kw)
 
 
-def load_array(path, what: str, mmap: bool = False) -> np.ndarray:
-    """``np.load`` without pickle (``mmap``: memory-mapped); a clear one-line error for every way it can fail."""
+def load_array(path, what: str, mmap: bool = False, strings: bool = False) -> np.ndarray:
+    """``np.load`` without pickle (``mmap``: memory-mapped); a clear one-line error for every way it can fail.
+    ``strings``: a unicode string array (class names) is accepted too."""
     from svgen.safeio import check_regular, os_error
 
     path = Path(path)
@@ -177,9 +178,12 @@ def load_array(path, what: str, mmap: bool = False) -> np.ndarray:
         raise SvgenError(f"{what} file {path} is an .npz archive; expected a single .npy array")
     from svgen.npy import load_npy
 
-    arr = load_npy(path, what, mmap=mmap)  # header checked before allocating; native byte order
+    arr = load_npy(path, what, mmap=mmap, strings=strings)  # header checked before allocating; native byte order
+    if strings and arr.dtype.kind == "U":
+        return arr
     if not (np.issubdtype(arr.dtype, np.number) or arr.dtype == np.bool_) or np.iscomplexobj(arr):
-        raise SvgenError(f"{what} file {path} holds {arr.dtype} data; expected real numbers")
+        expected = "integer class indices or class names (a str array)" if strings else "real numbers"
+        raise SvgenError(f"{what} file {path} holds {arr.dtype} data; expected {expected}")
     return arr
 
 

@@ -21,7 +21,8 @@ def add_shot_args(p, required: bool = False) -> None:
                         "artifact's encoder")
     g.add_argument("--shot-features", metavar="X.npy", help="N×D image embeddings of the labelled images")
     g.add_argument("--shot-labels", metavar="Y.npy",
-                   help="N integer class indices, in the order of the classes file (with --shot-features)")
+                   help="N integer class indices, in the order of the classes file, or N class names (a str "
+                        "array) (with --shot-features)")
 
 
 def wants_shots(args, required: bool = False) -> bool:
@@ -36,11 +37,24 @@ def wants_shots(args, required: bool = False) -> bool:
     return bool(folder or feats)
 
 
-def shot_arrays(args):
-    """(X, y) from ``--shot-features``/``--shot-labels`` (checked against the classes by the library)."""
+def shot_arrays(args, classes, owner: str = "the artifact"):
+    """(X, y) from ``--shot-features``/``--shot-labels``, class names in y looked up in ``classes`` (``owner``'s;
+    indices are checked against them by the library)."""
     X = load_array(args.shot_features, "shot features")
-    y = load_array(args.shot_labels, "shot labels")
-    return X, y
+    return X, load_labels(args.shot_labels, classes, "shot labels", "--shot-labels", owner)
+
+
+def load_labels(path, classes, what: str, flag: str, owner: str = "the artifact"):
+    """N labels from a .npy: integer class indices as they are, or class names (a unicode array) as their indices
+    in ``classes``; an unknown name is one line naming it."""
+    from svgen.validation import label_indices
+
+    y = load_array(path, what, strings=True)
+    if y.dtype.kind != "U":
+        return y
+    example = f", e.g. {str(classes[0])!r}" if len(classes) else ""
+    return label_indices(y, list(classes), what=f"{flag} {path}",
+                         owner=f"{owner} (it has {len(classes)} classes{example})")
 
 
 def shot_images(args, classes):

@@ -73,7 +73,7 @@ def run(args) -> int:
         encoder = encoder_for_artifact(args, clf)
     X = y = U = None
     if shots:
-        X, y = encode_shots(args, encoder, data, "adapt") if args.shots else shot_arrays(args)
+        X, y = encode_shots(args, encoder, data, "adapt") if args.shots else shot_arrays(args, clf.classes_)
     if pool:
         U = encode_pool(args, encoder, paths, "adapt") if args.unlabelled else pool_array(args)
     clf.adapt(X, y, unlabelled=U)

@@ -5,7 +5,8 @@ from __future__ import annotations
 import logging
 
 from svgen.errors import SvgenError
-from svgen.commands._common import ExamplesFormatter, json_text, load_array, note
+from svgen.commands._common import ExamplesFormatter, json_text, note
+from svgen.commands._shots import load_labels
 from svgen.commands._images import add_image_encoder_args, check_out, emit, encode_paths, encoder_for_artifact, load_features
 
 from svgen.evaluation.metrics import HEAD_ORDER, evaluate_heads
@@ -21,8 +22,8 @@ def add_parser(sub):
                     "labelled data and print one table: top-1 and top-5 accuracy, mean per-class recall (over "
                     "the classes present in the labels) and the number of examples evaluated. --data DIR is a "
                     "torchvision ImageFolder (one sub-folder per class, named after the class) or a folder with "
-                    "labels.csv of file,class rows; --features/--labels are N×D embeddings and N class indices "
-                    "into the artifact's class list. The probabilities of every head (softmax(logits / T), T "
+                    "labels.csv of file,class rows; --features/--labels are N×D embeddings and N class names or "
+                    "indices into the artifact's class list. The probabilities of every head (softmax(logits / T), T "
                     "stored in the artifact) are judged by nll (mean −log p of the true class) and ece "
                     "(expected calibration error over 15 equal-width confidence bins); T is each head's "
                     "temperature. After labelled shots the table has a fourth head, their mixture (the kernel "
@@ -38,7 +39,8 @@ def add_parser(sub):
     src = p.add_argument_group("data (one of)")
     src.add_argument("--data", metavar="DIR", help="labelled image folder: ImageFolder layout or DIR/labels.csv")
     src.add_argument("--features", metavar="FEATS.npy", help="N×D image embeddings")
-    src.add_argument("--labels", metavar="LABELS.npy", help="N integer class indices (with --features)")
+    src.add_argument("--labels", metavar="LABELS.npy",
+                     help="N integer class indices, or N class names (a str array) (with --features)")
     p.add_argument("--json", action="store_true",
                    help="print one JSON object {head: {acc1, acc5, mean_per_class_recall, nll, ece, temperature, n}} "
                         "instead of a table (implied by --out FILE.json)")
@@ -86,7 +88,7 @@ def run(args) -> int:
     clf = SVGClassifier.load(args.artifact)
     if args.features:
         x = load_features(args.features, clf)
-        y = load_array(args.labels, "labels")
+        y = load_labels(args.labels, clf.classes_, "labels", "--labels")
     else:
         import numpy as np
 

@@ -121,7 +121,7 @@ def run(args) -> int:
     shots = shot_folder = None
     if wants_shots(args):
         # read (and check) the labelled images before any expensive work
-        shots = shot_arrays(args) if args.shot_features else None
+        shots = shot_arrays(args, classes, f"the classes file {args.classes}") if args.shot_features else None
         shot_folder = shot_images(args, classes) if args.shots else None
     pool = pool_folder = None
     if wants_pool(args):

@@ -67,6 +67,22 @@ class SupportSet:
         return np.bincount(self.labels[self.source == source].numpy(), minlength=n_classes)
 
 
+def check_real_dense(x, what: str) -> None:
+    """Refuse, with one line each, what no embedding array can be: a scipy sparse matrix (numpy would make a 0-d
+    object array of it) or complex numbers (a cast to float would drop the imaginary part silently)."""
+    if type(x).__module__.startswith("scipy.sparse"):
+        raise SvgenError(f"{what}: a sparse matrix, and sparse input is not supported; pass a dense array")
+    if isinstance(x, torch.Tensor):
+        kind = "c" if x.is_complex() else "f"
+    else:
+        try:
+            kind = x.dtype.kind if isinstance(getattr(x, "dtype", None), np.dtype) else np.asarray(x).dtype.kind
+        except (TypeError, ValueError):
+            return   # not an array at all: the caller's conversion says so
+    if kind == "c":
+        raise SvgenError(f"{what}: complex numbers (Complex data not supported); expected real embeddings")
+
+
 def image_rows(X, y, n_classes: int, dim: int, what: str = "shots") -> SupportSet:
     """Validate labelled image embeddings once, at the boundary, and return them as image rows.
 
@@ -74,6 +90,7 @@ def image_rows(X, y, n_classes: int, dim: int, what: str = "shots") -> SupportSe
     defect (empty set, dimension mismatch, NaN/inf or all-zero rows, a label that is not a class,
     lengths that differ) is one :class:`SvgenError` line.
     """
+    check_real_dense(X, what)
     try:
         x = torch.as_tensor(np.asarray(X), dtype=torch.float32)
     except (TypeError, ValueError) as e:

@@ -189,7 +189,7 @@ def test_zero_shot_pool_with_real_structure_is_kept(tmp_path):
     at the inductive head's entropy, and it travels through save/load."""
     protos, U, yu, _, _ = _world(7, 1.6, 30, 0.5)
     clf = SVGClassifier(n_support=2, steps=5, seed=0).fit(protos)
-    acc0 = (clf.predict(U) == np.array(clf.classes_)[yu]).mean() if clf.classes_ else None
+    acc0 = (clf.predict(U) == np.array(clf.classes_)[yu]).mean() if len(clf.classes_) else None
     clf.adapt(unlabelled=U)
     t = clf.transductive_
     assert t["fallback"] is None and t["check"]["adopt"], t.get("check")

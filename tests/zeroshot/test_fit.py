@@ -56,7 +56,7 @@ def test_save_load_round_trip_is_exact(tmp_path):
     x = torch.randn(20, 16)
     for head in ("kernel", "linear", "cosine"):
         assert torch.equal(back.decision_function(x, head), clf.decision_function(x, head)), head
-    assert meta["classes"] == clf.classes_ and meta["n_support"] == 3
+    assert meta["classes"] == clf.classes_.tolist() and meta["n_support"] == 3
     # the contract's formulas, from the file's tensors alone
     S = t["support_vectors"].reshape(-1, 16)
     xh = x / x.norm(dim=1, keepdim=True)
@@ -102,7 +102,7 @@ def test_add_classes_extends_without_retraining():
     gen_before = {k: v.clone() for k, v in clf.generator_.state_dict().items()}
     x = torch.randn(5, 16)
     clf.add_classes(emb[12:], ["new0", "new1"])
-    assert clf.classes_[-2:] == ["new0", "new1"]
+    assert clf.classes_[-2:].tolist() == ["new0", "new1"]
     assert clf.support_vectors_.shape[0] == 14 and clf.vote_weights_.shape == (14 * 4, 14)
     for k, v in clf.generator_.state_dict().items():
         assert torch.equal(v, gen_before[k])
