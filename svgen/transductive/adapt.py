@@ -70,7 +70,7 @@ def adapt(stage: Stage, side: TextSide, U: torch.Tensor, strength: Optional[floa
     fit = transduce(stage, side, U, strength, progress, labels_entropy=entropy_before)
     if fit.record.get("fallback"):
         return refused(stage, side, U, fit.record)
-    fit = _adopt_posterior(stage, side, fit, U[rows], entropy_before)
+    fit = _adopt_posterior(stage, side, fit, U, U[rows], entropy_before)
     fit.record.update({"check": check, "default_head": "linear", "wall_time_s": time.perf_counter() - t0})
     return fit
 
@@ -120,7 +120,8 @@ def _adopt_factor(stage: Stage, side: TextSide, U, strength, progress, check: di
     return PoolFit(heads, record, labels, Heads(ind.kernel, ind.linear, ind.calibration), fit.prior_linear)
 
 
-def _adopt_posterior(stage: Stage, side: TextSide, fit: PoolFit, U_cal: torch.Tensor, entropy_before: float) -> PoolFit:
+def _adopt_posterior(stage: Stage, side: TextSide, fit: PoolFit, U: torch.Tensor, U_cal: torch.Tensor,
+                     entropy_before: float) -> PoolFit:
     """Without labels, a kept pool deploys the transduction's posterior on new images, through both heads, each at
     the temperature that gives it the inductive default head's mean entropy on the pool (``entropy_before``; the
     ranking may move, the claimed certainty may not):
@@ -180,4 +181,7 @@ def _adopt_posterior(stage: Stage, side: TextSide, fit: PoolFit, U_cal: torch.Te
                                           "inductive kernel scores, T = 1/(a·β·t_prior): the solve's posterior "
                                           "β·t_prior·s(x) + x̂ W_Gᵀ + b_G at the entropy-matching scale a"}}
                  if powers else {})}
-    return PoolFit(heads, record, fit.labels, ind, fit.prior_linear)
+    # the pool's probabilities are the deployed default head's on it (as with shots, and as a refused pool's are): what
+    # the adapted artifact gives these images, so `classify --transductive` and `adapt` + `classify --probs` agree
+    labels = predictor.proba_in_blocks(heads, P, kind, U, "linear")
+    return PoolFit(heads, record, labels, ind, fit.prior_linear)
