@@ -85,7 +85,7 @@ def run(args) -> int:
             raise SvgenError("--plot needs matplotlib: pip install 'svgen[plot]'") from None
     clf = SVGClassifier.load(args.artifact)
     if args.features:
-        x = load_features(args.features, clf)
+        x = load_features(args.features, clf, mmap=True)   # read block by block as it is scored
         y = load_array(args.labels, "labels")
     else:
         import numpy as np
@@ -98,7 +98,7 @@ def run(args) -> int:
         label_of = dict(zip(data.paths, data.labels))
         y = np.asarray([label_of[p] for p in ok], dtype=np.int64)
     bins = {} if args.plot else None
-    results = evaluate_heads(clf, x, y, bins)
+    results = evaluate_heads(clf, x, y, bins, progress=getattr(args, "progress", False))
     text = (json_text({**results, "default_head": clf.default_head_}) + "\n" if args.json
             else format_table(results, clf.default_head_))
     if args.plot:
