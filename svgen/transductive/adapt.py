@@ -70,9 +70,22 @@ def adapt(stage: Stage, side: TextSide, U: torch.Tensor, strength: Optional[floa
     fit = transduce(stage, side, U, strength, progress, labels_entropy=entropy_before)
     if fit.record.get("fallback"):
         return refused(stage, side, U, fit.record)
-    fit = _adopt_posterior(stage, side, fit, U, U[rows], entropy_before, check.get("agreement_pool"))
+    fit = _adopt_posterior(stage, side, fit, U, U[rows], entropy_before, agreement_target(check))
     fit.record.update({"check": check, "default_head": "linear", "wall_time_s": time.perf_counter() - t0})
     return fit
+
+
+def agreement_target(check: dict) -> Optional[float]:
+    """The mean top-1 probability a kept zero-shot pool's heads are given: the check's cross-half agreement,
+    ``k`` of ``n`` pool images, as ``(k + 1)/(n + 2)`` (the rule of succession: the mean of a uniform prior's
+    posterior for a rate seen k times in n, so that full agreement on a small pool does not claim certainty).
+    None where the check measured none."""
+    a, n = check.get("agreement_pool"), check.get("images")
+    if a is None:
+        return None
+    if not n:
+        return float(a)
+    return (float(a) * int(n) + 1.0) / (int(n) + 2.0)
 
 
 def refused(stage: Stage, side: TextSide, U: torch.Tensor, record: dict) -> PoolFit:
@@ -125,7 +138,8 @@ def _adopt_posterior(stage: Stage, side: TextSide, fit: PoolFit, U: torch.Tensor
     """Without labels, a kept pool deploys the transduction's posterior on new images, through both heads, each at
     the temperature whose mean top-1 probability on the pool is ``agreement``: how often a head adapted on one half
     of the pool predicts the other half's own posterior class (the check's ``agreement_pool``,
-    :func:`svgen.transductive.gate.check_without_shots`) — an accuracy measured on images the head did not see,
+    :func:`svgen.transductive.gate.check_without_shots`, as :func:`agreement_target`) — an accuracy measured on
+    images the head did not see,
     against the pool's own labels, with no true label; a calibrated head's mean top-1 probability is its accuracy.
     A temperature does not move any argmax. (Without that number, the inductive default head's mean entropy on the
     pool, ``entropy_before``: that target ignores what the pool gained, and leaves the head under-confident;

@@ -92,3 +92,12 @@ def test_oxford_pets_zero_shot_pool_is_calibrated(shared_data):
     assert ece(after, y) < ece(before, y)                        # was 0.48 against 0.22
     nll = lambda p: -np.log(np.maximum(p[np.arange(len(y)), y], 1e-300)).mean()   # noqa: E731
     assert nll(after) < nll(before)
+
+
+def test_agreement_target_is_the_rule_of_succession():
+    from svgen.transductive.adapt import agreement_target
+
+    assert agreement_target({"agreement_pool": 1.0, "images": 10}) == pytest.approx(11 / 12)   # never certainty
+    assert agreement_target({"agreement_pool": 0.5, "images": 100}) == pytest.approx(0.5)
+    assert agreement_target({"agreement_pool": 0.75}) == 0.75
+    assert agreement_target({"adopt": True}) is None   # no measurement: the entropy rule
