@@ -27,7 +27,9 @@ def add_parser(sub):
                     "(expected calibration error over 15 equal-width confidence bins); T is each head's "
                     "temperature. After labelled shots the table has a fourth head, their mixture (the kernel "
                     "and linear heads' probabilities averaged with the weight the fit chose; T = 1); '*' marks the "
-                    "default head, the one classify, export and predict use.",
+                    "default head, the one classify, export and predict use. After labelled shots, a head --head can "
+                    "select that the fit's own held-out shots found worse than zero-shot (the cosine head) is named "
+                    "in a warning on stderr (svgen.json fewshot.heads_vs_zero_shot).",
         epilog="examples:\n"
                "  svgen eval lvis.svgen --features dev_feats.npy --labels dev_labels.npy\n"
                "  svgen eval pets.svgen --data pets-val/ --json --out pets-eval.json\n"
@@ -99,6 +101,10 @@ def run(args) -> int:
         y = np.asarray([label_of[p] for p in ok], dtype=np.int64)
     bins = {} if args.plot else None
     results = evaluate_heads(clf, x, y, bins, progress=getattr(args, "progress", False))
+    from svgen.evaluation.heldout import findings as head_findings
+
+    for line in head_findings(clf.fewshot_):   # what the fit itself knew, whatever the data evaluated here say
+        log.warning("%s", line)
     text = (json_text({**results, "default_head": clf.default_head_}) + "\n" if args.json
             else format_table(results, clf.default_head_))
     if args.plot:
