@@ -17,7 +17,7 @@ queries:
                     ``100·x̂P̂ᵀ + α·(x̂Σ⁻¹μᵀ − ½ μΣ⁻¹μᵀ)``, α from the authors' grid {10⁻⁴ … 100} by cross-validation on the
                     shots (1 shot: S = 0 and the formula gives zero-shot; Σ = I and α = 1 stand in, as for the variant)
 * ``gda_lw_cv``     the same with a Ledoit–Wolf-shrunk covariance (scikit-learn) and svgen's α grid: a variant that
-                    cross-validates better on few shots (sessions 8–11 reported it as ``gda_cv``)
+                    cross-validates better on few shots (the older tables of docs/history.md call it ``gda_cv``)
 * ``proker_cv``     ProKeR-style kernel ridge on the zero-shot residual:
                     ``100·x̂P̂ᵀ + α·k(x, X)(K + λI)⁻¹(Y − softmax(100·XP̂ᵀ))``, β, λ, α by cross-validation (1 shot: β = 5.5, λ = 1, α = 1)
 * ``logreg_cv``     scikit-learn LogisticRegression on the shots alone, C by cross-validation

@@ -3,10 +3,10 @@
 
 With one shot per class the adapted kernel head's scores ``s = p₀ + k(x̂, X)V`` (:mod:`svgen.fewshot.residual`) turn
 into probabilities at a temperature fitted on the shots' exact leave-one-out scores
-(:func:`svgen.calibration.temperatures.choose_kernel_logits`). Until session 10 the kinds were raw scores and
-``log(max(s, 10⁻³⁰))``: a class whose score the correction pushed to ≤ 0 then got almost no probability, and the
-LOO temperature, fitted on images of classes without a shot, was far too soft; svgen's 1-shot NLL was above
-zero-shot's on fgvc and sun397 (docs/fewshot.md).
+(:func:`svgen.calibration.temperatures.choose_kernel_logits`). With raw scores and ``log(max(s, 10⁻³⁰))`` as the
+only kinds, a class whose score the correction pushed to ≤ 0 gets almost no probability, and the LOO temperature,
+fitted on images of classes without a shot, is far too soft: svgen's 1-shot NLL was above zero-shot's on fgvc and
+sun397 with those two kinds alone (docs/history.md).
 
 This measures the third kind svgen now also offers, **floored log scores**,
 ``log(max(s_c, ε·p₀_c·max_j s_j / max_j p₀_j))``. No floor reaches the top score (ε < 1), so the argmax, and top-1,

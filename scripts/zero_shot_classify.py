@@ -377,7 +377,7 @@ def main(argv=None) -> int:
         sys.stdout.flush()
     except BrokenPipeError:  # the reader stopped early (`| head`): not our error, and no traceback at exit
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 1
+        return 0
     return 0
 
 

@@ -36,8 +36,8 @@ def __getattr__(name):
     raise AttributeError(f"module 'svgen' has no attribute {name!r}")
 
 
-# Where the modules of the flat layout (up to svgen 0.1's session 9) now live: ``import svgen.artifacts`` still works,
-# warns once, and gives the module itself (the same object as ``svgen.io.artifacts``).
+# Old import paths of modules that moved, and where they live now: ``import svgen.artifacts`` still works, warns once,
+# and gives the module itself (the same object as ``svgen.io.artifacts``).
 MOVED = {
     "svgen.kernels": "svgen.core.kernels",
     "svgen.generator": "svgen.core.generator",
@@ -52,7 +52,7 @@ MOVED = {
     "svgen.pool_solve": "svgen.transductive.pool",
     "svgen.pool_gate": "svgen.transductive.gate",
     "svgen.pool_adapt": "svgen.transductive.adapt",
-    "svgen.safeio": "svgen.io.safeio",
+    "svgen.io.safeio": "svgen.safeio",
     "svgen.artifacts": "svgen.io.artifacts",
     "svgen.schema": "svgen.io.schema",
     "svgen.codec": "svgen.io.codec",

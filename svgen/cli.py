@@ -2,7 +2,8 @@
 
 Each sub-command lives in ``svgen/commands/<name>.py`` with ``add_parser(subparsers)`` and
 ``run(args) -> int``. Only this module prints errors and exits: a :class:`SvgenError` becomes
-one line on stderr and exit status 2; Ctrl-C exits 130.
+one line on stderr and exit status 2; Ctrl-C exits 130; a reader that closes stdout early (``| head``) ends
+the command quietly with status 0.
 
 Every sub-command gets, from :func:`main` and :func:`build_parser` alone: options and paths in
 any order (``classify ART --top-k 1 img.jpg`` = ``classify ART img.jpg --top-k 1``, argparse's
@@ -22,6 +23,9 @@ from svgen import __version__
 from svgen.errors import SvgenError
 
 COMMANDS = ("fit", "classify", "eval", "export", "diagnose", "add-classes", "adapt", "check-encoder")
+VERBOSE_HELP = "log each step that takes time, with its duration, on stderr (-vv: debug detail too)"
+QUIET_HELP = ("no progress bars, 'wrote …' lines or log lines on stderr, only warnings and errors; stdout, "
+              "the command's result, is the same")
 
 
 class ArgumentParser(argparse.ArgumentParser):
@@ -40,9 +44,8 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="Run 'svgen COMMAND --help' for a command's options. Set HF_HUB_OFFLINE=1 to never touch the network.",
     )
     parser.add_argument("--version", action="version", version=f"svgen {__version__}")
-    parser.add_argument("-v", "--verbose", action="count", default=0, help="more log output (-vv for debug)")
-    parser.add_argument("-q", "--quiet", action="store_true",
-                        help="no progress bars and no 'wrote …' lines; warnings and errors only")
+    parser.add_argument("-v", "--verbose", action="count", default=0, help=VERBOSE_HELP)
+    parser.add_argument("-q", "--quiet", action="store_true", help=QUIET_HELP)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMANDS:
         module = importlib.import_module(f".commands.{name.replace('-', '_')}", __package__)
@@ -55,9 +58,8 @@ def build_parser() -> argparse.ArgumentParser:
 def _add_global_flags(p: argparse.ArgumentParser) -> None:
     """``-q``/``-v`` after the sub-command too; SUPPRESS keeps what came before it (``svgen -v fit -v`` = -vv)."""
     g = p.add_argument_group("global options (also accepted before the command)")
-    g.add_argument("-v", "--verbose", action="count", default=argparse.SUPPRESS, help="more log output (-vv for debug)")
-    g.add_argument("-q", "--quiet", action="store_true", default=argparse.SUPPRESS,
-                   help="no progress bars and no 'wrote …' lines; warnings and errors only")
+    g.add_argument("-v", "--verbose", action="count", default=argparse.SUPPRESS, help=VERBOSE_HELP)
+    g.add_argument("-q", "--quiet", action="store_true", default=argparse.SUPPRESS, help=QUIET_HELP)
 
 
 def parse_args(parser: argparse.ArgumentParser, argv: List[str]) -> argparse.Namespace:
@@ -76,28 +78,73 @@ def parse_args(parser: argparse.ArgumentParser, argv: List[str]) -> argparse.Nam
     return sub.choices[argv[at]].parse_intermixed_args(argv[at + 1:], namespace=args)
 
 
+ELAPSED_FORMAT = "svgen [%(seconds)6.1fs] %(levelname)s: %(message)s"
+
+
+class _Elapsed(logging.Formatter):
+    """``svgen [  12.3s] INFO: message``: each log line with the seconds since svgen started."""
+
+    def format(self, record):
+        record.seconds = record.relativeCreated / 1000   # since the logging module was imported: svgen's start
+        return super().format(record)
+
+
+def configure_logging(verbose: int, quiet: bool) -> None:
+    """Warnings and errors always (``svgen: WARNING: …``); ``-v`` adds the library's INFO lines (each long step and
+    its time), ``-vv`` DEBUG, both stamped with the seconds since the start. The library only logs (the ``svgen``
+    logger); this is the one place that decides what reaches stderr."""
+    level = logging.WARNING if quiet or not verbose else (logging.INFO if verbose == 1 else logging.DEBUG)
+    handler = logging.StreamHandler()   # sys.stderr
+    handler.setFormatter(_Elapsed(ELAPSED_FORMAT) if level < logging.WARNING
+                         else logging.Formatter("svgen: %(levelname)s: %(message)s"))
+    logging.basicConfig(level=level, handlers=[handler])   # a no-op where the root logger already has handlers
+    if verbose < 2:
+        logging.getLogger("root").setLevel(max(level, logging.WARNING))  # open_clip logs on the root logger
+    # svgen's own records pass at the level asked for; otherwise they follow the root logger (an embedding
+    # program's or pytest's settings stay untouched)
+    logging.getLogger("svgen").setLevel(level if level < logging.WARNING else logging.NOTSET)
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     parser = build_parser()
     args = parse_args(parser, list(sys.argv[1:] if argv is None else argv))
     if not args.command:
         parser.print_help(sys.stderr)
         return 2
-    level = logging.WARNING if args.quiet or not args.verbose else (logging.INFO if args.verbose == 1 else logging.DEBUG)
-    logging.basicConfig(level=level, format="svgen: %(levelname)s: %(message)s")
-    if args.verbose < 2:
-        logging.getLogger("root").setLevel(max(level, logging.WARNING))  # open_clip logs on the root logger
+    configure_logging(args.verbose, args.quiet)
     args.progress = not args.quiet and sys.stderr.isatty() or os.environ.get("SVGEN_PROGRESS") == "1"
     try:
-        return int(args.func(args) or 0)
+        from svgen.commands._common import check_args
+
+        check_args(args)  # --device, and no output that destroys an input (every command)
+        code = int(args.func(args) or 0)
+        sys.stdout.flush()   # here, where a closed pipe is caught, not at exit
+        return code
     except SvgenError as e:
         print(f"svgen {args.command}: error: {getattr(e, 'cli_message', e)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("svgen: interrupted", file=sys.stderr)
         return 130
-    except BrokenPipeError:  # the reader stopped early (`| head`): not our error, and no traceback at exit
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 1
+    except BrokenPipeError:  # the reader stopped early (`| head`): success, as for cat or grep; and no
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # traceback when Python flushes at exit
+        return 0
+    except Exception as e:  # a defect of svgen's own: still one line (the traceback with -vv)
+        return _internal_error(args, e)
+
+
+def _internal_error(args, e: Exception) -> int:
+    """The last line of defence: an unexpected exception as one line on stderr and exit status 2."""
+    first = (str(e).strip().splitlines() or [""])[0][:500]
+    if getattr(args, "verbose", 0) >= 2:
+        import traceback
+
+        traceback.print_exc()
+        print(f"svgen {args.command}: internal error: {type(e).__name__}: {first}", file=sys.stderr)
+    else:
+        print(f"svgen {args.command}: internal error: {type(e).__name__}: {first} (rerun with -vv for the traceback)",
+              file=sys.stderr)
+    return 2
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -90,9 +90,85 @@ def test_no_import_cycles():
 
 def test_the_library_never_imports_the_command_line():
     graph = import_graph()
-    library = {m for m in graph if not (m.startswith("svgen.commands") or m == "svgen.cli")}
+    library = {m for m in graph if not (m.startswith("svgen.commands") or m in ("svgen.cli", "svgen.__main__"))}
     offenders = {m: sorted(e for e in graph[m] if e.startswith("svgen.commands") or e == "svgen.cli") for m in library}
     assert {m: e for m, e in offenders.items() if e} == {}
+
+
+# The layers, bottom-up (docs/architecture.md): each package or top-level module of svgen and the ones directly below
+# it that it may import (and, through them, everything below those). The package root (``svgen/__init__.py``: the
+# finder of moved modules, the lazy ``SVGClassifier``) stands outside the layers.
+LAYERS = {
+    "errors": [],
+    "config": ["errors"],
+    "safeio": ["errors"],                        # atomic writes and bounded reads, for every layer that touches files
+    "npy": ["errors"],                           # every .npy read: header checked first, native byte order
+    "steps": ["errors"],                         # a log line with its duration for each long step (svgen -v)
+    "core": ["config", "steps"],                       # the kernel machine's math: kernels, generator, ridge solves, roots
+    "state": ["core"],                           # the fitted state as plain objects
+    "calibration": ["core", "safeio"],           # temperatures, the mixture weight, plots
+    "heads": ["calibration", "state"],           # scores and probabilities of the heads
+    "encoders": ["core", "safeio"],              # data in: images and text to embeddings
+    "validation": ["encoders"],                  # user arrays and class names, checked at the boundary
+    "zeroshot": ["heads", "validation"],         # the stages
+    "fewshot": ["heads"],
+    "transductive": ["fewshot"],
+    "io": ["zeroshot", "fewshot", "encoders"],   # the files: the codec knows every stage's state
+    "engine": ["heads", "encoders", "npy"],            # results out, in blocks
+    "evaluation": ["heads", "validation"],
+    "estimator": ["evaluation"],
+    "fitted": ["estimator"],
+    "classifier": ["io", "fitted", "transductive"],
+    "commands": ["classifier", "engine"],
+    "cli": ["commands"],
+    "__main__": ["cli"],                         # python -m svgen
+}
+
+
+def layer(module: str) -> str:
+    """The entry of :data:`LAYERS` a module belongs to (``svgen.io.codec`` → ``io``); ``svgen`` for the root."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else module
+
+
+def below(name: str) -> set:
+    """Every layer ``name`` may import: those :data:`LAYERS` lists for it, and theirs, down to ``errors``."""
+    out, todo = set(), list(LAYERS[name])
+    while todo:
+        lower = todo.pop()
+        if lower not in out:
+            out.add(lower)
+            todo.extend(LAYERS[lower])
+    return out
+
+
+def test_the_layers_form_a_dag_and_name_every_package():
+    assert all(name not in below(name) for name in LAYERS)
+    assert {layer(m) for m in modules()} - {"svgen"} == set(LAYERS)
+
+
+def test_no_import_points_up_the_layers():
+    """A module imports its own layer and the layers below it (:data:`LAYERS`), never one above or beside it."""
+    upward = sorted(f"{m} -> {e}" for m, edges in import_graph().items() if layer(m) != "svgen"
+                    for e in edges if e != "svgen" and layer(e) != layer(m) and layer(e) not in below(layer(m)))
+    assert upward == []
+
+
+def test_the_layers_check_finds_an_upward_import():
+    assert "core" in below("heads") and "heads" not in below("core")
+    assert "io" not in below("encoders") and "fewshot" not in below("calibration")
+
+
+def test_no_private_name_is_imported_from_another_module():
+    """A ``_name`` is its module's own: another module that needs it gets a public name (or the helper moves)."""
+    found = []
+    for path in SVGEN.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("svgen") or (
+                    isinstance(node, ast.ImportFrom) and node.level):
+                found += [f"{path.relative_to(SVGEN)}: {a.name}" for a in node.names
+                          if a.name.startswith("_") and not a.name.startswith("__")]
+    assert found == []
 
 
 @pytest.mark.parametrize("path", sorted(SVGEN.rglob("*.py")), ids=lambda p: str(p.relative_to(SVGEN.parent)))
@@ -107,8 +183,8 @@ def test_modules_and_classes_are_of_readable_size(path):
 
 @pytest.mark.parametrize("pattern, home", [
     (r"^CLIP_LOGIT_SCALE\s*=|^COSINE_LOGIT_SCALE\s*=|LOGIT_SCALE\s*=\s*100", "heads/scoring.py"),
-    (r"^def (follow_umask|atomic_file|atomic_dir|atomic_text)\b", "io/safeio.py"),
-    (r"^def bisect\b", "calibration/temperatures.py"),
+    (r"^def (follow_umask|atomic_file|atomic_dir|atomic_text)\b", "safeio.py"),
+    (r"^def bisect\b", "core/roots.py"),
 ])
 def test_each_shared_helper_is_defined_once(pattern, home):
     where = [str(p.relative_to(SVGEN)) for p in SVGEN.rglob("*.py")
@@ -117,7 +193,7 @@ def test_each_shared_helper_is_defined_once(pattern, home):
 
 
 def test_no_hand_written_renames_outside_safeio():
-    """Files reach disk through svgen.io.safeio (atomic, never losing what exists), not os.replace/os.rename."""
+    """Files reach disk through svgen.safeio (atomic, never losing what exists), not os.replace/os.rename."""
     where = [str(p.relative_to(SVGEN)) for p in SVGEN.rglob("*.py")
              if re.search(r"\bos\.(replace|rename)\(", p.read_text()) and p.name != "safeio.py"]
     assert where == []

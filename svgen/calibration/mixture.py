@@ -20,8 +20,10 @@ import math
 
 import numpy as np
 
+from svgen.core.roots import convex_minimum
 from svgen.errors import SvgenError
-from svgen.heads.scoring import MIXTURE
+
+MIXTURE = "mixture"   # the head with labelled shots: w·p_kernel + (1 − w)·p_linear
 
 PROB_FLOOR = 1e-300   # a true-class probability of 0 in both heads: the NLL stays finite
 BISECTIONS = 60
@@ -50,16 +52,7 @@ def fit_weight(p_kernel: np.ndarray, p_linear: np.ndarray, labels: np.ndarray) -
     def slope(w):   # d/dw of the mean NLL
         return float(-((a - b) / np.maximum(mix(w, a, b), PROB_FLOOR)).mean())
 
-    if slope(1.0) <= 0.0:
-        w = 1.0
-    elif slope(0.0) >= 0.0:
-        w = 0.0
-    else:
-        lo, hi = 0.0, 1.0
-        for _ in range(BISECTIONS):
-            mid = 0.5 * (lo + hi)
-            lo, hi = (mid, hi) if slope(mid) < 0.0 else (lo, mid)
-        w = 0.5 * (lo + hi)
+    w = convex_minimum(slope, 0.0, 1.0, BISECTIONS, flat="hi")
     return {"weight": w, "nll": nll(w, a, b), "nll_kernel": nll(1.0, a, b), "nll_linear": nll(0.0, a, b),
             "images": int(y.size)}
 

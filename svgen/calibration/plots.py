@@ -21,7 +21,7 @@ def plot_reliability(per_head: Dict[str, dict], path, title: Optional[str] = Non
     except ImportError:
         raise SvgenError("plotting needs matplotlib: pip install 'svgen[plot]'",
                          cli="--plot needs matplotlib: pip install 'svgen[plot]'") from None
-    from svgen.io.safeio import atomic_file
+    from svgen.safeio import atomic_file
 
     heads = list(per_head)
     fig, axes = plt.subplots(1, len(heads), figsize=(4 * len(heads), 4.2), sharey=True, squeeze=False)

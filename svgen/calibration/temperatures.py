@@ -51,7 +51,7 @@ is used.
 **With labelled images** (``adapt(X, y)``): the kernel and linear heads' T minimise the negative
 log-likelihood of the shots' exact leave-one-out logits (:func:`fit_temperature`, convex in 1/T;
 :func:`svgen.fewshot.residual` gives the kernel head's held-out fold scores — with one shot per class its exact
-leave-one-out scores — and :func:`lda_loo_logits` the LDA head's, so no shot's score has seen its own label); :func:`loo_temperatures` records what it gave. The cosine
+leave-one-out scores — and :func:`svgen.fewshot.loo.lda_loo_logits` the LDA head's, so no shot's score has seen its own label); :func:`loo_temperatures` records what it gave. The cosine
 head keeps CLIP's scale; the kernel head's kind of logits is chosen on the same LOO scores
 (:func:`choose_kernel_logits`). Shots that are all ranked first when left out give no finite
 temperature; the head then keeps the text rule's (and ``"log"``). Caveat: when the shots are tighter than the
@@ -70,6 +70,7 @@ from typing import Dict, Optional
 import numpy as np
 import torch
 
+from svgen.core.roots import bisect
 from svgen.errors import SvgenError
 
 KERNEL_LOG_FLOOR = 1e-30
@@ -155,21 +156,6 @@ def mean_log_odds(logits, temperature: float) -> float:
     return float((top.values - torch.logsumexp(rest, dim=1)).mean())
 
 
-def bisect(above, lo: float, hi: float, iters: int, tol: float = 0.0) -> float:
-    """The point where a monotone condition flips on ``[lo, hi]``: the bracket is halved ``iters`` times (or until
-    it is narrower than ``tol``), keeping the lower half where ``above(mid)`` is false; returns its midpoint.
-    Every temperature svgen searches for (a log T or log scale) is found this way."""
-    for _ in range(iters):
-        if hi - lo < tol:
-            break
-        mid = (lo + hi) / 2
-        if above(mid):
-            lo = mid
-        else:
-            hi = mid
-    return (lo + hi) / 2
-
-
 def match_confidence(logits, target: float, iters: int = 60) -> float:
     """The temperature T at which the mean log-odds of the top class (:func:`mean_log_odds`) of
     ``softmax(logits / T)`` equals ``target``, by bisection on log T.
@@ -177,13 +163,13 @@ def match_confidence(logits, target: float, iters: int = 60) -> float:
     Each row's log-odds ``−log Σ_{j≠max} exp((z_j − z_max)/T)`` falls monotonically with T, so the mean does too.
     Log-odds rather than the max-probability itself: on text queries the cosine head is often all but certain (p_max =
     1 − 10⁻⁹), where probabilities cannot tell temperatures apart but log-odds still can. A target outside the
-    reachable range gives the bracket's end."""
-    z = torch.as_tensor(logits, dtype=torch.float64)
-    top = z.max(dim=1)
+    reachable range gives the bracket's end; logits that all tie (one name twice), which no T changes, give 1."""
+    top = (z := torch.as_tensor(logits, dtype=torch.float64)).max(dim=1)
     gap = (z - top.values[:, None]).scatter(1, top.indices[:, None], -math.inf)  # z_j − z_max, j ≠ max
-    # mean_log_odds at T = e^m; T known to 1e-10 relative: further halvings change nothing recorded
+    if not bool((gap[torch.isfinite(gap)] < 0).any()):
+        return 1.0
     return in_range(math.exp(bisect(lambda m: float((-torch.logsumexp(gap / math.exp(m), dim=1)).mean()) > target,
-                                    *LOG_T_RANGE, iters, tol=1e-10)))
+                                    *LOG_T_RANGE, iters, tol=1e-10)))  # mean_log_odds at T = e^m; T to 1e-10 relative
 
 
 def fit_temperature(logits_loo, labels, iters: int = 100) -> float:
@@ -239,21 +225,6 @@ def text_temperatures(score_fn, per_template: torch.Tensor, heads=("kernel", "li
 
 
 # ----------------------------------------------------------------------------- with labelled shots
-
-def lda_loo_logits(prototypes: torch.Tensor, shots, n_classes: int, shrinkage: float, prior_shots: float,
-                   equal_radius: bool = False, rows=None) -> torch.Tensor:
-    """Exact leave-one-out logits (N×C) of the few-shot LDA head at its chosen (γ, κ)
-    (:func:`svgen.fewshot.lda.lda_loo`, rank-one downdates; the shrinkage target held at its all-shot value).
-    ``equal_radius``: the head's means were put at one Mahalanobis radius (as :func:`svgen.fewshot.lda.fit_lda_head`
-    does by default); the LOO logits must be those of the same head. ``rows``: those shots' LOO logits only."""
-    from svgen.fewshot.lda import lda_loo, prior_means
-
-    X = shots.rows.double()
-    _, _, kept = lda_loo(X, shots.labels, prior_means(prototypes, X), [shrinkage], [prior_shots],
-                         equal_radius=equal_radius, keep_scores=True,
-                         score_rows=None if rows is None else torch.as_tensor(rows))
-    return kept[0, 0]
-
 
 def loo_temperatures(loo_logits: Dict[str, torch.Tensor], labels, fallback: Dict[str, float]) -> dict:
     """Per-head T by :func:`fit_temperature` on leave-one-out logits of the shots, and what it gives
@@ -357,14 +328,8 @@ def event_rate_bound(k: int, n: int, level: float = 0.95) -> float:
         m = t.max()
         return math.exp(m) * float(np.exp(t - m).sum())
 
-    lo, hi = k / n, 1.0
-    for _ in range(80):          # the CDF falls monotonically in p
-        mid = (lo + hi) / 2
-        if mid >= 1.0 or cdf(mid) < 1 - level:
-            hi = mid
-        else:
-            lo = mid
-    return (lo + hi) / 2
+    # the CDF falls monotonically in p
+    return bisect(lambda p: not (p >= 1.0 or cdf(p) < 1 - level), k / n, 1.0, 80)
 
 
 def log_tail_guard(z_log, scores, labels, temperature: float, signed_votes: bool = True) -> dict:

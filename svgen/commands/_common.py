@@ -12,6 +12,8 @@ import argparse
 import json
 import logging
 import math
+import os
+import re
 import sys
 from pathlib import Path
 
@@ -54,6 +56,17 @@ class ExamplesFormatter(argparse.HelpFormatter):
                     block.append(indent + line)
             out.append("\n".join(block))
         return "\n\n".join(out)
+
+
+def add_refused_flag(p: argparse.ArgumentParser, flag: str, why: str) -> None:
+    """A hidden ``flag`` that stops with a usage error saying ``why``: ``-k`` is classify's top-k and ``-K`` fit's
+    support vectors, so neither letter is quietly read as the other command's."""
+
+    class Refused(argparse.Action):
+        def __call__(self, parser, namespace, values, option_string=None):
+            parser.error(f"{flag} {why}")
+
+    p.add_argument(flag, action=Refused, dest=argparse.SUPPRESS, default=argparse.SUPPRESS, help=argparse.SUPPRESS)
 
 
 from svgen.encoders.resolve import DEFAULT_MODEL
@@ -146,29 +159,9 @@ def json_text(obj, **kw) -> str:
     return json.dumps(_finite(obj), allow_nan=False, **kw)
 
 
-def _check_npy_size(path: Path, what: str) -> None:
-    """Refuse, before anything is allocated, a .npy header that claims more data than the file holds
-    (a header saying 10¹²×512 on a 1 kB file would otherwise ask for 2 TB)."""
-    try:
-        with open(path, "rb") as f:
-            version = np.lib.format.read_magic(f)
-            read = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}
-            shape, _, dtype = read.get(version, np.lib.format.read_array_header_2_0)(f)
-            offset = f.tell()
-    except (ValueError, OSError, EOFError) as e:
-        raise SvgenError(f"{what} file {path} has a damaged .npy header ({(str(e).splitlines() or [''])[0]})") from None
-    if dtype.hasobject:
-        raise SvgenError(f"{what} file {path} is not a plain numeric .npy array (it holds Python objects)")
-    need = int(np.prod(shape, dtype=object)) * dtype.itemsize
-    have = path.stat().st_size - offset
-    if need > have:
-        raise SvgenError(f"{what} file {path} claims shape {shape} of {dtype} ({need:,} bytes) but holds "
-                         f"{have:,}; it is truncated or damaged")
-
-
 def load_array(path, what: str, mmap: bool = False) -> np.ndarray:
     """``np.load`` without pickle (``mmap``: memory-mapped); a clear one-line error for every way it can fail."""
-    from svgen.io.safeio import check_regular, os_error
+    from svgen.safeio import check_regular, os_error
 
     path = Path(path)
     check_regular(path, f"{what} file")  # missing, unreadable, a folder or a FIFO: one line each
@@ -180,16 +173,69 @@ def load_array(path, what: str, mmap: bool = False) -> np.ndarray:
     if magic != b"\x93NUMPY" and not magic.startswith(b"PK"):
         raise SvgenError(f"{what} file {path} is not a .npy file (no NumPy header; a text or CSV file?); "
                          "save the array with numpy.save")
-    if magic == b"\x93NUMPY":
-        _check_npy_size(path, what)
-    try:
-        arr = np.load(path, allow_pickle=False, mmap_mode="r" if mmap else None)
-    except ValueError as e:
-        raise SvgenError(f"{what} file {path} is not a plain numeric .npy array ({str(e).splitlines()[0]})") from None
-    except (OSError, EOFError) as e:
-        raise SvgenError(f"{what} file {path} is not a readable .npy file ({e})") from None
-    if isinstance(arr, np.lib.npyio.NpzFile):
+    if magic != b"\x93NUMPY":
         raise SvgenError(f"{what} file {path} is an .npz archive; expected a single .npy array")
+    from svgen.npy import load_npy
+
+    arr = load_npy(path, what, mmap=mmap)  # header checked before allocating; native byte order
     if not (np.issubdtype(arr.dtype, np.number) or arr.dtype == np.bool_) or np.iscomplexobj(arr):
         raise SvgenError(f"{what} file {path} holds {arr.dtype} data; expected real numbers")
     return arr
+
+
+# ----------------------------------------------------------------------------- checks every command gets (cli.main)
+
+OUTPUT_OPTIONS = (("out", "--out"), ("plot", "--plot"))
+INPUT_OPTIONS = ("artifact", "inputs", "features", "data", "labels", "prototypes", "classes", "templates", "shots",
+                 "shot_features", "shot_labels", "unlabelled", "unlabelled_features", "checkpoint")
+DEVICE_NAME = re.compile(r"(auto|cpu|mps|cuda(:\d+)?)")
+
+
+def non_negative_int(text: str) -> int:
+    """argparse ``type`` for a count that may be 0 (``--workers``): a negative or non-integer value is a usage error."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {value}")
+    return value
+
+
+def check_args(args) -> None:
+    """What every sub-command's arguments must satisfy before any work (run once by :func:`svgen.cli.main`):
+    ``--device`` names a device, and no output (``--out``, ``--plot``) destroys an input."""
+    device = getattr(args, "device", None)
+    if device is not None and not DEVICE_NAME.fullmatch(str(device)):
+        raise SvgenError(f"--device {device!r} is not a device: use auto, cpu, cuda, cuda:N or mps")
+    check_outputs(args)
+
+
+def _input_paths(args):
+    for name in INPUT_OPTIONS:
+        value = getattr(args, name, None)
+        for item in value if isinstance(value, (list, tuple)) else [value]:
+            if isinstance(item, (str, os.PathLike)) and str(item) and os.path.lexists(item):
+                yield Path(item).resolve()
+
+
+def check_outputs(args) -> None:
+    """Refuse an output that is one of the inputs, lies inside an artifact folder (an input's, or any folder
+    holding ``svgen.json``), or holds an input: ``export A --out A/weights.safetensors --force`` used to overwrite
+    the artifact's own weights. Paths are compared resolved (symbolic links, ``..``)."""
+    outs = [(opt, getattr(args, name)) for name, opt in OUTPUT_OPTIONS if getattr(args, name, None)]
+    if not outs:
+        return
+    inputs = list(_input_paths(args))
+    for opt, out in outs:
+        target = Path(out).resolve()
+        for p in inputs:
+            if target == p:
+                raise SvgenError(f"{opt} {out} is also an input ({p}); writing it would destroy what is read: "
+                                 "choose another name")
+            if target in p.parents:
+                raise SvgenError(f"{opt} {out} holds the input {p}; choose another name")
+        for folder in target.parents:
+            if (folder / "svgen.json").exists():
+                raise SvgenError(f"{opt} {out} lies inside the svgen artifact {folder}; writing there would damage "
+                                 "it: choose a name outside the artifact")

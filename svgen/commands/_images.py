@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from svgen.errors import SvgenError
-from svgen.commands._common import add_quick_gelu_arg, load_array
+from svgen.commands._common import add_quick_gelu_arg, load_array, non_negative_int
 
 log = logging.getLogger(__name__)
 
@@ -32,7 +32,7 @@ def add_image_encoder_args(p) -> None:
     add_quick_gelu_arg(g, ": the artifact's recorded activation; without one")
     g.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto (default: %(default)s)")
     g.add_argument("--batch-size", type=int, default=32, help="images per encoder batch (default: %(default)s)")
-    g.add_argument("--workers", type=int, default=None, metavar="N",
+    g.add_argument("--workers", type=non_negative_int, default=None, metavar="N",
                    help="image-decoding worker processes (default: 0 for small inputs, else up to 4)")
 
 
@@ -76,7 +76,7 @@ def encode_paths(args, encoder, paths, command: str):
 def emit(text: str, out, force: bool, args=None, what: str = "") -> None:
     """Print ``text`` to stdout, or write it atomically to ``out`` and say so on stderr (unless -q)."""
     if out:
-        from svgen.io.safeio import atomic_text
+        from svgen.safeio import atomic_text
         from svgen.commands._common import note
 
         atomic_text(out, text, force=force)

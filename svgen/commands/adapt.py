@@ -36,7 +36,8 @@ def add_parser(sub):
                     "linear head's by leave-one-out NLL (svgen.json 'calibration'; docs/fewshot.md). With "
                     "--unlabelled / --unlabelled-features (alone or after the shots) the artifact is then adapted "
                     "transductively to those images (docs/transductive.md); svgen.json records it under "
-                    "'transductive'.",
+                    "'transductive'. stdout gets one JSON object of what was adapted (as 'svgen fit' does, also with -q: "
+                    "it is the result); the 'wrote …' line goes to stderr.",
         epilog="examples:\n"
                "  svgen adapt pets.svgen --shots pets-16shot/ --out pets-16.svgen\n"
                "  svgen adapt pets.svgen --shot-features X.npy --shot-labels y.npy --out pets-16.svgen\n"
@@ -58,7 +59,7 @@ def run(args) -> int:
 
     pool = wants_pool(args)
     shots = wants_shots(args, required=not pool)
-    from svgen.io.safeio import check_dir_target
+    from svgen.safeio import check_dir_target
 
     out = check_dir_target(args.out, args.force)  # before any work: only an artifact or an empty folder is replaced
     clf = SVGClassifier.load(args.artifact)

@@ -9,7 +9,7 @@ import numpy as np
 
 from svgen.engine.predictions import score
 from svgen.errors import SvgenError
-from svgen.commands._common import ExamplesFormatter, note
+from svgen.commands._common import ExamplesFormatter, add_refused_flag, note
 from svgen.commands._images import add_image_encoder_args, check_out, encode_paths, encoder_for_artifact, load_features
 
 log = logging.getLogger(__name__)
@@ -61,16 +61,20 @@ def add_parser(sub):
                         "--transductive the pool's probabilities")
     p.add_argument("--probs", action="store_true",
                    help="print probabilities (each row sums to one over all classes) instead of scores")
-    p.add_argument("-k", "-K", "--top-k", type=int, default=5,
+    p.add_argument("-k", "--top-k", type=int, default=5,
                    help="classes per row; more than the artifact has gives all of them (default: %(default)s)")
+    add_refused_flag(p, "-K", "is fit's --n-support (support vectors per class); classes per row are -k/--top-k")
     p.add_argument("--format", choices=("csv", "jsonl", "parquet"), default=None,
                    help="one schema in every format and engine: the key (path; or index, source, row with "
                         "--features), labels (top-k names), scores or, with --probs, probs (float32 in full), "
                         "head. csv: path,label_1,score_1,…,head; jsonl: one strict-JSON {path, labels, scores, "
                         "head} object per line (non-finite scores: null); parquet: list columns, needs --out "
-                        "(default: from the --out suffix .csv/.jsonl/.parquet, else csv; a contradicting "
-                        "suffix is refused; --engine ray writes Parquet)")
-    p.add_argument("--out", metavar="FILE", help="write here (atomically, streamed) instead of stdout")
+                        "(default: from the --out suffix, else csv; a contradicting suffix is refused; "
+                        "--engine ray writes Parquet)")
+    p.add_argument("--out", metavar="FILE",
+                   help="write here (atomically, streamed) instead of stdout; the name ends in .csv, .jsonl "
+                        "(.ndjson) or .parquet (any other suffix is refused); --engine ray: a folder, named "
+                        "FOLDER or FOLDER.parquet")
     p.add_argument("--force", action="store_true", help="overwrite --out if it exists")
     add_image_encoder_args(p)
     from svgen.commands.classify_ray import add_ray_args
@@ -131,18 +135,28 @@ def run(args) -> int:
 
 
 def _take_artifact(args) -> None:
-    """``classify --features F.npy ART``: ``--features`` takes several files and swallows the artifact;
-    an artifact folder among them (it holds ``svgen.json``) is the ARTIFACT_DIR."""
+    """``classify --features F.npy ART [IMAGE…]``: ``--features`` takes several files and swallows every path after
+    it. Embeddings are files (``.npy``, ``.parquet`` or a glob of them), so the first value that is a folder or names
+    none of those is the ARTIFACT_DIR (a missing or damaged one is then reported by name), and any after it are
+    inputs (refused with --features as when given first)."""
     from pathlib import Path
 
-    if args.artifact is not None:
+    from svgen.engine.blocks import FEATURE_SUFFIXES
+
+    if args.artifact is not None or not args.features:
+        if args.artifact is None:
+            raise SvgenError("the ARTIFACT_DIR argument is missing: give the artifact written by 'svgen fit'")
         return
-    found = [f for f in args.features or [] if (Path(f) / "svgen.json").is_file()]
-    if len(found) == 1:
-        args.features.remove(found[0])
-        args.artifact = found[0]
-    else:
-        raise SvgenError("the ARTIFACT_DIR argument is missing (give it before --features FEATS.npy ...)")
+
+    def features_file(f: str) -> bool:
+        return not Path(f).is_dir() and (Path(f).suffix.lower() in FEATURE_SUFFIXES or any(c in f for c in "*?["))
+
+    at = next((i for i, f in enumerate(args.features) if not features_file(f)), None)
+    if at is None:
+        raise SvgenError("the ARTIFACT_DIR argument is missing (give it before or after --features FEATS.npy ...)")
+    args.artifact = args.features.pop(at)
+    args.inputs = args.features[at:] + list(args.inputs or [])
+    del args.features[at:]
 
 
 def _probs(args) -> bool:
@@ -168,7 +182,7 @@ def _started(blocks):
 
 def _write(blocks, clf, args) -> int:
     """Stream the blocks to stdout, or to ``--out`` through a temporary file renamed into place."""
-    from svgen.io.safeio import atomic_file
+    from svgen.safeio import atomic_file
     from svgen.io.output import write_parquet, write_text_rows
 
     k, probs, name = args.top_k, _probs(args), _head_name(args, clf)

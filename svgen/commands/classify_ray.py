@@ -18,7 +18,8 @@ def add_ray_args(p) -> None:
     g = p.add_argument_group(
         "large collections (--engine ray)",
         "Classify on Ray Data: decoding in Ray tasks, the artifact and encoder loaded once per actor, "
-        "Parquet out. --out is a folder of part-NNNNN.parquet files, one per block of inputs, each "
+        "Parquet out. --out is a folder (named FOLDER or FOLDER.parquet) of part-NNNNN.parquet files, one "
+        "per block of inputs, each "
         "written atomically: rerunning the same command skips the blocks already written, and "
         "unreadable images are listed in OUT/_failed/. Needs pip install 'svgen[ray]'.")
     g.add_argument("--engine", choices=("local", "ray"), default="local",
@@ -63,6 +64,9 @@ def _check(args) -> None:
         raise SvgenError("--engine ray writes Parquet; drop --format")
     if not args.out:
         raise SvgenError("--engine ray needs --out FOLDER (it writes Parquet parts there)")
+    from svgen.io.output import check_ray_folder
+
+    check_ray_folder(args.out)
     if args.features and args.inputs:
         raise SvgenError("give images/folders or --features, not both")
     if not args.features and not args.inputs:

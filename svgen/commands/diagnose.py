@@ -99,7 +99,7 @@ def _check_plot(path, force: bool):
 
 
 def _plot(plt, spectrum, path, force: bool) -> None:
-    from svgen.io.safeio import atomic_file
+    from svgen.safeio import atomic_file
 
     fig, ax = plt.subplots(figsize=(6, 4))
     ax.semilogy(spectrum.clamp_min(1e-16).numpy())

@@ -30,7 +30,7 @@ def add_parser(sub):
                     "onnxruntime "
                     "before it is written.",
         epilog="examples:\n"
-               "  svgen export lvis.svgen --format safetensors --out lvis-linear.safetensors\n"
+               "  svgen export lvis.svgen --head linear --format safetensors --out lvis-linear.safetensors\n"
                "  svgen export lvis.svgen --format onnx --head kernel --out lvis-kernel.onnx\n"
                "then: python scripts/zero_shot_classify.py lvis-linear.safetensors photos/",
         formatter_class=ExamplesFormatter,

@@ -7,8 +7,8 @@ import os
 import sys
 
 from svgen.errors import SvgenError
-from svgen.commands._common import (DEFAULT_MODEL, HelpFormatter, add_encoder_args, check_device, default_pretrained, json_text,
-                      load_array,
+from svgen.commands._common import (DEFAULT_MODEL, HelpFormatter, add_encoder_args, add_refused_flag, check_device,
+                      default_pretrained, json_text, load_array,
                       load_encoder, note, text_prototypes)
 from svgen.commands._pool import add_pool_args, encode_pool, pool_array, pool_check_summary, pool_note, pool_paths, wants_pool
 from svgen.commands._shots import add_shot_args, encode_shots, shot_arrays, shot_images, wants_shots
@@ -53,7 +53,8 @@ def add_parser(sub):
     add_shot_args(p)
     add_pool_args(p)
     m = p.add_argument_group("method")
-    m.add_argument("-K", "-k", "--n-support", type=int, default=d.n_support, help="support vectors per class")
+    m.add_argument("-K", "--n-support", type=int, default=d.n_support, help="support vectors per class")
+    add_refused_flag(m, "-k", "is classify's --top-k; support vectors per class are -K/--n-support")
     m.add_argument("--steps", type=int, default=d.steps,
                    help="optimisation steps of the support vector generator; 0 keeps the closed-form text "
                         "geometry (text-only training cost image accuracy on LVIS, docs/accuracy.md); "
@@ -103,7 +104,7 @@ def _ridge(value: str):
 def run(args) -> int:
     from svgen import SVGClassifier
     from svgen.encoders.prompts import load_templates, read_classes
-    from svgen.io.safeio import check_dir_target
+    from svgen.safeio import check_dir_target
 
     check_device(args)
     classes = read_classes(args.classes, duplicates="error" if args.strict else "allow")

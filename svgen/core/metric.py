@@ -75,15 +75,21 @@ def shrink_to_condition(cov: torch.Tensor, kappa: float):
 
     The eigenvalues move as ``(1−δ)a_i + δμ``; solving ``(1−δ)a_max + δμ = κ((1−δ)a_min + δμ)``
     gives ``δ = (a_max − κ a_min) / (a_max − κ a_min + μ(κ − 1))`` in closed form.
+
+    A zero ``cov`` (every class's nearest prototype coincides with it: a vocabulary of names equal up
+    to case, or repeated prototype rows) says nothing about any direction: Σ is then the identity
+    (δ = 1, the cosine rule) instead of a singular matrix.
     """
     if kappa < 1:
         raise ValueError(f"condition number must be >= 1, got {kappa}")
     D = cov.shape[0]
     eig = torch.linalg.eigvalsh(cov)
     a_min, a_max, mu = float(eig[0].clamp_min(0)), float(eig[-1]), float(torch.trace(cov)) / D
+    eye = torch.eye(D, dtype=cov.dtype)
+    if not mu > 0:
+        return eye, 1.0
     gap = a_max - kappa * a_min
     delta = 1.0 if kappa == 1 else (0.0 if gap <= 0 else gap / (gap + mu * (kappa - 1)))
-    eye = torch.eye(D, dtype=cov.dtype)
     return (1 - delta) * cov + delta * mu * eye, delta
 
 

@@ -43,7 +43,7 @@ from torch.utils.checkpoint import checkpoint
 
 from svgen.config import DEFAULT_RFF_DIM
 from svgen.errors import SvgenError
-from svgen.heads.scoring import top_eigenvalue
+from svgen.core.ridge import top_eigenvalue
 from svgen.core.kernels import RandomFourierFeatures, kernel, kernel_from_sq_dists
 from svgen.core.metric import nearest_classes
 
@@ -281,16 +281,6 @@ def local_vote_weights(S3: torch.Tensor, sigma: float, kind: str, lam: float, n_
     cols = torch.arange(C)[:, None].expand(C, n * K)
     idx = torch.stack([rows.reshape(-1), cols.reshape(-1)])
     return torch.sparse_coo_tensor(idx, torch.cat(vals_all).reshape(-1), (M, C), check_invariants=False).coalesce()
-
-
-def kernel_matmul(S: torch.Tensor, B: torch.Tensor, sigma: float, kind: str, rows: Optional[torch.Tensor] = None,
-                  block: int = 4096) -> torch.Tensor:
-    """``K[rows, :] @ B`` with K = k(S, S), streamed over blocks of the rows (B dense M×r)."""
-    rows = torch.arange(S.shape[0]) if rows is None else rows
-    out = []
-    for start in range(0, rows.shape[0], block):
-        out.append(kernel(S[rows[start:start + block]], S, sigma, kind) @ B)
-    return torch.cat(out)
 
 
 def vote_residual(S3: torch.Tensor, sigma: float, kind: str, lam: float, A: torch.Tensor, n_columns: int = 8,

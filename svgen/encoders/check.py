@@ -117,9 +117,6 @@ class CheckResult:
     tried: Dict[str, float] = field(default_factory=dict)
     threshold: float = THRESHOLD
 
-    def to_dict(self) -> dict:
-        return {"passed": self.passed, "threshold": self.threshold, "verdict": self.verdict,
-                "cosines": dict(zip(self.labels, self.cosines)), "tried": self.tried}
 
 
 def _cosines(a: torch.Tensor, b: np.ndarray) -> List[float]:

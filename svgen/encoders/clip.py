@@ -28,19 +28,19 @@ from __future__ import annotations
 import logging
 import os
 import pickle
+import time
 import warnings
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
-import numpy as np
 import torch
 
-from svgen.io.safeio import check_regular
+from svgen.safeio import check_regular
 from svgen.errors import EncoderUnavailableError, SvgenError
 from svgen.encoders.activation import activation_name, built_quick_gelu, decide_quick_gelu
 from svgen.encoders.hub import check_weights_reachable, unavailable
-from svgen.encoders.identity import _hf_hub_weights_sha256, _local_dir_weights, file_sha256, identity_key
-from svgen.encoders.images import _collate, _ImageFiles
+from svgen.encoders.identity import hf_hub_weights_sha256, local_dir_weights, file_sha256, identity_key
+from svgen.encoders.images import ImageFiles, collate
 
 log = logging.getLogger(__name__)
 
@@ -133,7 +133,7 @@ class ClipEncoder:
             folder = Path(model[len("local-dir:"):])
             if not (folder / "open_clip_config.json").is_file():
                 raise SvgenError(f"local-dir:{folder} must be a folder holding open_clip_config.json and weights")
-            weights = _local_dir_weights(folder)
+            weights = local_dir_weights(folder)
             if weights is None:  # open_clip would only warn and go on with random weights
                 raise SvgenError(f"local-dir:{folder} holds no weights (*.safetensors, *.bin or *.pth) "
                                  "beside open_clip_config.json")
@@ -177,7 +177,7 @@ class ClipEncoder:
             raise SvgenError(f"cannot load {self.checkpoint or model}: {type(e).__name__}: {first}") from None
         self.model.eval().requires_grad_(False)
         if model.startswith("hf-hub:"):
-            self.checkpoint_sha256 = _hf_hub_weights_sha256(model)
+            self.checkpoint_sha256 = hf_hub_weights_sha256(model)
         self.quick_gelu = built_quick_gelu(self.model)
         if want is not None and self.quick_gelu is not None and self.quick_gelu != want:  # pragma: no cover
             raise SvgenError(f"asked open_clip for {activation_name(want)} ({self.quick_gelu_reason}) "
@@ -289,10 +289,10 @@ class ClipEncoder:
         if num_workers is None:
             num_workers = 0 if len(paths) <= 2 * batch_size else min(4, os.cpu_count() or 1)
         loader = torch.utils.data.DataLoader(
-            _ImageFiles(paths, self.preprocess), batch_size=batch_size, num_workers=num_workers,
-            collate_fn=_collate, shuffle=False,
+            ImageFiles(paths, self.preprocess), batch_size=batch_size, num_workers=num_workers,
+            collate_fn=collate, shuffle=False,
         )
-        feats, ok, failed = [], [], []
+        feats, ok, failed, t0 = [], [], [], time.perf_counter()
         it = loader
         if progress:
             from tqdm.auto import tqdm
@@ -306,9 +306,7 @@ class ClipEncoder:
             ok.extend(paths[i] for i in idx)
         for p, why in failed:
             log.info("skipped %s: %s", p, why)  # returned in `failed`; the caller reports them
+        log.info("images embedded (%d of %d, batch %d) in %.2fs", len(ok), len(paths), batch_size,
+                 time.perf_counter() - t0)
         dim = feats[0].shape[1] if feats else 0
         return (torch.cat(feats) if feats else torch.zeros(0, dim)), ok, failed
-
-
-def as_numpy(x) -> np.ndarray:
-    return x.detach().cpu().numpy() if isinstance(x, torch.Tensor) else np.asarray(x)

@@ -13,7 +13,7 @@ from typing import Dict, Optional
 
 
 from svgen.encoders.activation import decide_quick_gelu
-from svgen.io.safeio import check_regular, os_error
+from svgen.safeio import check_regular, os_error
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +54,7 @@ def identity_key(identity: dict) -> str:
 # ----------------------------------------------------------------------------- activation
 
 
-def _local_dir_weights(folder: Path) -> Optional[str]:
+def local_dir_weights(folder: Path) -> Optional[str]:
     """The weights file open_clip picks in a ``local-dir:`` folder, or ``None`` if there is none."""
     try:
         from open_clip.factory import _find_checkpoint_in_dir
@@ -69,7 +69,7 @@ def _local_dir_weights(folder: Path) -> Optional[str]:
         return str(found[0]) if found else None
 
 
-def _hf_hub_weights_sha256(model: str) -> Optional[str]:
+def hf_hub_weights_sha256(model: str) -> Optional[str]:
     """sha256 of the weights file open_clip loaded for ``hf-hub:ORG/REPO`` (resolved from the local
     cache the way open_clip resolves it), so artifacts can check that the same weights embed images."""
     from open_clip.pretrained import download_pretrained_from_hf
@@ -105,7 +105,7 @@ def encoder_identity(model: str, pretrained: Optional[str] = None, checkpoint: O
         name = Path(model).stem
     elif model.startswith("local-dir:"):
         folder = Path(model[len("local-dir:"):])
-        weights = _local_dir_weights(folder) if (folder / "open_clip_config.json").is_file() else None
+        weights = local_dir_weights(folder) if (folder / "open_clip_config.json").is_file() else None
         if weights is None:
             return None
         sha = file_sha256(weights)

@@ -15,7 +15,7 @@ log = logging.getLogger(__name__)
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm", ".pgm"}
 
 
-class _ImageFiles(torch.utils.data.Dataset):
+class ImageFiles(torch.utils.data.Dataset):
     def __init__(self, paths: Sequence[str], preprocess):
         self.paths = list(paths)
         self.preprocess = preprocess
@@ -45,7 +45,7 @@ def load_image(source, preprocess) -> Tuple[Optional[torch.Tensor], str]:
         return None, reason or type(e).__name__
 
 
-def _collate(batch):
+def collate(batch):
     ok = [(i, x) for i, x, _ in batch if x is not None]
     bad = [(i, why) for i, x, why in batch if x is None]
     images = torch.stack([x for _, x in ok]) if ok else None

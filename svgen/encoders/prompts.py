@@ -26,7 +26,7 @@ DEFAULT_TEMPLATES = "single"
 
 def _read_lines(path, what: str) -> List[str]:
     """Read a UTF-8 text file into stripped, non-blank, non-comment lines."""
-    from svgen.io.safeio import MAX_TEXT_BYTES, read_regular
+    from svgen.safeio import MAX_TEXT_BYTES, read_regular
 
     path = Path(path)
     if path.is_dir():

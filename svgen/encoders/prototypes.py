@@ -24,7 +24,7 @@ from safetensors.torch import save_file
 
 from svgen.errors import SvgenError
 from svgen.core.generator import prototypes_from_embeddings  # noqa: F401  (also read from here)
-from svgen.io import safeio
+from svgen import safeio
 from svgen.encoders.prompts import build_prompts
 
 log = logging.getLogger(__name__)

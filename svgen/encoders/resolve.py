@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Optional
 
 from svgen.errors import SvgenError
+from svgen.steps import timed
 
 log = logging.getLogger(__name__)
 
@@ -79,8 +80,9 @@ def load_encoder(request: EncoderRequest):
     """A :class:`~svgen.encoders.clip.ClipEncoder` for the request (default model and tag filled in)."""
     from svgen.encoders.clip import ClipEncoder
 
-    return ClipEncoder(request.model_or_default, pretrained=request.pretrained_or_default,
-                       checkpoint=request.checkpoint, device=request.device, quick_gelu=request.quick_gelu)
+    with timed(log, f"encoder {request.model_or_default} loaded"):
+        return ClipEncoder(request.model_or_default, pretrained=request.pretrained_or_default,
+                           checkpoint=request.checkpoint, device=request.device, quick_gelu=request.quick_gelu)
 
 
 def _describe_encoder(identity: dict, other: dict) -> str:
@@ -138,9 +140,10 @@ def text_prototypes(request: EncoderRequest, classes, templates, expect: dict = 
         check_artifact_activation(expect, encoder)  # a different activation: refused; none recorded: a warning
     if expect is not None and not same(encoder.identity()):
         raise encoder_mismatch(encoder.identity(), expect)
-    protos = build_prototypes(encoder, classes, templates, progress=request.progress)
-    log.info("encoded %d prompts (%d from cache)", len(classes) * len(templates),
-             len(classes) * len(templates) - protos.encoded)
+    with timed(log, "text prototypes") as info:
+        protos = build_prototypes(encoder, classes, templates, progress=request.progress)
+        n = len(classes) * len(templates)
+        info.append(f"{n} prompts, {n - protos.encoded} from the prompt cache")
     return protos, encoder.identity()
 
 
@@ -238,8 +241,9 @@ def encoder_for_artifact(args: EncoderRequest, clf):
                              f"{activation_name(bool(recorded))}; images must be embedded the way its prompts were")
         if not pretrained:  # a tag decides its own activation; a mismatch is refused just below
             quick_gelu = bool(recorded)
-    encoder = ClipEncoder(model, pretrained=pretrained, checkpoint=args.checkpoint, device=args.device,
-                          quick_gelu=quick_gelu)
+    with timed(log, f"encoder {model} loaded"):
+        encoder = ClipEncoder(model, pretrained=pretrained, checkpoint=args.checkpoint, device=args.device,
+                              quick_gelu=quick_gelu)
     if enc.get("model") and enc.get("source") != "prototypes":
         check_artifact_activation(enc, encoder)
         if enc["model"].startswith(_SELF_CONTAINED):

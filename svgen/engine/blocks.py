@@ -35,6 +35,7 @@ import hashlib
 import json
 import logging
 import os
+import posixpath
 import stat
 import tarfile
 from dataclasses import dataclass
@@ -174,7 +175,7 @@ def _expand(source: str) -> List[Path]:
 
 
 def _list_file(path: Path) -> List[str]:
-    from svgen.io.safeio import MAX_TEXT_BYTES, read_regular
+    from svgen.safeio import MAX_TEXT_BYTES, read_regular
 
     try:
         lines = read_regular(path, MAX_TEXT_BYTES, what="list file").decode("utf-8").splitlines()
@@ -222,6 +223,12 @@ TAR_TAIL = "<rest of shard unreadable>"  # the member name of a damaged shard's 
 def _tar_members(path: Path) -> List[list]:
     """``[name, data offset, size]`` of the shard's image members, in archive order.
 
+    Every member named like an image is an input: a regular file is read where it lies; a hard or symbolic link
+    to a regular member of the same shard is read as that member (a symbolic link is resolved inside the shard
+    only: one that is absolute or leaves it through ``..`` is never followed); anything else (a link to nothing,
+    a link loop, a device, a FIFO, a folder) is an entry ``[name, -1, 0, reason]``, a failure. Members not
+    named like images (a WebDataset sample's ``.cls``, ``.json``, ``.txt``) are its labels and captions, not inputs.
+
     Python's ``tarfile`` stops quietly at a header it cannot read, so a shard cut at a header boundary
     (or with garbage where a header belongs) would lose its remaining members without a trace. A whole
     archive ends with a zero block; when that is not where reading stopped, a last entry named
@@ -229,14 +236,13 @@ def _tar_members(path: Path) -> List[list]:
     """
     from svgen.encoders.images import IMAGE_SUFFIXES
 
-    members, whole = [], False
+    members, whole, seen = [], False, []
     try:
         with open(path, "rb") as f, tarfile.open(fileobj=f, mode="r:") as tar:
             # uncompressed, as WebDataset shards are: members can be read by offset
             try:
                 for m in tar:
-                    if m.isfile() and Path(m.name).suffix.lower() in IMAGE_SUFFIXES:
-                        members.append([m.name, m.offset_data, m.size])
+                    seen.append(m)
             except tarfile.ReadError:  # "unexpected end of data": cut inside a member
                 pass
             else:
@@ -244,11 +250,36 @@ def _tar_members(path: Path) -> List[list]:
                 whole = f.read(tarfile.BLOCKSIZE) == bytes(tarfile.BLOCKSIZE)
     except (tarfile.TarError, OSError) as e:
         raise SvgenError(f"cannot read {path} as an uncompressed tar shard: {e}") from None
+    by_name = {posixpath.normpath(m.name): m for m in seen}  # the last of a repeated name, as tar extracts it
+    for m in seen:
+        if Path(m.name).suffix.lower() in IMAGE_SUFFIXES:
+            target, why = _tar_target(m, by_name)
+            members.append([m.name, target.offset_data, target.size] if target is not None else [m.name, -1, 0, why])
     if not whole:
         log.warning("%s is truncated or damaged after %d image member(s); the rest is reported as a failure",
                     path, len(members))
         members.append([TAR_TAIL, -1, 0])
     return members
+
+
+def _tar_target(m, by_name: dict, hops: int = 32):
+    """``(regular member, None)`` that member ``m`` stands for, following hard and symbolic links inside the shard
+    only, or ``(None, reason)``."""
+    for _ in range(hops):
+        if m.isfile():
+            return m, None
+        if not (m.islnk() or m.issym()):
+            kind = ("a folder" if m.isdir() else "a FIFO" if m.isfifo() else "a device" if m.ischr() or m.isblk()
+                    else "not a regular file")
+            return None, f"not an image file: the tar member is {kind}"
+        link = m.linkname if m.islnk() else posixpath.join(posixpath.dirname(m.name), m.linkname)
+        name = posixpath.normpath(link)
+        if m.issym() and (posixpath.isabs(m.linkname) or name == ".." or name.startswith("../")):
+            return None, f"symbolic link to {m.linkname!r}, outside the shard: not followed"
+        if name not in by_name:
+            return None, f"{'hard' if m.islnk() else 'symbolic'} link to {m.linkname!r}, which is not in the shard"
+        m = by_name[name]
+    return None, f"a chain of more than {hops} links (a loop?)"
 
 
 def _chunks(items: list, size: int):
@@ -337,11 +368,9 @@ def _parquet_feature_column(path: Path, want: Optional[str]):
 def feature_shape(path: Path, column: Optional[str] = None, dim: Optional[int] = None) -> Tuple[int, Optional[str]]:
     """(rows, Parquet column or None) of an embedding shard, checking its dimension against ``dim``."""
     if path.suffix.lower() == ".npy":
-        try:
-            x = np.load(path, mmap_mode="r", allow_pickle=False)
-        except (ValueError, OSError, EOFError) as e:
-            raise SvgenError(f"features file {path} is not a readable numeric .npy array "
-                             f"({(str(e).splitlines() or [''])[0]})") from None
+        from svgen.npy import load_npy
+
+        x = load_npy(path, "features", mmap=True)  # a damaged header (a negative size, say) is one line
         if x.ndim != 2 or not np.issubdtype(x.dtype, np.number):
             raise SvgenError(f"features file {path} holds {x.dtype} of shape {x.shape}; expected N×D numbers")
         n, d, column = x.shape[0], x.shape[1], None
@@ -362,7 +391,9 @@ def read_features(path, start: int, stop: int, column: Optional[str] = None) -> 
     """
     path = Path(path)
     if path.suffix.lower() == ".npy":
-        return _writable(np.load(path, mmap_mode="r", allow_pickle=False)[start:stop])
+        from svgen.npy import load_npy
+
+        return _writable(load_npy(path, "features", mmap=True)[start:stop])
     pa = _require_pyarrow(f"{path}")
     f = pa.parquet.ParquetFile(path)
     groups, first, at = [], None, 0

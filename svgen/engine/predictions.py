@@ -45,14 +45,14 @@ def decode_block(block: Block, preprocess):
         try:
             f = open(shard, "rb")
         except OSError as e:
-            failed.extend((f"{shard}/{name}", f"cannot open shard: {e}") for name, _, _ in block.spec["members"])
+            failed.extend((f"{shard}/{m[0]}", f"cannot open shard: {e}") for m in block.spec["members"])
         else:
             with f:
-                for name, offset, size in block.spec["members"]:
+                for name, offset, size, *why in block.spec["members"]:
                     key = f"{shard}/{name}"
-                    if offset < 0:
-                        failed.append((key, "the shard is truncated or damaged here: its remaining members "
-                                            "cannot be read"))
+                    if offset < 0:   # planned as a failure: a member that is no image file, or the lost tail
+                        failed.append((key, why[0] if why else "the shard is truncated or damaged here: its "
+                                                               "remaining members cannot be read"))
                         continue
                     f.seek(offset)
                     data = f.read(size)
@@ -109,6 +109,24 @@ def failure_table(block: int, failed: Sequence[Tuple[str, str]]):
     return pa.table({"path": pa.array([p for p, _ in failed], type=pa.string()),
                      "reason": pa.array([r for _, r in failed], type=pa.string()),
                      "block": pa.array([block] * len(failed), type=pa.int64())})
+
+
+def usable_rows(x, keys: Dict[str, list], source: str):
+    """``(x, keys, failed)`` without the embedding rows no head can score: a NaN or inf entry, or all zeros (which
+    the single-process ``classify`` refuses in one line). Each is a failure named ``SOURCE[ROW]`` with its reason,
+    so the rows of a block's part plus its failures still equal its inputs."""
+    import torch
+
+    nonfinite = ~torch.isfinite(x).all(dim=1)
+    zero = ~nonfinite & (x.abs().amax(dim=1) == 0) if x.shape[1] else torch.ones(x.shape[0], dtype=torch.bool)
+    bad = nonfinite | zero
+    if not bool(bad.any()):
+        return x, keys, []
+    failed = [(f"{source}[{r}]", "NaN or inf in the embedding" if nonfinite[i] else
+               "an all-zero embedding; cannot L2-normalise it")
+              for i, r in enumerate(keys["row"]) if bad[i]]
+    keep = (~bad).tolist()
+    return x[~bad], {k: [v for v, ok in zip(vals, keep) if ok] for k, vals in keys.items()}, failed
 
 
 def feature_keys(block: Block) -> Dict[str, list]:

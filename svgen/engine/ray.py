@@ -38,9 +38,10 @@ from typing import Callable, Optional, Sequence
 import numpy as np
 
 from svgen.engine.blocks import Block, read_features
-from svgen.engine.predictions import decode_block, failure_table, feature_keys, prediction_table, score, table_bytes
+from svgen.engine.predictions import (decode_block, failure_table, feature_keys, prediction_table, score, table_bytes,
+                                      usable_rows)
 from svgen.errors import SvgenError, setting_error
-from svgen.io.safeio import atomic_file
+from svgen.safeio import atomic_file
 
 log = logging.getLogger(__name__)
 
@@ -214,7 +215,7 @@ class BlockClassifier:
         if block.kind == "features":
             s = block.spec
             x = torch.from_numpy(read_features(s["file"], s["start"], s["stop"], s["column"]))  # writable: no warning
-            keys = feature_keys(block)
+            x, keys, failed = usable_rows(x, feature_keys(block), s["file"])  # a NaN row is a failure, not a crash
         else:
             if decoded is None:
                 images, ok, failed = decode_block(block, self._encoder().preprocess)
@@ -322,10 +323,23 @@ def run_blocks(blocks: Sequence[Block], out, artifact: str, head: str, probs: bo
         first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
         raise SvgenError(f"a classifier actor died ({type(e).__name__}: {first}); the {len(done or ()) + written} "
                          f"block(s) written are kept: rerun the same command to finish the rest") from None
+    except ray.exceptions.RayTaskError as e:  # a block's own error, raised in a task or actor: its first line
+        said = _block_error(e)
+        raise SvgenError(f"a block failed ({said}); the {len(done or ()) + written} block(s) written are kept") \
+            from None
     finally:
         if bar is not None:
             bar.close()
     return written
+
+
+def _block_error(e: BaseException) -> str:
+    """One line for a block's error raised in a Ray task or actor: svgen's own message, found in the remote
+    traceback Ray carries back as text (Ray Data's ``UserCodeException`` drops the cause itself), else that
+    traceback's last line."""
+    lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+    ours = [line.split(": ", 1)[1] for line in lines if line.startswith("svgen.errors.SvgenError: ")]
+    return (ours[-1] if ours else (lines[-1] if lines else type(e).__name__))[:300]
 
 
 def build_dataset(todo: Sequence[Block], artifact, head: str, probs: bool, top_k: int, *, preprocess=None,

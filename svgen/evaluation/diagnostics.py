@@ -22,6 +22,7 @@ alignment.
 
 from __future__ import annotations
 
+import logging
 import math
 from typing import Dict, List, Optional, Sequence
 
@@ -29,6 +30,9 @@ import torch
 
 from svgen.core.kernels import kernel
 from svgen.core.losses import block_alignment
+from svgen.steps import Clock
+
+log = logging.getLogger(__name__)
 
 NEAR_IDENTITY = 0.01
 NEAR_CONSTANT = 0.01
@@ -51,12 +55,14 @@ def diagnose(support: torch.Tensor, sigma: float, kind: str = "rbf", max_classes
     With ``prototypes`` (C×D) and ``classes``, all pairs of classes whose prototypes coincide
     are listed under ``duplicate_classes`` as ``[name, name, cos]``.
     """
+    clock = Clock(log)
     duplicates = []
     if prototypes is not None:
         from svgen.validation import duplicate_prototypes
 
         names = list(classes) if classes is not None else [f"class_{i}" for i in range(prototypes.shape[0])]
         duplicates = [[names[i], names[j], c] for i, j, c in duplicate_prototypes(prototypes)]
+        clock.lap("diagnose: coinciding prototypes (%d classes)", prototypes.shape[0])
     C, K, D = support.shape
     subset = C > max_classes
     if subset:
@@ -67,7 +73,9 @@ def diagnose(support: torch.Tensor, sigma: float, kind: str = "rbf", max_classes
     K_ss = kernel(flat, flat, sigma, kind)
     M = K_ss.shape[0]
     off = K_ss[~torch.eye(M, dtype=torch.bool)]
+    clock.lap("diagnose: kernel matrix K_SS (%d×%d, %d classes)", M, M, C)
     eig = torch.linalg.eigvalsh(K_ss)
+    clock.lap("diagnose: spectrum of K_SS")
     cond = float(eig[-1] / eig[0]) if eig[0] > 0 else float("inf")
     within = None
     if K > 1:
@@ -88,6 +96,7 @@ def diagnose(support: torch.Tensor, sigma: float, kind: str = "rbf", max_classes
         "within_class_cos": within,
         "duplicate_classes": duplicates,
     }
+    clock.lap("diagnose: alignment, spread and rank")
     report["findings"] = findings(report)
     report["spectrum"] = eig.flip(0)
     return report

@@ -34,6 +34,7 @@ from svgen.heads.scoring import MIXTURE
 from svgen.state import Calibration, Heads, KernelHead, LinearHead, TextSide
 from svgen.core.support import IMAGE, SupportSet
 from svgen.evaluation import heldout
+from svgen.steps import Clock
 
 log = logging.getLogger(__name__)
 
@@ -56,20 +57,27 @@ def adapt(zero_shot: Heads, shots: SupportSet, side: TextSide, tilt_shotless: bo
     ``progress``: a progress bar over its refits)."""
     C = side.n_classes
     t0 = time.perf_counter()
+    clock = Clock(log, logging.INFO if tilt_shotless else logging.DEBUG)   # the tilt's refits: -vv only
     res = residual.fit_residual_head(shots.rows.numpy(), shots.labels.numpy(), side.prototypes.numpy(), C,
                                      seed=side.config.seed)
+    clock.lap("adapt: kernel head, σ and ridge chosen on held-out folds of %d shots", len(shots))
     W, b, lchoice = fewshot.fit_lda_head(side.prototypes, shots, C)
     lin = linear.fit_linear_head(side.prototypes, shots, C, W, b, lchoice.settings, res.folds,
                                  None if res.loo_rows is None else np.asarray(res.loo_rows),
                                  residual.class_subset(shots.labels.numpy(), fewshot.LDA_LOO_MAX, side.config.seed))
+    clock.lap("adapt: linear head (LDA, its shrinkage and α chosen)")
     wall = time.perf_counter() - t0
     heads = Heads(kernel_head(res, zero_shot, shots, C), LinearHead(lin.weight, lin.bias))
     evidence = kernel_evidence(res, shots, side)
     heads.calibration = temperatures(heads, side, shots, res, lin, evidence)
+    clock.lap("adapt: temperatures on held-out scores")
     default, weight, head_choice, held = choose_default_head(heads, side, res, shots, lin, evidence)
+    clock.lap("adapt: default head chosen (mixture weight by held-out NLL)")
     heads.calibration = dataclasses.replace(heads.calibration, mixture_weight=weight)
     tilt = (coverage.fit_tilt(zero_shot, shots, side, lambda part: adapt(zero_shot, part, side, False),
                               head_choice["mixture_weight"], progress) if tilt_shotless else None)
+    if tilt is not None:
+        clock.lap("adapt: tilt of the classes without shots (refits)")
     without = None
     if tilt is not None:   # some classes have no shots: the weight and tilt fitted for them too
         weight, offset, without = tilt

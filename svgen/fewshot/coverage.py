@@ -41,6 +41,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from svgen.calibration import mixture
+from svgen.core.roots import convex_minimum
 from svgen.core.support import SupportSet
 
 log = logging.getLogger(__name__)
@@ -128,15 +129,7 @@ def slope(evidence: list, w: float, delta: float) -> float:
 
 def _offset(stacked: tuple) -> float:
     """:func:`best_offset` from :func:`_stacked` arrays."""
-    if _slope(stacked, 0.0) >= 0.0:
-        return 0.0
-    if _slope(stacked, MAX_OFFSET) <= 0.0:
-        return MAX_OFFSET
-    lo, hi = 0.0, MAX_OFFSET
-    for _ in range(BISECTIONS):
-        mid = 0.5 * (lo + hi)
-        lo, hi = (mid, hi) if _slope(stacked, mid) < 0.0 else (lo, mid)
-    return 0.5 * (lo + hi)
+    return convex_minimum(lambda delta: _slope(stacked, delta), 0.0, MAX_OFFSET, BISECTIONS)
 
 
 def best_offset(evidence: list, w: float) -> float:

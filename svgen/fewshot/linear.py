@@ -37,6 +37,7 @@ import torch
 
 from svgen.calibration import temperatures as calibration
 from svgen.fewshot import lda
+from svgen.fewshot.loo import lda_loo_logits
 from svgen.heads.scoring import CLIP_LOGIT_SCALE
 
 log = logging.getLogger(__name__)
@@ -89,8 +90,8 @@ def fit_linear_head(prototypes: torch.Tensor, shots, n_classes: int, W_lda: torc
     the shots whose exact leave-one-out logits give the deployed head's scale and temperature (None: all)."""
     X, y = shots.rows.double(), shots.labels
     eq = settings.get("means") == "equal Mahalanobis radius"
-    loo = calibration.lda_loo_logits(prototypes, shots, n_classes, settings["shrinkage"], settings["prior_shots"],
-                                     equal_radius=eq, rows=loo_rows).numpy()
+    loo = lda_loo_logits(prototypes, shots, n_classes, settings["shrinkage"], settings["prior_shots"],
+                         equal_radius=eq, rows=loo_rows).numpy()
     loo_y = y.numpy() if loo_rows is None else y.numpy()[loo_rows]
     P = torch.nn.functional.normalize(prototypes.double(), dim=-1).numpy()
     Xn = X.numpy()

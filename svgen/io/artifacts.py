@@ -41,7 +41,7 @@ An artifact adapted to unlabelled images (:mod:`svgen.transductive.solve`) keeps
 ``inductive.linear_head.weight`` (C×D) and ``inductive.linear_head.bias`` (C), with
 ``svgen.json`` recording the solve under ``"transductive"``. A pool's factor on some heads' probabilities (with
 shots, or the kernel head after a zero-shot pool) makes it version 6, its kernel rows listed one by one. Version 2
-artifacts written before session 17 may carry a kernel vote re-solved with unlabelled ``pool`` rows (source 2,
+artifacts written by earlier releases may carry a kernel vote re-solved with unlabelled ``pool`` rows (source 2,
 labelled by the argmax of their posterior) after the text and image rows, the inductive kernel head then travelling
 as ``inductive.vote_weights`` (M₀×C, over the first M₀ = text + image rows) and ``inductive.bandwidth``; they load as
 they were written. Writes are atomic: everything goes to a temporary sibling directory that is
@@ -62,9 +62,10 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from svgen.io import safeio
+from svgen import safeio
 from svgen.io import schema
 from svgen.errors import SvgenError
+from svgen.steps import timed
 
 log = logging.getLogger(__name__)
 
@@ -120,13 +121,14 @@ def save_artifact(path, tensors: Dict[str, torch.Tensor], meta: dict, force: boo
             tensors[k] = v.clone()
         seen.add(tensors[k].untyped_storage().data_ptr())
 
-    text = _check_readable(path, tensors, meta, A)
+    with timed(log, f"artifact {path} checked and written"):
+        text = _check_readable(path, tensors, meta, A)
 
-    def write_meta(p):
-        p.write_text(text + "\n", encoding="utf-8")
+        def write_meta(p):
+            p.write_text(text + "\n", encoding="utf-8")
 
-    return safeio.atomic_dir(path, {WEIGHTS_FILE: lambda p: save_file(tensors, str(p)), META_FILE: write_meta},
-                            force=force)
+        return safeio.atomic_dir(path, {WEIGHTS_FILE: lambda p: save_file(tensors, str(p)), META_FILE: write_meta},
+                                force=force)
 
 
 def _check_readable(path, tensors: Dict[str, torch.Tensor], meta: dict, votes) -> str:
@@ -221,7 +223,8 @@ def check_shapes(meta: dict, t: Dict[str, torch.Tensor], where="artifact") -> No
     _check_temperatures(t, where)
     _check_optional_shapes(C, t, where)
     if meta.get("format_version") in IMAGE_ROW_VERSIONS:
-        return _check_shapes_v2(C, t, where)
+        _check_shapes_v2(C, t, where)
+        return _check_recorded(meta, t, where)
     S = t["support_vectors"]
     if S.dim() != 3 or S.shape[0] != C:
         raise SvgenError(f"{where}: support_vectors has shape {tuple(S.shape)}, expected ({C}, K, D)")
@@ -237,6 +240,30 @@ def check_shapes(meta: dict, t: Dict[str, torch.Tensor], where="artifact") -> No
         if tuple(t[name].shape) != shape:
             raise SvgenError(f"{where}: {name} has shape {tuple(t[name].shape)}, expected {shape}")
     _check_bandwidths(t, REQUIRED, where)
+    _check_recorded(meta, t, where)
+
+
+def _check_recorded(meta: dict, t: Dict[str, torch.Tensor], where) -> None:
+    """What ``svgen.json`` says about the tensors (``dim``, ``n_support``, the encoder's ``embed_dim``) matches
+    them, and no prototype is a zero row (every head L2-normalises it: its class would score NaN or nothing)."""
+    P = t["prototypes"]
+    K = (t["text.support_vectors"] if "text.support_vectors" in t else t["support_vectors"]).shape[1]
+    enc = meta.get("encoder") if isinstance(meta.get("encoder"), dict) else {}
+    recorded = [("dim", meta.get("dim"), P.shape[1], "prototypes", tuple(P.shape)),
+                ("n_support", meta.get("n_support"), K, "text support vectors",
+                 tuple((t["text.support_vectors"] if "text.support_vectors" in t else t["support_vectors"]).shape)),
+                ("encoder.embed_dim", enc.get("embed_dim"), P.shape[1], "prototypes", tuple(P.shape)),
+                ("encoder.images.embed_dim", (enc.get("images") or {}).get("embed_dim"), P.shape[1], "prototypes",
+                 tuple(P.shape))]
+    for field, value, actual, tensor, shape in recorded:
+        if value is not None and value != actual:
+            raise SvgenError(f"{where}: svgen.json says {field} = {value!r}, but {tensor} has shape {shape} "
+                             f"(so {actual}); the file and the weights do not belong together")
+    zero = (P.abs().amax(dim=1) == 0).nonzero()
+    if zero.numel():
+        row = int(zero[0])
+        raise SvgenError(f"{where}: prototypes row {row} (class {meta['classes'][row]!r}) is all zero; "
+                         "a prototype is a unit vector, so the weights are damaged")
 
 
 INTEGER_TENSORS = ("support_labels", "support_source", "vote_weights.indices", "inductive.support_labels",

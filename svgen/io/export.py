@@ -51,7 +51,7 @@ from pathlib import Path
 
 import numpy as np
 
-from svgen.io import safeio
+from svgen import safeio
 from svgen.errors import SvgenError
 from svgen.io.head_tensors import EXPORT_FORMATS, EXPORT_HEADS, HEAD_FORMAT, head_metadata, head_tensors
 from svgen.io.onnx_graph import onnx_model, verify_onnx

@@ -39,6 +39,7 @@ log = logging.getLogger(__name__)
 
 FORMATS = ("csv", "jsonl", "parquet")
 SUFFIXES = {".csv": "csv", ".jsonl": "jsonl", ".ndjson": "jsonl", ".parquet": "parquet"}
+_NAMES = ".csv, .jsonl (.ndjson) or .parquet"
 IMAGE_KEYS = ("path",)
 FEATURE_KEYS = ("index", "source", "row")
 
@@ -47,16 +48,31 @@ BLOCK_ROWS = 4096  # rows scored and written per step: what is in memory at a ti
 
 
 def output_format(out: Optional[str], fmt: Optional[str], default: str = "csv") -> str:
-    """The format to write: ``--format`` if given, else the suffix of ``--out``, else ``default``.
+    """The format to write: ``--format`` if given, else the suffix of ``--out``, else (stdout) ``default``.
 
-    A known suffix that contradicts ``--format`` (``--format csv --out p.jsonl``) is refused.
+    ``out`` must end in a known suffix (:data:`SUFFIXES`), so predictions never land in ``mycode.py``;
+    a known suffix that contradicts ``--format`` (``--format csv --out p.jsonl``) is refused.
     """
     by_suffix = SUFFIXES.get(Path(out).suffix.lower()) if out else None
+    if out and by_suffix is None:
+        said = f"unknown suffix {Path(out).suffix!r}" if Path(out).suffix else "no suffix"
+        raise SvgenError(f"out {out}: {said}; predictions are written to {_NAMES} files",
+                         cli=f"--out {out}: {said}; classify writes {_NAMES} files")
     if fmt and by_suffix and fmt != by_suffix:
         what = f"{out} (a .{Path(out).suffix.lower()[1:]} file is {by_suffix})"
         raise SvgenError(f"format {fmt!r} contradicts out {what}; drop format or rename the file",
                          cli=f"--format {fmt} contradicts --out {what}; drop --format or rename the file")
     return fmt or by_suffix or default
+
+
+def check_ray_folder(out: str) -> None:
+    """The Ray engine's ``out`` is a folder of Parquet parts: named ``FOLDER`` or ``FOLDER.parquet``;
+    any other suffix (``x.csv``, ``x.jsonl``) promises a file it would not write, and is refused."""
+    suffix = Path(out).suffix
+    if suffix and suffix.lower() != ".parquet":
+        why = f"{out}: the Ray engine writes a folder of Parquet parts, not a {suffix} file"
+        raise SvgenError(f"out {why}; name it FOLDER or FOLDER.parquet",
+                         cli=f"--out {why}; name it FOLDER or FOLDER.parquet")
 
 
 def value_column(probs: bool) -> str:

@@ -57,6 +57,8 @@ def parse_meta(data: bytes, where) -> dict:
         raise SvgenError(f"{where} is nested too deeply to be an svgen.json") from None
     except json.JSONDecodeError as e:
         raise SvgenError(f"{where} is not valid JSON ({e})") from None
+    except ValueError as e:  # an integer of more digits than Python converts (sys.set_int_max_str_digits)
+        raise SvgenError(f"{where} is not a valid svgen.json ({(str(e).splitlines() or [''])[0][:200]})") from None
     if not isinstance(meta, dict):
         raise SvgenError(f"{where} must hold a JSON object, got {_kind(meta)}")
     _check_depth(meta, where)

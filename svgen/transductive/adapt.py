@@ -20,6 +20,7 @@ from svgen.heads import predictor
 from svgen.transductive import solve as td
 from svgen.transductive.pool import PoolFit, Stage, transduce
 from svgen.state import Heads, KernelHead, PoolFactor, TextSide
+from svgen.steps import Clock
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +47,7 @@ def adapt(stage: Stage, side: TextSide, U: torch.Tensor, strength: Optional[floa
     the classes the pool is not used: its check sees only classes with shots."""
     C, N = side.n_classes, U.shape[0]
     t0 = time.perf_counter()
+    clock = Clock(log)
     reason, check = td.fallback_reason(N, C), None
     if reason is None and stage.shots is not None and len(stage.shots):
         without = int((stage.shots.counts(C) == 0).sum())
@@ -56,6 +58,7 @@ def adapt(stage: Stage, side: TextSide, U: torch.Tensor, strength: Optional[floa
         check = (pool_gate.check_with_shots(stage, side, U, strength, progress=progress)
                  if stage.shots is not None and len(stage.shots)
                  else pool_gate.check_without_shots(stage, side, U, strength, progress=progress))
+        clock.lap("pool check (%s) on %d images", check.get("evidence"), N)
         if not check["adopt"]:
             reason = check["reason"] + "; kept the inductive heads"
     if reason is not None:
@@ -153,9 +156,9 @@ def _adopt_posterior(stage: Stage, side: TextSide, fit: PoolFit, U: torch.Tensor
       (:class:`svgen.state.PoolFactor`), t the confidence-matching scale of z. Its rows and votes stay the inductive
       ones, listed one by one (the format that carries a factor).
 
-    Session 17: it replaced the kernel vote re-solved with pool rows of soft class, whose ridge scores mis-ranked the
-    lower classes (dev data, caltech101, the whole validation set as the pool: NLL +0.09 and top-5 −0.30 against the
-    inductive kernel head; this form −0.065 and 0.00; docs/transductive.md)."""
+    The kernel vote re-solved with pool rows of soft class instead mis-ranks the lower classes (dev data, caltech101,
+    the whole validation set as the pool: NLL +0.09 and top-5 −0.30 against the inductive kernel head; this form
+    −0.065 and 0.00; docs/history.md)."""
     P, kind, rec = side.prototypes, side.config.kernel, fit.record
     WG, bG = pool_gate.pool_parts(rec, fit.heads.linear, fit.prior_linear.weight, fit.prior_linear.bias)
     k = float(rec["prior_strength"]) * float(rec["prior_temperature"])

@@ -17,14 +17,14 @@ held-out shots (every shot is held out once):
   ``p(x) ∝ p⁰(x)·exp(a·(x̂ W_Gᵀ + b_G))`` (:class:`svgen.state.PoolFactor`): p⁰ each fold's own default head, as
   deployed, and ``a ≥ 0`` minimising the NLL of held-out shots (:func:`fit_pool_weight`; convex; a = 0 is the
   inductive head), each fold's ``a`` from the other folds' held-out shots (cross-fitted). The factor multiplies the
-  head's *calibrated* probabilities, so a fold's weight means what the deployed one does. (Until session 16 the
-  candidate stacked raw logits, ``a·(Gaussian log-likelihood) + b·(linear logits)`` with a free ``b``: at one shot per
-  class a held-out shot's class has no shot in its fold, the fold's linear logits were weak there, and ``b`` went to
-  0 — on the queries, where every class has its shot, the best ``b`` was ~90 and the stacked head alone lost up to
-  2.5 points of top-5. Against each fold's calibrated head, the fold's ``a`` is within ~20% of the query-optimal one.)
+  head's *calibrated* probabilities, so a fold's weight means what the deployed one does. (Stacked raw logits,
+  ``a·(Gaussian log-likelihood) + b·(linear logits)`` with a free ``b``, fail there: at one shot per class a held-out
+  shot's class has no shot in its fold, the fold's linear logits are weak there, and ``b`` goes to 0 — on the
+  queries, where every class has its shot, the best ``b`` was ~90 and the stacked head alone lost up to 2.5 points
+  of top-5. Against each fold's calibrated head, the fold's ``a`` is within ~20% of the query-optimal one.)
 * it is kept only if its top-1 accuracy on the held-out shots is above the inductive default head's beyond chance
   (the exact sign test on the shots only one of them gets right, one-sided, at the level of "one standard error",
-  :data:`ONE_SE_LEVEL`: session 17, :func:`sign_test`), and its top-5 accuracy and NLL are not worse by more than
+  :data:`ONE_SE_LEVEL`, :func:`sign_test`), and its top-5 accuracy and NLL are not worse by more than
   one standard error of the paired difference (:func:`paired_gate`). Then the default head carries the factor at
   ``a`` fitted on all held-out shots, and the linear head named alone (where it is not the default) its own power,
   fitted the same way against each fold's calibrated linear head and kept only where its own paired check passes;
@@ -62,6 +62,7 @@ from svgen.fewshot import adapt as shot_adapt
 from svgen.fewshot import residual
 from svgen.transductive.pool import Stage, transduce
 from svgen.state import TextSide
+from svgen.core.roots import newton_minimum
 from svgen.core.support import IMAGE, image_rows
 
 log = logging.getLogger(__name__)
@@ -185,7 +186,7 @@ def fit_pool_weight(g: np.ndarray, z: np.ndarray, y: np.ndarray, tol: float = 1e
     pool's Gaussian log-likelihood ``g`` (N×C) joins the calibrated inductive log-probabilities ``z``
     (:func:`check_with_shots`). Convex in ``a``: slope ``mean(E_p[g] − g_y)``, curvature ``mean(Var_p[g]) ≥ 0``. Zero
     when the slope is ≥ 0 at ``a = 0`` (the pool adds nothing the inductive head does not say); else Newton steps on
-    the slope, kept inside the bracket of the root found so far (bisection where a step would leave it, doubling
+    the slope (:func:`svgen.core.roots.newton_minimum`), kept inside the bracket of the root found so far (bisection where a step would leave it, doubling
     until the slope turns), to ``tol`` relative or until a step would lower the mean NLL by less than
     :data:`NLL_TOL` (where held-out rows are nearly separated the NLL is flat far along ``a``, its minimiser moves
     with the last bits of the inputs, and the stopping point on the path from 0 does not)."""
@@ -202,26 +203,9 @@ def fit_pool_weight(g: np.ndarray, z: np.ndarray, y: np.ndarray, tol: float = 1e
         mean = (p * g).sum(axis=1)
         return float((mean - gy).mean()), float(((p * g * g).sum(axis=1) - mean ** 2).mean())
 
-    slope, curvature = derivatives(0.0)
-    if not slope < 0:
-        return 0.0
-    a, lo, hi = 0.0, 0.0, math.inf
-    for _ in range(500):
-        if curvature > 0 and 0.5 * slope * slope / curvature <= NLL_TOL and a > 0:
-            return a   # Newton's step would lower the mean NLL by less than NLL_TOL: flat (near-separable rows)
-        newton = a - slope / curvature if curvature > 0 else math.inf
-        if lo < newton < hi:
-            nxt = newton
-        elif math.isfinite(hi):
-            nxt = 0.5 * (lo + hi)
-        else:   # no root bracketed yet: double (from a·g of unit spread)
-            nxt = max(2.0 * a, 1.0 / (float(g.std()) or 1.0))
-        if abs(nxt - a) <= tol * nxt:
-            return nxt
-        a = nxt
-        slope, curvature = derivatives(a)
-        lo, hi = (a, hi) if slope < 0 else (lo, a)
-    return a   # the slope stays negative (the Gaussian part alone separates the rows): the largest weight tried
+    # doubling (while no root is bracketed) starts from a·g of unit spread; a slope that stays negative (the Gaussian
+    # part alone separates the rows) gives the largest weight tried
+    return newton_minimum(derivatives, step=1.0 / (float(g.std()) or 1.0), tol=tol, flat=NLL_TOL)
 
 
 def factored_probs(logp: np.ndarray, g: np.ndarray, a: float) -> np.ndarray:

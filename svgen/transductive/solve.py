@@ -53,7 +53,7 @@ from typing import Optional
 
 import torch
 
-from svgen.calibration.temperatures import bisect
+from svgen.core.roots import bisect
 from svgen.errors import SvgenError
 
 log = logging.getLogger(__name__)

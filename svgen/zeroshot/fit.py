@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass
 from typing import Optional
@@ -15,7 +16,10 @@ import torch
 
 from svgen.heads import predictor
 from svgen.state import Heads, KernelHead, LinearHead
+from svgen.steps import timed
 from svgen.zeroshot.training import fit_metrics, generate_all, solve_vote_weights, train_generator
+
+log = logging.getLogger(__name__)
 
 
 def scale_votes(votes: torch.Tensor, rows: torch.Tensor, lam) -> tuple:
@@ -43,15 +47,22 @@ class ZeroShotFit:
 def fit_zero_shot(P: torch.Tensor, E: torch.Tensor, cfg, t0: float, progress: bool = False) -> ZeroShotFit:
     """Fit from unit prototypes ``P`` (C×D) and per-template embeddings ``E`` (C×T×D) with the settings ``cfg``
     (:class:`svgen.config.FitConfig`); ``t0``: when the fit began (``metrics.wall_time_s`` covers it all)."""
-    state = train_generator(P, E, cfg, progress=progress)
-    S = generate_all(state.generator, P, state.anchors)
+    C = P.shape[0]
+    with timed(log, "fit: support vector generator") as info:
+        state = train_generator(P, E, cfg, progress=progress)
+        S = generate_all(state.generator, P, state.anchors)
+        info += [f"{C} classes × K={cfg.n_support}, {state.steps_done} of {cfg.steps} step(s)"]
     sigma = float(state.log_sigma.detach().exp())
-    A, lam, K_ss, path = solve_vote_weights(S, sigma, cfg, P.shape[0])
-    metrics = fit_metrics(state, S, P, K_ss, lam, cfg, time.perf_counter() - t0, vote_weights=A)
+    with timed(log, "fit: vote weights") as info:
+        A, lam, K_ss, path = solve_vote_weights(S, sigma, cfg, C)
+        info += [f"{'sparse' if A.is_sparse else 'dense'}, M={C * cfg.n_support}, σ={sigma:.3g}, λ={lam:.3g}"]
+    with timed(log, "fit: metrics"):
+        metrics = fit_metrics(state, S, P, K_ss, lam, cfg, time.perf_counter() - t0, vote_weights=A)
     metrics["ridge_selection"] = path
     votes, vote_scale = scale_votes(A, S, lam)
     heads = Heads(KernelHead(S, sigma, votes), LinearHead(state.weight.detach().clone(), state.bias.detach().clone()))
-    heads.calibration = predictor.text_calibration(heads, P, E, cfg.kernel)
+    with timed(log, "fit: temperatures from the text side"):
+        heads.calibration = predictor.text_calibration(heads, P, E, cfg.kernel)
     metrics["wall_time_s"] = time.perf_counter() - t0
     return ZeroShotFit(heads, state.generator.eval().requires_grad_(False), state.precision, state.history, metrics,
                        lam, vote_scale)

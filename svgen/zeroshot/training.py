@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 
 from svgen.core.generator import SupportVectorGenerator, template_anchors
-from svgen.heads.scoring import DEFAULT_LAMBDAS, krr_vote_weights, top_eigenvalue, one_hot_blocks, ridge_path_scores
+from svgen.core.ridge import DEFAULT_LAMBDAS, krr_vote_weights, one_hot_blocks, ridge_path_scores, top_eigenvalue
 from svgen.core.kernels import kernel, median_heuristic
 from svgen.config import FitConfig
 from svgen.core.losses import MARGINS, block_alignment, grounding_loss

@@ -5,8 +5,6 @@ against independent computations, readable (M·λ-scaled) kernel votes, and wher
 from __future__ import annotations
 
 import json
-import math
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -15,7 +13,8 @@ from safetensors.torch import load_file, save_file
 
 from svgen import SVGClassifier
 from svgen.calibration import temperatures as calibration
-from svgen.heads.scoring import kernel, one_hot_blocks
+from svgen.core.kernels import kernel
+from svgen.core.ridge import one_hot_blocks
 
 sklearn_metrics = pytest.importorskip("sklearn.metrics")
 

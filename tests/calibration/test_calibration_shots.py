@@ -15,7 +15,7 @@ import torch
 from svgen import SVGClassifier
 from svgen.calibration import temperatures as calibration
 from svgen.fewshot import lda as fewshot
-from svgen.core.kernels import kernel
+from svgen.fewshot.loo import lda_loo_logits
 from svgen.core.support import IMAGE
 
 optimize = pytest.importorskip("scipy.optimize")
@@ -66,7 +66,7 @@ def test_lda_loo_logits_equal_refitting_without_each_shot(adapted, equal_radius)
         W, b = fewshot.lda_head_weights(Xd[keep], yt[keep], m, g, kap, tau=tau, equal_radius=equal_radius,
                                         centre=Xd.mean(0))      # LOO holds the shots' centre at its all-shot value
         want[i] = (Xd[i] @ W.T + b).numpy()
-    got = calibration.lda_loo_logits(clf.prototypes_, shots, C, g, kap, equal_radius=equal_radius).numpy()
+    got = lda_loo_logits(clf.prototypes_, shots, C, g, kap, equal_radius=equal_radius).numpy()
     np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6 * np.abs(want).max())
 
 
@@ -88,7 +88,7 @@ def test_adapt_fits_each_heads_temperature_by_loo_nll(adapted, tmp_path):
     lin = clf.fewshot_["linear"]
     assert lin["means"] == "equal Mahalanobis radius"      # the default head
     # the linear head: its exact leave-one-out logits, zero-shot logits + α·s·(LDA refitted without each shot)
-    zl = calibration.lda_loo_logits(clf.prototypes_, shots, C, lin["shrinkage"], lin["prior_shots"],
+    zl = lda_loo_logits(clf.prototypes_, shots, C, lin["shrinkage"], lin["prior_shots"],
                                     equal_radius=True).numpy()
     if not sel["one_shot"]:
         Pn = torch.nn.functional.normalize(clf.prototypes_.double(), dim=-1)

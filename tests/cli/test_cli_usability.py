@@ -445,16 +445,18 @@ def test_help_texts(capsys):
         text = _help(capsys, command)
         after = text.split("positional arguments:")[1].split("options:")[0]
         assert after.strip().startswith("ARTIFACT_DIR artifact written by 'svgen fit'"), (command, after)
-    assert "-K N_SUPPORT, -k N_SUPPORT" in _help(capsys, "fit")
-    assert "-k TOP_K, -K TOP_K" in _help(capsys, "classify")
+    fit, classify = _help(capsys, "fit"), _help(capsys, "classify")   # one letter, one meaning (issue 40, item 16)
+    assert "-K N_SUPPORT, --n-support N_SUPPORT" in fit and "-k N_SUPPORT" not in fit
+    assert "-k TOP_K, --top-k TOP_K" in classify and "-K TOP_K" not in classify
 
 
-def test_both_k_spellings(cli, emb_files, art, tmp_path):
-    code, _, err = cli("fit", "--prototypes", emb_files["protos"], "--classes", emb_files["classes"], "-k", "3",
+def test_k_spellings(cli, emb_files, art, tmp_path):
+    """fit: -K/--n-support; classify: -k/--top-k (each command refuses the other's letter: test_issue40_cli.py)."""
+    code, _, err = cli("fit", "--prototypes", emb_files["protos"], "--classes", emb_files["classes"], "-K", "3",
                        "--steps", "1", "--out", tmp_path / "k.svgen")
     assert code == 0, err
     assert json.loads((tmp_path / "k.svgen" / "svgen.json").read_text())["n_support"] == 3
-    for flag in ("-k", "-K", "--top-k"):
+    for flag in ("-k", "--top-k"):
         code, out, _ = cli("classify", art, "--features", emb_files["feats"], flag, "2")
         assert code == 0 and out.splitlines()[0] == "index,source,row,label_1,score_1,label_2,score_2,head", flag
 
@@ -568,14 +570,14 @@ def test_a_closed_pipe_is_not_a_traceback(art, emb_files, tmp_path, capsys, monk
     spare = os.open(tmp_path / "spare", os.O_WRONLY | os.O_CREAT)  # the fd main points at /dev/null
     try:
         monkeypatch.setattr(sys, "stdout", _ClosedPipe(spare))
-        assert main(["classify", str(art), "--features", str(emb_files["feats"])]) == 1
+        assert main(["classify", str(art), "--features", str(emb_files["feats"])]) == 0
         assert capsys.readouterr().err == ""
         monkeypatch.undo()
         assert cli("export", tiny_art["path"], "--out", tmp_path / "h.npz")[0] == 0
         script = runpy.run_path(str(ROOT / "scripts" / "zero_shot_classify.py"))["main"]
         monkeypatch.setattr(sys, "stdout", _ClosedPipe(spare))
         assert script([str(tmp_path / "h.npz"), *map(str, images), "--checkpoint", tiny_art["enc"][3],
-                       "--model", tiny_art["enc"][1]]) == 1
+                       "--model", tiny_art["enc"][1]]) == 0
         assert "Traceback" not in capsys.readouterr().err
     finally:
         os.close(spare)

@@ -562,7 +562,6 @@ def test_the_tiny_model_script_writes_the_tests_model(tmp_path, capsys):
 
 
 def test_classes_can_be_added_to_a_vocabulary_that_repeats_names(cli, vocab_files):
-    f = vocab_files
     emb, names = _openai_style()
     clf = SVGClassifier(n_support=2).fit(emb, classes=names)
     new = np.random.default_rng(9).normal(size=(1, 3, D)).astype(np.float32)

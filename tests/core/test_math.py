@@ -10,8 +10,8 @@ import torch.nn.functional as F
 from svgen.errors import SvgenError
 
 from svgen.core.generator import SupportVectorGenerator, template_anchors
-from svgen.heads.scoring import (cosine_logits, kernel_scores, krr_vote_weights, linear_logits, one_hot_blocks,
-                         ridge_path_scores, top_eigenvalue)
+from svgen.core.ridge import krr_vote_weights, one_hot_blocks, ridge_path_scores, top_eigenvalue
+from svgen.heads.scoring import cosine_logits, kernel_scores, linear_logits
 from svgen.core.kernels import kernel, median_heuristic
 from svgen.core.losses import block_alignment, grounding_loss, kernel_alignment, multiclass_hinge, softmax_ce
 from svgen.core.metric import lda_head, neighbour_difference_covariance, shrink_to_condition, text_precision

@@ -14,7 +14,8 @@ import torch.nn.functional as F
 
 from svgen import SVGClassifier
 from svgen.config import FitConfig
-from svgen.heads.scoring import kernel_scores, krr_vote_weights, one_hot_blocks
+from svgen.core.ridge import krr_vote_weights, one_hot_blocks
+from svgen.heads.scoring import kernel_scores
 from svgen.core.kernels import RandomFourierFeatures, kernel
 from svgen.core.losses import block_alignment
 from svgen.core import scale

@@ -185,7 +185,6 @@ def test_every_kind_of_source_and_unreadable_files(cli, ray_local, jpegs, tmp_pa
 
 def test_rerun_finishes_only_missing_blocks_and_interrupts_leave_whole_blocks(cli, ray_local, lvis, tmp_path,
                                                                              monkeypatch):
-    from svgen.engine import ray as ray_engine
 
     flags = [lvis["art"], "--features", lvis["feats"], "-k", 2, *RAY, "--block-size", 50]
     out = tmp_path / "preds.parquet"
@@ -195,7 +194,7 @@ def test_rerun_finishes_only_missing_blocks_and_interrupts_leave_whole_blocks(cl
 
     # Ctrl-C during the rename of the second block (the job file was the first write): its temporary
     # file is removed, the first block stays whole
-    from svgen.io import safeio      # the Ray engine writes its parts through safeio.atomic_file
+    from svgen import safeio      # the Ray engine writes its parts through safeio.atomic_file
 
     real, calls = safeio.os.replace, []
 
@@ -286,6 +285,49 @@ def test_an_actor_that_dies_ends_the_run_in_one_line_and_keeps_nothing_partial(r
     assert str(e.value).endswith("the 0 block(s) written are kept: rerun the same command to finish the rest")
     assert len(str(e.value).splitlines()) == 1
     assert not list(out.glob("part-*")) and not list(out.glob(".*"))
+
+
+def _small_artifact(root):
+    from svgen import SVGClassifier
+
+    rng = np.random.default_rng(0)
+    SVGClassifier(n_support=2).fit(rng.normal(size=(4, 16)).astype(np.float32),
+                                   classes=["a", "b", "c", "d"]).save(root / "a.svgen")
+    return root / "a.svgen", rng.normal(size=(12, 16)).astype(np.float32)
+
+
+def test_nan_rows_are_failures_on_ray(cli, ray_local, tmp_path):
+    """Issue 40, item 10: a NaN feature row ended the run in a 61-line RayTaskError and a partial output folder. It
+    is a failure row now, with the row's reason, and the run ends well: rows + failures = inputs."""
+    art, x = _small_artifact(tmp_path)
+    x[3, 2], x[9] = np.nan, 0
+    np.save(tmp_path / "bad.npy", x)
+    out = tmp_path / "preds.parquet"
+    code, _, err = cli("classify", art, "--features", tmp_path / "bad.npy", *RAY, "--block-size", 5, "--out", out)
+    assert code == 0 and "Traceback" not in err, err
+    failed = failures(out)
+    assert sorted(failed) == [f"{tmp_path / 'bad.npy'}[3]", f"{tmp_path / 'bad.npy'}[9]"]
+    assert "NaN or inf" in failed[f"{tmp_path / 'bad.npy'}[3]"]
+    got, _ = parts(out, key="row")
+    assert sorted(got) == [r for r in range(12) if r not in (3, 9)]
+
+
+def test_a_blocks_own_error_on_ray_is_one_line(ray_local, tmp_path):
+    """A block that raises in an actor (its shard damaged after planning) ends the run with svgen's one line, read
+    out of the remote traceback Ray carries back, not a RayTaskError."""
+    from svgen.errors import SvgenError
+    from svgen.engine.ray import prepare_output, run_blocks
+
+    art, x = _small_artifact(tmp_path)
+    np.save(tmp_path / "x.npy", x)
+    blocks = plan_blocks([str(tmp_path / "x.npy")], 6, features=True, dim=16)
+    (tmp_path / "x.npy").write_bytes(b"garbage")
+    out = tmp_path / "preds.parquet"
+    prepare_output(out, {"blocks": len(blocks)})
+    with pytest.raises(SvgenError) as e:
+        run_blocks(blocks, out, art, "kernel", False, 1, restart_actors=False)
+    assert str(e.value).startswith(f"a block failed (features file {tmp_path / 'x.npy'} has a damaged .npy header")
+    assert len(str(e.value).splitlines()) == 1 and not list(out.glob("part-*"))
 
 
 # ----------------------------------------------------------------------------- errors (no Ray needed)
@@ -390,7 +432,6 @@ def test_feature_rows_are_writable_so_torch_does_not_warn(lvis, tmp_path):
 
 def test_images_are_decoded_in_tasks_not_in_the_actors(ray_local, jpegs):
     """Ray Data fuses compatible stages; the decoding stage must stay its own (task) operator."""
-    import argparse
     import functools
 
     from svgen import SVGClassifier

@@ -20,7 +20,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from svgen import SVGClassifier
-from svgen.io import safeio
+from svgen import safeio
 from svgen.errors import SvgenError
 
 from conftest import copy_into, file_tree as tree, write_small_inputs
@@ -204,7 +204,7 @@ def test_next_write_restores_a_parked_artifact_and_removes_leftovers(cli, work):
 
 
 def test_leftover_file_temporaries_are_removed_by_the_next_write(work):
-    from svgen.io.safeio import atomic_text
+    from svgen.safeio import atomic_text
 
     (work / ".out.csv.tmp-dead.csv").write_bytes(b"x" * 12_000)
     atomic_text(work / "out.csv", "a\n")
@@ -488,7 +488,7 @@ def test_class_and_list_files_that_are_not_regular_are_one_line(cli, work, kind)
 
 def test_a_file_that_appears_while_written_is_not_replaced(work):
     from svgen.errors import TargetExistsError
-    from svgen.io.safeio import atomic_file
+    from svgen.safeio import atomic_file
 
     def racing(tmp):
         (work / "out.npz").write_bytes(b"theirs")

@@ -26,7 +26,7 @@ from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from svgen import SVGClassifier  # noqa: E402
-from svgen.io import safeio
+from svgen import safeio
 from svgen.io.artifacts import REQUIRED  # noqa: E402
 
 from conftest import copy_into, file_tree as tree, write_small_inputs  # noqa: E402
@@ -178,7 +178,7 @@ CRITICAL = {"atomic_dir", "_place", "exchange", "rename_noreplace", "_rename2", 
 
 
 def _lines_in_writer(frame, only=None) -> bool:
-    return frame.f_code.co_filename.endswith(("svgen/io/safeio.py", "svgen/io/artifacts.py")) and (
+    return frame.f_code.co_filename.endswith(("svgen/safeio.py", "svgen/io/artifacts.py")) and (
         only is None or frame.f_code.co_name in only)
 
 

@@ -272,7 +272,7 @@ def test_cli_add_classes_and_diagnose(tmp_path, cli):
 
 
 def test_metric_decision_is_recorded_shown_by_diagnose_and_kept_by_add_classes(tmp_path, cli):
-    from svgen.core.metric import metric_strength, neighbour_pairs, text_precision, whitened_cosine_head
+    from svgen.core.metric import metric_strength, neighbour_pairs, whitened_cosine_head
 
     emb = _protos(C=14, D=16, T=3, seed=4)
     emb_path, classes = _cli_files(tmp_path, emb[:12], [f"c{i}" for i in range(12)])
