@@ -21,7 +21,6 @@ from typing import Dict
 import numpy as np
 
 from svgen.errors import SvgenError
-from svgen.io.output import BLOCK_ROWS
 
 
 def _as_scores(scores) -> np.ndarray:
@@ -184,7 +183,7 @@ def paired_bootstrap(correct_a, correct_b, n_resamples: int = 2000, seed: int = 
 HEAD_ORDER = ("cosine", "kernel", "linear", "mixture")   # the heads a classifier has, in this order
 
 
-EVAL_BLOCK_ROWS = BLOCK_ROWS   # rows scored at once: classify's blocks, so a near-tie rounds alike in both
+EVAL_BLOCK_ROWS = 4096   # rows scored at once: classify's blocks (svgen.io.output.BLOCK_ROWS), so near-ties round alike
 
 
 def evaluate_heads(clf, x, labels, bins: dict = None, block_rows: int = None, progress: bool = False) -> dict:

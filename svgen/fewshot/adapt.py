@@ -33,7 +33,7 @@ from svgen.fewshot import residual
 from svgen.heads.scoring import MIXTURE
 from svgen.state import Calibration, Heads, KernelHead, LinearHead, TextSide
 from svgen.core.support import IMAGE, SupportSet
-from svgen.evaluation import heldout
+from svgen.heads import heldout
 from svgen.steps import Clock
 
 log = logging.getLogger(__name__)

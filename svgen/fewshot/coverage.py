@@ -207,7 +207,7 @@ def fit_tilt(zero_shot, shots: SupportSet, side, refit, shots_weight: float, pro
         folds.append({"classes_left_without_shots": int(group.size), "their_shots": int(out.sum()),
                       "held_out_shots_of_the_others": int(len(y_in))})
     w, delta = best_weight_and_offset(found)
-    from svgen.evaluation import heldout
+    from svgen.heads import heldout
 
     # output only (svgen.json fewshot.heads_vs_zero_shot): each head and the deployed tilted mixture against zero-shot
     versus = heldout.compare([({"kernel": k, "linear": li, "mixture": mixture.tilt(mixture.mix(w, k, li), delta, u),

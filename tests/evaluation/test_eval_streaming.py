@@ -152,6 +152,15 @@ def test_cli_eval_scores_in_blocks_with_a_progress_bar(cli, tied, monkeypatch):
     assert json.loads(out)["cosine"]["n"] == 60
 
 
+def test_eval_blocks_are_classifys_blocks():
+    """The same rows are scored together in both, so a near-tie's float rounding (two identical classes' kernel
+    scores) is the same in the labels classify prints and in what eval counts."""
+    from svgen.evaluation.metrics import EVAL_BLOCK_ROWS
+    from svgen.io.output import BLOCK_ROWS
+
+    assert EVAL_BLOCK_ROWS == BLOCK_ROWS
+
+
 def test_a_mmapped_features_file_is_read_block_by_block(tied, monkeypatch):
     """The features are not loaded whole: ``eval`` memory-maps them and copies one block at a time."""
     from svgen.commands import eval as eval_cmd

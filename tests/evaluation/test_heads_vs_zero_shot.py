@@ -22,7 +22,8 @@ def _probs(rng, y, C, sharp, right):
 
 
 def test_compare_flags_only_a_head_behind_zero_shot():
-    from svgen.evaluation.heldout import compare, findings
+    from svgen.evaluation.heldout import findings
+    from svgen.heads.heldout import compare
 
     rng = np.random.default_rng(0)
     C, y = 10, np.repeat(np.arange(10), 30)
@@ -41,7 +42,7 @@ def test_compare_flags_only_a_head_behind_zero_shot():
 
 
 def test_parts_are_weighed_as_the_fit_weighs_them():
-    from svgen.evaluation.heldout import compare
+    from svgen.heads.heldout import compare
 
     y = np.array([0, 1])
     good, bad = np.eye(2)[y] * 0.9 + 0.05, np.eye(2)[1 - y] * 0.9 + 0.05
