@@ -125,6 +125,8 @@ def run(args) -> int:
         encoder = encoder_for_artifact(args, clf)
         blocks = _image_blocks(clf, encoder, paths, head, args)
     blocks = _warn_top_k_once(blocks, args, len(clf.classes_))
+    if args.transductive:   # the pool is adapted before the first row, so the head column can say what was kept
+        blocks = _started(blocks)
     n = _write(blocks, clf, args)
     if args.out:
         note(args, f"wrote {args.out}: {n} row(s), {_what(args)} {'probabilities' if _probs(args) else 'scores'}, "
@@ -162,8 +164,20 @@ def _probs(args) -> bool:
     return bool(args.probs) or (args.transductive and args.head is None)
 
 
-def _head_name(args) -> str:
-    return "transductive" if args.transductive and args.head is None else (args.head or "kernel")
+def _head_name(args, clf) -> str:
+    """What produced the numbers: ``transductive`` (the adapted default head) only where the pool was kept; a
+    refused pool leaves the inductive default head, and the column names it."""
+    if args.transductive and args.head is None:
+        return "transductive" if getattr(args, "pool_kept", True) else clf.default_head_
+    return args.head or "kernel"
+
+
+def _started(blocks):
+    """``blocks`` with its first block already produced (the transductive pool adapted), then the rest."""
+    import itertools
+
+    first = next(blocks, None)
+    return itertools.chain(() if first is None else (first,), blocks)
 
 
 def _write(blocks, clf, args) -> int:
@@ -171,7 +185,7 @@ def _write(blocks, clf, args) -> int:
     from svgen.safeio import atomic_file
     from svgen.io.output import write_parquet, write_text_rows
 
-    k, probs, name = args.top_k, _probs(args), _head_name(args)
+    k, probs, name = args.top_k, _probs(args), _head_name(args, clf)
     if not args.out:
         n = write_text_rows(sys.stdout, blocks, clf.classes_, k, args.format, name, probs)
         sys.stdout.flush()
@@ -257,14 +271,13 @@ def _what(args) -> str:
 
 
 def _transductive(clf, x, args):
-    """The inputs' transductive class probabilities (the inputs are the pool), or with ``--head`` the
-    adapted head's scores / probabilities on them."""
+    """The inputs' transductive class probabilities (the inputs are the pool): the adapted default head's
+    probabilities on them, exactly what ``adapt --unlabelled`` then ``classify --probs`` gives (a refused pool: the
+    inductive default head's); with ``--head`` the adapted head's scores / probabilities on them."""
     if x.shape[0] < 2:
         raise SvgenError(f"--transductive needs at least 2 inputs to use as a pool, got {x.shape[0]}")
     clf.adapt(unlabelled=x)  # progress on rounds follows clf.progress (set from --quiet / the terminal)
     args.pool_kept = not clf.transductive_.get("fallback")   # for the 'wrote' line: what the numbers are
-    if args.head is None:
-        import torch
-
-        return torch.as_tensor(clf.transductive_labels_).float()
+    if args.head is None:   # the adapted artifact's own default head: as `classify --probs` would score these inputs
+        return score(clf, x, clf.default_head_, True)
     return score(clf, x, args.head, args.probs)

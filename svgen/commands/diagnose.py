@@ -8,13 +8,16 @@ from svgen.commands._common import HelpFormatter, json_text, note
 def add_parser(sub):
     p = sub.add_parser(
         "diagnose",
-        help="check an artifact's kernel: σ too small/large, clumped support vectors, ill-conditioning",
+        help="check an artifact's kernel: σ too small/large, clumped support vectors, ill-conditioning; after "
+             "shots, heads worse than zero-shot",
         description="Measure the kernel over the artifact's support vectors (a random subset of classes when "
                     "there are many): alignment, off-diagonal statistics, condition number, effective rank, "
                     "within-class spread, classes whose prototypes coincide; then say in plain words what looks "
                     "wrong and why. On an adapted artifact (svgen adapt) it also describes the kernel classify "
                     "deploys: its support rows by source (text, image, pool), its σ, and what the adaptation "
-                    "chose by leave-one-out.",
+                    "chose by leave-one-out; after labelled shots it also names any head that --head can select "
+                    "but that is worse than zero-shot (the cosine head) on the fit's held-out shots "
+                    "(svgen.json fewshot.heads_vs_zero_shot).",
         formatter_class=HelpFormatter,
     )
     p.add_argument("artifact", metavar="ARTIFACT_DIR", help="artifact written by 'svgen fit'")
@@ -45,6 +48,9 @@ def run(args) -> int:
     from svgen.evaluation.diagnostics import deployed_kernel, describe_deployed
 
     report["deployed"] = deployed_kernel(meta, t)  # None: the text kernel measured here is the one deployed
+    from svgen.evaluation.heldout import findings as head_findings
+
+    report["findings"] += head_findings(meta.get("fewshot"))   # a selectable head worse than zero-shot
     if plt is not None:
         _plot(plt, spectrum, args.plot, args.force)
         note(args, f"wrote {args.plot}: eigenvalue spectrum of K_SS ({spectrum.numel()} eigenvalues)")

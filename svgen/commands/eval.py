@@ -28,7 +28,9 @@ def add_parser(sub):
                     "(expected calibration error over 15 equal-width confidence bins); T is each head's "
                     "temperature. After labelled shots the table has a fourth head, their mixture (the kernel "
                     "and linear heads' probabilities averaged with the weight the fit chose; T = 1); '*' marks the "
-                    "default head, the one classify, export and predict use.",
+                    "default head, the one classify, export and predict use. After labelled shots, a head --head can "
+                    "select that the fit's own held-out shots found worse than zero-shot (the cosine head) is named "
+                    "in a warning on stderr (svgen.json fewshot.heads_vs_zero_shot).",
         epilog="examples:\n"
                "  svgen eval lvis.svgen --features dev_feats.npy --labels dev_labels.npy\n"
                "  svgen eval pets.svgen --data pets-val/ --json --out pets-eval.json\n"
@@ -87,7 +89,7 @@ def run(args) -> int:
             raise SvgenError("--plot needs matplotlib: pip install 'svgen[plot]'") from None
     clf = SVGClassifier.load(args.artifact)
     if args.features:
-        x = load_features(args.features, clf)
+        x = load_features(args.features, clf, mmap=True)   # read block by block as it is scored
         y = load_labels(args.labels, clf.classes_, "labels", "--labels")
     else:
         import numpy as np
@@ -100,7 +102,11 @@ def run(args) -> int:
         label_of = dict(zip(data.paths, data.labels))
         y = np.asarray([label_of[p] for p in ok], dtype=np.int64)
     bins = {} if args.plot else None
-    results = evaluate_heads(clf, x, y, bins)
+    results = evaluate_heads(clf, x, y, bins, progress=getattr(args, "progress", False))
+    from svgen.evaluation.heldout import findings as head_findings
+
+    for line in head_findings(clf.fewshot_):   # what the fit itself knew, whatever the data evaluated here say
+        log.warning("%s", line)
     text = (json_text({**results, "default_head": clf.default_head_}) + "\n" if args.json
             else format_table(results, clf.default_head_))
     if args.plot:

@@ -91,7 +91,7 @@ def prediction_table(keys: Dict[str, list], scores, classes: Sequence[str], k: i
     n = int(scores.shape[0])
     if n:
         values, indices = topk(scores, k)
-        values, indices = values.double().tolist(), indices.tolist()
+        values, indices = values.float().double().tolist(), indices.tolist()   # float32 values, as locally
     else:
         values, indices = [], []
     cols = {name: pa.array(v, type=pa.int64() if name in ("index", "row") else pa.string())

@@ -6,8 +6,12 @@
   over those classes (``sklearn.metrics.balanced_accuracy_score``). Classes with no examples
   are left out rather than counted as zero.
 * ``evaluate``: both, for one head, as a dict ``{acc1, acc5, mean_per_class_recall, n}``.
+* ``evaluate_heads``: every head of a classifier with ``nll`` and ``ece`` too, streamed over blocks of
+  rows (:class:`HeadTally` keeps sums only), so memory stays at one block of scores whatever N is.
 
-Ties: a true class is counted among the top k when fewer than k classes score strictly higher.
+Ties: the top k are the classes ``classify`` lists (:func:`svgen.heads.scoring.topk`: equal scores in the
+lower class index first, as ``argmax``), so a true class tied with a lower-indexed one is not counted at
+top-1 — ``acc1`` is the accuracy of the predictions ``classify`` prints.
 """
 
 from __future__ import annotations
@@ -53,19 +57,25 @@ def check_labels(labels, n: int, n_classes: int, what: str = "labels") -> np.nda
     return y
 
 
-def ranks(scores, labels) -> np.ndarray:
-    """0-based rank of each row's true class: how many classes score strictly higher."""
-    s = _as_scores(scores)
-    y = np.asarray(labels, dtype=np.int64)
-    true = s[np.arange(s.shape[0]), y]
-    return (s > true[:, None]).sum(axis=1)
+def top_classes(scores, k: int) -> np.ndarray:
+    """N×min(k, C) class indices of each row's ``k`` best scores, best first, as ``classify`` lists them (NaN last)."""
+    import torch
+
+    from svgen.heads.scoring import topk
+
+    s = torch.as_tensor(scores)
+    nan = torch.isnan(s)
+    if bool(nan.any()):   # a damaged score never tops a row (svgen.io.output ranks it last too)
+        s = torch.where(nan, torch.full_like(s, -float("inf")), s)
+    return topk(s, k)[1].numpy()
 
 
 def top_k_accuracy(scores, labels, k: int = 1) -> float:
-    """Fraction of rows whose true class is among the ``k`` best scores."""
+    """Fraction of rows whose true class is among the ``k`` classes ``classify`` lists first."""
     if len(labels) == 0:
         return float("nan")
-    return float((ranks(scores, labels) < k).mean())
+    y = np.asarray(labels, dtype=np.int64)
+    return float((top_classes(_as_scores(scores), k) == y[:, None]).any(axis=1).mean())
 
 
 def mean_per_class_recall(predictions, labels) -> float:
@@ -84,14 +94,68 @@ def evaluate(scores, labels) -> Dict[str, float]:
     """``{acc1, acc5, mean_per_class_recall, n}`` of one head's N×C scores against class indices."""
     s = _as_scores(scores)
     y = check_labels(labels, s.shape[0], s.shape[1])
-    r = ranks(s, y)
-    pred = s.argmax(axis=1)
-    return {
-        "acc1": float((r < 1).mean()) if y.size else float("nan"),
-        "acc5": float((r < 5).mean()) if y.size else float("nan"),
-        "mean_per_class_recall": mean_per_class_recall(pred, y),
-        "n": int(y.size),
-    }
+    tally = HeadTally(s.shape[1])
+    tally.add_ranking(s, y)
+    r = tally.result()
+    return {name: r[name] for name in ("acc1", "acc5", "mean_per_class_recall", "n")}
+
+
+class HeadTally:
+    """One head's metrics as running sums over blocks of rows: hits at top 1 and top 5 (the classes ``classify``
+    lists, :func:`top_classes`), per-class hits and counts, the summed NLL, and the 15 confidence bins' counts,
+    confidence and hit sums (ECE). The result is that of the whole matrix at once, whatever the blocks."""
+
+    def __init__(self, n_classes: int, n_bins: int = None):
+        from svgen.calibration.temperatures import ECE_BINS
+
+        self.C, self.bins = n_classes, n_bins or ECE_BINS
+        self.n = self.hit1 = self.hit5 = 0
+        self.nll = 0.0
+        self.class_hits = np.zeros(n_classes)
+        self.class_count = np.zeros(n_classes, dtype=np.int64)
+        self.bin_count = np.zeros(self.bins, dtype=np.int64)
+        self.bin_conf = np.zeros(self.bins)
+        self.bin_hits = np.zeros(self.bins)
+
+    def add_ranking(self, scores, y: np.ndarray) -> None:
+        """Top-1 / top-5 hits and per-class recall of one block's scores (``y``: its class indices)."""
+        top = top_classes(scores, 5)
+        hit = top == y[:, None]
+        self.n += int(y.size)
+        self.hit1 += int(hit[:, 0].sum())
+        self.hit5 += int(hit.any(axis=1).sum())
+        self.class_hits += np.bincount(y, weights=hit[:, 0].astype(np.float64), minlength=self.C)
+        self.class_count += np.bincount(y, minlength=self.C)
+
+    def add_probabilities(self, logits, temperature: float, y: np.ndarray) -> None:
+        """NLL and reliability bins of one block's ``softmax(logits / T)``."""
+        from svgen.calibration.temperatures import example_nll, softmax
+
+        self.nll += float(example_nll(logits, temperature, y).sum())
+        p = softmax(logits, temperature)
+        conf = p.max(dim=1).values.numpy()
+        correct = top_classes(p, 1)[:, 0] == y
+        idx = np.clip(np.ceil(conf * self.bins).astype(np.int64) - 1, 0, self.bins - 1)   # (b/B, (b+1)/B]
+        self.bin_count += np.bincount(idx, minlength=self.bins)
+        self.bin_conf += np.bincount(idx, weights=conf, minlength=self.bins)
+        self.bin_hits += np.bincount(idx, weights=correct.astype(np.float64), minlength=self.bins)
+
+    def reliability(self) -> dict:
+        """The bins as :func:`svgen.calibration.temperatures.reliability` gives them."""
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return {"edges": np.linspace(0, 1, self.bins + 1), "count": self.bin_count.copy(),
+                    "confidence": self.bin_conf / self.bin_count, "accuracy": self.bin_hits / self.bin_count}
+
+    def result(self) -> Dict[str, float]:
+        """``{acc1, acc5, mean_per_class_recall, nll, ece, n}`` (NaN where there are no rows)."""
+        nan = float("nan")
+        seen = self.class_count > 0
+        used = self.bin_count > 0
+        ece = float(np.abs(self.bin_hits[used] - self.bin_conf[used]).sum() / self.n) if self.n else nan
+        return {"acc1": self.hit1 / self.n if self.n else nan, "acc5": self.hit5 / self.n if self.n else nan,
+                "mean_per_class_recall": float((self.class_hits[seen] / self.class_count[seen]).mean())
+                if self.n else nan,
+                "nll": self.nll / self.n if self.n else nan, "ece": ece, "n": int(self.n)}
 
 
 def paired_bootstrap(correct_a, correct_b, n_resamples: int = 2000, seed: int = 0, level: float = 0.95) -> Dict[str, float]:
@@ -119,26 +183,50 @@ def paired_bootstrap(correct_a, correct_b, n_resamples: int = 2000, seed: int = 
 HEAD_ORDER = ("cosine", "kernel", "linear", "mixture")   # the heads a classifier has, in this order
 
 
-def evaluate_heads(clf, x, labels, bins: dict = None) -> dict:
+EVAL_BLOCK_ROWS = 4096   # rows scored at once: classify's blocks (svgen.io.output.BLOCK_ROWS), so near-ties round alike
+
+
+def evaluate_heads(clf, x, labels, bins: dict = None, block_rows: int = None, progress: bool = False) -> dict:
     """``{head: {acc1, acc5, mean_per_class_recall, nll, ece, temperature, n}}`` for every head of ``clf`` (the
     mixture's only where shots fitted one; its temperature is 1 and its logits are ``log p``).
 
-    ``nll`` and ``ece`` (15 bins) judge ``clf.predict_proba``; ``bins``, when given, receives each
-    head's reliability bins (for ``--plot``).
+    ``x`` (N×D; a memory-mapped array is read block by block) is scored ``block_rows`` rows at a time
+    (:data:`EVAL_BLOCK_ROWS`) and every metric accumulated (:class:`HeadTally`): memory holds one block's N_b×C
+    scores, not N×C. ``nll`` and ``ece`` (15 bins) judge ``clf.predict_proba``; ``bins``, when given, receives
+    each head's reliability bins (for ``--plot``); ``progress``: a bar over the rows.
     """
-    from svgen.calibration.temperatures import calibration_metrics, reliability, softmax
-    from svgen.evaluation.metrics import check_labels, evaluate
+    import torch
 
     from svgen.heads import predictor
 
     y = check_labels(labels, x.shape[0], len(clf.classes_))
+    block_rows = block_rows or EVAL_BLOCK_ROWS
+    heads = [h for h in HEAD_ORDER if h in clf.head_names_]
+    temps = {h: predictor.temperature(clf.heads_, h) for h in heads}
+    tallies = {h: HeadTally(len(clf.classes_)) for h in heads}
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=int(y.size), desc="eval", unit="row")
+    try:
+        for s in range(0, y.size, block_rows):
+            xb = torch.from_numpy(np.array(x[s:s + block_rows], dtype=np.float32))   # a copy: mmap rows are read-only
+            yb = y[s:s + block_rows]
+            with torch.no_grad():
+                for h in heads:
+                    tallies[h].add_ranking(clf.decision_function(xb, head=h), yb)
+                    tallies[h].add_probabilities(clf.logits(xb, head=h), temps[h], yb)
+            if bar is not None:
+                bar.update(int(yb.size))
+    finally:
+        if bar is not None:
+            bar.close()
     out = {}
-    for head in (h for h in HEAD_ORDER if h in clf.head_names_):
-        scores = clf.decision_function(x, head=head)
-        logits, T = clf.logits(x, head=head), predictor.temperature(clf.heads_, head)
-        r = evaluate(scores, y)
+    for h in heads:
+        r = tallies[h].result()
         n = r.pop("n")
-        out[head] = {**r, **calibration_metrics(logits, T, y), "temperature": T, "n": n}
+        out[h] = {**r, "temperature": temps[h], "n": n}
         if bins is not None:
-            bins[head] = reliability(softmax(logits, T), y)
+            bins[h] = tallies[h].reliability()
     return out

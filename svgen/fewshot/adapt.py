@@ -33,6 +33,7 @@ from svgen.fewshot import residual
 from svgen.heads.scoring import MIXTURE
 from svgen.state import Calibration, Heads, KernelHead, LinearHead, TextSide
 from svgen.core.support import IMAGE, SupportSet
+from svgen.heads import heldout
 from svgen.steps import Clock
 
 log = logging.getLogger(__name__)
@@ -44,7 +45,8 @@ class ShotFit:
 
     heads: Heads
     record: dict
-    held_out: Optional[tuple] = None   # (kernel M×C, linear M×C calibrated probabilities of held-out shots, M labels)
+    # (kernel M×C, linear M×C calibrated probabilities of held-out shots, M labels, cosine M×C probabilities)
+    held_out: Optional[tuple] = None
 
 
 def adapt(zero_shot: Heads, shots: SupportSet, side: TextSide, tilt_shotless: bool = True,
@@ -94,6 +96,9 @@ def adapt(zero_shot: Heads, shots: SupportSet, side: TextSide, tilt_shotless: bo
         "linear": {**lchoice.as_dict(), **lin.record}, "default_head": default, "head_choice": head_choice,
         "text_bandwidth": float(zero_shot.kernel.bandwidth), "wall_time_s": wall,
         **({"classes_without_shots": without} if without else {}),
+        # output only (diagnose, eval): every head against zero-shot on the held-out evidence above
+        "heads_vs_zero_shot": (without.pop("heads_vs_zero_shot", None) if without
+                               else heldout.shots_record(held, default, weight)),
     }
     log.info("adapted to %d shots in %.2fs: kernel %s (σ=%.3g, c=%.3g), linear LDA γ=%g κ=%g (LOO error %.3f), α=%s",
              len(shots), wall, "adapted" if res.adopted else "kept zero-shot", res.sigma, res.record["ridge_c"],
@@ -169,7 +174,7 @@ def held_out_probabilities(heads: Heads, side: TextSide, res, shots: SupportSet,
 
 
 def choose_default_head(heads: Heads, side: TextSide, res, shots: SupportSet, lin, ev: KernelEvidence) -> tuple:
-    """(``"mixture"`` | ``"kernel"`` | ``"linear"``, w, record, (p_kernel, p_linear, y)): the head ``classify``,
+    """(``"mixture"`` | ``"kernel"`` | ``"linear"``, w, record, (p_kernel, p_linear, y, p_cosine)): the head ``classify``,
     ``eval``, ``export`` and ``predict`` use, the mixture's weight (None where it is one head alone), and both heads'
     held-out probabilities of the shots with classes ``y`` that decided it.
 
@@ -182,6 +187,7 @@ def choose_default_head(heads: Heads, side: TextSide, res, shots: SupportSet, li
     scored on the same problem."""
     pk, pl, rows = held_out_probabilities(heads, side, res, shots, lin, ev)
     truth = shots.labels.numpy()[rows]
+    p0 = predictor.proba(heads, side.prototypes, side.config.kernel, shots.rows[rows].float(), "cosine").numpy()
     fit = mixture.fit_weight(pk, pl, truth)
     w = fit["weight"]
     head = mixture.head_of_weight(w)
@@ -197,7 +203,7 @@ def choose_default_head(heads: Heads, side: TextSide, res, shots: SupportSet, li
         "rule": "w·p_kernel + (1 − w)·p_linear, each head at its own temperature, w minimising the NLL of the "
                 "held-out shots (both heads refitted without each fold, on the same classes' shots; one shot per "
                 "class: exact leave-one-out); w = 1 is the kernel head alone (ties), w = 0 the linear head alone"}, \
-        (pk, pl, truth)
+        (pk, pl, truth, p0)
 
 
 def temperatures(heads: Heads, side: TextSide, shots: SupportSet, res, lin, ev: KernelEvidence) -> Calibration:

@@ -185,7 +185,7 @@ def fit_tilt(zero_shot, shots: SupportSet, side, refit, shots_weight: float, pro
         return None
     share_without = 1.0 - with_shots.size / C
     groups = class_groups(with_shots, side.config.seed)
-    found, folds, n = [], [], len(groups)
+    found, folds, n, parts = [], [], len(groups), []
     if progress:
         from tqdm.auto import tqdm
 
@@ -196,20 +196,27 @@ def fit_tilt(zero_shot, shots: SupportSet, side, refit, shots_weight: float, pro
         shotless = np.ones(C, dtype=bool)
         shotless[np.unique(labels[~out])] = False
         rows = shots.rows[out].float()
-        pk, pl = (predictor.proba(fit.heads, side.prototypes, side.config.kernel, rows, h).numpy()
-                  for h in ("kernel", "linear"))
-        pk_in, pl_in, y_in = fit.held_out
+        pk, pl, p0 = (predictor.proba(fit.heads, side.prototypes, side.config.kernel, rows, h).numpy()
+                      for h in ("kernel", "linear", "cosine"))
+        pk_in, pl_in, y_in, p0_in = fit.held_out
+        parts.append((pk, pl, p0, labels[out], shotless, share_without / n))
+        parts.append((pk_in, pl_in, p0_in, y_in, shotless, (1.0 - share_without) / n))
         # each kind's mean NLL weighs by the deployed share of its classes; the folds are averaged
         found += [evidence(pk, pl, labels[out], shotless, share_without / n),
                   evidence(pk_in, pl_in, y_in, shotless, (1.0 - share_without) / n)]
         folds.append({"classes_left_without_shots": int(group.size), "their_shots": int(out.sum()),
                       "held_out_shots_of_the_others": int(len(y_in))})
     w, delta = best_weight_and_offset(found)
+    from svgen.heads import heldout
+
+    # output only (svgen.json fewshot.heads_vs_zero_shot): each head and the deployed tilted mixture against zero-shot
+    versus = heldout.compare([({"kernel": k, "linear": li, "mixture": mixture.tilt(mixture.mix(w, k, li), delta, u),
+                                "cosine": z}, y, share) for k, li, z, y, u, share in parts])
 
     record = {"classes_without_shots": int(C - with_shots.size), "offset": float(delta), "mixture_weight": float(w),
               "mixture_weight_of_the_shots_alone": float(shots_weight),
               "held_out_nll": {"untilted": objective(found, shots_weight, 0.0), "tilted": objective(found, w, delta)},
-              "folds": folds,
+              "folds": folds, "heads_vs_zero_shot": versus,
               "rule": "w·p_kernel + (1 − w)·p_linear with the classes without shots × e^δ, renormalised; (w, δ), "
                       "w in [0, 1] and δ ≥ 0, minimising the NLL of (a) the shots of each of "
                       f"{n} groups of 1/{CLASS_FOLDS} of the classes with shots, scored by adapt rerun without that "

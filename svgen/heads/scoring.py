@@ -127,7 +127,18 @@ def kernel_scores(
 
 
 def topk(scores: torch.Tensor, k: int) -> Tuple[torch.Tensor, torch.Tensor]:
-    """(values, indices) of the k best classes per row, best first."""
+    """(values, indices) of the k best classes per row, best first; equal scores in the lower class index first
+    (as ``argmax`` picks), whatever ``k`` is. ``classify`` ranks with it and ``eval`` scores its top-k with it."""
     k = min(k, scores.shape[1])
-    return torch.topk(scores, k, dim=1)
+    values, indices = torch.topk(scores, k, dim=1)   # torch.topk orders ties as it finds them
+    if k == 0 or scores.shape[0] == 0:
+        return values, indices
+    tied = (scores >= values[:, -1:]).sum(dim=1) > k
+    if k > 1:
+        tied |= (values[:, 1:] == values[:, :-1]).any(dim=1)
+    if bool(tied.any()):   # only rows with a tie among or at the edge of their top k are sorted again, stably
+        rows = tied.nonzero().squeeze(1)
+        v, i = torch.sort(scores[rows], dim=1, descending=True, stable=True)
+        values[rows], indices[rows] = v[:, :k], i[:, :k]
+    return values, indices
 

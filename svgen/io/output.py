@@ -15,8 +15,9 @@ locally the formats are
 * ``jsonl``: one strict-JSON object per line with the same keys;
 * ``csv``: the key columns, then ``label_1, score_1 (or prob_1), …, label_k, …``, then ``head``.
 
-Values are printed in full: the shortest decimal that reads back as the same float32 (scores;
-``1382.0834``, not ``1382.08``) or float64 (probabilities, computed in float64). Non-finite scores are written as ``null`` in JSON Lines and
+Values are float32 in every path and format (scores and probabilities alike; probabilities computed in
+float64 are rounded to float32 once, here) and printed in full: the shortest decimal that reads back as
+the same float32 (``1382.0834``, not ``1382.08``). Non-finite scores are written as ``null`` in JSON Lines and
 Parquet and as an empty cell in CSV, with one warning; non-finite probabilities are refused
 (a probability is never NaN). Rows are written as blocks arrive, so memory stays at one block
 of scores whatever the number of inputs (issue 24, item 10).
@@ -79,10 +80,8 @@ def value_column(probs: bool) -> str:
 
 
 def value_text(values: np.ndarray) -> list:
-    """The shortest decimal of each value that reads back as the same float32 (float64: the same
-    float64); None where not finite."""
-    v = np.asarray(values)
-    v = v.astype(np.float64 if v.dtype == np.float64 else np.float32).ravel()
+    """The shortest decimal of each value that reads back as the same float32; None where not finite."""
+    v = np.asarray(values).astype(np.float32).ravel()
     return [str(x) if np.isfinite(x) else None for x in v]
 
 
@@ -122,7 +121,7 @@ def _top(scores, k: int) -> Tuple[np.ndarray, np.ndarray]:
     values, indices = topk(s, k)
     if nan.any():  # written as null, as the NaN it was
         values = torch.where(nan.gather(1, indices), torch.full_like(values, float("nan")), values)
-    return values.numpy(), indices.numpy()
+    return values.float().numpy(), indices.numpy()   # one precision in every path: float32
 
 
 def _header_csv(key_names: Sequence[str], k: int, probs: bool) -> list:

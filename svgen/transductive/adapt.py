@@ -39,8 +39,8 @@ def adapt(stage: Stage, side: TextSide, U: torch.Tensor, strength: Optional[floa
     * Without labels, a head adapted on one half of the pool must agree with the other half's own posterior
       more often than the inductive head (beyond chance; top 5 not worse by more than 1 SE). Kept, the posterior
       ``β·t·(inductive linear logits) + Gaussian log-likelihood`` is the default linear head and the kernel head
-      is the same posterior with the kernel vote as its prior (:func:`_adopt_posterior`), each at the inductive
-      default head's mean entropy on the pool.
+      is the same posterior with the kernel vote as its prior (:func:`_adopt_posterior`), each at the temperature
+      whose mean top-1 probability on the pool is the check's cross-half agreement (its label-free accuracy).
 
     Otherwise the heads stay exactly the inductive ones, the record's ``fallback`` says why and its ``check``
     holds the evidence; the pool's probabilities are then the inductive default head's. With shots for only some of
@@ -73,9 +73,22 @@ def adapt(stage: Stage, side: TextSide, U: torch.Tensor, strength: Optional[floa
     fit = transduce(stage, side, U, strength, progress, labels_entropy=entropy_before)
     if fit.record.get("fallback"):
         return refused(stage, side, U, fit.record)
-    fit = _adopt_posterior(stage, side, fit, U[rows], entropy_before)
+    fit = _adopt_posterior(stage, side, fit, U, U[rows], entropy_before, agreement_target(check))
     fit.record.update({"check": check, "default_head": "linear", "wall_time_s": time.perf_counter() - t0})
     return fit
+
+
+def agreement_target(check: dict) -> Optional[float]:
+    """The mean top-1 probability a kept zero-shot pool's heads are given: the check's cross-half agreement,
+    ``k`` of ``n`` pool images, as ``(k + 1)/(n + 2)`` (the rule of succession: the mean of a uniform prior's
+    posterior for a rate seen k times in n, so that full agreement on a small pool does not claim certainty).
+    None where the check measured none."""
+    a, n = check.get("agreement_pool"), check.get("images")
+    if a is None:
+        return None
+    if not n:
+        return float(a)
+    return (float(a) * int(n) + 1.0) / (int(n) + 2.0)
 
 
 def refused(stage: Stage, side: TextSide, U: torch.Tensor, record: dict) -> PoolFit:
@@ -123,17 +136,24 @@ def _adopt_factor(stage: Stage, side: TextSide, U, strength, progress, check: di
     return PoolFit(heads, record, labels, Heads(ind.kernel, ind.linear, ind.calibration), fit.prior_linear)
 
 
-def _adopt_posterior(stage: Stage, side: TextSide, fit: PoolFit, U_cal: torch.Tensor, entropy_before: float) -> PoolFit:
+def _adopt_posterior(stage: Stage, side: TextSide, fit: PoolFit, U: torch.Tensor, U_cal: torch.Tensor,
+                     entropy_before: float, agreement: Optional[float] = None) -> PoolFit:
     """Without labels, a kept pool deploys the transduction's posterior on new images, through both heads, each at
-    the temperature that gives it the inductive default head's mean entropy on the pool (``entropy_before``; the
-    ranking may move, the claimed certainty may not):
+    the temperature whose mean top-1 probability on the pool is ``agreement``: how often a head adapted on one half
+    of the pool predicts the other half's own posterior class (the check's ``agreement_pool``,
+    :func:`svgen.transductive.gate.check_without_shots`, as :func:`agreement_target`) — an accuracy measured on
+    images the head did not see,
+    against the pool's own labels, with no true label; a calibrated head's mean top-1 probability is its accuracy.
+    A temperature does not move any argmax. (Without that number, the inductive default head's mean entropy on the
+    pool, ``entropy_before``: that target ignores what the pool gained, and leaves the head under-confident;
+    docs/calibration.md.)
 
     * linear: the solved head ``x̂ (W_G + β·t_l·W₀)ᵀ + …``, the Gaussian class log-likelihood plus the inductive
       linear logits it continued (:func:`svgen.transductive.pool.transduce`);
     * kernel: the same posterior with the kernel vote itself as the prior, as the solve had it:
       ``z = β·t_p·s(x) + x̂ W_Gᵀ + b_G`` (s the inductive kernel scores, t_p the prior's temperature, β its strength),
       stored as the kernel head's scores at ``T = 1/(t·β·t_p)`` times the pool's likelihood to the power ``t``
-      (:class:`svgen.state.PoolFactor`), t the entropy-matching scale of z. Its rows and votes stay the inductive
+      (:class:`svgen.state.PoolFactor`), t the confidence-matching scale of z. Its rows and votes stay the inductive
       ones, listed one by one (the format that carries a factor).
 
     The kernel vote re-solved with pool rows of soft class instead mis-ranks the lower classes (dev data, caltech101,
@@ -143,10 +163,14 @@ def _adopt_posterior(stage: Stage, side: TextSide, fit: PoolFit, U_cal: torch.Te
     WG, bG = pool_gate.pool_parts(rec, fit.heads.linear, fit.prior_linear.weight, fit.prior_linear.bias)
     k = float(rec["prior_strength"]) * float(rec["prior_temperature"])
     temps, powers, why = {}, {}, None
+
+    def scale(z: torch.Tensor) -> float:
+        return td.match_entropy(z, entropy_before) if agreement is None else td.match_confidence(z, agreement)
+
     with torch.no_grad():
         lin = predictor.logits(fit.heads, P, kind, U_cal, "linear").double()
         if bool(torch.isfinite(lin).all()):
-            temps["linear"] = 1.0 / td.match_entropy(lin, entropy_before)
+            temps["linear"] = 1.0 / scale(lin)
         if fit.heads.kernel.votes.is_sparse:   # (the rows-one-by-one layout stores dense vote weights only)
             why = "its vote weights are sparse (local); the artifact layout that carries a factor needs dense ones"
         elif not k > 0:
@@ -155,13 +179,18 @@ def _adopt_posterior(stage: Stage, side: TextSide, fit: PoolFit, U_cal: torch.Te
             z = (k * predictor.scores(stage.heads, P, kind, U_cal, "kernel").double()
                  + predictor.gaussian_log_likelihood(WG, bG, U_cal))
             if bool(torch.isfinite(z).all()):
-                t = td.match_entropy(z, entropy_before)
+                t = scale(z)
                 temps["kernel"], powers["kernel"] = 1.0 / (t * k), t
             else:
                 why = "its posterior's scores are not finite"
-    cal = predictor.with_temperatures(fit.heads.calibration, temps, method="entropy-matched",
-                                      rule="after a pool without labels: T giving each adapted head the inductive "
-                                           "default head's mean entropy on the pool",
+    rule = ("after a pool without labels: T giving each adapted head the inductive default head's mean entropy on "
+            "the pool" if agreement is None else
+            f"after a pool without labels: T giving each adapted head a mean top-1 probability on the pool of "
+            f"{agreement:.4g}, how often a head adapted on one half of the pool predicts the other half's own "
+            "posterior class (transductive.check.agreement_pool)")
+    cal = predictor.with_temperatures(fit.heads.calibration, temps,
+                                      method="entropy-matched" if agreement is None else "confidence-matched",
+                                      rule=rule,
                                       **({"kernel_logits": "score"} if powers else {}))
     kernel, ind = fit.heads.kernel, fit.inductive
     if powers and kernel.labels is None:
@@ -181,6 +210,9 @@ def _adopt_posterior(stage: Stage, side: TextSide, fit: PoolFit, U_cal: torch.Te
               **({"pool_factor": {"powers": powers,
                                   "rule": "p_kernel(x) ∝ softmax(s(x)/T) · exp(a · (x̂ W_Gᵀ + b_G)), s the "
                                           "inductive kernel scores, T = 1/(a·β·t_prior): the solve's posterior "
-                                          "β·t_prior·s(x) + x̂ W_Gᵀ + b_G at the entropy-matching scale a"}}
+                                          "β·t_prior·s(x) + x̂ W_Gᵀ + b_G at the confidence-matching scale a"}}
                  if powers else {})}
-    return PoolFit(heads, record, fit.labels, ind, fit.prior_linear)
+    # the pool's probabilities are the deployed default head's on it (as with shots, and as a refused pool's are): what
+    # the adapted artifact gives these images, so `classify --transductive` and `adapt` + `classify --probs` agree
+    labels = predictor.proba_in_blocks(heads, P, kind, U, "linear")
+    return PoolFit(heads, record, labels, ind, fit.prior_linear)

@@ -39,8 +39,9 @@ than the inductive head only where both halves found the same class structure â€
 that agreement (argmax) is higher beyond chance (the same sign test) and the adapted head's top 5 holds the
 other half's posterior class not less often by more than one standard error (:func:`replication_gate`). The
 adapted linear head (the transduction's posterior) is then the default head; with no labels the temperatures are
-set so that each adapted head's mean entropy on the pool equals the inductive head's
-(:func:`svgen.transductive.solve.match_entropy`): the adaptation may move the ranking, not claim more certainty.
+set so that each adapted head's mean top-1 probability on the pool equals the agreement measured here
+(``agreement_pool``, :func:`svgen.transductive.solve.match_confidence`): a head's accuracy on the half it did not
+see, judged by that half's own posterior, stands in for the accuracy its confidence should claim.
 """
 
 from __future__ import annotations

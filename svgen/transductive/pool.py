@@ -150,7 +150,8 @@ def transduce(stage: Stage, side: TextSide, U: torch.Tensor, strength: Optional[
                                          res.bias + beta * t_lin * prior_linear.bias.float()), ic)
     # the linear head's temperature follows the text rule (adapt then replaces it); the kernel head keeps its own
     new.calibration = predictor.text_calibration(new, P, side.per_template, kind, only="linear")
-    # the pool's probabilities (what `classify --transductive` prints): the posterior's logits at the temperature
+    # the solve's pool probabilities (the check's posterior; a kept pool prints its deployed head's instead): the
+    # posterior's logits at the temperature
     # that gives them the mean entropy of the linear head — the head that carries the posterior to new images,
     # at its own T — on the pool; the solve's z_i are sharper (without a fitted class model a 512-d Gaussian
     # likelihood at its own scale; with one, at the LDA head's T but still plus the k-NN term). A temperature:

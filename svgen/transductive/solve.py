@@ -133,6 +133,27 @@ def match_entropy(scores: torch.Tensor, target: float, iters: int = 40) -> float
     return math.exp(bisect(lambda m: _entropy(s * math.exp(m)) > target, lo, hi, iters))
 
 
+def match_confidence(scores: torch.Tensor, target: float, iters: int = 40) -> float:
+    """The scale t for which ``softmax(t·scores)`` has mean top-1 probability ``target`` on the pool (bisection on
+    log t; each row's top-1 probability grows with t, so the mean does). ``target`` is clipped into
+    ``(1/C, 1)``; large pools are calibrated on :func:`calibration_rows`."""
+    s = scores[calibration_rows(scores.shape[0])].double()
+    s = s - s.mean(dim=1, keepdim=True)
+    spread = float(s.abs().max())
+    if spread == 0 or not math.isfinite(spread):
+        return 1.0
+    C = s.shape[1]
+    target = min(max(float(target), 1.0 / C + 1e-6), 1.0 - 1e-6)
+
+    def confidence(m: float) -> float:
+        return float(torch.softmax(s * math.exp(m), dim=1).max(dim=1).values.mean())
+
+    lo, hi = math.log(1e-3 / spread), math.log(1e4 / spread)
+    if confidence(hi) < target:
+        return math.exp(hi)
+    return math.exp(bisect(lambda m: confidence(m) < target, lo, hi, iters))
+
+
 def knn_graph(U: torch.Tensor, k: int = NEIGHBOURS, block: int = KNN_BLOCK):
     """(idx N×k, w N×k): each row's k nearest other rows by cosine and ``max(0, cos)`` weights.
 

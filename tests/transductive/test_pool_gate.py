@@ -186,14 +186,14 @@ def test_pool_that_cannot_help_changes_nothing():
 
 def test_zero_shot_pool_with_real_structure_is_kept(tmp_path):
     """Prototypes far off tight clusters: both halves find the clusters; the adapted linear head is deployed
-    at the inductive head's entropy, and it travels through save/load."""
+    at the pool check's agreement (mean top-1 probability on the pool), and it travels through save/load."""
     protos, U, yu, _, _ = _world(7, 1.6, 30, 0.5)
     clf = SVGClassifier(n_support=2, steps=5, seed=0).fit(protos)
     acc0 = (clf.predict(U) == np.array(clf.classes_)[yu]).mean() if len(clf.classes_) else None
     clf.adapt(unlabelled=U)
     t = clf.transductive_
     assert t["fallback"] is None and t["check"]["adopt"], t.get("check")
-    assert clf.default_head_ == "linear" and clf.calibration_["method"] == "entropy-matched"
+    assert clf.default_head_ == "linear" and clf.calibration_["method"] == "confidence-matched"
     assert (clf.predict(U) == np.array(clf.classes_)[yu]).mean() > acc0
     back = SVGClassifier.load(clf.save(tmp_path / "p.svgen"))
     assert back.default_head_ == "linear"
@@ -204,7 +204,8 @@ def test_zero_shot_pool_kernel_head_is_the_posterior_with_the_kernel_prior(tmp_p
     """A kept zero-shot pool deploys, as the kernel head, the transduction's posterior with the kernel vote as its
     prior: ``softmax(t·(β·t_p·s(x) + x̂ W_Gᵀ + b_G))``, s the inductive kernel scores, recomputed here from the
     transduction's parts (W_G: the transduced linear head minus β·t_l × the inductive one), with t giving it the
-    inductive default head's mean entropy on the pool; the kernel's rows and votes are the inductive ones, and it
+    pool check's agreement as its mean top-1 probability on the pool; the kernel's rows and votes are the inductive
+    ones, and it
     travels through save/load (format 6)."""
     from scipy.special import softmax
 
@@ -235,7 +236,10 @@ def test_zero_shot_pool_kernel_head_is_the_posterior_with_the_kernel_prior(tmp_p
     a = t["pool_factor"]["powers"]["kernel"]
     p = clf.predict_proba(U, head="kernel")
     np.testing.assert_allclose(p, softmax(a * z, axis=1), rtol=1e-4, atol=1e-7)
-    assert entropy(p[rows]) == pytest.approx(entropy(p_before), rel=1e-3)
+    check = t["check"]
+    k, n = check["agreement_pool"] * check["images"], check["images"]
+    assert p[rows].max(axis=1).mean() == pytest.approx((k + 1) / (n + 2), abs=1e-4)
+    assert entropy(p[rows]) < entropy(p_before)   # the pool is sharper than the inductive head: it claims so
     assert clf.predict(U, head="kernel").tolist() == np.array(clf.classes_)[z.argmax(axis=1)].tolist()
     assert torch.equal(clf.heads_.kernel.votes, ref.heads_.kernel.votes)   # the vote is not re-solved
     path = clf.save(tmp_path / "k.svgen")
