@@ -18,6 +18,7 @@ import torch
 from svgen.transductive import gate as pool_gate
 from svgen.heads import predictor
 from svgen.transductive import solve as td
+from svgen.transductive.decision import Check, Decision, Evidence, Reason, Replication
 from svgen.transductive.pool import PoolFit, Stage, transduce
 from svgen.state import Heads, KernelHead, PoolFactor, TextSide
 from svgen.steps import Clock
@@ -42,68 +43,71 @@ def adapt(stage: Stage, side: TextSide, U: torch.Tensor, strength: Optional[floa
       is the same posterior with the kernel vote as its prior (:func:`_adopt_posterior`), each at the temperature
       whose mean top-1 probability on the pool is the check's cross-half agreement (its label-free accuracy).
 
-    Otherwise the heads stay exactly the inductive ones, the record's ``fallback`` says why and its ``check``
-    holds the evidence; the pool's probabilities are then the inductive default head's. With shots for only some of
+    Otherwise the heads stay exactly the inductive ones, the fit's :class:`~svgen.transductive.decision.Decision` and
+    the record's ``fallback`` say why and its ``check`` holds the evidence; the pool's probabilities are then the inductive default head's. With shots for only some of
     the classes the pool is not used: its check sees only classes with shots."""
     C, N = side.n_classes, U.shape[0]
     t0 = time.perf_counter()
     clock = Clock(log)
-    reason, check = td.fallback_reason(N, C), None
-    if reason is None and stage.shots is not None and len(stage.shots):
+    decision, check = td.too_small(N, C), None
+    if decision is None and stage.shots is not None and len(stage.shots):
         without = int((stage.shots.counts(C) == 0).sum())
         if without:   # the held-out shots could not show what the pool does to those classes
-            reason = (f"{without} of the {C} classes have no labelled shots, and the check on held-out shots "
-                      "cannot see what a pool does to them; kept the inductive heads")
-    if reason is None:
+            decision = Decision.refuse(Reason.CLASSES_WITHOUT_SHOTS,
+                                       f"{without} of the {C} classes have no labelled shots, and the check on "
+                                       "held-out shots cannot see what a pool does to them")
+    if decision is None:
         check = (pool_gate.check_with_shots(stage, side, U, strength, progress=progress)
                  if stage.shots is not None and len(stage.shots)
                  else pool_gate.check_without_shots(stage, side, U, strength, progress=progress))
-        clock.lap("pool check (%s) on %d images", check.get("evidence"), N)
-        if not check["adopt"]:
-            reason = check["reason"] + "; kept the inductive heads"
-    if reason is not None:
-        return refused(stage, side, U, {"pool": N, "fallback": reason, "prior_head": stage.prior_head,
-                                        **({"check": check} if check else {}), "wall_time_s": time.perf_counter() - t0})
-    if check["evidence"] == "held-out shots as pool members":
+        clock.lap("pool check (%s) on %d images", check.evidence.value, N)
+        decision = check.decision()
+    if not decision.kept:
+        record = {"pool": N, "fallback": None, "prior_head": stage.prior_head}
+        record.update(decision.to_json())   # (the keys in the order svgen.json has always had them)
+        return refused(stage, side, U, {**record, "wall_time_s": time.perf_counter() - t0}, decision)
+    if check.evidence is Evidence.SHOTS:
         return _adopt_factor(stage, side, U, strength, progress, check, t0)
     head = stage.default_head
     rows = td.calibration_rows(N)
     entropy_before = td._entropy(predictor.logits(stage.heads, side.prototypes, side.config.kernel, U[rows], head)
                                  .double() / stage.heads.calibration.temperatures[head])
     fit = transduce(stage, side, U, strength, progress, labels_entropy=entropy_before)
-    if fit.record.get("fallback"):
-        return refused(stage, side, U, fit.record)
+    if not fit.decision.kept:
+        return refused(stage, side, U, fit.record, fit.decision)
     fit = _adopt_posterior(stage, side, fit, U, U[rows], entropy_before, agreement_target(check))
-    fit.record.update({"check": check, "default_head": "linear", "wall_time_s": time.perf_counter() - t0})
+    fit.record.update({"check": check.to_json(), "default_head": "linear", "wall_time_s": time.perf_counter() - t0})
+    fit.decision = decision
     return fit
 
 
-def agreement_target(check: dict) -> Optional[float]:
+def agreement_target(check: Check) -> Optional[float]:
     """The mean top-1 probability a kept zero-shot pool's heads are given: the check's cross-half agreement,
     ``k`` of ``n`` pool images, as ``(k + 1)/(n + 2)`` (the rule of succession: the mean of a uniform prior's
     posterior for a rate seen k times in n, so that full agreement on a small pool does not claim certainty).
     None where the check measured none."""
-    a, n = check.get("agreement_pool"), check.get("images")
-    if a is None:
+    stats = check.gate.stats if check.gate is not None else None
+    if not isinstance(stats, Replication):
         return None
+    a, n = stats.agreement.pool, stats.images
     if not n:
         return float(a)
     return (float(a) * int(n) + 1.0) / (int(n) + 2.0)
 
 
-def refused(stage: Stage, side: TextSide, U: torch.Tensor, record: dict) -> PoolFit:
-    """A pool that changes nothing (``record["fallback"]`` says why, in one warning): the inductive heads, and as
-    the pool's probabilities the inductive default head's (what ``classify`` without ``--transductive`` prints),
-    not the transduction's prior head's."""
-    log.warning("transductive: %s", record["fallback"])
+def refused(stage: Stage, side: TextSide, U: torch.Tensor, record: dict, decision: Decision) -> PoolFit:
+    """A pool that changes nothing (``decision`` says why, in one warning; ``record`` is what ``svgen.json``
+    keeps): the inductive heads, and as the pool's probabilities the inductive default head's (what ``classify``
+    without ``--transductive`` prints), not the transduction's prior head's."""
+    log.warning("transductive: %s", decision.message)
     head = stage.default_head
     s = predictor.scores_in_blocks(stage.heads, side.prototypes, side.config.kernel, U, head)
     floored = predictor.needs_prior(stage.heads, head)
     prior = predictor.kernel_prior(stage.heads, side.prototypes, U) if floored else None
-    return PoolFit(stage.heads, record, predictor.proba_of_scores(stage.heads, s, head, prior), None)
+    return PoolFit(stage.heads, record, predictor.proba_of_scores(stage.heads, s, head, prior), None, decision=decision)
 
 
-def _adopt_factor(stage: Stage, side: TextSide, U, strength, progress, check: dict, t0: float) -> PoolFit:
+def _adopt_factor(stage: Stage, side: TextSide, U, strength, progress, check: Check, t0: float) -> PoolFit:
     """With shots, the pool multiplies the heads the check fitted a power for (the default head; the linear head) by
     its Gaussian class likelihood: ``p_h(x) ∝ p_h⁰(x)·exp(a_h·(x̂ W_Gᵀ + b_G))``, p_h⁰ the head as the shots left it
     (:class:`svgen.state.PoolFactor`; a_h by the NLL of held-out shots that were pool members,
@@ -111,16 +115,16 @@ def _adopt_factor(stage: Stage, side: TextSide, U, strength, progress, check: di
     stay the inductive ones; a head with no power (a = 0, or the kernel head where it is not the default) is
     unchanged."""
     fit = transduce(stage, side, U, strength, progress)
-    if fit.record.get("fallback"):
-        return refused(stage, side, U, fit.record)
+    if not fit.decision.kept:
+        return refused(stage, side, U, fit.record, fit.decision)
     WG, bG = pool_gate.pool_parts(fit.record, fit.heads.linear, fit.prior_linear.weight, fit.prior_linear.bias)
-    powers = {h: float(a) for h, a in check["powers"].items() if a > 0}
+    powers = {h: float(a) for h, a in check.powers.items() if a > 0}
     ind = stage.heads
     heads = Heads(ind.kernel, ind.linear, ind.calibration,
                   PoolFactor(WG.float(), bG.float(), powers) if powers else None)
     default = stage.default_head
     labels = predictor.proba_in_blocks(heads, side.prototypes, side.config.kernel, U, default)
-    record = {**fit.record, "check": check, "default_head": default, "wall_time_s": time.perf_counter() - t0,
+    record = {**fit.record, "check": check.to_json(), "default_head": default, "wall_time_s": time.perf_counter() - t0,
               "kernel_head": {"replaced": False, "reason": "with shots a pool multiplies the default and linear heads "
                                                           "by its likelihood; the kernel vote is not re-solved"},
               "pool_factor": {"powers": powers,
@@ -133,7 +137,8 @@ def _adopt_factor(stage: Stage, side: TextSide, U, strength, progress, check: di
                                                   "0, or its own paired check did not pass)")
                         for h in predictor.head_names(heads) if h != "cosine"}}
     # the heads are the inductive ones (the same tensors: an artifact stores them once); adapting again drops the factor
-    return PoolFit(heads, record, labels, Heads(ind.kernel, ind.linear, ind.calibration), fit.prior_linear)
+    return PoolFit(heads, record, labels, Heads(ind.kernel, ind.linear, ind.calibration), fit.prior_linear,
+                   check.decision())
 
 
 def _adopt_posterior(stage: Stage, side: TextSide, fit: PoolFit, U: torch.Tensor, U_cal: torch.Tensor,

@@ -60,6 +60,7 @@ from svgen.calibration.temperatures import KERNEL_LOG_FLOOR
 from svgen.heads import predictor
 from svgen.fewshot import adapt as shot_adapt
 from svgen.fewshot import residual
+from svgen.transductive.decision import Check, Evidence, Gate, HeldOutShots, Paired, Reason, Replication
 from svgen.transductive.pool import Stage, transduce
 from svgen.state import TextSide
 from svgen.core.roots import newton_minimum
@@ -114,7 +115,7 @@ def sign_test(gains: int, losses: int) -> float:
     return min(1.0, math.exp(top) * sum(math.exp(v - top) for v in logs))
 
 
-def paired_gate(p_ind: np.ndarray, p_pool: np.ndarray, y: np.ndarray) -> dict:
+def paired_gate(p_ind: np.ndarray, p_pool: np.ndarray, y: np.ndarray) -> Gate:
     """The pool-adapted probabilities ``p_pool`` against the inductive ``p_ind`` on the same held-out
     labelled images ``y``: kept only if top-1 is higher beyond chance (:func:`sign_test` below
     :data:`ONE_SE_LEVEL`) and neither top-5 nor NLL is worse by more than one paired standard error."""
@@ -125,16 +126,9 @@ def paired_gate(p_ind: np.ndarray, p_pool: np.ndarray, y: np.ndarray) -> dict:
 
     (a1, a5, an), (b1, b5, bn) = per_image(p_ind), per_image(p_pool)
     d1, d5, dn = b1 - a1, b5 - a5, bn - an
-    out = {"images": int(len(y)), "top1": {"inductive": float(a1.mean()), "pool": float(b1.mean()),
-                                             "difference": float(d1.mean()), "standard_error": _se(d1)},
-           "top5": {"inductive": float(a5.mean()), "pool": float(b5.mean()),
-                    "difference": float(d5.mean()), "standard_error": _se(d5)},
-           "nll": {"inductive": float(an.mean()), "pool": float(bn.mean()),
-                   "difference": float(dn.mean()), "standard_error": _se(dn)}}
     why = []
     gains, losses = int((d1 > 0).sum()), int((d1 < 0).sum())
     p_better = sign_test(gains, losses)
-    out["top1"].update({"gained": gains, "lost": losses, "sign_test_p": p_better})
     if not p_better < ONE_SE_LEVEL:
         why.append(f"top-1 on held-out shots {100 * b1.mean():.1f}% is not above the inductive {100 * a1.mean():.1f}% "
                    f"beyond chance ({gains} gained, {losses} lost: sign test p = {p_better:.3g} ≥ {ONE_SE_LEVEL:.3f})")
@@ -142,15 +136,16 @@ def paired_gate(p_ind: np.ndarray, p_pool: np.ndarray, y: np.ndarray) -> dict:
         why.append(f"top-5 {100 * b5.mean():.1f}% is below the inductive {100 * a5.mean():.1f}% by more than 1 SE")
     if dn.mean() > _se(dn):
         why.append(f"NLL {bn.mean():.3f} is above the inductive {an.mean():.3f} by more than 1 SE")
-    out.update({"adopt": not why, "reason": "; ".join(why) or None,
-                "rule": "kept if top-1 on the held-out shots (unlabelled pool members) is above the inductive "
-                        "predictor's beyond chance (exact sign test on the shots only one of them gets right, one-sided "
-                        "p < 0.159, the level of '1 SE'), and top-5 and NLL are not worse by more than 1 SE (paired)"})
-    return out
+
+    def paired(a, b, d):
+        return Paired(float(a.mean()), float(b.mean()), float(d.mean()), _se(d))
+
+    return Gate(HeldOutShots(int(len(y)), paired(a1, b1, d1), paired(a5, b5, d5), paired(an, bn, dn), gains, losses,
+                             p_better), tuple(why))
 
 
 def replication_gate(agree_pool: np.ndarray, agree_ind: np.ndarray, agree5_pool: np.ndarray,
-                     agree5_ind: np.ndarray) -> dict:
+                     agree5_ind: np.ndarray) -> Gate:
     """Per pool image of one half: does the head adapted on the other half agree with this half's own
     posterior (its argmax first: ``agree_pool``; within its top 5: ``agree5_pool``), against the inductive
     head (``agree_ind``, ``agree5_ind``)? Kept only if the adapted head's argmax agrees more often by more
@@ -167,15 +162,9 @@ def replication_gate(agree_pool: np.ndarray, agree_ind: np.ndarray, agree5_pool:
     if d5.mean() < -_se(d5):
         why.append(f"the adapted head's top 5 holds the other half's posterior class on {100 * agree5_pool.mean():.2f}%"
                    f" of it, the inductive head's on {100 * agree5_ind.mean():.2f}%, more often by more than 1 SE")
-    return {"images": int(len(d)), "agreement_pool": float(agree_pool.mean()),
-            "agreement_inductive": float(agree_ind.mean()), "difference": float(d.mean()), "standard_error": _se(d),
-            "gained": gains, "lost": losses, "sign_test_p": p_better,
-            "top5_agreement_pool": float(agree5_pool.mean()), "top5_agreement_inductive": float(agree5_ind.mean()),
-            "adopt": not why, "reason": "; ".join(why) or None,
-            "rule": "kept if a head adapted on one half of the pool agrees with the other half's transductive "
-                    "posterior (argmax) more often than the inductive head beyond chance (exact sign test, one-sided "
-                    "p < 0.159, the level of '1 SE'), and its top 5 holds "
-                    "that class not less often by more than 1 SE (paired, both directions)"}
+    agreement = Paired(float(agree_ind.mean()), float(agree_pool.mean()), float(d.mean()), _se(d))
+    return Gate(Replication(int(len(d)), agreement, gains, losses, p_better, float(agree5_pool.mean()),
+                            float(agree5_ind.mean())), tuple(why))
 
 
 NLL_TOL = 1e-9   # nats: a weight whose Newton step would lower the mean NLL by less is the fit (numerical, not a rule)
@@ -239,7 +228,7 @@ def _steps(items, progress: bool, what: str):
 
 
 def check_with_shots(stage: Stage, side: TextSide, U: torch.Tensor, strength: Optional[float],
-                     progress: bool = False) -> dict:
+                     progress: bool = False) -> Check:
     """:func:`paired_gate` on held-out shots made pool members (see the module text). The candidate is the inductive
     default head times the pool's Gaussian likelihood to the power ``a`` (:func:`fit_pool_weight` on the other folds'
     held-out shots, against each fold's own default head: cross-fitted), against the inductive default head. The
@@ -248,9 +237,9 @@ def check_with_shots(stage: Stage, side: TextSide, U: torch.Tensor, strength: Op
     X, y = stage.shots.rows.float(), stage.shots.labels.numpy()
     head = stage.default_head
     folds = shot_folds(y, C, side.config.seed)
-    base = {"evidence": "held-out shots as pool members", "head": head}
     if len(folds) < 2:
-        return {**base, "adopt": False, "reason": "one shot in all: no held-out shots to check a pool on"}
+        return Check(Evidence.SHOTS, head, stopped=Reason.NO_HELD_OUT_SHOTS,
+                     why="one shot in all: no held-out shots to check a pool on")
     parts = []
     for held in _steps(folds, progress, "held-out shots"):
         keep = np.setdiff1d(np.arange(len(y)), held)
@@ -266,8 +255,9 @@ def check_with_shots(stage: Stage, side: TextSide, U: torch.Tensor, strength: Op
             part = Stage(fit.heads, stage.zero_shot, fit.record, fit.heads.kernel.support_set().part(IMAGE),
                          fit.record["default_head"])
             pool = transduce(part, side, torch.cat([U, Xh]), strength, progress=False)
-            if pool.record.get("fallback"):
-                return {**base, "adopt": False, "reason": "without a fold of the shots " + pool.record["fallback"]}
+            if not pool.decision.kept:
+                return Check(Evidence.SHOTS, head, stopped=Reason.FOLD_DID_NOT_ADAPT,
+                             why="without a fold of the shots " + pool.decision.message)
             WG, bG = pool_parts(pool.record, pool.heads.linear, pool.prior_linear.weight, pool.prior_linear.bias)
             g = predictor.gaussian_log_likelihood(WG, bG, Xh).numpy()
             # the fold's linear head as deployed: its logits at its own calibrated temperature
@@ -279,11 +269,9 @@ def check_with_shots(stage: Stage, side: TextSide, U: torch.Tensor, strength: Op
     powers, named = {head: power}, {}
     if head != "linear":   # the linear head named alone: its own power, kept where its own check passes
         named["linear"], _, power = _check_role(parts, y, "linear")
-        if named["linear"]["adopt"]:
+        if named["linear"].passed:
             powers["linear"] = power
-    gate.update({**base, "powers": powers, "cross_fitted": crossed, "named_heads": named,
-                 "factor": "p_head(x) ∝ p_head_inductive(x) · exp(a_head · pool Gaussian log-likelihood(x))"})
-    return gate
+    return Check(Evidence.SHOTS, head, gate, powers=powers, cross_fitted=tuple(crossed), named_heads=named)
 
 
 @dataclass
@@ -312,7 +300,7 @@ def _check_role(parts: list, y: np.ndarray, role: str) -> tuple:
 
 
 def check_without_shots(stage: Stage, side: TextSide, U: torch.Tensor, strength: Optional[float],
-                        progress: bool = False) -> dict:
+                        progress: bool = False) -> Check:
     """:func:`replication_gate` over two random halves of the pool (see the module text): the adapted linear
     head (what a pool deploys) against the inductive default head."""
     N = U.shape[0]
@@ -320,15 +308,14 @@ def check_without_shots(stage: Stage, side: TextSide, U: torch.Tensor, strength:
     perm = torch.from_numpy(np.random.default_rng(side.config.seed).permutation(N))
     halves = [perm[: N // 2].sort().values, perm[N // 2:].sort().values]
     head = stage.default_head
-    base = {"evidence": "halves of the pool", "head": head}
     with torch.no_grad():
         ind = top5(predictor.scores(stage.heads, P, kind, U, head))
         adapted = []
         for rows in _steps(halves, progress, "halves of the pool"):
             fit = transduce(stage, side, U[rows], strength, progress=False)
-            if fit.record.get("fallback"):
-                return {**base, "adopt": False, "reason": "half of the pool alone does not adapt ("
-                        + fit.record["fallback"].replace("; kept the inductive heads", "") + ")"}
+            if not fit.decision.kept:
+                return Check(Evidence.HALVES, head, stopped=Reason.HALF_DID_NOT_ADAPT,
+                             why=f"half of the pool alone does not adapt ({fit.decision.why})")
             adapted.append(fit)
         a1, i1, a5, i5 = [], [], [], []
         for a, b in ((0, 1), (1, 0)):
@@ -339,9 +326,7 @@ def check_without_shots(stage: Stage, side: TextSide, U: torch.Tensor, strength:
             i1.append((ind[rows, :1] == posterior).any(dim=1).numpy())
             a5.append((new == posterior).any(dim=1).numpy())
             i5.append((ind[rows] == posterior).any(dim=1).numpy())
-    gate = replication_gate(*(np.concatenate(v) for v in (a1, i1, a5, i5)))
-    gate.update(base)
-    return gate
+    return Check(Evidence.HALVES, head, replication_gate(*(np.concatenate(v) for v in (a1, i1, a5, i5))))
 
 
 def top5(scores: torch.Tensor) -> torch.Tensor:

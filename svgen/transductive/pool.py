@@ -23,6 +23,7 @@ from svgen.fewshot import lda as fewshot
 from svgen.fewshot import linear as linear_head
 from svgen.heads import predictor
 from svgen.transductive import solve as td
+from svgen.transductive.decision import KEPT, Decision, Reason
 from svgen.calibration.temperatures import KERNEL_LOG_FLOOR
 from svgen.heads.scoring import CLIP_LOGIT_SCALE
 from svgen.core.support import SupportSet
@@ -64,6 +65,7 @@ class PoolFit:
     labels: Optional[torch.Tensor] = None
     inductive: Optional[Heads] = None
     prior_linear: Optional[LinearHead] = None   # the linear head the solve continued: ``linear = W_G + β·t·prior_linear``
+    decision: Decision = KEPT   # whether the pool changed the heads, and why not (the record's ``fallback`` says it too)
 
 
 def lda_loo_temperature(heads: Heads):
@@ -82,14 +84,14 @@ def transduce(stage: Stage, side: TextSide, U: torch.Tensor, strength: Optional[
     """The transduction itself (no check): re-solves the linear head on the unit pool ``U`` from the inductive heads
     (the kernel head is left as it is: :mod:`svgen.transductive.adapt` gives it the pool's factor).
     ``labels_entropy``: the pool probabilities' mean entropy (default: the adapted linear head's at its text-rule
-    temperature). A record with ``fallback`` set: nothing changed."""
+    temperature). A refused :attr:`PoolFit.decision`: nothing changed."""
     C, N = side.n_classes, U.shape[0]
     P, kind, heads = side.prototypes, side.config.kernel, stage.heads
     head = stage.prior_head
-    reason = td.fallback_reason(N, C)
-    if reason is not None:   # the caller says so (a half of the pool, in the check, is only recorded)
-        log.info("transductive: %s", reason)
-        return PoolFit(heads, {"pool": N, "fallback": reason, "prior_head": head})
+    refusal = td.too_small(N, C)
+    if refusal is not None:   # the caller says so (a half of the pool, in the check, is only recorded)
+        log.info("transductive: %s", refusal.message)
+        return PoolFit(heads, {"pool": N, **refusal.to_json(), "prior_head": head}, decision=refusal)
     t0 = time.perf_counter()
     shots = stage.shots if stage.fewshot is not None else None
     fitted = shots is not None and bool((shots.counts(C) > 1).any())
@@ -134,10 +136,10 @@ def transduce(stage: Stage, side: TextSide, U: torch.Tensor, strength: Optional[
                                shots_y=None if shots is None else shots.labels, precision=precision,
                                progress=progress, temperature=t_post)
     if res is None:
-        reason = (f"the rounds did not settle at any prior strength up to {tries[-1]['prior_strength']:.3g}; "
-                  "kept the inductive heads")
-        log.info("transductive: %s", reason)
-        return PoolFit(heads, {"pool": N, "fallback": reason, "prior_head": head, "tries": tries})
+        refusal = Decision.refuse(Reason.DID_NOT_SETTLE, "the rounds did not settle at any prior strength up to "
+                                                         f"{tries[-1]['prior_strength']:.3g}")
+        log.info("transductive: %s", refusal.message)
+        return PoolFit(heads, {"pool": N, **refusal.to_json(), "prior_head": head, "tries": tries}, decision=refusal)
     timings["rounds"] = time.perf_counter() - t1
     beta = res.info["prior_strength"]
     # what the inductive heads' probabilities were, so adapting again (or a fall-back) restores them too
@@ -163,7 +165,7 @@ def transduce(stage: Stage, side: TextSide, U: torch.Tensor, strength: Optional[
                   if labels_entropy is None else labels_entropy)
         t_labels = td.match_entropy(res.logits, target)
         labels = torch.softmax(t_labels * res.logits.float(), dim=1)
-    record = {**res.info, "fallback": None, "prior_head": head, "tries": tries,
+    record = {**res.info, **KEPT.to_json(), "prior_head": head, "tries": tries,
               "prior_temperature": t_prior, "labels_temperature": 1.0 / t_labels,
               "linear_prior_temperature": t_lin, "calibration": "entropy of softmax(100·cos)",
               "posterior_temperature_source": t_post_source,

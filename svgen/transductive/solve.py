@@ -55,6 +55,7 @@ import torch
 
 from svgen.core.roots import bisect
 from svgen.errors import SvgenError
+from svgen.transductive.decision import Decision, Reason
 
 log = logging.getLogger(__name__)
 
@@ -94,11 +95,11 @@ def prior_strength(n_pool: int, n_classes: int, n_shots: int = 0) -> float:
     return 1.0 + n_classes / max(n_pool, 1)
 
 
-def fallback_reason(n_pool: int, n_classes: int) -> Optional[str]:
-    """Why a pool is too small to use (None: use it)."""
+def too_small(n_pool: int, n_classes: int) -> Optional[Decision]:
+    """The refusal of a pool too small to use (None: use it)."""
     if n_pool < MIN_POOL_PER_CLASS * n_classes:
-        return (f"pool of {n_pool} unlabelled images is smaller than the {n_classes} classes; "
-                "kept the inductive heads")
+        return Decision.refuse(Reason.POOL_TOO_SMALL,
+                               f"pool of {n_pool} unlabelled images is smaller than the {n_classes} classes")
     return None
 
 

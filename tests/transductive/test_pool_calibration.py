@@ -24,13 +24,16 @@ def _unit(x):
 
 
 def _kept(monkeypatch, agreement):
+    """The check keeps the pool at a cross-half ``agreement`` (None: a check that measured none, the entropy rule)."""
+    from svgen.transductive import adapt as pool_adapt
     from svgen.transductive import gate as pool_gate
+    from svgen.transductive.decision import Check, Evidence, Gate, Paired, Replication
 
-    check = {"adopt": True, "evidence": "halves of the pool", "agreement_pool": agreement}
+    stats = Replication(0, Paired(0.5, agreement or 0.9, 0.1, 0.01), 9, 0, 0.002, 1.0, 1.0)
+    monkeypatch.setattr(pool_gate, "check_without_shots", lambda stage, side, U, strength, progress=False:
+                        Check(Evidence.HALVES, stage.default_head, Gate(stats)))
     if agreement is None:
-        del check["agreement_pool"]
-    monkeypatch.setattr(pool_gate, "check_without_shots",
-                        lambda stage, side, U, strength, progress=False: {**check, "head": stage.default_head})
+        monkeypatch.setattr(pool_adapt, "agreement_target", lambda check: None)
 
 
 @pytest.fixture(scope="module")
@@ -96,8 +99,14 @@ def test_oxford_pets_zero_shot_pool_is_calibrated(shared_data):
 
 def test_agreement_target_is_the_rule_of_succession():
     from svgen.transductive.adapt import agreement_target
+    from svgen.transductive.decision import Check, Evidence, Gate, Paired, Reason, Replication
 
-    assert agreement_target({"agreement_pool": 1.0, "images": 10}) == pytest.approx(11 / 12)   # never certainty
-    assert agreement_target({"agreement_pool": 0.5, "images": 100}) == pytest.approx(0.5)
-    assert agreement_target({"agreement_pool": 0.75}) == 0.75
-    assert agreement_target({"adopt": True}) is None   # no measurement: the entropy rule
+    def halves(agreement, images):
+        stats = Replication(images, Paired(0.5, agreement, agreement - 0.5, 0.01), 9, 0, 0.002, 1.0, 1.0)
+        return Check(Evidence.HALVES, "kernel", Gate(stats))
+
+    assert agreement_target(halves(1.0, 10)) == pytest.approx(11 / 12)   # never certainty
+    assert agreement_target(halves(0.5, 100)) == pytest.approx(0.5)
+    assert agreement_target(halves(0.75, 0)) == 0.75
+    stopped = Check(Evidence.HALVES, "kernel", stopped=Reason.HALF_DID_NOT_ADAPT, why="x")
+    assert agreement_target(stopped) is None   # no measurement: the entropy rule

@@ -9,6 +9,7 @@ import torch
 
 from svgen import SVGClassifier
 from svgen.transductive import gate as pool_gate
+from svgen.transductive.decision import Gate
 
 C, D = 6, 24
 
@@ -69,18 +70,18 @@ def test_paired_gate_by_hand():
     p_ind = 0.5 * eye[np.tile([1, 1, 2, 1], rep)] + 0.5 / 6            # right on 2 of 4
     p_pool = 0.5 * eye[np.tile([0, 1, 2, 1], rep)] + 0.5 / 6           # right on 3 of 4, same confidence
     g = pool_gate.paired_gate(p_ind, p_pool, y)
-    assert g["adopt"] and g["top1"]["difference"] == pytest.approx(0.25)
+    assert g.passed and g.stats.top1.difference == pytest.approx(0.25)
     nll = lambda p: float(np.mean(-np.log(p[np.arange(len(y)), y])))           # noqa: E731
-    assert g["nll"]["pool"] == pytest.approx(nll(p_pool)) and g["nll"]["inductive"] == pytest.approx(nll(p_ind))
+    assert g.stats.nll.pool == pytest.approx(nll(p_pool)) and g.stats.nll.inductive == pytest.approx(nll(p_ind))
     d = -np.log(p_pool[np.arange(len(y)), y]) + np.log(p_ind[np.arange(len(y)), y])
-    assert g["nll"]["standard_error"] == pytest.approx(d.std(ddof=1) / np.sqrt(len(d)))
+    assert g.stats.nll.standard_error == pytest.approx(d.std(ddof=1) / np.sqrt(len(d)))
     # the same argmaxes but the pool's probabilities nearly certain: more right, yet its NLL is far worse
     sharp = 0.999999 * eye[np.tile([0, 1, 2, 1], rep)] + 1e-6 / 6
     s = pool_gate.paired_gate(p_ind, sharp, y)
-    assert not s["adopt"] and "NLL" in s["reason"]
+    assert not s.passed and "NLL" in s.message
     # equal top-1 is not "better"
     t = pool_gate.paired_gate(p_ind, p_ind, y)
-    assert not t["adopt"] and "not above" in t["reason"]
+    assert not t.passed and "not above" in t.message
 
 
 @pytest.mark.parametrize("gains, losses", [(0, 0), (0, 3), (1, 0), (2, 0), (3, 0), (5, 2), (30, 12), (600, 540)])
@@ -103,10 +104,10 @@ def test_a_few_gained_shots_are_not_evidence():
         return 0.5 * eye[np.where(np.arange(100) < right, 0, 1)] + 0.5 / 6
 
     two = pool_gate.paired_gate(probs(10), probs(12), y)
-    assert two["top1"]["difference"] > two["top1"]["standard_error"]            # the normal approximation keeps it
-    assert not two["adopt"] and "sign test p = 0.25" in two["reason"]
-    assert (two["top1"]["gained"], two["top1"]["lost"]) == (2, 0)
-    assert pool_gate.paired_gate(probs(10), probs(13), y)["adopt"]
+    assert two.stats.top1.difference > two.stats.top1.standard_error            # the normal approximation keeps it
+    assert not two.passed and "sign test p = 0.25" in two.message
+    assert (two.stats.gained, two.stats.lost) == (2, 0)
+    assert pool_gate.paired_gate(probs(10), probs(13), y).passed
 
 
 def _nll(L, y):
@@ -155,11 +156,11 @@ def test_replication_gate_by_hand():
     ones, zeros = np.ones(40, bool), np.zeros(40, bool)
     more = np.r_[ones[:30], zeros[:10]]
     g = pool_gate.replication_gate(more, np.r_[ones[:20], zeros[:20]], ones, ones)
-    assert g["adopt"] and g["difference"] == pytest.approx(0.25)
+    assert g.passed and g.stats.agreement.difference == pytest.approx(0.25)
     same = pool_gate.replication_gate(more, more, ones, ones)
-    assert not same["adopt"] and "does not replicate" in same["reason"]
+    assert not same.passed and "does not replicate" in same.message
     top5_lost = pool_gate.replication_gate(ones, zeros, zeros, ones)
-    assert not top5_lost["adopt"] and "top 5" in top5_lost["reason"]
+    assert not top5_lost.passed and "top 5" in top5_lost.message
 
 
 # ----------------------------------------------------------------------------- end to end
@@ -304,7 +305,7 @@ def test_pool_with_shots_refused_keeps_every_head(monkeypatch):
     clf = SVGClassifier(n_support=2, steps=5, seed=0).fit(protos).adapt(X, ys)
     ref = SVGClassifier(n_support=2, steps=5, seed=0).fit(protos).adapt(X, ys)
     real = pool_gate.paired_gate
-    monkeypatch.setattr(pool_gate, "paired_gate", lambda *a: {**real(*a), "adopt": False, "reason": "said no"})
+    monkeypatch.setattr(pool_gate, "paired_gate", lambda *a: Gate(real(*a).stats, ("said no",)))
     clf.adapt(unlabelled=U)
     assert clf.transductive_["fallback"] == "said no; kept the inductive heads"
     assert clf.default_head_ == ref.default_head_

@@ -38,11 +38,11 @@ def files(tmp_path):
 
 def _gate(monkeypatch, adopt: bool):
     from svgen.transductive import gate as pool_gate
+    from svgen.transductive.decision import Check, Evidence, Gate, Paired, Replication
 
-    monkeypatch.setattr(pool_gate, "check_without_shots", lambda stage, side, U, strength, progress=False: (
-        {"adopt": True, "evidence": "halves of the pool", "head": stage.default_head} if adopt else
-        {"adopt": False, "evidence": "halves of the pool", "head": stage.default_head,
-         "reason": "the test refuses the pool"}))
+    stats = Replication(0, Paired(0.5, 0.9, 0.4, 0.01), 9, 0, 0.002, 1.0, 1.0)
+    monkeypatch.setattr(pool_gate, "check_without_shots", lambda stage, side, U, strength, progress=False: Check(
+        Evidence.HALVES, stage.default_head, Gate(stats, () if adopt else ("the test refuses the pool",))))
 
 
 def _jsonl(out):
