@@ -35,6 +35,7 @@ from svgen.io import codec
 from svgen.state import Heads, TextSide
 from svgen.transductive import adapt as pool_adapt
 from svgen.transductive.pool import Stage, prior_head
+from svgen.transductive.decision import pool_kept
 from svgen.validation import (DUPLICATE_COS, SAFE_PEAK, check_distinct, check_embeddings, check_not_labels,  # noqa: F401
                               check_pool, check_vocabulary, duplicate_prototypes, label_indices, looks_like_labels,
                               safe_rows)
@@ -317,7 +318,7 @@ class SVGClassifier(FittedHeads):
         if len(classes) != emb.shape[0]:
             raise SvgenError(f"{emb.shape[0]} new prototypes but {len(classes)} new class names")
         classes = validate_new_classes(classes, list(self.classes_))  # new names distinct and new; old repeats stay
-        if self.transductive_ and not self.transductive_.get("fallback"):  # the pool knew only the old classes
+        if pool_kept(self.transductive_):  # the pool knew only the old classes
             log.warning("add_classes: the transductive heads are dropped; adapt to the pool again")
         self._restore_inductive()
         self.transductive_ = None

@@ -7,6 +7,7 @@ from typing import Optional
 
 from svgen.errors import SvgenError
 from svgen.commands._common import load_array
+from svgen.transductive.decision import Evidence, pool_evidence, pool_kept
 
 log = logging.getLogger(__name__)
 
@@ -75,11 +76,11 @@ def pool_check_summary(td: dict) -> Optional[dict]:
 
 def pool_note(td: dict, default_head: str) -> str:
     """One line on what the pool changed: kept (and which head is now the default) or not, and why."""
-    if td.get("fallback"):
+    if not pool_kept(td):
         return "the pool changed nothing: " + td["fallback"]
     powers = (td.get("pool_factor") or {}).get("powers")
     kept = f"the pool was kept ({td['check']['evidence']} say it is better): "
-    if powers and td["check"]["evidence"] != "halves of the pool":   # with shots: heads × its class likelihood
+    if powers and pool_evidence(td) is not Evidence.HALVES:   # with shots: heads × its class likelihood
         return (kept + " and ".join(f"the {h} head" for h in powers)
                 + (" now carry" if len(powers) > 1 else " now carries") + " its class likelihood; the "
                 f"{default_head} head is the default head")
