@@ -1,0 +1,264 @@
+"""The pool decision as typed values (issue 38): every exit that refuses a pool gives a
+:class:`~svgen.transductive.decision.Decision` with its own :class:`~svgen.transductive.decision.Reason`; the record
+(``svgen.json`` ``transductive``: ``fallback`` and ``check``) is written from it by ``to_json()`` exactly as the golden
+artifacts have it; and no module under ``svgen/transductive`` steers on a record's strings."""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from svgen import SVGClassifier
+from svgen.transductive import adapt as pool_adapt
+from svgen.transductive import gate as pool_gate
+from svgen.transductive import solve as td
+from svgen.transductive.decision import (KEPT, Check, Decision, Evidence, Gate, HeldOutShots, Paired, Reason,
+                                         Replication, pool_evidence, pool_kept)
+
+ROOT = Path(__file__).resolve().parents[2]
+GOLDEN = ROOT / "tests" / "io" / "golden"
+_spec = importlib.util.spec_from_file_location("make_golden", GOLDEN / "make_golden.py")
+make_golden = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(make_golden)
+_spec = importlib.util.spec_from_file_location("test_golden", ROOT / "tests" / "io" / "test_golden.py")
+test_golden = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(test_golden)
+C = make_golden.C
+
+
+@pytest.fixture
+def decisions(monkeypatch):
+    """The :class:`Decision` of every pool the classifier adapts to, in order (the stage's own return value)."""
+    seen = []
+    real = pool_adapt.adapt
+
+    def spy(*a, **k):
+        fit = real(*a, **k)
+        seen.append(fit.decision)
+        return fit
+
+    monkeypatch.setattr(pool_adapt, "adapt", spy)
+    return seen
+
+
+def golden_record(case: str) -> dict:
+    return json.loads((GOLDEN / case / "artifact" / "svgen.json").read_text())["transductive"]
+
+
+def recorded(record: dict) -> dict:
+    """The part of a ``transductive`` record that :meth:`Decision.to_json` writes, in the record's key order."""
+    return {k: record[k] for k in record if k in ("fallback", "check")}
+
+
+# ----------------------------------------------------------------------------- a typed decision from a record
+
+def _paired(d: dict) -> Paired:
+    return Paired(d["inductive"], d["pool"], d["difference"], d["standard_error"])
+
+
+def _gate(c: dict) -> Gate:
+    if "top1" in c:
+        stats = HeldOutShots(c["images"], _paired(c["top1"]), _paired(c["top5"]), _paired(c["nll"]),
+                             c["top1"]["gained"], c["top1"]["lost"], c["top1"]["sign_test_p"])
+    else:
+        stats = Replication(c["images"], Paired(c["agreement_inductive"], c["agreement_pool"], c["difference"],
+                                                c["standard_error"]), c["gained"], c["lost"], c["sign_test_p"],
+                            c["top5_agreement_pool"], c["top5_agreement_inductive"])
+    return Gate(stats, tuple(c["reason"].split("; ")) if c["reason"] else ())
+
+
+def _decision(record: dict) -> Decision:
+    """The typed values behind a golden record (written by the test from the record's numbers, so that
+    :meth:`Decision.to_json` can be compared with what was recorded, byte for byte)."""
+    c = record.get("check")
+    check = None
+    if c is not None:
+        check = Check(Evidence(c["evidence"]), c["head"], _gate(c), powers=c.get("powers", {}),
+                      cross_fitted=tuple(c.get("cross_fitted", ())),
+                      named_heads={h: _gate(g) for h, g in c.get("named_heads", {}).items()})
+        return check.decision()
+    return Decision.refuse(Reason.POOL_TOO_SMALL, record["fallback"].removesuffix("; kept the inductive heads"))
+
+
+@pytest.mark.parametrize("case, reason", [("v1_pool_refused", Reason.POOL_TOO_SMALL),
+                                          ("v4_shots_pool_refused", Reason.SHOTS_CHECK_FAILED),
+                                          ("v6_shots_pool_kept", Reason.KEPT),
+                                          ("v6_zero_shot_pool_kept", Reason.KEPT),
+                                          ("v6_one_shot_pool_kept", Reason.KEPT)])
+def test_to_json_writes_the_recorded_dict_byte_for_byte(case, reason):
+    record = golden_record(case)
+    decision = _decision(record)
+    assert decision.reason is reason and decision.kept == (reason is Reason.KEPT)
+    want = recorded(record)
+    assert decision.to_json() == want
+    assert (json.dumps(decision.to_json(), indent=2, ensure_ascii=False)
+            == json.dumps(want, indent=2, ensure_ascii=False))   # the same keys in the same order
+
+
+@pytest.mark.parametrize("case, reason", [("v1_pool_refused", Reason.POOL_TOO_SMALL),
+                                          ("v4_shots_pool_refused", Reason.SHOTS_CHECK_FAILED),
+                                          ("v6_shots_pool_kept", Reason.KEPT),
+                                          ("v6_zero_shot_pool_kept", Reason.KEPT),
+                                          ("v6_one_shot_pool_kept", Reason.KEPT)])
+def test_refitting_a_golden_case_decides_the_same_way(case, reason, decisions):
+    """Refitting each golden pool gives a Decision of the recorded kind, whose record is the golden one (floats to
+    a refit's rounding: the last bits depend on the CPU, tests/io/test_golden.py)."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)   # as make_golden.py wrote them
+    try:
+        clf = make_golden.build(case)
+    finally:
+        torch.set_num_threads(threads)
+    (decision,) = decisions
+    assert decision.reason is reason
+    assert decision.kept == pool_kept(clf.transductive_)
+    test_golden.close_json(decision.to_json(), recorded(golden_record(case)))
+    assert recorded(clf.transductive_) == decision.to_json()   # the record is the decision's, written once
+    if decision.check is not None:
+        assert pool_evidence(clf.transductive_) is decision.check.evidence
+
+
+# ----------------------------------------------------------------------------- every refusal's reason
+
+def _shots_and_pool(per_pool: int, n_shots: int = 4):
+    text, images = make_golden.problem(0)
+    X, y = images(n_shots)
+    U, _ = images(per_pool)
+    return SVGClassifier(n_support=2, seed=0).fit(text), X, y, U
+
+
+def test_shots_for_only_some_classes(decisions):
+    clf, X, y, U = _shots_and_pool(20)
+    keep = y < 4
+    clf.adapt(X[keep], y[keep], unlabelled=U)
+    (d,) = decisions
+    assert d.reason is Reason.CLASSES_WITHOUT_SHOTS and not d.kept and d.check is None
+    assert clf.transductive_["fallback"] == d.message and d.message.startswith(f"2 of the {C} classes have no")
+
+
+def test_no_held_out_shots(decisions, monkeypatch):
+    monkeypatch.setattr(pool_gate, "shot_folds", lambda y, n_classes, seed=0: [np.arange(len(y))])
+    clf, X, y, U = _shots_and_pool(20)
+    clf.adapt(X, y, unlabelled=U)
+    (d,) = decisions
+    assert d.reason is Reason.NO_HELD_OUT_SHOTS and d.check.evidence is Evidence.SHOTS and d.check.gate is None
+    assert clf.transductive_["check"] == {"evidence": "held-out shots as pool members", "head": d.check.head,
+                                          "adopt": False,
+                                          "reason": "one shot in all: no held-out shots to check a pool on"}
+
+
+def _never_settles(monkeypatch):
+    monkeypatch.setattr(td, "settle", lambda *a, **k: (None, [{"prior_strength": 8.0}]))
+
+
+def test_a_fold_that_does_not_adapt(decisions, monkeypatch):
+    _never_settles(monkeypatch)
+    clf, X, y, U = _shots_and_pool(20)
+    clf.adapt(X, y, unlabelled=U)
+    (d,) = decisions
+    assert d.reason is Reason.FOLD_DID_NOT_ADAPT and d.check.stopped is Reason.FOLD_DID_NOT_ADAPT
+    # the fold's own refusal, message and all, then the pool's (as svgen.json has always written it)
+    assert clf.transductive_["fallback"] == ("without a fold of the shots the rounds did not settle at any prior "
+                                             "strength up to 8; kept the inductive heads; kept the inductive heads")
+
+
+def test_a_half_that_does_not_adapt(decisions):
+    text, images = make_golden.problem(0)
+    U, _ = images(2)                       # 12 images: each half (6) is enough, ...
+    clf = SVGClassifier(n_support=2, seed=0).fit(text)
+    clf.adapt(unlabelled=U[:C + 2])        # ... but halves of 8 (4) are not
+    (d,) = decisions
+    assert d.reason is Reason.HALF_DID_NOT_ADAPT and d.check.evidence is Evidence.HALVES
+    assert d.why == f"half of the pool alone does not adapt (pool of 4 unlabelled images is smaller than the {C} classes)"
+    assert clf.transductive_["fallback"] == d.why + "; kept the inductive heads"
+
+
+def test_the_halves_say_no(decisions, monkeypatch):
+    real = pool_gate.replication_gate
+    monkeypatch.setattr(pool_gate, "replication_gate", lambda *a: Gate(real(*a).stats, ("said no",)))
+    text, images = make_golden.problem(0)
+    U, _ = images(10)
+    SVGClassifier(n_support=2, seed=0).fit(text).adapt(unlabelled=U)
+    (d,) = decisions
+    assert d.reason is Reason.HALVES_CHECK_FAILED and d.message == "said no; kept the inductive heads"
+    assert d.check.to_json()["adopt"] is False and d.check.to_json()["evidence"] == "halves of the pool"
+
+
+def test_the_final_solve_that_does_not_settle(decisions, monkeypatch):
+    stats = Replication(0, Paired(0.5, 0.9, 0.4, 0.01), 9, 0, 0.002, 1.0, 1.0)
+    monkeypatch.setattr(pool_gate, "check_without_shots", lambda stage, side, U, strength, progress=False:
+                        Check(Evidence.HALVES, stage.default_head, Gate(stats)))
+    _never_settles(monkeypatch)
+    text, images = make_golden.problem(0)
+    U, _ = images(10)
+    clf = SVGClassifier(n_support=2, seed=0).fit(text).adapt(unlabelled=U)
+    (d,) = decisions
+    assert d.reason is Reason.DID_NOT_SETTLE and not pool_kept(clf.transductive_)
+    assert clf.transductive_["fallback"] == ("the rounds did not settle at any prior strength up to 8; kept the "
+                                             "inductive heads")
+
+
+def test_a_decision_is_consistent():
+    with pytest.raises(ValueError):
+        Decision(True, Reason.POOL_TOO_SMALL, "x")
+    with pytest.raises(ValueError):
+        Decision(False, Reason.KEPT, "x")
+    with pytest.raises(ValueError):
+        Decision(False, Reason.DID_NOT_SETTLE)   # a refusal says why
+    with pytest.raises(ValueError):
+        Check(Evidence.SHOTS, "linear")          # neither a test nor a reason it stopped
+    assert KEPT.to_json() == {"fallback": None} and KEPT.message is None
+    assert pool_kept(None) is False and pool_kept({"fallback": None}) is True
+    assert pool_evidence({"fallback": "x"}) is None
+
+
+# ----------------------------------------------------------------------------- no steering on record strings
+
+KEYS = {"fallback", "evidence", "adopt", "reason", "check"}
+
+
+def steering(path: Path) -> list:
+    """Where a module compares with an English string (a constant with a space), calls ``.replace``, or reads one of
+    the decision's record keys (``x["fallback"]``, ``x.get("evidence")``, …)."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        where = f"{path.name}:{getattr(node, 'lineno', '?')}"
+        if isinstance(node, ast.Compare):
+            for side in [node.left, *node.comparators]:
+                if isinstance(side, ast.Constant) and isinstance(side.value, str) and " " in side.value:
+                    found.append(f"{where} compares with {side.value!r}")
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            if node.func.attr == "replace":
+                found.append(f"{where} calls .replace(")
+            elif (node.func.attr == "get" and node.args and isinstance(node.args[0], ast.Constant)
+                  and node.args[0].value in KEYS):
+                found.append(f"{where} reads .get({node.args[0].value!r})")
+        elif (isinstance(node, ast.Subscript) and isinstance(node.ctx, ast.Load)
+              and isinstance(node.slice, ast.Constant) and node.slice.value in KEYS):
+            found.append(f"{where} reads [{node.slice.value!r}]")
+    return found
+
+
+def test_no_transductive_module_steers_on_record_strings():
+    stages = sorted((ROOT / "svgen" / "transductive").glob("*.py"))
+    assert {p.name for p in stages} >= {"adapt.py", "gate.py", "pool.py", "solve.py", "decision.py"}
+    found = [f for p in stages for f in steering(p)
+             if not (p.name == "decision.py" and "reads" in f)]   # its accessors: the one place a loaded record is read
+    assert found == []
+
+
+def test_the_steering_check_finds_what_it_forbids(tmp_path):
+    bad = tmp_path / "bad.py"
+    bad.write_text('if check["evidence"] == "held-out shots as pool members":\n'
+                   '    m = r.get("fallback").replace("; kept the inductive heads", "")\n'
+                   'ok = head == "linear"\n')
+    assert sorted(steering(bad)) == ["bad.py:1 compares with 'held-out shots as pool members'",
+                                     "bad.py:1 reads ['evidence']", "bad.py:2 calls .replace(",
+                                     "bad.py:2 reads .get('fallback')"]   # a head name is not a sentence
