@@ -92,7 +92,9 @@ def image_rows(X, y, n_classes: int, dim: int, what: str = "shots") -> SupportSe
     """
     check_real_dense(X, what)
     try:
-        x = torch.as_tensor(np.asarray(X), dtype=torch.float32)
+        # a float32 copy: the caller's array may be read-only (a memory-mapped .npy) and is never written through
+        x = X.detach().to(torch.float32).clone() if isinstance(X, torch.Tensor) else torch.from_numpy(
+            np.array(X, dtype=np.float32))
     except (TypeError, ValueError) as e:
         raise SvgenError(f"{what} must be a numeric N×D array ({e})") from None
     y = np.asarray(y)

@@ -211,7 +211,9 @@ def evaluate_heads(clf, x, labels, bins: dict = None, block_rows: int = None, pr
         bar = tqdm(total=int(y.size), desc="eval", unit="row")
     try:
         for s in range(0, y.size, block_rows):
-            xb = torch.from_numpy(np.array(x[s:s + block_rows], dtype=np.float32))   # a copy: mmap rows are read-only
+            xb = x[s:s + block_rows]   # a float32 copy: memory-mapped rows are read-only
+            xb = xb.to(torch.float32).clone() if isinstance(xb, torch.Tensor) else torch.from_numpy(
+                np.array(xb, dtype=np.float32))
             yb = y[s:s + block_rows]
             with torch.no_grad():
                 for h in heads:
