@@ -184,8 +184,8 @@ def choose_default_head(heads: Heads, side: TextSide, res, shots: SupportSet, li
         "evidence": ev.name,
         "classes_compared": "all" if res.loo_rows is None else int(np.unique(truth).size),
         "rule": "w·p_kernel + (1 − w)·p_linear, each head at its own temperature, w minimising the NLL of the "
-                "held-out shots (both heads refitted without each fold on every other shot, scored against all classes; "
-                "one shot per class: exact leave-one-out); w = 1 is the kernel head alone (ties), w = 0 the linear head alone"}, \
+                "held-out shots (both heads refitted without each fold, on the same classes' shots; one shot per "
+                "class: exact leave-one-out); w = 1 is the kernel head alone (ties), w = 0 the linear head alone"}, \
         (pk, pl, truth)
 
 

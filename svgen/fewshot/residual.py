@@ -200,17 +200,16 @@ def select(X: np.ndarray, y: np.ndarray, P: np.ndarray, C: int, logit_scale: flo
     else:
         correct, scores = dense_fold_scores(d2, y, R, p0, folds, sigmas, RIDGES)
     acc = correct.mean(axis=2)
+    extra = {"refits": f"Nyström basis of {SELECT_BASIS} shots, every class"} if big else {}
     # the best held-out accuracy; ties to the smoother setting (larger c, then larger σ)
     i, j = max(((i, j) for i in range(acc.shape[0]) for j in range(acc.shape[1])),
                key=lambda ij: (acc[ij], RIDGES[ij[1]], ij[0]))
     sigma, c = sigmas[i], RIDGES[j]
     return {"sigma": sigma, "ridge_c": c, "one_shot": False, "sigma_factor": SIGMA_FACTORS[i], "median_distance": med,
             "held_out_rows": held, "held_out_scores": scores[i, j], "held_out_accuracy": float(acc[i, j]),
-            "folds": len(folds), "fold_rows": folds, "loo": loo(sigma, c), "p0_held": p0_held,
-            "refits": f"Nyström basis of {SELECT_BASIS} shots, every class" if big else "exact, every shot",
+            "folds": len(folds), "fold_rows": folds, "loo": loo(sigma, c), "p0_held": p0_held, **extra,
             "rule": "σ (× the median shot distance) and c with the best accuracy on held-out shots (balanced folds, "
-                    "the deployed predictor refitted on every other shot, each held-out shot scored against all "
-                    "classes); ties to the larger c, then σ"}
+                    "the deployed predictor); ties to the larger c, then σ"}
 
 
 def dense_fold_scores(d2: np.ndarray, y: np.ndarray, R: np.ndarray, p0: np.ndarray, folds: list, sigmas, ridges):
@@ -318,7 +317,7 @@ def fit_residual_head(X, y, P, n_classes: int, logit_scale: float = CLIP_LOGIT_S
     Xs, ys = (X, y) if sub is None else (X[sub], y[sub])
     sel = select(Xs, ys, P, n_classes, logit_scale, seed)
     if sel.get("one_shot"):
-        decision = {"adopted": True, "reason": "no_evidence",
+        decision = {"adopted": True,
                     "rule": "one shot per class: leave-one-out would leave the image's class "
                             "without any shot, so it cannot judge the correction"}
     else:

@@ -99,18 +99,19 @@ class Decision:
     evidence: Optional[Evidence] = None
 
     def to_json(self) -> dict:
-        out = {"adopted": self.kept, "reason": self.reason.name.lower(), "rule": ACCEPTANCE_RULE}
+        """The record ``svgen.json`` has carried since format 3 (the reason is ``adopted`` with the rule)."""
+        out = {"adopted": self.kept}
         if self.evidence is not None:
             e = asdict(self.evidence)
             out.update(held_out_acc=e["candidate_accuracy"], zero_shot_acc=e["baseline_accuracy"],
                        difference=e["difference"], standard_error=e["standard_error"],
                        shots_compared=e["shots_compared"])
-        return out
+        return {**out, "rule": ACCEPTANCE_RULE}
 
 
-ACCEPTANCE_RULE = ("kept unless its accuracy on the held-out shots (each scored against all classes, the predictor "
-                   "refitted without them) is below the baseline's by more than 1 SE of the paired difference; "
-                   "ties keep it")
+# the rule as svgen.json records it (unchanged since format 3: the folds each hold out one shot per class)
+ACCEPTANCE_RULE = ("adapted unless its accuracy on held-out shots (one per class at a time) is below zero-shot's "
+                   "by more than 1 SE (paired)")
 
 
 def paired_test(candidate: np.ndarray, baseline: np.ndarray) -> Decision:
