@@ -44,6 +44,7 @@ softmax of the cosine logits), paired bootstrap 95% intervals of svgen − zero-
 
     python -m benchmarks.bench_adapt                                # everything, ~15 min on 2 idle cores
     python -m benchmarks.bench_adapt --datasets oxford_pets --shots 1 2 --seeds 1
+    python -m benchmarks.bench_adapt --compare before.json after.json   # two saved results side by side
 
 Writes ``bench-results/bench_adapt.json`` and prints the tables (``--render FILE`` prints the markdown).
 """
@@ -451,12 +452,52 @@ def markdown(result: dict) -> str:
     return "\n".join(out) + "\n"
 
 
+def compare(before: dict, after: dict) -> str:
+    """Markdown: the default head before → after on each dataset and shot count (with the realistic peers' best), and
+    each head's held-out-shot estimate against its query accuracy, before and after (two saved results)."""
+    key = lambda r: (r["dataset"], r["shots"])   # noqa: E731
+    old = {key(r): r for r in before["rows"]}
+    peers = [m for m in PEERS if m in after["rows"][0]]
+    out = ["| dataset | shots | zero-shot | svgen before | svgen after | after − before | svgen after − zero-shot "
+           "[95% CI] | " + " | ".join(peers) + " |", "|---|---:|---:|---:|---:|---:|---|" + "---:|" * len(peers)]
+    for r in after["rows"]:
+        b = old.get(key(r))
+        if b is None:
+            continue
+        ci = "" if r["dataset"] == "mean" else (f"{r['svgen_minus_zero_shot']['diff']:+.2f} "
+                                                f"[{r['svgen_minus_zero_shot']['ci95'][0]:+.2f}, "
+                                                f"{r['svgen_minus_zero_shot']['ci95'][1]:+.2f}]")
+        name = f"**mean of {r['n_datasets']}**" if r["dataset"] == "mean" else r["dataset"]
+        out.append(f"| {name} | {r['shots']} | {r['zero_shot']:.2f} | {b['svgen']:.2f} | {r['svgen']:.2f} | "
+                   f"{r['svgen'] - b['svgen']:+.2f} | {ci} | " + " | ".join(f"{r[m]:.2f}" for m in peers) + " |")
+    out += ["", "| dataset | shots | head | estimate before → query (gap) | estimate after → query (gap) | "
+            "default head before → after |", "|---|---:|---|---|---|---|"]
+    for r in after["rows"]:
+        b = old.get(key(r))
+        if b is None or "estimate" not in r or "estimate" not in b:
+            continue
+        for h in HEADS:
+            cell = lambda x: f"{x['estimate'][h]:.1f} → {x['query'][h]:.1f} ({x['estimate'][h] - x['query'][h]:+.1f})"  # noqa: E731
+            heads = (f"{', '.join(sorted(set(b['default_heads'])))} → {', '.join(sorted(set(r['default_heads'])))}"
+                     if h == "default" else "")
+            out.append(f"| {r['dataset']} | {r['shots']} | {h} | {cell(b)} | {cell(r)} | {heads} |")
+    return "\n".join(out) + "\n"
+
+
 def main(argv=None):
     from benchmarks.bench_fewshot import coop_parser, render_or_missing
 
     ap = coop_parser(__doc__, SHOTS, "bench_adapt", datasets=DATASETS)
     ap.add_argument("--peers", nargs="+", default=list(PEERS), choices=PEERS, help="the peers to run (default: all)")
+    ap.add_argument("--compare", nargs=2, metavar=("BEFORE.json", "AFTER.json"),
+                    help="print the before/after tables of two saved results and stop")
     args = ap.parse_args(argv)
+    if args.compare:
+        import json
+        from pathlib import Path
+
+        print(compare(*(json.loads(Path(p).read_text()) for p in args.compare)), end="")
+        return 0
 
     code = render_or_missing(args, markdown, "bench_adapt")
     if code is not None:
