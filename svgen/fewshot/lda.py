@@ -9,10 +9,10 @@ class, SimpleShot's centred-and-renormalised nearest mean).
 
 γ and κ are chosen by exact leave-one-out over the shots (image to image): the LOO downdates the class mean and the
 scatter matrix by rank one (:func:`lda_loo`), so each left-out shot is scored against all classes by the head fitted
-on every other shot; above :data:`LDA_LOO_MAX` shots a sample of shots spread over the classes is scored. The rule is the one-standard-error rule towards the smoother model:
-among settings whose LOO error is within one binomial standard error of the best, the most shrinkage. Shots in the
-benchmark are averages of augmented views, tighter than single-crop queries; the plain LOO minimum then prefers too
-little (docs/fewshot.md).
+on every other shot; above :data:`LDA_LOO_MAX` shots a sample of shots spread over the classes is scored. The rule
+is the one-standard-error rule towards the smoother model: among settings whose LOO error is within one binomial
+standard error of the best, the most shrinkage. Shots in the benchmark are averages of augmented views, tighter
+than single-crop queries; the plain LOO minimum then prefers too little (docs/fewshot.md).
 
 The kernel head with shots is :mod:`svgen.fewshot.residual` (zero-shot probabilities plus a kernel ridge on their
 residual). Classes without shots cannot be judged by LOO; when there are any, κ = 0 is not offered.

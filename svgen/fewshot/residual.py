@@ -94,8 +94,8 @@ def softmax(z: np.ndarray) -> np.ndarray:
 
 
 def prior_probs(X: np.ndarray, P: np.ndarray, logit_scale: float = CLIP_LOGIT_SCALE) -> np.ndarray:
-    """``p₀ = softmax(τ · x̂ P̂ᵀ)``: CLIP's zero-shot probabilities (unit rows in, N×C out; computed in place, as
-    :func:`softmax`, so 16,000 shots × 1,000 classes hold one such array)."""
+    """``p₀ = softmax(τ · x̂ P̂ᵀ)``: CLIP's zero-shot probabilities (unit rows in, N×C out; computed in place,
+    as :func:`softmax`, so 16,000 shots × 1,000 classes hold one such array)."""
     z = logit_scale * X @ P.T
     z -= z.max(axis=1, keepdims=True)
     np.exp(z, out=z)
@@ -236,8 +236,8 @@ def dense_fold_scores(d2: np.ndarray, y: np.ndarray, R: np.ndarray, p0: np.ndarr
 def nystrom_fold_scores(X: np.ndarray, y: np.ndarray, R: np.ndarray, p0_held: np.ndarray, folds: list, sigmas,
                         ridges, seed: int = 0):
     """As :func:`dense_fold_scores`, for many shots: the head in a Nyström basis ``L`` of :data:`SELECT_BASIS` shots
-    outside the folds, spread over the classes (the form :func:`solve` deploys above :data:`DENSE_MAX`: ridge on the features
-    ``ψ(x) = k(x, L) K_LL^{-1/2}``), refitted without each fold by the exact block formula
+    outside the folds, spread over the classes (the form :func:`solve` deploys above :data:`DENSE_MAX`: ridge on the
+    features ``ψ(x) = k(x, L) K_LL^{-1/2}``), refitted without each fold by the exact block formula
     ``R_H − f₋H(X_H) = (I − H_HH)⁻¹ (R_H − F_H)`` (``F`` the fit on every shot, ``H`` its hat matrix), so every
     fold and ridge costs one eigendecomposition per σ. Each fold's head is fitted on every other shot of every class;
     its held-out shots are scored against all C classes. (A held-out shot as a basis centre leaves its direction
