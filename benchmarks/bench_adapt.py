@@ -16,6 +16,11 @@ queries:
                     estimator ``Σ⁻¹ = D·((N − 1)S + tr(S)·I)⁺`` (S the pooled within-class sample covariance),
                     ``100·x̂P̂ᵀ + α·(x̂Σ⁻¹μᵀ − ½ μΣ⁻¹μᵀ)``, α from the authors' grid {10⁻⁴ … 100} by cross-validation on the
                     shots (1 shot: S = 0 and the formula gives zero-shot; Σ = I and α = 1 stand in, as for the variant)
+* ``gda_loo``       the same GDA (KS estimator) with α from the authors' grid by exact leave-one-shot-out over
+                    all shots of all classes (each left-out shot scored against every class; 1 shot: as ``gda_cv``)
+* ``proker``        ProKeR with its published fixed settings (its code's ImageNet mode): raw-cosine logits
+                    ``x̂P̂ᵀ + k(x̂, X)·A``, ``A = (K/λ + I)⁻¹(Y − XP̂ᵀ)``, ``k = exp(−β(1 − cos))``, (β, λ) = (3, .05),
+                    (2.6, .05), (1.5, .05), (1.66, .07), (1.7, .1) at 1 / 2 / 4 / 8 / 16 shots
 * ``gda_lw_cv``     the same with a Ledoit–Wolf-shrunk covariance (scikit-learn) and svgen's α grid: a variant that
                     cross-validates better on few shots (the older tables of docs/history.md call it ``gda_cv``)
 * ``proker_cv``     ProKeR-style kernel ridge on the zero-shot residual:
@@ -28,6 +33,10 @@ queries:
                     LP++ at the epoch (every 10th) with the best query accuracy (what the authors' code does with
                     a labelled validation split): not something a user can do; an upper line only
 
+``svgen_kernel`` and ``svgen_linear`` are svgen's two heads alone; for each of svgen's heads (kernel, linear, the
+default) the tables also give its accuracy estimated on the held-out shots (``fewshot_["head_choice"]``) next to its
+accuracy on the queries. ``--peers`` runs a subset of the peers (the slow ones are ``logreg_cv`` and ``lpp``).
+
 "Cross-validation on the shots": half of each class's shots fit, the other half score, then the
 halves swap; with one shot per class there is nothing to split and the defaults above are used.
 Reported per dataset and shot count: top-1, top-5 and NLL (svgen: ``predict_proba``; zero-shot:
@@ -35,6 +44,7 @@ softmax of the cosine logits), paired bootstrap 95% intervals of svgen − zero-
 
     python -m benchmarks.bench_adapt                                # everything, ~15 min on 2 idle cores
     python -m benchmarks.bench_adapt --datasets oxford_pets --shots 1 2 --seeds 1
+    python -m benchmarks.bench_adapt --compare before.json after.json   # two saved results side by side
 
 Writes ``bench-results/bench_adapt.json`` and prints the tables (``--render FILE`` prints the markdown).
 """
@@ -60,7 +70,9 @@ LOGREG_C = (0.1, 1.0, 10.0, 100.0)
 LPP_EPOCHS = 300      # LP++'s default (the authors' configs/base.yaml train_epoch)
 LPP_ALPHA_EVERY = 10  # LP++ updates its blending vector every 10th epoch
 GDA_ALPHAS = (1e-4, 1e-3, 1e-2, 0.1, 1.0, 10.0, 100.0)   # the GDA authors' grid (main_few_shots.py)
-PEERS = ("tip", "tip_cv", "gda_cv", "gda_lw_cv", "proker_cv", "logreg_cv", "lpp")
+PEERS = ("tip", "tip_cv", "gda_cv", "gda_loo", "gda_lw_cv", "proker", "proker_cv", "logreg_cv", "lpp")
+PROKER_PUBLISHED = {1: (3.0, 0.05), 2: (2.6, 0.05), 4: (1.5, 0.05), 8: (1.66, 0.07), 16: (1.7, 0.1)}   # (β, λ)
+HEADS = ("kernel", "linear", "default")
 ORACLES = ("tip_oracle", "gda_oracle", "gda_lw_oracle", "proker_oracle", "lpp_oracle")
 
 
@@ -125,6 +137,53 @@ def proker_terms(X, y, P, C, beta, lam):
     K = np.exp(-beta * (1.0 - X @ X.T))
     R = np.eye(C)[y] - softmax(100.0 * X @ P.T)
     return np.linalg.solve(K + lam * np.eye(len(y)), R)
+
+
+def proker_published(Q, X, y, P, C, k):
+    """ProKeR at its published fixed (β, λ) for ``k`` shots: ``x̂P̂ᵀ + k(x̂, X)(K/λ + I)⁻¹(Y − XP̂ᵀ)`` (raw cosines)."""
+    beta, lam = PROKER_PUBLISHED[k]
+    K = np.exp(-beta * (1.0 - X @ X.T))
+    A = np.linalg.solve(K / lam + np.eye(len(y)), np.eye(C)[y] - X @ P.T)
+    return Q @ P.T + np.exp(-beta * (1.0 - Q @ X.T)) @ A
+
+
+def gda_loo_logits(X, y, C):
+    """N×C exact leave-one-shot-out logits of GDA's discriminant (KS estimator, :func:`gda_terms`): shot i left out
+    downdates its class mean and the within-class scatter ``S_w`` by rank one (``n/(n−1)·u uᵀ``, ``u = x_i − x̄_c``)
+    and the KS trace term; in the eigenbasis of ``S_w`` the inverse is diagonal plus a Sherman–Morrison term. Every
+    class keeps its shots; each left-out shot is scored against all C classes. Needs ≥ 2 shots in every class."""
+    N, D = X.shape
+    n = np.bincount(y, minlength=C).astype(float)
+    mu = np.zeros((C, D))
+    np.add.at(mu, y, X)
+    mu /= n[:, None]
+    U = X - mu[y]
+    omega, V = np.linalg.eigh(U.T @ U)
+    omega = np.maximum(omega, 0.0)
+    beta = n[y] / (n[y] - 1)
+    Uv, Xv, Mv = U @ V, X @ V, mu @ V
+    t = (omega.sum() - beta * (Uv * Uv).sum(axis=1)) / (N - 2)     # the KS trace term without shot i
+    B = 1.0 / (omega[None, :] + t[:, None])                         # N×D
+    w = B * Uv
+    coef = beta / (1.0 - beta * (Uv * w).sum(axis=1))
+    own = (n[y][:, None] * Mv[y] - Xv) / (n[y] - 1)[:, None]       # the own class's mean without shot i
+    WM, xw = w @ Mv.T, (Xv * w).sum(axis=1)
+    z = (Xv * B) @ Mv.T + coef[:, None] * xw[:, None] * WM - 0.5 * (B @ (Mv * Mv).T + coef[:, None] * WM * WM)
+    wo = (w * own).sum(axis=1)
+    r = np.arange(N)
+    z[r, y] = (Xv * B * own).sum(axis=1) + coef * xw * wo - 0.5 * ((own * own * B).sum(axis=1) + coef * wo * wo)
+    return D * z
+
+
+def gda_loo_scorer(X, y, P, C):
+    """GDA (KS estimator) with α from the authors' grid by exact leave-one-shot-out (ties: the smaller α); one shot
+    per class: Σ = I and α = 1, as :func:`gda_terms`."""
+    W, b = gda_terms(X, y, C, "ks")
+    alpha = 1.0
+    if np.bincount(y, minlength=C).min() >= 2:
+        Z, L = 100.0 * X @ P.T, gda_loo_logits(X, y, C)
+        alpha = GDA_ALPHAS[int(np.argmax([((Z + a * L).argmax(1) == y).mean() for a in GDA_ALPHAS]))]
+    return lambda Q: 100.0 * Q @ P.T + alpha * (Q @ W + b), {"alpha": alpha}
 
 
 def lpp_fit(X, y, P, C, epochs=LPP_EPOCHS, snapshot_every=None, dtype=np.float32):
@@ -251,7 +310,7 @@ def load_dataset(name):
     return X, y, P, P.shape[0], SVGClassifier().fit(P.astype(np.float32))
 
 
-def run_dataset(name, shots, seeds, log):
+def run_dataset(name, shots, seeds, log, peers=PEERS):
     X, y, P, C, base = load_dataset(name)
     out = {}
     for k in shots:
@@ -271,6 +330,15 @@ def run_dataset(name, shots, seeds, log):
             scores = np.asarray(clf.decision_function(Q.astype(np.float32)), dtype=np.float64)
             probs = {"svgen": np.asarray(clf.predict_proba(Q.astype(np.float32))), "zero_shot": softmax(z0)}
             logits["svgen"] = scores
+            for head in ("kernel", "linear"):
+                logits[f"svgen_{head}"] = np.asarray(clf.decision_function(Q.astype(np.float32), head), dtype=np.float64)
+            hc = clf.fewshot_["head_choice"]
+            est = {"kernel": hc["held_out_accuracy"]["kernel"], "linear": hc["held_out_accuracy"]["linear"],
+                   "default": hc["held_out_accuracy"]["mixture" if clf.default_head_ == "mixture" else clf.default_head_]}
+            if "gda_loo" in peers:
+                logits["gda_loo"] = gda_loo_scorer(Xs, ys, P, C)[0](Q)
+            if "proker" in peers:
+                logits["proker"] = proker_published(Q, Xs, ys, P, C, k)
             cv = cv_choice(Xs, ys, P, C, seed)
             grids = peer_grids(Xs, ys, P, C)
             defaults = {"tip": {"beta": 5.5, "alpha": 1.0}, "gda": {"alpha": 1.0}, "gda_lw": {"alpha": 1.0},
@@ -283,12 +351,13 @@ def run_dataset(name, shots, seeds, log):
                 logits[f"{peer}_cv"] = f(Q)
                 accs = [(g(Q).argmax(1) == yq).mean() for _, g in grids[peer]]
                 logits[f"{peer}_oracle"] = grids[peer][int(np.argmax(accs))][1](Q)
-            f, lr_info = logreg_scorer(Xs, ys, C, seed)
-            logits["logreg_cv"] = f(Q)
-            f, snaps = lpp_fit(Xs, ys, P, C, snapshot_every=LPP_ALPHA_EVERY)
-            logits["lpp"] = f(Q)
-            accs = [(g(Q).argmax(1) == yq).mean() for g in snaps]
-            logits["lpp_oracle"] = snaps[int(np.argmax(accs))](Q)
+            if "logreg_cv" in peers:
+                logits["logreg_cv"] = logreg_scorer(Xs, ys, C, seed)[0](Q)
+            if "lpp" in peers:
+                f, snaps = lpp_fit(Xs, ys, P, C, snapshot_every=LPP_ALPHA_EVERY)
+                logits["lpp"] = f(Q)
+                accs = [(g(Q).argmax(1) == yq).mean() for g in snaps]
+                logits["lpp_oracle"] = snaps[int(np.argmax(accs))](Q)
             for m, z in logits.items():
                 per["correct"].setdefault(m, []).append(z.argmax(1) == yq)
                 per["top5"].setdefault(m, []).append(top5(z, yq))
@@ -296,7 +365,11 @@ def run_dataset(name, shots, seeds, log):
                 per["nll"].setdefault(m, []).append(nll_of(p, yq))
             info.append({"seed": seed, "adapt_s": t_svgen, "kernel": clf.fewshot_["kernel"]["decision"],
                          "sigma": clf.fewshot_["kernel"]["sigma"], "ridge_c": clf.fewshot_["kernel"]["ridge_c"],
-                         "kernel_logits": clf.kernel_logits_, "T": clf.temperatures_["kernel"]})
+                         "kernel_logits": clf.kernel_logits_, "T": clf.temperatures_["kernel"],
+                         "default_head": clf.default_head_, "mixture_weight": hc["mixture_weight"],
+                         "held_out_estimate": est,
+                         "query_accuracy": {h: float((logits["svgen" if h == "default" else f"svgen_{h}"].argmax(1)
+                                                      == yq).mean()) for h in HEADS}})
         res = {key: {m: np.concatenate(v).astype(float) for m, v in d.items()} for key, d in per.items()}
         out[k] = {**res, "info": info}
         acc = {m: 100 * v.mean() for m, v in res["correct"].items()}
@@ -316,11 +389,12 @@ def bootstrap(d, reps=2000, seed=0):
 
 def summarise(results, shots):
     rows = []
-    methods = ("zero_shot", "svgen", *PEERS, *ORACLES)
     for k in shots:
         runs = {n: r[k] for n, r in results.items() if k in r}
         if not runs:
             continue
+        first = next(iter(runs.values()))["correct"]
+        methods = [m for m in ("zero_shot", "svgen", "svgen_kernel", "svgen_linear", *PEERS, *ORACLES) if m in first]
         for name, r in runs.items():
             c, t5, nl = r["correct"], r["top5"], r["nll"]
             rows.append({"dataset": name, "shots": k,
@@ -332,19 +406,24 @@ def summarise(results, shots):
                          "top5_svgen_minus_zero_shot": bootstrap(100 * (t5["svgen"] - t5["zero_shot"])),
                          "nll_svgen_minus_zero_shot": bootstrap(nl["svgen"] - nl["zero_shot"]),
                          "kernel_adopted": [i["kernel"]["adopted"] for i in r["info"]],
+                         "default_heads": [i["default_head"] for i in r["info"]],
+                         "mixture_weights": [i["mixture_weight"] for i in r["info"]],
+                         "estimate": {h: 100 * float(np.mean([i["held_out_estimate"][h] for i in r["info"]]))
+                                      for h in HEADS},
+                         "query": {h: 100 * float(np.mean([i["query_accuracy"][h] for i in r["info"]]))
+                                   for h in HEADS},
                          "adapt_s": float(np.mean([i["adapt_s"] for i in r["info"]]))})
         mean = {"dataset": "mean", "shots": k, "n_datasets": len(runs),
                 **{m: float(np.mean([100 * runs[n]["correct"][m].mean() for n in runs])) for m in methods}}
-        realistic = max(PEERS, key=lambda m: mean[m])
-        mean["best_realistic_peer"] = realistic
-        mean["best_oracle_peer"] = max(ORACLES, key=lambda m: mean[m])
+        mean["best_realistic_peer"] = max((m for m in PEERS if m in mean), key=lambda m: mean[m])
+        mean["best_oracle_peer"] = max((m for m in ORACLES if m in mean), key=lambda m: mean[m])
         rows.append(mean)
     return rows
 
 
 def markdown(result: dict) -> str:
     rows = result["rows"]
-    cols = ("zero_shot", "svgen", *PEERS, *ORACLES)
+    cols = [m for m in ("zero_shot", "svgen", "svgen_kernel", "svgen_linear", *PEERS, *ORACLES) if m in rows[0]]
     out = ["| dataset | shots | " + " | ".join(cols) + " | svgen − zero-shot [95% CI] | svgen − tip [95% CI] "
            "| top-5 zs → svgen | NLL zs → svgen |",
            "|---|---:|" + "---:|" * len(cols) + "---|---|---|---|"]
@@ -359,20 +438,74 @@ def markdown(result: dict) -> str:
                    f"{d['ci95'][1]:+.2f}] | {t['diff']:+.2f} [{t['ci95'][0]:+.2f}, {t['ci95'][1]:+.2f}] "
                    f"| {r['zero_shot_top5']:.1f} → {r['svgen_top5']:.1f} | {r['zero_shot_nll']:.3f} → "
                    f"{r['svgen_nll']:.3f} |")
+    out += ["", "Each svgen head's accuracy estimated on the held-out shots → on the queries (mean of the seeds; "
+            "the gap is estimate − query):", "",
+            "| dataset | shots | default heads | " + " | ".join(f"{h} est → query (gap)" for h in HEADS) + " |",
+            "|---|---:|---|" + "---|" * len(HEADS)]
+    for r in rows:
+        if r["dataset"] == "mean" or "estimate" not in r:
+            continue
+        heads = ", ".join(sorted(set(r["default_heads"])))
+        out.append(f"| {r['dataset']} | {r['shots']} | {heads} | " + " | ".join(
+            f"{r['estimate'][h]:.1f} → {r['query'][h]:.1f} ({r['estimate'][h] - r['query'][h]:+.1f})"
+            for h in HEADS) + " |")
+    return "\n".join(out) + "\n"
+
+
+def compare(before: dict, after: dict) -> str:
+    """Markdown: the default head before → after on each dataset and shot count (with the realistic peers' best), and
+    each head's held-out-shot estimate against its query accuracy, before and after (two saved results)."""
+    key = lambda r: (r["dataset"], r["shots"])   # noqa: E731
+    old = {key(r): r for r in before["rows"]}
+    peers = [m for m in PEERS if m in after["rows"][0]]
+    out = ["| dataset | shots | zero-shot | svgen before | svgen after | after − before | svgen after − zero-shot "
+           "[95% CI] | " + " | ".join(peers) + " |", "|---|---:|---:|---:|---:|---:|---|" + "---:|" * len(peers)]
+    for r in after["rows"]:
+        b = old.get(key(r))
+        if b is None:
+            continue
+        ci = "" if r["dataset"] == "mean" else (f"{r['svgen_minus_zero_shot']['diff']:+.2f} "
+                                                f"[{r['svgen_minus_zero_shot']['ci95'][0]:+.2f}, "
+                                                f"{r['svgen_minus_zero_shot']['ci95'][1]:+.2f}]")
+        name = f"**mean of {r['n_datasets']}**" if r["dataset"] == "mean" else r["dataset"]
+        out.append(f"| {name} | {r['shots']} | {r['zero_shot']:.2f} | {b['svgen']:.2f} | {r['svgen']:.2f} | "
+                   f"{r['svgen'] - b['svgen']:+.2f} | {ci} | " + " | ".join(f"{r[m]:.2f}" for m in peers) + " |")
+    out += ["", "| dataset | shots | head | estimate before → query (gap) | estimate after → query (gap) | "
+            "default head before → after |", "|---|---:|---|---|---|---|"]
+    for r in after["rows"]:
+        b = old.get(key(r))
+        if b is None or "estimate" not in r or "estimate" not in b:
+            continue
+        for h in HEADS:
+            cell = lambda x: f"{x['estimate'][h]:.1f} → {x['query'][h]:.1f} ({x['estimate'][h] - x['query'][h]:+.1f})"  # noqa: E731
+            heads = (f"{', '.join(sorted(set(b['default_heads'])))} → {', '.join(sorted(set(r['default_heads'])))}"
+                     if h == "default" else "")
+            out.append(f"| {r['dataset']} | {r['shots']} | {h} | {cell(b)} | {cell(r)} | {heads} |")
     return "\n".join(out) + "\n"
 
 
 def main(argv=None):
     from benchmarks.bench_fewshot import coop_parser, render_or_missing
 
-    args = coop_parser(__doc__, SHOTS, "bench_adapt", datasets=DATASETS).parse_args(argv)
+    ap = coop_parser(__doc__, SHOTS, "bench_adapt", datasets=DATASETS)
+    ap.add_argument("--peers", nargs="+", default=list(PEERS), choices=PEERS, help="the peers to run (default: all)")
+    ap.add_argument("--compare", nargs=2, metavar=("BEFORE.json", "AFTER.json"),
+                    help="print the before/after tables of two saved results and stop")
+    args = ap.parse_args(argv)
+    if args.compare:
+        import json
+        from pathlib import Path
+
+        print(compare(*(json.loads(Path(p).read_text()) for p in args.compare)), end="")
+        return 0
 
     code = render_or_missing(args, markdown, "bench_adapt")
     if code is not None:
         return code
     log = lambda s: print(s, flush=True)  # noqa: E731
-    results = {name: run_dataset(name, args.shots, args.seeds, log) for name in args.datasets}
+    results = {name: run_dataset(name, args.shots, args.seeds, log, args.peers) for name in args.datasets}
     result = {"machine": machine(), "datasets": args.datasets, "shots": args.shots, "seeds": args.seeds,
+              "peers": args.peers,
               "rows": summarise(results, args.shots)}
     path = save_result(args.out, result)
     print(markdown(result), end="")

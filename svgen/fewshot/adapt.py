@@ -62,9 +62,8 @@ def adapt(zero_shot: Heads, shots: SupportSet, side: TextSide, tilt_shotless: bo
                                      seed=side.config.seed)
     clock.lap("adapt: kernel head, σ and ridge chosen on held-out folds of %d shots", len(shots))
     W, b, lchoice = fewshot.fit_lda_head(side.prototypes, shots, C)
-    lin = linear.fit_linear_head(side.prototypes, shots, C, W, b, lchoice.settings, res.folds,
-                                 None if res.loo_rows is None else np.asarray(res.loo_rows),
-                                 residual.class_subset(shots.labels.numpy(), fewshot.LDA_LOO_MAX, side.config.seed))
+    lin = linear.fit_linear_head(side.prototypes, shots, C, W, b, lchoice.settings, res.folds, None,
+                                 residual.shot_sample(shots.labels.numpy(), fewshot.LDA_LOO_MAX, side.config.seed))
     clock.lap("adapt: linear head (LDA, its shrinkage and α chosen)")
     wall = time.perf_counter() - t0
     heads = Heads(kernel_head(res, zero_shot, shots, C), LinearHead(lin.weight, lin.bias))
@@ -152,8 +151,8 @@ def held_out_probabilities(heads: Heads, side: TextSide, res, shots: SupportSet,
     the kernel head's ``ev.scores`` and the linear head's logits (``lin.held_logits`` on the folds,
     ``lin.loo_logits`` with one shot per class): the evidence the temperatures in ``heads.calibration`` were fitted
     on; ``rows`` are those shots (indices into all shots). With one shot per class each head's leave-one-out may
-    cover a different set of whole classes (the kernel head's :data:`~svgen.fewshot.residual.SELECT_MAX` shots, the
-    LDA head's :data:`~svgen.fewshot.lda.LDA_LOO_MAX`: ImageNet's 1,000 classes × 1 shot), and the shots both left
+    score a different sample of shots (the kernel head's :data:`~svgen.fewshot.select.SELECT_MAX`, the LDA head's
+    :data:`~svgen.fewshot.lda.LDA_LOO_MAX`, both :func:`svgen.fewshot.select.shot_sample`), and the shots both left
     out are used. A refused kernel correction is the zero-shot kernel head, which needs no refit."""
     cal = heads.calibration
     if res.adopted:
@@ -181,10 +180,8 @@ def choose_default_head(heads: Heads, side: TextSide, res, shots: SupportSet, li
     The mixture ``w·p_kernel + (1 − w)·p_linear`` (:mod:`svgen.calibration.mixture`) has ``w`` minimising the NLL of
     both calibrated heads on the same held-out shots (:func:`held_out_probabilities`); ``w = 1`` deploys the kernel
     head alone (a tie keeps it) and ``w = 0`` the linear head alone. Each head is refitted without each fold at its
-    chosen settings, as it will be deployed, and zero-shot is a candidate inside both (a refused correction; α = 0).
-    Where the kernel head's settings were chosen on a subset of whole classes
-    (:data:`svgen.fewshot.residual.SELECT_MAX`), the LDA part is refitted on the same subset's shots, so both are
-    scored on the same problem."""
+    chosen settings on every other shot of every class, as it will be deployed, each held-out shot scored against
+    all classes, and zero-shot is a candidate inside both (a refused correction; α = 0)."""
     pk, pl, rows = held_out_probabilities(heads, side, res, shots, lin, ev)
     truth = shots.labels.numpy()[rows]
     p0 = predictor.proba(heads, side.prototypes, side.config.kernel, shots.rows[rows].float(), "cosine").numpy()

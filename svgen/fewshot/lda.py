@@ -8,10 +8,11 @@ mean eigenvalue τ), with the means put at one Mahalanobis radius from x̄:
 class, SimpleShot's centred-and-renormalised nearest mean).
 
 γ and κ are chosen by exact leave-one-out over the shots (image to image): the LOO downdates the class mean and the
-scatter matrix by rank one (:func:`lda_loo`). The rule is the one-standard-error rule towards the smoother model:
-among settings whose LOO error is within one binomial standard error of the best, the most shrinkage. Shots in the
-benchmark are averages of augmented views, tighter than single-crop queries; the plain LOO minimum then prefers too
-little (docs/fewshot.md).
+scatter matrix by rank one (:func:`lda_loo`), so each left-out shot is scored against all classes by the head fitted
+on every other shot; above :data:`LDA_LOO_MAX` shots a sample of shots spread over the classes is scored. The rule
+is the one-standard-error rule towards the smoother model: among settings whose LOO error is within one binomial
+standard error of the best, the most shrinkage. Shots in the benchmark are averages of augmented views, tighter
+than single-crop queries; the plain LOO minimum then prefers too little (docs/fewshot.md).
 
 The kernel head with shots is :mod:`svgen.fewshot.residual` (zero-shot probabilities plus a kernel ridge on their
 residual). Classes without shots cannot be judged by LOO; when there are any, κ = 0 is not offered.
@@ -72,7 +73,7 @@ def _eigh(A: torch.Tensor):
     return torch.from_numpy(e), torch.from_numpy(U)
 
 
-LDA_LOO_MAX = 512    # above this many shots, γ and κ are chosen on the LOO of a random set of whole classes
+LDA_LOO_MAX = 512    # shots scored by the LOO that chooses γ and κ (a sample spread over the classes above this)
 LDA_SHRINKAGE = (0.02, 0.05, 0.1, 0.2, 0.4, 0.7)     # γ: Σ = (1−γ)·S_w/df + γ·(tr/D)·I
 LDA_PRIOR = (0.0, 0.5, 1.0, 2.0, 4.0, 8.0)          # κ: prior shots on each class mean
 # κ with one shot per class, where LOO cannot judge it: leaving a class's only shot out leaves that class
@@ -247,9 +248,9 @@ def fit_lda_head(prototypes: torch.Tensor, shots: SupportSet, n_classes: int, eq
     scored = (0.0,) + kappas if kappas[0] != 0.0 else kappas      # κ = 0 always scored (choose_head)
     offer = [scored.index(k) for k in kappas]
     gammas = (1.0,) if single else LDA_SHRINKAGE     # no within-class scatter to estimate with 1 shot
-    from svgen.fewshot.residual import class_subset
+    from svgen.fewshot.select import shot_sample
 
-    sub = class_subset(y.numpy(), LDA_LOO_MAX, 0)   # the search scores whole classes' shots, at most LDA_LOO_MAX
+    sub = shot_sample(y.numpy(), LDA_LOO_MAX, 0)   # the search scores at most LDA_LOO_MAX shots, spread over classes
     err, tie, correct = lda_loo(X, y, m, gammas, scored, equal_radius=equal_radius, return_correct=True,
                                 score_rows=None if sub is None else torch.from_numpy(sub))
     a, b = one_se_choice(err[:, offer], tie[:, offer], X.shape[0] if sub is None else len(sub))

@@ -76,7 +76,7 @@ def test_run_reports_every_method_and_the_intervals(bench, tmp_path, monkeypatch
     assert set(out) == {1, 2}                      # 12 shots: a class has ≤ 12 images, skipped
     r = out[2]
     n_queries = 2 * (40 - 8)
-    methods = {"zero_shot", "svgen", *bench.PEERS, *bench.ORACLES}
+    methods = {"zero_shot", "svgen", "svgen_kernel", "svgen_linear", *bench.PEERS, *bench.ORACLES}
     assert set(r["correct"]) == methods and all(v.shape == (n_queries,) for v in r["correct"].values())
     assert set(r["nll"]) == {"svgen", "zero_shot"}
     rows = bench.summarise({"toy": out}, [1, 2])
@@ -89,6 +89,36 @@ def test_run_reports_every_method_and_the_intervals(bench, tmp_path, monkeypatch
                      ("lpp", "lpp")):
         assert r["correct"][f"{peer}_oracle"].mean() >= r["correct"][cv].mean() - 1e-12
     assert "| **mean of 1** | 2 |" in bench.markdown({"rows": rows})
+    # each head's held-out estimate and query accuracy; the default head's query accuracy is svgen's
+    row = [x for x in rows if x["dataset"] == "toy" and x["shots"] == 2][0]
+    assert set(row["estimate"]) == set(row["query"]) == set(bench.HEADS)
+    assert row["query"]["default"] == pytest.approx(row["svgen"])
+    assert row["query"]["kernel"] == pytest.approx(row["svgen_kernel"])
+    assert "| toy | 2 | default |" in bench.compare({"rows": rows}, {"rows": rows})
+
+
+def test_gda_leave_one_out_and_proker_published(bench):
+    """GDA's exact leave-one-shot-out logits equal refitting without each shot (every class kept, scored against all
+    classes); ProKeR's published form term by term."""
+    rng = np.random.default_rng(4)
+    C, D, k = 5, 10, 3
+    y = np.repeat(np.arange(C), k)
+    X = bench.unit(rng.normal(size=(C, D))[y] + 0.5 * rng.normal(size=(len(y), D)))
+    L = bench.gda_loo_logits(X, y, C)
+    for i in range(len(y)):
+        keep = np.arange(len(y)) != i
+        W, b = bench.gda_terms(X[keep], y[keep], C, "ks")
+        np.testing.assert_allclose(L[i], X[i] @ W + b, rtol=1e-8, atol=1e-8)
+    P = bench.unit(rng.normal(size=(C, D)))
+    Q = bench.unit(rng.normal(size=(4, D)))
+    beta, lam = bench.PROKER_PUBLISHED[4]
+    A = np.linalg.inv(np.exp(-beta * (1 - X @ X.T)) / lam + np.eye(len(y))) @ (np.eye(C)[y] - X @ P.T)
+    np.testing.assert_allclose(bench.proker_published(Q, X, y, P, C, 4), Q @ P.T + np.exp(-beta * (1 - Q @ X.T)) @ A,
+                               rtol=1e-8)
+    f, info = bench.gda_loo_scorer(X, y, P, C)
+    Z = 100 * X @ P.T
+    accs = [((Z + a * L).argmax(1) == y).mean() for a in bench.GDA_ALPHAS]
+    assert info["alpha"] == bench.GDA_ALPHAS[int(np.argmax(accs))]
 
 
 def test_lpp_matches_its_reference_loop_with_autograd(bench):

@@ -131,3 +131,50 @@ def test_spread_ratio_is_scale_equivariant():
     Z, L = rng.normal(size=(9, 4)), rng.normal(size=(9, 4))
     assert linear.spread_ratio(3.0 * Z, L) == pytest.approx(3.0 * linear.spread_ratio(Z, L))
     assert linear.spread_ratio(Z, 2.0 * L + 5.0) == pytest.approx(linear.spread_ratio(Z, L) / 2.0)
+
+
+def test_many_classes_a_linear_head_that_hurts_is_not_chosen(monkeypatch):
+    """Regression (issue 38). 150 classes × 4 shots, more than SELECT_MAX (patched to 128): the text prototypes are
+    right for the images' classes but carry a class-specific part in directions the images do not use, so the LDA head
+    has weak prior means for classes without shots. Choosing α on the shots of a subset of whole classes, the LDA
+    head refitted on those classes alone (the old rule, emulated here through ``fit_linear_head``'s ``pool``), makes
+    the other classes easy to beat: it picks a large α, and that linear head is well below zero-shot on the queries.
+    Scoring each held-out shot against all classes, every fold refitted on every other shot, the adapted linear head
+    and the default head are not below zero-shot."""
+    from svgen.fewshot import lda
+
+    monkeypatch.setattr(residual, "SELECT_MAX", 128)
+    monkeypatch.setattr(lda, "LDA_LOO_MAX", 64)
+    rng = np.random.default_rng(0)
+    n_cls, Di, Dt = 150, 32, 16
+    cen = np.zeros((n_cls, Di + Dt))
+    cen[:, :Di] = _unit(rng.normal(size=(n_cls, Di)))
+    side = np.zeros_like(cen)
+    side[:, Di:] = _unit(rng.normal(size=(n_cls, Dt)))
+    P = _unit(cen + side)
+
+    def draw(n):
+        yy = np.repeat(np.arange(n_cls), n)
+        noise = np.zeros((len(yy), Di + Dt))
+        noise[:, :Di] = 0.35 * rng.normal(size=(len(yy), Di))
+        noise[:, Di:] = 0.02 * rng.normal(size=(len(yy), Dt))
+        return _unit(cen[yy] + noise).astype(np.float32), yy
+
+    X, y = draw(4)
+    Q, yq = draw(20)
+    acc = lambda z: float((np.asarray(z).argmax(1) == yq).mean())   # noqa: E731
+    zero_shot = acc(Q @ P.T)
+    clf = SVGClassifier(n_support=2, steps=5).fit(P.astype(np.float32)).adapt(X, y)
+    # the old rule: α on the folds of a subset of whole classes, the LDA head refitted on those classes' shots alone
+    shots = clf.support_set_.part(IMAGE)
+    W, b, choice = fit_lda_head(clf.prototypes_, shots, n_cls)
+    sub = residual.class_subset(y, 128, 0)
+    folds = [sub[f] for f in residual.balanced_folds(y[sub], 0)]
+    old = linear.fit_linear_head(clf.prototypes_, shots, n_cls, W, b, choice.settings, folds, sub, None)
+    assert old.record["alpha"] >= 4.0
+    assert acc(Q @ old.weight.double().numpy().T + old.bias.double().numpy()) < zero_shot - 0.02   # it hurts
+    # the rule now: the adapted linear head, and the default head, are not below zero-shot
+    assert clf.fewshot_["head_choice"]["classes_compared"] == "all"
+    assert clf.fewshot_["linear"]["alpha"] < old.record["alpha"]
+    assert acc(clf.decision_function(Q, "linear")) >= zero_shot - 0.005
+    assert acc(clf.decision_function(Q)) >= zero_shot - 0.005

@@ -241,26 +241,62 @@ def test_default_head_is_what_the_held_out_shots_prefer_and_every_entry_point_us
         assert (c.predict(Xf) == c.predict(Xf, head)).all()
 
 
-def test_head_choice_on_a_class_subset_refits_the_linear_head_on_the_same_classes(monkeypatch):
-    """Above SELECT_MAX shots the kernel head is scored on a subset of whole classes (the others without
-    shots); the LDA head it is compared with must be refitted on the same subset, not on every class."""
-    X, y, P = _problem(seed=3, C=8, per_class=4)
-    monkeypatch.setattr(residual, "SELECT_MAX", 16)
-    clf = SVGClassifier(n_support=2).fit(P.astype(np.float32)).adapt(X.astype(np.float32), y)
-    hc = clf.fewshot_["head_choice"]
-    assert hc["classes_compared"] == 4 and hc["shots_compared"] == 16
+def test_above_select_max_every_held_out_shot_is_scored_against_all_classes(monkeypatch):
+    """Regression (issue 38): above SELECT_MAX shots the choices were made on the shots of a random subset of whole
+    classes, the heads refitted on those classes' shots alone, so the other classes carried no correction (an easier
+    problem than the deployed one: on ImageNet it deployed a linear head below zero-shot). Now the held-out shots are
+    subsampled, never the classes: every fold's kernel head is the deployed predictor refitted on every other shot of
+    every class (checked against a direct Nyström solve), each held-out shot scored against all C classes, and the
+    linear head's folds are refitted on every other shot of every class too."""
     from svgen.fewshot import lda as fewshot
 
-    seen, orig = [], fewshot.lda_head_weights
+    C = 8
+    X, y, P = _problem(seed=3, C=C, per_class=4)
+    monkeypatch.setattr(residual, "SELECT_MAX", 16)
+    monkeypatch.setattr(residual, "SELECT_BASIS", 12)
+    seen, orig = {}, residual.nystrom_fold_scores
 
-    def spy(Xk, yk, *a, **k):
-        seen.append((len(yk), np.unique(yk.numpy()).size))
-        return orig(Xk, yk, *a, **k)
+    def spy(*a, **k):
+        seen["folds"] = a[4]
+        seen["out"] = orig(*a, **k)
+        return seen["out"]
 
-    monkeypatch.setattr(fewshot, "lda_head_weights", spy)
-    SVGClassifier(n_support=2).fit(P.astype(np.float32)).adapt(X.astype(np.float32), y)
-    refits = [s for s in seen if s[0] == 12]          # the 4 folds: 16 subset shots less 4 held out
-    assert len(refits) == 4 and all(k == 4 for _, k in refits)   # the subset's 4 classes only, never all 8
+    monkeypatch.setattr(residual, "nystrom_fold_scores", spy)
+    refits, lda_orig = [], fewshot.lda_head_weights
+
+    def lda_spy(Xk, yk, *a, **k):
+        refits.append((len(yk), np.unique(yk.numpy()).size))
+        return lda_orig(Xk, yk, *a, **k)
+
+    monkeypatch.setattr(fewshot, "lda_head_weights", lda_spy)
+    clf = SVGClassifier(n_support=2).fit(P.astype(np.float32)).adapt(X.astype(np.float32), y)
+    folds = seen["folds"]
+    held = np.concatenate(folds)
+    assert held.size <= 16 and set(y[held]) == set(range(C))          # shots subsampled, every class scored
+    assert all(np.unique(y[f]).size == f.size for f in folds)          # a fold: at most one shot of a class
+    _, scores = seen["out"]
+    assert all(sc.shape == (held.size, C) for sc in scores.values())   # each scored against all C classes
+    rec = clf.fewshot_["kernel"]
+    sigma, c = rec["sigma"], rec["ridge_c"]
+    i, j = residual.SIGMA_FACTORS.index(rec["selection"]["sigma_factor"]), residual.RIDGES.index(c)
+    # the fold's head, solved directly on every other shot (all classes) in the same basis, gives the same scores
+    Xu, Pu = _unit(X), _unit(P)
+    p0 = residual.prior_probs(Xu, Pu, 100.0)
+    R = np.eye(C)[y] - p0
+    rest = np.setdiff1d(np.arange(len(y)), held)
+    basis = rest[residual.shot_sample(y[rest], 12, 0)]
+    L, want = Xu[basis], []
+    for f in folds:
+        keep = np.setdiff1d(np.arange(len(y)), f)
+        assert np.unique(y[keep]).size == C                           # every class keeps shots, so its correction
+        K_LX = residual.rbf(L, Xu[keep], sigma)
+        V = np.linalg.solve(K_LX @ K_LX.T + c * residual.rbf(L, L, sigma), K_LX @ R[keep])
+        want.append(p0[f] + residual.rbf(Xu[f], L, sigma) @ V)
+    np.testing.assert_allclose(scores[i, j], np.concatenate(want), atol=1e-6)
+    hc = clf.fewshot_["head_choice"]
+    assert hc["classes_compared"] == "all" and hc["shots_compared"] == held.size
+    fold_refits = [r for r in refits if r[0] in {len(y) - f.size for f in folds}]
+    assert len(fold_refits) == len(folds) and all(k == C for _, k in fold_refits)   # LDA folds: all classes
 
 
 def test_cli_classify_and_export_use_the_recorded_default_head(adapted, tmp_path):
@@ -305,7 +341,7 @@ def test_one_shot_with_more_classes_than_the_lda_loo_subset(monkeypatch, select_
     clf = SVGClassifier(n_support=2).fit(P.astype(np.float32)).adapt(X.astype(np.float32), y)
     hc = clf.fewshot_["head_choice"]
     pk, pl, rows = seen["out"]
-    lda_rows = residual.class_subset(y, 5, 0)
+    lda_rows = residual.shot_sample(y, 5, 0)
     assert hc["shots_compared"] == len(rows) == len(lda_rows) and set(rows) == set(lda_rows)
     assert pk.shape == pl.shape == (len(rows), 12)
     assert hc["mixture_weight"] == pytest.approx(mixture.fit_weight(pk, pl, y[rows])["weight"])
