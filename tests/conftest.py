@@ -54,6 +54,23 @@ def one_line_error(code, out, err, *expected):
     return lines[0]
 
 
+
+def one_line(code, err, *expected):
+    """A CLI error ``(code, err)``: exit 2 and one stderr line with ``expected`` words (stdout not checked)."""
+    assert code == 2, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in err, err
+    for e in expected:
+        assert e in lines[0], lines[0]
+    return lines[0]
+
+
+def private_copy(files, tmp_path, monkeypatch):
+    """A private copy of the inputs in ``files`` (and of their artifact) in ``tmp_path``; the test runs inside it."""
+    copy_into(files, tmp_path)
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
 # ----------------------------------------------------------------------------- markers (the quick subset)
 
 # Whole files whose tests start Ray, run the README's sessions, or fit and score real data sets.

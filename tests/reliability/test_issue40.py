@@ -19,19 +19,10 @@ from safetensors.torch import load_file, save_file
 from svgen import SVGClassifier
 from svgen.errors import SvgenError
 
-from conftest import copy_into, file_tree as tree, write_small_inputs
+from conftest import file_tree as tree, one_line, private_copy, write_small_inputs
 
 C, D = 5, 16
 NAMES = [f"class {i}" for i in range(C)]
-
-
-def one_line(code, err, *expected):
-    assert code == 2, err
-    lines = err.strip().splitlines()
-    assert len(lines) == 1 and "Traceback" not in err, err
-    for e in expected:
-        assert e in lines[0], lines[0]
-    return lines[0]
 
 
 @pytest.fixture(scope="module")
@@ -42,9 +33,7 @@ def files(tmp_path_factory):
 @pytest.fixture
 def work(files, tmp_path, monkeypatch):
     """A private copy of the inputs and of artifact ``a.svgen``; the test runs inside it."""
-    copy_into(files, tmp_path)
-    monkeypatch.chdir(tmp_path)
-    return tmp_path
+    return private_copy(files, tmp_path, monkeypatch)
 
 
 def _npy_with_shape(path, shape, descr="<f4", data=b"\0" * 1024):

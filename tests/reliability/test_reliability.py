@@ -23,19 +23,10 @@ from svgen import SVGClassifier
 from svgen import safeio
 from svgen.errors import SvgenError
 
-from conftest import copy_into, file_tree as tree, write_small_inputs
+from conftest import file_tree as tree, one_line, private_copy, write_small_inputs
 
 C, D = 5, 16
 NAMES = [f"class {i}" for i in range(C)]
-
-
-def one_line(code, err, *expected):
-    assert code == 2, err
-    lines = err.strip().splitlines()
-    assert len(lines) == 1 and "Traceback" not in err, err
-    for e in expected:
-        assert e in lines[0], lines[0]
-    return lines[0]
 
 
 @pytest.fixture(scope="module")
@@ -46,9 +37,7 @@ def files(tmp_path_factory):
 @pytest.fixture
 def work(files, tmp_path, monkeypatch):
     """A private copy of the inputs and of artifact ``a.svgen``; the test runs inside it."""
-    copy_into(files, tmp_path)
-    monkeypatch.chdir(tmp_path)
-    return tmp_path
+    return private_copy(files, tmp_path, monkeypatch)
 
 
 def fit_args(out, *extra):
