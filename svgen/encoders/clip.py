@@ -41,15 +41,29 @@ from svgen.encoders.activation import activation_name, built_quick_gelu, decide_
 from svgen.encoders.hub import check_weights_reachable, unavailable
 from svgen.encoders.identity import _hf_hub_weights_sha256, _local_dir_weights, file_sha256, identity_key
 from svgen.encoders.images import _collate, _ImageFiles
+from svgen.encoders.runtime import (autocast, autocast_dtype, device_name, plan_loader, precision_label,
+                                    text_batch_size)
+from svgen.encoders.tensor_decode import JpegBytes, TensorPreprocess, collate_bytes, decode_batches
 
 log = logging.getLogger(__name__)
 
 
 
+def auto_device() -> torch.device:
+    """What ``--device auto`` picks: CUDA when present, then Apple's MPS, else the CPU."""
+    if torch.cuda.is_available():
+        return torch.device("cuda")
+    mps = getattr(torch.backends, "mps", None)
+    if mps is not None and mps.is_available():
+        return torch.device("mps")
+    return torch.device("cpu")
+
+
 def resolve_device(device: Optional[str]) -> torch.device:
-    """``None``/``"auto"`` picks CUDA when present; an unavailable CUDA request is a clear error."""
+    """``None``/``"auto"`` picks CUDA, then MPS, else the CPU (:func:`auto_device`); an unavailable CUDA
+    request is a clear error."""
     if device in (None, "auto"):
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        return auto_device()
     dev = torch.device(device)
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise SvgenError(f"device {device!r} was requested but no CUDA device is available; use device='cpu'",
@@ -111,8 +125,9 @@ class ClipEncoder:
         model: str = "ViT-B-32",
         pretrained: Optional[str] = None,
         checkpoint: Optional[str] = None,
-        device: Optional[str] = "cpu",
+        device: Optional[str] = "auto",
         quick_gelu: Optional[bool] = None,
+        precision: str = "auto",
     ):
         import open_clip
 
@@ -123,6 +138,8 @@ class ClipEncoder:
         self.pretrained = pretrained
         self.checkpoint = str(checkpoint) if checkpoint else None
         self.device = resolve_device(device)
+        self.precision = precision
+        self.autocast_dtype  # checks the name before any work
         self.checkpoint_sha256 = None
 
         if model.endswith(".json") and os.path.isfile(model):
@@ -183,6 +200,7 @@ class ClipEncoder:
             raise SvgenError(f"asked open_clip for {activation_name(want)} ({self.quick_gelu_reason}) "
                              f"but it built {activation_name(self.quick_gelu)}")
         log.info("%s: %s (%s)", self.model_name, activation_name(self.quick_gelu), self.quick_gelu_reason)
+        log.info("encoder device: %s (--device %s), %s", device_name(self.device), device or "auto", self.precision_name)
         self.truncate_text = _truncation_exact(self.model)
         if not self.truncate_text:
             log.info("text tower is not causal/EOT-pooled; using stock encode_text")
@@ -198,10 +216,25 @@ class ClipEncoder:
         self.model_name, self.pretrained, self.checkpoint, self.checkpoint_sha256 = name, None, None, None
         self.device = resolve_device(device) if device else next(model.parameters()).device
         self.model = model.to(self.device).eval().requires_grad_(False)
+        self.precision = "auto"
         self.tokenizer, self.preprocess = tokenizer, preprocess
         self.quick_gelu, self.quick_gelu_reason = built_quick_gelu(self.model), "the model given"
         self.truncate_text = _truncation_exact(self.model)
         return self
+
+    # how it runs ---------------------------------------------------------------------------
+    @property
+    def autocast_dtype(self) -> Optional[torch.dtype]:
+        """Mixed precision's dtype on this device (``None``: fp32); :func:`svgen.encoders.runtime.autocast_dtype`."""
+        return autocast_dtype(self.device, self.precision)
+
+    @property
+    def precision_name(self) -> str:
+        return precision_label(self.autocast_dtype)
+
+    def runtime(self) -> Dict[str, str]:
+        """Where and how it ran (recorded beside, never in, :meth:`identity`: it does not change what it is)."""
+        return {"device": device_name(self.device), "precision": self.precision_name}
 
     # identity -------------------------------------------------------------------------------
     @property
@@ -243,71 +276,124 @@ class ClipEncoder:
         return out
 
     @torch.inference_mode()
-    def encode_text(self, prompts: Sequence[str], batch_size: int = 256, progress: bool = False) -> torch.Tensor:
+    def encode_text(self, prompts: Sequence[str], batch_size: Optional[int] = None,
+                    progress: bool = False) -> torch.Tensor:
         """Raw (unnormalised) text embeddings, N×D float32 on the CPU, in the order given.
 
-        Prompts are sorted by token length so each batch is truncated as tightly as possible.
+        Identical prompts are encoded once. Prompts are sorted by token length so each batch is truncated
+        as tightly as possible; ``batch_size`` defaults to the device's (:func:`svgen.encoders.runtime.text_batch_size`);
+        on a GPU the tower runs in mixed precision (:attr:`autocast_dtype`).
         """
         if len(prompts) == 0:
             return torch.zeros(0, 0)
-        tokens = self.tokenizer(list(prompts))
-        lengths = _pool_positions(self.model, tokens) if self.truncate_text else torch.zeros(len(prompts))
+        unique = list(dict.fromkeys(prompts))
+        batch_size = batch_size or text_batch_size(self.device)
+        tokens = self.tokenizer(unique)
+        lengths = _pool_positions(self.model, tokens) if self.truncate_text else torch.zeros(len(unique))
         order = torch.argsort(lengths, stable=True)
-        out = [None] * len(prompts)
-        starts = range(0, len(prompts), batch_size)
+        parts = []
+        starts = range(0, len(unique), batch_size)
         if progress:
             from tqdm.auto import tqdm
 
             starts = tqdm(starts, desc="encoding prompts", unit="batch", leave=False)
         for s in starts:
-            idx = order[s:s + batch_size]
-            batch = tokens[idx].to(self.device)
-            feats = encode_text_truncated(self.model, batch) if self.truncate_text else self.model.encode_text(batch)
-            for i, f in zip(idx.tolist(), feats.float().cpu()):
-                out[i] = f
-        return torch.stack(out)
+            batch = tokens[order[s:s + batch_size]].to(self.device, non_blocking=True)
+            with autocast(self.device, self.autocast_dtype):
+                feats = encode_text_truncated(self.model, batch) if self.truncate_text else self.model.encode_text(batch)
+            parts.append(feats.float())
+        out = torch.empty(len(unique), parts[0].shape[-1])
+        out[order] = torch.cat(parts).cpu()
+        if len(unique) == len(prompts):
+            return out
+        row = {p: i for i, p in enumerate(unique)}
+        return out[torch.tensor([row[p] for p in prompts])]
 
     # images ---------------------------------------------------------------------------------
+    def _encode_on_device(self, images: torch.Tensor) -> torch.Tensor:
+        """Raw float32 embeddings, left on the device (copying them back would wait for the device)."""
+        images = images.to(self.device, non_blocking=True)
+        with autocast(self.device, self.autocast_dtype):
+            return self.model.encode_image(images).float()
+
     @torch.inference_mode()
     def encode_batch(self, images: torch.Tensor) -> torch.Tensor:
         """Raw image embeddings (float32, CPU) of a batch of preprocessed images."""
-        return self.model.encode_image(images.to(self.device)).float().cpu()
+        return self._encode_on_device(images).cpu()
+
+    def loader_plan(self, n_images: int, batch_size: Optional[int] = None, num_workers: Optional[int] = None):
+        """The batch size, decoding workers and pinning for ``n_images`` (:func:`svgen.encoders.runtime.plan_loader`)."""
+        return plan_loader(n_images, self.device, batch_size, num_workers)
 
     @torch.inference_mode()
-    def encode_images(
-        self,
-        paths: Sequence[str],
-        batch_size: int = 32,
-        num_workers: Optional[int] = None,
-        progress: bool = False,
-    ) -> Tuple[torch.Tensor, List[str], List[Tuple[str, str]]]:
-        """Encode image files; returns (N_ok×D raw features, ok paths, [(failed path, reason)]).
+    def iter_images(self, paths: Sequence[str], batch_size: Optional[int] = None, num_workers: Optional[int] = None,
+                    progress: bool = False, chunk: Optional[int] = None, decode: str = "cpu"):
+        """Encode image files, yielding ``(raw features, ok paths, [(failed path, reason)])`` every ``chunk``
+        readable images (all at once when ``None``), from one loader whose workers decode ahead of the encoder.
 
+        ``batch_size``/``num_workers`` default to :meth:`loader_plan`'s. ``decode="gpu"`` decodes JPEGs on the
+        encoder's CUDA device (:mod:`svgen.encoders.tensor_decode`; ``"tensor"``: the same on any device).
         Unreadable and non-image files are skipped and reported, never fatal.
         """
         paths = list(paths)
-        if num_workers is None:
-            num_workers = 0 if len(paths) <= 2 * batch_size else min(4, os.cpu_count() or 1)
+        plan = self.loader_plan(len(paths), batch_size, num_workers)
+        dataset, collate, spec = _ImageFiles(paths, self.preprocess), _collate, None
+        if decode not in ("cpu", "gpu", "tensor"):
+            raise SvgenError(f"decode must be cpu or gpu, got {decode!r}", cli=f"--decode must be cpu or gpu, got {decode!r}")
+        if decode == "gpu" and self.device.type != "cuda":
+            raise SvgenError(f"decode='gpu' needs the encoder on a CUDA device; it is on {self.device}",
+                             cli=f"--decode gpu needs a CUDA device; the encoder is on {self.device} (use --decode cpu)")
+        if decode != "cpu":
+            spec = TensorPreprocess.from_preprocess(self.preprocess)
+            dataset, collate = JpegBytes(paths, self.preprocess), collate_bytes
+        log.info("encoding %d image(s) on %s: batch %d, %d decoding worker(s), %s, %s decoding", len(paths),
+                 device_name(self.device), plan.batch_size, plan.workers,
+                 self.precision_name, decode)
         loader = torch.utils.data.DataLoader(
-            _ImageFiles(paths, self.preprocess), batch_size=batch_size, num_workers=num_workers,
-            collate_fn=_collate, shuffle=False,
+            dataset, batch_size=plan.batch_size, num_workers=plan.workers, collate_fn=collate, shuffle=False,
+            pin_memory=plan.pin_memory and spec is None, prefetch_factor=plan.prefetch,
         )
-        feats, ok, failed = [], [], []
-        it = loader
+        batches = loader if spec is None else decode_batches(loader, paths, self.preprocess, spec, self.device)
         if progress:
             from tqdm.auto import tqdm
 
-            it = tqdm(loader, desc="encoding images", unit="batch", leave=False)
-        for idx, images, bad in it:
+            batches = tqdm(batches, total=len(loader), desc="encoding images", unit="batch", leave=False)
+        feats, ok, failed, n = [], [], [], 0
+        for idx, images, bad in batches:
             failed.extend((paths[i], why) for i, why in bad)
-            if images is None:
-                continue
-            feats.append(self.encode_batch(images))
-            ok.extend(paths[i] for i in idx)
+            if images is not None:
+                feats.append(self._encode_on_device(images))  # queued on the device: the next batch decodes meanwhile
+                ok.extend(paths[i] for i in idx)
+                n += len(idx)
+            if chunk is not None and n >= chunk:
+                yield self._gathered(feats), ok, self._said(failed)
+                feats, ok, failed, n = [], [], [], 0
+        if chunk is None or ok or failed:
+            yield self._gathered(feats), ok, self._said(failed)
+
+    @staticmethod
+    def _gathered(feats: List[torch.Tensor]) -> torch.Tensor:
+        return torch.cat(feats).cpu() if feats else torch.zeros(0, 0)
+
+    @staticmethod
+    def _said(failed):
         for p, why in failed:
             log.info("skipped %s: %s", p, why)  # returned in `failed`; the caller reports them
-        dim = feats[0].shape[1] if feats else 0
-        return (torch.cat(feats) if feats else torch.zeros(0, dim)), ok, failed
+        return failed
+
+    def encode_images(
+        self,
+        paths: Sequence[str],
+        batch_size: Optional[int] = None,
+        num_workers: Optional[int] = None,
+        progress: bool = False,
+        decode: str = "cpu",
+    ) -> Tuple[torch.Tensor, List[str], List[Tuple[str, str]]]:
+        """Encode image files; returns (N_ok×D raw features, ok paths, [(failed path, reason)]) (:meth:`iter_images`)."""
+        feats, ok, failed = next(self.iter_images(paths, batch_size, num_workers, progress, decode=decode))
+        if not ok:
+            feats = torch.zeros(0, 0)
+        return feats, ok, failed
 
 
 def as_numpy(x) -> np.ndarray:
