@@ -235,6 +235,21 @@ def text_side(args, device):
 
 # ----------------------------------------------------------------------------- the run
 
+def table_rows(times: dict, n: int) -> list:
+    """Per step: images/s of its best round, and its speed over the loop with svgen's settings in each round
+    (the load changes between rounds, so a round's own ratio is the fairer comparison) and their median."""
+    import statistics
+
+    same = next(k for k in times if k.startswith("open_clip loop, svgen"))
+    rows = []
+    for what, seconds in times.items():
+        ratios = [t_same / t for t, t_same in zip(seconds, times[same])]
+        rows.append({"what": what, "images_per_s": n / min(seconds), "seconds": seconds,
+                     "round_ratios_vs_same_settings": ratios,
+                     "median_ratio_vs_same_settings": statistics.median(ratios)})
+    return rows
+
+
 def machine(device) -> dict:
     cpu = platform.processor() or platform.machine()
     try:
@@ -287,7 +302,7 @@ def run(args) -> dict:
             steps[name]()
             times[name].append(time.perf_counter() - t0)
             print(f"round {r + 1}: {name}: {len(paths) / times[name][-1]:.1f} images/s", file=sys.stderr)
-    rows = [{"what": k, "images_per_s": len(paths) / min(v), "seconds": v} for k, v in times.items()]
+    rows = table_rows(times, len(paths))
     return {"machine": machine(device), "device": str(device), "model": args.model_label, "n": len(paths),
             "files": f"{len(paths)} JPEGs 500×375 ({source})", "rounds": args.rounds, "rows": rows,
             "svgen_plan": {"batch_size": plan.batch_size, "workers": plan.workers, "pin_memory": plan.pin_memory},
@@ -323,10 +338,13 @@ def markdown(result: dict) -> str:
              f"{m['cpu']}, {m['cores']} cores, torch threads {m['torch_threads']}"
              + (f", GPU {m['gpu']}" if m["gpu"] else "") + f"; load average {m['load_average_1m']} at the start; "
              f"best of {result['rounds']} interleaved rounds.", "",
-             "| what | images/s | × tuned loop | × loop with svgen's settings |", "|---|---:|---:|---:|"]
+             "| what | images/s | × tuned loop | × loop with svgen's settings | the same, median of the rounds' ratios |",
+             "|---|---:|---:|---:|---:|"]
     for r in rows:
-        lines.append(f"| {r['what']} | {r['images_per_s']:,.0f} | {r['images_per_s'] / tuned['images_per_s']:.2f} | "
-                     f"{r['images_per_s'] / same['images_per_s']:.2f} |")
+        median = r.get("median_ratio_vs_same_settings")
+        lines.append(f"| {r['what']} | {r['images_per_s']:,.1f} | {r['images_per_s'] / tuned['images_per_s']:.2f} | "
+                     f"{r['images_per_s'] / same['images_per_s']:.2f} | "
+                     + (f"{median:.2f} |" if median is not None else "– |"))
     a = result.get("agreement")
     if a:
         lines += ["", f"Mixed precision ({a['precision']}) against fp32 on the 100 shared photos: min cosine "

@@ -35,8 +35,8 @@ def add_image_encoder_args(p) -> None:
     g.add_argument("--batch-size", type=int, default=None,
                    help="images per encoder batch (default: from the device: 256 on CUDA, 32 on the CPU)")
     g.add_argument("--workers", type=int, default=None, metavar="N",
-                   help="image-decoding worker processes (default: none for a couple of batches, else from the "
-                        "cores: all but one beside a GPU, half of them beside a CPU encoder)")
+                   help="image-decoding worker processes (default: none for a couple of batches, else one per "
+                        "usable core, all but one beside a GPU, at most 16)")
     g.add_argument("--decode", choices=("cpu", "gpu"), default="cpu",
                    help="cpu: PIL in the worker processes (default); gpu: JPEGs decoded, resized and normalised on "
                         "the CUDA device (nvjpeg), other files by PIL; needs a CUDA device")

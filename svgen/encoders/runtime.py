@@ -116,19 +116,18 @@ def plan_loader(n_images: int, device: torch.device, batch_size: Optional[int] =
     """The loader for ``n_images`` on ``device``; ``batch_size``/``workers`` given by the user are kept.
 
     Workers: none for a couple of batches (starting processes costs more than it saves); else on an
-    accelerator every core but one (the one feeding the device), at most :data:`MAX_WORKERS`; on the CPU, where
-    the encoder needs the cores too, half of them. The batches in flight (workers × prefetch) are kept within a
-    quarter of the available memory.
+    accelerator every core but one (the one feeding the device), on the CPU every core (a worker whose
+    prefetched batches are waiting sleeps, so the encoder's threads get the cores back), at most
+    :data:`MAX_WORKERS`. The batches in flight (workers × prefetch) are kept within a quarter of the available
+    memory.
     """
     batch = batch_size or image_batch_size(device)
     cores = usable_cores()
     if workers is None:
         if n_images <= 2 * batch:
             workers = 0
-        elif device.type == "cpu":
-            workers = max(1, cores // 2)
         else:
-            workers = max(1, min(MAX_WORKERS, cores - 1))
+            workers = max(1, min(MAX_WORKERS, cores if device.type == "cpu" else cores - 1))
         memory = available_memory()
         if memory and workers:
             per_worker = PREFETCH * batch * image_bytes

@@ -19,11 +19,21 @@ def _result(device="cpu", gpu=None):
 def test_the_table_gives_each_row_against_both_loops():
     bench = load_script("bench_images")
     text = bench.markdown(_result())
-    assert "| svgen classify, in-process | 300 | 1.50 | 1.20 |" in text
-    assert "| open_clip loop, tuned (batch 256, 2 workers) | 200 | 1.00 | 0.80 |" in text
+    assert "| svgen classify, in-process | 300.0 | 1.50 | 1.20 | – |" in text
+    assert "| open_clip loop, tuned (batch 256, 2 workers) | 200.0 | 1.00 | 0.80 | – |" in text
     assert "CPU X, 2 cores, torch threads 2" in text and "GPU" not in text.split("\n")[0]
     assert "min cosine 0.99998, top-1 agreement 98.0 %" in text and "2.00×" in text
     assert "GPU NVIDIA H200" in bench.markdown(_result("cuda", "NVIDIA H200"))
+
+
+def test_rows_compare_each_round_with_its_own_loop():
+    bench = load_script("bench_images")
+    times = {"svgen classify, in-process": [2.0, 4.0, 3.0], "open_clip loop, svgen's settings (batch 32)": [4.0, 4.0, 1.5]}
+    rows = bench.table_rows(times, 100)
+    assert rows[0]["images_per_s"] == 50.0 and rows[1]["images_per_s"] == 100 / 1.5
+    assert rows[0]["round_ratios_vs_same_settings"] == [2.0, 1.0, 0.5]
+    assert rows[0]["median_ratio_vs_same_settings"] == 1.0 and rows[1]["median_ratio_vs_same_settings"] == 1.0
+    assert "| 1.00 |" in bench.markdown({**_result(), "rows": rows + _result()["rows"][1:]})
 
 
 def test_write_docs_replaces_only_its_own_section(tmp_path, monkeypatch):

@@ -101,7 +101,10 @@ def test_loader_plan_follows_the_machine_and_keeps_what_is_given(monkeypatch):
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
     monkeypatch.setattr(runtime, "image_batch_size", lambda d: runtime.IMAGE_BATCH.get(d.type, 32))
     assert runtime.plan_loader(10, cpu) == runtime.LoaderPlan(32, 0, False, None)   # a couple of batches
-    assert runtime.plan_loader(1000, cpu) == runtime.LoaderPlan(32, 8, False, runtime.PREFETCH)
+    assert runtime.plan_loader(1000, cpu) == runtime.LoaderPlan(32, 16, False, runtime.PREFETCH)
+    monkeypatch.setattr(runtime, "usable_cores", lambda: 64)
+    assert runtime.plan_loader(1000, cpu).workers == runtime.MAX_WORKERS
+    monkeypatch.setattr(runtime, "usable_cores", lambda: 16)
     assert runtime.plan_loader(10_000, cuda) == runtime.LoaderPlan(256, 15, True, runtime.PREFETCH)
     assert runtime.plan_loader(10_000, cuda, batch_size=64, workers=3) == runtime.LoaderPlan(64, 3, True,
                                                                                              runtime.PREFETCH)
