@@ -43,6 +43,7 @@ from svgen.encoders.identity import _hf_hub_weights_sha256, _local_dir_weights, 
 from svgen.encoders.images import _collate, _ImageFiles
 from svgen.encoders.runtime import (autocast, autocast_dtype, device_name, plan_loader, precision_label,
                                     text_batch_size)
+from svgen.encoders.tokens import token_ids, tokenize
 from svgen.encoders.tensor_decode import JpegBytes, TensorPreprocess, collate_bytes, decode_batches
 
 log = logging.getLogger(__name__)
@@ -175,7 +176,12 @@ class ClipEncoder:
                 self.model, _, self.preprocess = open_clip.create_model_and_transforms(
                     model, pretrained=self.checkpoint or pretrained, device=self.device, **act
                 )
-            self.tokenizer = open_clip.get_tokenizer(model)
+            self._tokenizer_name = model
+            text_cfg = (open_clip.get_model_config(model) or {}).get("text_cfg") or {}
+            if model.startswith(("hf-hub:", "local-dir:")) or text_cfg.get("hf_tokenizer_name"):
+                self.tokenizer = open_clip.get_tokenizer(model)   # may read files or the hub: failures said here
+            else:
+                self.tokenizer = None   # open_clip's BPE tokenizer: built on first use (`classify` never needs it)
         except EncoderUnavailableError:
             raise
         except RuntimeError as e:
@@ -236,9 +242,26 @@ class ClipEncoder:
         """Where and how it ran (recorded beside, never in, :meth:`identity`: it does not change what it is)."""
         return {"device": device_name(self.device), "precision": self.precision_name}
 
+    @property
+    def tokenizer(self):
+        """The model's tokenizer (open_clip's BPE tokenizer is built when first used: half a second)."""
+        tok = self.__dict__.get("_tokenizer")
+        if tok is None and self.__dict__.get("_tokenizer_name"):
+            import open_clip
+
+            tok = self.__dict__["_tokenizer"] = open_clip.get_tokenizer(self._tokenizer_name)
+        return tok
+
+    @tokenizer.setter
+    def tokenizer(self, value):
+        self.__dict__["_tokenizer"] = value
+
     # identity -------------------------------------------------------------------------------
     @property
     def embed_dim(self) -> int:
+        out = getattr(getattr(self.model, "visual", None), "output_dim", None)
+        if isinstance(out, int):   # the image tower's projection: the shared embedding space
+            return out
         with torch.inference_mode():
             return int(self.encode_text(["a"]).shape[-1])
 
@@ -268,12 +291,17 @@ class ClipEncoder:
     # text -----------------------------------------------------------------------------------
     def too_long(self, prompts: Sequence[str]) -> List[str]:
         """Prompts whose tokens exceed the context length (they get truncated by the tokenizer)."""
-        out = []
-        for p in prompts:
-            ids = self.tokenizer.encode(p) if hasattr(self.tokenizer, "encode") else None
-            if ids is not None and len(ids) + 2 > self.context_length:
-                out.append(p)
-        return out
+        ids = self._token_ids(prompts)
+        if ids is None and hasattr(self.tokenizer, "encode"):
+            ids = [self.tokenizer.encode(p) for p in prompts]
+        return [p for p, t in zip(prompts, ids or ()) if len(t) + 2 > self.context_length]
+
+    def _token_ids(self, prompts: Sequence[str]) -> Optional[List[List[int]]]:
+        return token_ids(self.tokenizer, prompts, self.__dict__.setdefault("_ids_memo", {}))
+
+    def tokenize(self, prompts: Sequence[str]) -> torch.Tensor:
+        """``tokenizer(prompts)``; each prompt's BPE ids are computed once (:func:`svgen.encoders.tokens.tokenize`)."""
+        return tokenize(self.tokenizer, prompts, self.__dict__.setdefault("_ids_memo", {}))
 
     @torch.inference_mode()
     def encode_text(self, prompts: Sequence[str], batch_size: Optional[int] = None,
@@ -288,7 +316,8 @@ class ClipEncoder:
             return torch.zeros(0, 0)
         unique = list(dict.fromkeys(prompts))
         batch_size = batch_size or text_batch_size(self.device)
-        tokens = self.tokenizer(unique)
+        tokens = self.tokenize(unique)
+        self.__dict__.pop("_ids_memo", None)   # encoded: the ids are not needed again
         lengths = _pool_positions(self.model, tokens) if self.truncate_text else torch.zeros(len(unique))
         order = torch.argsort(lengths, stable=True)
         parts = []
@@ -366,20 +395,10 @@ class ClipEncoder:
                 ok.extend(paths[i] for i in idx)
                 n += len(idx)
             if chunk is not None and n >= chunk:
-                yield self._gathered(feats), ok, self._said(failed)
+                yield _gathered(feats), ok, _said(failed)
                 feats, ok, failed, n = [], [], [], 0
         if chunk is None or ok or failed:
-            yield self._gathered(feats), ok, self._said(failed)
-
-    @staticmethod
-    def _gathered(feats: List[torch.Tensor]) -> torch.Tensor:
-        return torch.cat(feats).cpu() if feats else torch.zeros(0, 0)
-
-    @staticmethod
-    def _said(failed):
-        for p, why in failed:
-            log.info("skipped %s: %s", p, why)  # returned in `failed`; the caller reports them
-        return failed
+            yield _gathered(feats), ok, _said(failed)
 
     def encode_images(
         self,
@@ -394,6 +413,17 @@ class ClipEncoder:
         if not ok:
             feats = torch.zeros(0, 0)
         return feats, ok, failed
+
+
+def _gathered(feats: List[torch.Tensor]) -> torch.Tensor:
+    """One chunk's embeddings, copied to the CPU at once (one wait for the device per chunk)."""
+    return torch.cat(feats).cpu() if feats else torch.zeros(0, 0)
+
+
+def _said(failed):
+    for p, why in failed:
+        log.info("skipped %s: %s", p, why)  # returned in `failed`; the caller reports them
+    return failed
 
 
 def as_numpy(x) -> np.ndarray:

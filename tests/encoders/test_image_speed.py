@@ -286,3 +286,28 @@ def test_identical_prompts_are_encoded_once(tiny, monkeypatch):
     one = tiny.encode_text(["a cat", "a dog", "a bird"], batch_size=2)
     torch.testing.assert_close(out, one[[0, 1, 0, 2, 1]])
     torch.testing.assert_close(tiny.encode_text(prompts, batch_size=256), out)
+
+
+def test_each_prompt_is_tokenised_once_and_as_open_clip_does(tiny, monkeypatch):
+    """``too_long`` and ``encode_text`` share the BPE ids (ftfy's cleaning is most of a prompt's tokenisation),
+    and the tokens are exactly open_clip's, a prompt over the context length included."""
+    from svgen.encoders.prototypes import build_prototypes
+
+    prompts = ["a photo of a cat", "a dog", "word " * 100, "a dog", "ünïcödé café"]
+    assert torch.equal(tiny.tokenize(prompts), tiny.tokenizer(prompts))
+    assert tiny.too_long(prompts) == ["word " * 100]
+    calls = []
+    encode = type(tiny.tokenizer).encode
+    monkeypatch.setattr(type(tiny.tokenizer), "encode", lambda self, text: calls.append(text) or encode(self, text))
+    build_prototypes(tiny, ["cat", "dog", "bird"], ["a photo of a {}.", "a {}."], use_cache=False)
+    assert sorted(calls) == sorted(t.format(c) for c in ("cat", "dog", "bird") for t in ("a photo of a {}.", "a {}."))
+    assert "_ids_memo" not in tiny.__dict__   # dropped once encoded
+
+
+def test_images_alone_never_build_the_tokenizer(tiny_model, photos):
+    """Building open_clip's BPE tokenizer costs half a second that ``classify`` does not need."""
+    enc = ClipEncoder(tiny_model["config"], checkpoint=tiny_model["safetensors"], device="cpu")
+    assert enc.embed_dim == tiny_model["dim"]
+    feats, ok, _ = enc.encode_images(photos[0][:3], num_workers=0)
+    assert len(ok) == 3 and enc.__dict__["_tokenizer"] is None
+    assert enc.encode_text(["a cat"]).shape == (1, tiny_model["dim"]) and enc.__dict__["_tokenizer"] is not None
