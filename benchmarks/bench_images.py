@@ -271,7 +271,13 @@ def run(args) -> dict:
     from svgen.encoders.runtime import plan_loader, usable_cores
 
     device = resolve_device(args.device)
-    work = Path(tempfile.mkdtemp(prefix="bench-images-"))
+    with tempfile.TemporaryDirectory(prefix="bench-images-") as tmp:   # the files and checkpoint go with it
+        return _run(args, device, Path(tmp))
+
+
+def _run(args, device, work: Path) -> dict:
+    from svgen.encoders.runtime import plan_loader, usable_cores
+
     if args.random_vit or not args.checkpoint:
         args.checkpoint, args.model = make_model(args, work)
     folder = work / "jpegs"

@@ -76,8 +76,9 @@ def add_encoder_args(p: argparse.ArgumentParser, with_model_default: bool = True
                      help="local weights for --model: .safetensors, or a torch file (read with weights_only=True)")
     add_quick_gelu_arg(g)
     g.add_argument("--device", default="auto",
-                   help="device of the open_clip encoder (text prompts, images): cpu, cuda, cuda:N or auto; "
-                        "the kernel fit itself runs on the CPU (default: %(default)s)")
+                   help="device of the open_clip encoder (text prompts, images): cpu, cuda, cuda:N, mps or auto "
+                        "(CUDA if present, then MPS, else the CPU); the kernel fit itself runs on the CPU "
+                        "(default: %(default)s)")
 
 
 def add_quick_gelu_arg(g, default_help: str = "") -> None:

@@ -238,10 +238,6 @@ class ClipEncoder:
     def precision_name(self) -> str:
         return precision_label(self.autocast_dtype)
 
-    def runtime(self) -> Dict[str, str]:
-        """Where and how it ran (recorded beside, never in, :meth:`identity`: it does not change what it is)."""
-        return {"device": device_name(self.device), "precision": self.precision_name}
-
     @property
     def tokenizer(self):
         """The model's tokenizer (open_clip's BPE tokenizer is built when first used: half a second)."""

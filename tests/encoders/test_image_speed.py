@@ -263,6 +263,8 @@ def test_decode_gpu_without_cuda_is_one_line(cli, tiny, tiny_model, photos, tmp_
     assert code == 2 and out == "" and not (tmp_path / "p.csv").exists()
     assert err.strip() == "svgen classify: error: --decode gpu needs a CUDA device; the encoder is on cpu " \
                           "(use --decode cpu)"
+    code, out, err = cli("classify", tmp_path / "a", photos[0][0], *enc, "--workers", -1)
+    assert code == 2 and out == "" and err.strip() == "svgen classify: error: --workers must be 0 or more, got -1"
 
 
 # ----------------------------------------------------------------------------- chunks and text

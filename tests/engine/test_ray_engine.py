@@ -307,6 +307,9 @@ def test_without_ray_one_line_says_what_to_install(cli, lvis, tmp_path, monkeypa
     (["--actors", "0"], "--actors must be at least 1"),
     (["--address", "tcp://x"], "--address takes 'auto' or ray://HOST:PORT"),
     (["--block-size", "0"], "--block-size must be at least 1"),
+    (["--gpus-per-actor", "-1"], "--gpus-per-actor must be 0 or more"),
+    (["--decode", "gpu"], "--decode gpu runs in one process"),
+    (["--workers", "-1"], "--workers must be 0 or more"),
 ])
 def test_bad_options_are_one_line(cli, lvis, tmp_path, extra, message):
     pytest.importorskip("ray")
