@@ -231,6 +231,31 @@ def test_tensor_decoding_matches_pil(tiny, photos, tmp_path):
     assert F.cosine_similarity(pil, tensor).min() >= COSINE
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_nvjpeg_decoding_matches_pil_on_cuda(tiny_model, photos, tmp_path):
+    """``--decode gpu`` proper: nvjpeg's pixels against PIL's (the figure docs/performance.md states comes from
+    here and from the benchmark), and the embeddings."""
+    import open_clip
+    from PIL import Image
+    from torchvision.io import ImageReadMode, decode_jpeg, read_file
+
+    _, _, vit_preprocess = open_clip.create_model_and_transforms("ViT-B-32")
+    spec = TensorPreprocess.from_preprocess(vit_preprocess)
+    diffs = []
+    for i, p in enumerate(photos[0][:20]):
+        f = tmp_path / f"{i}.jpg"
+        Image.open(p).convert("RGB").resize((500, 375), Image.BICUBIC).save(f, quality=90)
+        pil, _ = load_image(str(f), vit_preprocess)
+        gpu = spec([decode_jpeg(read_file(str(f)), mode=ImageReadMode.RGB, device="cuda")])[0].cpu()
+        diffs.append(_pixels(pil, gpu, vit_preprocess))
+    d = torch.stack(diffs)
+    assert d.max() <= 2 * TENSOR_MAX and d.mean() <= TENSOR_MEAN, (float(d.max()), float(d.mean()))
+    encoder = ClipEncoder(tiny_model["config"], checkpoint=tiny_model["safetensors"], device="cuda")
+    pil, ok, _ = encoder.encode_images(photos[0], num_workers=0)
+    gpu, ok_gpu, _ = encoder.encode_images(photos[0], num_workers=0, decode="gpu")
+    assert ok_gpu == ok and F.cosine_similarity(pil, gpu).min() >= COSINE
+
+
 def test_tensor_decoding_falls_back_to_pil_file_by_file(tiny, photos, tmp_path):
     from PIL import Image
 
