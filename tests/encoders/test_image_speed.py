@@ -338,3 +338,29 @@ def test_images_alone_never_build_the_tokenizer(tiny_model, photos):
     feats, ok, _ = enc.encode_images(photos[0][:3], num_workers=0)
     assert len(ok) == 3 and enc.__dict__["_tokenizer"] is None
     assert enc.encode_text(["a cat"]).shape == (1, tiny_model["dim"]) and enc.__dict__["_tokenizer"] is not None
+
+
+def test_a_checkpoints_sha256_is_remembered_on_disk_until_the_file_changes(tmp_path, monkeypatch):
+    """Large weights are hashed once across commands (the in-process memo is cleared here as a new process has
+    none); any change to the file (its size, times or inode) hashes it again."""
+    import hashlib
+    import os
+
+    from svgen.encoders import identity
+
+    monkeypatch.setattr(identity, "DISK_MEMO_BYTES", 0)
+    f = tmp_path / "w.safetensors"
+    f.write_bytes(b"weights" * 1000)
+    truth = hashlib.sha256(f.read_bytes()).hexdigest()
+    identity._sha256_of.cache_clear()
+    assert identity.file_sha256(f) == truth
+    memos = list((tmp_path / "svgen-cache" / "sha256").iterdir())
+    assert len(memos) == 1 and memos[0].read_text().strip() == truth
+    memos[0].write_text("0" * 64)   # what a later command reads instead of hashing
+    identity._sha256_of.cache_clear()
+    assert identity.file_sha256(f) == "0" * 64
+    st = f.stat()
+    f.write_bytes(b"other weights" * 1000)
+    os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns))   # same mtime: the change time still differs
+    identity._sha256_of.cache_clear()
+    assert identity.file_sha256(f) == hashlib.sha256(f.read_bytes()).hexdigest()
