@@ -47,13 +47,18 @@ def resize_target(preprocess) -> Optional[int]:
     return int(size) if isinstance(size, int) else None
 
 
+DRAFT_FLOOR = 224  # a draft decode never goes below this (CLIP's usual input), whatever the model's input
+
+
 def _draft(im, target: Optional[int]) -> None:
     """Let libjpeg decode a JPEG at 1/2, 1/4 or 1/8 scale (DCT scaling) when that still leaves its shorter side
-    at least ``target``: the resize that follows then starts from fewer pixels. Only for JPEGs at least twice the
-    target (PIL keeps both sides ≥ the size asked for); the preprocessed pixels stay within the tolerance that
+    at least ``max(target, DRAFT_FLOOR)``: the resize that follows then starts from fewer pixels. Only for JPEGs
+    at least twice that size (PIL keeps both sides ≥ the size asked for), so photos of 224 to 447 pixels decode
+    in full for every model; the preprocessed pixels stay within the tolerance that
     ``tests/encoders/test_image_speed.py`` states."""
-    if target and im.format == "JPEG" and min(im.size) >= 2 * target:
-        im.draft("RGB", (target, target))
+    size = max(target or 0, DRAFT_FLOOR)
+    if target and im.format == "JPEG" and min(im.size) >= 2 * size:
+        im.draft("RGB", (size, size))
 
 
 def load_image(source, preprocess, draft: bool = True) -> Tuple[Optional[torch.Tensor], str]:

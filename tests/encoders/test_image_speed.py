@@ -201,8 +201,9 @@ def test_draft_leaves_small_jpegs_alone(tiny, photos):
     _, _, vit_preprocess = open_clip.create_model_and_transforms("ViT-B-32")
     assert resize_target(vit_preprocess) == 224 and resize_target(tiny.preprocess) == 32
     assert resize_target(lambda im: im) is None
-    f = photos[0][0]  # 224×224: under twice the target, decoded in full
-    assert torch.equal(load_image(f, vit_preprocess)[0], load_image(f, vit_preprocess, draft=False)[0])
+    f = photos[0][0]  # 224×224: under twice the target (and the 224 floor, for the 32-pixel model), decoded in full
+    for preprocess in (vit_preprocess, tiny.preprocess):
+        assert torch.equal(load_image(f, preprocess)[0], load_image(f, preprocess, draft=False)[0])
 
 
 # ----------------------------------------------------------------------------- tensor decoding (--decode gpu)
