@@ -312,6 +312,9 @@ def _run(args, device, work: Path) -> dict:
         shutil.copy(p, warm)
     classify_in_process(args, art, warm, work / "w.csv")
     open_clip_loop(args, paths[:8], device, 8, 0)
+    if args.steps:   # a focused comparison: only the steps whose names start with one of these
+        keep = [w.strip() for w in args.steps.split(",")]
+        steps = {k: v for k, v in steps.items() if any(k.startswith(w) for w in keep)}
     times = {k: [] for k in steps}
     for r in range(args.rounds):
         order = list(steps) if r % 2 == 0 else list(reversed(steps))   # interleaved, alternating order
@@ -396,6 +399,8 @@ def main(argv=None) -> int:
     ap.add_argument("--tuned-batch", type=int, default=256)
     ap.add_argument("--tuned-workers", type=int, default=None, help="default: one per usable core")
     ap.add_argument("--text-classes", type=int, default=20, help="ImageNet classes × 80 templates; 0: no text")
+    ap.add_argument("--steps", default=None, help="comma-separated prefixes of the steps to run (default: all); "
+                                                   "must include \"open_clip loop, svgen's\" and \"open_clip loop, tuned\"")
     ap.add_argument("--write-docs", action="store_true", help="put the table into docs/performance.md")
     args = ap.parse_args(argv)
     args.model_label = args.model
