@@ -88,9 +88,10 @@ def add_encoder_args(p: argparse.ArgumentParser, with_model_default: bool = True
     src.add_argument("--checkpoint", metavar="FILE",
                      help="local weights for --model: .safetensors, or a torch file (read with weights_only=True)")
     add_quick_gelu_arg(g)
-    g.add_argument("--device", default="cpu",
-                   help="device of the open_clip encoder (text prompts, images): cpu, cuda, cuda:N or auto; "
-                        "the kernel fit itself runs on the CPU (default: %(default)s)")
+    g.add_argument("--device", default="auto",
+                   help="device of the open_clip encoder (text prompts, images): cpu, cuda, cuda:N, mps or auto "
+                        "(CUDA if present, then MPS, else the CPU); the kernel fit itself runs on the CPU "
+                        "(default: %(default)s)")
 
 
 def add_quick_gelu_arg(g, default_help: str = "") -> None:

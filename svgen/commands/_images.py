@@ -30,10 +30,24 @@ def add_image_encoder_args(p) -> None:
     src.add_argument("--pretrained", metavar="TAG", help="pretrained tag (default: the artifact's)")
     src.add_argument("--checkpoint", metavar="FILE", help="local weights file (must be the artifact's checkpoint)")
     add_quick_gelu_arg(g, ": the artifact's recorded activation; without one")
-    g.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto (default: %(default)s)")
-    g.add_argument("--batch-size", type=int, default=32, help="images per encoder batch (default: %(default)s)")
+    g.add_argument("--device", default="auto",
+                   help="cpu, cuda, cuda:N, mps or auto: CUDA if present, then MPS, else the CPU (default: %(default)s)")
+    g.add_argument("--batch-size", type=int, default=None,
+                   help="images per encoder batch (default: from the device: 256 on CUDA, 32 on the CPU)")
     g.add_argument("--workers", type=non_negative_int, default=None, metavar="N",
-                   help="image-decoding worker processes (default: 0 for small inputs, else up to 4)")
+                   help="image-decoding worker processes (default: none for a couple of batches, else one per "
+                        "usable core, all but one beside a GPU, at most 16)")
+    g.add_argument("--decode", choices=("cpu", "gpu"), default="cpu",
+                   help="cpu: PIL in the worker processes (default); gpu: JPEGs decoded, resized and normalised on "
+                        "the CUDA device (nvjpeg), other files by PIL; needs a CUDA device")
+
+
+def check_loader_args(args) -> None:
+    """``--batch-size`` and ``--workers`` given are sensible (``None``: the machine's)."""
+    if getattr(args, "batch_size", None) is not None and args.batch_size < 1:
+        raise SvgenError(f"--batch-size must be at least 1, got {args.batch_size}")
+    if getattr(args, "workers", None) is not None and args.workers < 0:
+        raise SvgenError(f"--workers must be 0 or more, got {args.workers}")
 
 
 def encoder_for_artifact(args, clf):
@@ -58,10 +72,10 @@ def load_features(path, clf, mmap: bool = False):
 
 def encode_paths(args, encoder, paths, command: str):
     """Encode image files; prints one line per skipped file; errors when none could be read."""
-    if args.batch_size < 1:
-        raise SvgenError(f"--batch-size must be at least 1, got {args.batch_size}")
+    check_loader_args(args)
     feats, ok, failed = encoder.encode_images(paths, batch_size=args.batch_size, num_workers=args.workers,
-                                              progress=getattr(args, "progress", False))
+                                              progress=getattr(args, "progress", False),
+                                              decode=getattr(args, "decode", "cpu"))
     if not ok:
         raise SvgenError(f"none of the {len(paths)} file(s) could be read as an image "
                          f"(first: {failed[0][0]}: {failed[0][1]})")

@@ -59,7 +59,7 @@ def encode_pool(args, encoder, paths, command: str):
     from svgen.commands._images import encode_paths
 
     if not hasattr(args, "batch_size"):
-        args.batch_size, args.workers = 32, None
+        args.batch_size, args.workers = None, None  # the machine's (svgen.encoders.runtime)
     x, _, _ = encode_paths(args, encoder, paths, command)
     return x
 

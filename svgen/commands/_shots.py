@@ -71,7 +71,7 @@ def encode_shots(args, encoder, data, command: str):
     from svgen.commands._images import encode_paths
 
     if not hasattr(args, "batch_size"):
-        args.batch_size, args.workers = 32, None
+        args.batch_size, args.workers = None, None  # the machine's (svgen.encoders.runtime)
     x, ok, _ = encode_paths(args, encoder, data.paths, command)
     label_of = dict(zip(data.paths, data.labels))
     return x, np.asarray([label_of[p] for p in ok], dtype=np.int64)

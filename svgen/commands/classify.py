@@ -10,7 +10,8 @@ import numpy as np
 from svgen.engine.predictions import score
 from svgen.errors import SvgenError
 from svgen.commands._common import ExamplesFormatter, add_refused_flag, note
-from svgen.commands._images import add_image_encoder_args, check_out, encode_paths, encoder_for_artifact, load_features
+from svgen.commands._images import (add_image_encoder_args, check_loader_args, check_out, encode_paths,
+                                    encoder_for_artifact, load_features)
 from svgen.transductive.decision import pool_kept
 
 log = logging.getLogger(__name__)
@@ -239,14 +240,13 @@ def _image_blocks(clf, encoder, paths, head: str, args):
         feats, ok, _ = encode_paths(args, encoder, paths, "classify")
         yield from matrix_blocks({"path": list(ok)}, _transductive(clf, feats, args))
         return
-    if args.batch_size < 1:
-        raise SvgenError(f"--batch-size must be at least 1, got {args.batch_size}")
+    check_loader_args(args)
     n_ok = n_failed = 0
     unsaid = []  # skipped files are listed once some file was readable; if none is, the error is one line
-    for s in range(0, len(paths), IMAGE_CHUNK):
-        chunk = paths[s:s + IMAGE_CHUNK]
-        feats, ok, failed = encoder.encode_images(chunk, batch_size=args.batch_size, num_workers=args.workers,
-                                                  progress=getattr(args, "progress", False))
+    # One loader for all the paths (its workers keep decoding while a chunk is scored and written).
+    for feats, ok, failed in encoder.iter_images(paths, batch_size=args.batch_size, num_workers=args.workers,
+                                                 progress=getattr(args, "progress", False), chunk=IMAGE_CHUNK,
+                                                 decode=args.decode):
         unsaid += failed
         n_ok, n_failed = n_ok + len(ok), n_failed + len(failed)
         if n_ok:

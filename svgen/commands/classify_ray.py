@@ -32,6 +32,10 @@ def add_ray_args(p) -> None:
                    help="classifier actors, each holding the artifact and encoder (default: %(default)s)")
     g.add_argument("--actor-cpus", type=float, default=1, metavar="C",
                    help="CPUs reserved per actor; its torch uses as many threads (default: %(default)s)")
+    g.add_argument("--gpus-per-actor", type=float, default=0, metavar="G",
+                   help="GPUs reserved per actor (Ray's num_gpus; fractions share one): actors then run only on "
+                        "nodes with GPUs, each seeing its own; leave --device auto so each actor uses the GPU "
+                        "it was given (default: %(default)s)")
     g.add_argument("--block-size", type=int, default=None, metavar="N",
                    help="inputs per output part: the unit of work and of resumption "
                         "(default: 256 images, 65536 feature rows)")
@@ -45,7 +49,7 @@ def add_ray_args(p) -> None:
                    help="local instance only: Ray object store size (default: Ray's own, about 30%% of RAM)")
 
 
-_RAY_ONLY = {"address": None, "actors": 1, "actor_cpus": 1, "block_size": None, "path_column": "path",
+_RAY_ONLY = {"address": None, "actors": 1, "actor_cpus": 1, "gpus_per_actor": 0, "block_size": None, "path_column": "path",
              "features_column": None, "cpus": None, "object_store_mb": None}
 
 
@@ -78,8 +82,14 @@ def _check(args) -> None:
             raise SvgenError(f"--{flag} must be at least 1, got {v}")
     if args.actor_cpus <= 0:
         raise SvgenError(f"--actor-cpus must be positive, got {args.actor_cpus:g}")
-    if args.batch_size < 1:
-        raise SvgenError(f"--batch-size must be at least 1, got {args.batch_size}")
+    if args.gpus_per_actor < 0:
+        raise SvgenError(f"--gpus-per-actor must be 0 or more, got {args.gpus_per_actor:g}")
+    if getattr(args, "decode", "cpu") != "cpu":
+        raise SvgenError("--decode gpu runs in one process; with --engine ray images are decoded in Ray tasks "
+                         "(drop --decode)")
+    from svgen.commands._images import check_loader_args
+
+    check_loader_args(args)
     from svgen.engine.ray import check_address
 
     check_address(args.address)
@@ -127,7 +137,8 @@ def run_ray(args) -> int:
             done = ray_engine.prepare_output(args.out, job, force=args.force)
             ray_engine.run_blocks(blocks, args.out, args.artifact, args.head, args.probs, args.top_k,
                                   preprocess=preprocess, encoder_factory=factory, actors=args.actors,
-                                  actor_cpus=args.actor_cpus, batch_size=args.batch_size, done=done,
+                                  actor_cpus=args.actor_cpus, gpus_per_actor=args.gpus_per_actor,
+                                  batch_size=args.batch_size, done=done,
                                   progress=args.progress, restart_actors=bool(args.address))
         finally:
             if started:

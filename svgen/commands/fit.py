@@ -146,6 +146,13 @@ def run(args) -> int:
 
     import numpy as np
 
+    from svgen.encoders.clip import resolve_device
+    from svgen.encoders.runtime import autocast_dtype, device_name, precision_label
+
+    device = resolve_device(args.device)
+    # Where the encoder ran: svgen.json → metrics.runtime, beside (never in) the encoder's identity.
+    runtime = {"device": device_name(device), "requested": args.device,
+               "precision": precision_label(autocast_dtype(device))}
     if args.prototypes:
         emb = load_array(args.prototypes, "prototypes")
         if emb.ndim not in (2, 3):
@@ -158,6 +165,7 @@ def run(args) -> int:
         protos, identity = text_prototypes(args, classes, templates)
         emb = protos.per_template
         encoder_id = {**identity, "embed_dim": int(emb.shape[-1])}
+        runtime = {**runtime, "prompts_encoded": protos.encoded}
     if shot_folder is not None or pool_folder is not None:  # images to embed: the encoder is needed even
         from svgen.encoders.hub import check_weights_reachable               # when every prompt was cached
 
@@ -171,6 +179,8 @@ def run(args) -> int:
             pool = encode_pool(args, encoder, pool_folder, "fit")
     clf.fit(np.asarray(emb, dtype=np.float32), classes=classes, templates=templates, encoder=encoder_id, shots=shots,
             unlabelled=pool)
+    if not args.prototypes or shot_folder is not None or pool_folder is not None:
+        clf.fit_metrics_["runtime"] = runtime
     clf.save(out, force=args.force)
     m = clf.fit_metrics_
     if m.get("diverged_at_step") is not None:

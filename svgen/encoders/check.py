@@ -126,15 +126,17 @@ def _cosines(a: torch.Tensor, b: np.ndarray) -> List[float]:
 
 
 def _encode(encoder, reference: Reference, preprocess=None) -> torch.Tensor:
-    """Texts then the image, through the encoder's own code paths (truncated text encoding, image loader)."""
-    saved = encoder.preprocess
+    """Texts then the image, through the encoder's own code paths (truncated text encoding, image loader), in
+    fp32 whatever the device (the check is of the weights, not of a GPU's mixed precision)."""
+    saved, precision = encoder.preprocess, getattr(encoder, "precision", "fp32")
     if preprocess is not None or saved is None:
         encoder.preprocess = preprocess or reference.transform()
+    encoder.precision = "fp32"
     try:
         text = encoder.encode_text(reference.texts)
         image, ok, failed = encoder.encode_images([reference.image], num_workers=0)
     finally:
-        encoder.preprocess = saved
+        encoder.preprocess, encoder.precision = saved, precision
     if not ok:
         raise SvgenError(f"cannot read the reference image {reference.image}: {failed[0][1]}")
     return torch.cat([text, image])

@@ -41,15 +41,30 @@ from svgen.encoders.activation import activation_name, built_quick_gelu, decide_
 from svgen.encoders.hub import check_weights_reachable, unavailable
 from svgen.encoders.identity import hf_hub_weights_sha256, local_dir_weights, file_sha256, identity_key
 from svgen.encoders.images import ImageFiles, collate
+from svgen.encoders.runtime import (autocast, autocast_dtype, device_name, plan_loader, precision_label,
+                                    text_batch_size)
+from svgen.encoders.tokens import token_ids, tokenize
+from svgen.encoders.tensor_decode import JpegBytes, TensorPreprocess, collate_bytes, decode_batches
 
 log = logging.getLogger(__name__)
 
 
 
+def auto_device() -> torch.device:
+    """What ``--device auto`` picks: CUDA when present, then Apple's MPS, else the CPU."""
+    if torch.cuda.is_available():
+        return torch.device("cuda")
+    mps = getattr(torch.backends, "mps", None)
+    if mps is not None and mps.is_available():
+        return torch.device("mps")
+    return torch.device("cpu")
+
+
 def resolve_device(device: Optional[str]) -> torch.device:
-    """``None``/``"auto"`` picks CUDA when present; an unavailable CUDA request is a clear error."""
+    """``None``/``"auto"`` picks CUDA, then MPS, else the CPU (:func:`auto_device`); an unavailable CUDA
+    request is a clear error."""
     if device in (None, "auto"):
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        return auto_device()
     dev = torch.device(device)
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise SvgenError(f"device {device!r} was requested but no CUDA device is available; use device='cpu'",
@@ -111,8 +126,9 @@ class ClipEncoder:
         model: str = "ViT-B-32",
         pretrained: Optional[str] = None,
         checkpoint: Optional[str] = None,
-        device: Optional[str] = "cpu",
+        device: Optional[str] = "auto",
         quick_gelu: Optional[bool] = None,
+        precision: str = "auto",
     ):
         import open_clip
 
@@ -123,6 +139,8 @@ class ClipEncoder:
         self.pretrained = pretrained
         self.checkpoint = str(checkpoint) if checkpoint else None
         self.device = resolve_device(device)
+        self.precision = precision
+        self.autocast_dtype  # checks the name before any work
         self.checkpoint_sha256 = None
 
         if model.endswith(".json") and os.path.isfile(model):
@@ -158,7 +176,12 @@ class ClipEncoder:
                 self.model, _, self.preprocess = open_clip.create_model_and_transforms(
                     model, pretrained=self.checkpoint or pretrained, device=self.device, **act
                 )
-            self.tokenizer = open_clip.get_tokenizer(model)
+            self._tokenizer_name = model
+            text_cfg = (open_clip.get_model_config(model) or {}).get("text_cfg") or {}
+            if model.startswith(("hf-hub:", "local-dir:")) or text_cfg.get("hf_tokenizer_name"):
+                self.tokenizer = open_clip.get_tokenizer(model)   # may read files or the hub: failures said here
+            else:
+                self.tokenizer = None   # open_clip's BPE tokenizer: built on first use (`classify` never needs it)
         except EncoderUnavailableError:
             raise
         except RuntimeError as e:
@@ -183,6 +206,7 @@ class ClipEncoder:
             raise SvgenError(f"asked open_clip for {activation_name(want)} ({self.quick_gelu_reason}) "
                              f"but it built {activation_name(self.quick_gelu)}")
         log.info("%s: %s (%s)", self.model_name, activation_name(self.quick_gelu), self.quick_gelu_reason)
+        log.info("encoder device: %s (--device %s), %s", device_name(self.device), device or "auto", self.precision_name)
         self.truncate_text = _truncation_exact(self.model)
         if not self.truncate_text:
             log.info("text tower is not causal/EOT-pooled; using stock encode_text")
@@ -198,14 +222,42 @@ class ClipEncoder:
         self.model_name, self.pretrained, self.checkpoint, self.checkpoint_sha256 = name, None, None, None
         self.device = resolve_device(device) if device else next(model.parameters()).device
         self.model = model.to(self.device).eval().requires_grad_(False)
+        self.precision = "auto"
         self.tokenizer, self.preprocess = tokenizer, preprocess
         self.quick_gelu, self.quick_gelu_reason = built_quick_gelu(self.model), "the model given"
         self.truncate_text = _truncation_exact(self.model)
         return self
 
+    # how it runs ---------------------------------------------------------------------------
+    @property
+    def autocast_dtype(self) -> Optional[torch.dtype]:
+        """Mixed precision's dtype on this device (``None``: fp32); :func:`svgen.encoders.runtime.autocast_dtype`."""
+        return autocast_dtype(self.device, self.precision)
+
+    @property
+    def precision_name(self) -> str:
+        return precision_label(self.autocast_dtype)
+
+    @property
+    def tokenizer(self):
+        """The model's tokenizer (open_clip's BPE tokenizer is built when first used: half a second)."""
+        tok = self.__dict__.get("_tokenizer")
+        if tok is None and self.__dict__.get("_tokenizer_name"):
+            import open_clip
+
+            tok = self.__dict__["_tokenizer"] = open_clip.get_tokenizer(self._tokenizer_name)
+        return tok
+
+    @tokenizer.setter
+    def tokenizer(self, value):
+        self.__dict__["_tokenizer"] = value
+
     # identity -------------------------------------------------------------------------------
     @property
     def embed_dim(self) -> int:
+        out = getattr(getattr(self.model, "visual", None), "output_dim", None)
+        if isinstance(out, int):   # the image tower's projection: the shared embedding space
+            return out
         with torch.inference_mode():
             return int(self.encode_text(["a"]).shape[-1])
 
@@ -235,78 +287,139 @@ class ClipEncoder:
     # text -----------------------------------------------------------------------------------
     def too_long(self, prompts: Sequence[str]) -> List[str]:
         """Prompts whose tokens exceed the context length (they get truncated by the tokenizer)."""
-        out = []
-        for p in prompts:
-            ids = self.tokenizer.encode(p) if hasattr(self.tokenizer, "encode") else None
-            if ids is not None and len(ids) + 2 > self.context_length:
-                out.append(p)
-        return out
+        ids = self._token_ids(prompts)
+        if ids is None and hasattr(self.tokenizer, "encode"):
+            ids = [self.tokenizer.encode(p) for p in prompts]
+        return [p for p, t in zip(prompts, ids or ()) if len(t) + 2 > self.context_length]
+
+    def _token_ids(self, prompts: Sequence[str]) -> Optional[List[List[int]]]:
+        return token_ids(self.tokenizer, prompts, self.__dict__.setdefault("_ids_memo", {}))
+
+    def tokenize(self, prompts: Sequence[str]) -> torch.Tensor:
+        """``tokenizer(prompts)``; each prompt's BPE ids are computed once (:func:`svgen.encoders.tokens.tokenize`)."""
+        return tokenize(self.tokenizer, prompts, self.__dict__.setdefault("_ids_memo", {}))
 
     @torch.inference_mode()
-    def encode_text(self, prompts: Sequence[str], batch_size: int = 256, progress: bool = False) -> torch.Tensor:
+    def encode_text(self, prompts: Sequence[str], batch_size: Optional[int] = None,
+                    progress: bool = False) -> torch.Tensor:
         """Raw (unnormalised) text embeddings, N×D float32 on the CPU, in the order given.
 
-        Prompts are sorted by token length so each batch is truncated as tightly as possible.
+        Identical prompts are encoded once. Prompts are sorted by token length so each batch is truncated
+        as tightly as possible; ``batch_size`` defaults to the device's (:func:`svgen.encoders.runtime.text_batch_size`);
+        on a GPU the tower runs in mixed precision (:attr:`autocast_dtype`).
         """
         if len(prompts) == 0:
             return torch.zeros(0, 0)
-        tokens = self.tokenizer(list(prompts))
-        lengths = _pool_positions(self.model, tokens) if self.truncate_text else torch.zeros(len(prompts))
+        unique = list(dict.fromkeys(prompts))
+        batch_size = batch_size or text_batch_size(self.device)
+        tokens = self.tokenize(unique)
+        self.__dict__.pop("_ids_memo", None)   # encoded: the ids are not needed again
+        lengths = _pool_positions(self.model, tokens) if self.truncate_text else torch.zeros(len(unique))
         order = torch.argsort(lengths, stable=True)
-        out = [None] * len(prompts)
-        starts = range(0, len(prompts), batch_size)
+        parts = []
+        starts = range(0, len(unique), batch_size)
         if progress:
             from tqdm.auto import tqdm
 
             starts = tqdm(starts, desc="encoding prompts", unit="batch", leave=False)
         for s in starts:
-            idx = order[s:s + batch_size]
-            batch = tokens[idx].to(self.device)
-            feats = encode_text_truncated(self.model, batch) if self.truncate_text else self.model.encode_text(batch)
-            for i, f in zip(idx.tolist(), feats.float().cpu()):
-                out[i] = f
-        return torch.stack(out)
+            batch = tokens[order[s:s + batch_size]].to(self.device, non_blocking=True)
+            with autocast(self.device, self.autocast_dtype):
+                feats = encode_text_truncated(self.model, batch) if self.truncate_text else self.model.encode_text(batch)
+            parts.append(feats.float())
+        out = torch.empty(len(unique), parts[0].shape[-1])
+        out[order] = torch.cat(parts).cpu()
+        if len(unique) == len(prompts):
+            return out
+        row = {p: i for i, p in enumerate(unique)}
+        return out[torch.tensor([row[p] for p in prompts])]
 
     # images ---------------------------------------------------------------------------------
+    def _encode_on_device(self, images: torch.Tensor) -> torch.Tensor:
+        """Raw float32 embeddings, left on the device (copying them back would wait for the device)."""
+        images = images.to(self.device, non_blocking=True)
+        with autocast(self.device, self.autocast_dtype):
+            return self.model.encode_image(images).float()
+
     @torch.inference_mode()
     def encode_batch(self, images: torch.Tensor) -> torch.Tensor:
         """Raw image embeddings (float32, CPU) of a batch of preprocessed images."""
-        return self.model.encode_image(images.to(self.device)).float().cpu()
+        return self._encode_on_device(images).cpu()
+
+    def loader_plan(self, n_images: int, batch_size: Optional[int] = None, num_workers: Optional[int] = None):
+        """The batch size, decoding workers and pinning for ``n_images`` (:func:`svgen.encoders.runtime.plan_loader`)."""
+        return plan_loader(n_images, self.device, batch_size, num_workers)
 
     @torch.inference_mode()
-    def encode_images(
-        self,
-        paths: Sequence[str],
-        batch_size: int = 32,
-        num_workers: Optional[int] = None,
-        progress: bool = False,
-    ) -> Tuple[torch.Tensor, List[str], List[Tuple[str, str]]]:
-        """Encode image files; returns (N_ok×D raw features, ok paths, [(failed path, reason)]).
+    def iter_images(self, paths: Sequence[str], batch_size: Optional[int] = None, num_workers: Optional[int] = None,
+                    progress: bool = False, chunk: Optional[int] = None, decode: str = "cpu"):
+        """Encode image files, yielding ``(raw features, ok paths, [(failed path, reason)])`` every ``chunk``
+        readable images (all at once when ``None``), from one loader whose workers decode ahead of the encoder.
 
+        ``batch_size``/``num_workers`` default to :meth:`loader_plan`'s. ``decode="gpu"`` decodes JPEGs on the
+        encoder's CUDA device (:mod:`svgen.encoders.tensor_decode`; ``"tensor"``: the same on any device).
         Unreadable and non-image files are skipped and reported, never fatal.
         """
         paths = list(paths)
-        if num_workers is None:
-            num_workers = 0 if len(paths) <= 2 * batch_size else min(4, os.cpu_count() or 1)
+        plan = self.loader_plan(len(paths), batch_size, num_workers)
+        dataset, collate_fn, spec = ImageFiles(paths, self.preprocess), collate, None
+        if decode not in ("cpu", "gpu", "tensor"):
+            raise SvgenError(f"decode must be cpu or gpu, got {decode!r}", cli=f"--decode must be cpu or gpu, got {decode!r}")
+        if decode == "gpu" and self.device.type != "cuda":
+            raise SvgenError(f"decode='gpu' needs the encoder on a CUDA device; it is on {self.device}",
+                             cli=f"--decode gpu needs a CUDA device; the encoder is on {self.device} (use --decode cpu)")
+        if decode != "cpu":
+            spec = TensorPreprocess.from_preprocess(self.preprocess)
+            dataset, collate_fn = JpegBytes(paths, self.preprocess), collate_bytes
+        log.info("encoding %d image(s) on %s: batch %d, %d decoding worker(s), %s, %s decoding", len(paths),
+                 device_name(self.device), plan.batch_size, plan.workers,
+                 self.precision_name, decode)
         loader = torch.utils.data.DataLoader(
-            ImageFiles(paths, self.preprocess), batch_size=batch_size, num_workers=num_workers,
-            collate_fn=collate, shuffle=False,
+            dataset, batch_size=plan.batch_size, num_workers=plan.workers, collate_fn=collate_fn, shuffle=False,
+            pin_memory=plan.pin_memory and spec is None, prefetch_factor=plan.prefetch,
         )
-        feats, ok, failed, t0 = [], [], [], time.perf_counter()
-        it = loader
+        batches = loader if spec is None else decode_batches(loader, paths, self.preprocess, spec, self.device)
         if progress:
             from tqdm.auto import tqdm
 
-            it = tqdm(loader, desc="encoding images", unit="batch", leave=False)
-        for idx, images, bad in it:
+            batches = tqdm(batches, total=len(loader), desc="encoding images", unit="batch", leave=False)
+        feats, ok, failed, n, t0, done = [], [], [], 0, time.perf_counter(), 0
+        for idx, images, bad in batches:
             failed.extend((paths[i], why) for i, why in bad)
-            if images is None:
-                continue
-            feats.append(self.encode_batch(images))
-            ok.extend(paths[i] for i in idx)
-        for p, why in failed:
-            log.info("skipped %s: %s", p, why)  # returned in `failed`; the caller reports them
-        log.info("images embedded (%d of %d, batch %d) in %.2fs", len(ok), len(paths), batch_size,
-                 time.perf_counter() - t0)
-        dim = feats[0].shape[1] if feats else 0
-        return (torch.cat(feats) if feats else torch.zeros(0, dim)), ok, failed
+            if images is not None:
+                feats.append(self._encode_on_device(images))  # queued on the device: the next batch decodes meanwhile
+                ok.extend(paths[i] for i in idx)
+                n += len(idx)
+            if chunk is not None and n >= chunk:
+                done += n
+                yield _gathered(feats), ok, _said(failed)
+                feats, ok, failed, n = [], [], [], 0
+        if chunk is None or ok or failed:
+            gathered = _gathered(feats)
+            log.info("images embedded (%d of %d) in %.2fs", done + n, len(paths), time.perf_counter() - t0)
+            yield gathered, ok, _said(failed)
+
+    def encode_images(
+        self,
+        paths: Sequence[str],
+        batch_size: Optional[int] = None,
+        num_workers: Optional[int] = None,
+        progress: bool = False,
+        decode: str = "cpu",
+    ) -> Tuple[torch.Tensor, List[str], List[Tuple[str, str]]]:
+        """Encode image files; returns (N_ok×D raw features, ok paths, [(failed path, reason)]) (:meth:`iter_images`)."""
+        feats, ok, failed = next(self.iter_images(paths, batch_size, num_workers, progress, decode=decode))
+        if not ok:
+            feats = torch.zeros(0, 0)
+        return feats, ok, failed
+
+
+def _gathered(feats: List[torch.Tensor]) -> torch.Tensor:
+    """One chunk's embeddings, copied to the CPU at once (one wait for the device per chunk)."""
+    return torch.cat(feats).cpu() if feats else torch.zeros(0, 0)
+
+
+def _said(failed):
+    for p, why in failed:
+        log.info("skipped %s: %s", p, why)  # returned in `failed`; the caller reports them
+    return failed

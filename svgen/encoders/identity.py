@@ -17,26 +17,52 @@ from svgen.safeio import check_regular, os_error
 
 log = logging.getLogger(__name__)
 
+DISK_MEMO_BYTES = 64 << 20   # checkpoints from this size up remember their sha256 on disk across commands
+
+
 def file_sha256(path, chunk: int = 1 << 20) -> str:
     """Hex sha256 of a file's bytes (identifies a checkpoint in caches and artifacts).
 
-    Memoised on (real path, size, modification time): a command that checks the prompt cache
-    and then loads the model hashes a 600 MB checkpoint once.
+    Memoised on (real path, size, modification and change times, inode): in the process (a command that checks
+    the prompt cache and then loads the model hashes a 600 MB checkpoint once) and, for checkpoints of
+    :data:`DISK_MEMO_BYTES` or more, on disk under the svgen cache folder (``sha256/``), so that every later
+    command skips the hash (a second or more per command for large weights) until the file changes.
     """
     st = check_regular(path, "weights file")
     try:
-        return _sha256_of(os.path.realpath(path), st.st_size, st.st_mtime_ns, chunk)
+        return _sha256_of(os.path.realpath(path), st.st_size, st.st_mtime_ns, chunk, st.st_ctime_ns, st.st_ino)
     except OSError as e:
         raise os_error(e, f"cannot read weights file {path}") from None
 
 
 @functools.lru_cache(maxsize=16)
-def _sha256_of(path: str, size: int, mtime_ns: int, chunk: int) -> str:
+def _sha256_of(path: str, size: int, mtime_ns: int, chunk: int, ctime_ns: int = 0, ino: int = 0) -> str:
+    memo = None
+    if size >= DISK_MEMO_BYTES:
+        from svgen.encoders.prototypes import cache_dir
+
+        stamp = hashlib.sha256(f"{path}\0{size}\0{mtime_ns}\0{ctime_ns}\0{ino}".encode()).hexdigest()
+        memo = cache_dir() / "sha256" / stamp
+        try:
+            known = memo.read_text(encoding="ascii").strip()
+            if len(known) == 64 and all(c in "0123456789abcdef" for c in known):
+                return known
+        except (OSError, UnicodeDecodeError):
+            pass
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(chunk), b""):
             h.update(block)
-    return h.hexdigest()
+    digest = h.hexdigest()
+    if memo is not None:
+        try:
+            from svgen.io.safeio import atomic_text
+
+            memo.parent.mkdir(parents=True, exist_ok=True)
+            atomic_text(memo, digest + "\n", force=True)
+        except OSError as e:   # a read-only cache costs the hash next time, nothing else
+            log.debug("could not remember the sha256 of %s: %s", path, e)
+    return digest
 
 
 def identity_key(identity: dict) -> str:

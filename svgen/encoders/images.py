@@ -28,16 +28,52 @@ class ImageFiles(torch.utils.data.Dataset):
         return i, x, reason
 
 
-def load_image(source, preprocess) -> Tuple[Optional[torch.Tensor], str]:
+def resize_target(preprocess) -> Optional[int]:
+    """The shorter side ``preprocess`` resizes to first (open_clip's ``Resize(224)``), or ``None`` when its
+    first step is anything else (then a JPEG is always decoded in full)."""
+    steps = getattr(preprocess, "transforms", None)
+    if not steps:
+        return None
+    from torchvision.transforms import Resize
+
+    first = steps[0]
+    if not isinstance(first, Resize) or getattr(first, "max_size", None) is not None:
+        return None
+    size = first.size
+    if isinstance(size, (list, tuple)):
+        if len(size) != 1:
+            return None
+        size = size[0]
+    return int(size) if isinstance(size, int) else None
+
+
+DRAFT_FLOOR = 224  # a draft decode never goes below this (CLIP's usual input), whatever the model's input
+
+
+def _draft(im, target: Optional[int]) -> None:
+    """Let libjpeg decode a JPEG at 1/2, 1/4 or 1/8 scale (DCT scaling) when that still leaves its shorter side
+    at least ``max(target, DRAFT_FLOOR)``: the resize that follows then starts from fewer pixels. Only for JPEGs
+    at least twice that size (PIL keeps both sides ≥ the size asked for), so photos of 224 to 447 pixels decode
+    in full for every model; the preprocessed pixels stay within the tolerance that
+    ``tests/encoders/test_image_speed.py`` states."""
+    size = max(target or 0, DRAFT_FLOOR)
+    if target and im.format == "JPEG" and min(im.size) >= 2 * size:
+        im.draft("RGB", (size, size))
+
+
+def load_image(source, preprocess, draft: bool = True) -> Tuple[Optional[torch.Tensor], str]:
     """``(preprocess(RGB image), "")`` for a path or binary file object, or ``(None, reason)``.
 
     The one place images are decoded: ``svgen classify`` in one process and its Ray engine's
-    decoding tasks both call it, so both see the same pixels.
+    decoding tasks both call it, so both see the same pixels. ``draft``: large JPEGs are decoded
+    at a reduced scale (:func:`_draft`).
     """
     from PIL import Image, UnidentifiedImageError
 
     try:
         with Image.open(source) as im:
+            if draft:
+                _draft(im, resize_target(preprocess))
             im.load()
             return preprocess(im.convert("RGB")), ""
     except Exception as e:  # any one bad file (truncated, not an image, decompression bomb) is skipped

@@ -103,7 +103,7 @@ def build_prototypes(
     classes: Sequence[str],
     templates: Sequence[str],
     use_cache: bool = True,
-    batch_size: int = 256,
+    batch_size: Optional[int] = None,
     progress: bool = False,
 ) -> Prototypes:
     """Encode every (class, template) prompt (cached ones excepted) into :class:`Prototypes`."""

@@ -51,7 +51,7 @@ class EncoderRequest:
     pretrained: Optional[str] = None
     checkpoint: Optional[str] = None
     quick_gelu: Optional[bool] = None
-    device: str = "cpu"
+    device: str = "auto"
     progress: bool = False
 
     @classmethod
@@ -59,7 +59,7 @@ class EncoderRequest:
         """From any object with those attributes (an ``argparse.Namespace``); missing ones take the defaults."""
         return cls(**{k: getattr(options, k, v) for k, v in
                       (("model", None), ("pretrained", None), ("checkpoint", None), ("quick_gelu", None),
-                       ("device", "cpu"), ("progress", False))})
+                       ("device", "auto"), ("progress", False))})
 
     @property
     def model_or_default(self) -> str:

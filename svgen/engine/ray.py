@@ -181,7 +181,7 @@ class BlockClassifier:
     ``threads`` sets torch's intra-op threads (a Ray actor gets one by default).
     """
 
-    def __init__(self, artifact: str, head: str, probs: bool, top_k: int, batch_size: int = 32,
+    def __init__(self, artifact: str, head: str, probs: bool, top_k: int, batch_size: Optional[int] = None,
                  encoder_factory: Optional[Callable] = None, threads: Optional[int] = None):
         import torch
 
@@ -199,11 +199,14 @@ class BlockClassifier:
         return self.encoder
 
     def embed(self, images):
-        """Raw embeddings of preprocessed images, ``batch_size`` at a time."""
+        """Raw embeddings of preprocessed images, ``batch_size`` at a time (default: the encoder's device's)."""
         import torch
 
-        return torch.cat([self._encoder().encode_batch(images[s:s + self.batch_size])
-                          for s in range(0, images.shape[0], self.batch_size)])
+        from svgen.encoders.runtime import image_batch_size
+
+        encoder = self._encoder()
+        size = self.batch_size or image_batch_size(encoder.device)
+        return torch.cat([encoder.encode_batch(images[s:s + size]) for s in range(0, images.shape[0], size)])
 
     def classify(self, block: Block, decoded: Optional[dict] = None) -> dict:
         """``{"block", "part", "failed"}``: Parquet bytes of the block's predictions and failures
@@ -275,12 +278,13 @@ def connect(address: Optional[str] = None, num_cpus: Optional[int] = None,
 
 def run_blocks(blocks: Sequence[Block], out, artifact: str, head: str, probs: bool, top_k: int, *,
                preprocess=None, encoder_factory: Optional[Callable] = None, actors: int = 1, actor_cpus: float = 1,
-               batch_size: int = 32, done: Optional[set] = None, progress: bool = False,
+               gpus_per_actor: float = 0, batch_size: Optional[int] = None, done: Optional[set] = None, progress: bool = False,
                restart_actors: bool = True) -> int:
     """Classify the blocks not in ``done`` on the connected Ray instance, writing each as it finishes.
 
     Returns the number of blocks written now. ``preprocess`` (the encoder's image transform) and
-    ``encoder_factory`` are needed for image blocks; ``restart_actors``: see :func:`build_dataset`.
+    ``encoder_factory`` are needed for image blocks; ``gpus_per_actor``: each actor's GPUs (Ray's ``num_gpus``);
+    ``restart_actors``: see :func:`build_dataset`.
     An actor that dies for good (killed, out of memory) ends the run with one line; the blocks
     written so far stay, and a rerun finishes the rest.
     """
@@ -297,6 +301,11 @@ def run_blocks(blocks: Sequence[Block], out, artifact: str, head: str, probs: bo
         why = (f"{actors} actor(s) of {actor_cpus:g} CPU(s)" + (" plus one decoding task" if images else "")
                + f" need {need:g} CPUs but the Ray cluster has {cpus:g}")
         raise SvgenError(f"{why}; use fewer actors", cli=f"{why}; use fewer --actors")
+    gpus = ray.cluster_resources().get("GPU", 0)
+    if gpus_per_actor and gpus < actors * gpus_per_actor:
+        why = f"{actors} actor(s) of {gpus_per_actor:g} GPU(s) need {actors * gpus_per_actor:g} GPUs but the Ray cluster has {gpus:g}"
+        raise SvgenError(f"{why}; use fewer actors or gpus_per_actor",
+                         cli=f"{why}; use fewer --actors or a smaller --gpus-per-actor")
     ctx = DataContext.get_current()
     ctx.enable_progress_bars = False
     ctx.print_on_execution_start = False
@@ -306,7 +315,8 @@ def run_blocks(blocks: Sequence[Block], out, artifact: str, head: str, probs: bo
         logging.getLogger("ray.data").setLevel(logging.CRITICAL)
 
     ds = build_dataset(todo, artifact, head, probs, top_k, preprocess=preprocess, encoder_factory=encoder_factory,
-                       actors=actors, actor_cpus=actor_cpus, batch_size=batch_size, restart_actors=restart_actors)
+                       actors=actors, actor_cpus=actor_cpus, gpus_per_actor=gpus_per_actor, batch_size=batch_size,
+                       restart_actors=restart_actors)
     bar = None
     if progress:
         from tqdm.auto import tqdm
@@ -343,8 +353,8 @@ def _block_error(e: BaseException) -> str:
 
 
 def build_dataset(todo: Sequence[Block], artifact, head: str, probs: bool, top_k: int, *, preprocess=None,
-                  encoder_factory=None, actors: int = 1, actor_cpus: float = 1, batch_size: int = 32,
-                  restart_actors: bool = True):
+                  encoder_factory=None, actors: int = 1, actor_cpus: float = 1, gpus_per_actor: float = 0,
+                  batch_size: Optional[int] = None, restart_actors: bool = True):
     """The Ray Dataset of one row per block: decoding tasks (image blocks), then the actor pool.
 
     ``restart_actors=False`` turns off Ray Data's default for the actor pool: restart a dead actor
@@ -371,6 +381,7 @@ def build_dataset(todo: Sequence[Block], artifact, head: str, probs: bool, top_k
         # named parameter yet); the warning is about this one call, not the user's code.
         warnings.filterwarnings("ignore", message=r"`ray_remote_args` is deprecated")
         ds = ds.map_batches(BlockClassifier, batch_size=1, batch_format="numpy", num_cpus=actor_cpus,
+                            **({"num_gpus": gpus_per_actor} if gpus_per_actor else {}),
                             compute=ray.data.ActorPoolStrategy(size=actors),
                             fn_constructor_kwargs=dict(artifact=str(artifact), head=head, probs=probs, top_k=top_k,
                                                        batch_size=batch_size, encoder_factory=encoder_factory,

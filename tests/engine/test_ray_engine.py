@@ -349,6 +349,9 @@ def test_without_ray_one_line_says_what_to_install(cli, lvis, tmp_path, monkeypa
     (["--actors", "0"], "--actors must be at least 1"),
     (["--address", "tcp://x"], "--address takes 'auto' or ray://HOST:PORT"),
     (["--block-size", "0"], "--block-size must be at least 1"),
+    (["--gpus-per-actor", "-1"], "--gpus-per-actor must be 0 or more"),
+    (["--decode", "gpu"], "--decode gpu runs in one process"),
+    (["--workers", "-1"], "--workers must be 0 or more"),
 ])
 def test_bad_options_are_one_line(cli, lvis, tmp_path, extra, message):
     pytest.importorskip("ray")
@@ -448,3 +451,46 @@ def test_images_are_decoded_in_tasks_not_in_the_actors(ray_local, jpegs):
     stats = ds.stats()
     assert "Map(_decode_row)" in stats and "MapBatches(BlockClassifier)" in stats
     assert "Map(_decode_row)->MapBatches(BlockClassifier)" not in stats  # not fused into the actor pool
+
+
+# ----------------------------------------------------------------------------- GPU actors (issue 39)
+
+def test_gpu_actors_on_a_cluster_that_declares_a_gpu_give_the_same_predictions(cli, jpegs, tmp_path):
+    """``--gpus-per-actor 1`` on a local Ray that declares one GPU (Ray takes the count on trust): the actor is
+    scheduled on it and given CUDA_VISIBLE_DEVICES; with no CUDA here ``--device auto`` falls back to the CPU in
+    the actor, and the predictions are single-process classify's."""
+    pytest.importorskip("ray")
+    pytest.importorskip("ray.data")
+    src = sorted(jpegs["images"].glob("*.jpg"))[:10]
+    want = single(cli, jpegs["art"], *src, *jpegs["enc"], "-k", 3)
+    out = tmp_path / "preds.parquet"
+    env = dict(os.environ)
+    env.pop("RAY_ADDRESS", None)
+    code = ("import sys, ray\n"
+            "ray.init(num_cpus=2, num_gpus=1, object_store_memory=256 * 1024 * 1024, include_dashboard=False,\n"
+            "         logging_level='ERROR', log_to_driver=False)\n"
+            "assert ray.cluster_resources().get('GPU') == 1\n"
+            "from svgen.cli import main\n"
+            "sys.exit(main(sys.argv[1:]))\n")
+    r = subprocess.run([sys.executable, "-c", code, "classify", str(jpegs["art"]), *map(str, src),
+                        *map(str, jpegs["enc"]), "-k", "3", *RAY, "--gpus-per-actor", "1", "--block-size", "5",
+                        "--out", str(out)], capture_output=True, text=True, timeout=300, env=env)
+    assert r.returncode == 0, r.stderr
+    got, _ = parts(out)
+    assert_same(got, want)
+
+
+def test_more_gpus_than_the_cluster_has_is_one_line(ray_local, lvis, tmp_path):
+    from svgen.engine.ray import run_blocks
+    from svgen.errors import SvgenError
+
+    blocks = plan_blocks([str(lvis["feats"])], 1000, features=True, dim=512)
+    with pytest.raises(SvgenError) as e:
+        run_blocks(blocks, tmp_path / "p", lvis["art"], "kernel", False, 1, gpus_per_actor=1)
+    assert str(e.value) == ("1 actor(s) of 1 GPU(s) need 1 GPUs but the Ray cluster has 0; "
+                            "use fewer actors or gpus_per_actor")
+
+
+def test_gpus_per_actor_needs_the_ray_engine(cli, lvis):
+    code, _, err = cli("classify", lvis["art"], "--features", lvis["feats"], "--gpus-per-actor", 1)
+    assert code == 2 and err.strip() == "svgen classify: error: --gpus-per-actor only apply with --engine ray"
