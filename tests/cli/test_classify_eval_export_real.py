@@ -34,23 +34,7 @@ def normalize(x):
     return x / np.linalg.norm(x, axis=1, keepdims=True)
 
 
-# ----------------------------------------------------------------------------- LVIS embeddings
-
-@pytest.fixture(scope="module")
-def lvis(shared_data, tmp_path_factory):
-    from svgen.cli import main
-
-    d = shared_data / "clip-vit-b32"
-    if not (d / "lvis_dev_image_features.npy").is_file():
-        pytest.skip("LVIS CLIP embeddings are absent")
-    art = tmp_path_factory.mktemp("lvis") / "lvis.svgen"
-    code = main(["-q", "fit", "--prototypes", str(d / "lvis_v1_clip_a+cname.npy"), "--classes",
-                 str(d / "lvis_classes.txt"), "-K", "2", "--steps", "2", "--ridge", "10", "--out", str(art)])
-    assert code == 0
-    return {"art": art, "feats": d / "lvis_dev_image_features.npy", "labels": d / "lvis_dev_labels.npy",
-            "protos": d / "lvis_v1_clip_a+cname.npy",
-            "classes": (d / "lvis_classes.txt").read_text(encoding="utf-8").splitlines()}
-
+# ----------------------------------------------------------------------------- LVIS embeddings (fixture `lvis`: conftest)
 
 def test_lvis_eval_reproduces_the_clip_baseline(cli, lvis):
     code, out, err = cli("eval", lvis["art"], "--features", lvis["feats"], "--labels", lvis["labels"], "--json")
@@ -96,25 +80,7 @@ def test_lvis_exported_heads_predict_like_classify(cli, lvis, tmp_path, head):
     assert [lvis["classes"][i] for i in scores.argmax(1)] == expected
 
 
-# ----------------------------------------------------------------------------- real JPEGs, tiny model
-
-@pytest.fixture(scope="module")
-def jpegs(shared_data, tiny_model, tmp_path_factory):
-    from svgen.cli import main
-
-    images = shared_data / "images-30class"
-    if not (images / "labels.csv").is_file():
-        pytest.skip("images-30class is absent")
-    root = tmp_path_factory.mktemp("jpegs")
-    labels = [ln.split(",") for ln in (images / "labels.csv").read_text().splitlines() if ln.strip()]
-    classes = sorted({c for _, c in labels})
-    (root / "classes.txt").write_text("\n".join(classes) + "\n")
-    enc = ["--model", tiny_model["config"], "--checkpoint", tiny_model["safetensors"]]
-    art = root / "tiny.svgen"
-    assert main(["-q", "fit", "--classes", str(root / "classes.txt"), *enc, "--steps", "5", "--ridge", "10",
-                 "--out", str(art)]) == 0
-    return {"root": root, "images": images, "labels": labels, "classes": classes, "art": art, "enc": enc}
-
+# ----------------------------------------------------------------------------- real JPEGs, tiny model (fixture `jpegs`: conftest)
 
 def test_classify_and_eval_count_the_100_jpegs(cli, jpegs):
     code, out, err = cli("classify", jpegs["art"], jpegs["images"], *jpegs["enc"], "-k", 3)

@@ -19,7 +19,6 @@ import numpy as np
 import pytest
 
 from svgen.engine.blocks import plan_blocks
-from test_classify_eval_export_real import jpegs, lvis  # noqa: F401  (the same artifacts, module-scoped)
 
 
 # ----------------------------------------------------------------------------- fixtures and helpers
