@@ -206,7 +206,7 @@ def test_set_temperatures_checks_the_kind(raw_votes):
 
 def test_transduction_keeps_the_kind_with_its_temperature(raw_votes):
     """With shots a pool never re-solves the kernel head: kept or refused, the head keeps its LOO-fitted T
-    and its kind of logits together (session 8 removed the re-solve with shots, which lost accuracy)."""
+    and its kind of logits together (a re-solve with shots lost accuracy: docs/history.md)."""
     c = copy.deepcopy(raw_votes)
     T, kind = c.temperatures_["kernel"], c.kernel_logits_
     x = _queries(60, seed=9)

@@ -112,9 +112,9 @@ def test_a_pool_is_kept_only_where_it_does_not_lose(sets, name, k, kept):
 
 
 def test_caltech101_one_shot_whole_pool(sets):
-    """The draw (seed 0) that lost more than 0.3 top-1 until session 15 (the stacked head; at one shot per class the
-    held-out shots cannot see the two 159-image classes, docs/history.md 'Session 12'): with the pool's
-    likelihood multiplying the default head's calibrated probabilities it holds (10 seeds: +0.81 [+0.15, +1.46])."""
+    """A hard draw (seed 0: at one shot per class the held-out shots cannot see the two 159-image classes; its
+    earlier losses are in docs/history.md): with the pool's likelihood multiplying the default head's calibrated
+    probabilities it holds (10 seeds: +0.81 [+0.15, +1.46])."""
     clf, X, y, P, s, q = _adapted(sets, "caltech101", 1)
     Q = X[q].astype(np.float32)
     before = _scores(np.asarray(clf.predict_proba(Q), dtype=np.float64), y[q])

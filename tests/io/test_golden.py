@@ -91,7 +91,7 @@ def same_refit(a: Path, b: Path) -> None:
 
 def test_every_format_and_source_is_covered():
     """Every format version and support source has a committed artifact (the legacy ones included: pool rows are
-    only in artifacts written before session 17), and the code of the day writes no pool rows."""
+    only in legacy artifacts), and the code of the day writes no pool rows."""
     seen = [json.loads((GOLDEN / c / "case.json").read_text()) for c in CASES]
     loaded = seen + [json.loads((GOLDEN / c / "case.json").read_text()) for c in make_golden.LEGACY]
     assert {s["format_version"] for s in loaded} == set(FORMAT_VERSIONS)

@@ -74,7 +74,7 @@ def build(name: str):
         clf.fit(text, classes=classes).adapt(X, y)
     elif name in ("v4_shots_pool_refused", "v6_shots_pool_kept"):   # a kept pool multiplies heads: format 6
         X, y = images(4)
-        U, _ = images(5 if name.endswith("refused") else 120)   # 120: kept by the exact sign test (session 17)
+        U, _ = images(5 if name.endswith("refused") else 120)   # 120: kept by the exact sign test
         clf.fit(text, classes=classes).adapt(X, y, unlabelled=U)
     elif name == "v5_shots_for_some_classes":   # shots for 4 of the 6 classes: the mixture tilts the other 2
         X, y = images(4)
@@ -93,10 +93,9 @@ CASES = ("v1_zero_shot", "v1_local_votes", "v1_pool_refused", "v6_zero_shot_pool
          "v4_shots_pool_refused", "v6_shots_pool_kept", "v3_one_shot", "v6_one_shot_pool_kept",
          "v5_shots_for_some_classes")
 # Written by an earlier svgen and never rewritten here (main() leaves them alone): they must keep loading to the
-# probabilities and the default head they were saved with. legacy_v3_shots: session 10's v3_shots (format 3, the
-# default head chosen by held-out accuracy, before the mixture head). v2_pool_rows: session 16's zero-shot pool, whose
-# kernel vote was re-solved with pool rows (format 2, pool support rows; session 17 gives the kernel head the pool's
-# factor instead).
+# probabilities and the default head they were saved with. legacy_v3_shots: format 3, the default head chosen by
+# held-out accuracy (before the mixture head). v2_pool_rows: a zero-shot pool whose kernel vote was re-solved with
+# pool rows (format 2, pool support rows; the code of the day gives the kernel head the pool's factor instead).
 LEGACY = ("legacy_v3_shots", "v2_pool_rows")
 
 
