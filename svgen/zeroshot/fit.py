@@ -14,6 +14,7 @@ from typing import Optional
 
 import torch
 
+from svgen.errors import SvgenError
 from svgen.heads import predictor
 from svgen.state import Heads, KernelHead, LinearHead
 from svgen.steps import timed
@@ -47,7 +48,12 @@ class ZeroShotFit:
 def fit_zero_shot(P: torch.Tensor, E: torch.Tensor, cfg, t0: float, progress: bool = False) -> ZeroShotFit:
     """Fit from unit prototypes ``P`` (C×D) and per-template embeddings ``E`` (C×T×D) with the settings ``cfg``
     (:class:`svgen.config.FitConfig`); ``t0``: when the fit began (``metrics.wall_time_s`` covers it all)."""
-    C = P.shape[0]
+    C, D = P.shape
+    if cfg.n_support > 2 * D:   # a class's support vectors spread in ± pairs along at most D directions
+        raise SvgenError(f"n_support (support vectors per class) must be <= 2 × the embedding dimension ({2 * D} "
+                         f"here), got {cfg.n_support}",
+                         cli=f"-K (support vectors per class) must be <= 2 × the embedding dimension ({2 * D} here), "
+                             f"got {cfg.n_support}")
     with timed(log, "fit: support vector generator") as info:
         state = train_generator(P, E, cfg, progress=progress)
         S = generate_all(state.generator, P, state.anchors)

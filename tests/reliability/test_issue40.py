@@ -308,3 +308,15 @@ def test_recorded_sizes_are_checked_against_the_tensors(cli, work, field, value)
         line = one_line(*cli(*argv)[::2], "svgen.json says", "has shape")
         assert field in line
         assert tree(work) == before
+
+
+def test_more_support_vectors_than_twice_the_dimension_is_one_line(cli, tmp_path):
+    """-K above 2·D has no directions left to spread the support vectors along (an IndexError before)."""
+    np.save(tmp_path / "p.npy", np.random.default_rng(0).normal(size=(3, 4)).astype(np.float32))
+    (tmp_path / "c.txt").write_text("a\nb\nc\n")
+    code, _, err = cli("fit", "--prototypes", tmp_path / "p.npy", "--classes", tmp_path / "c.txt", "-K", "9",
+                       "--out", tmp_path / "a.svgen")
+    one_line(code, err, "-K (support vectors per class) must be <= 2 × the embedding dimension (8 here), got 9")
+    assert not (tmp_path / "a.svgen").exists()
+    assert cli("fit", "--prototypes", tmp_path / "p.npy", "--classes", tmp_path / "c.txt", "-K", "8",
+               "--out", tmp_path / "a.svgen")[0] == 0
