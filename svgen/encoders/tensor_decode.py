@@ -17,7 +17,7 @@ from typing import List, Optional, Sequence, Tuple
 
 import torch
 
-from svgen.encoders.images import load_image
+from svgen.encoders.images import ImageFiles, load_image
 from svgen.errors import SvgenError
 
 log = logging.getLogger(__name__)
@@ -111,15 +111,8 @@ def jpeg_components(data: bytes) -> Optional[int]:
     return None
 
 
-class JpegBytes(torch.utils.data.Dataset):
+class JpegBytes(ImageFiles):
     """Worker side of ``--decode gpu``: a JPEG's bytes, or (anything else) PIL's preprocessed tensor."""
-
-    def __init__(self, paths: Sequence[str], preprocess):
-        self.paths = list(paths)
-        self.preprocess = preprocess
-
-    def __len__(self):
-        return len(self.paths)
 
     def __getitem__(self, i):
         try:
@@ -129,7 +122,7 @@ class JpegBytes(torch.utils.data.Dataset):
             data = b""
         if jpeg_components(data) in (1, 3):
             return i, torch.frombuffer(bytearray(data), dtype=torch.uint8), None, ""
-        x, reason = load_image(self.paths[i], self.preprocess)
+        _, x, reason = super().__getitem__(i)   # PIL, as --decode cpu reads it
         return i, None, x, reason
 
 
