@@ -56,7 +56,7 @@ def _sha256_of(path: str, size: int, mtime_ns: int, chunk: int, ctime_ns: int = 
     digest = h.hexdigest()
     if memo is not None:
         try:
-            from svgen.io.safeio import atomic_text
+            from svgen.safeio import atomic_text
 
             memo.parent.mkdir(parents=True, exist_ok=True)
             atomic_text(memo, digest + "\n", force=True)
