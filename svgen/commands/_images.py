@@ -43,11 +43,9 @@ def add_image_encoder_args(p) -> None:
 
 
 def check_loader_args(args) -> None:
-    """``--batch-size`` and ``--workers`` given are sensible (``None``: the machine's)."""
+    """``--batch-size`` given is sensible (``None``: the machine's; ``--workers`` is checked by its argparse type)."""
     if getattr(args, "batch_size", None) is not None and args.batch_size < 1:
         raise SvgenError(f"--batch-size must be at least 1, got {args.batch_size}")
-    if getattr(args, "workers", None) is not None and args.workers < 0:
-        raise SvgenError(f"--workers must be 0 or more, got {args.workers}")
 
 
 def encoder_for_artifact(args, clf):
