@@ -104,9 +104,10 @@ LAYERS = {
     "safeio": ["errors"],                        # atomic writes and bounded reads, for every layer that touches files
     "npy": ["errors"],                           # every .npy read: header checked first, native byte order
     "steps": ["errors"],                         # a log line with its duration for each long step (svgen -v)
+    "selection": ["errors"],                     # the adaptive choices' settings, held-out shots and one paired test
     "core": ["config", "steps"],                       # the kernel machine's math: kernels, generator, ridge solves, roots
     "state": ["core"],                           # the fitted state as plain objects
-    "calibration": ["core", "safeio"],           # temperatures, the mixture weight, plots
+    "calibration": ["core", "safeio", "selection"],           # temperatures, the mixture weight, plots
     "heads": ["calibration", "state"],           # scores and probabilities of the heads
     "encoders": ["core", "safeio"],              # data in: images and text to embeddings
     "validation": ["encoders"],                  # user arrays and class names, checked at the boundary

@@ -248,7 +248,7 @@ def fit_lda_head(prototypes: torch.Tensor, shots: SupportSet, n_classes: int, eq
     scored = (0.0,) + kappas if kappas[0] != 0.0 else kappas      # κ = 0 always scored (choose_head)
     offer = [scored.index(k) for k in kappas]
     gammas = (1.0,) if single else LDA_SHRINKAGE     # no within-class scatter to estimate with 1 shot
-    from svgen.fewshot.select import shot_sample
+    from svgen.selection import shot_sample
 
     sub = shot_sample(y.numpy(), LDA_LOO_MAX, 0)   # the search scores at most LDA_LOO_MAX shots, spread over classes
     err, tie, correct = lda_loo(X, y, m, gammas, scored, equal_radius=equal_radius, return_correct=True,

@@ -50,7 +50,10 @@ from typing import Optional
 
 import numpy as np
 
-from svgen.fewshot.select import MAX_FOLDS, SELECT_MAX, balanced_folds, paired_test, shot_sample  # noqa: F401
+from svgen.selection import DEFAULT, balanced_folds, shot_sample, shot_test
+
+SELECT_MAX = DEFAULT.select_max
+MAX_FOLDS = DEFAULT.max_folds
 from svgen.heads.scoring import CLIP_LOGIT_SCALE
 
 log = logging.getLogger(__name__)
@@ -281,8 +284,8 @@ def nystrom_fold_scores(X: np.ndarray, y: np.ndarray, R: np.ndarray, p0_held: np
 
 def paired_decision(held: np.ndarray, p0: np.ndarray, y: np.ndarray) -> dict:
     """Zero-shot against the adapted head on held-out shots (:func:`select`'s fold scores), paired shot by
-    shot (:func:`svgen.fewshot.select.paired_test`); the decision's record."""
-    return paired_test(held.argmax(axis=1) == y, p0.argmax(axis=1) == y).to_json()
+    shot (:func:`svgen.selection.shot_test`); the decision's record."""
+    return shot_test(held.argmax(axis=1) == y, p0.argmax(axis=1) == y).to_json()
 
 
 def solve(X: np.ndarray, y: np.ndarray, P: np.ndarray, C: int, sigma: float, c: float, logit_scale: float,

@@ -1,0 +1,89 @@
+"""The held-out shots every adaptive choice is scored on (svgen.selection): the fold scheme, the shot sample and
+the one paired acceptance test."""
+
+import numpy as np
+import pytest
+
+from svgen import selection as select
+
+
+def test_balanced_folds_subsample_shots_never_classes():
+    y = np.repeat(np.arange(300), 4)                          # 1,200 shots: 4 folds of 300 before subsampling
+    full = select.balanced_folds(y, seed=3)
+    assert [f.size for f in full] == [300] * 4
+    folds = select.balanced_folds(y, seed=3, n_max=256)
+    held = np.concatenate(folds)
+    assert held.size <= 256 and np.unique(held).size == held.size
+    assert all(np.unique(y[f]).size == f.size for f in folds)             # at most one shot of a class per fold
+    assert all(np.isin(f, g).all() for f, g in zip(folds, full))          # each a part of its full fold
+    assert np.unique(y[held]).size == held.size                           # runs of classes: as many as can be
+    roomy = select.balanced_folds(y, seed=3, n_max=2000)                 # under the cap: the full folds
+    assert len(roomy) == len(full) and all(np.array_equal(a, b) for a, b in zip(roomy, full))
+
+
+def test_shot_sample_spreads_over_classes_first():
+    y = np.repeat(np.arange(10), [1, 2, 3, 4, 5, 6, 7, 8, 9, 10])
+    assert select.shot_sample(y, len(y)) is None
+    s = select.shot_sample(y, 10, seed=1)
+    assert s.size == 10 and np.unique(y[s]).size == 10                    # one of each class before any second
+    s = select.shot_sample(y, 25, seed=1)
+    counts = np.bincount(y[s], minlength=10)
+    assert s.size == 25 and counts.min() >= 1 and counts.max() - counts[counts < np.bincount(y)].min() <= 1
+    assert np.array_equal(select.shot_sample(y, 25, seed=1), s)           # seeded
+    assert np.isin(select.shot_sample(y, 12, seed=1), s).all()            # a smaller sample is part of a larger
+
+
+def test_paired_test_one_level_and_ties_keep():
+    rng = np.random.default_rng(0)
+    base = rng.random(400) < 0.6
+    d = select.shot_test(base.copy(), base)
+    assert d.kept and d.reason is select.ShotReason.NOT_BEHIND and d.evidence.difference == 0.0
+    worse = base & (rng.random(400) < 0.7)                                # loses 30% of the baseline's right answers
+    d = select.shot_test(worse, base)
+    assert not d.kept and d.reason is select.ShotReason.BEHIND
+    assert d.evidence.difference == pytest.approx(worse.mean() - base.mean())
+    diff = worse.astype(float) - base
+    assert d.evidence.standard_error == pytest.approx(diff.std(ddof=1) / np.sqrt(400))
+    rec = d.to_json()
+    assert rec["adopted"] is False and rec["shots_compared"] == 400 and rec["rule"] == select.acceptance_rule()
+    one = base.copy()
+    one[np.flatnonzero(base)[0]] = False                                  # behind by one shot: within 1 SE, kept
+    assert select.shot_test(one, base).kept
+
+
+def test_the_rule_text_is_format_3s_at_level_one_and_names_another_level():
+    assert select.acceptance_rule() == ("adapted unless its accuracy on held-out shots (one per class at a time) is "
+                                        "below zero-shot's by more than 1 SE (paired)")
+    assert "by more than 2 SE" in select.acceptance_rule(2.0)
+
+
+def test_paired_weights_reduce_to_the_unweighted_standard_error_and_match_a_second_formula():
+    rng = np.random.default_rng(1)
+    a, b = rng.random(50), rng.random(50)
+    p = select.paired(a, b)
+    assert p.standard_error == pytest.approx((a - b).std(ddof=1) / np.sqrt(50))
+    eq = select.paired(a, b, np.full(50, 7.0))
+    assert eq.difference == pytest.approx(p.difference) and eq.standard_error == pytest.approx(p.standard_error)
+    w = rng.random(50)
+    q = select.paired(a, b, w)
+    wn = w / w.sum()
+    m = wn @ (a - b)
+    assert q.difference == pytest.approx(m)
+    assert q.standard_error == pytest.approx(np.sqrt(50 / 49 * np.sum(wn ** 2 * (a - b - m) ** 2)))
+
+
+def test_behind_and_ahead_are_one_test_with_one_tie_rule():
+    p = select.Paired(0.5, 0.6, -0.1, 0.1, 10)
+    assert not select.behind(p, 1.0) and select.behind(p, 0.5)      # exactly 1 SE: not behind (the tie)
+    q = select.Paired(0.6, 0.5, 0.1, 0.1, 10)
+    assert not select.ahead(q, 1.0) and select.ahead(q, 0.5)
+
+
+def test_adapt_config_refuses_bad_values_and_records_what_changed():
+    assert select.AdaptConfig().changed() == {}
+    assert select.AdaptConfig(level=2.0).changed() == {"level": 2.0}
+    for bad in ({"level": -1.0}, {"level": float("nan")}, {"alphas": ()}, {"ridges": (1.0, -2.0)}, {"max_folds": 0}):
+        with pytest.raises(ValueError):
+            select.AdaptConfig(**bad)
+    with pytest.raises(TypeError):
+        select.config_or_default({"level": 1.0})
