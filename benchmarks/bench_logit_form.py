@@ -30,14 +30,30 @@ import numpy as np
 from benchmarks.bench_adapt import DATASETS, FEWSHOT, sample, unit
 from benchmarks.bench_common import machine, save_result
 from svgen.fewshot import residual
+from svgen.selection import DEFAULT
 
 ALPHAS = (1.0, 4.0, 16.0, 64.0, 256.0)
 TAU = 100.0
 VARIANTS = ("zs", "prob", "logit", "guarded")
 
 
+def class_subset(labels, n_max, seed):
+    """Indices of every shot of a random set of classes, at most ``n_max`` in all (None: all of them)."""
+    if labels.shape[0] <= n_max:
+        return None
+    rng = np.random.default_rng(seed)
+    counts = np.bincount(labels)
+    chosen, total = [], 0
+    for c in rng.permutation(np.flatnonzero(counts)):
+        if total + counts[c] > n_max and chosen:
+            continue
+        chosen.append(c)
+        total += counts[c]
+    return np.flatnonzero(np.isin(labels, chosen))
+
+
 def logit_select(Xs, ys, P, C, seed=0):
-    sub = residual.class_subset(ys, residual.SELECT_MAX, seed)
+    sub = class_subset(ys, DEFAULT.select_max, seed)
     X, y = (Xs, ys) if sub is None else (Xs[sub], ys[sub])
     Y = np.eye(C)[y]
     z0 = TAU * X @ P.T
@@ -47,25 +63,25 @@ def logit_select(Xs, ys, P, C, seed=0):
     med = residual.median_distance(X, seed)
     folds = residual.balanced_folds(y, seed)
     held = np.concatenate(folds)
-    nS, nC, nA = len(residual.SIGMA_FACTORS), len(residual.RIDGES), len(ALPHAS)
+    nS, nC, nA = len(DEFAULT.sigma_factors), len(DEFAULT.ridges), len(ALPHAS)
     correct = np.zeros((nS, nC, nA, held.size), dtype=bool)
     start = 0
     for hf in folds:
         keep = np.setdiff1d(np.arange(len(y)), hf)
-        for i, f in enumerate(residual.SIGMA_FACTORS):
+        for i, f in enumerate(DEFAULT.sigma_factors):
             s = f * med
             e, U = np.linalg.eigh(np.exp(-d2[np.ix_(keep, keep)] / (2 * s * s)))
             e, UR = np.maximum(e, 0.0), U.T @ R[keep]
             KU = np.exp(-d2[np.ix_(hf, keep)] / (2 * s * s)) @ U
-            for j, c in enumerate(residual.RIDGES):
+            for j, c in enumerate(DEFAULT.ridges):
                 corr = KU @ (UR / (e + c)[:, None])
                 for a, al in enumerate(ALPHAS):
                     correct[i, j, a, start:start + hf.size] = (z0[hf] + al * corr).argmax(1) == y[hf]
         start += hf.size
     acc = correct.mean(axis=3)
-    i, j, a = max(np.ndindex(acc.shape), key=lambda t: (acc[t], residual.RIDGES[t[1]], t[0], -t[2]))
+    i, j, a = max(np.ndindex(acc.shape), key=lambda t: (acc[t], DEFAULT.ridges[t[1]], t[0], -t[2]))
     to_all = (lambda r: r) if sub is None else (lambda r: sub[r])
-    return {"sigma": residual.SIGMA_FACTORS[i] * med, "sigma_factor": residual.SIGMA_FACTORS[i], "c": residual.RIDGES[j],
+    return {"sigma": DEFAULT.sigma_factors[i] * med, "sigma_factor": DEFAULT.sigma_factors[i], "c": DEFAULT.ridges[j],
             "alpha": ALPHAS[a], "held_acc": float(acc[i, j, a]), "held_correct": correct[i, j, a],
             "held_rows": to_all(held), "median": med}
 

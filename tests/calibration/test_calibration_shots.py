@@ -15,7 +15,7 @@ import torch
 from svgen import SVGClassifier
 from svgen.calibration import temperatures as calibration
 from svgen.fewshot import lda as fewshot
-from svgen.fewshot.loo import lda_loo_logits
+from svgen.fewshot.lda import lda_loo_logits
 from svgen.core.support import IMAGE
 
 optimize = pytest.importorskip("scipy.optimize")
@@ -80,17 +80,17 @@ def test_adapt_fits_each_heads_temperature_by_loo_nll(adapted, tmp_path):
 
     sel = residual.select(residual.unit(shots.rows.numpy()), shots.labels.numpy(), residual.unit(clf.prototypes_.numpy()),
                           C, 100.0)
-    assert sel["sigma"] == pytest.approx(clf.bandwidth_)
+    assert sel.sigma == pytest.approx(clf.bandwidth_)
     # the kernel head: its balanced folds' held-out scores (the deployed predictor), or LOO with one shot per class
-    zk, yk = (sel["loo"], y) if sel["one_shot"] else (sel["held_out_scores"], y[sel["held_out_rows"]])
-    assert cal["kernel_evidence"] == ("leave-one-out" if sel["one_shot"] else "balanced folds")
+    zk, yk = (sel.loo, y) if sel.one_shot else (sel.held_scores, y[sel.held_rows])
+    assert cal["kernel_evidence"] == ("leave-one-out" if sel.one_shot else "balanced folds")
     z = {"kernel": calibration.head_logits(torch.from_numpy(zk), "kernel", clf.kernel_logits_).numpy()}
     lin = clf.fewshot_["linear"]
     assert lin["means"] == "equal Mahalanobis radius"      # the default head
     # the linear head: its exact leave-one-out logits, zero-shot logits + α·s·(LDA refitted without each shot)
     zl = lda_loo_logits(clf.prototypes_, shots, C, lin["shrinkage"], lin["prior_shots"],
                                     equal_radius=True).numpy()
-    if not sel["one_shot"]:
+    if not sel.one_shot:
         Pn = torch.nn.functional.normalize(clf.prototypes_.double(), dim=-1)
         zl = (100.0 * shots.rows.double() @ Pn.T).numpy() + lin["alpha"] * lin["scale"] * zl
     else:

@@ -2,6 +2,7 @@
 the API and the CLI. Every number is checked against an independent computation (brute-force
 refits with one shot left out, numpy formulas straight from the stored tensors)."""
 
+import math
 import json
 import sys
 from pathlib import Path
@@ -345,9 +346,10 @@ def test_real_few_shot_features(shared_data):
 
 def test_one_shot_linear_head_keeps_the_text_prior():
     """One shot per class: LOO cannot judge κ (the left-out class keeps only its prior while the others keep
-    their shot, which favours κ = 0 and throws the prototypes away). The head uses κ = LDA_PRIOR_ONE_SHOT;
+    their shot, which favours κ = 0 and throws the prototypes away). The head uses κ = AdaptConfig.lda_prior_one_shot;
     with good prototypes independent of the shots it must stay near the zero-shot head and far above κ = 0."""
-    from svgen.fewshot.lda import LDA_PRIOR_ONE_SHOT, lda_head_weights, prior_means
+    from svgen.fewshot.lda import lda_head_weights, prior_means
+    from svgen.selection import DEFAULT
 
     rng = np.random.default_rng(0)
     C, D = 20, 64
@@ -367,10 +369,34 @@ def test_one_shot_linear_head_keeps_the_text_prior():
     zero = _acc(clf, Xq, yq, "linear")
     clf.adapt(X, y)
     lin = clf.fewshot_["linear"]
-    assert lin["prior_shots"] == LDA_PRIOR_ONE_SHOT and lin["shrinkage"] == 1.0
+    assert lin["prior_shots"] == DEFAULT.lda_prior_one_shot and lin["shrinkage"] == 1.0
     Xd, yt = torch.as_tensor(X, dtype=torch.float64), torch.as_tensor(y)
     W0, b0 = lda_head_weights(Xd, yt, prior_means(torch.as_tensor(protos, dtype=torch.float64), Xd), 1.0, 0.0,
                               equal_radius=True)
     kappa0 = float(((torch.as_tensor(Xq, dtype=torch.float64) @ W0.T + b0).argmax(1).numpy() == yq).mean())
     adapted = _acc(clf, Xq, yq, "linear")
     assert adapted >= zero - 0.05 and adapted > kappa0 + 0.1, (zero, adapted, kappa0)
+
+
+def test_lda_choice_is_the_most_shrinkage_not_behind_the_best_by_the_paired_test():
+    """(γ, κ): the best setting is the lowest LOO error; a setting is eligible unless its per-shot LOO correctness is
+    behind the best's by more than ``level`` paired SE; then the most shrinkage, then the lowest error. Checked against
+    the paired SE computed by hand: (γ₁, κ₁) has 2 more errors and 1 fewer on 10 shots, d̄ = −0.1, SE = 0.1795: not
+    behind at level 1 (the old binomial 1-SE rule, best + √(0.1·0.9/10) = 0.195 < 0.2, refused it), behind at 0.5."""
+    from svgen.fewshot.lda import paired_choice
+
+    best = np.array([1] * 9 + [0], dtype=bool)
+    correct = np.stack([np.stack([best, np.array([1] * 7 + [0] * 3, dtype=bool)]),
+                        np.stack([np.array([1] * 6 + [0] * 4, dtype=bool),
+                                  np.array([1] * 7 + [0, 0, 1], dtype=bool)])])
+    err = 1.0 - correct.mean(axis=2)
+    margin = np.zeros_like(err)
+    d = correct[1, 1].astype(float) - best
+    n = d.size
+    mean = d.sum() / n
+    se = math.sqrt(sum((x - mean) ** 2 for x in d) / (n - 1) / n)
+    assert mean == pytest.approx(-0.1) and se == pytest.approx(0.17951, abs=1e-5)
+    assert err[1, 1] > err.min() + math.sqrt(err.min() * (1 - err.min()) / n)   # outside the old 1-SE band
+    assert paired_choice(err, margin, correct, 1.0) == (1, 1)        # mean ≥ −1·SE: eligible, the most shrinkage
+    assert paired_choice(err, margin, correct, 0.5) == (0, 0)        # mean < −0.5·SE: behind; the best itself
+    assert paired_choice(err, margin, correct, 0.0) == (0, 0)

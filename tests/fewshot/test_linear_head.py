@@ -10,6 +10,7 @@ from svgen import SVGClassifier
 from svgen.core.support import IMAGE
 from svgen.fewshot import linear, residual
 from svgen.fewshot.lda import fit_lda_head, lda_covariance, lda_head_weights, prior_means
+from svgen.selection import DEFAULT, AdaptConfig
 
 C, D = 6, 24
 
@@ -35,6 +36,19 @@ def _tau(X, y):
 def _unit(a):
     a = np.asarray(a, dtype=np.float64)
     return a / np.linalg.norm(a, axis=1, keepdims=True)
+
+
+def _class_subset(labels, n_max, seed):
+    """Every shot of a random set of classes, at most ``n_max`` in all (the old rule's subset)."""
+    rng = np.random.default_rng(seed)
+    counts = np.bincount(labels)
+    chosen, total = [], 0
+    for c in rng.permutation(np.flatnonzero(counts)):
+        if total + counts[c] > n_max and chosen:
+            continue
+        chosen.append(c)
+        total += counts[c]
+    return np.flatnonzero(np.isin(labels, chosen))
 
 
 def fold_logits(clf):
@@ -65,7 +79,7 @@ def test_alpha_is_the_best_held_out_accuracy_and_the_head_is_the_two_terms(per_c
     Pn = _unit(P.numpy())
     # the LDA head on all shots at the recorded (γ, κ), as fit_lda_head gives it
     W_lda, b_lda, choice = fit_lda_head(P, shots, C)
-    assert choice.settings["shrinkage"] == rec["shrinkage"] and choice.settings["prior_shots"] == rec["prior_shots"]
+    assert choice.shrinkage == rec["shrinkage"] and choice.prior_shots == rec["prior_shots"]
     Xn = Xd.numpy()
     Z_all = 100.0 * Xn @ Pn.T
     # α: brute force over the grid on the kernel head's balanced folds, LDA refitted without each fold
@@ -90,8 +104,8 @@ def test_alpha_is_the_best_held_out_accuracy_and_the_head_is_the_two_terms(per_c
 
     best = optimize.minimize_scalar(nll, bounds=(-20, 20), method="bounded", options={"xatol": 1e-10})
     assert rec["lda_temperature_fitted"] and rec["lda_temperature"] == pytest.approx(float(np.exp(best.x)), rel=1e-3)
-    accs = [float(((Z_held + a * rec["fold_scale"] * L_held).argmax(1) == yt.numpy()[held]).mean()) for a in linear.ALPHAS]
-    assert rec["alpha"] == linear.ALPHAS[int(np.argmax(accs))]          # the first best: ties to the smaller α
+    accs = [float(((Z_held + a * rec["fold_scale"] * L_held).argmax(1) == yt.numpy()[held]).mean()) for a in DEFAULT.alphas]
+    assert rec["alpha"] == DEFAULT.alphas[int(np.argmax(accs))]          # the first best: ties to the smaller α
     assert rec["held_out_accuracy"] == pytest.approx(max(accs))
     assert rec["zero_shot_held_out_accuracy"] == pytest.approx(accs[0])
     assert clf.fewshot_["head_choice"]["held_out_accuracy"]["linear"] == pytest.approx(max(accs))
@@ -141,10 +155,9 @@ def test_many_classes_a_linear_head_that_hurts_is_not_chosen(monkeypatch):
     the other classes easy to beat: it picks a large α, and that linear head is well below zero-shot on the queries.
     Scoring each held-out shot against all classes, every fold refitted on every other shot, the adapted linear head
     and the default head are not below zero-shot."""
-    from svgen.fewshot import lda
+    from svgen import selection
 
-    monkeypatch.setattr(residual, "SELECT_MAX", 128)
-    monkeypatch.setattr(lda, "LDA_LOO_MAX", 64)
+    monkeypatch.setattr(selection, "DEFAULT", AdaptConfig(select_max=128, lda_loo_max=64))
     rng = np.random.default_rng(0)
     n_cls, Di, Dt = 150, 32, 16
     cen = np.zeros((n_cls, Di + Dt))
@@ -168,9 +181,9 @@ def test_many_classes_a_linear_head_that_hurts_is_not_chosen(monkeypatch):
     # the old rule: α on the folds of a subset of whole classes, the LDA head refitted on those classes' shots alone
     shots = clf.support_set_.part(IMAGE)
     W, b, choice = fit_lda_head(clf.prototypes_, shots, n_cls)
-    sub = residual.class_subset(y, 128, 0)
+    sub = _class_subset(y, 128, 0)
     folds = [sub[f] for f in residual.balanced_folds(y[sub], 0)]
-    old = linear.fit_linear_head(clf.prototypes_, shots, n_cls, W, b, choice.settings, folds, sub, None)
+    old = linear.fit_linear_head(clf.prototypes_, shots, n_cls, W, b, choice, folds, sub, None)
     assert old.record["alpha"] >= 4.0
     assert acc(Q @ old.weight.double().numpy().T + old.bias.double().numpy()) < zero_shot - 0.02   # it hurts
     # the rule now: the adapted linear head, and the default head, are not below zero-shot

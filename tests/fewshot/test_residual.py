@@ -13,7 +13,9 @@ import torch
 
 from svgen import SVGClassifier
 from svgen.fewshot import residual
+from svgen import selection
 from svgen.io.artifacts import FORMAT_VERSION_PRIOR
+from svgen.selection import DEFAULT, AdaptConfig, Decision, ShotReason, shot_test
 
 
 def _unit(x):
@@ -49,15 +51,16 @@ def held_out_scores(X: np.ndarray, y: np.ndarray, P: np.ndarray, C: int, sigma: 
 def test_selection_scores_are_refits_without_each_fold_and_pick_the_best():
     X, y, P = _problem(seed=10, C=5, per_class=4)
     sel = residual.select(X, y, P, 5, 100.0)
-    assert not sel["one_shot"] and sel["folds"] == 4
-    rows, scores = held_out_scores(X, y, P, 5, sel["sigma"], sel["ridge_c"], 100.0)
-    np.testing.assert_array_equal(sel["held_out_rows"], rows)
-    np.testing.assert_allclose(sel["held_out_scores"], scores, atol=1e-8)   # eigenbasis route = direct solves
-    assert sel["held_out_accuracy"] == pytest.approx((scores.argmax(1) == y[rows]).mean())
-    for f in residual.SIGMA_FACTORS:            # no other setting does better on the same folds
-        for c in residual.RIDGES:
-            _, other = held_out_scores(X, y, P, 5, f * sel["median_distance"], c, 100.0)
-            assert (other.argmax(1) == y[rows]).mean() <= sel["held_out_accuracy"] + 1e-12
+    assert not sel.one_shot and sel.record["folds"] == len(sel.folds) == 4
+    rows, scores = held_out_scores(X, y, P, 5, sel.sigma, sel.ridge_c, 100.0)
+    np.testing.assert_array_equal(sel.held_rows, rows)
+    np.testing.assert_allclose(sel.held_scores, scores, atol=1e-8)   # eigenbasis route = direct solves
+    acc = sel.record["held_out_accuracy"]
+    assert acc == pytest.approx((scores.argmax(1) == y[rows]).mean())
+    for f in DEFAULT.sigma_factors:            # no other setting does better on the same folds
+        for c in DEFAULT.ridges:
+            _, other = held_out_scores(X, y, P, 5, f * sel.record["median_distance"], c, 100.0)
+            assert (other.argmax(1) == y[rows]).mean() <= acc + 1e-12
 
 
 def test_loo_scores_equal_refitting_without_each_shot():
@@ -78,9 +81,7 @@ def test_loo_scores_equal_refitting_without_each_shot():
 def test_nystrom_solve_is_the_ridge_of_the_approximated_kernel(monkeypatch):
     X, y, P = _problem(seed=2, C=6, per_class=10)
     C = P.shape[0]
-    monkeypatch.setattr(residual, "DENSE_MAX", 20)
-    monkeypatch.setattr(residual, "NYSTROM_BASIS", 24)
-    allrows, labels, Vall = residual.solve(X, y, P, C, 0.8, 0.5, 100.0)
+    allrows, labels, Vall = residual.solve(X, y, P, C, 0.8, 0.5, 100.0, config=AdaptConfig(dense_max=20, nystrom_basis=24))
     assert allrows.shape[0] == len(y) and labels.tolist() == y.tolist()   # every shot kept as a row
     basis = np.flatnonzero(np.abs(Vall).sum(axis=1) > 0)
     assert 0 < basis.size <= 24
@@ -100,17 +101,21 @@ def test_nystrom_solve_is_the_ridge_of_the_approximated_kernel(monkeypatch):
 def test_paired_decision_keeps_zero_shot_when_the_correction_hurts():
     y = np.arange(20) % 4
     p0 = np.eye(4)[y] * 0.6 + 0.1                       # zero-shot right on every shot
+
+    def decide(held, zs, y):
+        return shot_test(held.argmax(1) == y, zs.argmax(1) == y).to_json()
+
     worse = np.eye(4)[(y + 1) % 4]                      # adapted LOO wrong on every shot
-    d = residual.paired_decision(worse, p0, y)
+    d = decide(worse, p0, y)
     assert not d["adopted"] and d["difference"] == pytest.approx(-1.0)
-    tie = residual.paired_decision(p0.copy(), p0, y)
+    tie = decide(p0.copy(), p0, y)
     assert tie["adopted"] and tie["difference"] == 0.0
     # one loss and one win: a tie, kept
     zs = p0.copy()
     zs[1] = np.eye(4)[(y[1] + 1) % 4]                 # zero-shot wrong on shot 1
     mixed = p0.copy()
     mixed[0] = np.eye(4)[(y[0] + 1) % 4]              # the adapted head wrong on shot 0
-    d = residual.paired_decision(mixed, zs, y)
+    d = decide(mixed, zs, y)
     assert d["adopted"] and d["difference"] == 0.0
 
 
@@ -136,8 +141,8 @@ def test_one_shot_per_class_uses_the_stated_default_and_has_no_loo():
     X, y, P = _problem(seed=3, per_class=1)
     fit = residual.fit_residual_head(X, y, P, P.shape[0])
     assert fit.adopted and fit.loo_scores.shape == (len(y), P.shape[0])
-    assert fit.sigma == pytest.approx(1 / math.sqrt(residual.TIP_ADAPTER_BETA))
-    assert fit.record["ridge_c"] == residual.ONE_SHOT_RIDGE
+    assert fit.sigma == pytest.approx(1 / math.sqrt(DEFAULT.one_shot_beta))
+    assert fit.record["ridge_c"] == DEFAULT.one_shot_ridge
     assert "cannot judge" in fit.record["decision"]["rule"]
 
 
@@ -218,7 +223,7 @@ def test_refused_correction_leaves_the_zero_shot_kernel_head(monkeypatch):
     X, y, P = _problem(seed=8, per_class=5)
     zs = SVGClassifier(n_support=2).fit(P.astype(np.float32))
     clf = SVGClassifier(n_support=2).fit(P.astype(np.float32))
-    monkeypatch.setattr(residual, "paired_decision", lambda held, p0, y: {"adopted": False, "rule": "test"})
+    monkeypatch.setattr(residual, "shot_test", lambda *a, **k: Decision(False, ShotReason.BEHIND))
     clf.adapt(X.astype(np.float32), y)
     assert clf.kernel_prior_ is None and not clf.fewshot_["kernel"]["decision"]["adopted"]
     Xq = X.astype(np.float32)
@@ -252,8 +257,7 @@ def test_above_select_max_every_held_out_shot_is_scored_against_all_classes(monk
 
     C = 8
     X, y, P = _problem(seed=3, C=C, per_class=4)
-    monkeypatch.setattr(residual, "SELECT_MAX", 16)
-    monkeypatch.setattr(residual, "SELECT_BASIS", 12)
+    monkeypatch.setattr(selection, "DEFAULT", AdaptConfig(select_max=16, select_basis=12))
     seen, orig = {}, residual.nystrom_fold_scores
 
     def spy(*a, **k):
@@ -278,7 +282,7 @@ def test_above_select_max_every_held_out_shot_is_scored_against_all_classes(monk
     assert all(sc.shape == (held.size, C) for sc in scores.values())   # each scored against all C classes
     rec = clf.fewshot_["kernel"]
     sigma, c = rec["sigma"], rec["ridge_c"]
-    i, j = residual.SIGMA_FACTORS.index(rec["selection"]["sigma_factor"]), residual.RIDGES.index(c)
+    i, j = DEFAULT.sigma_factors.index(rec["selection"]["sigma_factor"]), DEFAULT.ridges.index(c)
     # the fold's head, solved directly on every other shot (all classes) in the same basis, gives the same scores
     Xu, Pu = _unit(X), _unit(P)
     p0 = residual.prior_probs(Xu, Pu, 100.0)
@@ -325,11 +329,9 @@ def test_one_shot_with_more_classes_than_the_lda_loo_subset(monkeypatch, select_
     those rows alone."""
     from svgen.calibration import mixture
     from svgen.fewshot import adapt as shot_adapt
-    from svgen.fewshot import lda as fewshot
 
     X, y, P = _problem(seed=5, C=12, per_class=1)
-    monkeypatch.setattr(fewshot, "LDA_LOO_MAX", 5)
-    monkeypatch.setattr(residual, "SELECT_MAX", select_max)
+    monkeypatch.setattr(selection, "DEFAULT", AdaptConfig(lda_loo_max=5, select_max=select_max))
     seen = {}
     real = shot_adapt.held_out_probabilities
 
@@ -359,7 +361,7 @@ def test_duplicate_shots_never_give_a_zero_bandwidth():
     clf = SVGClassifier(n_support=2).fit(P.astype(np.float32))
     clf.adapt(np.concatenate([X[:1]] * 2).astype(np.float32), np.array([0, 0]))   # all shots one image
     sel = clf.fewshot_["kernel"]
-    assert sel["sigma"] == pytest.approx(1 / np.sqrt(residual.TIP_ADAPTER_BETA))
+    assert sel["sigma"] == pytest.approx(1 / np.sqrt(DEFAULT.one_shot_beta))
     assert "every shot is the same image" in sel["selection"]["rule"]
     p = clf.predict_proba(X.astype(np.float32))
     assert np.isfinite(p).all() and np.allclose(p.sum(1), 1)
@@ -370,12 +372,11 @@ def test_duplicate_shots_never_give_a_zero_bandwidth():
 def test_one_shot_at_the_unpatched_subset_sizes():
     """The same at the shipped sizes, nothing patched: 600 classes × 1 shot (more than LDA_LOO_MAX = 512 shots, fewer
     than SELECT_MAX = 1,024), the regime of ImageNet at one shot."""
-    from svgen.fewshot import lda as fewshot
 
     C = 600
-    assert fewshot.LDA_LOO_MAX < C <= residual.SELECT_MAX
+    assert DEFAULT.lda_loo_max < C <= DEFAULT.select_max
     X, y, P = _problem(seed=7, C=C, D=64, per_class=1, spread=0.6)
     clf = SVGClassifier(n_support=2, steps=5).fit(P.astype(np.float32)).adapt(X.astype(np.float32), y)
-    assert clf.fewshot_["head_choice"]["shots_compared"] == fewshot.LDA_LOO_MAX
+    assert clf.fewshot_["head_choice"]["shots_compared"] == DEFAULT.lda_loo_max
     p = clf.predict_proba(X[:10].astype(np.float32))
     assert p.shape == (10, C) and np.allclose(p.sum(1), 1)

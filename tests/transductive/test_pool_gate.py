@@ -50,17 +50,17 @@ def test_shot_folds_hold_out_one_shot_per_class_with_three_or_more(counts):
     """Three or more shots in every class: each fold holds out at most one shot of each class (the fold's
     predictor keeps all the others); as many folds as the largest class has shots, at most MAX_FOLDS; no shot
     is held out twice."""
-    from svgen.fewshot.residual import MAX_FOLDS
+    from svgen.selection import DEFAULT
 
     y = np.concatenate([np.full(n, c) for c, n in enumerate(counts)])
     folds = pool_gate.shot_folds(y, len(counts), seed=3)
-    assert len(folds) == min(max(counts), MAX_FOLDS)
+    assert len(folds) == min(max(counts), DEFAULT.max_folds)
     held = np.concatenate(folds)
     assert len(np.unique(held)) == len(held)                                     # never twice
     for f in folds:
         assert np.bincount(y[f], minlength=len(counts)).max() == 1               # one shot per class at most
     for c, n in enumerate(counts):
-        assert int((y[held] == c).sum()) == min(n, MAX_FOLDS)
+        assert int((y[held] == c).sum()) == min(n, DEFAULT.max_folds)
 
 
 def test_paired_gate_by_hand():

@@ -60,14 +60,15 @@ def build(name: str):
         U, _ = images(40)
         clf.fit(text, classes=classes).adapt(unlabelled=U)
     elif name == "v2_shots_refused":   # format 2: shot rows with zero votes (the correction refused on the folds)
+        import dataclasses
         from unittest import mock
 
         from svgen.fewshot import residual
 
         X, y = images(3)
-        refuse = lambda *a, **k: {**decide(*a, **k), "adopted": False}   # noqa: E731  (forced: a format fixture)
-        decide = residual.paired_decision
-        with mock.patch.object(residual, "paired_decision", refuse):
+        refuse = lambda *a, **k: dataclasses.replace(decide(*a, **k), kept=False)   # noqa: E731  (a format fixture)
+        decide = residual.shot_test
+        with mock.patch.object(residual, "shot_test", refuse):
             clf.fit(text, classes=classes).adapt(X, y)
     elif name == "v4_shots":   # the mixture head: format 4
         X, y = images(4)
