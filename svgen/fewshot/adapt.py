@@ -59,15 +59,15 @@ def adapt(zero_shot: Heads, shots: SupportSet, side: TextSide, tilt_shotless: bo
     evidence = kernel_evidence(res, shots, side)
     heads.calibration = temperatures(heads, side, shots, res, lin, evidence)
     clock.lap("adapt: temperatures on held-out scores")
-    default, weight, head_choice, held = choose_default_head(heads, side, res, shots, lin, evidence)
+    default, w, head_choice, held = choose_default_head(heads, side, res, shots, lin, evidence)
+    weight = w if default == MIXTURE else None
     clock.lap("adapt: default head chosen (mixture weight by held-out NLL)")
     heads.calibration = dataclasses.replace(heads.calibration, mixture_weight=weight)
     tilt = (coverage.fit_tilt(zero_shot, shots, side, lambda part: adapt(zero_shot, part, side, False, config=config),
-                              head_choice["mixture_weight"], progress, config) if tilt_shotless else None)
-    without = None
+                              w, progress, config) if tilt_shotless else None)
     if tilt is not None:   # some classes have no shots: the weight and tilt fitted for them too
         clock.lap("adapt: tilt of the classes without shots (refits)")
-        weight, offset, without = tilt
+        weight, offset = tilt.weight, tilt.offset
         # the mixture carries a tilt at its weight even where that is one head alone (0 or 1)
         default = MIXTURE if offset else mixture.head_of_weight(weight)
         heads.calibration = dataclasses.replace(
@@ -82,10 +82,9 @@ def adapt(zero_shot: Heads, shots: SupportSet, side: TextSide, tilt_shotless: bo
                    else "zero-shot (the shots' correction was refused)", **res.record},
         "linear": {**lchoice.record(), **lin.record}, "default_head": default, "head_choice": head_choice,
         "text_bandwidth": float(zero_shot.kernel.bandwidth), "wall_time_s": wall,
-        **({"classes_without_shots": without} if without else {}),
+        **({"classes_without_shots": tilt.record} if tilt else {}),
         # output only (diagnose, eval): every head against zero-shot on the held-out evidence above
-        "heads_vs_zero_shot": (without.pop("heads_vs_zero_shot", None) if without
-                               else heldout.shots_record(held, default, weight)),
+        "heads_vs_zero_shot": tilt.versus if tilt else heldout.shots_record(held, default, weight),
     }
     log.info("adapted to %d shots in %.2fs: kernel %s (σ=%.3g, c=%.3g), linear LDA γ=%g κ=%g (LOO error %.3f), α=%s",
              len(shots), wall, "adapted" if res.adopted else "kept zero-shot", res.sigma, res.record["ridge_c"],
@@ -152,7 +151,7 @@ def held_out_probabilities(heads: Heads, side: TextSide, res, shots: SupportSet,
 
 
 def choose_default_head(heads: Heads, side: TextSide, res, shots: SupportSet, lin, ev: KernelEvidence) -> tuple:
-    """(head, w or None, record, (p_kernel, p_linear, y, p_cosine)): ``w`` minimising the NLL of
+    """(head, w, record, (p_kernel, p_linear, y, p_cosine)): ``w`` minimising the NLL of
     ``w·p_kernel + (1 − w)·p_linear`` on the held-out shots (w = 1: the kernel head alone, a tie keeps it; 0: linear)."""
     pk, pl, rows = held_out_probabilities(heads, side, res, shots, lin, ev)
     truth = shots.labels.numpy()[rows]
@@ -162,7 +161,7 @@ def choose_default_head(heads: Heads, side: TextSide, res, shots: SupportSet, li
     head = mixture.head_of_weight(w)
     acc = lambda p: float((p.argmax(axis=1) == truth).mean())   # noqa: E731
     mixed = mixture.mix(w, pk, pl)
-    return head, (None if head != "mixture" else w), {
+    return head, w, {
         "mixture_weight": w, "held_out_nll": {"mixture": fit["nll"], "kernel": fit["nll_kernel"],
                                               "linear": fit["nll_linear"]},
         "held_out_accuracy": {"mixture": acc(mixed), "kernel": acc(pk), "linear": acc(pl)},

@@ -25,6 +25,16 @@ GOLDEN_STEPS = 30
 PROB_FLOOR = 1e-300
 
 
+@dataclass(frozen=True)
+class Tilt:
+    """The deployed mixture's weight w and tilt δ, its record, and each head against zero-shot (output only)."""
+
+    weight: float
+    offset: float
+    record: dict
+    versus: dict
+
+
 def class_groups(classes: np.ndarray, seed: int, folds: int, refits: int) -> list:
     """The first ``refits`` of the classes with shots split into ``folds`` near-equal groups (seeded order)."""
     order = np.random.default_rng(seed).permutation(np.asarray(classes))
@@ -120,7 +130,7 @@ def best_weight_and_offset(evidence: list) -> tuple:
 
 def fit_tilt(zero_shot, shots: SupportSet, side, refit, shots_weight: float, progress: bool = False,
              config: Optional[AdaptConfig] = None):
-    """(w, δ, record), or None where every class has shots or fewer than two have. ``refit(shots)``: ``adapt`` without
+    """:class:`Tilt`, or None where every class has shots or fewer than two have. ``refit(shots)``: ``adapt`` without
     this step; ``shots_weight``: the weight the shots alone chose (recorded)."""
     from svgen.heads import heldout, predictor
 
@@ -158,7 +168,7 @@ def fit_tilt(zero_shot, shots: SupportSet, side, refit, shots_weight: float, pro
     record = {"classes_without_shots": int(C - with_shots.size), "offset": float(delta), "mixture_weight": float(w),
               "mixture_weight_of_the_shots_alone": float(shots_weight),
               "held_out_nll": {"untilted": objective(found, shots_weight, 0.0), "tilted": objective(found, w, delta)},
-              "folds": folds, "heads_vs_zero_shot": versus,
+              "folds": folds,
               "rule": "w·p_kernel + (1 − w)·p_linear with the classes without shots × e^δ, renormalised; (w, δ), "
                       "w in [0, 1] and δ ≥ 0, minimising the NLL of (a) the shots of each of "
                       f"{n} groups of 1/{config.class_folds} of the classes with shots, scored by adapt rerun without "
@@ -167,4 +177,4 @@ def fit_tilt(zero_shot, shots: SupportSet, side, refit, shots_weight: float, pro
     log.info("shots: %d of %d classes have none; the mixture at w = %.3g (the shots alone: %.3g), their "
              "probabilities × e^%.3g (held-out NLL %.4f → %.4f)", C - with_shots.size, C, w, shots_weight, delta,
              record["held_out_nll"]["untilted"], record["held_out_nll"]["tilted"])
-    return w, delta, record
+    return Tilt(w, delta, record, versus)

@@ -1,6 +1,5 @@
-"""The kernel head with shots: zero-shot probabilities plus kernel ridge on their residual,
-``s(x) = p₀(x) + k(x̂, X)(K + cI)⁻¹(Y − p₀(X))``, σ and c on balanced folds, kept unless behind zero-shot there
-(docs/fewshot.md, "The kernel head")."""
+"""The kernel head with shots, ``s(x) = p₀(x) + k(x̂, X)(K + cI)⁻¹(Y − p₀(X))``: σ and c on balanced folds, kept
+unless behind zero-shot there (docs/fewshot.md, "The kernel head")."""
 
 from __future__ import annotations
 
@@ -147,11 +146,7 @@ def select(X: np.ndarray, y: np.ndarray, P: np.ndarray, C: int, logit_scale: flo
                                     "shot and the text weigh the same); the labels cannot identify either"}, loo(sigma, c))
     folds = balanced_folds(y, seed, config.max_folds, n_max=config.select_max)
     held = np.concatenate(folds)
-    if p0 is None:
-        p0_held = -R[held]
-        p0_held[np.arange(held.size), y[held]] += 1.0
-    else:
-        p0_held = p0[held]
+    p0_held = np.eye(C)[y[held]] - R[held] if p0 is None else p0[held]
     sigmas, ridges = [f * med for f in config.sigma_factors], config.ridges
     if big:
         correct, scores = nystrom_fold_scores(X, y, R, p0_held, folds, sigmas, ridges, seed, config.select_basis)
@@ -196,9 +191,7 @@ def nystrom_fold_scores(X: np.ndarray, y: np.ndarray, R: np.ndarray, p0_held: np
     pick = shot_sample(y[rest], basis_size, seed)
     basis = rest if pick is None else rest[pick]
     d2_XL = X @ X[basis].T                               # squared distances to the basis, in place
-    d2_XL *= -2.0
-    d2_XL += 2.0
-    np.maximum(d2_XL, 0.0, out=d2_XL)
+    np.maximum(np.add(np.multiply(d2_XL, -2.0, out=d2_XL), 2.0, out=d2_XL), 0.0, out=d2_XL)
     d2_LL = d2_XL[basis]
     R_H = R[held]
     bounds = np.cumsum([0] + [f.size for f in folds])
@@ -269,13 +262,13 @@ def fit_residual_head(X, y, P, n_classes: int, logit_scale: float = CLIP_LOGIT_S
     record = {"sigma": float(sel.sigma), "ridge_c": float(sel.ridge_c), "logit_scale": float(logit_scale),
               "selection": sel.record, "decision": decision_record, "shots": int(X.shape[0]),
               "scored_shots": int(Xs.shape[0])}
-    held = dict(held_rows=sel.held_rows, held_scores=sel.held_scores, folds=sel.folds)
-    if not decision.kept:
+    if decision.kept:
+        rows, labels, votes = solve(X, y, P, n_classes, sel.sigma, sel.ridge_c, logit_scale, seed, config)
+        voting = int((np.abs(votes).sum(axis=1) > 0).sum())
+        record.update(support_rows=int(rows.shape[0]), basis="all shots" if X.shape[0] <= config.dense_max
+                      else f"Nyström, {voting} of the shots")
+    else:
         log.info("shots: zero-shot kept (%s)", decision_record)
-        return ResidualFit(decision, X, y, float(sel.sigma), np.zeros((X.shape[0], n_classes)), logit_scale,
-                           sel.loo, sub, record, **held)
-    rows, labels, votes = solve(X, y, P, n_classes, sel.sigma, sel.ridge_c, logit_scale, seed, config)
-    record["support_rows"] = int(rows.shape[0])
-    voting = int((np.abs(votes).sum(axis=1) > 0).sum())
-    record["basis"] = "all shots" if X.shape[0] <= config.dense_max else f"Nyström, {voting} of the shots"
-    return ResidualFit(decision, rows, labels, float(sel.sigma), votes, logit_scale, sel.loo, sub, record, **held)
+        rows, labels, votes = X, y, np.zeros((X.shape[0], n_classes))
+    return ResidualFit(decision, rows, labels, float(sel.sigma), votes, logit_scale, sel.loo, sub, record,
+                       sel.held_rows, sel.held_scores, sel.folds)

@@ -182,7 +182,8 @@ def test_weight_and_offset_minimise_the_refits_evidence(pets, monkeypatch):
     real = coverage.evidence
     monkeypatch.setattr(coverage, "evidence", lambda *a: raw.append(a) or real(*a))
     w0 = clf.fewshot_["head_choice"]["mixture_weight"]
-    w, delta, rec = coverage.fit_tilt(zero, shots, side, refit, w0)
+    tilt = coverage.fit_tilt(zero, shots, side, refit, w0)
+    w, delta, rec = tilt.weight, tilt.offset, tilt.record
     cal = clf.heads_.calibration
     assert (w, delta) == pytest.approx((cal.mixture_weight, cal.shotless_offset)) and len(calls) == len(rec["folds"]) == 4
     assert rec["mixture_weight_of_the_shots_alone"] == w0 and rec["mixture_weight"] == w
