@@ -14,16 +14,13 @@ import torch
 
 from svgen.calibration import mixture
 from svgen.calibration import temperatures as calibration
-from svgen.fewshot import coverage
-from svgen.fewshot import lda as fewshot
-from svgen.fewshot import linear
-from svgen.heads import predictor
-from svgen.fewshot import residual
-from svgen.heads.scoring import MIXTURE
-from svgen.state import Calibration, Heads, KernelHead, LinearHead, TextSide
 from svgen.core.support import IMAGE, SupportSet
-from svgen.heads import heldout
+from svgen.fewshot import coverage, linear, residual
+from svgen.fewshot import lda as fewshot
+from svgen.heads import heldout, predictor
+from svgen.heads.scoring import MIXTURE
 from svgen.selection import AdaptConfig, config_or_default, shot_sample
+from svgen.state import Calibration, Heads, KernelHead, LinearHead, TextSide
 from svgen.steps import Clock
 
 log = logging.getLogger(__name__)

@@ -53,10 +53,6 @@ class Evidence:
     tilted: np.ndarray
     weight: float
 
-    @property
-    def size(self) -> int:
-        return int(self.kernel.size)
-
 
 def evidence(p_kernel: np.ndarray, p_linear: np.ndarray, y: np.ndarray, shotless: np.ndarray,
              weight: float) -> Evidence:
@@ -71,11 +67,11 @@ def evidence(p_kernel: np.ndarray, p_linear: np.ndarray, y: np.ndarray, shotless
 
 def _stacked(evidence: list, w: float) -> tuple:
     """At weight ``w``, every image: the mixture's ``−log p_y``, its mass ``P_U`` on U, ``[y ∈ U]``, its share."""
-    parts = [e for e in evidence if e.size]
+    parts = [e for e in evidence if e.kernel.size]
     return (np.concatenate([-np.log(np.maximum(mixture.mix(w, e.kernel, e.linear), PROB_FLOOR)) for e in parts]),
             np.concatenate([mixture.mix(w, e.mass_kernel, e.mass_linear) for e in parts]),
             np.concatenate([e.tilted for e in parts]),
-            np.concatenate([np.full(e.size, e.weight / e.size) for e in parts]))
+            np.concatenate([np.full(e.kernel.size, e.weight / e.kernel.size) for e in parts]))
 
 
 def objective(evidence, w: float, delta: float) -> float:

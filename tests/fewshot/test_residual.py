@@ -380,3 +380,26 @@ def test_one_shot_at_the_unpatched_subset_sizes():
     assert clf.fewshot_["head_choice"]["shots_compared"] == DEFAULT.lda_loo_max
     p = clf.predict_proba(X[:10].astype(np.float32))
     assert p.shape == (10, C) and np.allclose(p.sum(1), 1)
+
+
+def test_every_grid_and_the_level_come_from_the_adapt_config(monkeypatch):
+    """``adapt(config=...)`` reaches every choice: one-point grids are what the heads record, and the level is the
+    one both paired tests use."""
+    from svgen.core.support import image_rows
+    from svgen.fewshot import adapt as shot_adapt
+
+    X, y, P = _problem(seed=6, C=5, D=16, per_class=6)
+    clf = SVGClassifier(n_support=2).fit(P.astype(np.float32))
+    shots = image_rows(X.astype(np.float32), y, 5, X.shape[1])
+    cfg = AdaptConfig(sigma_factors=(0.5,), ridges=(0.1,), lda_shrinkage=(0.4,), lda_prior=(2.0,), alphas=(0.0,))
+    rec = shot_adapt.adapt(clf.zero_shot_, shots, clf._side(), config=cfg).record
+    assert rec["kernel"]["selection"]["sigma_factor"] == 0.5 and rec["kernel"]["ridge_c"] == 0.1
+    assert (rec["linear"]["shrinkage"], rec["linear"]["prior_shots"], rec["linear"]["alpha"]) == (0.4, 2.0, 0.0)
+    assert rec["linear"]["grid"] == {"0": rec["linear"]["zero_shot_held_out_accuracy"]}
+    # the level reaches both paired tests: the kernel correction's and the LDA head's (γ, κ)
+    from svgen.fewshot import lda
+
+    seen, real_choice = [], lda.paired_choice
+    monkeypatch.setattr(lda, "paired_choice", lambda *a: seen.append(a[3]) or real_choice(*a))
+    rec = shot_adapt.adapt(clf.zero_shot_, shots, clf._side(), config=AdaptConfig(level=2.5)).record
+    assert seen == [2.5] and "by more than 2.5 SE" in rec["kernel"]["decision"]["rule"]
