@@ -1,5 +1,5 @@
 """The LDA head: shared-covariance LDA on the shots with the text prototypes as prior means, (γ, κ) by exact
-leave-one-out (docs/fewshot.md, "The linear head")."""
+leave-one-out (docs/fewshot.md, "The LDA head")."""
 
 from __future__ import annotations
 
@@ -37,8 +37,8 @@ def paired_choice(err: np.ndarray, margin: np.ndarray, correct: np.ndarray, leve
     correctness ``correct`` (γ × κ × N) at ``level``. The largest γ with an eligible κ, then its eligible κ with the
     lowest error, then margin, ties to the larger κ."""
     best = min(np.ndindex(err.shape), key=lambda ij: (err[ij], margin[ij], ij))
-    ok = np.array([[not behind(paired(correct[a, b], correct[best]), level) for b in range(err.shape[1])]
-                   for a in range(err.shape[0])])
+    ok = np.reshape([not behind(paired(c, correct[best]), level) for c in correct.reshape(-1, correct.shape[-1])],
+                    err.shape)
     a = int(np.flatnonzero(ok.any(axis=1)).max())
     b = min(np.flatnonzero(ok[a]), key=lambda j: (err[a, j], margin[a, j], -j))
     return a, int(b)

@@ -148,7 +148,7 @@ def test_spread_ratio_is_scale_equivariant():
 
 
 def test_many_classes_a_linear_head_that_hurts_is_not_chosen(monkeypatch):
-    """Regression (issue 38). 150 classes × 4 shots, more than SELECT_MAX (patched to 128): the text prototypes are
+    """Regression (issue 38). 150 classes × 4 shots, more than select_max (set to 128): the text prototypes are
     right for the images' classes but carry a class-specific part in directions the images do not use, so the LDA head
     has weak prior means for classes without shots. Choosing α on the shots of a subset of whole classes, the LDA
     head refitted on those classes alone (the old rule, emulated here through ``fit_linear_head``'s ``pool``), makes

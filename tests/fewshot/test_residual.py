@@ -247,7 +247,7 @@ def test_default_head_is_what_the_held_out_shots_prefer_and_every_entry_point_us
 
 
 def test_above_select_max_every_held_out_shot_is_scored_against_all_classes(monkeypatch):
-    """Regression (issue 38): above SELECT_MAX shots the choices were made on the shots of a random subset of whole
+    """Regression (issue 38): above select_max shots the choices were made on the shots of a random subset of whole
     classes, the heads refitted on those classes' shots alone, so the other classes carried no correction (an easier
     problem than the deployed one: on ImageNet it deployed a linear head below zero-shot). Now the held-out shots are
     subsampled, never the classes: every fold's kernel head is the deployed predictor refitted on every other shot of
@@ -324,7 +324,7 @@ def test_cli_classify_and_export_use_the_recorded_default_head(adapted, tmp_path
 @pytest.mark.parametrize("select_max", [1024, 8])
 def test_one_shot_with_more_classes_than_the_lda_loo_subset(monkeypatch, select_max):
     """One shot per class with more shots than the LDA head's leave-one-out subset (ImageNet: 1,000 classes × 1 shot,
-    LDA_LOO_MAX = 512): the kernel head's leave-one-out covers every shot (or its own, larger subset), the linear
+    lda_loo_max = 512): the kernel head's leave-one-out covers every shot (or its own, larger subset), the linear
     head's only the subset. The mixture's weight is fitted on the shots both were scored on, and equals a fit on
     those rows alone."""
     from svgen.calibration import mixture
@@ -370,8 +370,8 @@ def test_duplicate_shots_never_give_a_zero_bandwidth():
 
 
 def test_one_shot_at_the_unpatched_subset_sizes():
-    """The same at the shipped sizes, nothing patched: 600 classes × 1 shot (more than LDA_LOO_MAX = 512 shots, fewer
-    than SELECT_MAX = 1,024), the regime of ImageNet at one shot."""
+    """The same at the shipped sizes, nothing patched: 600 classes × 1 shot (more than lda_loo_max = 512 shots, fewer
+    than select_max = 1,024), the regime of ImageNet at one shot."""
 
     C = 600
     assert DEFAULT.lda_loo_max < C <= DEFAULT.select_max
