@@ -41,7 +41,7 @@ def spread_ratio(zero_shot: np.ndarray, lda_logits: np.ndarray) -> float:
 
 
 def fit_linear_head(prototypes: torch.Tensor, shots, n_classes: int, W_lda: torch.Tensor, b_lda: torch.Tensor,
-                    choice: "lda.LdaChoice", folds: Optional[list], pool: Optional[np.ndarray],
+                    choice: lda.LdaChoice, folds: Optional[list], pool: Optional[np.ndarray],
                     loo_rows: Optional[np.ndarray], logit_scale: float = CLIP_LOGIT_SCALE,
                     config: Optional[AdaptConfig] = None) -> LinearFit:
     """The linear head on the LDA head ``(W_lda, b_lda)`` at ``choice``: α on ``folds`` (the LDA head refitted on
