@@ -72,10 +72,9 @@ import torch
 
 from svgen.core.roots import bisect
 from svgen.errors import SvgenError
+from svgen.selection import AdaptConfig, config_or_default
 
 KERNEL_LOG_FLOOR = 1e-30
-MAX_QUERIES = 2048
-MAX_LOGITS = 4_000_000  # queries × classes scored when choosing a temperature (the bisection's cost)
 ECE_BINS = 15
 T_RANGE = (1e-8, 1e8)   # a fitted T, clipped (:func:`in_range`): the artifact's TEMPERATURE_RANGE (e^30 was unloadable)
 LOG_T_RANGE = (math.log(T_RANGE[0]), math.log(T_RANGE[1]))   # bisection bracket for log T
@@ -83,7 +82,6 @@ in_range = lambda T: min(max(T, T_RANGE[0]), T_RANGE[1])     # noqa: E731  (exp(
 
 
 KERNEL_LOGITS = ("log", "score", "floored")   # kinds of kernel-vote logits; the first is the default
-KERNEL_FLOORS = (0.1, 0.3, 0.5, 0.9)   # ε of the "floored" kind (a head with a zero-shot prior term), by held-out NLL
 TEXT_RULE_KERNEL_LOGITS = ("the text rule: its temperature matches log scores on the text queries, and without "
                            "labels nothing measures whether raw votes fit better")
 
@@ -193,12 +191,13 @@ def fit_temperature(logits_loo, labels, iters: int = 100) -> float:
     return in_range(math.exp(-bisect(lambda log_beta: slope(log_beta) < 0, -LOG_T_RANGE[1], -LOG_T_RANGE[0], iters)))
 
 
-def query_rows(per_template: torch.Tensor, max_queries: int = MAX_QUERIES, seed: int = 0) -> torch.Tensor:
+def query_rows(per_template: torch.Tensor, seed: int = 0, config: Optional[AdaptConfig] = None) -> torch.Tensor:
     """The text queries: every prompt embedding ``E[c, t]`` (C·T×D), or a seeded sample of at most
-    ``max_queries`` — fewer for many classes, so a query's N×C logits stay about
-    :data:`MAX_LOGITS` numbers (256 queries at least: the mean max-probability is an average)."""
+    ``config.max_queries`` — fewer for many classes, so a query's N×C logits stay about
+    ``config.max_logits`` numbers (256 queries at least: the mean max-probability is an average)."""
+    cfg = config_or_default(config)
     Q = per_template.reshape(-1, per_template.shape[-1])
-    max_queries = min(max_queries, max(256, MAX_LOGITS // per_template.shape[0]))
+    max_queries = min(cfg.max_queries, max(256, cfg.max_logits // per_template.shape[0]))
     if Q.shape[0] > max_queries:
         g = torch.Generator().manual_seed(seed)
         Q = Q[torch.randperm(Q.shape[0], generator=g)[:max_queries].sort().values]
@@ -206,13 +205,13 @@ def query_rows(per_template: torch.Tensor, max_queries: int = MAX_QUERIES, seed:
 
 
 def text_temperatures(score_fn, per_template: torch.Tensor, heads=("kernel", "linear", "cosine"),
-                      max_queries: int = MAX_QUERIES) -> dict:
+                      config: Optional[AdaptConfig] = None) -> dict:
     """Temperatures from the text side (see module docstring): ``{"temperatures": {head: T}, ...}``.
 
     ``score_fn(Q, head)`` gives a head's N×C scores for query rows Q. Returns the temperatures and
     what they were matched to, for ``svgen.json``.
     """
-    Q = query_rows(per_template, max_queries)
+    Q = query_rows(per_template, config=config)
     cos = head_logits(score_fn(Q, "cosine"), "cosine")
     target = mean_log_odds(cos, 1.0)
     temps = {}
@@ -245,7 +244,8 @@ def loo_temperatures(loo_logits: Dict[str, torch.Tensor], labels, fallback: Dict
     return {"temperatures": temps, "loo": loo}
 
 
-def choose_kernel_logits(loo_scores, labels, fallback: float, signed_votes: bool = True, prior=None) -> dict:
+def choose_kernel_logits(loo_scores, labels, fallback: float, signed_votes: bool = True, prior=None,
+                         config: Optional[AdaptConfig] = None) -> dict:
     """The kernel head's kind of logits (:data:`KERNEL_LOGITS`) and temperature from the shots' exact
     held-out scores (N×C: :mod:`svgen.fewshot.residual`'s fold scores, or its leave-one-out scores with one shot per class).
 
@@ -262,7 +262,7 @@ def choose_kernel_logits(loo_scores, labels, fallback: float, signed_votes: bool
     first when left out) the NLLs cannot be compared: ``"log"``, with its fitted T or else ``fallback``
     (the text rule's T).
     With the head's zero-shot ``prior`` term at the same shots (an adapted kernel head, ``s = p₀ + k(x̂, X)V``) a third
-    kind competes, ``"floored"`` (:func:`floored_log`), with its ε from :data:`KERNEL_FLOORS` by the same held-out
+    kind competes, ``"floored"`` (:func:`floored_log`), with its ε from ``config.kernel_floors`` by the same held-out
     NLL; its floor bounds what a true-class vote ≤ 0 costs by the zero-shot probability, so it is not charged.
     Returns ``{"kind", "temperature", "floor" (ε, or None), "loo": {nll, ece, acc1, fitted} of the kept kind, "candidates":
     {kind: {temperature, nll, ece, acc1, fitted}}, "nll_score_minus_log": {"mean", "se"},
@@ -270,12 +270,12 @@ def choose_kernel_logits(loo_scores, labels, fallback: float, signed_votes: bool
     error, ``None`` when not both were fitted; the share of shots whose own class gets a LOO vote ≤ 0,
     where ``"log"`` puts p ≈ 0).
     """
-    y = np.asarray(labels)
+    y, floors_grid = np.asarray(labels), config_or_default(config).kernel_floors
     plain = ("log", "score")
     z = {kind: kernel_logits(torch.as_tensor(loo_scores, dtype=torch.float64), kind) for kind in plain}
     floors = {}
     if prior is not None:   # "floored", one candidate per ε: the best of them by its own held-out NLL
-        floors = {eps: floored_log(loo_scores, prior, eps) for eps in KERNEL_FLOORS}
+        floors = {eps: floored_log(loo_scores, prior, eps) for eps in floors_grid}
     fit = loo_temperatures({**z, **{f"floored {e:g}": v for e, v in floors.items()}}, y,
                            fallback={k: fallback for k in [*plain, *(f"floored {e:g}" for e in floors)]})
     entry = lambda k: ({"temperature": fit["temperatures"][k], **fit["loo"][k]} if fit["loo"][k]["fitted"]  # noqa: E731
@@ -285,7 +285,7 @@ def choose_kernel_logits(loo_scores, labels, fallback: float, signed_votes: bool
     floor = None
     if floors:
         fitted = [e for e in floors if fit["loo"][f"floored {e:g}"]["fitted"]]
-        floor = min(fitted, key=lambda e: (fit["loo"][f"floored {e:g}"]["nll"], e)) if fitted else KERNEL_FLOORS[-1]
+        floor = min(fitted, key=lambda e: (fit["loo"][f"floored {e:g}"]["nll"], e)) if fitted else floors_grid[-1]
         cand["floored"] = {**entry(f"floored {floor:g}"), "floor": floor,
                            "by_floor": {f"{e:g}": fit["loo"][f"floored {e:g}"]["nll"] for e in floors}}
         z["floored"] = floors[floor]

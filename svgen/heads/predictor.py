@@ -205,14 +205,16 @@ def proba_of_scores(heads: Heads, s: torch.Tensor, head: str, prior=None) -> tor
     return calibration.softmax(logits_of_scores(heads, s, head, prior), temperature(heads, head))
 
 
-def text_calibration(heads: Heads, prototypes, per_template, kind: str, only: Optional[str] = None) -> Calibration:
+def text_calibration(heads: Heads, prototypes, per_template, kind: str, only: Optional[str] = None,
+                     config=None) -> Calibration:
     """Per-head temperatures from the text side (:func:`svgen.calibration.temperatures.text_temperatures`). ``only``: re-set
     that head's alone where the others were fitted on shots (``loo-nll``) and are unchanged. The text rule
-    matches log scores, so a kernel head it sets has ``kernel_logits = "log"``."""
+    matches log scores, so a kernel head it sets has ``kernel_logits = "log"``. ``config``: the queries' sizes
+    (:class:`svgen.selection.AdaptConfig`)."""
     prev = heads.calibration
     restrict = only is not None and prev is not None and prev.record.get("method") == "loo-nll"
     info = calibration.text_temperatures(lambda q, h: scores(heads, prototypes, kind, q, h), per_template,
-                                         **({"heads": (only,)} if restrict else {}))
+                                         **({"heads": (only,)} if restrict else {}), config=config)
     temps = info.pop("temperatures")
     kernel = {"kernel_logits_choice": {"reason": calibration.TEXT_RULE_KERNEL_LOGITS}}
     if restrict:   # only that head's queries are scored: the others' temperatures are kept

@@ -101,6 +101,20 @@ def _log_odds(z):
     return float(np.mean(out))
 
 
+def test_the_text_queries_are_sized_by_the_config():
+    """``AdaptConfig.max_queries`` and ``max_logits`` bound the text queries (256 at least), seeded and sorted."""
+    from dataclasses import replace
+
+    from svgen.selection import DEFAULT
+
+    per_template = torch.arange(600 * 2 * 3, dtype=torch.float64).reshape(600, 2, 3)
+    assert calibration.query_rows(per_template).shape == (1200, 3)                 # 1200 ≤ 2048 and 4e6 / 600
+    few = calibration.query_rows(per_template, config=replace(DEFAULT, max_queries=300))
+    assert few.shape == (300, 3) and bool((few[1:, 0] > few[:-1, 0]).all())
+    assert calibration.query_rows(per_template, config=replace(DEFAULT, max_logits=1000)).shape == (256, 3)
+    assert calibration.query_rows(per_template, config=replace(DEFAULT, max_logits=600 * 500)).shape == (500, 3)
+
+
 @pytest.mark.parametrize("spread", [0.3, 1.5])  # well separated (cosine all but certain on text) and confusable
 def test_text_rule_every_head_as_confident_as_cosine_on_the_text_queries(spread):
     rng = np.random.default_rng(2)

@@ -21,6 +21,7 @@ import torch
 from svgen import SVGClassifier
 from svgen.calibration import temperatures as calibration
 from svgen.errors import SvgenError
+from svgen.selection import DEFAULT
 from svgen.io.export import export_head, load_head
 
 from test_calibration_shots import C, D, _problem
@@ -384,7 +385,7 @@ def test_floored_logits_keep_the_argmax_and_bound_the_tail():
     rng = np.random.default_rng(4)
     s = 0.3 * rng.normal(size=(60, 9)) + 0.05                 # residual-corrected scores, many ≤ 0
     p0 = rng.dirichlet(np.full(9, 0.2), size=60)              # confident zero-shot rows
-    for eps in calibration.KERNEL_FLOORS:
+    for eps in DEFAULT.kernel_floors:
         z = calibration.floored_log(torch.as_tensor(s), torch.as_tensor(p0), eps).numpy()
         assert (z.argmax(1) == s.argmax(1)).all()               # the floor never reaches the top score
         want = np.log(np.maximum(np.maximum(s, eps * p0 * s.max(1, keepdims=True) / p0.max(1, keepdims=True)), 1e-30))
@@ -407,7 +408,7 @@ def test_choice_with_a_prior_scores_every_floor_and_keeps_the_lowest_nll():
     out = calibration.choose_kernel_logits(torch.as_tensor(s), y, fallback=0.3, prior=torch.as_tensor(p0))
     c = out["candidates"]["floored"]
     nlls = {}
-    for eps in calibration.KERNEL_FLOORS:    # brute force: each ε's own NLL-minimising T
+    for eps in DEFAULT.kernel_floors:    # brute force: each ε's own NLL-minimising T
         z = np.log(np.maximum(np.maximum(s, eps * p0 * s.max(1, keepdims=True) / p0.max(1, keepdims=True)), 1e-30))
         T = calibration.fit_temperature(torch.as_tensor(z), y)
         nlls[eps] = _nll(z, y, T)
@@ -419,6 +420,20 @@ def test_choice_with_a_prior_scores_every_floor_and_keeps_the_lowest_nll():
     assert (out["floor"] == c["floor"]) == (out["kind"] == "floored")
     # without a prior term there is no floored candidate (the zero-shot kernel head)
     assert "floored" not in calibration.choose_kernel_logits(torch.as_tensor(s), y, fallback=0.3)["candidates"]
+
+
+def test_the_floors_tried_are_the_configs():
+    """``AdaptConfig.kernel_floors`` is the ε grid of the floored kind (no module constant): one ε, one candidate."""
+    from dataclasses import replace
+
+    rng = np.random.default_rng(1)
+    y = rng.integers(0, 5, 90)
+    p0 = rng.dirichlet(np.full(5, 0.5), size=90)
+    s = p0 + 0.4 * (np.eye(5)[y] - p0) + 0.2 * rng.normal(size=(90, 5))
+    out = calibration.choose_kernel_logits(torch.as_tensor(s), y, fallback=0.3, prior=torch.as_tensor(p0),
+                                           config=replace(DEFAULT, kernel_floors=(0.2,)))
+    assert list(out["candidates"]["floored"]["by_floor"]) == ["0.2"] and out["candidates"]["floored"]["floor"] == 0.2
+    assert not hasattr(calibration, "KERNEL_FLOORS")
 
 
 def test_floored_round_trip_and_its_errors(raw_votes, tmp_path):
