@@ -404,8 +404,8 @@ a vote ≤ 0 probability ≈ 0 at any temperature. `adapt` therefore fits T for 
 log scores and the raw votes — on the same exact leave-one-out scores of the shots and keeps the kind
 with the lower LOO NLL, the log kind charged for what the shots cannot show: when the vote weights
 have a negative entry a new image's true vote can be ≤ 0, costing log about (z_top − log 1e-30)/T; the
-rate of such images is bounded by the one-sided 95% Clopper–Pearson bound of what the n shots showed
-(≈ 3/n when none did) and that rate × that loss is added to log's LOO NLL (`svgen.json`
+rate of such images is bounded by the Wilson bound at the fit's level (1 standard error by default) of what
+the n shots showed (1/(n + 1) when none did) and that rate × that loss is added to log's LOO NLL (`svgen.json`
 `calibration.kernel_logits` and `kernel_logits_choice`, which records both LOO NLLs and the charge);
 "log" is the head as it was before this choice. Per shot count (kernel head,
 log kind → the kind chosen): {'; '.join(lines)}.{kept_txt}"""

@@ -27,7 +27,7 @@ Each head's probabilities are a softmax of its *logits* divided by a temperature
   The kind is chosen only where the kernel head's temperature is fitted on labelled shots
   (:func:`choose_kernel_logits`: T fitted for both kinds on the same leave-one-out scores, the
   lower LOO NLL wins, with ``"log"`` charged for the true-class votes ≤ 0 that new images may have:
-  its loss there is unbounded, and shots tighter than the images never show one — a 95% upper
+  its loss there is unbounded, and shots tighter than the images never show one — an upper
   bound of their rate × that loss, :func:`log_tail_guard`). The text rule and its fallbacks give ``"log"`` (matched
   on log scores; without labels nothing measures which kind fits better); a kept zero-shot pool ``"score"`` (the
   scores are its posterior's prior, :func:`svgen.transductive.adapt._adopt_posterior`). Measured on the CoOp sets
@@ -253,8 +253,8 @@ def choose_kernel_logits(loo_scores, labels, fallback: float, signed_votes: bool
     lower *guarded* LOO NLL is kept (a tie keeps ``"log"``). The guard: ``"log"`` puts p ≈ ε on the true
     class of any image whose true-class vote is ≤ 0 — a loss of about ``(z_top − log ε)/T`` (≈ 70/T), unbounded
     as ε → 0 — while raw votes lose a bounded amount. k of n shots showing that event does not bound how
-    often new images will: the one-sided 95% upper bound of the rate (:func:`event_rate_bound`;
-    ``1 − 0.05^{1/n}`` ≈ 3/n when k = 0, the rule of three) is charged at that loss on top of the log kind's
+    often new images will: the rate's upper bound at ``config.level`` standard errors (:func:`event_rate_bound`,
+    Wilson; 1/(n + 1) when k = 0 at level 1) is charged at that loss on top of the log kind's
     LOO NLL (which already counts the k it saw). Shots that are tighter than the images to classify (means of
     augmented views; stand-in prototypes that contain them) never show the event, so the plain LOO NLL
     alone would keep ``"log"`` exactly where its tail matters most. With ``signed_votes`` False (no vote
@@ -270,7 +270,8 @@ def choose_kernel_logits(loo_scores, labels, fallback: float, signed_votes: bool
     error, ``None`` when not both were fitted; the share of shots whose own class gets a LOO vote ≤ 0,
     where ``"log"`` puts p ≈ 0).
     """
-    y, floors_grid = np.asarray(labels), config_or_default(config).kernel_floors
+    y, cfg = np.asarray(labels), config_or_default(config)
+    floors_grid = cfg.kernel_floors
     plain = ("log", "score")
     z = {kind: kernel_logits(torch.as_tensor(loo_scores, dtype=torch.float64), kind) for kind in plain}
     floors = {}
@@ -294,7 +295,7 @@ def choose_kernel_logits(loo_scores, labels, fallback: float, signed_votes: bool
         d = (example_nll(z["score"], cand["score"]["temperature"], y)
              - example_nll(z["log"], cand["log"]["temperature"], y))
         diff = {"mean": float(d.mean()), "se": float(d.std(ddof=1) / math.sqrt(len(d))) if len(d) > 1 else None}
-        guard = log_tail_guard(z["log"], loo_scores, y, cand["log"]["temperature"], signed_votes)
+        guard = log_tail_guard(z["log"], loo_scores, y, cand["log"]["temperature"], signed_votes, cfg.level)
         charged = {"log": cand["log"]["nll"] + guard["charge"], "score": cand["score"]["nll"],
                    **({"floored": cand["floored"]["nll"]} if "floored" in cand else {})}
         kind = min(charged, key=lambda k: (charged[k], list(charged).index(k)))   # ties: log, score, floored
@@ -315,24 +316,17 @@ def choose_kernel_logits(loo_scores, labels, fallback: float, signed_votes: bool
             "log_tail_guard": guard, "reason": reason}
 
 
-def event_rate_bound(k: int, n: int, level: float = 0.95) -> float:
-    """One-sided ``level`` upper confidence bound of a rate seen k times in n trials (Clopper–Pearson:
-    the p at which ``P(Binomial(n, p) ≤ k) = 1 − level``; k = 0 gives ``1 − (1 − level)^{1/n}``)."""
+def event_rate_bound(k: int, n: int, level: float) -> float:
+    """Upper bound of a rate seen k times in n trials at ``level`` standard errors (Wilson score): the p at which
+    ``k/n = p − level·√(p(1 − p)/n)``; k = 0 at level 1 gives ``1/(n + 1)``."""
     if n <= 0 or k >= n:
         return 1.0
-    j = np.arange(k + 1)
-    log_binom = np.array([math.lgamma(n + 1) - math.lgamma(i + 1) - math.lgamma(n - i + 1) for i in j])
-
-    def cdf(p):       # P(Binomial(n, p) ≤ k), summed in log space
-        t = log_binom + j * math.log(p) + (n - j) * math.log1p(-p)
-        m = t.max()
-        return math.exp(m) * float(np.exp(t - m).sum())
-
-    # the CDF falls monotonically in p
-    return bisect(lambda p: not (p >= 1.0 or cdf(p) < 1 - level), k / n, 1.0, 80)
+    r, z2 = k / n, level * level / n
+    return min((r + z2 / 2 + level * math.sqrt(r * (1 - r) / n + z2 / (4 * n))) / (1 + z2), 1.0)
 
 
-def log_tail_guard(z_log, scores, labels, temperature: float, signed_votes: bool = True) -> dict:
+def log_tail_guard(z_log, scores, labels, temperature: float, signed_votes: bool = True,
+                   level: Optional[float] = None) -> dict:
     """What the ``"log"`` kind may lose on new images whose true-class vote is ≤ 0 (:func:`choose_kernel_logits`).
 
     ``seen``: shots whose LOO true-class vote is ≤ 0; ``rate_bound``: :func:`event_rate_bound` of that;
@@ -344,7 +338,8 @@ def log_tail_guard(z_log, scores, labels, temperature: float, signed_votes: bool
     y = torch.as_tensor(np.asarray(labels), dtype=torch.long)
     n = int(y.numel())
     seen = int((s[torch.arange(n), y] <= 0).sum())
-    bound = event_rate_bound(seen, n) if signed_votes else 0.0
+    level = config_or_default(None).level if level is None else level
+    bound = event_rate_bound(seen, n, level) if signed_votes else 0.0
     loss = float(torch.quantile(z.max(dim=1).values - math.log(KERNEL_LOG_FLOOR), 0.5)) / float(temperature)
     return {"seen": seen, "rate_bound": bound, "loss": loss, "charge": max(bound - seen / max(n, 1), 0.0) * loss}
 
