@@ -37,6 +37,7 @@ from benchmarks.bench_common import ROOT, machine, print_table, save_result
 
 from svgen import SVGClassifier
 from svgen.calibration import temperatures as calibration
+from svgen.evaluation.metrics import reliability
 from svgen.heads import predictor
 
 HEADS = ("cosine", "kernel", "linear")
@@ -65,7 +66,7 @@ example_nll = calibration.example_nll   # −log softmax(z / T)_y per example (l
 def under_confident_gap(p, y):
     """(accuracy − mean confidence, every occupied bin under-confident?). When every bin is
     under-confident ECE = Σ_b n_b/N (acc_b − conf_b) = accuracy − mean confidence exactly."""
-    r = calibration.reliability(p, y)
+    r = reliability(p, y)
     used = r["count"] > 0
     return float((p.argmax(1) == y).mean() - p.max(1).mean()), bool((r["accuracy"][used] >= r["confidence"][used]).all())
 
@@ -671,7 +672,8 @@ Fits: {json.dumps({k: {"wall_s": round(v["wall_s"], 1), "temperatures": v["tempe
 """
 
 
-SECTIONS = ("lvis", "fewshot-textlike", "fewshot", "fewshot-rest", "fewshot-train16")
+SECTIONS = ("method", "lvis", "fewshot-textlike", "fewshot", "fewshot-rest", "fewshot-train16",  # method: by hand
+            "zero-shot-pool")   # zero-shot-pool: benchmarks.bench_pool_calibration's
 #: the report section each few-shot ``--prototypes`` mode writes
 FEWSHOT_SECTION = {"shots": "fewshot", "rest": "fewshot-rest", "train16": "fewshot-train16",
                    "textlike": "fewshot-textlike"}

@@ -18,12 +18,12 @@ from typing import Dict, Optional, Sequence, Tuple
 
 import numpy as np
 
+from svgen.calibration.mixture import PROB_FLOOR
 from svgen.selection import AdaptConfig, ahead, behind, config_or_default, paired
 
 
 ZERO_SHOT = "cosine"
 METRICS = ("acc1", "acc5", "nll")
-PROB_FLOOR = 1e-300
 
 Part = Tuple[Dict[str, np.ndarray], np.ndarray, float]   # ({head: M×C probabilities}, M labels, the part's weight)
 
