@@ -37,6 +37,7 @@ from benchmarks.bench_common import ROOT, machine, print_table, save_result
 
 from svgen import SVGClassifier
 from svgen.calibration import temperatures as calibration
+from svgen.evaluation.metrics import reliability
 from svgen.heads import predictor
 
 HEADS = ("cosine", "kernel", "linear")
@@ -65,7 +66,7 @@ example_nll = calibration.example_nll   # −log softmax(z / T)_y per example (l
 def under_confident_gap(p, y):
     """(accuracy − mean confidence, every occupied bin under-confident?). When every bin is
     under-confident ECE = Σ_b n_b/N (acc_b − conf_b) = accuracy − mean confidence exactly."""
-    r = calibration.reliability(p, y)
+    r = reliability(p, y)
     used = r["count"] > 0
     return float((p.argmax(1) == y).mean() - p.max(1).mean()), bool((r["accuracy"][used] >= r["confidence"][used]).all())
 
@@ -404,8 +405,8 @@ a vote ≤ 0 probability ≈ 0 at any temperature. `adapt` therefore fits T for 
 log scores and the raw votes — on the same exact leave-one-out scores of the shots and keeps the kind
 with the lower LOO NLL, the log kind charged for what the shots cannot show: when the vote weights
 have a negative entry a new image's true vote can be ≤ 0, costing log about (z_top − log 1e-30)/T; the
-rate of such images is bounded by the one-sided 95% Clopper–Pearson bound of what the n shots showed
-(≈ 3/n when none did) and that rate × that loss is added to log's LOO NLL (`svgen.json`
+rate of such images is bounded by the Wilson bound at the fit's level (1 standard error by default) of what
+the n shots showed (1/(n + 1) when none did) and that rate × that loss is added to log's LOO NLL (`svgen.json`
 `calibration.kernel_logits` and `kernel_logits_choice`, which records both LOO NLLs and the charge);
 "log" is the head as it was before this choice. Per shot count (kernel head,
 log kind → the kind chosen): {'; '.join(lines)}.{kept_txt}"""
@@ -671,7 +672,8 @@ Fits: {json.dumps({k: {"wall_s": round(v["wall_s"], 1), "temperatures": v["tempe
 """
 
 
-SECTIONS = ("lvis", "fewshot-textlike", "fewshot", "fewshot-rest", "fewshot-train16")
+SECTIONS = ("method", "lvis", "fewshot-textlike", "fewshot", "fewshot-rest", "fewshot-train16",  # method: by hand
+            "zero-shot-pool")   # zero-shot-pool: benchmarks.bench_pool_calibration's
 #: the report section each few-shot ``--prototypes`` mode writes
 FEWSHOT_SECTION = {"shots": "fewshot", "rest": "fewshot-rest", "train16": "fewshot-train16",
                    "textlike": "fewshot-textlike"}

@@ -31,8 +31,9 @@ from benchmarks.bench_adapt import DATASETS, load_dataset, nll_of, sample
 from benchmarks.bench_common import machine, save_result
 from svgen.calibration import temperatures as calibration
 from svgen.fewshot import residual
+from svgen.selection import DEFAULT
 
-FLOORS = calibration.KERNEL_FLOORS
+FLOORS = DEFAULT.kernel_floors
 
 
 def floored_log(s: np.ndarray, p0: np.ndarray, eps: float) -> np.ndarray:

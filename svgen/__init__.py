@@ -67,6 +67,7 @@ MOVED = {
     "svgen.ray_engine": "svgen.engine.ray",
     "svgen.metrics": "svgen.evaluation.metrics",
     "svgen.diagnostics": "svgen.evaluation.diagnostics",
+    "svgen.calibration.plots": "svgen.evaluation.plots",
 }
 
 

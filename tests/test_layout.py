@@ -107,7 +107,7 @@ LAYERS = {
     "selection": ["errors"],                     # the adaptive choices' settings, held-out shots and one paired test
     "core": ["config", "steps"],                       # the kernel machine's math: kernels, generator, ridge solves, roots
     "state": ["core"],                           # the fitted state as plain objects
-    "calibration": ["core", "safeio", "selection"],           # temperatures, the mixture weight, plots
+    "calibration": ["core", "safeio", "selection"],           # temperatures, the mixture weight
     "heads": ["calibration", "state"],           # scores and probabilities of the heads
     "encoders": ["core", "safeio"],              # data in: images and text to embeddings
     "validation": ["encoders"],                  # user arrays and class names, checked at the boundary

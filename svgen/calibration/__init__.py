@@ -2,4 +2,4 @@
 
 from svgen import moved_attributes
 
-__getattr__ = moved_attributes(__name__, ("svgen.calibration.temperatures", "svgen.calibration.plots"))   # what svgen.calibration held as one module
+__getattr__ = moved_attributes(__name__, ("svgen.calibration.temperatures", "svgen.evaluation.metrics", "svgen.evaluation.plots"))   # what svgen.calibration held as one module

@@ -110,7 +110,7 @@ def run(args) -> int:
     text = (json_text({**results, "default_head": clf.default_head_}) + "\n" if args.json
             else format_table(results, clf.default_head_))
     if args.plot:
-        from svgen.calibration.plots import plot_reliability
+        from svgen.evaluation.plots import plot_reliability
 
         plot_reliability({h: {**results[h], "reliability": bins[h]} for h in HEAD_ORDER if h in results}, args.plot,
                          title=f"{args.artifact}: reliability ({results['cosine']['n']} examples)", force=args.force)

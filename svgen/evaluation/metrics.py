@@ -6,6 +6,8 @@
   over those classes (``sklearn.metrics.balanced_accuracy_score``). Classes with no examples
   are left out rather than counted as zero.
 * ``evaluate``: both, for one head, as a dict ``{acc1, acc5, mean_per_class_recall, n}``.
+* ``nll`` and ``reliability``: of N×C probabilities against class indices (the mean −log p of the true class, and
+  the 15 confidence bins ECE is summed from, :func:`svgen.calibration.temperatures.ece`).
 * ``evaluate_heads``: every head of a classifier with ``nll`` and ``ece`` too, streamed over blocks of
   rows (:class:`HeadTally` keeps sums only), so memory stays at one block of scores whatever N is.
 
@@ -129,19 +131,18 @@ class HeadTally:
 
     def add_probabilities(self, logits, temperature: float, y: np.ndarray) -> None:
         """NLL and reliability bins of one block's ``softmax(logits / T)``."""
-        from svgen.calibration.temperatures import example_nll, softmax
+        from svgen.calibration.temperatures import confidence_bins, example_nll, softmax
 
         self.nll += float(example_nll(logits, temperature, y).sum())
         p = softmax(logits, temperature)
         conf = p.max(dim=1).values.numpy()
-        correct = top_classes(p, 1)[:, 0] == y
-        idx = np.clip(np.ceil(conf * self.bins).astype(np.int64) - 1, 0, self.bins - 1)   # (b/B, (b+1)/B]
-        self.bin_count += np.bincount(idx, minlength=self.bins)
-        self.bin_conf += np.bincount(idx, weights=conf, minlength=self.bins)
-        self.bin_hits += np.bincount(idx, weights=correct.astype(np.float64), minlength=self.bins)
+        count, conf_sum, hits = confidence_bins(conf, (top_classes(p, 1)[:, 0] == y).astype(np.float64), self.bins)
+        self.bin_count += count
+        self.bin_conf += conf_sum
+        self.bin_hits += hits
 
     def reliability(self) -> dict:
-        """The bins as :func:`svgen.calibration.temperatures.reliability` gives them."""
+        """The bins as :func:`reliability` gives them."""
         with np.errstate(invalid="ignore", divide="ignore"):
             return {"edges": np.linspace(0, 1, self.bins + 1), "count": self.bin_count.copy(),
                     "confidence": self.bin_conf / self.bin_count, "accuracy": self.bin_hits / self.bin_count}
@@ -156,6 +157,38 @@ class HeadTally:
                 "mean_per_class_recall": float((self.class_hits[seen] / self.class_count[seen]).mean())
                 if self.n else nan,
                 "nll": self.nll / self.n if self.n else nan, "ece": ece, "n": int(self.n)}
+
+
+def _probs_labels(probs, labels):
+    p = np.asarray(probs.detach().cpu().numpy() if hasattr(probs, "detach") else probs, dtype=np.float64)
+    y = np.asarray(labels, dtype=np.int64)
+    if p.ndim != 2 or y.shape != (p.shape[0],):
+        raise SvgenError(f"probabilities must be N×C with N labels, got {p.shape} and {y.shape}")
+    return p, y
+
+
+def nll(probs, labels, eps: float = 1e-15) -> float:
+    """Mean negative log-likelihood of the true class, ``−mean_i log p_{i,y_i}`` (p clipped to [eps, 1])."""
+    p, y = _probs_labels(probs, labels)
+    return float(-np.log(np.clip(p[np.arange(len(y)), y], eps, 1.0)).mean())
+
+
+def reliability_of(conf, correct, n_bins: int = None) -> dict:
+    """Top-1 confidences and their correctness in the 15 (``n_bins``) bins ``(b/B, (b+1)/B]`` (the first takes 0
+    too): the edges, and per bin the count, mean confidence and accuracy (NaN where empty)."""
+    from svgen.calibration.temperatures import ECE_BINS, confidence_bins
+
+    n_bins = n_bins or ECE_BINS
+    count, conf_sum, hits = confidence_bins(np.asarray(conf, np.float64), np.asarray(correct, np.float64), n_bins)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return {"edges": np.linspace(0, 1, n_bins + 1), "count": count, "confidence": conf_sum / count,
+                "accuracy": hits / count}
+
+
+def reliability(probs, labels, n_bins: int = None) -> dict:
+    """:func:`reliability_of` of N×C probabilities against class indices (what ``svgen eval --plot`` draws)."""
+    p, y = _probs_labels(probs, labels)
+    return reliability_of(p.max(axis=1), p.argmax(axis=1) == y, n_bins)
 
 
 def paired_bootstrap(correct_a, correct_b, n_resamples: int = 2000, seed: int = 0, level: float = 0.95) -> Dict[str, float]:

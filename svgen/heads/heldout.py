@@ -6,22 +6,24 @@ leave-one-out; with shots for only some classes also the refits that leave whole
 same images, and :func:`compare` records each head against it (``svgen.json`` ``fewshot.heads_vs_zero_shot``):
 top-1, top-5 (the classes ``classify`` lists, :func:`svgen.heads.scoring.topk`) and NLL, each image
 weighed as the fit weighed it (the deployed shares of classes without and with shots), with the paired difference
-to the cosine head and its standard error. A head is *worse than zero-shot* where one of the three is behind the
-cosine head's by more than one standard error. The record is output only: ``svgen diagnose`` and ``svgen eval``
+to the cosine head and its standard error (:func:`svgen.selection.paired`). A head is *worse than zero-shot* where one
+of the three is behind the cosine head's by more than ``level`` standard errors (:func:`svgen.selection.behind`; NLL:
+:func:`~svgen.selection.ahead`, lower is better). The record is output only: ``svgen diagnose`` and ``svgen eval``
 report it (:func:`svgen.evaluation.heldout.findings`); nothing in the fit reads it back.
 """
 
 from __future__ import annotations
 
-import math
 from typing import Dict, Optional, Sequence, Tuple
 
 import numpy as np
 
+from svgen.calibration.mixture import PROB_FLOOR
+from svgen.selection import AdaptConfig, ahead, behind, config_or_default, paired
+
 
 ZERO_SHOT = "cosine"
 METRICS = ("acc1", "acc5", "nll")
-PROB_FLOOR = 1e-300
 
 Part = Tuple[Dict[str, np.ndarray], np.ndarray, float]   # ({head: M×C probabilities}, M labels, the part's weight)
 
@@ -39,11 +41,12 @@ def outcomes(p, y) -> Dict[str, np.ndarray]:
             "nll": -np.log(np.maximum(p[np.arange(y.size), y], PROB_FLOOR))}
 
 
-def compare(parts: Sequence[Part]) -> Optional[dict]:
+def compare(parts: Sequence[Part], config: Optional[AdaptConfig] = None) -> Optional[dict]:
     """Every head of ``parts`` against :data:`ZERO_SHOT` (each part must have it): the weighted means, the paired
     differences with their standard errors, and ``worse_than_zero_shot`` — ``{head: [metric, …]}`` for the heads
-    behind zero-shot by more than one standard error. Each part's images share its weight equally. None without
-    images."""
+    behind zero-shot by more than ``config.level`` standard errors. Each part's images share its weight equally.
+    None without images."""
+    level = config_or_default(config).level
     parts = [(probs, np.asarray(y), float(w)) for probs, y, w in parts if len(y) and w > 0]
     if not parts:
         return None
@@ -57,26 +60,26 @@ def compare(parts: Sequence[Part]) -> Optional[dict]:
     for h in heads:
         diffs, worse = {}, []
         for m in METRICS:
-            d = per[h][m] - per[ZERO_SHOT][m]
-            mean = float(share @ d)
-            se = math.sqrt(float(share ** 2 @ (d - mean) ** 2))
-            diffs[m] = {"difference": mean, "standard_error": se}
-            if (mean > se) if m == "nll" else (mean < -se):
+            p = paired(per[h][m], per[ZERO_SHOT][m], share)
+            diffs[m] = {"difference": p.difference, "standard_error": p.standard_error}
+            if ahead(p, level) if m == "nll" else behind(p, level):
                 worse.append(m)
         out["versus_zero_shot"][h] = diffs
         if worse:
             out["worse_than_zero_shot"][h] = worse
     out["rule"] = ("each head and the cosine head (zero-shot) on the fit's held-out shots, weighed as the fit weighs "
                    "them; a head is worse than zero-shot where its top-1 or top-5 is lower, or its NLL higher, by "
-                   "more than one standard error of the paired difference")
+                   f"more than {'one standard error' if level == 1 else f'{level:g} standard errors'} of the paired "
+                   "difference")
     return out
 
 
-def shots_record(held: tuple, default_head: str, weight: Optional[float]) -> Optional[dict]:
+def shots_record(held: tuple, default_head: str, weight: Optional[float],
+                 config: Optional[AdaptConfig] = None) -> Optional[dict]:
     """:func:`compare` on the held-out shots that chose the default head: ``held`` is ``(p_kernel, p_linear, y,
     p_cosine)`` (:attr:`svgen.fewshot.adapt.ShotFit.held_out`); the mixture is scored where it is the default."""
     pk, pl, y, p0 = held
     probs = {"kernel": pk, "linear": pl, ZERO_SHOT: p0}
     if default_head == "mixture" and weight is not None:
         probs["mixture"] = weight * pk + (1.0 - weight) * pl
-    return compare([(probs, y, 1.0)])
+    return compare([(probs, y, 1.0)], config)

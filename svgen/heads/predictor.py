@@ -2,7 +2,7 @@
 
 ``scores``: the kernel vote ``k(x̂, rows) @ votes`` (+ ``softmax(100·x̂P̂ᵀ)`` with a prior term), the linear head
 ``x̂Wᵀ + b`` or CLIP's cosine ``100·x̂P̂ᵀ``; ``logits``: what the softmax takes (the kernel vote's ``log score`` or
-raw score, :mod:`svgen.calibration.temperatures`); probabilities are ``softmax(logits / T_head)``. With shots the
+raw score, :mod:`svgen.core.logits`); probabilities are ``softmax(logits / T_head)``. With shots the
 ``"mixture"`` head (:mod:`svgen.calibration.mixture`) is ``w·p_kernel + (1 − w)·p_linear``; its scores and logits are
 ``log max(p, 10⁻³⁰)`` and its T is 1. After a kept pool, a head with a pool factor
 (:class:`svgen.state.PoolFactor`) is ``softmax(z⁰ + a·(x̂ W_Gᵀ + b_G))``, z⁰ the head's calibrated log-probabilities as
@@ -20,6 +20,7 @@ import torch.nn.functional as F
 
 from svgen.calibration import mixture
 from svgen.calibration import temperatures as calibration
+from svgen.core import logits as logit_kinds
 from svgen.errors import SvgenError
 from svgen.heads.scoring import HEADS, MIXTURE, cosine_logits, kernel_scores, linear_logits, prior_probs
 from svgen.state import Calibration, Heads
@@ -72,7 +73,7 @@ def _factored_logits(heads: Heads, prototypes, kind: str, x: torch.Tensor, head:
         if head == "linear":
             base = linear_logits(x, heads.linear.weight, heads.linear.bias).double() / heads.calibration.temperatures[head]
         else:
-            base = _base_proba(heads, prototypes, kind, x, head).clamp_min(calibration.KERNEL_LOG_FLOOR).log()
+            base = _base_proba(heads, prototypes, kind, x, head).clamp_min(logit_kinds.KERNEL_LOG_FLOOR).log()
         return base + pool_power(heads, head) * pool_log_likelihood(heads, x)
 
 
@@ -114,7 +115,7 @@ def scores(heads: Heads, prototypes: torch.Tensor, kind: str, x: torch.Tensor, h
 def _base_scores(heads: Heads, prototypes, kind: str, x: torch.Tensor, head: str) -> torch.Tensor:
     """:func:`scores` without a pool factor: the head as the shots left it."""
     if head == MIXTURE:
-        return mixture_proba(heads, prototypes, kind, x).clamp_min(calibration.KERNEL_LOG_FLOOR).log().float()
+        return mixture_proba(heads, prototypes, kind, x).clamp_min(logit_kinds.KERNEL_LOG_FLOOR).log().float()
     with torch.no_grad():
         if head == "kernel":
             k = heads.kernel
@@ -153,7 +154,7 @@ def logits_of_scores(heads: Heads, s: torch.Tensor, head: str, prior=None) -> to
 def _base_logits(heads: Heads, s: torch.Tensor, head: str, prior=None) -> torch.Tensor:
     """:func:`logits_of_scores` without a pool factor: the head's own kind of logits of its scores."""
     cal = heads.calibration
-    return calibration.head_logits(s, head, cal.kernel_logits, prior, cal.kernel_floor)
+    return logit_kinds.head_logits(s, head, cal.kernel_logits, prior, cal.kernel_floor)
 
 
 def _floored(heads: Heads, head: str) -> bool:
@@ -205,16 +206,22 @@ def proba_of_scores(heads: Heads, s: torch.Tensor, head: str, prior=None) -> tor
     return calibration.softmax(logits_of_scores(heads, s, head, prior), temperature(heads, head))
 
 
-def text_calibration(heads: Heads, prototypes, per_template, kind: str, only: Optional[str] = None) -> Calibration:
+TEXT_RULE_KERNEL_LOGITS = ("the text rule: its temperature matches log scores on the text queries, and without "
+                           "labels nothing measures whether raw votes fit better")
+
+
+def text_calibration(heads: Heads, prototypes, per_template, kind: str, only: Optional[str] = None,
+                     config=None) -> Calibration:
     """Per-head temperatures from the text side (:func:`svgen.calibration.temperatures.text_temperatures`). ``only``: re-set
     that head's alone where the others were fitted on shots (``loo-nll``) and are unchanged. The text rule
-    matches log scores, so a kernel head it sets has ``kernel_logits = "log"``."""
+    matches log scores, so a kernel head it sets has ``kernel_logits = "log"``. ``config``: the queries' sizes
+    (:class:`svgen.selection.AdaptConfig`)."""
     prev = heads.calibration
     restrict = only is not None and prev is not None and prev.record.get("method") == "loo-nll"
     info = calibration.text_temperatures(lambda q, h: scores(heads, prototypes, kind, q, h), per_template,
-                                         **({"heads": (only,)} if restrict else {}))
+                                         **({"heads": (only,)} if restrict else {}), config=config)
     temps = info.pop("temperatures")
-    kernel = {"kernel_logits_choice": {"reason": calibration.TEXT_RULE_KERNEL_LOGITS}}
+    kernel = {"kernel_logits_choice": {"reason": TEXT_RULE_KERNEL_LOGITS}}
     if restrict:   # only that head's queries are scored: the others' temperatures are kept
         return Calibration({**prev.temperatures, only: temps[only]}, "log" if only == "kernel" else prev.kernel_logits,
                            {**prev.record, "text_rule_heads": [only], **(kernel if only == "kernel" else {})},
@@ -228,11 +235,11 @@ def with_temperatures(cal: Calibration, temperatures: dict, method: str, kernel_
     ``kernel_logits`` kind comes with its ``kernel_floor`` (ε) when it is ``"floored"``. The mixture's weight and its
     offset for classes without shots are kept (its parts are calibrated by whatever T they have)."""
     if kernel_logits is not None:
-        calibration.check_kernel_logits(kernel_logits)
+        logit_kinds.check_kernel_logits(kernel_logits)
         if (kernel_logits == "floored") != (kernel_floor is not None):
             raise SvgenError("the 'floored' kernel logits need kernel_floor (ε in (0, 1)), and only they take one")
         if kernel_floor is not None:
-            calibration.check_floor(kernel_floor)
+            logit_kinds.check_floor(kernel_floor)
         if kernel_logits != cal.kernel_logits and "kernel" not in temperatures:
             raise SvgenError(f"changing the kernel head's logits to {kernel_logits!r} needs its temperature "
                              "for them too (temperatures={'kernel': T})")

@@ -178,8 +178,8 @@ def load_artifact(path) -> Tuple[dict, Dict[str, torch.Tensor]]:
 
 def _check_calibration(meta: dict, path) -> None:
     """``calibration`` (optional) is an object; its ``kernel_logits`` (optional: absent means "log")
-    is one of :data:`svgen.calibration.temperatures.KERNEL_LOGITS`."""
-    from svgen.calibration.temperatures import check_kernel_logits
+    is one of :data:`svgen.core.logits.KERNEL_LOGITS`."""
+    from svgen.core.logits import check_kernel_logits
 
     cal = meta.get("calibration")
     if cal is None:

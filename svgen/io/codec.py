@@ -23,7 +23,7 @@ import torch
 
 from svgen.io import artifacts
 from svgen.calibration import mixture
-from svgen.calibration import temperatures as calibration
+from svgen.core import logits as logit_kinds
 from svgen.errors import SvgenError
 from svgen.core.generator import SupportVectorGenerator
 from svgen.fewshot import coverage
@@ -251,7 +251,7 @@ def _inductive(clf, meta: dict, t: dict, path, C: int):
                 and isinstance(snap.get("calibration"), dict)):
             raise SvgenError(f"{path}: transductive.inductive_calibration is not a record of the inductive heads' "
                              "temperatures; refit or adapt from the original artifact")
-        kind = calibration.check_kernel_logits(snap.get("kernel_logits", "log"),
+        kind = logit_kinds.check_kernel_logits(snap.get("kernel_logits", "log"),
                                                "transductive.inductive_calibration.kernel_logits")
         cal = Calibration({k: float(v) for k, v in temps.items()}, kind, snap["calibration"],
                           _floor(snap, kind, f"{path}: transductive.inductive_calibration"),
@@ -264,7 +264,7 @@ def _floor(cal: dict, kind: str, where) -> Optional[float]:
     if kind != "floored":
         return None
     try:
-        return calibration.check_floor(cal.get("kernel_floor"))
+        return logit_kinds.check_floor(cal.get("kernel_floor"))
     except SvgenError as e:
         raise SvgenError(f"{where}: {e}") from None
 

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from svgen.errors import SvgenError
-from svgen.calibration.temperatures import KERNEL_LOG_FLOOR
+from svgen.core.logits import KERNEL_LOG_FLOOR
 from svgen.heads.predictor import check_head, class_log_factor, pool_power
 from svgen.heads.scoring import CLIP_LOGIT_SCALE, MIXTURE
 

@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 from svgen.errors import SvgenError
-from svgen.calibration.temperatures import KERNEL_LOG_FLOOR
+from svgen.core.logits import KERNEL_LOG_FLOOR
 from svgen.io.head_tensors import (LOGIT_SCALE, MIXTURE_PARTS, NORM_EPS, head_metadata, head_tensors, linear_matrix,
                                    probs_usage)
 from svgen.heads.scoring import MIXTURE

@@ -70,6 +70,16 @@ def test_report_sections_are_kept(bench, tmp_path):
     assert "\nB\n" in text and "\nC\n" in text and "\nA\n" not in text
 
 
+def test_report_keeps_the_sections_it_does_not_generate(bench, tmp_path):
+    """The method (by hand) and the zero-shot pool's section survive a rerun that rewrites another section."""
+    out = tmp_path / "cal.md"
+    out.write_text(bench.TITLE + "<!-- section method: begin -->\n## method\nM\n<!-- section method: end -->\n\n"
+                   "<!-- section zero-shot-pool: begin -->\n## pool\nP\n<!-- section zero-shot-pool: end -->\n")
+    bench.write_section(out, "lvis", "## lvis\nB")
+    text = out.read_text()
+    assert text.index("## method") < text.index("## lvis") < text.index("## pool") and "\nM\n" in text and "\nP\n" in text
+
+
 def test_fewshot_report_judges_the_loo_chosen_head(bench):
     rows = []
     for name, better, ece in (("a", "linear", 0.04), ("b", "kernel", 0.08)):

@@ -60,8 +60,29 @@ def test_ece_matches_a_direct_loop():
 
 
 def test_nll_matches_sklearn_log_loss():
+    from svgen.evaluation.metrics import nll
+
     p, y = _random_probs()
-    assert calibration.nll(p, y) == pytest.approx(sklearn_metrics.log_loss(y, p, labels=range(7)), rel=1e-9)
+    assert nll(p, y) == pytest.approx(sklearn_metrics.log_loss(y, p, labels=range(7)), rel=1e-9)
+
+
+def test_reliability_bins_sum_to_the_ece_and_match_eval_streaming():
+    """The reliability bins (evaluation) and the ECE (calibration) come from one binning, as eval's blocks do."""
+    from svgen.evaluation.metrics import HeadTally, reliability
+
+    p, y = _random_probs()
+    r = reliability(p, y)
+    used = r["count"] > 0
+    assert r["count"].sum() == len(y) and np.allclose(r["edges"], np.linspace(0, 1, 16))
+    assert (r["count"][used] / len(y) * np.abs(r["accuracy"][used] - r["confidence"][used])).sum() == calibration.ece(p, y)
+    tally = HeadTally(7)
+    for rows in (slice(0, 100), slice(100, None)):   # two blocks
+        tally.add_ranking(p[rows], y[rows])
+        tally.add_probabilities(np.log(p[rows]), 1.0, y[rows])
+    got = tally.reliability()
+    np.testing.assert_array_equal(got["count"], r["count"])
+    np.testing.assert_allclose(got["confidence"][used], r["confidence"][used], rtol=1e-12)
+    assert tally.result()["ece"] == pytest.approx(calibration.ece(p, y), abs=1e-12)
 
 
 def test_fit_temperature_minimises_the_nll():
@@ -99,6 +120,20 @@ def _log_odds(z):
         rest = srt[:-1]
         out.append(srt[-1] - (rest.max() + np.log(np.exp(rest - rest.max()).sum())))
     return float(np.mean(out))
+
+
+def test_the_text_queries_are_sized_by_the_config():
+    """``AdaptConfig.max_queries`` and ``max_logits`` bound the text queries (256 at least), seeded and sorted."""
+    from dataclasses import replace
+
+    from svgen.selection import DEFAULT
+
+    per_template = torch.arange(600 * 2 * 3, dtype=torch.float64).reshape(600, 2, 3)
+    assert calibration.query_rows(per_template).shape == (1200, 3)                 # 1200 ≤ 2048 and 4e6 / 600
+    few = calibration.query_rows(per_template, config=replace(DEFAULT, max_queries=300))
+    assert few.shape == (300, 3) and bool((few[1:, 0] > few[:-1, 0]).all())
+    assert calibration.query_rows(per_template, config=replace(DEFAULT, max_logits=1000)).shape == (256, 3)
+    assert calibration.query_rows(per_template, config=replace(DEFAULT, max_logits=600 * 500)).shape == (500, 3)
 
 
 @pytest.mark.parametrize("spread", [0.3, 1.5])  # well separated (cosine all but certain on text) and confusable

@@ -21,6 +21,7 @@ import torch
 from svgen import SVGClassifier
 from svgen.calibration import temperatures as calibration
 from svgen.errors import SvgenError
+from svgen.selection import DEFAULT
 from svgen.io.export import export_head, load_head
 
 from test_calibration_shots import C, D, _problem
@@ -135,20 +136,33 @@ def test_choice_keeps_log_for_kernel_masses():
     assert out["temperature"] == pytest.approx(1.0, abs=0.25)    # the temperature that generated the labels
 
 
-def test_event_rate_bound_is_clopper_pearson():
-    stats = pytest.importorskip("scipy.stats")
-    for k, n in ((0, 1), (0, 400), (0, 1600), (3, 100), (10, 37), (36, 37)):
-        assert calibration.event_rate_bound(k, n) == pytest.approx(stats.beta.ppf(0.95, k + 1, n - k), rel=1e-9)
-    assert calibration.event_rate_bound(0, 400) == pytest.approx(1 - 0.05 ** (1 / 400), rel=1e-9)   # rule of three
-    assert calibration.event_rate_bound(5, 5) == 1.0
+def test_event_rate_bound_is_the_wilson_bound_at_the_level():
+    """The one significance convention (issue 38): the rate p at which the seen rate k/n lies ``level`` standard
+    errors √(p(1 − p)/n) below p, the closed form checked against solving that equation by bisection."""
+    def solved(k, n, level):
+        lo, hi = k / n, 1.0
+        for _ in range(200):
+            mid = (lo + hi) / 2
+            lo, hi = (mid, hi) if mid - k / n < level * np.sqrt(mid * (1 - mid) / n) else (lo, mid)
+        return (lo + hi) / 2
+
+    for level in (0.5, 1.0, 2.0):
+        for k, n in ((0, 1), (0, 400), (0, 1600), (3, 100), (10, 37), (36, 37)):
+            p = calibration.event_rate_bound(k, n, level)
+            assert p == pytest.approx(solved(k, n, level), rel=1e-9, abs=1e-15)
+            assert p - k / n == pytest.approx(level * np.sqrt(p * (1 - p) / n), rel=1e-9)
+    for n in (1, 7, 400):
+        assert calibration.event_rate_bound(0, n, 1.0) == pytest.approx(1 / (n + 1), rel=1e-12)
+    assert calibration.event_rate_bound(5, 5, 1.0) == 1.0 and calibration.event_rate_bound(0, 0, 1.0) == 1.0
+    assert calibration.event_rate_bound(3, 100, 0.0) == pytest.approx(0.03)        # level 0: the seen rate
 
 
 def test_signed_votes_charge_log_for_what_the_shots_did_not_show():
     """Shots tighter than new images never show a true vote ≤ 0; with signed vote weights new images can,
-    and log's loss there is unbounded: the charge ``(1 − 0.05^{1/n})·median(z_max − log ε)/T`` can outweigh
+    and log's loss there is unbounded: the charge ``1/(n + 1)·median(z_max − log ε)/T`` (level 1) can outweigh
     log's lower plain LOO NLL, which then picks the raw votes. Without signed weights nothing is charged."""
     rng = np.random.default_rng(1)
-    N, k = 400, 5
+    N, k = 100, 5
     z = 1.5 * rng.normal(size=(N, k))
     y = np.array([rng.choice(k, p=p) for p in _softmax(z)])
     s = torch.as_tensor(np.exp(z))
@@ -157,11 +171,11 @@ def test_signed_votes_charge_log_for_what_the_shots_did_not_show():
     c, g = out["candidates"], out["log_tail_guard"]
     assert plain["kind"] == "log" and c["log"]["nll"] < c["score"]["nll"]        # plain LOO prefers log ...
     T = c["log"]["temperature"]
-    assert g["seen"] == 0 and g["rate_bound"] == pytest.approx(1 - 0.05 ** (1 / N), rel=1e-9)
+    assert g["seen"] == 0 and g["rate_bound"] == pytest.approx(1 / (N + 1), rel=1e-9)
     assert g["loss"] == pytest.approx(np.median(z.max(axis=1) - np.log(1e-30)) / T, rel=1e-9)
     assert g["charge"] == pytest.approx(g["rate_bound"] * g["loss"], rel=1e-12)
     assert c["log"]["nll"] + g["charge"] > c["score"]["nll"] and out["kind"] == "score"   # ... the guard does not
-    assert out["temperature"] == c["score"]["temperature"] and "0 of 400 shots" in out["reason"]
+    assert out["temperature"] == c["score"]["temperature"] and "0 of 100 shots" in out["reason"]
 
 
 def test_shots_all_ranked_first_keep_log_and_the_text_temperature():
@@ -384,7 +398,7 @@ def test_floored_logits_keep_the_argmax_and_bound_the_tail():
     rng = np.random.default_rng(4)
     s = 0.3 * rng.normal(size=(60, 9)) + 0.05                 # residual-corrected scores, many ≤ 0
     p0 = rng.dirichlet(np.full(9, 0.2), size=60)              # confident zero-shot rows
-    for eps in calibration.KERNEL_FLOORS:
+    for eps in DEFAULT.kernel_floors:
         z = calibration.floored_log(torch.as_tensor(s), torch.as_tensor(p0), eps).numpy()
         assert (z.argmax(1) == s.argmax(1)).all()               # the floor never reaches the top score
         want = np.log(np.maximum(np.maximum(s, eps * p0 * s.max(1, keepdims=True) / p0.max(1, keepdims=True)), 1e-30))
@@ -407,7 +421,7 @@ def test_choice_with_a_prior_scores_every_floor_and_keeps_the_lowest_nll():
     out = calibration.choose_kernel_logits(torch.as_tensor(s), y, fallback=0.3, prior=torch.as_tensor(p0))
     c = out["candidates"]["floored"]
     nlls = {}
-    for eps in calibration.KERNEL_FLOORS:    # brute force: each ε's own NLL-minimising T
+    for eps in DEFAULT.kernel_floors:    # brute force: each ε's own NLL-minimising T
         z = np.log(np.maximum(np.maximum(s, eps * p0 * s.max(1, keepdims=True) / p0.max(1, keepdims=True)), 1e-30))
         T = calibration.fit_temperature(torch.as_tensor(z), y)
         nlls[eps] = _nll(z, y, T)
@@ -419,6 +433,20 @@ def test_choice_with_a_prior_scores_every_floor_and_keeps_the_lowest_nll():
     assert (out["floor"] == c["floor"]) == (out["kind"] == "floored")
     # without a prior term there is no floored candidate (the zero-shot kernel head)
     assert "floored" not in calibration.choose_kernel_logits(torch.as_tensor(s), y, fallback=0.3)["candidates"]
+
+
+def test_the_floors_tried_are_the_configs():
+    """``AdaptConfig.kernel_floors`` is the ε grid of the floored kind (no module constant): one ε, one candidate."""
+    from dataclasses import replace
+
+    rng = np.random.default_rng(1)
+    y = rng.integers(0, 5, 90)
+    p0 = rng.dirichlet(np.full(5, 0.5), size=90)
+    s = p0 + 0.4 * (np.eye(5)[y] - p0) + 0.2 * rng.normal(size=(90, 5))
+    out = calibration.choose_kernel_logits(torch.as_tensor(s), y, fallback=0.3, prior=torch.as_tensor(p0),
+                                           config=replace(DEFAULT, kernel_floors=(0.2,)))
+    assert list(out["candidates"]["floored"]["by_floor"]) == ["0.2"] and out["candidates"]["floored"]["floor"] == 0.2
+    assert not hasattr(calibration, "KERNEL_FLOORS")
 
 
 def test_floored_round_trip_and_its_errors(raw_votes, tmp_path):

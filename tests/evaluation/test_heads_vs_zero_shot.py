@@ -41,6 +41,40 @@ def test_compare_flags_only_a_head_behind_zero_shot():
     assert findings({"default_head": "kernel"}) == [] and findings(None) == []
 
 
+def test_compare_is_the_one_paired_test_at_the_level():
+    """Issue 38: the paired SE and the verdict are :func:`svgen.selection.paired` and ``behind``/``ahead`` at
+    ``AdaptConfig.level`` (NLL: lower is better), not a test of its own."""
+    from dataclasses import replace
+
+    from svgen.heads.heldout import compare, outcomes
+    from svgen.selection import DEFAULT, ahead, behind, paired
+
+    rng = np.random.default_rng(3)
+    C, y = 6, np.repeat(np.arange(6), 20)
+    zero, cand = _probs(rng, y, C, 0.6, 0.7), _probs(rng, y, C, 0.6, 0.6)
+    w = np.where(y < 3, 0.3, 0.7)
+    parts = [({"kernel": cand[y < 3], "cosine": zero[y < 3]}, y[y < 3], 0.3),
+             ({"kernel": cand[y >= 3], "cosine": zero[y >= 3]}, y[y >= 3], 0.7)]
+    rec = compare(parts)
+    a, b = outcomes(cand, y), outcomes(zero, y)
+    order = np.concatenate([np.flatnonzero(y < 3), np.flatnonzero(y >= 3)])
+    for m in ("acc1", "acc5", "nll"):
+        p = paired(a[m][order], b[m][order], w[order])
+        assert rec["versus_zero_shot"]["kernel"][m] == {"difference": pytest.approx(p.difference, abs=1e-15),
+                                                        "standard_error": pytest.approx(p.standard_error, rel=1e-12)}
+    d = rec["versus_zero_shot"]["kernel"]["acc1"]
+    assert d["difference"] < -d["standard_error"] and "acc1" in rec["worse_than_zero_shot"]["kernel"]
+    strict = compare(parts, replace(DEFAULT, level=100.0))                  # far above what any metric shows
+    assert strict["worse_than_zero_shot"] == {} and "more than 100 standard errors" in strict["rule"]
+    assert "more than one standard error" in rec["rule"]
+    # a tie, exactly ``level`` SE behind, is not behind: the level the acc1 difference sits at
+    at = abs(d["difference"]) / d["standard_error"]
+    assert "acc1" not in (compare(parts, replace(DEFAULT, level=at))["worse_than_zero_shot"].get("kernel") or [])
+    p_nll = paired(-a["nll"][order], -b["nll"][order], w[order])             # −NLL: larger is better
+    assert ("nll" in rec["worse_than_zero_shot"]["kernel"]) == behind(p_nll, 1.0) == ahead(
+        paired(a["nll"][order], b["nll"][order], w[order]), 1.0)
+
+
 def test_parts_are_weighed_as_the_fit_weighs_them():
     from svgen.heads.heldout import compare
 

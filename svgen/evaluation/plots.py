@@ -1,5 +1,5 @@
 """Reliability diagrams of a classifier's heads (``svgen eval --plot``; needs ``svgen[plot]``): the bins come from
-:func:`svgen.calibration.temperatures.reliability`."""
+:func:`svgen.evaluation.metrics.reliability`."""
 
 from __future__ import annotations
 
