@@ -54,7 +54,7 @@ def adapt(zero_shot: Heads, shots: SupportSet, side: TextSide, tilt_shotless: bo
     wall = time.perf_counter() - t0
     heads = Heads(kernel_head(res, zero_shot, shots, C), LinearHead(lin.weight, lin.bias))
     evidence = kernel_evidence(res, shots, side)
-    heads.calibration = temperatures(heads, side, shots, res, lin, evidence)
+    heads.calibration = temperatures(heads, side, shots, res, lin, evidence, config)
     clock.lap("adapt: temperatures on held-out scores")
     default, w, head_choice, held = choose_default_head(heads, side, res, shots, lin, evidence)
     weight = w if default == MIXTURE else None
@@ -81,7 +81,7 @@ def adapt(zero_shot: Heads, shots: SupportSet, side: TextSide, tilt_shotless: bo
         "text_bandwidth": float(zero_shot.kernel.bandwidth), "wall_time_s": wall,
         **({"classes_without_shots": tilt.record} if tilt else {}),
         # output only (diagnose, eval): every head against zero-shot on the held-out evidence above
-        "heads_vs_zero_shot": tilt.versus if tilt else heldout.shots_record(held, default, weight),
+        "heads_vs_zero_shot": tilt.versus if tilt else heldout.shots_record(held, default, weight, config),
     }
     log.info("adapted to %d shots in %.2fs: kernel %s (σ=%.3g, c=%.3g), linear LDA γ=%g κ=%g (LOO error %.3f), α=%s",
              len(shots), wall, "adapted" if res.adopted else "kept zero-shot", res.sigma, res.record["ridge_c"],
@@ -171,17 +171,18 @@ def choose_default_head(heads: Heads, side: TextSide, res, shots: SupportSet, li
         (pk, pl, truth, p0)
 
 
-def temperatures(heads: Heads, side: TextSide, shots: SupportSet, res, lin, ev: KernelEvidence) -> Calibration:
+def temperatures(heads: Heads, side: TextSide, shots: SupportSet, res, lin, ev: KernelEvidence,
+                 config: Optional[AdaptConfig] = None) -> Calibration:
     """The linear head's T by the NLL of its exact leave-one-out logits; an adapted kernel head's logit kind and T by
     the NLL of its :class:`KernelEvidence`; the cosine head T = 1; the text rule's temperatures recorded beside."""
-    text_cal = predictor.text_calibration(heads, side.prototypes, side.per_template, side.config.kernel)
+    text_cal = predictor.text_calibration(heads, side.prototypes, side.per_template, side.config.kernel, config=config)
     text_temps = dict(text_cal.temperatures)
     y = shots.labels.numpy()
     fit = calibration.loo_temperatures({"linear": lin.loo_logits}, lin.loo_labels, fallback=text_temps)
     temps, loo, kind, floor, choice, evidence = dict(fit["temperatures"]), dict(fit["loo"]), None, None, None, {}
     if res.adopted:
         kfit = calibration.choose_kernel_logits(torch.from_numpy(ev.scores), y[ev.rows], fallback=text_temps["kernel"],
-                                                signed_votes=True, prior=torch.from_numpy(ev.prior))
+                                                signed_votes=True, prior=torch.from_numpy(ev.prior), config=config)
         kind, floor, temps["kernel"], loo["kernel"] = kfit["kind"], kfit["floor"], kfit["temperature"], kfit["loo"]
         choice = {k: v for k, v in kfit.items() if k not in ("temperature", "loo", "floor")}
         evidence = {"kernel_evidence": ev.name}

@@ -160,7 +160,7 @@ def fit_tilt(zero_shot, shots: SupportSet, side, refit, shots_weight: float, pro
     w, delta = best_weight_and_offset(found)
     # output only (svgen.json fewshot.heads_vs_zero_shot): each head and the tilted mixture against zero-shot
     versus = heldout.compare([({"kernel": k, "linear": li, "mixture": mixture.tilt(mixture.mix(w, k, li), delta, u),
-                                "cosine": z}, y, share) for k, li, z, y, u, share in parts])
+                                "cosine": z}, y, share) for k, li, z, y, u, share in parts], config)
     record = {"classes_without_shots": int(C - with_shots.size), "offset": float(delta), "mixture_weight": float(w),
               "mixture_weight_of_the_shots_alone": float(shots_weight),
               "held_out_nll": {"untilted": objective(found, shots_weight, 0.0), "tilted": objective(found, w, delta)},
