@@ -17,6 +17,7 @@ import torch
 
 from svgen.transductive import gate as pool_gate
 from svgen.heads import predictor
+from svgen.selection import AdaptConfig, config_or_default
 from svgen.transductive import solve as td
 from svgen.transductive.decision import Check, Decision, Evidence, Reason, Replication
 from svgen.transductive.pool import PoolFit, Stage, transduce
@@ -27,7 +28,7 @@ log = logging.getLogger(__name__)
 
 
 def adapt(stage: Stage, side: TextSide, U: torch.Tensor, strength: Optional[float] = None,
-          progress: bool = False) -> PoolFit:
+          progress: bool = False, config: Optional[AdaptConfig] = None) -> PoolFit:
     """The pool ``U`` (N×D, unit rows) checked and, where the check keeps it, solved in.
 
     * With labelled shots, held-out shots join the pool unlabelled (:func:`svgen.transductive.gate.shot_folds`: one
@@ -49,7 +50,8 @@ def adapt(stage: Stage, side: TextSide, U: torch.Tensor, strength: Optional[floa
     C, N = side.n_classes, U.shape[0]
     t0 = time.perf_counter()
     clock = Clock(log)
-    decision, check = td.too_small(N, C), None
+    config = config_or_default(config)
+    decision, check = td.too_small(N, C, config), None
     if decision is None and stage.shots is not None and len(stage.shots):
         without = int((stage.shots.counts(C) == 0).sum())
         if without:   # the held-out shots could not show what the pool does to those classes
@@ -57,9 +59,9 @@ def adapt(stage: Stage, side: TextSide, U: torch.Tensor, strength: Optional[floa
                                        f"{without} of the {C} classes have no labelled shots, and the check on "
                                        "held-out shots cannot see what a pool does to them")
     if decision is None:
-        check = (pool_gate.check_with_shots(stage, side, U, strength, progress=progress)
+        check = (pool_gate.check_with_shots(stage, side, U, strength, progress=progress, config=config)
                  if stage.shots is not None and len(stage.shots)
-                 else pool_gate.check_without_shots(stage, side, U, strength, progress=progress))
+                 else pool_gate.check_without_shots(stage, side, U, strength, progress=progress, config=config))
         clock.lap("pool check (%s) on %d images", check.evidence.value, N)
         decision = check.decision()
     if not decision.kept:
@@ -67,12 +69,12 @@ def adapt(stage: Stage, side: TextSide, U: torch.Tensor, strength: Optional[floa
         record.update(decision.to_json())   # (the keys in the order svgen.json has always had them)
         return refused(stage, side, U, {**record, "wall_time_s": time.perf_counter() - t0}, decision)
     if check.evidence is Evidence.SHOTS:
-        return _adopt_factor(stage, side, U, strength, progress, check, t0)
+        return _adopt_factor(stage, side, U, strength, progress, check, t0, config)
     head = stage.default_head
     rows = td.calibration_rows(N)
     entropy_before = td._entropy(predictor.logits(stage.heads, side.prototypes, side.config.kernel, U[rows], head)
                                  .double() / stage.heads.calibration.temperatures[head])
-    fit = transduce(stage, side, U, strength, progress, labels_entropy=entropy_before)
+    fit = transduce(stage, side, U, strength, progress, labels_entropy=entropy_before, config=config)
     if not fit.decision.kept:
         return refused(stage, side, U, fit.record, fit.decision)
     fit = _adopt_posterior(stage, side, fit, U, U[rows], entropy_before, agreement_target(check))
@@ -107,14 +109,15 @@ def refused(stage: Stage, side: TextSide, U: torch.Tensor, record: dict, decisio
     return PoolFit(stage.heads, record, predictor.proba_of_scores(stage.heads, s, head, prior), None, decision=decision)
 
 
-def _adopt_factor(stage: Stage, side: TextSide, U, strength, progress, check: Check, t0: float) -> PoolFit:
+def _adopt_factor(stage: Stage, side: TextSide, U, strength, progress, check: Check, t0: float,
+                  config: AdaptConfig) -> PoolFit:
     """With shots, the pool multiplies the heads the check fitted a power for (the default head; the linear head) by
     its Gaussian class likelihood: ``p_h(x) ∝ p_h⁰(x)·exp(a_h·(x̂ W_Gᵀ + b_G))``, p_h⁰ the head as the shots left it
     (:class:`svgen.state.PoolFactor`; a_h by the NLL of held-out shots that were pool members,
     :func:`svgen.transductive.gate.check_with_shots`). The heads themselves, their temperatures and the default head
     stay the inductive ones; a head with no power (a = 0, or the kernel head where it is not the default) is
     unchanged."""
-    fit = transduce(stage, side, U, strength, progress)
+    fit = transduce(stage, side, U, strength, progress, config=config)
     if not fit.decision.kept:
         return refused(stage, side, U, fit.record, fit.decision)
     WG, bG = pool_gate.pool_parts(fit.record, fit.heads.linear, fit.prior_linear.weight, fit.prior_linear.bias)

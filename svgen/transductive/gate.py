@@ -61,6 +61,7 @@ from svgen.heads import predictor
 from svgen.fewshot import adapt as shot_adapt
 from svgen.fewshot import residual
 from svgen.transductive.decision import Check, Evidence, Gate, HeldOutShots, Paired, Reason, Replication
+from svgen.selection import DEFAULT, AdaptConfig, config_or_default
 from svgen.transductive.pool import Stage, transduce
 from svgen.state import TextSide
 from svgen.core.roots import newton_minimum
@@ -96,7 +97,9 @@ def _se(d: np.ndarray) -> float:
     return float(d.std(ddof=1) / math.sqrt(len(d))) if len(d) > 1 else float("inf")
 
 
-ONE_SE_LEVEL = 0.5 * math.erfc(1 / math.sqrt(2))   # P(Z > 1) ≈ 0.159: the one-sided level of "more than 1 SE"
+def one_sided(level: float) -> float:
+    """P(Z > level): the one-sided p-value level of "more than ``level`` SE" (≈ 0.159 at 1)."""
+    return 0.5 * math.erfc(level / math.sqrt(2))
 
 
 def sign_test(gains: int, losses: int) -> float:
@@ -115,7 +118,7 @@ def sign_test(gains: int, losses: int) -> float:
     return min(1.0, math.exp(top) * sum(math.exp(v - top) for v in logs))
 
 
-def paired_gate(p_ind: np.ndarray, p_pool: np.ndarray, y: np.ndarray) -> Gate:
+def paired_gate(p_ind: np.ndarray, p_pool: np.ndarray, y: np.ndarray, level: float = DEFAULT.level) -> Gate:
     """The pool-adapted probabilities ``p_pool`` against the inductive ``p_ind`` on the same held-out
     labelled images ``y``: kept only if top-1 is higher beyond chance (:func:`sign_test` below
     :data:`ONE_SE_LEVEL`) and neither top-5 nor NLL is worse by more than one paired standard error."""
@@ -129,13 +132,15 @@ def paired_gate(p_ind: np.ndarray, p_pool: np.ndarray, y: np.ndarray) -> Gate:
     why = []
     gains, losses = int((d1 > 0).sum()), int((d1 < 0).sum())
     p_better = sign_test(gains, losses)
-    if not p_better < ONE_SE_LEVEL:
+    if not p_better < one_sided(level):
         why.append(f"top-1 on held-out shots {100 * b1.mean():.1f}% is not above the inductive {100 * a1.mean():.1f}% "
-                   f"beyond chance ({gains} gained, {losses} lost: sign test p = {p_better:.3g} ≥ {ONE_SE_LEVEL:.3f})")
-    if d5.mean() < -_se(d5):
-        why.append(f"top-5 {100 * b5.mean():.1f}% is below the inductive {100 * a5.mean():.1f}% by more than 1 SE")
-    if dn.mean() > _se(dn):
-        why.append(f"NLL {bn.mean():.3f} is above the inductive {an.mean():.3f} by more than 1 SE")
+                   f"beyond chance ({gains} gained, {losses} lost: sign test p = {p_better:.3g} ≥ "
+                   f"{one_sided(level):.3f})")
+    if d5.mean() < -level * _se(d5):
+        why.append(f"top-5 {100 * b5.mean():.1f}% is below the inductive {100 * a5.mean():.1f}% by more than "
+                   f"{level:g} SE")
+    if dn.mean() > level * _se(dn):
+        why.append(f"NLL {bn.mean():.3f} is above the inductive {an.mean():.3f} by more than {level:g} SE")
 
     def paired(a, b, d):
         return Paired(float(a.mean()), float(b.mean()), float(d.mean()), _se(d))
@@ -145,7 +150,7 @@ def paired_gate(p_ind: np.ndarray, p_pool: np.ndarray, y: np.ndarray) -> Gate:
 
 
 def replication_gate(agree_pool: np.ndarray, agree_ind: np.ndarray, agree5_pool: np.ndarray,
-                     agree5_ind: np.ndarray) -> Gate:
+                     agree5_ind: np.ndarray, level: float = DEFAULT.level) -> Gate:
     """Per pool image of one half: does the head adapted on the other half agree with this half's own
     posterior (its argmax first: ``agree_pool``; within its top 5: ``agree5_pool``), against the inductive
     head (``agree_ind``, ``agree5_ind``)? Kept only if the adapted head's argmax agrees more often by more
@@ -155,13 +160,14 @@ def replication_gate(agree_pool: np.ndarray, agree_ind: np.ndarray, agree5_pool:
     why = []
     gains, losses = int((d > 0).sum()), int((d < 0).sum())
     p_better = sign_test(gains, losses)
-    if not p_better < ONE_SE_LEVEL:
+    if not p_better < one_sided(level):
         why.append(f"a head adapted on one half of the pool agrees with the other half's own posterior on "
                    f"{100 * agree_pool.mean():.1f}% of it, the inductive head on {100 * agree_ind.mean():.1f}%: "
                    f"the pool's structure does not replicate beyond chance (sign test p = {p_better:.3g})")
-    if d5.mean() < -_se(d5):
+    if d5.mean() < -level * _se(d5):
         why.append(f"the adapted head's top 5 holds the other half's posterior class on {100 * agree5_pool.mean():.2f}%"
-                   f" of it, the inductive head's on {100 * agree5_ind.mean():.2f}%, more often by more than 1 SE")
+                   f" of it, the inductive head's on {100 * agree5_ind.mean():.2f}%, more often by more than "
+                   f"{level:g} SE")
     agreement = Paired(float(agree_ind.mean()), float(agree_pool.mean()), float(d.mean()), _se(d))
     return Gate(Replication(int(len(d)), agreement, gains, losses, p_better, float(agree5_pool.mean()),
                             float(agree5_ind.mean())), tuple(why))
@@ -228,7 +234,7 @@ def _steps(items, progress: bool, what: str):
 
 
 def check_with_shots(stage: Stage, side: TextSide, U: torch.Tensor, strength: Optional[float],
-                     progress: bool = False) -> Check:
+                     progress: bool = False, config: Optional[AdaptConfig] = None) -> Check:
     """:func:`paired_gate` on held-out shots made pool members (see the module text). The candidate is the inductive
     default head times the pool's Gaussian likelihood to the power ``a`` (:func:`fit_pool_weight` on the other folds'
     held-out shots, against each fold's own default head: cross-fitted), against the inductive default head. The
@@ -254,7 +260,7 @@ def check_with_shots(stage: Stage, side: TextSide, U: torch.Tensor, strength: Op
                                     fit.record["default_head"]).numpy()
             part = Stage(fit.heads, stage.zero_shot, fit.record, fit.heads.kernel.support_set().part(IMAGE),
                          fit.record["default_head"])
-            pool = transduce(part, side, torch.cat([U, Xh]), strength, progress=False)
+            pool = transduce(part, side, torch.cat([U, Xh]), strength, progress=False, config=config)
             if not pool.decision.kept:
                 return Check(Evidence.SHOTS, head, stopped=Reason.FOLD_DID_NOT_ADAPT,
                              why="without a fold of the shots " + pool.decision.message)
@@ -265,10 +271,11 @@ def check_with_shots(stage: Stage, side: TextSide, U: torch.Tensor, strength: Op
                  / float(fit.heads.calibration.temperatures["linear"])).numpy()
         p_lin = calibration.softmax(torch.as_tensor(z), 1.0).numpy()
         parts.append(HeldOut(held, g, {"default": p_ind, "linear": p_lin}, {"default": log_probs(p_ind), "linear": z}))
-    gate, crossed, power = _check_role(parts, y, "default")
+    level = config_or_default(config).level
+    gate, crossed, power = _check_role(parts, y, "default", level)
     powers, named = {head: power}, {}
     if head != "linear":   # the linear head named alone: its own power, kept where its own check passes
-        named["linear"], _, power = _check_role(parts, y, "linear")
+        named["linear"], _, power = _check_role(parts, y, "linear", level)
         if named["linear"].passed:
             powers["linear"] = power
     return Check(Evidence.SHOTS, head, gate, powers=powers, cross_fitted=tuple(crossed), named_heads=named)
@@ -285,7 +292,7 @@ class HeldOut:
     logp: dict
 
 
-def _check_role(parts: list, y: np.ndarray, role: str) -> tuple:
+def _check_role(parts: list, y: np.ndarray, role: str, level: float) -> tuple:
     """(:func:`paired_gate` of the ``role`` head times the pool's likelihood against that head alone on every fold's
     held-out shots, each fold's power from the other folds' (cross-fitted); those powers; the power fitted on all)."""
     def power(folds):
@@ -295,12 +302,12 @@ def _check_role(parts: list, y: np.ndarray, role: str) -> tuple:
     crossed = [power([p for j, p in enumerate(parts) if j != f]) for f in range(len(parts))]
     gate = paired_gate(np.concatenate([p.probs[role] for p in parts]),
                        np.concatenate([factored_probs(p.logp[role], p.g, a) for p, a in zip(parts, crossed)]),
-                       y[np.concatenate([p.rows for p in parts])])
+                       y[np.concatenate([p.rows for p in parts])], level)
     return gate, crossed, power(parts)
 
 
 def check_without_shots(stage: Stage, side: TextSide, U: torch.Tensor, strength: Optional[float],
-                        progress: bool = False) -> Check:
+                        progress: bool = False, config: Optional[AdaptConfig] = None) -> Check:
     """:func:`replication_gate` over two random halves of the pool (see the module text): the adapted linear
     head (what a pool deploys) against the inductive default head."""
     N = U.shape[0]
@@ -312,7 +319,7 @@ def check_without_shots(stage: Stage, side: TextSide, U: torch.Tensor, strength:
         ind = top5(predictor.scores(stage.heads, P, kind, U, head))
         adapted = []
         for rows in _steps(halves, progress, "halves of the pool"):
-            fit = transduce(stage, side, U[rows], strength, progress=False)
+            fit = transduce(stage, side, U[rows], strength, progress=False, config=config)
             if not fit.decision.kept:
                 return Check(Evidence.HALVES, head, stopped=Reason.HALF_DID_NOT_ADAPT,
                              why=f"half of the pool alone does not adapt ({fit.decision.why})")
@@ -326,7 +333,8 @@ def check_without_shots(stage: Stage, side: TextSide, U: torch.Tensor, strength:
             i1.append((ind[rows, :1] == posterior).any(dim=1).numpy())
             a5.append((new == posterior).any(dim=1).numpy())
             i5.append((ind[rows] == posterior).any(dim=1).numpy())
-    return Check(Evidence.HALVES, head, replication_gate(*(np.concatenate(v) for v in (a1, i1, a5, i5))))
+    return Check(Evidence.HALVES, head, replication_gate(*(np.concatenate(v) for v in (a1, i1, a5, i5)),
+                                                        level=config_or_default(config).level))
 
 
 def top5(scores: torch.Tensor) -> torch.Tensor:

@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from svgen.fewshot import lda as fewshot
 from svgen.fewshot import linear as linear_head
 from svgen.heads import predictor
+from svgen.selection import AdaptConfig
 from svgen.transductive import solve as td
 from svgen.transductive.decision import KEPT, Decision, Reason
 from svgen.calibration.temperatures import KERNEL_LOG_FLOOR
@@ -80,7 +81,7 @@ def lda_loo_temperature(heads: Heads):
 
 
 def transduce(stage: Stage, side: TextSide, U: torch.Tensor, strength: Optional[float] = None, progress: bool = False,
-              labels_entropy: Optional[float] = None) -> PoolFit:
+              labels_entropy: Optional[float] = None, config: Optional[AdaptConfig] = None) -> PoolFit:
     """The transduction itself (no check): re-solves the linear head on the unit pool ``U`` from the inductive heads
     (the kernel head is left as it is: :mod:`svgen.transductive.adapt` gives it the pool's factor).
     ``labels_entropy``: the pool probabilities' mean entropy (default: the adapted linear head's at its text-rule
@@ -88,7 +89,7 @@ def transduce(stage: Stage, side: TextSide, U: torch.Tensor, strength: Optional[
     C, N = side.n_classes, U.shape[0]
     P, kind, heads = side.prototypes, side.config.kernel, stage.heads
     head = stage.prior_head
-    refusal = td.too_small(N, C)
+    refusal = td.too_small(N, C, config)
     if refusal is not None:   # the caller says so (a half of the pool, in the check, is only recorded)
         log.info("transductive: %s", refusal.message)
         return PoolFit(heads, {"pool": N, **refusal.to_json(), "prior_head": head}, decision=refusal)
@@ -134,7 +135,7 @@ def transduce(stage: Stage, side: TextSide, U: torch.Tensor, strength: Optional[
         res, tries = td.settle(U, t_prior * prior, fewshot.prior_means(P, U.double()).float(),
                                beta0, shots_x=None if shots is None else shots.rows.float(),
                                shots_y=None if shots is None else shots.labels, precision=precision,
-                               progress=progress, temperature=t_post)
+                               progress=progress, temperature=t_post, config=config)
     if res is None:
         refusal = Decision.refuse(Reason.DID_NOT_SETTLE, "the rounds did not settle at any prior strength up to "
                                                          f"{tries[-1]['prior_strength']:.3g}")

@@ -55,19 +55,12 @@ import torch
 
 from svgen.core.roots import bisect
 from svgen.errors import SvgenError
+from svgen.selection import AdaptConfig, config_or_default
 from svgen.transductive.decision import Decision, Reason
 
 log = logging.getLogger(__name__)
 
-NEIGHBOURS = 3          # k of the k-NN affinity (TransCLIP's value)
-ROUNDS = 10             # outer rounds (class model re-solved each round)
-STEPS = 5               # fixed-point steps of Z per round
-PRIOR_PSEUDO_IMAGES = 1.0    # κ: weight of the prior mean in each class mean
-MIN_POOL_PER_CLASS = 1.0     # fall back when N < this × C
-STABLE = 0.999               # stop when two rounds' argmax agree on this fraction of the pool
 KNN_BLOCK = 2048
-ESCALATE = 4.0               # β × this when the rounds do not settle
-MAX_ESCALATIONS = 4          # then fall back to the inductive heads
 
 
 @dataclass
@@ -95,9 +88,9 @@ def prior_strength(n_pool: int, n_classes: int, n_shots: int = 0) -> float:
     return 1.0 + n_classes / max(n_pool, 1)
 
 
-def too_small(n_pool: int, n_classes: int) -> Optional[Decision]:
+def too_small(n_pool: int, n_classes: int, config: Optional[AdaptConfig] = None) -> Optional[Decision]:
     """The refusal of a pool too small to use (None: use it)."""
-    if n_pool < MIN_POOL_PER_CLASS * n_classes:
+    if n_pool < config_or_default(config).min_pool_per_class * n_classes:
         return Decision.refuse(Reason.POOL_TOO_SMALL,
                                f"pool of {n_pool} unlabelled images is smaller than the {n_classes} classes")
     return None
@@ -155,7 +148,7 @@ def match_confidence(scores: torch.Tensor, target: float, iters: int = 40) -> fl
     return math.exp(bisect(lambda m: confidence(m) < target, lo, hi, iters))
 
 
-def knn_graph(U: torch.Tensor, k: int = NEIGHBOURS, block: int = KNN_BLOCK):
+def knn_graph(U: torch.Tensor, k: int, block: int = KNN_BLOCK):
     """(idx N×k, w N×k): each row's k nearest other rows by cosine and ``max(0, cos)`` weights.
 
     Row blocks of ``U Uᵀ``: memory ``block × N``, never N×N.
@@ -187,7 +180,7 @@ def gmm_head(mu: torch.Tensor, var: torch.Tensor, precision: Optional[torch.Tens
     return W, -0.5 * (mu * W).sum(dim=1)
 
 
-def class_model(U, Z, shots_x, shots_y, means, kappa: float = PRIOR_PSEUDO_IMAGES):
+def class_model(U, Z, shots_x, shots_y, means, kappa: float):
     """(μ C×D, v D): soft class means with κ prior pseudo-images, one shared diagonal variance."""
     C, D = means.shape
     zs = Z.sum(dim=0)
@@ -210,9 +203,9 @@ def class_model(U, Z, shots_x, shots_y, means, kappa: float = PRIOR_PSEUDO_IMAGE
 
 
 def transduce(U: torch.Tensor, prior_logits: torch.Tensor, means: torch.Tensor, shots_x=None, shots_y=None,
-              strength: Optional[float] = None, rounds: int = ROUNDS, steps: int = STEPS,
-              neighbours: int = NEIGHBOURS, precision: Optional[torch.Tensor] = None,
-              graph=None, progress: bool = False, temperature: float = 1.0) -> Transduction:
+              strength: Optional[float] = None, precision: Optional[torch.Tensor] = None,
+              graph=None, progress: bool = False, temperature: float = 1.0,
+              config: Optional[AdaptConfig] = None) -> Transduction:
     """Pseudo-label the pool and re-solve the class model in closed form, ``rounds`` times.
 
     ``U`` N×D unit rows; ``prior_logits`` N×C (the inductive head's calibrated logits; only their
@@ -224,6 +217,8 @@ def transduce(U: torch.Tensor, prior_logits: torch.Tensor, means: torch.Tensor, 
     (1: TransCLIP's update; with shots, the LDA head's leave-one-out temperature, which makes ``Z`` its
     calibrated posterior). Returns the soft labels and the class model as a linear head.
     """
+    cfg = config_or_default(config)
+    rounds, steps, neighbours, kappa = cfg.rounds, cfg.steps, cfg.neighbours, cfg.prior_pseudo_images
     N, D = U.shape
     C = prior_logits.shape[1]
     if N < 2:
@@ -250,7 +245,7 @@ def transduce(U: torch.Tensor, prior_logits: torch.Tensor, means: torch.Tensor, 
         it = tqdm(it, desc="transductive rounds", unit="round")
     mu = var = None
     for _ in it:
-        mu, var = class_model(U, Z, sx, shots_y, means.float())
+        mu, var = class_model(U, Z, sx, shots_y, means.float(), kappa)
         W, b = gmm_head(mu, var, prec)
         base = U @ W.T + b
         if beta:
@@ -260,34 +255,36 @@ def transduce(U: torch.Tensor, prior_logits: torch.Tensor, means: torch.Tensor, 
             A = (base if idx is None else base + _propagate(Z, idx, w)) / temperature   # exact at T = 1
             Z = torch.softmax(A, dim=1)
         agreement.append(float((Z.argmax(dim=1) == prev).float().mean()))
-        if agreement[-1] >= STABLE and len(agreement) > 1:
+        if agreement[-1] >= cfg.stable and len(agreement) > 1:
             break
-    mu, var = class_model(U, Z, sx, shots_y, means.float())
+    mu, var = class_model(U, Z, sx, shots_y, means.float(), kappa)
     W, b = gmm_head(mu, var, prec)
     info = {"pool": N, "prior_strength": beta, "rounds": len(agreement), "round_agreement": agreement,
-            "neighbours": neighbours, "prior_pseudo_images": PRIOR_PSEUDO_IMAGES, "posterior_temperature": temperature,
+            "neighbours": neighbours, "prior_pseudo_images": kappa, "posterior_temperature": temperature,
             "covariance": "diagonal, re-estimated" if precision is None else "fixed (from the shots)",
             "changed_from_prior": float((Z.argmax(dim=1) != logp0.argmax(dim=1)).float().mean())}
     return Transduction(Z, W, b, info, logits=A)
 
 
-def settle(U: torch.Tensor, prior_logits: torch.Tensor, means: torch.Tensor, beta0: float, **kw):
+def settle(U: torch.Tensor, prior_logits: torch.Tensor, means: torch.Tensor, beta0: float,
+           config: Optional[AdaptConfig] = None, **kw):
     """(Transduction or None, tries): :func:`transduce` at β₀, β₀·4, … until the rounds settle.
 
     ``None`` when no strength up to β₀·4^:data:`MAX_ESCALATIONS` settles (keep the inductive heads).
     """
+    cfg = config_or_default(config)
     tries = []
     beta = beta0
-    k = kw.pop("neighbours", NEIGHBOURS)
+    k = cfg.neighbours
     graph = knn_graph(U.float(), k) if k > 0 else (None, None)   # once for every try
-    for _ in range(MAX_ESCALATIONS + 1):
-        res = transduce(U, prior_logits, means, strength=beta, neighbours=k, graph=graph, **kw)
-        settled = res.info["round_agreement"][-1] >= STABLE
+    for _ in range(cfg.max_escalations + 1):
+        res = transduce(U, prior_logits, means, strength=beta, graph=graph, config=cfg, **kw)
+        settled = res.info["round_agreement"][-1] >= cfg.stable
         tries.append({"prior_strength": beta, "rounds": res.info["rounds"],
                       "last_agreement": res.info["round_agreement"][-1], "settled": settled})
         if settled:
             return res, tries
         log.info("transductive: β=%.3g did not settle (agreement %.4f); raising it", beta,
                  res.info["round_agreement"][-1])
-        beta *= ESCALATE
+        beta *= cfg.escalate
     return None, tries

@@ -182,7 +182,7 @@ def test_a_half_that_does_not_adapt(decisions):
 
 def test_the_halves_say_no(decisions, monkeypatch):
     real = pool_gate.replication_gate
-    monkeypatch.setattr(pool_gate, "replication_gate", lambda *a: Gate(real(*a).stats, ("said no",)))
+    monkeypatch.setattr(pool_gate, "replication_gate", lambda *a, **k: Gate(real(*a, **k).stats, ("said no",)))
     text, images = make_golden.problem(0)
     U, _ = images(10)
     SVGClassifier(n_support=2, seed=0).fit(text).adapt(unlabelled=U)
@@ -193,7 +193,7 @@ def test_the_halves_say_no(decisions, monkeypatch):
 
 def test_the_final_solve_that_does_not_settle(decisions, monkeypatch):
     stats = Replication(0, Paired(0.5, 0.9, 0.4, 0.01), 9, 0, 0.002, 1.0, 1.0)
-    monkeypatch.setattr(pool_gate, "check_without_shots", lambda stage, side, U, strength, progress=False:
+    monkeypatch.setattr(pool_gate, "check_without_shots", lambda stage, side, U, strength, progress=False, config=None:
                         Check(Evidence.HALVES, stage.default_head, Gate(stats)))
     _never_settles(monkeypatch)
     text, images = make_golden.problem(0)

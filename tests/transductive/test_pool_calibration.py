@@ -30,7 +30,7 @@ def _kept(monkeypatch, agreement):
     from svgen.transductive.decision import Check, Evidence, Gate, Paired, Replication
 
     stats = Replication(0, Paired(0.5, agreement or 0.9, 0.1, 0.01), 9, 0, 0.002, 1.0, 1.0)
-    monkeypatch.setattr(pool_gate, "check_without_shots", lambda stage, side, U, strength, progress=False:
+    monkeypatch.setattr(pool_gate, "check_without_shots", lambda stage, side, U, strength, progress=False, config=None:
                         Check(Evidence.HALVES, stage.default_head, Gate(stats)))
     if agreement is None:
         monkeypatch.setattr(pool_adapt, "agreement_target", lambda check: None)

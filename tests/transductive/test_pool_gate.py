@@ -91,7 +91,7 @@ def test_sign_test_is_the_binomial_tail(gains, losses):
 
     want = 1.0 if gains + losses == 0 else binomtest(gains, gains + losses, 0.5, alternative="greater").pvalue
     assert pool_gate.sign_test(gains, losses) == pytest.approx(want, rel=1e-9)
-    assert pool_gate.ONE_SE_LEVEL == pytest.approx(0.158655, abs=1e-6)
+    assert pool_gate.one_sided(1.0) == pytest.approx(0.158655, abs=1e-6)
 
 
 def test_a_few_gained_shots_are_not_evidence():

@@ -41,7 +41,7 @@ def _gate(monkeypatch, adopt: bool):
     from svgen.transductive.decision import Check, Evidence, Gate, Paired, Replication
 
     stats = Replication(0, Paired(0.5, 0.9, 0.4, 0.01), 9, 0, 0.002, 1.0, 1.0)
-    monkeypatch.setattr(pool_gate, "check_without_shots", lambda stage, side, U, strength, progress=False: Check(
+    monkeypatch.setattr(pool_gate, "check_without_shots", lambda stage, side, U, strength, progress=False, config=None: Check(
         Evidence.HALVES, stage.default_head, Gate(stats, () if adopt else ("the test refuses the pool",))))
 
 
