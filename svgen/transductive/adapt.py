@@ -91,7 +91,7 @@ def agreement_target(check: Check) -> Optional[float]:
     stats = check.gate.stats if check.gate is not None else None
     if not isinstance(stats, Replication):
         return None
-    a, n = stats.agreement.pool, stats.images
+    a, n = stats.agreement.candidate, stats.agreement.n
     if not n:
         return float(a)
     return (float(a) * int(n) + 1.0) / (int(n) + 2.0)

@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Optional, Union
 
+from svgen.selection import DEFAULT, Paired
+
 KEPT_INDUCTIVE = "; kept the inductive heads"   # closes every refusal's message
 
 
@@ -37,71 +39,53 @@ class Reason(Enum):
 
 
 RULES = {
-    Evidence.SHOTS: "kept if top-1 on the held-out shots (unlabelled pool members) is above the inductive "
-                    "predictor's beyond chance (exact sign test on the shots only one of them gets right, one-sided "
-                    "p < 0.159, the level of '1 SE'), and top-5 and NLL are not worse by more than 1 SE (paired)",
+    Evidence.SHOTS: "kept if top-1 on the held-out shots (unlabelled pool members) is above the inductive predictor's "
+                    "by more than {level:g} SE, and top-5 and NLL are not worse by more than {level:g} SE (paired)",
     Evidence.HALVES: "kept if a head adapted on one half of the pool agrees with the other half's transductive "
-                     "posterior (argmax) more often than the inductive head beyond chance (exact sign test, one-sided "
-                     "p < 0.159, the level of '1 SE'), and its top 5 holds "
-                     "that class not less often by more than 1 SE (paired, both directions)"}
+                     "posterior (argmax) more often than the inductive head by more than {level:g} SE, and its top 5 "
+                     "holds that class not less often by more than {level:g} SE (paired, both directions)"}
 FACTOR = "p_head(x) ∝ p_head_inductive(x) · exp(a_head · pool Gaussian log-likelihood(x))"
 
 
-@dataclass(frozen=True)
-class Paired:
-    """One measure of the inductive and the pool-adapted predictor on the same images: their means, the mean paired
-    difference (pool − inductive) and its standard error."""
-
-    inductive: float
-    pool: float
-    difference: float
-    standard_error: float
-
-    def to_json(self) -> dict:
-        return {"inductive": self.inductive, "pool": self.pool, "difference": self.difference,
-                "standard_error": self.standard_error}
+def paired_json(p: Paired) -> dict:
+    """A paired comparison as the record has it (pool: the candidate; inductive: the baseline)."""
+    return {"inductive": p.baseline, "pool": p.candidate, "difference": p.difference,
+            "standard_error": p.standard_error}
 
 
 @dataclass(frozen=True)
 class HeldOutShots:
-    """The paired measures on held-out shots (:func:`svgen.transductive.gate.paired_gate`): top-1 (with the shots
-    only the pool gets right, ``gained``, or only the inductive predictor, ``lost``, and the sign test's p), top-5, NLL."""
+    """The paired measures on held-out shots (:func:`svgen.transductive.gate.paired_gate`): top-1 (with the shots only
+    the pool gets right, ``gained``, or only the inductive predictor, ``lost``), top-5, NLL."""
 
-    images: int
     top1: Paired
     top5: Paired
     nll: Paired
     gained: int
     lost: int
-    sign_test_p: float
 
     def to_json(self) -> dict:
-        return {"images": self.images,
-                "top1": {**self.top1.to_json(), "gained": self.gained, "lost": self.lost,
-                         "sign_test_p": self.sign_test_p},
-                "top5": self.top5.to_json(), "nll": self.nll.to_json()}
+        return {"images": self.top1.n, "top1": {**paired_json(self.top1), "gained": self.gained, "lost": self.lost},
+                "top5": paired_json(self.top5), "nll": paired_json(self.nll)}
 
 
 @dataclass(frozen=True)
 class Replication:
     """The cross-half agreement (:func:`svgen.transductive.gate.replication_gate`): how often a head adapted on one half
-    of the pool (``agreement.pool``) or the inductive head (``agreement.inductive``) has the other half's posterior
-    class first, the sign test on where they differ, and how often within its top 5."""
+    of the pool (candidate) or the inductive head (baseline) has the other half's posterior class first
+    (``agreement``) or within its top 5 (``top5``)."""
 
-    images: int
     agreement: Paired
+    top5: Paired
     gained: int
     lost: int
-    sign_test_p: float
-    top5_pool: float
-    top5_inductive: float
 
     def to_json(self) -> dict:
-        return {"images": self.images, "agreement_pool": self.agreement.pool,
-                "agreement_inductive": self.agreement.inductive, "difference": self.agreement.difference,
-                "standard_error": self.agreement.standard_error, "gained": self.gained, "lost": self.lost,
-                "sign_test_p": self.sign_test_p, "top5_agreement_pool": self.top5_pool,
-                "top5_agreement_inductive": self.top5_inductive}
+        a = self.agreement
+        return {"images": a.n, "agreement_pool": a.candidate, "agreement_inductive": a.baseline,
+                "difference": a.difference, "standard_error": a.standard_error, "gained": self.gained,
+                "lost": self.lost, "top5_agreement_pool": self.top5.candidate,
+                "top5_agreement_inductive": self.top5.baseline}
 
 
 @dataclass(frozen=True)
@@ -110,6 +94,7 @@ class Gate:
 
     stats: Union[HeldOutShots, Replication]
     failed: tuple = ()
+    level: float = DEFAULT.level
 
     @property
     def passed(self) -> bool:
@@ -124,7 +109,7 @@ class Gate:
         return "; ".join(self.failed) or None
 
     def to_json(self) -> dict:
-        return {**self.stats.to_json(), "adopt": self.passed, "reason": self.message, "rule": RULES[self.evidence]}
+        return {**self.stats.to_json(), "adopt": self.passed, "reason": self.message, "rule": RULES[self.evidence].format(level=self.level)}
 
 
 @dataclass(frozen=True)

@@ -47,7 +47,6 @@ see, judged by that half's own posterior, stands in for the accuracy its confide
 from __future__ import annotations
 
 import logging
-import math
 from dataclasses import dataclass
 from typing import Optional
 
@@ -60,8 +59,8 @@ from svgen.calibration.temperatures import KERNEL_LOG_FLOOR
 from svgen.heads import predictor
 from svgen.fewshot import adapt as shot_adapt
 from svgen.fewshot import residual
-from svgen.transductive.decision import Check, Evidence, Gate, HeldOutShots, Paired, Reason, Replication
-from svgen.selection import DEFAULT, AdaptConfig, config_or_default
+from svgen.transductive.decision import Check, Evidence, Gate, HeldOutShots, Reason, Replication
+from svgen.selection import DEFAULT, AdaptConfig, Paired, ahead, behind, config_or_default, paired
 from svgen.transductive.pool import Stage, transduce
 from svgen.state import TextSide
 from svgen.core.roots import newton_minimum
@@ -93,84 +92,62 @@ def shot_folds(y: np.ndarray, n_classes: int, seed: int = 0) -> list:
     return [np.flatnonzero(fold == f) for f in (0, 1) if (fold == f).any()]
 
 
-def _se(d: np.ndarray) -> float:
-    return float(d.std(ddof=1) / math.sqrt(len(d))) if len(d) > 1 else float("inf")
-
-
-def one_sided(level: float) -> float:
-    """P(Z > level): the one-sided p-value level of "more than ``level`` SE" (≈ 0.159 at 1)."""
-    return 0.5 * math.erfc(level / math.sqrt(2))
-
-
-def sign_test(gains: int, losses: int) -> float:
-    """``P(X ≥ gains)``, X ~ Binomial(gains + losses, ½): the exact one-sided sign (McNemar) test that a candidate is
-    right on more of the paired images than the inductive predictor, from the images where exactly one of them is
-    right. "Above by more than one paired SE" is the normal approximation of this test at :data:`ONE_SE_LEVEL`; with
-    a handful of discordant images (one held-out shot per class, few classes, or a hard set) that approximation
-    keeps a candidate on two gains and no loss (z = 1.41), which the exact test puts at p = 0.25."""
-    n = gains + losses
-    if n == 0:
-        return 1.0
-    # log-space terms: n can be thousands (1,000 classes × 4 folds)
-    logs = [math.lgamma(n + 1) - math.lgamma(k + 1) - math.lgamma(n - k + 1) - n * math.log(2.0)
-            for k in range(gains, n + 1)]
-    top = max(logs)
-    return min(1.0, math.exp(top) * sum(math.exp(v - top) for v in logs))
-
-
 def paired_gate(p_ind: np.ndarray, p_pool: np.ndarray, y: np.ndarray, level: float = DEFAULT.level) -> Gate:
-    """The pool-adapted probabilities ``p_pool`` against the inductive ``p_ind`` on the same held-out
-    labelled images ``y``: kept only if top-1 is higher beyond chance (:func:`sign_test` below
-    :data:`ONE_SE_LEVEL`) and neither top-5 nor NLL is worse by more than one paired standard error."""
+    """The pool-adapted probabilities ``p_pool`` against the inductive ``p_ind`` on the same held-out labelled images
+    ``y`` (:func:`shots_failures` decides)."""
     def per_image(p):
         order = np.argsort(-p, axis=1)[:, :5]
         return ((order[:, 0] == y).astype(float), np.any(order == y[:, None], axis=1).astype(float),
                 -np.log(np.maximum(p[np.arange(len(y)), y], 1e-300)))
 
     (a1, a5, an), (b1, b5, bn) = per_image(p_ind), per_image(p_pool)
-    d1, d5, dn = b1 - a1, b5 - a5, bn - an
+    stats = HeldOutShots(paired(b1, a1), paired(b5, a5), paired(bn, an), int((b1 > a1).sum()), int((b1 < a1).sum()))
+    return Gate(stats, shots_failures(stats, level), level)
+
+
+def negated(p: Paired) -> Paired:
+    """A paired comparison of costs (NLL) as one of scores (−NLL: larger is better)."""
+    return Paired(-p.candidate, -p.baseline, -p.difference, p.standard_error, p.n)
+
+
+def shots_failures(s: HeldOutShots, level: float) -> tuple:
+    """Why the pool fails on held-out shots (none: kept): the inductive predictor must be behind it on top-1
+    (:func:`svgen.selection.ahead`), and it must not be behind on top-5 nor on −NLL (:func:`svgen.selection.behind`)."""
     why = []
-    gains, losses = int((d1 > 0).sum()), int((d1 < 0).sum())
-    p_better = sign_test(gains, losses)
-    if not p_better < one_sided(level):
-        why.append(f"top-1 on held-out shots {100 * b1.mean():.1f}% is not above the inductive {100 * a1.mean():.1f}% "
-                   f"beyond chance ({gains} gained, {losses} lost: sign test p = {p_better:.3g} ≥ "
-                   f"{one_sided(level):.3f})")
-    if d5.mean() < -level * _se(d5):
-        why.append(f"top-5 {100 * b5.mean():.1f}% is below the inductive {100 * a5.mean():.1f}% by more than "
-                   f"{level:g} SE")
-    if dn.mean() > level * _se(dn):
-        why.append(f"NLL {bn.mean():.3f} is above the inductive {an.mean():.3f} by more than {level:g} SE")
-
-    def paired(a, b, d):
-        return Paired(float(a.mean()), float(b.mean()), float(d.mean()), _se(d))
-
-    return Gate(HeldOutShots(int(len(y)), paired(a1, b1, d1), paired(a5, b5, d5), paired(an, bn, dn), gains, losses,
-                             p_better), tuple(why))
+    if not ahead(s.top1, level):
+        why.append(f"top-1 on held-out shots {100 * s.top1.candidate:.1f}% is not above the inductive "
+                   f"{100 * s.top1.baseline:.1f}% by more than {level:g} SE ({s.gained} gained, {s.lost} lost)")
+    if behind(s.top5, level):
+        why.append(f"top-5 {100 * s.top5.candidate:.1f}% is below the inductive {100 * s.top5.baseline:.1f}% by more "
+                   f"than {level:g} SE")
+    if behind(negated(s.nll), level):
+        why.append(f"NLL {s.nll.candidate:.3f} is above the inductive {s.nll.baseline:.3f} by more than {level:g} SE")
+    return tuple(why)
 
 
 def replication_gate(agree_pool: np.ndarray, agree_ind: np.ndarray, agree5_pool: np.ndarray,
                      agree5_ind: np.ndarray, level: float = DEFAULT.level) -> Gate:
-    """Per pool image of one half: does the head adapted on the other half agree with this half's own
-    posterior (its argmax first: ``agree_pool``; within its top 5: ``agree5_pool``), against the inductive
-    head (``agree_ind``, ``agree5_ind``)? Kept only if the adapted head's argmax agrees more often by more
-    than one paired standard error and its top 5 is not behind by more than one."""
-    d = agree_pool.astype(float) - agree_ind.astype(float)
-    d5 = agree5_pool.astype(float) - agree5_ind.astype(float)
+    """Per pool image of one half: does the head adapted on the other half agree with this half's own posterior (its
+    argmax first: ``agree_pool``; within its top 5: ``agree5_pool``), against the inductive head (``agree_ind``,
+    ``agree5_ind``)? (:func:`replication_failures` decides.)"""
+    stats = Replication(paired(agree_pool, agree_ind), paired(agree5_pool, agree5_ind),
+                        int((agree_pool > agree_ind).sum()), int((agree_pool < agree_ind).sum()))
+    return Gate(stats, replication_failures(stats, level), level)
+
+
+def replication_failures(s: Replication, level: float) -> tuple:
+    """Why the halves fail (none: kept): the inductive head must be behind the adapted one on agreement (argmax), and
+    the adapted one not behind on top-5 agreement."""
     why = []
-    gains, losses = int((d > 0).sum()), int((d < 0).sum())
-    p_better = sign_test(gains, losses)
-    if not p_better < one_sided(level):
+    a, a5 = s.agreement, s.top5
+    if not ahead(a, level):
         why.append(f"a head adapted on one half of the pool agrees with the other half's own posterior on "
-                   f"{100 * agree_pool.mean():.1f}% of it, the inductive head on {100 * agree_ind.mean():.1f}%: "
-                   f"the pool's structure does not replicate beyond chance (sign test p = {p_better:.3g})")
-    if d5.mean() < -level * _se(d5):
-        why.append(f"the adapted head's top 5 holds the other half's posterior class on {100 * agree5_pool.mean():.2f}%"
-                   f" of it, the inductive head's on {100 * agree5_ind.mean():.2f}%, more often by more than "
-                   f"{level:g} SE")
-    agreement = Paired(float(agree_ind.mean()), float(agree_pool.mean()), float(d.mean()), _se(d))
-    return Gate(Replication(int(len(d)), agreement, gains, losses, p_better, float(agree5_pool.mean()),
-                            float(agree5_ind.mean())), tuple(why))
+                   f"{100 * a.candidate:.1f}% of it, the inductive head on {100 * a.baseline:.1f}%: the pool's "
+                   f"structure does not replicate (not above by more than {level:g} SE)")
+    if behind(a5, level):
+        why.append(f"the adapted head's top 5 holds the other half's posterior class on {100 * a5.candidate:.2f}% of "
+                   f"it, the inductive head's on {100 * a5.baseline:.2f}%, more often by more than {level:g} SE")
+    return tuple(why)
 
 
 NLL_TOL = 1e-9   # nats: a weight whose Newton step would lower the mean NLL by less is the fit (numerical, not a rule)
