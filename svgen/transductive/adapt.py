@@ -19,7 +19,8 @@ from svgen.transductive import gate as pool_gate
 from svgen.heads import predictor
 from svgen.selection import AdaptConfig, config_or_default
 from svgen.transductive import solve as td
-from svgen.transductive.decision import Check, Decision, Evidence, Reason, Replication
+from svgen.selection import Decision
+from svgen.transductive.decision import Check, Evidence, Reason, Replication, fallback, refuse
 from svgen.transductive.pool import PoolFit, Stage, transduce
 from svgen.state import Heads, KernelHead, PoolFactor, TextSide
 from svgen.steps import Clock
@@ -55,9 +56,9 @@ def adapt(stage: Stage, side: TextSide, U: torch.Tensor, strength: Optional[floa
     if decision is None and stage.shots is not None and len(stage.shots):
         without = int((stage.shots.counts(C) == 0).sum())
         if without:   # the held-out shots could not show what the pool does to those classes
-            decision = Decision.refuse(Reason.CLASSES_WITHOUT_SHOTS,
-                                       f"{without} of the {C} classes have no labelled shots, and the check on "
-                                       "held-out shots cannot see what a pool does to them")
+            decision = refuse(Reason.CLASSES_WITHOUT_SHOTS,
+                              f"{without} of the {C} classes have no labelled shots, and the check on "
+                              "held-out shots cannot see what a pool does to them")
     if decision is None:
         check = (pool_gate.check_with_shots(stage, side, U, strength, progress=progress, config=config)
                  if stage.shots is not None and len(stage.shots)
@@ -101,7 +102,7 @@ def refused(stage: Stage, side: TextSide, U: torch.Tensor, record: dict, decisio
     """A pool that changes nothing (``decision`` says why, in one warning; ``record`` is what ``svgen.json``
     keeps): the inductive heads, and as the pool's probabilities the inductive default head's (what ``classify``
     without ``--transductive`` prints), not the transduction's prior head's."""
-    log.warning("transductive: %s", decision.message)
+    log.warning("transductive: %s", fallback(decision))
     head = stage.default_head
     s = predictor.scores_in_blocks(stage.heads, side.prototypes, side.config.kernel, U, head)
     floored = predictor.needs_prior(stage.heads, head)

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Optional, Union
 
-from svgen.selection import DEFAULT, Paired
+from svgen.selection import DEFAULT, Decision, Paired
 
 KEPT_INDUCTIVE = "; kept the inductive heads"   # closes every refusal's message
 
@@ -36,6 +36,12 @@ class Reason(Enum):
     SHOTS_CHECK_FAILED = "held-out shots said no"     # the paired test on held-out shots (gate.paired_gate)
     HALVES_CHECK_FAILED = "halves said no"            # the replication test (gate.replication_gate)
     DID_NOT_SETTLE = "rounds did not settle"          # the transduction's rounds (pool.transduce)
+
+    @staticmethod
+    def record(decision: Decision) -> dict:
+        """The record's ``fallback`` and, where a check ran, its ``check`` block (output only)."""
+        check = decision.evidence
+        return {"fallback": fallback(decision), **({"check": check.to_json()} if check is not None else {})}
 
 
 RULES = {
@@ -135,14 +141,14 @@ class Check:
     def passed(self) -> bool:
         return self.gate is not None and self.gate.passed
 
-    def decision(self) -> "Decision":
+    def decision(self) -> Decision:
         """Kept where the test passed; else refused for the reason the check stopped or failed."""
         if self.passed:
-            return Decision(True, Reason.KEPT, check=self)
+            return Decision(True, Reason.KEPT, self, level=self.gate.level)
         if self.gate is None:
-            return Decision(False, self.stopped, self.why, self)
+            return refuse(self.stopped, self.why, self)
         failed = Reason.SHOTS_CHECK_FAILED if self.evidence is Evidence.SHOTS else Reason.HALVES_CHECK_FAILED
-        return Decision(False, failed, self.gate.message, self)
+        return Decision(False, failed, self, self.gate.message, self.gate.level)
 
     def to_json(self) -> dict:
         base = {"evidence": self.evidence.value, "head": self.head}
@@ -155,32 +161,17 @@ class Check:
         return out
 
 
-@dataclass(frozen=True)
-class Decision:
-    """Whether a pool changes the heads (``kept``), the :class:`Reason`, the cause in words (``why``, without the
-    closing ":data:`KEPT_INDUCTIVE`"; None when kept) and the check's evidence where one ran."""
+def refuse(reason: Reason, why: str, check: Optional[Check] = None) -> Decision:
+    """A refused pool: the :class:`Reason`, the cause in words (without the closing ":data:`KEPT_INDUCTIVE`") and the
+    check's evidence where one ran."""
+    if reason is Reason.KEPT or not why:
+        raise ValueError(f"inconsistent refusal: reason={reason}, why={why!r}")
+    return Decision(False, reason, check, why)
 
-    kept: bool
-    reason: Reason
-    why: Optional[str] = None
-    check: Optional[Check] = None
 
-    def __post_init__(self):
-        if self.kept != (self.reason is Reason.KEPT) or (not self.kept and self.why is None):
-            raise ValueError(f"inconsistent decision: kept={self.kept}, reason={self.reason}, why={self.why!r}")
-
-    @classmethod
-    def refuse(cls, reason: Reason, why: str, check: Optional[Check] = None) -> "Decision":
-        return cls(False, reason, why, check)
-
-    @property
-    def message(self) -> Optional[str]:
-        """The record's ``fallback``: None when kept, else the cause and that the inductive heads were kept."""
-        return None if self.kept else self.why + KEPT_INDUCTIVE
-
-    def to_json(self) -> dict:
-        """The record's ``fallback`` and, where a check ran, its ``check`` block (output only)."""
-        return {"fallback": self.message, **({"check": self.check.to_json()} if self.check is not None else {})}
+def fallback(decision: Decision) -> Optional[str]:
+    """The record's ``fallback``: None when kept, else the cause and that the inductive heads were kept."""
+    return None if decision.kept else decision.why + KEPT_INDUCTIVE
 
 
 KEPT = Decision(True, Reason.KEPT)

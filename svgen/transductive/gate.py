@@ -59,7 +59,7 @@ from svgen.calibration.temperatures import KERNEL_LOG_FLOOR
 from svgen.heads import predictor
 from svgen.fewshot import adapt as shot_adapt
 from svgen.fewshot import residual
-from svgen.transductive.decision import Check, Evidence, Gate, HeldOutShots, Reason, Replication
+from svgen.transductive.decision import Check, Evidence, Gate, HeldOutShots, Reason, Replication, fallback
 from svgen.selection import DEFAULT, AdaptConfig, Paired, ahead, behind, config_or_default, paired
 from svgen.transductive.pool import Stage, transduce
 from svgen.state import TextSide
@@ -240,7 +240,7 @@ def check_with_shots(stage: Stage, side: TextSide, U: torch.Tensor, strength: Op
             pool = transduce(part, side, torch.cat([U, Xh]), strength, progress=False, config=config)
             if not pool.decision.kept:
                 return Check(Evidence.SHOTS, head, stopped=Reason.FOLD_DID_NOT_ADAPT,
-                             why="without a fold of the shots " + pool.decision.message)
+                             why="without a fold of the shots " + fallback(pool.decision))
             WG, bG = pool_parts(pool.record, pool.heads.linear, pool.prior_linear.weight, pool.prior_linear.bias)
             g = predictor.gaussian_log_likelihood(WG, bG, Xh).numpy()
             # the fold's linear head as deployed: its logits at its own calibrated temperature

@@ -24,7 +24,8 @@ from svgen.fewshot import linear as linear_head
 from svgen.heads import predictor
 from svgen.selection import AdaptConfig
 from svgen.transductive import solve as td
-from svgen.transductive.decision import KEPT, Decision, Reason
+from svgen.selection import Decision
+from svgen.transductive.decision import KEPT, Reason, fallback, refuse
 from svgen.calibration.temperatures import KERNEL_LOG_FLOOR
 from svgen.heads.scoring import CLIP_LOGIT_SCALE
 from svgen.core.support import SupportSet
@@ -91,7 +92,7 @@ def transduce(stage: Stage, side: TextSide, U: torch.Tensor, strength: Optional[
     head = stage.prior_head
     refusal = td.too_small(N, C, config)
     if refusal is not None:   # the caller says so (a half of the pool, in the check, is only recorded)
-        log.info("transductive: %s", refusal.message)
+        log.info("transductive: %s", fallback(refusal))
         return PoolFit(heads, {"pool": N, **refusal.to_json(), "prior_head": head}, decision=refusal)
     t0 = time.perf_counter()
     shots = stage.shots if stage.fewshot is not None else None
@@ -137,9 +138,9 @@ def transduce(stage: Stage, side: TextSide, U: torch.Tensor, strength: Optional[
                                shots_y=None if shots is None else shots.labels, precision=precision,
                                progress=progress, temperature=t_post, config=config)
     if res is None:
-        refusal = Decision.refuse(Reason.DID_NOT_SETTLE, "the rounds did not settle at any prior strength up to "
-                                                         f"{tries[-1]['prior_strength']:.3g}")
-        log.info("transductive: %s", refusal.message)
+        refusal = refuse(Reason.DID_NOT_SETTLE, "the rounds did not settle at any prior strength up to "
+                                                f"{tries[-1]['prior_strength']:.3g}")
+        log.info("transductive: %s", fallback(refusal))
         return PoolFit(heads, {"pool": N, **refusal.to_json(), "prior_head": head, "tries": tries}, decision=refusal)
     timings["rounds"] = time.perf_counter() - t1
     beta = res.info["prior_strength"]

@@ -56,7 +56,8 @@ import torch
 from svgen.core.roots import bisect
 from svgen.errors import SvgenError
 from svgen.selection import AdaptConfig, config_or_default
-from svgen.transductive.decision import Decision, Reason
+from svgen.selection import Decision
+from svgen.transductive.decision import Reason, refuse
 
 log = logging.getLogger(__name__)
 
@@ -91,8 +92,8 @@ def prior_strength(n_pool: int, n_classes: int, n_shots: int = 0) -> float:
 def too_small(n_pool: int, n_classes: int, config: Optional[AdaptConfig] = None) -> Optional[Decision]:
     """The refusal of a pool too small to use (None: use it)."""
     if n_pool < config_or_default(config).min_pool_per_class * n_classes:
-        return Decision.refuse(Reason.POOL_TOO_SMALL,
-                               f"pool of {n_pool} unlabelled images is smaller than the {n_classes} classes")
+        return refuse(Reason.POOL_TOO_SMALL,
+                      f"pool of {n_pool} unlabelled images is smaller than the {n_classes} classes")
     return None
 
 

@@ -1,5 +1,6 @@
 """The pool decision as typed values (issue 38): every exit that refuses a pool gives a
-:class:`~svgen.transductive.decision.Decision` with its own :class:`~svgen.transductive.decision.Reason`; the record
+:class:`svgen.selection.Decision` with its own :class:`~svgen.transductive.decision.Reason` (its evidence the
+:class:`~svgen.transductive.decision.Check`); the record
 (``svgen.json`` ``transductive``: ``fallback`` and ``check``) is written from it by ``to_json()``; and no module under
 ``svgen/transductive`` steers on a record's strings.
 
@@ -24,9 +25,9 @@ from svgen import SVGClassifier
 from svgen.transductive import adapt as pool_adapt
 from svgen.transductive import gate as pool_gate
 from svgen.transductive import solve as td
-from svgen.selection import DEFAULT, Paired
-from svgen.transductive.decision import (KEPT, Check, Decision, Evidence, Gate, HeldOutShots, Reason, Replication,
-                                         pool_evidence, pool_kept)
+from svgen.selection import DEFAULT, Decision, Paired
+from svgen.transductive.decision import (KEPT, Check, Evidence, Gate, HeldOutShots, Reason, Replication, fallback,
+                                         pool_evidence, pool_kept, refuse)
 
 ROOT = Path(__file__).resolve().parents[2]
 GOLDEN = ROOT / "tests" / "io" / "golden"
@@ -91,7 +92,7 @@ def _decision(record: dict) -> Decision:
                       cross_fitted=tuple(c.get("cross_fitted", ())),
                       named_heads={h: _gate(g) for h, g in c.get("named_heads", {}).items()})
         return check.decision()
-    return Decision.refuse(Reason.POOL_TOO_SMALL, record["fallback"].removesuffix("; kept the inductive heads"))
+    return refuse(Reason.POOL_TOO_SMALL, record["fallback"].removesuffix("; kept the inductive heads"))
 
 
 CHANGED = {"sign_test_p", "rule"}   # what the rule of the day no longer writes, or words differently
@@ -129,7 +130,7 @@ def test_the_refused_golden_case_is_a_tie():
     """v4: 3 held-out shots gained, 1 lost of 24: top-1 exactly 1 SE above the inductive predictor, a tie, which is
     not ahead (the sign test refused it too, at p = 0.31)."""
     d = _decision(golden_record("v4_shots_pool_refused"))
-    top1 = d.check.gate.stats.top1
+    top1 = d.evidence.gate.stats.top1
     assert top1.difference == pytest.approx(top1.standard_error, rel=1e-12)
     assert d.why.startswith("top-1 on held-out shots 91.7% is not above the inductive 83.3% by more than 1 SE")
 
@@ -151,8 +152,8 @@ def test_refitting_a_golden_case_decides_the_same_way(case, reason, decisions):
     assert decision.kept == pool_kept(clf.transductive_)
     test_golden.close_json(unchanged(decision.to_json()), unchanged(recorded(golden_record(case))))
     assert recorded(clf.transductive_) == decision.to_json()   # the record is the decision's, written once
-    if decision.check is not None:
-        assert pool_evidence(clf.transductive_) is decision.check.evidence
+    if decision.evidence is not None:
+        assert pool_evidence(clf.transductive_) is decision.evidence.evidence
 
 
 # ----------------------------------------------------------------------------- every refusal's reason
@@ -169,8 +170,8 @@ def test_shots_for_only_some_classes(decisions):
     keep = y < 4
     clf.adapt(X[keep], y[keep], unlabelled=U)
     (d,) = decisions
-    assert d.reason is Reason.CLASSES_WITHOUT_SHOTS and not d.kept and d.check is None
-    assert clf.transductive_["fallback"] == d.message and d.message.startswith(f"2 of the {C} classes have no")
+    assert d.reason is Reason.CLASSES_WITHOUT_SHOTS and not d.kept and d.evidence is None
+    assert clf.transductive_["fallback"] == fallback(d) and fallback(d).startswith(f"2 of the {C} classes have no")
 
 
 def test_no_held_out_shots(decisions, monkeypatch):
@@ -178,8 +179,8 @@ def test_no_held_out_shots(decisions, monkeypatch):
     clf, X, y, U = _shots_and_pool(20)
     clf.adapt(X, y, unlabelled=U)
     (d,) = decisions
-    assert d.reason is Reason.NO_HELD_OUT_SHOTS and d.check.evidence is Evidence.SHOTS and d.check.gate is None
-    assert clf.transductive_["check"] == {"evidence": "held-out shots as pool members", "head": d.check.head,
+    assert d.reason is Reason.NO_HELD_OUT_SHOTS and d.evidence.evidence is Evidence.SHOTS and d.evidence.gate is None
+    assert clf.transductive_["check"] == {"evidence": "held-out shots as pool members", "head": d.evidence.head,
                                           "adopt": False,
                                           "reason": "one shot in all: no held-out shots to check a pool on"}
 
@@ -193,7 +194,7 @@ def test_a_fold_that_does_not_adapt(decisions, monkeypatch):
     clf, X, y, U = _shots_and_pool(20)
     clf.adapt(X, y, unlabelled=U)
     (d,) = decisions
-    assert d.reason is Reason.FOLD_DID_NOT_ADAPT and d.check.stopped is Reason.FOLD_DID_NOT_ADAPT
+    assert d.reason is Reason.FOLD_DID_NOT_ADAPT and d.evidence.stopped is Reason.FOLD_DID_NOT_ADAPT
     # the fold's own refusal, message and all, then the pool's (as svgen.json has always written it)
     assert clf.transductive_["fallback"] == ("without a fold of the shots the rounds did not settle at any prior "
                                              "strength up to 8; kept the inductive heads; kept the inductive heads")
@@ -205,7 +206,7 @@ def test_a_half_that_does_not_adapt(decisions):
     clf = SVGClassifier(n_support=2, seed=0).fit(text)
     clf.adapt(unlabelled=U[:C + 2])        # ... but halves of 8 (4) are not
     (d,) = decisions
-    assert d.reason is Reason.HALF_DID_NOT_ADAPT and d.check.evidence is Evidence.HALVES
+    assert d.reason is Reason.HALF_DID_NOT_ADAPT and d.evidence.evidence is Evidence.HALVES
     assert d.why == f"half of the pool alone does not adapt (pool of 4 unlabelled images is smaller than the {C} classes)"
     assert clf.transductive_["fallback"] == d.why + "; kept the inductive heads"
 
@@ -217,8 +218,8 @@ def test_the_halves_say_no(decisions, monkeypatch):
     U, _ = images(10)
     SVGClassifier(n_support=2, seed=0).fit(text).adapt(unlabelled=U)
     (d,) = decisions
-    assert d.reason is Reason.HALVES_CHECK_FAILED and d.message == "said no; kept the inductive heads"
-    assert d.check.to_json()["adopt"] is False and d.check.to_json()["evidence"] == "halves of the pool"
+    assert d.reason is Reason.HALVES_CHECK_FAILED and fallback(d) == "said no; kept the inductive heads"
+    assert d.evidence.to_json()["adopt"] is False and d.evidence.to_json()["evidence"] == "halves of the pool"
 
 
 def test_the_final_solve_that_does_not_settle(decisions, monkeypatch):
@@ -237,14 +238,14 @@ def test_the_final_solve_that_does_not_settle(decisions, monkeypatch):
 
 def test_a_decision_is_consistent():
     with pytest.raises(ValueError):
-        Decision(True, Reason.POOL_TOO_SMALL, "x")
+        refuse(Reason.KEPT, "x")
     with pytest.raises(ValueError):
-        Decision(False, Reason.KEPT, "x")
-    with pytest.raises(ValueError):
-        Decision(False, Reason.DID_NOT_SETTLE)   # a refusal says why
+        refuse(Reason.DID_NOT_SETTLE, None)   # a refusal says why
     with pytest.raises(ValueError):
         Check(Evidence.SHOTS, "linear")          # neither a test nor a reason it stopped
-    assert KEPT.to_json() == {"fallback": None} and KEPT.message is None
+    assert KEPT.to_json() == {"fallback": None} and fallback(KEPT) is None and isinstance(KEPT, Decision)
+    refused = refuse(Reason.POOL_TOO_SMALL, "too few")
+    assert refused.to_json() == {"fallback": "too few; kept the inductive heads"} and not refused.kept
     assert pool_kept(None) is False and pool_kept({"fallback": None}) is True
     assert pool_evidence({"fallback": "x"}) is None
 
@@ -292,3 +293,21 @@ def test_the_steering_check_finds_what_it_forbids(tmp_path):
     assert sorted(steering(bad)) == ["bad.py:1 compares with 'held-out shots as pool members'",
                                      "bad.py:1 reads ['evidence']", "bad.py:2 calls .replace(",
                                      "bad.py:2 reads .get('fallback')"]   # a head name is not a sentence
+
+
+@pytest.mark.parametrize("case, halves", [("v6_zero_shot_pool_kept", True), ("v2_pool_rows", True),
+                                          ("v6_shots_pool_kept", False)])
+def test_diagnose_reads_the_pool_evidence_as_an_enum(case, halves):
+    """``svgen diagnose`` tells a pool kept on halves (the posterior linear head; the kernel vote × the likelihood)
+    from one kept on held-out shots (heads × the likelihood to a power) by :class:`Evidence`, not by its wording, and
+    its steering check (the transductive modules') finds no compare with an English string there."""
+    from svgen.evaluation import diagnostics
+    from svgen.io.artifacts import load_artifact
+
+    meta, t = load_artifact(GOLDEN / case / "artifact")
+    d = diagnostics.deployed_kernel(meta, t)
+    assert d["transductive"]["evidence"] == pool_evidence(meta["transductive"]).value
+    lines = diagnostics.describe_deployed(d, pool_evidence(meta["transductive"]) is Evidence.HALVES)
+    (line,) = [x for x in lines if x.startswith("  transductive pool")]
+    assert ("kernel vote" in line) is halves and ("to a power" in line) is not halves
+    assert not [f for f in steering(Path(diagnostics.__file__)) if "compares" in f]
