@@ -1,10 +1,5 @@
-"""Whether a pool is kept, as typed values: a :class:`Decision` with a :class:`Reason`, and the check's evidence.
-
-The stages (:mod:`svgen.transductive.adapt`, :mod:`svgen.transductive.gate`, :mod:`svgen.transductive.pool`) decide
-on these values; the ``svgen.json`` ``transductive`` record (its ``fallback`` message and ``check`` block) is written
-from them by :meth:`Decision.to_json` as output only, and never read back to steer anything. An artifact that was
-loaded has only its record: :func:`pool_kept` and :func:`pool_evidence` are the one place that reads it.
-"""
+"""Whether a pool is kept, as typed values (a :class:`svgen.selection.Decision` with a :class:`Reason` and the
+:class:`Check`); the ``svgen.json`` record is written from them and read back only by :func:`pool_kept`/:func:`pool_evidence`."""
 
 from __future__ import annotations
 
@@ -18,28 +13,28 @@ KEPT_INDUCTIVE = "; kept the inductive heads"   # closes every refusal's message
 
 
 class Evidence(Enum):
-    """What the check scored a pool on (the value is the record's ``check.evidence``)."""
+    """What the check scored a pool on (the record's ``check.evidence``)."""
 
-    SHOTS = "held-out shots as pool members"   # labelled shots held out and made pool members
-    HALVES = "halves of the pool"              # no labels: whether one half's structure replicates in the other
+    SHOTS = "held-out shots as pool members"
+    HALVES = "halves of the pool"
 
 
 class Reason(Enum):
     """Why a pool was kept or refused: one member per exit."""
 
     KEPT = "kept"
-    POOL_TOO_SMALL = "pool too small"                 # fewer pool images than classes (solve.too_small)
-    CLASSES_WITHOUT_SHOTS = "classes without shots"   # shots for only some classes (adapt.adapt)
-    NO_HELD_OUT_SHOTS = "no held-out shots"           # one shot in all (gate.check_with_shots)
-    FOLD_DID_NOT_ADAPT = "a fold did not adapt"       # the pool refused without a fold of the shots (gate)
-    HALF_DID_NOT_ADAPT = "a half did not adapt"       # half of the pool alone refused (gate.check_without_shots)
-    SHOTS_CHECK_FAILED = "held-out shots said no"     # the paired test on held-out shots (gate.paired_gate)
-    HALVES_CHECK_FAILED = "halves said no"            # the replication test (gate.replication_gate)
-    DID_NOT_SETTLE = "rounds did not settle"          # the transduction's rounds (pool.transduce)
+    POOL_TOO_SMALL = "pool too small"
+    CLASSES_WITHOUT_SHOTS = "classes without shots"
+    NO_HELD_OUT_SHOTS = "no held-out shots"
+    FOLD_DID_NOT_ADAPT = "a fold did not adapt"
+    HALF_DID_NOT_ADAPT = "a half did not adapt"
+    SHOTS_CHECK_FAILED = "held-out shots said no"
+    HALVES_CHECK_FAILED = "halves said no"
+    DID_NOT_SETTLE = "rounds did not settle"
 
     @staticmethod
     def record(decision: Decision) -> dict:
-        """The record's ``fallback`` and, where a check ran, its ``check`` block (output only)."""
+        """The record's ``fallback`` and, where a check ran, its ``check`` block."""
         check = decision.evidence
         return {"fallback": fallback(decision), **({"check": check.to_json()} if check is not None else {})}
 
@@ -54,15 +49,13 @@ FACTOR = "p_head(x) ∝ p_head_inductive(x) · exp(a_head · pool Gaussian log-l
 
 
 def paired_json(p: Paired) -> dict:
-    """A paired comparison as the record has it (pool: the candidate; inductive: the baseline)."""
     return {"inductive": p.baseline, "pool": p.candidate, "difference": p.difference,
             "standard_error": p.standard_error}
 
 
 @dataclass(frozen=True)
 class HeldOutShots:
-    """The paired measures on held-out shots (:func:`svgen.transductive.gate.paired_gate`): top-1 (with the shots only
-    the pool gets right, ``gained``, or only the inductive predictor, ``lost``), top-5, NLL."""
+    """Pool (candidate) against inductive (baseline) on held-out shots; ``gained``/``lost``: top-1 only one gets."""
 
     top1: Paired
     top5: Paired
@@ -77,9 +70,8 @@ class HeldOutShots:
 
 @dataclass(frozen=True)
 class Replication:
-    """The cross-half agreement (:func:`svgen.transductive.gate.replication_gate`): how often a head adapted on one half
-    of the pool (candidate) or the inductive head (baseline) has the other half's posterior class first
-    (``agreement``) or within its top 5 (``top5``)."""
+    """How often a head adapted on one half (candidate) or the inductive head (baseline) has the other half's
+    posterior class first (``agreement``) or in its top 5 (``top5``)."""
 
     agreement: Paired
     top5: Paired
@@ -96,7 +88,7 @@ class Replication:
 
 @dataclass(frozen=True)
 class Gate:
-    """One paired acceptance test: its measures and the tests it failed, in words (none: passed)."""
+    """One paired test: its measures, the failures in words (none: passed), its level."""
 
     stats: Union[HeldOutShots, Replication]
     failed: tuple = ()
@@ -115,14 +107,14 @@ class Gate:
         return "; ".join(self.failed) or None
 
     def to_json(self) -> dict:
-        return {**self.stats.to_json(), "adopt": self.passed, "reason": self.message, "rule": RULES[self.evidence].format(level=self.level)}
+        return {**self.stats.to_json(), "adopt": self.passed, "reason": self.message,
+                "rule": RULES[self.evidence].format(level=self.level)}
 
 
 @dataclass(frozen=True)
 class Check:
-    """The pool check: what it scored (``evidence``) for which head, and either its test (``gate``) or, where it
-    stopped before one, why (``stopped``, ``why``). With shots also the pool's powers (head → a), the cross-fitted
-    ones, and the tests of heads named alone (``named_heads``, head → :class:`Gate`)."""
+    """The pool check: its evidence and head, and its test (``gate``) or why it stopped before one; with shots the
+    powers (head → a), the cross-fitted ones and the tests of heads named alone."""
 
     evidence: Evidence
     head: str
@@ -137,16 +129,11 @@ class Check:
         if (self.gate is None) == (self.stopped is None):
             raise ValueError("a check has either a test or a reason it stopped before one")
 
-    @property
-    def passed(self) -> bool:
-        return self.gate is not None and self.gate.passed
-
     def decision(self) -> Decision:
-        """Kept where the test passed; else refused for the reason the check stopped or failed."""
-        if self.passed:
-            return Decision(True, Reason.KEPT, self, level=self.gate.level)
         if self.gate is None:
             return refuse(self.stopped, self.why, self)
+        if self.gate.passed:
+            return Decision(True, Reason.KEPT, self, level=self.gate.level)
         failed = Reason.SHOTS_CHECK_FAILED if self.evidence is Evidence.SHOTS else Reason.HALVES_CHECK_FAILED
         return Decision(False, failed, self, self.gate.message, self.gate.level)
 
@@ -162,8 +149,6 @@ class Check:
 
 
 def refuse(reason: Reason, why: str, check: Optional[Check] = None) -> Decision:
-    """A refused pool: the :class:`Reason`, the cause in words (without the closing ":data:`KEPT_INDUCTIVE`") and the
-    check's evidence where one ran."""
     if reason is Reason.KEPT or not why:
         raise ValueError(f"inconsistent refusal: reason={reason}, why={why!r}")
     return Decision(False, reason, check, why)
@@ -178,12 +163,11 @@ KEPT = Decision(True, Reason.KEPT)
 
 
 def pool_kept(record: Optional[dict]) -> bool:
-    """Whether a recorded pool stage (``svgen.json`` ``transductive``, as loaded) changed the heads: for an artifact
-    the record is all there is, and this is the one place that reads its ``fallback`` for a decision."""
+    """Whether a loaded ``transductive`` record changed the heads (the one reader of its ``fallback``)."""
     return bool(record) and not record.get("fallback")
 
 
 def pool_evidence(record: Optional[dict]) -> Optional[Evidence]:
-    """The evidence a recorded pool check scored (None: no check ran), read from the record in this one place."""
+    """The evidence a loaded record's check scored (None: no check ran)."""
     value = ((record or {}).get("check") or {}).get("evidence")
     return None if value is None else Evidence(value)

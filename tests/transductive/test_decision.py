@@ -175,7 +175,7 @@ def test_shots_for_only_some_classes(decisions):
 
 
 def test_no_held_out_shots(decisions, monkeypatch):
-    monkeypatch.setattr(pool_gate, "shot_folds", lambda y, n_classes, seed=0: [np.arange(len(y))])
+    monkeypatch.setattr(pool_gate, "shot_folds", lambda y, n_classes, seed=0, **k: [np.arange(len(y))])
     clf, X, y, U = _shots_and_pool(20)
     clf.adapt(X, y, unlabelled=U)
     (d,) = decisions

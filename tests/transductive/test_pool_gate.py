@@ -50,7 +50,9 @@ def test_shot_folds_hold_out_one_shot_per_class_with_three_or_more(counts):
     """Three or more shots in every class: each fold holds out at most one shot of each class (the fold's
     predictor keeps all the others); as many folds as the largest class has shots, at most MAX_FOLDS; no shot
     is held out twice."""
-    from svgen.fewshot.residual import MAX_FOLDS
+    from svgen.selection import DEFAULT
+
+    MAX_FOLDS = DEFAULT.max_folds
 
     y = np.concatenate([np.full(n, c) for c, n in enumerate(counts)])
     folds = pool_gate.shot_folds(y, len(counts), seed=3)
