@@ -15,7 +15,7 @@ from svgen.state import Heads, KernelHead, PoolFactor, TextSide
 from svgen.steps import Clock
 from svgen.transductive import gate as pool_gate
 from svgen.transductive import solve as td
-from svgen.transductive.decision import Check, Evidence, Reason, Replication, fallback, refuse
+from svgen.transductive.decision import Check, Evidence, Reason, fallback, refuse
 from svgen.transductive.pool import PoolFit, Stage, transduce
 
 log = logging.getLogger(__name__)
@@ -61,10 +61,9 @@ def adapt(stage: Stage, side: TextSide, U: torch.Tensor, strength: Optional[floa
 
 def agreement_target(check: Check) -> Optional[float]:
     """The cross-half agreement, k of n images, as (k + 1)/(n + 2) (rule of succession); None: none measured."""
-    stats = check.gate.stats if check.gate is not None else None
-    if not isinstance(stats, Replication):
+    if check.gate is None or check.gate.evidence is not Evidence.HALVES:
         return None
-    a, n = float(stats.agreement.candidate), int(stats.agreement.n)
+    a, n = float(check.gate.top1.candidate), int(check.gate.top1.n)
     return (a * n + 1.0) / (n + 2.0) if n else a
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Optional, Union
+from typing import Optional
 
 from svgen.selection import DEFAULT, Decision, Paired
 
@@ -54,43 +54,15 @@ def paired_json(p: Paired) -> dict:
 
 
 @dataclass(frozen=True)
-class HeldOutShots:
-    """Pool (candidate) against inductive (baseline) on held-out shots; ``gained``/``lost``: top-1 only one gets."""
+class Gate:
+    """One paired test of the pool (candidate) against the inductive predictor (baseline): top-1 (halves: agreement
+    with the other half's posterior), top-5, NLL (None: halves), the images only one gets right, failures, level."""
 
     top1: Paired
     top5: Paired
-    nll: Paired
-    gained: int
-    lost: int
-
-    def to_json(self) -> dict:
-        return {"images": self.top1.n, "top1": {**paired_json(self.top1), "gained": self.gained, "lost": self.lost},
-                "top5": paired_json(self.top5), "nll": paired_json(self.nll)}
-
-
-@dataclass(frozen=True)
-class Replication:
-    """How often a head adapted on one half (candidate) or the inductive head (baseline) has the other half's
-    posterior class first (``agreement``) or in its top 5 (``top5``)."""
-
-    agreement: Paired
-    top5: Paired
-    gained: int
-    lost: int
-
-    def to_json(self) -> dict:
-        a = self.agreement
-        return {"images": a.n, "agreement_pool": a.candidate, "agreement_inductive": a.baseline,
-                "difference": a.difference, "standard_error": a.standard_error, "gained": self.gained,
-                "lost": self.lost, "top5_agreement_pool": self.top5.candidate,
-                "top5_agreement_inductive": self.top5.baseline}
-
-
-@dataclass(frozen=True)
-class Gate:
-    """One paired test: its measures, the failures in words (none: passed), its level."""
-
-    stats: Union[HeldOutShots, Replication]
+    nll: Optional[Paired] = None
+    gained: int = 0
+    lost: int = 0
     failed: tuple = ()
     level: float = DEFAULT.level
 
@@ -100,14 +72,22 @@ class Gate:
 
     @property
     def evidence(self) -> Evidence:
-        return Evidence.SHOTS if isinstance(self.stats, HeldOutShots) else Evidence.HALVES
+        return Evidence.HALVES if self.nll is None else Evidence.SHOTS
 
     @property
     def message(self) -> Optional[str]:
         return "; ".join(self.failed) or None
 
     def to_json(self) -> dict:
-        return {**self.stats.to_json(), "adopt": self.passed, "reason": self.message,
+        a, out = self.top1, {"images": self.top1.n}
+        if self.nll is None:
+            out.update(agreement_pool=a.candidate, agreement_inductive=a.baseline, difference=a.difference,
+                       standard_error=a.standard_error, gained=self.gained, lost=self.lost,
+                       top5_agreement_pool=self.top5.candidate, top5_agreement_inductive=self.top5.baseline)
+        else:
+            out.update(top1={**paired_json(a), "gained": self.gained, "lost": self.lost},
+                       top5=paired_json(self.top5), nll=paired_json(self.nll))
+        return {**out, "adopt": self.passed, "reason": self.message,
                 "rule": RULES[self.evidence].format(level=self.level)}
 
 

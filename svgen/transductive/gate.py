@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Optional
 
 import numpy as np
@@ -20,7 +20,7 @@ from svgen.heads import predictor
 from svgen.selection import (DEFAULT, AdaptConfig, Paired, ahead, balanced_folds, behind, config_or_default,
                              paired)
 from svgen.state import TextSide
-from svgen.transductive.decision import Check, Evidence, Gate, HeldOutShots, Reason, Replication, fallback
+from svgen.transductive.decision import Check, Evidence, Gate, Reason, fallback
 from svgen.transductive.pool import Stage, transduce
 
 log = logging.getLogger(__name__)
@@ -53,50 +53,39 @@ def paired_gate(p_ind: np.ndarray, p_pool: np.ndarray, y: np.ndarray, level: flo
                 -np.log(np.maximum(p[np.arange(len(y)), y], 1e-300)))
 
     (a1, a5, an), (b1, b5, bn) = per_image(p_ind), per_image(p_pool)
-    stats = HeldOutShots(paired(b1, a1), paired(b5, a5), paired(bn, an), int((b1 > a1).sum()), int((b1 < a1).sum()))
-    return Gate(stats, shots_failures(stats, level), level)
-
-
-def negated(p: Paired) -> Paired:
-    """A paired comparison of costs (NLL) as one of scores (−NLL)."""
-    return Paired(-p.candidate, -p.baseline, -p.difference, p.standard_error, p.n)
-
-
-def shots_failures(s: HeldOutShots, level: float) -> tuple:
-    """Kept (no failure) iff ahead on top-1 and not behind on top-5 and −NLL."""
-    why = []
-    if not ahead(s.top1, level):
-        why.append(f"top-1 on held-out shots {100 * s.top1.candidate:.1f}% is not above the inductive "
-                   f"{100 * s.top1.baseline:.1f}% by more than {level:g} SE ({s.gained} gained, {s.lost} lost)")
-    if behind(s.top5, level):
-        why.append(f"top-5 {100 * s.top5.candidate:.1f}% is below the inductive {100 * s.top5.baseline:.1f}% by more "
-                   f"than {level:g} SE")
-    if behind(negated(s.nll), level):
-        why.append(f"NLL {s.nll.candidate:.3f} is above the inductive {s.nll.baseline:.3f} by more than {level:g} SE")
-    return tuple(why)
+    return judged(Gate(paired(b1, a1), paired(b5, a5), paired(bn, an), int((b1 > a1).sum()), int((b1 < a1).sum()),
+                       level=level))
 
 
 def replication_gate(agree_pool: np.ndarray, agree_ind: np.ndarray, agree5_pool: np.ndarray,
                      agree5_ind: np.ndarray, level: float = DEFAULT.level) -> Gate:
     """Per image of one half: whether the head adapted on the other half (``agree_pool``, top 5 ``agree5_pool``) or
     the inductive head agrees with this half's own posterior class."""
-    stats = Replication(paired(agree_pool, agree_ind), paired(agree5_pool, agree5_ind),
-                        int((agree_pool > agree_ind).sum()), int((agree_pool < agree_ind).sum()))
-    return Gate(stats, replication_failures(stats, level), level)
+    return judged(Gate(paired(agree_pool, agree_ind), paired(agree5_pool, agree5_ind), None,
+                       int((agree_pool > agree_ind).sum()), int((agree_pool < agree_ind).sum()), level=level))
 
 
-def replication_failures(s: Replication, level: float) -> tuple:
-    """Kept (no failure) iff ahead on agreement and not behind on top-5 agreement."""
-    why = []
-    a, a5 = s.agreement, s.top5
+def judged(g: Gate) -> Gate:
+    """``g`` with its failures: kept iff ahead on top-1 and not behind on top-5 and −NLL (:mod:`svgen.selection`)."""
+    why, level, a, a5, n = [], g.level, g.top1, g.top5, g.nll
+    if n is None:
+        if not ahead(a, level):
+            why.append(f"a head adapted on one half of the pool agrees with the other half's own posterior on "
+                       f"{100 * a.candidate:.1f}% of it, the inductive head on {100 * a.baseline:.1f}%: the pool's "
+                       f"structure does not replicate (not above by more than {level:g} SE)")
+        if behind(a5, level):
+            why.append(f"the adapted head's top 5 holds the other half's posterior class on {100 * a5.candidate:.2f}% "
+                       f"of it, the inductive head's on {100 * a5.baseline:.2f}%, more often by more than {level:g} SE")
+        return replace(g, failed=tuple(why))
     if not ahead(a, level):
-        why.append(f"a head adapted on one half of the pool agrees with the other half's own posterior on "
-                   f"{100 * a.candidate:.1f}% of it, the inductive head on {100 * a.baseline:.1f}%: the pool's "
-                   f"structure does not replicate (not above by more than {level:g} SE)")
+        why.append(f"top-1 on held-out shots {100 * a.candidate:.1f}% is not above the inductive "
+                   f"{100 * a.baseline:.1f}% by more than {level:g} SE ({g.gained} gained, {g.lost} lost)")
     if behind(a5, level):
-        why.append(f"the adapted head's top 5 holds the other half's posterior class on {100 * a5.candidate:.2f}% of "
-                   f"it, the inductive head's on {100 * a5.baseline:.2f}%, more often by more than {level:g} SE")
-    return tuple(why)
+        why.append(f"top-5 {100 * a5.candidate:.1f}% is below the inductive {100 * a5.baseline:.1f}% by more than "
+                   f"{level:g} SE")
+    if behind(Paired(-n.candidate, -n.baseline, -n.difference, n.standard_error, n.n), level):   # −NLL
+        why.append(f"NLL {n.candidate:.3f} is above the inductive {n.baseline:.3f} by more than {level:g} SE")
+    return replace(g, failed=tuple(why))
 
 
 def fit_pool_weight(g: np.ndarray, z: np.ndarray, y: np.ndarray, tol: float = 1e-7) -> float:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import ast
 import importlib.util
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -25,8 +26,8 @@ from svgen import SVGClassifier
 from svgen.transductive import adapt as pool_adapt
 from svgen.transductive import gate as pool_gate
 from svgen.transductive import solve as td
-from svgen.selection import DEFAULT, Decision, Paired
-from svgen.transductive.decision import (KEPT, Check, Evidence, Gate, HeldOutShots, Reason, Replication, fallback,
+from svgen.selection import Decision, Paired
+from svgen.transductive.decision import (KEPT, Check, Evidence, Gate, Reason, fallback,
                                          pool_evidence, pool_kept, refuse)
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -74,14 +75,13 @@ def _gate(c: dict) -> Gate:
     """The recorded numbers judged by the rule of the day (at the default level)."""
     n = c["images"]
     if "top1" in c:
-        stats = HeldOutShots(_paired(c["top1"], n), _paired(c["top5"], n), _paired(c["nll"], n),
-                             c["top1"]["gained"], c["top1"]["lost"])
-        return Gate(stats, pool_gate.shots_failures(stats, DEFAULT.level))
+        return pool_gate.judged(Gate(_paired(c["top1"], n), _paired(c["top5"], n), _paired(c["nll"], n),
+                                     c["top1"]["gained"], c["top1"]["lost"]))
     p5, i5 = c["top5_agreement_pool"], c["top5_agreement_inductive"]
     assert p5 == i5   # (the record has no top-5 SE: every golden halves case has equal top-5 agreements)
-    stats = Replication(Paired(c["agreement_pool"], c["agreement_inductive"], c["difference"], c["standard_error"], n),
-                        Paired(p5, i5, 0.0, 0.0, n), c["gained"], c["lost"])
-    return Gate(stats, pool_gate.replication_failures(stats, DEFAULT.level))
+    return pool_gate.judged(Gate(Paired(c["agreement_pool"], c["agreement_inductive"], c["difference"],
+                                        c["standard_error"], n), Paired(p5, i5, 0.0, 0.0, n), None, c["gained"],
+                                 c["lost"]))
 
 
 def _decision(record: dict) -> Decision:
@@ -130,7 +130,7 @@ def test_the_refused_golden_case_is_a_tie():
     """v4: 3 held-out shots gained, 1 lost of 24: top-1 exactly 1 SE above the inductive predictor, a tie, which is
     not ahead (the sign test refused it too, at p = 0.31)."""
     d = _decision(golden_record("v4_shots_pool_refused"))
-    top1 = d.evidence.gate.stats.top1
+    top1 = d.evidence.gate.top1
     assert top1.difference == pytest.approx(top1.standard_error, rel=1e-12)
     assert d.why.startswith("top-1 on held-out shots 91.7% is not above the inductive 83.3% by more than 1 SE")
 
@@ -213,7 +213,7 @@ def test_a_half_that_does_not_adapt(decisions):
 
 def test_the_halves_say_no(decisions, monkeypatch):
     real = pool_gate.replication_gate
-    monkeypatch.setattr(pool_gate, "replication_gate", lambda *a, **k: Gate(real(*a, **k).stats, ("said no",)))
+    monkeypatch.setattr(pool_gate, "replication_gate", lambda *a, **k: replace(real(*a, **k), failed=("said no",)))
     text, images = make_golden.problem(0)
     U, _ = images(10)
     SVGClassifier(n_support=2, seed=0).fit(text).adapt(unlabelled=U)
@@ -223,9 +223,9 @@ def test_the_halves_say_no(decisions, monkeypatch):
 
 
 def test_the_final_solve_that_does_not_settle(decisions, monkeypatch):
-    stats = Replication(Paired(0.9, 0.5, 0.4, 0.01, 0), Paired(1.0, 1.0, 0.0, 0.0, 0), 9, 0)
+    gate = Gate(Paired(0.9, 0.5, 0.4, 0.01, 0), Paired(1.0, 1.0, 0.0, 0.0, 0), None, 9, 0)
     monkeypatch.setattr(pool_gate, "check_without_shots", lambda stage, side, U, strength, progress=False, config=None:
-                        Check(Evidence.HALVES, stage.default_head, Gate(stats)))
+                        Check(Evidence.HALVES, stage.default_head, gate))
     _never_settles(monkeypatch)
     text, images = make_golden.problem(0)
     U, _ = images(10)

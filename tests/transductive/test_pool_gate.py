@@ -9,7 +9,7 @@ import torch
 
 from svgen import SVGClassifier
 from svgen.transductive import gate as pool_gate
-from svgen.transductive.decision import Gate
+from dataclasses import replace
 
 C, D = 6, 24
 
@@ -72,11 +72,11 @@ def test_paired_gate_by_hand():
     p_ind = 0.5 * eye[np.tile([1, 1, 2, 1], rep)] + 0.5 / 6            # right on 2 of 4
     p_pool = 0.5 * eye[np.tile([0, 1, 2, 1], rep)] + 0.5 / 6           # right on 3 of 4, same confidence
     g = pool_gate.paired_gate(p_ind, p_pool, y)
-    assert g.passed and g.stats.top1.difference == pytest.approx(0.25)
+    assert g.passed and g.top1.difference == pytest.approx(0.25)
     nll = lambda p: float(np.mean(-np.log(p[np.arange(len(y)), y])))           # noqa: E731
-    assert g.stats.nll.candidate == pytest.approx(nll(p_pool)) and g.stats.nll.baseline == pytest.approx(nll(p_ind))
+    assert g.nll.candidate == pytest.approx(nll(p_pool)) and g.nll.baseline == pytest.approx(nll(p_ind))
     d = -np.log(p_pool[np.arange(len(y)), y]) + np.log(p_ind[np.arange(len(y)), y])
-    assert g.stats.nll.standard_error == pytest.approx(d.std(ddof=1) / np.sqrt(len(d)))
+    assert g.nll.standard_error == pytest.approx(d.std(ddof=1) / np.sqrt(len(d)))
     # the same argmaxes but the pool's probabilities nearly certain: more right, yet its NLL is far worse
     sharp = 0.999999 * eye[np.tile([0, 1, 2, 1], rep)] + 1e-6 / 6
     s = pool_gate.paired_gate(p_ind, sharp, y)
@@ -112,7 +112,7 @@ def test_the_pool_test_is_the_selection_test(seed, level):
         return (top[:, 0] == y), (top[:, :5] == y[:, None]).any(1), -np.log(p[np.arange(n), y])
 
     (a1, a5, an), (b1, b5, bn) = per_image(p_ind), per_image(p_pool)
-    assert g.stats.top1 == paired(b1, a1) and g.stats.top5 == paired(b5, a5) and g.stats.nll == paired(bn, an)
+    assert g.top1 == paired(b1, a1) and g.top5 == paired(b5, a5) and g.nll == paired(bn, an)
     want = ahead(paired(b1, a1), level) and not behind(paired(b5, a5), level) and not behind(paired(-bn, -an), level)
     assert g.passed == want
     assert g.to_json()["rule"].count(f"by more than {level:g} SE") == 2 and "sign" not in json.dumps(g.to_json())
@@ -127,8 +127,8 @@ def test_a_tie_is_not_ahead_and_the_level_is_the_configs():
     pool[20:23] = _right_on(24)[20:23]    # gains the shots 20-22 ...
     pool[0] = _right_on(0)[0]             # ... and loses shot 0
     tie = pool_gate.paired_gate(ind, pool, y)
-    assert tie.stats.top1.difference == pytest.approx(tie.stats.top1.standard_error, rel=1e-12)
-    assert (tie.stats.gained, tie.stats.lost) == (3, 1) and not tie.passed and "not above" in tie.message
+    assert tie.top1.difference == pytest.approx(tie.top1.standard_error, rel=1e-12)
+    assert (tie.gained, tie.lost) == (3, 1) and not tie.passed and "not above" in tie.message
     for level, kept in ((1.0, True), (2.0, True), (2.5, False)):
         assert pool_gate.paired_gate(_right_on(20), _right_on(24), y, level).passed is kept, level
     too_few = pool_gate.paired_gate(_right_on(20), _right_on(24), y, 2.5)
@@ -181,7 +181,7 @@ def test_replication_gate_by_hand():
     ones, zeros = np.ones(40, bool), np.zeros(40, bool)
     more = np.r_[ones[:30], zeros[:10]]
     g = pool_gate.replication_gate(more, np.r_[ones[:20], zeros[:20]], ones, ones)
-    assert g.passed and g.stats.agreement.difference == pytest.approx(0.25)
+    assert g.passed and g.top1.difference == pytest.approx(0.25)
     same = pool_gate.replication_gate(more, more, ones, ones)
     assert not same.passed and "does not replicate" in same.message
     top5_lost = pool_gate.replication_gate(ones, zeros, zeros, ones)
@@ -330,7 +330,7 @@ def test_pool_with_shots_refused_keeps_every_head(monkeypatch):
     clf = SVGClassifier(n_support=2, steps=5, seed=0).fit(protos).adapt(X, ys)
     ref = SVGClassifier(n_support=2, steps=5, seed=0).fit(protos).adapt(X, ys)
     real = pool_gate.paired_gate
-    monkeypatch.setattr(pool_gate, "paired_gate", lambda *a: Gate(real(*a).stats, ("said no",)))
+    monkeypatch.setattr(pool_gate, "paired_gate", lambda *a, **k: replace(real(*a, **k), failed=("said no",)))
     clf.adapt(unlabelled=U)
     assert clf.transductive_["fallback"] == "said no; kept the inductive heads"
     assert clf.default_head_ == ref.default_head_

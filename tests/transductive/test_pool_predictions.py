@@ -39,11 +39,13 @@ def files(tmp_path):
 def _gate(monkeypatch, adopt: bool):
     from svgen.transductive import gate as pool_gate
     from svgen.selection import Paired
-    from svgen.transductive.decision import Check, Evidence, Gate, Replication
+    from svgen.transductive.decision import Check, Evidence, Gate
 
-    stats = Replication(Paired(0.9, 0.5, 0.4, 0.01, 0), Paired(1.0, 1.0, 0.0, 0.0, 0), 9, 0)
+    from dataclasses import replace
+
+    gate = Gate(Paired(0.9, 0.5, 0.4, 0.01, 0), Paired(1.0, 1.0, 0.0, 0.0, 0), None, 9, 0)
     monkeypatch.setattr(pool_gate, "check_without_shots", lambda stage, side, U, strength, progress=False, config=None: Check(
-        Evidence.HALVES, stage.default_head, Gate(stats, () if adopt else ("the test refuses the pool",))))
+        Evidence.HALVES, stage.default_head, replace(gate, failed=() if adopt else ("the test refuses the pool",))))
 
 
 def _jsonl(out):

@@ -55,16 +55,16 @@ def gate_open(monkeypatch):
     and the linear head are then multiplied by the pool's likelihood to the power 1."""
     from svgen.transductive import gate as pool_gate
     from svgen.selection import Paired
-    from svgen.transductive.decision import Check, Evidence, Gate, HeldOutShots, Replication
+    from svgen.transductive.decision import Check, Evidence, Gate
 
     same = Paired(0.5, 0.5, 0.0, 0.0, 10)
-    shots = Gate(HeldOutShots(same, same, same, 5, 0))
+    shots = Gate(same, same, same, 5, 0)
 
     def with_shots(stage, side, U, strength, progress=False, config=None):
         return Check(Evidence.SHOTS, stage.default_head, shots, powers={stage.default_head: 1.0, "linear": 1.0})
 
     monkeypatch.setattr(pool_gate, "check_without_shots", lambda stage, side, U, strength, progress=False, config=None: Check(
-        Evidence.HALVES, stage.default_head, Gate(Replication(same, same, 5, 0))))
+        Evidence.HALVES, stage.default_head, Gate(same, same, None, 5, 0)))
     monkeypatch.setattr(pool_gate, "check_with_shots", with_shots)
 
 
