@@ -4,7 +4,8 @@
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, replace
+from collections import namedtuple
+from dataclasses import replace
 from typing import Optional
 
 import numpy as np
@@ -21,6 +22,7 @@ from svgen.selection import (DEFAULT, AdaptConfig, Paired, ahead, balanced_folds
                              paired)
 from svgen.state import TextSide
 from svgen.transductive.decision import Check, Evidence, Gate, Reason, fallback
+from svgen.transductive import solve as td
 from svgen.transductive.pool import Stage, transduce
 
 log = logging.getLogger(__name__)
@@ -121,23 +123,8 @@ def pool_parts(record: dict, linear, W0: torch.Tensor, b0: torch.Tensor):
     return linear.weight.double() - k * W0.double(), linear.bias.double() - k * b0.double()
 
 
-def _steps(items, progress: bool, what: str):
-    if not progress:
-        return items
-    from tqdm.auto import tqdm
-
-    return tqdm(items, desc=f"checking the pool ({what})", unit="fold", leave=False)
-
-
-@dataclass
-class HeldOut:
-    """One fold's held-out shots: the pool's log-likelihood ``g`` at them; per head role its probabilities and
-    calibrated log-probabilities."""
-
-    rows: np.ndarray
-    g: np.ndarray
-    probs: dict
-    logp: dict
+# one fold's held-out shots: the pool's log-likelihood g at them; per head role, probabilities and log-probabilities
+HeldOut = namedtuple("HeldOut", "rows g probs logp")
 
 
 def check_with_shots(stage: Stage, side: TextSide, U: torch.Tensor, strength: Optional[float],
@@ -153,7 +140,7 @@ def check_with_shots(stage: Stage, side: TextSide, U: torch.Tensor, strength: Op
         return Check(Evidence.SHOTS, head, stopped=Reason.NO_HELD_OUT_SHOTS,
                      why="one shot in all: no held-out shots to check a pool on")
     parts = []
-    for held in _steps(folds, progress, "held-out shots"):
+    for held in td.bar(folds, progress, desc="checking the pool (held-out shots)", unit="fold", leave=False):
         keep = np.setdiff1d(np.arange(len(y)), held)
         shots = image_rows(X[keep], torch.from_numpy(y[keep]), C, D)
         fit = shot_adapt.adapt(stage.zero_shot, shots, side, tilt_shotless=False)   # every class has shots
@@ -207,7 +194,8 @@ def check_without_shots(stage: Stage, side: TextSide, U: torch.Tensor, strength:
     with torch.no_grad():
         ind = top5(predictor.scores(stage.heads, P, kind, U, head))
         adapted = []
-        for rows in _steps(halves, progress, "halves of the pool"):
+        for rows in td.bar(halves, progress, desc="checking the pool (halves of the pool)", unit="fold",
+                           leave=False):
             fit = transduce(stage, side, U[rows], strength, progress=False, config=cfg)
             if not fit.decision.kept:
                 return Check(Evidence.HALVES, head, stopped=Reason.HALF_DID_NOT_ADAPT,

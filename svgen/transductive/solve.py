@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 import math
-from dataclasses import dataclass, field
+from collections import namedtuple
 from typing import Optional
 
 import torch
@@ -21,13 +21,8 @@ KNN_BLOCK = 2048
 CALIBRATION_ROWS = 2048      # the temperature matches look at this many evenly spaced pool rows at most
 
 
-@dataclass
-class Transduction:
-    labels: torch.Tensor              # N×C soft labels
-    weight: torch.Tensor              # C×D: W = μ/v (or μ Σ⁻¹)
-    bias: torch.Tensor                # C
-    info: dict = field(default_factory=dict)
-    logits: Optional[torch.Tensor] = None   # labels = softmax(logits)
+# N×C soft labels = softmax(logits); the class model as a linear head (C×D weight W = μ/v or μ Σ⁻¹, C bias); record
+Transduction = namedtuple("Transduction", "labels weight bias info logits")
 
 
 def prior_strength(n_pool: int, n_classes: int, n_shots: int = 0) -> float:
@@ -40,6 +35,15 @@ def too_small(n_pool: int, n_classes: int, config: Optional[AdaptConfig] = None)
     if n_pool < config_or_default(config).min_pool_per_class * n_classes:
         return refuse(Reason.POOL_TOO_SMALL, f"pool of {n_pool} unlabelled images is smaller than the {n_classes} classes")
     return None
+
+
+def bar(items, progress: bool, **kw):
+    """``items`` under a tqdm progress bar when ``progress``."""
+    if not progress:
+        return items
+    from tqdm.auto import tqdm
+
+    return tqdm(items, **kw)
 
 
 def _entropy(logits: torch.Tensor) -> float:
@@ -105,22 +109,14 @@ def gmm_head(mu: torch.Tensor, var: torch.Tensor, precision: Optional[torch.Tens
 
 def class_model(U, Z, shots_x, shots_y, means, kappa: float):
     """(μ C×D, v D): soft class means with κ prior pseudo-images, one shared diagonal variance."""
-    C, D = means.shape
-    zs = Z.sum(dim=0)
-    ZU = Z.T @ U
-    SX = torch.zeros(C, D, dtype=U.dtype)
-    nX = torch.zeros(C, dtype=U.dtype)
-    has_shots = shots_x is not None and len(shots_x)
-    if has_shots:
-        SX.index_add_(0, shots_y, shots_x)
-        nX = torch.bincount(shots_y, minlength=C).to(U.dtype)
+    if shots_x is None:
+        shots_x, shots_y = U.new_zeros(0, U.shape[1]), torch.zeros(0, dtype=torch.int64)
+    zs, ZU = Z.sum(dim=0), Z.T @ U
+    SX = torch.zeros(means.shape, dtype=U.dtype).index_add_(0, shots_y, shots_x)
+    nX = torch.bincount(shots_y, minlength=means.shape[0]).to(U.dtype)
     mu = (ZU + SX + kappa * means) / (zs + nX + kappa)[:, None]
-    var = (U * U).sum(dim=0) - 2 * (mu * ZU).sum(dim=0) + (zs[:, None] * mu * mu).sum(dim=0)
-    n = U.shape[0]
-    if has_shots:
-        var = var + ((shots_x - mu[shots_y]) ** 2).sum(dim=0)
-        n += shots_x.shape[0]
-    var = var / n
+    var = ((U * U).sum(dim=0) - 2 * (mu * ZU).sum(dim=0) + (zs[:, None] * mu * mu).sum(dim=0)
+           + ((shots_x - mu[shots_y]) ** 2).sum(dim=0)) / (U.shape[0] + shots_x.shape[0])
     return mu, var.clamp_min(1e-3 * float(var.clamp_min(0).mean()) + 1e-12)
 
 
@@ -148,12 +144,7 @@ def transduce(U: torch.Tensor, prior_logits: torch.Tensor, means: torch.Tensor, 
     prec = None if precision is None else precision.float()
     Z = torch.softmax(logp0 / temperature, dim=1)
     agreement = []
-    it = range(cfg.rounds)
-    if progress:
-        from tqdm.auto import tqdm
-
-        it = tqdm(it, desc="transductive rounds", unit="round")
-    for _ in it:
+    for _ in bar(range(cfg.rounds), progress, desc="transductive rounds", unit="round"):
         W, b = gmm_head(*class_model(U, Z, sx, shots_y, means.float(), cfg.prior_pseudo_images), prec)
         base = U @ W.T + b
         if beta:
