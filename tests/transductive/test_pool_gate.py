@@ -2,6 +2,7 @@
 hand computations, and end to end: a pool that helps is kept, one that cannot help changes nothing."""
 
 import json
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -9,7 +10,6 @@ import torch
 
 from svgen import SVGClassifier
 from svgen.transductive import gate as pool_gate
-from dataclasses import replace
 
 C, D = 6, 24
 
