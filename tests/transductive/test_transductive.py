@@ -567,3 +567,34 @@ def test_adapting_again_restores_the_inductive_probabilities(tmp_path, gate_open
         assert (dict(c.temperatures_), c.kernel_logits_, c.calibration_["method"]) == before
         np.testing.assert_allclose(c.predict_proba(U, "kernel"), p_before[0], rtol=1e-5, atol=1e-7)
         np.testing.assert_allclose(c.predict_proba(U, "linear"), p_before[1], rtol=1e-5, atol=1e-7)
+
+
+def test_the_config_reaches_every_setting_of_the_pool_stage(data, gate_open):
+    """AdaptConfig is threaded from transductive.adapt.adapt down (issue 38): the escalation settings shape the tries,
+    the smallest pool per class decides what is too small, and the level is the check's."""
+    from svgen.selection import AdaptConfig
+    from svgen.transductive import adapt as pool_adapt
+
+    clf = SVGClassifier(n_support=2, steps=5, seed=0).fit(data["protos"])
+    U = torch.nn.functional.normalize(torch.as_tensor(data["U"]), dim=-1)
+    never = AdaptConfig(stable=1.5, escalate=2.0, max_escalations=1, rounds=2)
+    fit = pool_adapt.adapt(clf._stage(), clf._side(), U, strength=0.5, config=never)
+    assert "did not settle" in fit.record["fallback"]
+    assert [t["prior_strength"] for t in fit.record["tries"]] == [0.5, 1.0]
+    assert all(t["rounds"] == 2 for t in fit.record["tries"])
+    assert "smaller than" in pool_adapt.adapt(clf._stage(), clf._side(), U[:C - 1]).record["fallback"]
+    assert td.too_small(C - 1, C) is not None and td.too_small(C - 1, C, AdaptConfig(min_pool_per_class=0.5)) is None
+
+
+def test_the_level_is_the_configs(data):
+    """The pool check's one level comes from the config: a pool kept at 1 SE is refused at a level no data reaches."""
+    from svgen.selection import AdaptConfig
+    from svgen.transductive import adapt as pool_adapt
+
+    rng, centres, protos, U, _ = _clusters(7, 1.6, 30, 0.5)
+    clf = SVGClassifier(n_support=2, steps=5, seed=0).fit(protos)
+    U = torch.nn.functional.normalize(torch.as_tensor(U), dim=-1)
+    assert pool_adapt.adapt(clf._stage(), clf._side(), U).decision.kept
+    strict = pool_adapt.adapt(clf._stage(), clf._side(), U, config=AdaptConfig(level=1e6))
+    assert not strict.decision.kept and "by more than 1e+06 SE" in strict.record["fallback"]
+    assert "by more than 1e+06 SE" in strict.record["check"]["rule"]
