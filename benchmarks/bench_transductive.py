@@ -183,13 +183,16 @@ def run_lvis(log):
     correct, info = evaluate(clf, U, P, yv)
     if info["fallback"]:
         # diagnostic, not a default: what the solve would have done without the fall-back
-        from svgen.transductive import solve as td
+        from dataclasses import replace
 
-        keep, td.MIN_POOL_PER_CLASS = td.MIN_POOL_PER_CLASS, 0.0
+        from svgen import selection
+
+        keep = selection.DEFAULT
+        selection.DEFAULT = replace(keep, min_pool_per_class=0.0)
         try:
             clf.adapt(unlabelled=U)
         finally:
-            td.MIN_POOL_PER_CLASS = keep
+            selection.DEFAULT = keep
         correct["forced_labels"] = (np.asarray(clf.transductive_labels_).argmax(1) == yv).astype(float)
         correct["forced_kernel"] = (np.asarray(clf.decision_function(U, "kernel")).argmax(1) == yv).astype(float)
         correct["forced_linear"] = (np.asarray(clf.decision_function(U, "linear")).argmax(1) == yv).astype(float)

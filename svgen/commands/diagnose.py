@@ -46,6 +46,7 @@ def run(args) -> int:
     geometry = (meta.get("metrics") or {}).get("geometry")
     report["geometry"] = geometry  # the text-metric decision made at fit time (None: older artifact)
     from svgen.evaluation.diagnostics import deployed_kernel, describe_deployed
+    from svgen.transductive.decision import Evidence, pool_evidence
 
     report["deployed"] = deployed_kernel(meta, t)  # None: the text kernel measured here is the one deployed
     from svgen.evaluation.heldout import findings as head_findings
@@ -70,7 +71,8 @@ def run(args) -> int:
                                     f"linear head — {geometry.get('reason', '')}"))
     for name, value in rows:
         print(f"  {name:<32} {value}")
-    for line in describe_deployed(report["deployed"]) if report["deployed"] else ():
+    halves = pool_evidence(meta.get("transductive")) is Evidence.HALVES
+    for line in describe_deployed(report["deployed"], halves) if report["deployed"] else ():
         print(line)
     print("findings:" if report["findings"] else "findings: none — the kernel looks healthy")
     for f in report["findings"]:

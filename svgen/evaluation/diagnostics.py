@@ -178,8 +178,9 @@ def deployed_kernel(meta: Dict, tensors: Dict) -> Optional[Dict]:
     return out
 
 
-def describe_deployed(d: Dict) -> List[str]:
-    """Plain lines for :func:`deployed_kernel`'s dict (``svgen diagnose``)."""
+def describe_deployed(d: Dict, halves: bool) -> List[str]:
+    """Plain lines for :func:`deployed_kernel`'s dict (``svgen diagnose``); ``halves``: the pool was checked on halves
+    of itself (the caller reads that from the record, ``svgen.transductive.decision.pool_evidence``)."""
     rows = ", ".join(f"{n} {c}" for n, c in d["rows_by_source"].items())
     lines = [f"deployed kernel head: {d['rows']} support rows ({rows}), σ={d['sigma']:.4g} "
              f"(the generated text kernel measured above: σ={d['text_sigma']:.4g})"]
@@ -216,7 +217,7 @@ def describe_deployed(d: Dict) -> List[str]:
             why = f"kept on {td['evidence']}; " if td.get("evidence") else ""
             head = f"; default head: {td['default_head']}" if td.get("default_head") else ""
             changed = (f"linear head {td.get('linear') or 're-solved'}; kernel vote {kept}"
-                       if not factor or td.get("evidence") == "halves of the pool"
+                       if not factor or halves
                        else "× the pool's class likelihood to a power: " + ", ".join(
                            f"{h} head^{a:.3g}" for h, a in factor.items()) + "; the other heads as they were")
             lines.append(f"  transductive pool of {td['pool']} ({why}{td.get('rounds')} round(s), prior strength "

@@ -1,115 +1,70 @@
-"""Whether a pool is kept, as typed values: a :class:`Decision` with a :class:`Reason`, and the check's evidence.
-
-The stages (:mod:`svgen.transductive.adapt`, :mod:`svgen.transductive.gate`, :mod:`svgen.transductive.pool`) decide
-on these values; the ``svgen.json`` ``transductive`` record (its ``fallback`` message and ``check`` block) is written
-from them by :meth:`Decision.to_json` as output only, and never read back to steer anything. An artifact that was
-loaded has only its record: :func:`pool_kept` and :func:`pool_evidence` are the one place that reads it.
-"""
+"""Whether a pool is kept, as typed values (a :class:`svgen.selection.Decision` with a :class:`Reason` and the
+:class:`Check`); the ``svgen.json`` record is written from them and read back only by :func:`pool_kept`/:func:`pool_evidence`."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Optional, Union
+from typing import Optional
+
+from svgen.selection import DEFAULT, Decision, Paired
 
 KEPT_INDUCTIVE = "; kept the inductive heads"   # closes every refusal's message
 
 
 class Evidence(Enum):
-    """What the check scored a pool on (the value is the record's ``check.evidence``)."""
+    """What the check scored a pool on (the record's ``check.evidence``)."""
 
-    SHOTS = "held-out shots as pool members"   # labelled shots held out and made pool members
-    HALVES = "halves of the pool"              # no labels: whether one half's structure replicates in the other
+    SHOTS = "held-out shots as pool members"
+    HALVES = "halves of the pool"
 
 
 class Reason(Enum):
     """Why a pool was kept or refused: one member per exit."""
 
     KEPT = "kept"
-    POOL_TOO_SMALL = "pool too small"                 # fewer pool images than classes (solve.too_small)
-    CLASSES_WITHOUT_SHOTS = "classes without shots"   # shots for only some classes (adapt.adapt)
-    NO_HELD_OUT_SHOTS = "no held-out shots"           # one shot in all (gate.check_with_shots)
-    FOLD_DID_NOT_ADAPT = "a fold did not adapt"       # the pool refused without a fold of the shots (gate)
-    HALF_DID_NOT_ADAPT = "a half did not adapt"       # half of the pool alone refused (gate.check_without_shots)
-    SHOTS_CHECK_FAILED = "held-out shots said no"     # the paired test on held-out shots (gate.paired_gate)
-    HALVES_CHECK_FAILED = "halves said no"            # the replication test (gate.replication_gate)
-    DID_NOT_SETTLE = "rounds did not settle"          # the transduction's rounds (pool.transduce)
+    POOL_TOO_SMALL = "pool too small"
+    CLASSES_WITHOUT_SHOTS = "classes without shots"
+    NO_HELD_OUT_SHOTS = "no held-out shots"
+    FOLD_DID_NOT_ADAPT = "a fold did not adapt"
+    HALF_DID_NOT_ADAPT = "a half did not adapt"
+    SHOTS_CHECK_FAILED = "held-out shots said no"
+    HALVES_CHECK_FAILED = "halves said no"
+    DID_NOT_SETTLE = "rounds did not settle"
+
+    @staticmethod
+    def record(decision: Decision) -> dict:
+        """The record's ``fallback`` and, where a check ran, its ``check`` block."""
+        check = decision.evidence
+        return {"fallback": fallback(decision), **({"check": check.to_json()} if check is not None else {})}
 
 
 RULES = {
-    Evidence.SHOTS: "kept if top-1 on the held-out shots (unlabelled pool members) is above the inductive "
-                    "predictor's beyond chance (exact sign test on the shots only one of them gets right, one-sided "
-                    "p < 0.159, the level of '1 SE'), and top-5 and NLL are not worse by more than 1 SE (paired)",
+    Evidence.SHOTS: "kept if top-1 on the held-out shots (unlabelled pool members) is above the inductive predictor's "
+                    "by more than {level:g} SE, and top-5 and NLL are not worse by more than {level:g} SE (paired)",
     Evidence.HALVES: "kept if a head adapted on one half of the pool agrees with the other half's transductive "
-                     "posterior (argmax) more often than the inductive head beyond chance (exact sign test, one-sided "
-                     "p < 0.159, the level of '1 SE'), and its top 5 holds "
-                     "that class not less often by more than 1 SE (paired, both directions)"}
+                     "posterior (argmax) more often than the inductive head by more than {level:g} SE, and its top 5 "
+                     "holds that class not less often by more than {level:g} SE (paired, both directions)"}
 FACTOR = "p_head(x) ∝ p_head_inductive(x) · exp(a_head · pool Gaussian log-likelihood(x))"
 
 
-@dataclass(frozen=True)
-class Paired:
-    """One measure of the inductive and the pool-adapted predictor on the same images: their means, the mean paired
-    difference (pool − inductive) and its standard error."""
-
-    inductive: float
-    pool: float
-    difference: float
-    standard_error: float
-
-    def to_json(self) -> dict:
-        return {"inductive": self.inductive, "pool": self.pool, "difference": self.difference,
-                "standard_error": self.standard_error}
-
-
-@dataclass(frozen=True)
-class HeldOutShots:
-    """The paired measures on held-out shots (:func:`svgen.transductive.gate.paired_gate`): top-1 (with the shots
-    only the pool gets right, ``gained``, or only the inductive predictor, ``lost``, and the sign test's p), top-5, NLL."""
-
-    images: int
-    top1: Paired
-    top5: Paired
-    nll: Paired
-    gained: int
-    lost: int
-    sign_test_p: float
-
-    def to_json(self) -> dict:
-        return {"images": self.images,
-                "top1": {**self.top1.to_json(), "gained": self.gained, "lost": self.lost,
-                         "sign_test_p": self.sign_test_p},
-                "top5": self.top5.to_json(), "nll": self.nll.to_json()}
-
-
-@dataclass(frozen=True)
-class Replication:
-    """The cross-half agreement (:func:`svgen.transductive.gate.replication_gate`): how often a head adapted on one half
-    of the pool (``agreement.pool``) or the inductive head (``agreement.inductive``) has the other half's posterior
-    class first, the sign test on where they differ, and how often within its top 5."""
-
-    images: int
-    agreement: Paired
-    gained: int
-    lost: int
-    sign_test_p: float
-    top5_pool: float
-    top5_inductive: float
-
-    def to_json(self) -> dict:
-        return {"images": self.images, "agreement_pool": self.agreement.pool,
-                "agreement_inductive": self.agreement.inductive, "difference": self.agreement.difference,
-                "standard_error": self.agreement.standard_error, "gained": self.gained, "lost": self.lost,
-                "sign_test_p": self.sign_test_p, "top5_agreement_pool": self.top5_pool,
-                "top5_agreement_inductive": self.top5_inductive}
+def paired_json(p: Paired) -> dict:
+    return {"inductive": p.baseline, "pool": p.candidate, "difference": p.difference,
+            "standard_error": p.standard_error}
 
 
 @dataclass(frozen=True)
 class Gate:
-    """One paired acceptance test: its measures and the tests it failed, in words (none: passed)."""
+    """One paired test of the pool (candidate) against the inductive predictor (baseline): top-1 (halves: agreement
+    with the other half's posterior), top-5, NLL (None: halves), the images only one gets right, failures, level."""
 
-    stats: Union[HeldOutShots, Replication]
+    top1: Paired
+    top5: Paired
+    nll: Optional[Paired] = None
+    gained: int = 0
+    lost: int = 0
     failed: tuple = ()
+    level: float = DEFAULT.level
 
     @property
     def passed(self) -> bool:
@@ -117,21 +72,29 @@ class Gate:
 
     @property
     def evidence(self) -> Evidence:
-        return Evidence.SHOTS if isinstance(self.stats, HeldOutShots) else Evidence.HALVES
+        return Evidence.HALVES if self.nll is None else Evidence.SHOTS
 
     @property
     def message(self) -> Optional[str]:
         return "; ".join(self.failed) or None
 
     def to_json(self) -> dict:
-        return {**self.stats.to_json(), "adopt": self.passed, "reason": self.message, "rule": RULES[self.evidence]}
+        a, out = self.top1, {"images": self.top1.n}
+        if self.nll is None:
+            out.update(agreement_pool=a.candidate, agreement_inductive=a.baseline, difference=a.difference,
+                       standard_error=a.standard_error, gained=self.gained, lost=self.lost,
+                       top5_agreement_pool=self.top5.candidate, top5_agreement_inductive=self.top5.baseline)
+        else:
+            out.update(top1={**paired_json(a), "gained": self.gained, "lost": self.lost},
+                       top5=paired_json(self.top5), nll=paired_json(self.nll))
+        return {**out, "adopt": self.passed, "reason": self.message,
+                "rule": RULES[self.evidence].format(level=self.level)}
 
 
 @dataclass(frozen=True)
 class Check:
-    """The pool check: what it scored (``evidence``) for which head, and either its test (``gate``) or, where it
-    stopped before one, why (``stopped``, ``why``). With shots also the pool's powers (head → a), the cross-fitted
-    ones, and the tests of heads named alone (``named_heads``, head → :class:`Gate`)."""
+    """The pool check: its evidence and head, and its test (``gate``) or why it stopped before one; with shots the
+    powers (head → a), the cross-fitted ones and the tests of heads named alone."""
 
     evidence: Evidence
     head: str
@@ -146,18 +109,13 @@ class Check:
         if (self.gate is None) == (self.stopped is None):
             raise ValueError("a check has either a test or a reason it stopped before one")
 
-    @property
-    def passed(self) -> bool:
-        return self.gate is not None and self.gate.passed
-
-    def decision(self) -> "Decision":
-        """Kept where the test passed; else refused for the reason the check stopped or failed."""
-        if self.passed:
-            return Decision(True, Reason.KEPT, check=self)
+    def decision(self) -> Decision:
         if self.gate is None:
-            return Decision(False, self.stopped, self.why, self)
+            return refuse(self.stopped, self.why, self)
+        if self.gate.passed:
+            return Decision(True, Reason.KEPT, self, level=self.gate.level)
         failed = Reason.SHOTS_CHECK_FAILED if self.evidence is Evidence.SHOTS else Reason.HALVES_CHECK_FAILED
-        return Decision(False, failed, self.gate.message, self)
+        return Decision(False, failed, self, self.gate.message, self.gate.level)
 
     def to_json(self) -> dict:
         base = {"evidence": self.evidence.value, "head": self.head}
@@ -170,44 +128,26 @@ class Check:
         return out
 
 
-@dataclass(frozen=True)
-class Decision:
-    """Whether a pool changes the heads (``kept``), the :class:`Reason`, the cause in words (``why``, without the
-    closing ":data:`KEPT_INDUCTIVE`"; None when kept) and the check's evidence where one ran."""
+def refuse(reason: Reason, why: str, check: Optional[Check] = None) -> Decision:
+    if reason is Reason.KEPT or not why:
+        raise ValueError(f"inconsistent refusal: reason={reason}, why={why!r}")
+    return Decision(False, reason, check, why)
 
-    kept: bool
-    reason: Reason
-    why: Optional[str] = None
-    check: Optional[Check] = None
 
-    def __post_init__(self):
-        if self.kept != (self.reason is Reason.KEPT) or (not self.kept and self.why is None):
-            raise ValueError(f"inconsistent decision: kept={self.kept}, reason={self.reason}, why={self.why!r}")
-
-    @classmethod
-    def refuse(cls, reason: Reason, why: str, check: Optional[Check] = None) -> "Decision":
-        return cls(False, reason, why, check)
-
-    @property
-    def message(self) -> Optional[str]:
-        """The record's ``fallback``: None when kept, else the cause and that the inductive heads were kept."""
-        return None if self.kept else self.why + KEPT_INDUCTIVE
-
-    def to_json(self) -> dict:
-        """The record's ``fallback`` and, where a check ran, its ``check`` block (output only)."""
-        return {"fallback": self.message, **({"check": self.check.to_json()} if self.check is not None else {})}
+def fallback(decision: Decision) -> Optional[str]:
+    """The record's ``fallback``: None when kept, else the cause and that the inductive heads were kept."""
+    return None if decision.kept else decision.why + KEPT_INDUCTIVE
 
 
 KEPT = Decision(True, Reason.KEPT)
 
 
 def pool_kept(record: Optional[dict]) -> bool:
-    """Whether a recorded pool stage (``svgen.json`` ``transductive``, as loaded) changed the heads: for an artifact
-    the record is all there is, and this is the one place that reads its ``fallback`` for a decision."""
+    """Whether a loaded ``transductive`` record changed the heads (the one reader of its ``fallback``)."""
     return bool(record) and not record.get("fallback")
 
 
 def pool_evidence(record: Optional[dict]) -> Optional[Evidence]:
-    """The evidence a recorded pool check scored (None: no check ran), read from the record in this one place."""
+    """The evidence a loaded record's check scored (None: no check ran)."""
     value = ((record or {}).get("check") or {}).get("evidence")
     return None if value is None else Evidence(value)

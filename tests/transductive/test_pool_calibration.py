@@ -27,11 +27,12 @@ def _kept(monkeypatch, agreement):
     """The check keeps the pool at a cross-half ``agreement`` (None: a check that measured none, the entropy rule)."""
     from svgen.transductive import adapt as pool_adapt
     from svgen.transductive import gate as pool_gate
-    from svgen.transductive.decision import Check, Evidence, Gate, Paired, Replication
+    from svgen.selection import Paired
+    from svgen.transductive.decision import Check, Evidence, Gate
 
-    stats = Replication(0, Paired(0.5, agreement or 0.9, 0.1, 0.01), 9, 0, 0.002, 1.0, 1.0)
-    monkeypatch.setattr(pool_gate, "check_without_shots", lambda stage, side, U, strength, progress=False:
-                        Check(Evidence.HALVES, stage.default_head, Gate(stats)))
+    gate = Gate(Paired(agreement or 0.9, 0.5, 0.1, 0.01, 0), Paired(1.0, 1.0, 0.0, 0.0, 0), None, 9, 0)
+    monkeypatch.setattr(pool_gate, "check_without_shots", lambda stage, side, U, strength, progress=False, config=None:
+                        Check(Evidence.HALVES, stage.default_head, gate))
     if agreement is None:
         monkeypatch.setattr(pool_adapt, "agreement_target", lambda check: None)
 
@@ -99,11 +100,13 @@ def test_oxford_pets_zero_shot_pool_is_calibrated(shared_data):
 
 def test_agreement_target_is_the_rule_of_succession():
     from svgen.transductive.adapt import agreement_target
-    from svgen.transductive.decision import Check, Evidence, Gate, Paired, Reason, Replication
+    from svgen.selection import Paired
+    from svgen.transductive.decision import Check, Evidence, Gate, Reason
 
     def halves(agreement, images):
-        stats = Replication(images, Paired(0.5, agreement, agreement - 0.5, 0.01), 9, 0, 0.002, 1.0, 1.0)
-        return Check(Evidence.HALVES, "kernel", Gate(stats))
+        gate = Gate(Paired(agreement, 0.5, agreement - 0.5, 0.01, images), Paired(1.0, 1.0, 0.0, 0.0, images), None,
+                    9, 0)
+        return Check(Evidence.HALVES, "kernel", gate)
 
     assert agreement_target(halves(1.0, 10)) == pytest.approx(11 / 12)   # never certainty
     assert agreement_target(halves(0.5, 100)) == pytest.approx(0.5)

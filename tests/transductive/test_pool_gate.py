@@ -2,6 +2,7 @@
 hand computations, and end to end: a pool that helps is kept, one that cannot help changes nothing."""
 
 import json
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -9,7 +10,6 @@ import torch
 
 from svgen import SVGClassifier
 from svgen.transductive import gate as pool_gate
-from svgen.transductive.decision import Gate
 
 C, D = 6, 24
 
@@ -70,11 +70,11 @@ def test_paired_gate_by_hand():
     p_ind = 0.5 * eye[np.tile([1, 1, 2, 1], rep)] + 0.5 / 6            # right on 2 of 4
     p_pool = 0.5 * eye[np.tile([0, 1, 2, 1], rep)] + 0.5 / 6           # right on 3 of 4, same confidence
     g = pool_gate.paired_gate(p_ind, p_pool, y)
-    assert g.passed and g.stats.top1.difference == pytest.approx(0.25)
+    assert g.passed and g.top1.difference == pytest.approx(0.25)
     nll = lambda p: float(np.mean(-np.log(p[np.arange(len(y)), y])))           # noqa: E731
-    assert g.stats.nll.pool == pytest.approx(nll(p_pool)) and g.stats.nll.inductive == pytest.approx(nll(p_ind))
+    assert g.nll.candidate == pytest.approx(nll(p_pool)) and g.nll.baseline == pytest.approx(nll(p_ind))
     d = -np.log(p_pool[np.arange(len(y)), y]) + np.log(p_ind[np.arange(len(y)), y])
-    assert g.stats.nll.standard_error == pytest.approx(d.std(ddof=1) / np.sqrt(len(d)))
+    assert g.nll.standard_error == pytest.approx(d.std(ddof=1) / np.sqrt(len(d)))
     # the same argmaxes but the pool's probabilities nearly certain: more right, yet its NLL is far worse
     sharp = 0.999999 * eye[np.tile([0, 1, 2, 1], rep)] + 1e-6 / 6
     s = pool_gate.paired_gate(p_ind, sharp, y)
@@ -84,30 +84,53 @@ def test_paired_gate_by_hand():
     assert not t.passed and "not above" in t.message
 
 
-@pytest.mark.parametrize("gains, losses", [(0, 0), (0, 3), (1, 0), (2, 0), (3, 0), (5, 2), (30, 12), (600, 540)])
-def test_sign_test_is_the_binomial_tail(gains, losses):
-    """The exact one-sided sign test against scipy's binomial test on the same counts."""
-    from scipy.stats import binomtest
-
-    want = 1.0 if gains + losses == 0 else binomtest(gains, gains + losses, 0.5, alternative="greater").pvalue
-    assert pool_gate.sign_test(gains, losses) == pytest.approx(want, rel=1e-9)
-    assert pool_gate.ONE_SE_LEVEL == pytest.approx(0.158655, abs=1e-6)
+def _right_on(n_right, n=24):
+    """Probabilities right (class 0) on the first ``n_right`` of ``n`` images and wrong (class 1) elsewhere, all at
+    the same confidence: only top-1 differs between two of them."""
+    return 0.5 * np.eye(6)[np.where(np.arange(n) < n_right, 0, 1)] + 0.5 / 6
 
 
-def test_a_few_gained_shots_are_not_evidence():
-    """Two held-out shots gained and none lost is above the inductive head "by more than one SE" (z = 1.41) but not
-    beyond chance (sign test p = 0.25); three gained and none lost is (p = 0.125 < 0.159)."""
-    y = np.zeros(100, dtype=int)
-    eye = np.eye(6)
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("level", [0.5, 1.0, 2.0])
+def test_the_pool_test_is_the_selection_test(seed, level):
+    """One significance convention (issue 38): the pool is kept iff the inductive predictor is behind it on top-1
+    (:func:`svgen.selection.ahead`) and it is not behind on top-5 nor on −NLL (:func:`svgen.selection.behind`), all
+    at one level, with the paired means and SEs of :func:`svgen.selection.paired`."""
+    from svgen.selection import ahead, behind, paired
 
-    def probs(right):   # right on the first `right` images, a wrong class elsewhere; the same confidence
-        return 0.5 * eye[np.where(np.arange(100) < right, 0, 1)] + 0.5 / 6
+    rng = np.random.default_rng(seed)
+    n = 60
+    y = rng.integers(0, 6, n)
+    p_ind = rng.dirichlet(np.ones(6), n)
+    p_pool = 0.6 * p_ind + 0.4 * np.eye(6)[np.where(rng.random(n) < 0.7, y, rng.integers(0, 6, n))]
+    g = pool_gate.paired_gate(p_ind, p_pool, y, level)
 
-    two = pool_gate.paired_gate(probs(10), probs(12), y)
-    assert two.stats.top1.difference > two.stats.top1.standard_error            # the normal approximation keeps it
-    assert not two.passed and "sign test p = 0.25" in two.message
-    assert (two.stats.gained, two.stats.lost) == (2, 0)
-    assert pool_gate.paired_gate(probs(10), probs(13), y).passed
+    def per_image(p):
+        top = np.argsort(-p, axis=1)
+        return (top[:, 0] == y), (top[:, :5] == y[:, None]).any(1), -np.log(p[np.arange(n), y])
+
+    (a1, a5, an), (b1, b5, bn) = per_image(p_ind), per_image(p_pool)
+    assert g.top1 == paired(b1, a1) and g.top5 == paired(b5, a5) and g.nll == paired(bn, an)
+    want = ahead(paired(b1, a1), level) and not behind(paired(b5, a5), level) and not behind(paired(-bn, -an), level)
+    assert g.passed == want
+    assert g.to_json()["rule"].count(f"by more than {level:g} SE") == 2 and "sign" not in json.dumps(g.to_json())
+
+
+def test_a_tie_is_not_ahead_and_the_level_is_the_configs():
+    """3 shots gained and 1 lost of 24 is exactly 1 SE ahead (d = 1/12, SE = 1/12): a tie, so the pool is refused at
+    level 1; 4 gained and 0 lost (d = 1/6, SE = 0.078, 2.1 SE) is kept at level 1 and 2, refused at 2.5."""
+    y = np.zeros(24, dtype=int)
+    ind = _right_on(20)
+    pool = _right_on(20).copy()
+    pool[20:23] = _right_on(24)[20:23]    # gains the shots 20-22 ...
+    pool[0] = _right_on(0)[0]             # ... and loses shot 0
+    tie = pool_gate.paired_gate(ind, pool, y)
+    assert tie.top1.difference == pytest.approx(tie.top1.standard_error, rel=1e-12)
+    assert (tie.gained, tie.lost) == (3, 1) and not tie.passed and "not above" in tie.message
+    for level, kept in ((1.0, True), (2.0, True), (2.5, False)):
+        assert pool_gate.paired_gate(_right_on(20), _right_on(24), y, level).passed is kept, level
+    too_few = pool_gate.paired_gate(_right_on(20), _right_on(24), y, 2.5)
+    assert "by more than 2.5 SE" in too_few.message and "2.5 SE" in too_few.to_json()["rule"]
 
 
 def _nll(L, y):
@@ -156,7 +179,7 @@ def test_replication_gate_by_hand():
     ones, zeros = np.ones(40, bool), np.zeros(40, bool)
     more = np.r_[ones[:30], zeros[:10]]
     g = pool_gate.replication_gate(more, np.r_[ones[:20], zeros[:20]], ones, ones)
-    assert g.passed and g.stats.agreement.difference == pytest.approx(0.25)
+    assert g.passed and g.top1.difference == pytest.approx(0.25)
     same = pool_gate.replication_gate(more, more, ones, ones)
     assert not same.passed and "does not replicate" in same.message
     top5_lost = pool_gate.replication_gate(ones, zeros, zeros, ones)
@@ -305,7 +328,7 @@ def test_pool_with_shots_refused_keeps_every_head(monkeypatch):
     clf = SVGClassifier(n_support=2, steps=5, seed=0).fit(protos).adapt(X, ys)
     ref = SVGClassifier(n_support=2, steps=5, seed=0).fit(protos).adapt(X, ys)
     real = pool_gate.paired_gate
-    monkeypatch.setattr(pool_gate, "paired_gate", lambda *a: Gate(real(*a).stats, ("said no",)))
+    monkeypatch.setattr(pool_gate, "paired_gate", lambda *a, **k: replace(real(*a, **k), failed=("said no",)))
     clf.adapt(unlabelled=U)
     assert clf.transductive_["fallback"] == "said no; kept the inductive heads"
     assert clf.default_head_ == ref.default_head_

@@ -38,11 +38,14 @@ def files(tmp_path):
 
 def _gate(monkeypatch, adopt: bool):
     from svgen.transductive import gate as pool_gate
-    from svgen.transductive.decision import Check, Evidence, Gate, Paired, Replication
+    from svgen.selection import Paired
+    from svgen.transductive.decision import Check, Evidence, Gate
 
-    stats = Replication(0, Paired(0.5, 0.9, 0.4, 0.01), 9, 0, 0.002, 1.0, 1.0)
-    monkeypatch.setattr(pool_gate, "check_without_shots", lambda stage, side, U, strength, progress=False: Check(
-        Evidence.HALVES, stage.default_head, Gate(stats, () if adopt else ("the test refuses the pool",))))
+    from dataclasses import replace
+
+    gate = Gate(Paired(0.9, 0.5, 0.4, 0.01, 0), Paired(1.0, 1.0, 0.0, 0.0, 0), None, 9, 0)
+    monkeypatch.setattr(pool_gate, "check_without_shots", lambda stage, side, U, strength, progress=False, config=None: Check(
+        Evidence.HALVES, stage.default_head, replace(gate, failed=() if adopt else ("the test refuses the pool",))))
 
 
 def _jsonl(out):

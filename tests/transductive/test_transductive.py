@@ -4,13 +4,16 @@ inductive prediction; a pool smaller than the classes changes nothing; rounds th
 fall back), the API, the artifact and the CLI."""
 
 import json
+from dataclasses import replace
 
 import numpy as np
 import pytest
 import torch
 
 from svgen import SVGClassifier
+from svgen import selection
 from svgen.heads import predictor
+from svgen.selection import DEFAULT
 from svgen.transductive import solve as td
 
 C, D = 4, 12
@@ -40,22 +43,28 @@ def data():
     return {"protos": protos, "U": U, "yu": yu, "X": X, "ys": ys, "clf": clf}
 
 
+def _never_settle(monkeypatch):
+    """The default settings with a stability no pool reaches (150% of itself): the rounds never settle."""
+    monkeypatch.setattr(selection, "DEFAULT", replace(DEFAULT, stable=1.5))
+
+
 @pytest.fixture
 def gate_open(monkeypatch):
     """The pool check (svgen.transductive.gate) always adopts: for tests of the transduction itself, which the
     check's own tests (tests/transductive/test_pool_gate.py) do not need to pass through. With shots the default head
     and the linear head are then multiplied by the pool's likelihood to the power 1."""
     from svgen.transductive import gate as pool_gate
-    from svgen.transductive.decision import Check, Evidence, Gate, HeldOutShots, Paired, Replication
+    from svgen.selection import Paired
+    from svgen.transductive.decision import Check, Evidence, Gate
 
-    same = Paired(0.5, 0.5, 0.0, 0.0)
-    shots = Gate(HeldOutShots(10, same, same, same, 5, 0, 0.03))
+    same = Paired(0.5, 0.5, 0.0, 0.0, 10)
+    shots = Gate(same, same, same, 5, 0)
 
-    def with_shots(stage, side, U, strength, progress=False):
+    def with_shots(stage, side, U, strength, progress=False, config=None):
         return Check(Evidence.SHOTS, stage.default_head, shots, powers={stage.default_head: 1.0, "linear": 1.0})
 
-    monkeypatch.setattr(pool_gate, "check_without_shots", lambda stage, side, U, strength, progress=False: Check(
-        Evidence.HALVES, stage.default_head, Gate(Replication(0, same, 5, 0, 0.03, 1.0, 1.0))))
+    monkeypatch.setattr(pool_gate, "check_without_shots", lambda stage, side, U, strength, progress=False, config=None: Check(
+        Evidence.HALVES, stage.default_head, Gate(same, same, None, 5, 0)))
     monkeypatch.setattr(pool_gate, "check_with_shots", with_shots)
 
 
@@ -114,8 +123,10 @@ def test_transduce_matches_brute_force(data, with_precision, T):
         P = A @ A.T / D + np.eye(D)
     res = td.transduce(torch.as_tensor(U), torch.as_tensor(L0), torch.as_tensor(M).float(),
                        shots_x=torch.as_tensor(data["X"]), shots_y=torch.as_tensor(data["ys"]), strength=0.7,
-                       rounds=2, steps=3, precision=None if P is None else torch.as_tensor(P).float(), temperature=T)
-    Z, (mu, var, ll) = _brute_force(U, L0, M, data["X"], data["ys"], 0.7, res.info["rounds"], 3, td.NEIGHBOURS, P, T)
+                       precision=None if P is None else torch.as_tensor(P).float(), temperature=T,
+                       config=replace(DEFAULT, rounds=2, steps=3))
+    Z, (mu, var, ll) = _brute_force(U, L0, M, data["X"], data["ys"], 0.7, res.info["rounds"], 3, DEFAULT.neighbours,
+                                     P, T)
     assert res.info["posterior_temperature"] == T
     assert np.allclose(res.labels.numpy(), Z, atol=2e-4)
     # the returned linear head is the class log-likelihood up to a per-row constant
@@ -148,9 +159,10 @@ def test_infinite_prior_strength_is_the_inductive_prediction(data):
 def test_zero_strength_and_no_graph_is_plain_soft_gmm(data):
     """β = 0, no neighbours: Z is the posterior of the fitted Gaussian model alone (EM fixed point)."""
     U = torch.as_tensor(data["U"])
-    res = td.transduce(U, torch.zeros(len(U), C), torch.as_tensor(data["protos"]), strength=0.0, neighbours=0,
-                       rounds=1, steps=1)
-    mu, var = td.class_model(U, torch.full((len(U), C), 1.0 / C), None, None, torch.as_tensor(data["protos"]))
+    res = td.transduce(U, torch.zeros(len(U), C), torch.as_tensor(data["protos"]), strength=0.0,
+                       config=replace(DEFAULT, neighbours=0, rounds=1, steps=1))
+    mu, var = td.class_model(U, torch.full((len(U), C), 1.0 / C), None, None, torch.as_tensor(data["protos"]),
+                             DEFAULT.prior_pseudo_images)
     W, b = td.gmm_head(mu, var)
     assert torch.allclose(res.labels, torch.softmax(U @ W.T + b, dim=1), atol=1e-5)
 
@@ -174,11 +186,11 @@ def test_match_entropy_hits_the_target():
 
 
 def test_settle_raises_the_strength_then_gives_up(data, monkeypatch):
-    monkeypatch.setattr(td, "STABLE", 1.5)   # no pool can agree on 150% of itself: never settles
+    never = replace(DEFAULT, stable=1.5, rounds=2)   # no pool can agree on 150% of itself: never settles
     res, tries = td.settle(torch.as_tensor(data["U"]), torch.zeros(len(data["U"]), C), torch.as_tensor(data["protos"]),
-                           0.5, rounds=2)
+                           0.5, config=never)
     assert res is None
-    assert [t["prior_strength"] for t in tries] == [0.5 * td.ESCALATE ** i for i in range(td.MAX_ESCALATIONS + 1)]
+    assert [t["prior_strength"] for t in tries] == [0.5 * 4.0 ** i for i in range(4 + 1)]
 
 
 def test_prior_strength_rule():
@@ -384,12 +396,12 @@ def test_cli_image_folder_pool_is_embedded_with_the_artifacts_encoder(cli, tiny_
 
 
 def test_classifier_keeps_the_inductive_heads_when_the_rounds_never_settle(data, monkeypatch, gate_open):
-    monkeypatch.setattr(td, "STABLE", 1.5)
+    _never_settle(monkeypatch)
     clf = SVGClassifier(n_support=2, steps=5, seed=0).fit(data["protos"])
     W, b = clf.linear_weight_.clone(), clf.linear_bias_.clone()
     clf.adapt(unlabelled=data["U"])
     t = clf.transductive_
-    assert "did not settle" in t["fallback"] and len(t["tries"]) == td.MAX_ESCALATIONS + 1
+    assert "did not settle" in t["fallback"] and len(t["tries"]) == DEFAULT.max_escalations + 1
     assert torch.equal(clf.linear_weight_, W) and torch.equal(clf.linear_bias_, b)
     assert clf.inductive_ is None
 
@@ -518,7 +530,7 @@ def test_fallback_labels_are_the_calibrated_probabilities(data, monkeypatch, gat
     assert np.allclose(got, clf.predict_proba(small, "kernel"), atol=1e-12)
     raw = _softmax(np.asarray(clf.decision_function(small, "kernel"), dtype=np.float64))
     assert got.max(axis=1).mean() > raw.max(axis=1).mean()          # sharper than the raw-score softmax
-    monkeypatch.setattr(td, "STABLE", 1.5)                           # fall-back: the rounds never settle
+    _never_settle(monkeypatch)                                       # fall-back: the rounds never settle
     clf.adapt(unlabelled=data["U"])
     assert "did not settle" in clf.transductive_["fallback"]
     assert np.allclose(clf.transductive_labels_, _kernel_probs_by_hand(clf, data["U"]), atol=1e-9)
@@ -555,3 +567,34 @@ def test_adapting_again_restores_the_inductive_probabilities(tmp_path, gate_open
         assert (dict(c.temperatures_), c.kernel_logits_, c.calibration_["method"]) == before
         np.testing.assert_allclose(c.predict_proba(U, "kernel"), p_before[0], rtol=1e-5, atol=1e-7)
         np.testing.assert_allclose(c.predict_proba(U, "linear"), p_before[1], rtol=1e-5, atol=1e-7)
+
+
+def test_the_config_reaches_every_setting_of_the_pool_stage(data, gate_open):
+    """AdaptConfig is threaded from transductive.adapt.adapt down (issue 38): the escalation settings shape the tries,
+    the smallest pool per class decides what is too small, and the level is the check's."""
+    from svgen.selection import AdaptConfig
+    from svgen.transductive import adapt as pool_adapt
+
+    clf = SVGClassifier(n_support=2, steps=5, seed=0).fit(data["protos"])
+    U = torch.nn.functional.normalize(torch.as_tensor(data["U"]), dim=-1)
+    never = AdaptConfig(stable=1.5, escalate=2.0, max_escalations=1, rounds=2)
+    fit = pool_adapt.adapt(clf._stage(), clf._side(), U, strength=0.5, config=never)
+    assert "did not settle" in fit.record["fallback"]
+    assert [t["prior_strength"] for t in fit.record["tries"]] == [0.5, 1.0]
+    assert all(t["rounds"] == 2 for t in fit.record["tries"])
+    assert "smaller than" in pool_adapt.adapt(clf._stage(), clf._side(), U[:C - 1]).record["fallback"]
+    assert td.too_small(C - 1, C) is not None and td.too_small(C - 1, C, AdaptConfig(min_pool_per_class=0.5)) is None
+
+
+def test_the_level_is_the_configs(data):
+    """The pool check's one level comes from the config: a pool kept at 1 SE is refused at a level no data reaches."""
+    from svgen.selection import AdaptConfig
+    from svgen.transductive import adapt as pool_adapt
+
+    rng, centres, protos, U, _ = _clusters(7, 1.6, 30, 0.5)
+    clf = SVGClassifier(n_support=2, steps=5, seed=0).fit(protos)
+    U = torch.nn.functional.normalize(torch.as_tensor(U), dim=-1)
+    assert pool_adapt.adapt(clf._stage(), clf._side(), U).decision.kept
+    strict = pool_adapt.adapt(clf._stage(), clf._side(), U, config=AdaptConfig(level=1e6))
+    assert not strict.decision.kept and "by more than 1e+06 SE" in strict.record["fallback"]
+    assert "by more than 1e+06 SE" in strict.record["check"]["rule"]
