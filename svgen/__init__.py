@@ -22,7 +22,7 @@ from svgen.errors import SvgenError
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 __version__ = "0.1.0"
-__all__ = ["SVGClassifier", "SvgenError", "__version__"]
+__all__ = ["AdaptConfig", "SVGClassifier", "SvgenError", "__version__"]
 
 logging.getLogger(__name__).addHandler(logging.NullHandler())
 
@@ -33,6 +33,10 @@ def __getattr__(name):
         from svgen.classifier import SVGClassifier
 
         return SVGClassifier
+    if name == "AdaptConfig":
+        from svgen.selection import AdaptConfig
+
+        return AdaptConfig
     raise AttributeError(f"module 'svgen' has no attribute {name!r}")
 
 
@@ -68,6 +72,8 @@ MOVED = {
     "svgen.metrics": "svgen.evaluation.metrics",
     "svgen.diagnostics": "svgen.evaluation.diagnostics",
     "svgen.calibration.plots": "svgen.evaluation.plots",
+    "svgen.fewshot.select": "svgen.selection",
+    "svgen.fewshot.loo": "svgen.fewshot.lda",
 }
 
 

@@ -32,6 +32,7 @@ from svgen.errors import SvgenError
 from svgen.fitted import FittedHeads
 from svgen.fewshot import adapt as shot_adapt
 from svgen.io import codec
+from svgen.selection import AdaptConfig, config_or_default
 from svgen.state import Heads, TextSide
 from svgen.transductive import adapt as pool_adapt
 from svgen.transductive.pool import Stage, prior_head
@@ -53,7 +54,9 @@ def prior_head_of(clf) -> str:
 class SVGClassifier(FittedHeads):
     """Support vector generation over text prototypes, with kernel-vote, linear and cosine heads.
 
-    Parameters mirror :class:`svgen.zeroshot.training.FitConfig`; ``progress`` shows the fit's progress bars;
+    Parameters mirror :class:`svgen.zeroshot.training.FitConfig`; ``adapt_config`` (an :class:`svgen.AdaptConfig`,
+    None: the defaults) holds the grids and the one test level of every choice labelled shots or a pool make
+    (docs/adaptation.md); ``progress`` shows the fit's progress bars;
     ``strict`` refuses repeated class names and coinciding
     prototypes (by default they are fitted, with one warning: :func:`check_vocabulary`). ``prototypes`` (C×D or
     C×T×D text embeddings) and ``classes`` (their C names) given here make ``fit(X, y)`` scikit-learn's fit: the
@@ -91,6 +94,7 @@ class SVGClassifier(FittedHeads):
         strict: bool = False,
         prototypes=None,
         classes: Optional[Sequence[str]] = None,
+        adapt_config: Optional[AdaptConfig] = None,
     ):
         self.n_support = n_support
         self.kernel = kernel
@@ -118,6 +122,7 @@ class SVGClassifier(FittedHeads):
         self.strict = strict
         self.prototypes = prototypes
         self.classes = classes
+        self.adapt_config = adapt_config
 
     # ------------------------------------------------------------------------------ fitting
     def check_params(self) -> FitConfig:
@@ -245,7 +250,8 @@ class SVGClassifier(FittedHeads):
         shots = new if self.fewshot_ is None else self.support_set_.part(IMAGE).join(new)
         self._restore_inductive()   # the heads are re-solved from the zero-shot heads and the shots
         self.transductive_ = None
-        fit = shot_adapt.adapt(self.zero_shot_, shots, self._side(), progress=self.progress)
+        fit = shot_adapt.adapt(self.zero_shot_, shots, self._side(), progress=self.progress,
+                               config=config_or_default(self.adapt_config))
         self.heads_, self.fewshot_ = fit.heads, fit.record
         return self
 
@@ -266,7 +272,8 @@ class SVGClassifier(FittedHeads):
         self._restore_inductive()   # adapting again starts from the inductive heads
         self.transductive_ = None
         fit = pool_adapt.adapt(self._stage(), self._side(), U, strength,
-                               progress=self.progress if progress is None else progress)
+                               progress=self.progress if progress is None else progress,
+                               config=config_or_default(self.adapt_config))
         self.heads_, self.inductive_, self.transductive_ = fit.heads, fit.inductive, fit.record
         self.transductive_labels_ = fit.labels
         return self

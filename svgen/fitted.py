@@ -17,6 +17,7 @@ import torch
 from svgen.errors import SvgenError
 from svgen.estimator import Estimator
 from svgen.heads import predictor
+from svgen.selection import config_or_default
 from svgen.core.support import SupportSet
 from svgen.validation import check_embeddings
 
@@ -91,7 +92,8 @@ class FittedHeads(Estimator):
     def _text_temperatures(self, only: Optional[str] = None) -> None:
         """Per-head temperatures from the text side (:func:`svgen.heads.predictor.text_calibration`)."""
         self.heads_.calibration = predictor.text_calibration(self.heads_, self.prototypes_, self.per_template_,
-                                                             self.fit_config_.kernel, only=only)
+                                                             self.fit_config_.kernel, only=only,
+                                                             config=config_or_default(getattr(self, "adapt_config", None)))
 
     def set_temperatures(self, temperatures: dict, method: str, kernel_logits: Optional[str] = None,
                          kernel_floor: Optional[float] = None, **details) -> "FittedHeads":

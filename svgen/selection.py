@@ -18,6 +18,8 @@ from typing import Any, Optional, Tuple
 
 import numpy as np
 
+from svgen.errors import SvgenError
+
 
 @dataclass(frozen=True)
 class AdaptConfig:
@@ -71,11 +73,11 @@ class AdaptConfig:
             v = getattr(self, f.name)
             if isinstance(v, tuple):
                 if not v or any(not math.isfinite(x) or x < 0 for x in v):
-                    raise ValueError(f"AdaptConfig.{f.name} must be a non-empty tuple of finite values ≥ 0, got {v!r}")
+                    raise SvgenError(f"AdaptConfig.{f.name} must be a non-empty tuple of finite values >= 0, got {v!r}")
             elif not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
-                raise ValueError(f"AdaptConfig.{f.name} must be a finite number ≥ 0, got {v!r}")
+                raise SvgenError(f"AdaptConfig.{f.name} must be a finite number >= 0, got {v!r}")
         if min(self.select_max, self.max_folds, self.lda_loo_max, self.class_folds, self.rounds, self.steps) < 1:
-            raise ValueError("AdaptConfig: select_max, max_folds, lda_loo_max, class_folds, rounds and steps must be ≥ 1")
+            raise SvgenError("AdaptConfig: select_max, max_folds, lda_loo_max, class_folds, rounds and steps must be >= 1")
 
     def changed(self) -> dict:
         """The settings that differ from the defaults (what ``svgen.json`` records)."""
@@ -89,7 +91,7 @@ def config_or_default(config: Optional[AdaptConfig]) -> AdaptConfig:
     if config is None:
         return DEFAULT
     if not isinstance(config, AdaptConfig):
-        raise TypeError(f"adapt_config must be an AdaptConfig, got {type(config).__name__}")
+        raise SvgenError(f"adapt_config must be an svgen.AdaptConfig, got {type(config).__name__}")
     return config
 
 

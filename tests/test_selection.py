@@ -85,5 +85,39 @@ def test_adapt_config_refuses_bad_values_and_records_what_changed():
     for bad in ({"level": -1.0}, {"level": float("nan")}, {"alphas": ()}, {"ridges": (1.0, -2.0)}, {"max_folds": 0}):
         with pytest.raises(ValueError):
             select.AdaptConfig(**bad)
-    with pytest.raises(TypeError):
+    with pytest.raises(ValueError, match="adapt_config must be an svgen.AdaptConfig"):
         select.config_or_default({"level": 1.0})
+
+
+def _shots_problem():
+    rng = np.random.default_rng(0)
+    P = rng.normal(size=(6, 16)).astype(np.float32)
+    y = np.repeat(np.arange(6), 4)
+    return P, (P[y] + 0.8 * rng.normal(size=(len(y), 16))).astype(np.float32), y
+
+
+def test_the_classifiers_adapt_config_reaches_the_choices_and_is_a_plain_parameter():
+    from sklearn.base import clone
+
+    from svgen import AdaptConfig, SVGClassifier
+
+    P, X, y = _shots_problem()
+    only_zero = AdaptConfig(alphas=(0.0,), sigma_factors=(0.5,), ridges=(0.1,))
+    clf = SVGClassifier(seed=0, adapt_config=only_zero).fit(P).adapt(X, y)
+    lin, ker = clf.fewshot_["linear"], clf.fewshot_["kernel"]
+    assert lin["alpha"] == 0.0 and list(lin["grid"]) == ["0"]                 # α from the config's grid only
+    assert ker["ridge_c"] == pytest.approx(0.1) and ker["selection"]["sigma_factor"] == 0.5
+    default = SVGClassifier(seed=0).fit(P).adapt(X, y)
+    assert len(default.fewshot_["linear"]["grid"]) == len(AdaptConfig().alphas)
+    assert default.fewshot_["kernel"]["ridge_c"] != pytest.approx(0.1)
+    assert clf.get_params()["adapt_config"] is only_zero and clone(clf).adapt_config == only_zero
+    assert "adapt_config=AdaptConfig(" in repr(clf)
+
+
+def test_a_wrong_adapt_config_is_one_line_at_adapt():
+    from svgen import SVGClassifier, SvgenError
+
+    P, X, y = _shots_problem()
+    clf = SVGClassifier(seed=0, adapt_config={"level": 2}).fit(P)
+    with pytest.raises(SvgenError, match="^adapt_config must be an svgen.AdaptConfig, got dict$"):
+        clf.adapt(X, y)
