@@ -204,10 +204,13 @@ def fewshot_run(datasets, shots_list, seeds, log=print, prototypes="shots"):
                     if head != "cosine":
                         Tt = cal["text_temperatures"][head]
                         zt = z if head == "linear" else calibration.kernel_logits(clf.decision_function(Xv, head), "log")
+                        loo = cal["loo"].get(head)   # none for a kernel correction the held-out shots refused
+                        nan = float("nan")
                         r.update({"text_temperature": Tt, "nll_text_T": calibration.nll_from_logits(zt, Tt, yv),
                                   "ece_text_T": calibration.ece(calibration.softmax(zt, Tt).numpy(), yv),
-                                  "loo_nll": cal["loo"][head]["nll"], "loo_ece": cal["loo"][head]["ece"],
-                                  "loo_fitted": cal["loo"][head]["fitted"], "loo_acc1": 100 * cal["loo"][head]["acc1"]})
+                                  "loo_nll": loo["nll"] if loo else nan, "loo_ece": loo["ece"] if loo else nan,
+                                  "loo_fitted": loo["fitted"] if loo else False,
+                                  "loo_acc1": 100 * loo["acc1"] if loo else nan})
                         if head == better:
                             r["ece_ci95"] = ece_interval(p, yv)
                         if head == "kernel":
@@ -419,12 +422,12 @@ def reading(rows) -> str:
     datasets = list(dict.fromkeys(r["dataset"] for r in sel))
 
     def m(head, key):
-        return float(np.mean([r[key] for r in sel if r["head"] == head]))
+        return float(np.nanmean([r[key] for r in sel if r["head"] == head]))
 
     lin = {d: float(np.mean([r["ece"] for r in sel if r["dataset"] == d and r["head"] == "linear"])) for d in datasets}
     met = [d for d, e in lin.items() if e <= 0.05]
     chosen = sorted({r["head"] for r in sel if r["better"]})
-    gap = {d: np.mean([r["loo_acc1"] - r["acc1"] for r in sel if r["dataset"] == d and r["head"] != "cosine"])
+    gap = {d: np.nanmean([r["loo_acc1"] - r["acc1"] for r in sel if r["dataset"] == d and r["head"] != "cosine"])
            for d in datasets}
     worst = max(gap, key=gap.get)
     m_better = float(np.mean([r["ece"] for r in sel if r["better"]]))
@@ -452,7 +455,7 @@ def fewshot_markdown(rows, meta) -> str:
     shots = sorted({r["shots"] for r in rows})
 
     def mean(rs, key):
-        return float(np.mean([r[key] for r in rs]))
+        return float(np.nanmean([r[key] for r in rs]))
 
     out = ["| data set | shots | cosine top-1 / NLL / ECE | kernel top-1 / NLL / ECE (T) | linear top-1 / NLL / ECE (T) "
            "| better head (LOO) | its ECE [95% CI] | its ECE at the text rule's T |",
