@@ -23,7 +23,7 @@ from svgen.selection import (DEFAULT, AdaptConfig, Paired, ahead, balanced_folds
 from svgen.state import TextSide
 from svgen.transductive.decision import Check, Evidence, Gate, Reason, fallback
 from svgen.transductive import solve as td
-from svgen.transductive.pool import Stage, transduce
+from svgen.transductive.pool import PoolFit, Stage, transduce
 
 log = logging.getLogger(__name__)
 
@@ -117,10 +117,11 @@ def log_probs(p: np.ndarray) -> np.ndarray:
     return np.log(np.maximum(np.asarray(p, dtype=np.float64), KERNEL_LOG_FLOOR))
 
 
-def pool_parts(record: dict, linear, W0: torch.Tensor, b0: torch.Tensor):
-    """(W_G, b_G): the Gaussian part of a transduced linear head ``W_G + β·t·W0``."""
-    k = float(record["prior_strength"]) * float(record["linear_prior_temperature"])
-    return linear.weight.double() - k * W0.double(), linear.bias.double() - k * b0.double()
+def pool_parts(fit: PoolFit):
+    """(W_G, b_G): the Gaussian part of a transduced linear head ``W_G + β·t·W0`` (W0: ``fit.prior_linear``)."""
+    k = float(fit.record["prior_strength"]) * float(fit.record["linear_prior_temperature"])
+    linear, prior = fit.heads.linear, fit.prior_linear
+    return linear.weight.double() - k * prior.weight.double(), linear.bias.double() - k * prior.bias.double()
 
 
 # one fold's held-out shots: the pool's log-likelihood g at them; per head role, probabilities and log-probabilities
@@ -154,7 +155,7 @@ def check_with_shots(stage: Stage, side: TextSide, U: torch.Tensor, strength: Op
             if not pool.decision.kept:
                 return Check(Evidence.SHOTS, head, stopped=Reason.FOLD_DID_NOT_ADAPT,
                              why="without a fold of the shots " + fallback(pool.decision))
-            WG, bG = pool_parts(pool.record, pool.heads.linear, pool.prior_linear.weight, pool.prior_linear.bias)
+            WG, bG = pool_parts(pool)
             g = predictor.gaussian_log_likelihood(WG, bG, Xh).numpy()
             z = (predictor.logits(fit.heads, side.prototypes, side.config.kernel, Xh, "linear").double()
                  / float(fit.heads.calibration.temperatures["linear"])).numpy()
