@@ -9,8 +9,6 @@ from typing import Optional
 
 from svgen.selection import DEFAULT, Decision, Paired
 
-KEPT_INDUCTIVE = "; kept the inductive heads"   # closes every refusal's message
-
 
 class Evidence(Enum):
     """What the check scored a pool on (the record's ``check.evidence``)."""
@@ -48,11 +46,6 @@ RULES = {
 FACTOR = "p_head(x) ∝ p_head_inductive(x) · exp(a_head · pool Gaussian log-likelihood(x))"
 
 
-def paired_json(p: Paired) -> dict:
-    return {"inductive": p.baseline, "pool": p.candidate, "difference": p.difference,
-            "standard_error": p.standard_error}
-
-
 @dataclass(frozen=True)
 class Gate:
     """One paired test of the pool (candidate) against the inductive predictor (baseline): top-1 (halves: agreement
@@ -71,10 +64,6 @@ class Gate:
         return not self.failed
 
     @property
-    def evidence(self) -> Evidence:
-        return Evidence.HALVES if self.nll is None else Evidence.SHOTS
-
-    @property
     def message(self) -> Optional[str]:
         return "; ".join(self.failed) or None
 
@@ -85,10 +74,12 @@ class Gate:
                        standard_error=a.standard_error, gained=self.gained, lost=self.lost,
                        top5_agreement_pool=self.top5.candidate, top5_agreement_inductive=self.top5.baseline)
         else:
-            out.update(top1={**paired_json(a), "gained": self.gained, "lost": self.lost},
-                       top5=paired_json(self.top5), nll=paired_json(self.nll))
-        return {**out, "adopt": self.passed, "reason": self.message,
-                "rule": RULES[self.evidence].format(level=self.level)}
+            pairs = {"top1": a, "top5": self.top5, "nll": self.nll}
+            out.update({k: {"inductive": p.baseline, "pool": p.candidate, "difference": p.difference,
+                            "standard_error": p.standard_error} for k, p in pairs.items()})
+            out["top1"].update(gained=self.gained, lost=self.lost)
+        evidence = Evidence.HALVES if self.nll is None else Evidence.SHOTS
+        return {**out, "adopt": self.passed, "reason": self.message, "rule": RULES[evidence].format(level=self.level)}
 
 
 @dataclass(frozen=True)
@@ -136,7 +127,7 @@ def refuse(reason: Reason, why: str, check: Optional[Check] = None) -> Decision:
 
 def fallback(decision: Decision) -> Optional[str]:
     """The record's ``fallback``: None when kept, else the cause and that the inductive heads were kept."""
-    return None if decision.kept else decision.why + KEPT_INDUCTIVE
+    return None if decision.kept else decision.why + "; kept the inductive heads"
 
 
 KEPT = Decision(True, Reason.KEPT)

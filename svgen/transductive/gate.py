@@ -31,8 +31,7 @@ NLL_TOL = 1e-9   # nats: a Newton step lowering the mean NLL by less ends the po
 
 
 def shot_folds(y: np.ndarray, n_classes: int, seed: int = 0, max_folds: int = DEFAULT.max_folds) -> list:
-    """With ≥ 3 shots in every class with any, :func:`svgen.selection.balanced_folds` (one shot per class per fold);
-    else two folds, half of each class's shots in each (odd ones and one-shot classes alternate)."""
+    """With ≥ 3 shots in every class with any, :func:`svgen.selection.balanced_folds`; else two folds of half each."""
     counts = np.bincount(y, minlength=n_classes)
     if counts[counts > 0].size and counts[counts > 0].min() >= 3:
         return balanced_folds(y, seed, max_folds)
@@ -41,8 +40,7 @@ def shot_folds(y: np.ndarray, n_classes: int, seed: int = 0, max_folds: int = DE
     turn = 0
     for c in range(n_classes):
         idx = rng.permutation(np.flatnonzero(y == c))
-        for j, i in enumerate(idx):
-            fold[i] = (j + turn) % 2
+        fold[idx] = (np.arange(len(idx)) + turn) % 2   # odd counts and one-shot classes alternate
         turn = (turn + len(idx)) % 2
     return [np.flatnonzero(fold == f) for f in (0, 1) if (fold == f).any()]
 
@@ -55,45 +53,38 @@ def paired_gate(p_ind: np.ndarray, p_pool: np.ndarray, y: np.ndarray, level: flo
                 -np.log(np.maximum(p[np.arange(len(y)), y], 1e-300)))
 
     (a1, a5, an), (b1, b5, bn) = per_image(p_ind), per_image(p_pool)
-    return judged(Gate(paired(b1, a1), paired(b5, a5), paired(bn, an), int((b1 > a1).sum()), int((b1 < a1).sum()),
-                       level=level))
+    return replication_gate(b1, a1, b5, a5, level, nll=paired(bn, an))
 
 
 def replication_gate(agree_pool: np.ndarray, agree_ind: np.ndarray, agree5_pool: np.ndarray,
-                     agree5_ind: np.ndarray, level: float = DEFAULT.level) -> Gate:
-    """Per image of one half: whether the head adapted on the other half (``agree_pool``, top 5 ``agree5_pool``) or
-    the inductive head agrees with this half's own posterior class."""
-    return judged(Gate(paired(agree_pool, agree_ind), paired(agree5_pool, agree5_ind), None,
+                     agree5_ind: np.ndarray, level: float = DEFAULT.level, nll: Optional[Paired] = None) -> Gate:
+    """Per image, whether the adapted or the inductive head is right (top 1, top 5), judged; ``nll`` with shots."""
+    return judged(Gate(paired(agree_pool, agree_ind), paired(agree5_pool, agree5_ind), nll,
                        int((agree_pool > agree_ind).sum()), int((agree_pool < agree_ind).sum()), level=level))
 
 
 def judged(g: Gate) -> Gate:
     """``g`` with its failures: kept iff ahead on top-1 and not behind on top-5 and −NLL (:mod:`svgen.selection`)."""
     why, level, a, a5, n = [], g.level, g.top1, g.top5, g.nll
-    if n is None:
-        if not ahead(a, level):
-            why.append(f"a head adapted on one half of the pool agrees with the other half's own posterior on "
-                       f"{100 * a.candidate:.1f}% of it, the inductive head on {100 * a.baseline:.1f}%: the pool's "
-                       f"structure does not replicate (not above by more than {level:g} SE)")
-        if behind(a5, level):
-            why.append(f"the adapted head's top 5 holds the other half's posterior class on {100 * a5.candidate:.2f}% "
-                       f"of it, the inductive head's on {100 * a5.baseline:.2f}%, more often by more than {level:g} SE")
-        return replace(g, failed=tuple(why))
     if not ahead(a, level):
-        why.append(f"top-1 on held-out shots {100 * a.candidate:.1f}% is not above the inductive "
+        why.append(f"a head adapted on one half of the pool agrees with the other half's own posterior on "
+                   f"{100 * a.candidate:.1f}% of it, the inductive head on {100 * a.baseline:.1f}%: the pool's "
+                   f"structure does not replicate (not above by more than {level:g} SE)" if n is None else
+                   f"top-1 on held-out shots {100 * a.candidate:.1f}% is not above the inductive "
                    f"{100 * a.baseline:.1f}% by more than {level:g} SE ({g.gained} gained, {g.lost} lost)")
     if behind(a5, level):
-        why.append(f"top-5 {100 * a5.candidate:.1f}% is below the inductive {100 * a5.baseline:.1f}% by more than "
-                   f"{level:g} SE")
-    if behind(Paired(-n.candidate, -n.baseline, -n.difference, n.standard_error, n.n), level):   # −NLL
+        why.append(f"the adapted head's top 5 holds the other half's posterior class on {100 * a5.candidate:.2f}% "
+                   f"of it, the inductive head's on {100 * a5.baseline:.2f}%, more often by more than {level:g} SE"
+                   if n is None else f"top-5 {100 * a5.candidate:.1f}% is below the inductive "
+                   f"{100 * a5.baseline:.1f}% by more than {level:g} SE")
+    if n is not None and behind(Paired(-n.candidate, -n.baseline, -n.difference, n.standard_error, n.n), level):
         why.append(f"NLL {n.candidate:.3f} is above the inductive {n.baseline:.3f} by more than {level:g} SE")
     return replace(g, failed=tuple(why))
 
 
 def fit_pool_weight(g: np.ndarray, z: np.ndarray, y: np.ndarray, tol: float = 1e-7) -> float:
     """``a ≥ 0`` minimising the mean NLL of ``softmax(a·g + z)`` on rows ``y`` (convex; Newton on the slope)."""
-    g = np.asarray(g, dtype=np.float64)
-    z = np.asarray(z, dtype=np.float64)
+    z, g = np.asarray(z, dtype=np.float64), np.asarray(g, dtype=np.float64)
     g = g - g.mean(axis=1, keepdims=True)
     gy = g[np.arange(len(y)), y]
 
@@ -130,8 +121,7 @@ HeldOut = namedtuple("HeldOut", "rows g probs logp")
 
 def check_with_shots(stage: Stage, side: TextSide, U: torch.Tensor, strength: Optional[float],
                      progress: bool = False, config: Optional[AdaptConfig] = None) -> Check:
-    """Each fold's predictor rebuilt without it, its held-out shots in the pool unlabelled; the default head (and the
-    linear head named alone) times the pool's likelihood to a cross-fitted power against the head alone."""
+    """Each fold's held-out shots unlabelled in the pool: the default and linear heads × its likelihood^a, or alone."""
     cfg = config_or_default(config)
     C, D = side.n_classes, side.prototypes.shape[1]
     X, y = stage.shots.rows.float(), stage.shots.labels.numpy()
@@ -202,16 +192,12 @@ def check_without_shots(stage: Stage, side: TextSide, U: torch.Tensor, strength:
                 return Check(Evidence.HALVES, head, stopped=Reason.HALF_DID_NOT_ADAPT,
                              why=f"half of the pool alone does not adapt ({fit.decision.why})")
             adapted.append(fit)
-        a1, i1, a5, i5 = [], [], [], []
+        hits = []   # per half: the adapted and the inductive head's top 1, then top 5, holding its posterior class
         for a, b in ((0, 1), (1, 0)):
             posterior, rows = adapted[b].labels.argmax(dim=1)[:, None], halves[b]
             new = top5(predictor.scores(adapted[a].heads, P, kind, U[rows], "linear"))
-            a1.append((new[:, :1] == posterior).any(dim=1).numpy())
-            i1.append((ind[rows, :1] == posterior).any(dim=1).numpy())
-            a5.append((new == posterior).any(dim=1).numpy())
-            i5.append((ind[rows] == posterior).any(dim=1).numpy())
-    return Check(Evidence.HALVES, head, replication_gate(*(np.concatenate(v) for v in (a1, i1, a5, i5)),
-                                                        level=cfg.level))
+            hits.append([(t == posterior).any(dim=1).numpy() for t in (new[:, :1], ind[rows, :1], new, ind[rows])])
+    return Check(Evidence.HALVES, head, replication_gate(*map(np.concatenate, zip(*hits)), level=cfg.level))
 
 
 def top5(scores: torch.Tensor) -> torch.Tensor:
