@@ -1,5 +1,4 @@
-"""A pool added to the inductive heads (the ``pool`` stage), kept only on held-out evidence: :func:`adapt` returns
-the :class:`~svgen.transductive.pool.PoolFit` to deploy (docs/transductive.md, "What the artifact gets")."""
+"""A pool added to the inductive heads where held-out evidence keeps it (docs/transductive.md, "The rule")."""
 
 from __future__ import annotations
 
@@ -23,7 +22,7 @@ log = logging.getLogger(__name__)
 
 def adapt(stage: Stage, side: TextSide, U: torch.Tensor, strength: Optional[float] = None,
           progress: bool = False, config: Optional[AdaptConfig] = None) -> PoolFit:
-    """The unit pool ``U`` checked (:mod:`svgen.transductive.gate`) and solved in where kept, else the inductive heads."""
+    """The unit pool ``U`` checked (:mod:`~svgen.transductive.gate`) and solved in where kept, else inductive heads."""
     C, N = side.n_classes, U.shape[0]
     t0 = time.perf_counter()
     clock = Clock(log)
@@ -96,20 +95,17 @@ def _adopt_factor(stage: Stage, side: TextSide, U: torch.Tensor, fit: PoolFit, c
 
 def _adopt_posterior(stage: Stage, side: TextSide, fit: PoolFit, U: torch.Tensor, entropy_before: float,
                      check: Check) -> PoolFit:
-    """Without labels: the linear head the posterior, the kernel head the posterior with the kernel vote as its prior."""
+    """Without labels: the linear head the posterior, the kernel head that with the kernel vote as its prior."""
     P, kind, rec = side.prototypes, side.config.kernel, fit.record
     U_cal, agreement = U[td.calibration_rows(U.shape[0])], agreement_target(check)
     WG, bG = pool_gate.pool_parts(fit)
     k = float(rec["prior_strength"]) * float(rec["prior_temperature"])
     temps, powers, why = {}, {}, None
-
-    def scale(z: torch.Tensor) -> float:
-        return td.match_entropy(z, entropy_before) if agreement is None else td.match_confidence(z, agreement)
-
+    match, target = (td.match_entropy, entropy_before) if agreement is None else (td.match_confidence, agreement)
     with torch.no_grad():
         lin = predictor.logits(fit.heads, P, kind, U_cal, "linear").double()
         if bool(torch.isfinite(lin).all()):
-            temps["linear"] = 1.0 / scale(lin)
+            temps["linear"] = 1.0 / match(lin, target)
         if fit.heads.kernel.votes.is_sparse:   # the layout that carries a factor stores dense vote weights only
             why = "its vote weights are sparse (local); the artifact layout that carries a factor needs dense ones"
         elif not k > 0:
@@ -118,7 +114,7 @@ def _adopt_posterior(stage: Stage, side: TextSide, fit: PoolFit, U: torch.Tensor
             z = (k * predictor.scores(stage.heads, P, kind, U_cal, "kernel").double()
                  + predictor.gaussian_log_likelihood(WG, bG, U_cal))
             if bool(torch.isfinite(z).all()):
-                t = scale(z)
+                t = match(z, target)
                 temps["kernel"], powers["kernel"] = 1.0 / (t * k), t
             else:
                 why = "its posterior's scores are not finite"

@@ -1,5 +1,4 @@
-"""Whether a pool is kept, as typed values (a :class:`svgen.selection.Decision` with a :class:`Reason` and the
-:class:`Check`); the ``svgen.json`` record is written from them and read back only by :func:`pool_kept`/:func:`pool_evidence`."""
+"""Whether a pool is kept, as typed values: a :class:`svgen.selection.Decision`, a :class:`Reason`, a :class:`Check`."""
 
 from __future__ import annotations
 
@@ -48,8 +47,7 @@ FACTOR = "p_head(x) ∝ p_head_inductive(x) · exp(a_head · pool Gaussian log-l
 
 @dataclass(frozen=True)
 class Gate:
-    """One paired test of the pool (candidate) against the inductive predictor (baseline): top-1 (halves: agreement
-    with the other half's posterior), top-5, NLL (None: halves), the images only one gets right, failures, level."""
+    """The pool (candidate) against the inductive predictor (baseline) paired: top-1, top-5, NLL (halves: None)."""
 
     top1: Paired
     top5: Paired
@@ -84,8 +82,7 @@ class Gate:
 
 @dataclass(frozen=True)
 class Check:
-    """The pool check: its evidence and head, and its test (``gate``) or why it stopped before one; with shots the
-    powers (head → a), the cross-fitted ones and the tests of heads named alone."""
+    """The pool check: its evidence, head, test (``gate``) or why it stopped, and with shots the powers (head → a)."""
 
     evidence: Evidence
     head: str

@@ -1,9 +1,7 @@
-"""Whether a pool may change the heads: held-out shots made pool members, or halves of the pool, judged by
-:mod:`svgen.selection`'s paired test (docs/transductive.md, "The rule")."""
+"""Whether a pool may change the heads: held-out shots or halves of the pool (docs/transductive.md, "The rule")."""
 
 from __future__ import annotations
 
-import logging
 from collections import namedtuple
 from dataclasses import replace
 from typing import Optional
@@ -24,8 +22,6 @@ from svgen.state import TextSide
 from svgen.transductive.decision import Check, Evidence, Gate, Reason, fallback
 from svgen.transductive import solve as td
 from svgen.transductive.pool import PoolFit, Stage, transduce
-
-log = logging.getLogger(__name__)
 
 NLL_TOL = 1e-9   # nats: a Newton step lowering the mean NLL by less ends the power's fit (numerical)
 

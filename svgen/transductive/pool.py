@@ -1,5 +1,4 @@
-"""The transduction on the inductive state, without any check (:func:`transduce`): the prior, its calibration, the
-settled solve (:mod:`svgen.transductive.solve`) and the posterior linear head."""
+"""The transduction on the inductive state, without any check: the prior, its calibration, the solve, the posterior."""
 
 from __future__ import annotations
 
@@ -44,8 +43,7 @@ class Stage:
 
 @dataclass
 class PoolFit:
-    """The heads to deploy, the record, the pool's N×C probabilities, the inductive heads replaced (None: none), the
-    linear head the solve continued (``linear = W_G + β·t·prior_linear``) and the decision."""
+    """The heads, record, pool probabilities, inductive heads replaced, linear head continued (``prior_linear``)."""
 
     heads: Heads
     record: dict
@@ -68,7 +66,7 @@ def _refused(heads: Heads, N: int, head: str, refusal: Decision, **extra) -> Poo
 
 def transduce(stage: Stage, side: TextSide, U: torch.Tensor, strength: Optional[float] = None, progress: bool = False,
               labels_entropy: Optional[float] = None, config: Optional[AdaptConfig] = None) -> PoolFit:
-    """Re-solves the linear head on the unit pool ``U`` (the kernel head as it is); a refused decision changes nothing."""
+    """Re-solves the linear head on the unit pool ``U`` (the kernel head as it is); a refusal changes nothing."""
     C, N = side.n_classes, U.shape[0]
     P, kind, heads = side.prototypes, side.config.kernel, stage.heads
     head = prior_head(stage.fewshot)

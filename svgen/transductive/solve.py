@@ -1,5 +1,4 @@
-"""The transduction in closed form on plain tensors (TransCLIP's KL-anchored update; docs/transductive.md, "The
-solve"): soft labels, the Gaussian class model as a linear head, and the rounds settled by raising the prior."""
+"""The transduction in closed form on plain tensors, TransCLIP's KL-anchored update (docs/transductive.md)."""
 
 from __future__ import annotations
 
