@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections import namedtuple
 from dataclasses import replace
 from typing import Optional
 
@@ -111,70 +110,57 @@ def pool_parts(fit: PoolFit):
     return linear.weight.double() - k * prior.weight.double(), linear.bias.double() - k * prior.bias.double()
 
 
-# one fold's held-out shots: the pool's log-likelihood g at them; per head role, probabilities and log-probabilities
-HeldOut = namedtuple("HeldOut", "rows g probs logp")
-
-
 def check_with_shots(stage: Stage, side: TextSide, U: torch.Tensor, strength: Optional[float],
                      progress: bool = False, config: Optional[AdaptConfig] = None) -> Check:
     """Each fold's held-out shots unlabelled in the pool: the default and linear heads × its likelihood^a, or alone."""
     cfg = config_or_default(config)
-    C, D = side.n_classes, side.prototypes.shape[1]
+    C, P, kind = side.n_classes, side.prototypes, side.config.kernel
     X, y = stage.shots.rows.float(), stage.shots.labels.numpy()
     head = stage.default_head
     folds = shot_folds(y, C, side.config.seed, max_folds=cfg.max_folds)
     if len(folds) < 2:
         return Check(Evidence.SHOTS, head, stopped=Reason.NO_HELD_OUT_SHOTS,
                      why="one shot in all: no held-out shots to check a pool on")
-    parts = []
+    parts = []   # per fold: held-out rows, the pool's log-likelihood g there, the default and linear heads' p, log p
     for held in td.bar(folds, progress, desc="checking the pool (held-out shots)", unit="fold", leave=False):
         keep = np.setdiff1d(np.arange(len(y)), held)
-        shots = image_rows(X[keep], torch.from_numpy(y[keep]), C, D)
+        shots = image_rows(X[keep], torch.from_numpy(y[keep]), C, P.shape[1])
         fit = shot_adapt.adapt(stage.zero_shot, shots, side, tilt_shotless=False)   # every class has shots
-        Xh = F.normalize(X[held], dim=-1)
+        Xh, fold_head = F.normalize(X[held], dim=-1), fit.record["default_head"]
         with torch.no_grad():
-            p_ind = predictor.proba(fit.heads, side.prototypes, side.config.kernel, Xh,
-                                    fit.record["default_head"]).numpy()
-            part = Stage(fit.heads, stage.zero_shot, fit.record, fit.heads.kernel.support_set().part(IMAGE),
-                         fit.record["default_head"])
+            p_ind = predictor.proba(fit.heads, P, kind, Xh, fold_head).numpy()
+            part = Stage(fit.heads, stage.zero_shot, fit.record, fit.heads.kernel.support_set().part(IMAGE), fold_head)
             pool = transduce(part, side, torch.cat([U, Xh]), strength, progress=False, config=cfg)
             if not pool.decision.kept:
                 return Check(Evidence.SHOTS, head, stopped=Reason.FOLD_DID_NOT_ADAPT,
                              why="without a fold of the shots " + fallback(pool.decision))
             WG, bG = pool_parts(pool)
             g = predictor.gaussian_log_likelihood(WG, bG, Xh).numpy()
-            z = (predictor.logits(fit.heads, side.prototypes, side.config.kernel, Xh, "linear").double()
+            z = (predictor.logits(fit.heads, P, kind, Xh, "linear").double()
                  / float(fit.heads.calibration.temperatures["linear"])).numpy()
-        p_lin = calibration.softmax(torch.as_tensor(z), 1.0).numpy()
-        parts.append(HeldOut(held, g, {"default": p_ind, "linear": p_lin}, {"default": log_probs(p_ind), "linear": z}))
-    gate, crossed, power = _check_role(parts, y, "default", cfg.level)
+        parts.append((held, g, p_ind, log_probs(p_ind), calibration.softmax(torch.as_tensor(z), 1.0).numpy(), z))
+    rows, g, *roles = map(np.concatenate, zip(*parts))
+    fold, yh = np.repeat(np.arange(len(parts)), [len(p[0]) for p in parts]), y[rows]
+
+    def check(p: np.ndarray, logp: np.ndarray) -> tuple:   # the gate, each fold's power from the others, on all
+        crossed = [fit_pool_weight(g[fold != f], logp[fold != f], yh[fold != f]) for f in range(len(parts))]
+        gate = paired_gate(p, factored_probs(logp, g, np.asarray(crossed)[fold, None]), yh, cfg.level)
+        return gate, crossed, fit_pool_weight(g, logp, yh)
+
+    gate, crossed, power = check(*roles[:2])
     powers, named = {head: power}, {}
     if head != "linear":
-        named["linear"], _, power = _check_role(parts, y, "linear", cfg.level)
+        named["linear"], _, power = check(*roles[2:])
         if named["linear"].passed:
             powers["linear"] = power
     return Check(Evidence.SHOTS, head, gate, powers=powers, cross_fitted=tuple(crossed), named_heads=named)
-
-
-def _check_role(parts: list, y: np.ndarray, role: str, level: float) -> tuple:
-    """(the ``role`` head's gate, each fold's power from the other folds, the power fitted on all)."""
-    def power(folds):
-        return fit_pool_weight(np.concatenate([p.g for p in folds]), np.concatenate([p.logp[role] for p in folds]),
-                               np.concatenate([y[p.rows] for p in folds]))
-
-    crossed = [power([p for j, p in enumerate(parts) if j != f]) for f in range(len(parts))]
-    gate = paired_gate(np.concatenate([p.probs[role] for p in parts]),
-                       np.concatenate([factored_probs(p.logp[role], p.g, a) for p, a in zip(parts, crossed)]),
-                       y[np.concatenate([p.rows for p in parts])], level)
-    return gate, crossed, power(parts)
 
 
 def check_without_shots(stage: Stage, side: TextSide, U: torch.Tensor, strength: Optional[float],
                         progress: bool = False, config: Optional[AdaptConfig] = None) -> Check:
     """Two random halves adapted alone: the linear head of each against the inductive default head on the other."""
     cfg = config_or_default(config)
-    N = U.shape[0]
-    P, kind = side.prototypes, side.config.kernel
+    N, P, kind = U.shape[0], side.prototypes, side.config.kernel
     perm = torch.from_numpy(np.random.default_rng(side.config.seed).permutation(N))
     halves = [perm[: N // 2].sort().values, perm[N // 2:].sort().values]
     head = stage.default_head

@@ -38,9 +38,11 @@ def too_small(n_pool: int, n_classes: int, config: Optional[AdaptConfig] = None)
 
 def bar(items, progress: bool, **kw):
     """``items`` under a tqdm progress bar when ``progress``."""
+    if not progress:
+        return items
     from tqdm.auto import tqdm
 
-    return tqdm(items, **kw) if progress else items
+    return tqdm(items, **kw)
 
 
 def _entropy(logits: torch.Tensor) -> float:
