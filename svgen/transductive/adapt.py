@@ -1,5 +1,4 @@
-"""A pool added to the inductive heads (the ``pool`` stage), kept only on held-out evidence: :func:`adapt` returns
-the :class:`~svgen.transductive.pool.PoolFit` to deploy (docs/transductive.md, "What the artifact gets")."""
+"""A pool added to the inductive heads where held-out evidence keeps it (docs/transductive.md, "The rule")."""
 
 from __future__ import annotations
 
@@ -16,16 +15,14 @@ from svgen.steps import Clock
 from svgen.transductive import gate as pool_gate
 from svgen.transductive import solve as td
 from svgen.transductive.decision import Check, Evidence, Reason, fallback, refuse
-from svgen.transductive.pool import PoolFit, Stage, transduce
+from svgen.transductive.pool import PoolFit, Stage, mean_entropy, prior_head, transduce
 
 log = logging.getLogger(__name__)
 
 
 def adapt(stage: Stage, side: TextSide, U: torch.Tensor, strength: Optional[float] = None,
           progress: bool = False, config: Optional[AdaptConfig] = None) -> PoolFit:
-    """The unit pool ``U`` checked (:mod:`svgen.transductive.gate`) and, where kept, solved in: with shots the default
-    and linear heads carry the pool's likelihood (:func:`_adopt_factor`), without them the posterior becomes the
-    linear and default head (:func:`_adopt_posterior`); otherwise the inductive heads, and the decision says why."""
+    """The unit pool ``U`` checked (:mod:`~svgen.transductive.gate`) and solved in where kept, else inductive heads."""
     C, N = side.n_classes, U.shape[0]
     t0 = time.perf_counter()
     clock = Clock(log)
@@ -42,26 +39,22 @@ def adapt(stage: Stage, side: TextSide, U: torch.Tensor, strength: Optional[floa
         clock.lap("pool check (%s) on %d images", check.evidence.value, N)
         decision = check.decision()
     if not decision.kept:
-        record = {"pool": N, "fallback": None, "prior_head": stage.prior_head, **decision.to_json()}
+        record = {"pool": N, "fallback": None, "prior_head": prior_head(stage.fewshot), **decision.to_json()}
         return refused(stage, side, U, {**record, "wall_time_s": time.perf_counter() - t0}, decision)
-    if check.evidence is Evidence.SHOTS:
-        return _adopt_factor(stage, side, U, strength, progress, check, t0, config)
-    head = stage.default_head
-    rows = td.calibration_rows(N)
-    entropy_before = td._entropy(predictor.logits(stage.heads, side.prototypes, side.config.kernel, U[rows], head)
-                                 .double() / stage.heads.calibration.temperatures[head])
-    fit = transduce(stage, side, U, strength, progress, labels_entropy=entropy_before, config=config)
+    shots = check.evidence is Evidence.SHOTS
+    entropy = None if shots else mean_entropy(stage.heads, side, U, stage.default_head)
+    fit = transduce(stage, side, U, strength, progress, labels_entropy=entropy, config=config)
     if not fit.decision.kept:
         return refused(stage, side, U, fit.record, fit.decision)
-    fit = _adopt_posterior(stage, side, fit, U, U[rows], entropy_before, agreement_target(check))
-    fit.record.update({"check": check.to_json(), "default_head": "linear", "wall_time_s": time.perf_counter() - t0})
+    fit = _adopt_factor(stage, side, U, fit, check) if shots else _adopt_posterior(stage, side, fit, U, entropy, check)
+    fit.record["wall_time_s"] = time.perf_counter() - t0
     fit.decision = decision
     return fit
 
 
 def agreement_target(check: Check) -> Optional[float]:
     """The cross-half agreement, k of n images, as (k + 1)/(n + 2) (rule of succession); None: none measured."""
-    if check.gate is None or check.gate.evidence is not Evidence.HALVES:
+    if check.gate is None or check.evidence is not Evidence.HALVES:
         return None
     a, n = float(check.gate.top1.candidate), int(check.gate.top1.n)
     return (a * n + 1.0) / (n + 2.0) if n else a
@@ -76,21 +69,16 @@ def refused(stage: Stage, side: TextSide, U: torch.Tensor, record: dict, decisio
     return PoolFit(stage.heads, record, predictor.proba_of_scores(stage.heads, s, head, prior), None, decision=decision)
 
 
-def _adopt_factor(stage: Stage, side: TextSide, U, strength, progress, check: Check, t0: float,
-                  config: AdaptConfig) -> PoolFit:
-    """With shots: each head the check fitted a power for × the pool's likelihood^a (:class:`svgen.state.PoolFactor`);
-    the heads, temperatures and default head stay the inductive ones."""
-    fit = transduce(stage, side, U, strength, progress, config=config)
-    if not fit.decision.kept:
-        return refused(stage, side, U, fit.record, fit.decision)
-    WG, bG = pool_gate.pool_parts(fit.record, fit.heads.linear, fit.prior_linear.weight, fit.prior_linear.bias)
+def _adopt_factor(stage: Stage, side: TextSide, U: torch.Tensor, fit: PoolFit, check: Check) -> PoolFit:
+    """With shots: each head the check fitted a power for × the pool's likelihood^a; the rest stays inductive."""
+    WG, bG = pool_gate.pool_parts(fit)
     powers = {h: float(a) for h, a in check.powers.items() if a > 0}
     ind = stage.heads
     heads = Heads(ind.kernel, ind.linear, ind.calibration,
                   PoolFactor(WG.float(), bG.float(), powers) if powers else None)
     default = stage.default_head
     labels = predictor.proba_in_blocks(heads, side.prototypes, side.config.kernel, U, default)
-    record = {**fit.record, "check": check.to_json(), "default_head": default, "wall_time_s": time.perf_counter() - t0,
+    record = {**fit.record, "check": check.to_json(), "default_head": default,
               "kernel_head": {"replaced": False, "reason": "with shots a pool multiplies the default and linear heads "
                                                           "by its likelihood; the kernel vote is not re-solved"},
               "pool_factor": {"powers": powers,
@@ -102,27 +90,22 @@ def _adopt_factor(stage: Stage, side: TextSide, U, strength, progress, check: Ch
                             if h == "kernel" else "inductive (the held-out shots kept no factor for it: its power is "
                                                   "0, or its own paired check did not pass)")
                         for h in predictor.head_names(heads) if h != "cosine"}}
-    return PoolFit(heads, record, labels, Heads(ind.kernel, ind.linear, ind.calibration), fit.prior_linear,
-                   check.decision())
+    return PoolFit(heads, record, labels, Heads(ind.kernel, ind.linear, ind.calibration), fit.prior_linear)
 
 
-def _adopt_posterior(stage: Stage, side: TextSide, fit: PoolFit, U: torch.Tensor, U_cal: torch.Tensor,
-                     entropy_before: float, agreement: Optional[float] = None) -> PoolFit:
-    """Without labels: the linear head is the posterior, the kernel head the posterior with the kernel vote as its
-    prior (its scores at ``T = 1/(t·β·t_p)`` × the pool's likelihood^t), each at the temperature whose mean top-1
-    probability on the pool is ``agreement`` (None: the inductive default head's mean entropy)."""
+def _adopt_posterior(stage: Stage, side: TextSide, fit: PoolFit, U: torch.Tensor, entropy_before: float,
+                     check: Check) -> PoolFit:
+    """Without labels: the linear head the posterior, the kernel head that with the kernel vote as its prior."""
     P, kind, rec = side.prototypes, side.config.kernel, fit.record
-    WG, bG = pool_gate.pool_parts(rec, fit.heads.linear, fit.prior_linear.weight, fit.prior_linear.bias)
+    U_cal, agreement = U[td.calibration_rows(U.shape[0])], agreement_target(check)
+    WG, bG = pool_gate.pool_parts(fit)
     k = float(rec["prior_strength"]) * float(rec["prior_temperature"])
     temps, powers, why = {}, {}, None
-
-    def scale(z: torch.Tensor) -> float:
-        return td.match_entropy(z, entropy_before) if agreement is None else td.match_confidence(z, agreement)
-
+    match, target = (td.match_entropy, entropy_before) if agreement is None else (td.match_confidence, agreement)
     with torch.no_grad():
         lin = predictor.logits(fit.heads, P, kind, U_cal, "linear").double()
         if bool(torch.isfinite(lin).all()):
-            temps["linear"] = 1.0 / scale(lin)
+            temps["linear"] = 1.0 / match(lin, target)
         if fit.heads.kernel.votes.is_sparse:   # the layout that carries a factor stores dense vote weights only
             why = "its vote weights are sparse (local); the artifact layout that carries a factor needs dense ones"
         elif not k > 0:
@@ -131,7 +114,7 @@ def _adopt_posterior(stage: Stage, side: TextSide, fit: PoolFit, U: torch.Tensor
             z = (k * predictor.scores(stage.heads, P, kind, U_cal, "kernel").double()
                  + predictor.gaussian_log_likelihood(WG, bG, U_cal))
             if bool(torch.isfinite(z).all()):
-                t = scale(z)
+                t = match(z, target)
                 temps["kernel"], powers["kernel"] = 1.0 / (t * k), t
             else:
                 why = "its posterior's scores are not finite"
@@ -160,7 +143,7 @@ def _adopt_posterior(stage: Stage, side: TextSide, fit: PoolFit, U: torch.Tensor
                                   "rule": "p_kernel(x) ∝ softmax(s(x)/T) · exp(a · (x̂ W_Gᵀ + b_G)), s the "
                                           "inductive kernel scores, T = 1/(a·β·t_prior): the solve's posterior "
                                           "β·t_prior·s(x) + x̂ W_Gᵀ + b_G at the confidence-matching scale a"}}
-                 if powers else {})}
+                 if powers else {}), "check": check.to_json(), "default_head": "linear"}
     # the pool's probabilities: the deployed default head's on it (what `adapt` + `classify --probs` gives)
     labels = predictor.proba_in_blocks(heads, P, kind, U, "linear")
     return PoolFit(heads, record, labels, ind, fit.prior_linear)

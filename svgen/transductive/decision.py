@@ -1,5 +1,4 @@
-"""Whether a pool is kept, as typed values (a :class:`svgen.selection.Decision` with a :class:`Reason` and the
-:class:`Check`); the ``svgen.json`` record is written from them and read back only by :func:`pool_kept`/:func:`pool_evidence`."""
+"""Whether a pool is kept, as typed values: a :class:`svgen.selection.Decision`, a :class:`Reason`, a :class:`Check`."""
 
 from __future__ import annotations
 
@@ -8,8 +7,6 @@ from enum import Enum
 from typing import Optional
 
 from svgen.selection import DEFAULT, Decision, Paired
-
-KEPT_INDUCTIVE = "; kept the inductive heads"   # closes every refusal's message
 
 
 class Evidence(Enum):
@@ -48,15 +45,9 @@ RULES = {
 FACTOR = "p_head(x) ∝ p_head_inductive(x) · exp(a_head · pool Gaussian log-likelihood(x))"
 
 
-def paired_json(p: Paired) -> dict:
-    return {"inductive": p.baseline, "pool": p.candidate, "difference": p.difference,
-            "standard_error": p.standard_error}
-
-
 @dataclass(frozen=True)
 class Gate:
-    """One paired test of the pool (candidate) against the inductive predictor (baseline): top-1 (halves: agreement
-    with the other half's posterior), top-5, NLL (None: halves), the images only one gets right, failures, level."""
+    """The pool (candidate) against the inductive predictor (baseline) paired: top-1, top-5, NLL (halves: None)."""
 
     top1: Paired
     top5: Paired
@@ -71,10 +62,6 @@ class Gate:
         return not self.failed
 
     @property
-    def evidence(self) -> Evidence:
-        return Evidence.HALVES if self.nll is None else Evidence.SHOTS
-
-    @property
     def message(self) -> Optional[str]:
         return "; ".join(self.failed) or None
 
@@ -85,16 +72,17 @@ class Gate:
                        standard_error=a.standard_error, gained=self.gained, lost=self.lost,
                        top5_agreement_pool=self.top5.candidate, top5_agreement_inductive=self.top5.baseline)
         else:
-            out.update(top1={**paired_json(a), "gained": self.gained, "lost": self.lost},
-                       top5=paired_json(self.top5), nll=paired_json(self.nll))
-        return {**out, "adopt": self.passed, "reason": self.message,
-                "rule": RULES[self.evidence].format(level=self.level)}
+            pairs = {"top1": a, "top5": self.top5, "nll": self.nll}
+            out.update({k: {"inductive": p.baseline, "pool": p.candidate, "difference": p.difference,
+                            "standard_error": p.standard_error} for k, p in pairs.items()})
+            out["top1"].update(gained=self.gained, lost=self.lost)
+        evidence = Evidence.HALVES if self.nll is None else Evidence.SHOTS
+        return {**out, "adopt": self.passed, "reason": self.message, "rule": RULES[evidence].format(level=self.level)}
 
 
 @dataclass(frozen=True)
 class Check:
-    """The pool check: its evidence and head, and its test (``gate``) or why it stopped before one; with shots the
-    powers (head → a), the cross-fitted ones and the tests of heads named alone."""
+    """The pool check: its evidence, head, test (``gate``) or why it stopped, and with shots the powers (head → a)."""
 
     evidence: Evidence
     head: str
@@ -136,7 +124,7 @@ def refuse(reason: Reason, why: str, check: Optional[Check] = None) -> Decision:
 
 def fallback(decision: Decision) -> Optional[str]:
     """The record's ``fallback``: None when kept, else the cause and that the inductive heads were kept."""
-    return None if decision.kept else decision.why + KEPT_INDUCTIVE
+    return None if decision.kept else decision.why + "; kept the inductive heads"
 
 
 KEPT = Decision(True, Reason.KEPT)

@@ -1,10 +1,7 @@
-"""Whether a pool may change the heads: held-out shots made pool members, or halves of the pool, judged by
-:mod:`svgen.selection`'s paired test (docs/transductive.md, "The rule")."""
+"""Whether a pool may change the heads: held-out shots or halves of the pool (docs/transductive.md, "The rule")."""
 
 from __future__ import annotations
 
-import logging
-from collections import namedtuple
 from dataclasses import replace
 from typing import Optional
 
@@ -23,16 +20,13 @@ from svgen.selection import (DEFAULT, AdaptConfig, Paired, ahead, balanced_folds
 from svgen.state import TextSide
 from svgen.transductive.decision import Check, Evidence, Gate, Reason, fallback
 from svgen.transductive import solve as td
-from svgen.transductive.pool import Stage, transduce
-
-log = logging.getLogger(__name__)
+from svgen.transductive.pool import PoolFit, Stage, transduce
 
 NLL_TOL = 1e-9   # nats: a Newton step lowering the mean NLL by less ends the power's fit (numerical)
 
 
 def shot_folds(y: np.ndarray, n_classes: int, seed: int = 0, max_folds: int = DEFAULT.max_folds) -> list:
-    """With ≥ 3 shots in every class with any, :func:`svgen.selection.balanced_folds` (one shot per class per fold);
-    else two folds, half of each class's shots in each (odd ones and one-shot classes alternate)."""
+    """With ≥ 3 shots in every class with any, :func:`svgen.selection.balanced_folds`; else two folds of half each."""
     counts = np.bincount(y, minlength=n_classes)
     if counts[counts > 0].size and counts[counts > 0].min() >= 3:
         return balanced_folds(y, seed, max_folds)
@@ -41,8 +35,7 @@ def shot_folds(y: np.ndarray, n_classes: int, seed: int = 0, max_folds: int = DE
     turn = 0
     for c in range(n_classes):
         idx = rng.permutation(np.flatnonzero(y == c))
-        for j, i in enumerate(idx):
-            fold[i] = (j + turn) % 2
+        fold[idx] = (np.arange(len(idx)) + turn) % 2   # odd counts and one-shot classes alternate
         turn = (turn + len(idx)) % 2
     return [np.flatnonzero(fold == f) for f in (0, 1) if (fold == f).any()]
 
@@ -55,45 +48,38 @@ def paired_gate(p_ind: np.ndarray, p_pool: np.ndarray, y: np.ndarray, level: flo
                 -np.log(np.maximum(p[np.arange(len(y)), y], 1e-300)))
 
     (a1, a5, an), (b1, b5, bn) = per_image(p_ind), per_image(p_pool)
-    return judged(Gate(paired(b1, a1), paired(b5, a5), paired(bn, an), int((b1 > a1).sum()), int((b1 < a1).sum()),
-                       level=level))
+    return replication_gate(b1, a1, b5, a5, level, nll=paired(bn, an))
 
 
 def replication_gate(agree_pool: np.ndarray, agree_ind: np.ndarray, agree5_pool: np.ndarray,
-                     agree5_ind: np.ndarray, level: float = DEFAULT.level) -> Gate:
-    """Per image of one half: whether the head adapted on the other half (``agree_pool``, top 5 ``agree5_pool``) or
-    the inductive head agrees with this half's own posterior class."""
-    return judged(Gate(paired(agree_pool, agree_ind), paired(agree5_pool, agree5_ind), None,
+                     agree5_ind: np.ndarray, level: float = DEFAULT.level, nll: Optional[Paired] = None) -> Gate:
+    """Per image, whether the adapted or the inductive head is right (top 1, top 5), judged; ``nll`` with shots."""
+    return judged(Gate(paired(agree_pool, agree_ind), paired(agree5_pool, agree5_ind), nll,
                        int((agree_pool > agree_ind).sum()), int((agree_pool < agree_ind).sum()), level=level))
 
 
 def judged(g: Gate) -> Gate:
     """``g`` with its failures: kept iff ahead on top-1 and not behind on top-5 and −NLL (:mod:`svgen.selection`)."""
     why, level, a, a5, n = [], g.level, g.top1, g.top5, g.nll
-    if n is None:
-        if not ahead(a, level):
-            why.append(f"a head adapted on one half of the pool agrees with the other half's own posterior on "
-                       f"{100 * a.candidate:.1f}% of it, the inductive head on {100 * a.baseline:.1f}%: the pool's "
-                       f"structure does not replicate (not above by more than {level:g} SE)")
-        if behind(a5, level):
-            why.append(f"the adapted head's top 5 holds the other half's posterior class on {100 * a5.candidate:.2f}% "
-                       f"of it, the inductive head's on {100 * a5.baseline:.2f}%, more often by more than {level:g} SE")
-        return replace(g, failed=tuple(why))
     if not ahead(a, level):
-        why.append(f"top-1 on held-out shots {100 * a.candidate:.1f}% is not above the inductive "
+        why.append(f"a head adapted on one half of the pool agrees with the other half's own posterior on "
+                   f"{100 * a.candidate:.1f}% of it, the inductive head on {100 * a.baseline:.1f}%: the pool's "
+                   f"structure does not replicate (not above by more than {level:g} SE)" if n is None else
+                   f"top-1 on held-out shots {100 * a.candidate:.1f}% is not above the inductive "
                    f"{100 * a.baseline:.1f}% by more than {level:g} SE ({g.gained} gained, {g.lost} lost)")
     if behind(a5, level):
-        why.append(f"top-5 {100 * a5.candidate:.1f}% is below the inductive {100 * a5.baseline:.1f}% by more than "
-                   f"{level:g} SE")
-    if behind(Paired(-n.candidate, -n.baseline, -n.difference, n.standard_error, n.n), level):   # −NLL
+        why.append(f"the adapted head's top 5 holds the other half's posterior class on {100 * a5.candidate:.2f}% "
+                   f"of it, the inductive head's on {100 * a5.baseline:.2f}%, more often by more than {level:g} SE"
+                   if n is None else f"top-5 {100 * a5.candidate:.1f}% is below the inductive "
+                   f"{100 * a5.baseline:.1f}% by more than {level:g} SE")
+    if n is not None and behind(Paired(-n.candidate, -n.baseline, -n.difference, n.standard_error, n.n), level):
         why.append(f"NLL {n.candidate:.3f} is above the inductive {n.baseline:.3f} by more than {level:g} SE")
     return replace(g, failed=tuple(why))
 
 
 def fit_pool_weight(g: np.ndarray, z: np.ndarray, y: np.ndarray, tol: float = 1e-7) -> float:
     """``a ≥ 0`` minimising the mean NLL of ``softmax(a·g + z)`` on rows ``y`` (convex; Newton on the slope)."""
-    g = np.asarray(g, dtype=np.float64)
-    z = np.asarray(z, dtype=np.float64)
+    z, g = np.asarray(z, dtype=np.float64), np.asarray(g, dtype=np.float64)
     g = g - g.mean(axis=1, keepdims=True)
     gy = g[np.arange(len(y)), y]
 
@@ -117,77 +103,64 @@ def log_probs(p: np.ndarray) -> np.ndarray:
     return np.log(np.maximum(np.asarray(p, dtype=np.float64), KERNEL_LOG_FLOOR))
 
 
-def pool_parts(record: dict, linear, W0: torch.Tensor, b0: torch.Tensor):
-    """(W_G, b_G): the Gaussian part of a transduced linear head ``W_G + β·t·W0``."""
-    k = float(record["prior_strength"]) * float(record["linear_prior_temperature"])
-    return linear.weight.double() - k * W0.double(), linear.bias.double() - k * b0.double()
-
-
-# one fold's held-out shots: the pool's log-likelihood g at them; per head role, probabilities and log-probabilities
-HeldOut = namedtuple("HeldOut", "rows g probs logp")
+def pool_parts(fit: PoolFit):
+    """(W_G, b_G): the Gaussian part of a transduced linear head ``W_G + β·t·W0`` (W0: ``fit.prior_linear``)."""
+    k = float(fit.record["prior_strength"]) * float(fit.record["linear_prior_temperature"])
+    linear, prior = fit.heads.linear, fit.prior_linear
+    return linear.weight.double() - k * prior.weight.double(), linear.bias.double() - k * prior.bias.double()
 
 
 def check_with_shots(stage: Stage, side: TextSide, U: torch.Tensor, strength: Optional[float],
                      progress: bool = False, config: Optional[AdaptConfig] = None) -> Check:
-    """Each fold's predictor rebuilt without it, its held-out shots in the pool unlabelled; the default head (and the
-    linear head named alone) times the pool's likelihood to a cross-fitted power against the head alone."""
+    """Each fold's held-out shots unlabelled in the pool: the default and linear heads × its likelihood^a, or alone."""
     cfg = config_or_default(config)
-    C, D = side.n_classes, side.prototypes.shape[1]
+    C, P, kind = side.n_classes, side.prototypes, side.config.kernel
     X, y = stage.shots.rows.float(), stage.shots.labels.numpy()
     head = stage.default_head
     folds = shot_folds(y, C, side.config.seed, max_folds=cfg.max_folds)
     if len(folds) < 2:
         return Check(Evidence.SHOTS, head, stopped=Reason.NO_HELD_OUT_SHOTS,
                      why="one shot in all: no held-out shots to check a pool on")
-    parts = []
+    parts = []   # per fold: held-out rows, the pool's log-likelihood g there, the default and linear heads' p, log p
     for held in td.bar(folds, progress, desc="checking the pool (held-out shots)", unit="fold", leave=False):
         keep = np.setdiff1d(np.arange(len(y)), held)
-        shots = image_rows(X[keep], torch.from_numpy(y[keep]), C, D)
+        shots = image_rows(X[keep], torch.from_numpy(y[keep]), C, P.shape[1])
         fit = shot_adapt.adapt(stage.zero_shot, shots, side, tilt_shotless=False)   # every class has shots
-        Xh = F.normalize(X[held], dim=-1)
+        Xh, fold_head = F.normalize(X[held], dim=-1), fit.record["default_head"]
         with torch.no_grad():
-            p_ind = predictor.proba(fit.heads, side.prototypes, side.config.kernel, Xh,
-                                    fit.record["default_head"]).numpy()
-            part = Stage(fit.heads, stage.zero_shot, fit.record, fit.heads.kernel.support_set().part(IMAGE),
-                         fit.record["default_head"])
+            p_ind = predictor.proba(fit.heads, P, kind, Xh, fold_head).numpy()
+            part = Stage(fit.heads, stage.zero_shot, fit.record, fit.heads.kernel.support_set().part(IMAGE), fold_head)
             pool = transduce(part, side, torch.cat([U, Xh]), strength, progress=False, config=cfg)
             if not pool.decision.kept:
                 return Check(Evidence.SHOTS, head, stopped=Reason.FOLD_DID_NOT_ADAPT,
                              why="without a fold of the shots " + fallback(pool.decision))
-            WG, bG = pool_parts(pool.record, pool.heads.linear, pool.prior_linear.weight, pool.prior_linear.bias)
+            WG, bG = pool_parts(pool)
             g = predictor.gaussian_log_likelihood(WG, bG, Xh).numpy()
-            z = (predictor.logits(fit.heads, side.prototypes, side.config.kernel, Xh, "linear").double()
+            z = (predictor.logits(fit.heads, P, kind, Xh, "linear").double()
                  / float(fit.heads.calibration.temperatures["linear"])).numpy()
-        p_lin = calibration.softmax(torch.as_tensor(z), 1.0).numpy()
-        parts.append(HeldOut(held, g, {"default": p_ind, "linear": p_lin}, {"default": log_probs(p_ind), "linear": z}))
-    gate, crossed, power = _check_role(parts, y, "default", cfg.level)
+        parts.append((held, g, p_ind, log_probs(p_ind), calibration.softmax(torch.as_tensor(z), 1.0).numpy(), z))
+    rows, g, *roles = map(np.concatenate, zip(*parts))
+    fold, yh = np.repeat(np.arange(len(parts)), [len(p[0]) for p in parts]), y[rows]
+
+    def check(p: np.ndarray, logp: np.ndarray) -> tuple:   # the gate, each fold's power from the others, on all
+        crossed = [fit_pool_weight(g[fold != f], logp[fold != f], yh[fold != f]) for f in range(len(parts))]
+        gate = paired_gate(p, factored_probs(logp, g, np.asarray(crossed)[fold, None]), yh, cfg.level)
+        return gate, crossed, fit_pool_weight(g, logp, yh)
+
+    gate, crossed, power = check(*roles[:2])
     powers, named = {head: power}, {}
     if head != "linear":
-        named["linear"], _, power = _check_role(parts, y, "linear", cfg.level)
+        named["linear"], _, power = check(*roles[2:])
         if named["linear"].passed:
             powers["linear"] = power
     return Check(Evidence.SHOTS, head, gate, powers=powers, cross_fitted=tuple(crossed), named_heads=named)
-
-
-def _check_role(parts: list, y: np.ndarray, role: str, level: float) -> tuple:
-    """(the ``role`` head's gate, each fold's power from the other folds, the power fitted on all)."""
-    def power(folds):
-        return fit_pool_weight(np.concatenate([p.g for p in folds]), np.concatenate([p.logp[role] for p in folds]),
-                               np.concatenate([y[p.rows] for p in folds]))
-
-    crossed = [power([p for j, p in enumerate(parts) if j != f]) for f in range(len(parts))]
-    gate = paired_gate(np.concatenate([p.probs[role] for p in parts]),
-                       np.concatenate([factored_probs(p.logp[role], p.g, a) for p, a in zip(parts, crossed)]),
-                       y[np.concatenate([p.rows for p in parts])], level)
-    return gate, crossed, power(parts)
 
 
 def check_without_shots(stage: Stage, side: TextSide, U: torch.Tensor, strength: Optional[float],
                         progress: bool = False, config: Optional[AdaptConfig] = None) -> Check:
     """Two random halves adapted alone: the linear head of each against the inductive default head on the other."""
     cfg = config_or_default(config)
-    N = U.shape[0]
-    P, kind = side.prototypes, side.config.kernel
+    N, P, kind = U.shape[0], side.prototypes, side.config.kernel
     perm = torch.from_numpy(np.random.default_rng(side.config.seed).permutation(N))
     halves = [perm[: N // 2].sort().values, perm[N // 2:].sort().values]
     head = stage.default_head
@@ -201,16 +174,12 @@ def check_without_shots(stage: Stage, side: TextSide, U: torch.Tensor, strength:
                 return Check(Evidence.HALVES, head, stopped=Reason.HALF_DID_NOT_ADAPT,
                              why=f"half of the pool alone does not adapt ({fit.decision.why})")
             adapted.append(fit)
-        a1, i1, a5, i5 = [], [], [], []
+        hits = []   # per half: the adapted and the inductive head's top 1, then top 5, holding its posterior class
         for a, b in ((0, 1), (1, 0)):
             posterior, rows = adapted[b].labels.argmax(dim=1)[:, None], halves[b]
             new = top5(predictor.scores(adapted[a].heads, P, kind, U[rows], "linear"))
-            a1.append((new[:, :1] == posterior).any(dim=1).numpy())
-            i1.append((ind[rows, :1] == posterior).any(dim=1).numpy())
-            a5.append((new == posterior).any(dim=1).numpy())
-            i5.append((ind[rows] == posterior).any(dim=1).numpy())
-    return Check(Evidence.HALVES, head, replication_gate(*(np.concatenate(v) for v in (a1, i1, a5, i5)),
-                                                        level=cfg.level))
+            hits.append([(t == posterior).any(dim=1).numpy() for t in (new[:, :1], ind[rows, :1], new, ind[rows])])
+    return Check(Evidence.HALVES, head, replication_gate(*map(np.concatenate, zip(*hits)), level=cfg.level))
 
 
 def top5(scores: torch.Tensor) -> torch.Tensor:

@@ -1,5 +1,4 @@
-"""The transduction on the inductive state, without any check (:func:`transduce`): the prior, its calibration, the
-settled solve (:mod:`svgen.transductive.solve`) and the posterior linear head."""
+"""The transduction on the inductive state, without any check: the prior, its calibration, the solve, the posterior."""
 
 from __future__ import annotations
 
@@ -41,15 +40,10 @@ class Stage:
     shots: Optional[SupportSet]
     default_head: str
 
-    @property
-    def prior_head(self) -> str:
-        return prior_head(self.fewshot)
-
 
 @dataclass
 class PoolFit:
-    """The heads to deploy, the record, the pool's N×C probabilities, the inductive heads replaced (None: none), the
-    linear head the solve continued (``linear = W_G + β·t·prior_linear``) and the decision."""
+    """The heads, record, pool probabilities, inductive heads replaced, linear head continued (``prior_linear``)."""
 
     heads: Heads
     record: dict
@@ -59,13 +53,10 @@ class PoolFit:
     decision: Decision = KEPT
 
 
-def lda_loo_temperature(heads: Heads):
-    """(T, why) of the posterior with a class model fitted on shots: the LDA head's leave-one-out T, else 1."""
-    cal = heads.calibration.record or {}
-    loo = (cal.get("loo") or {}).get("linear") or {}
-    if cal.get("method") == "loo-nll" and loo.get("fitted"):
-        return float(heads.calibration.temperatures["linear"]), "the LDA head's leave-one-out NLL temperature on the shots"
-    return 1.0, "1 (the LDA head's temperature was not fitted on the shots)"
+def mean_entropy(heads: Heads, side: TextSide, U: torch.Tensor, head: str) -> float:
+    """``head``'s mean entropy at its temperature on :func:`~svgen.transductive.solve.calibration_rows` of ``U``."""
+    z = predictor.logits(heads, side.prototypes, side.config.kernel, U[td.calibration_rows(U.shape[0])], head)
+    return td._entropy(z.double() / heads.calibration.temperatures[head])
 
 
 def _refused(heads: Heads, N: int, head: str, refusal: Decision, **extra) -> PoolFit:
@@ -75,11 +66,10 @@ def _refused(heads: Heads, N: int, head: str, refusal: Decision, **extra) -> Poo
 
 def transduce(stage: Stage, side: TextSide, U: torch.Tensor, strength: Optional[float] = None, progress: bool = False,
               labels_entropy: Optional[float] = None, config: Optional[AdaptConfig] = None) -> PoolFit:
-    """Re-solves the linear head on the unit pool ``U`` (the kernel head as it is). ``labels_entropy``: the pool
-    probabilities' mean entropy (default: the adapted linear head's). A refused decision: nothing changed."""
+    """Re-solves the linear head on the unit pool ``U`` (the kernel head as it is); a refusal changes nothing."""
     C, N = side.n_classes, U.shape[0]
     P, kind, heads = side.prototypes, side.config.kernel, stage.heads
-    head = stage.prior_head
+    head = prior_head(stage.fewshot)
     refusal = td.too_small(N, C, config)
     if refusal is not None:
         return _refused(heads, N, head, refusal)
@@ -89,30 +79,31 @@ def transduce(stage: Stage, side: TextSide, U: torch.Tensor, strength: Optional[
     # the linear head may be zero-shot + α·LDA logits (svgen.fewshot.linear): the solve continues its LDA part
     part = linear_head.lda_part(P, shots, C, stage.fewshot.get("linear")) if fitted else None
     prior_linear = heads.linear if part is None else LinearHead(part[0], part[1])
-    lin_heads = heads if part is None else Heads(heads.kernel, prior_linear, heads.calibration)
     if shots is None:
-        prior = predictor.scores_in_blocks(lin_heads, P, kind, U, head)
+        prior = predictor.scores_in_blocks(heads, P, kind, U, head)
     else:   # the inductive predictor as deployed: calibrated log-probabilities at T = 1
         prior = predictor.proba_in_blocks(heads, P, kind, U, head).clamp_min(KERNEL_LOG_FLOOR).log()
     timings = {"prior_scores": time.perf_counter() - t0}
     with torch.no_grad():
-        cal = U[td.calibration_rows(N)]
-        target = td._entropy(CLIP_LOGIT_SCALE * cal @ F.normalize(P.float(), dim=-1).T)
-        lin = predictor.scores_in_blocks(lin_heads, P, kind, U, "linear")
         precision = None
         if fitted:   # the LDA head's Σ and logits are a Gaussian model fitted on the shots: used as they are
             Sigma = fewshot.lda_covariance(shots.rows.double(), shots.labels, C,
                                            float(stage.fewshot["linear"]["shrinkage"]))
             precision = torch.linalg.inv(Sigma).float()
             t_prior = t_lin = 1.0
-            if part is None:
-                t_post, t_post_source = lda_loo_temperature(heads)
-            else:
+            cal = heads.calibration.record or {}
+            if part is not None:
                 t_post, t_post_source = ((part[2], "the LDA part's leave-one-out NLL temperature on the shots")
                                          if part[3] else (1.0, "1 (the LDA part's temperature was not fitted)"))
+            elif cal.get("method") == "loo-nll" and ((cal.get("loo") or {}).get("linear") or {}).get("fitted"):
+                t_post = float(heads.calibration.temperatures["linear"])
+                t_post_source = "the LDA head's leave-one-out NLL temperature on the shots"
+            else:
+                t_post, t_post_source = 1.0, "1 (the LDA head's temperature was not fitted on the shots)"
         else:   # scales calibrated without labels (with one shot per class the prior is calibrated already)
+            target = td._entropy(CLIP_LOGIT_SCALE * U[td.calibration_rows(N)] @ F.normalize(P.float(), dim=-1).T)
             t_prior = 1.0 if shots is not None else td.match_entropy(prior, target)
-            t_lin = td.match_entropy(lin, target)
+            t_lin = td.match_entropy(predictor.scores_in_blocks(heads, P, kind, U, "linear"), target)
             t_post, t_post_source = 1.0, "1 (no class model fitted on labels)"
         beta0 = td.prior_strength(N, C, len(shots) if fitted else 0) if strength is None else float(strength)
         timings["calibration"] = time.perf_counter() - t0 - timings["prior_scores"]
@@ -128,18 +119,15 @@ def transduce(stage: Stage, side: TextSide, U: torch.Tensor, strength: Optional[
     beta = res.info["prior_strength"]
     ic = heads.calibration   # recorded so that adapting again (or a fall-back) restores it
     inductive_calibration = {"temperatures": dict(ic.temperatures), "kernel_logits": ic.kernel_logits,
-                             **({"kernel_floor": ic.kernel_floor} if ic.kernel_floor is not None else {}),
-                             **({"mixture_weight": ic.mixture_weight} if ic.mixture_weight is not None else {}),
+                             **{k: getattr(ic, k) for k in ("kernel_floor", "mixture_weight")
+                                if getattr(ic, k) is not None},
                              "calibration": json.loads(json.dumps(ic.record))}
     new = Heads(heads.kernel, LinearHead(res.weight + beta * t_lin * prior_linear.weight.float(),
                                          res.bias + beta * t_lin * prior_linear.bias.float()), ic)
     new.calibration = predictor.text_calibration(new, P, side.per_template, kind, only="linear")
     with torch.no_grad():   # the solve's posterior at the linear head's mean entropy on the pool (argmax unchanged)
-        rows = td.calibration_rows(N)
-        target = (td._entropy(predictor.logits(new, P, kind, U[rows], "linear").double()
-                              / new.calibration.temperatures["linear"])
-                  if labels_entropy is None else labels_entropy)
-        t_labels = td.match_entropy(res.logits, target)
+        t_labels = td.match_entropy(res.logits, mean_entropy(new, side, U, "linear")
+                                    if labels_entropy is None else labels_entropy)
         labels = torch.softmax(t_labels * res.logits.float(), dim=1)
     record = {**res.info, **KEPT.to_json(), "prior_head": head, "tries": tries,
               "prior_temperature": t_prior, "labels_temperature": 1.0 / t_labels,

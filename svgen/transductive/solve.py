@@ -1,5 +1,4 @@
-"""The transduction in closed form on plain tensors (TransCLIP's KL-anchored update; docs/transductive.md, "The
-solve"): soft labels, the Gaussian class model as a linear head, and the rounds settled by raising the prior."""
+"""The transduction in closed form on plain tensors, TransCLIP's KL-anchored update (docs/transductive.md)."""
 
 from __future__ import annotations
 
@@ -80,7 +79,9 @@ def match_confidence(scores: torch.Tensor, target: float, iters: int = 40) -> fl
 
 
 def knn_graph(U: torch.Tensor, k: int, block: int = KNN_BLOCK):
-    """(idx N×k, w N×k): each row's k nearest other rows by cosine, ``max(0, cos)`` weights; row blocks of U Uᵀ."""
+    """(idx N×k, w N×k): each row's k nearest other rows by cosine, ``max(0, cos)`` weights; k = 0: (None, None)."""
+    if k <= 0:
+        return None, None
     N = U.shape[0]
     k = min(k, N - 1)
     idx = torch.empty(N, k, dtype=torch.int64)
@@ -123,8 +124,7 @@ def class_model(U, Z, shots_x, shots_y, means, kappa: float):
 def transduce(U: torch.Tensor, prior_logits: torch.Tensor, means: torch.Tensor, shots_x=None, shots_y=None,
               strength: Optional[float] = None, precision: Optional[torch.Tensor] = None, graph=None,
               progress: bool = False, temperature: float = 1.0, config: Optional[AdaptConfig] = None) -> Transduction:
-    """``config.rounds`` rounds of pseudo-labels and the class model re-solved (``precision``: a fixed Σ⁻¹; ``graph``:
-    a precomputed :func:`knn_graph`; ``temperature``: T_post)."""
+    """``config.rounds`` rounds of pseudo-labels and the class model re-solved (``precision``: a fixed Σ⁻¹)."""
     cfg = config_or_default(config)
     N, C = U.shape[0], prior_logits.shape[1]
     if N < 2:
@@ -137,18 +137,13 @@ def transduce(U: torch.Tensor, prior_logits: torch.Tensor, means: torch.Tensor, 
     temperature = float(temperature)
     if not (temperature > 0 and math.isfinite(temperature)):
         raise SvgenError(f"posterior temperature must be a positive number, got {temperature}")
-    if graph is None:
-        graph = knn_graph(U, cfg.neighbours) if cfg.neighbours > 0 else (None, None)
-    idx, w = graph
-    sx = None if shots_x is None else shots_x.float()
-    prec = None if precision is None else precision.float()
+    idx, w = graph or knn_graph(U, cfg.neighbours)
+    sx, prec = (None if t is None else t.float() for t in (shots_x, precision))
     Z = torch.softmax(logp0 / temperature, dim=1)
     agreement = []
     for _ in bar(range(cfg.rounds), progress, desc="transductive rounds", unit="round"):
         W, b = gmm_head(*class_model(U, Z, sx, shots_y, means.float(), cfg.prior_pseudo_images), prec)
-        base = U @ W.T + b
-        if beta:
-            base = base + beta * logp0
+        base = U @ W.T + b + (beta * logp0 if beta else 0)
         prev = Z.argmax(dim=1)
         for _ in range(cfg.steps):
             A = (base if idx is None else base + _propagate(Z, idx, w)) / temperature
@@ -170,7 +165,7 @@ def settle(U: torch.Tensor, prior_logits: torch.Tensor, means: torch.Tensor, bet
     """(Transduction or None, tries): :func:`transduce` at β₀, β₀·escalate, … until the rounds settle."""
     cfg = config_or_default(config)
     tries, beta = [], beta0
-    graph = knn_graph(U.float(), cfg.neighbours) if cfg.neighbours > 0 else (None, None)
+    graph = knn_graph(U.float(), cfg.neighbours)
     for _ in range(cfg.max_escalations + 1):
         res = transduce(U, prior_logits, means, strength=beta, graph=graph, config=cfg, **kw)
         last = res.info["round_agreement"][-1]
