@@ -50,8 +50,22 @@ def adapt(zero_shot: Heads, shots: SupportSet, side: TextSide, tilt_shotless: bo
                                  shot_sample(labels, config.lda_loo_max, seed), config=config)
     clock.lap("adapt: linear head (LDA, its shrinkage and α chosen)")
     wall = time.perf_counter() - t0
-    heads = Heads(kernel_head(res, zero_shot, shots, C), LinearHead(lin.weight, lin.bias))
-    evidence = kernel_evidence(res, shots, side)
+    if res.adopted:   # σ as the artifact stores it (float32): a loaded head scores exactly as the fitted one
+        kernel = KernelHead(torch.from_numpy(res.rows).float(), float(np.float32(res.sigma)),
+                            torch.from_numpy(res.votes).float(), torch.from_numpy(res.labels).to(torch.int64),
+                            torch.full((res.rows.shape[0],), IMAGE, dtype=torch.uint8), float(res.logit_scale))
+    else:   # refused: the zero-shot head exactly, the shots kept as rows with zero votes
+        z, support = zero_shot.kernel, SupportSet.from_text(zero_shot.kernel.rows).join(shots)
+        kernel = KernelHead(support.rows.float(), float(z.bandwidth),
+                            torch.cat([z.votes.float(), torch.zeros(len(shots), C)]), support.labels,
+                            support.source)
+    heads = Heads(kernel, LinearHead(lin.weight, lin.bias))
+    folds = res.held_scores is not None   # the kernel head's evidence: its folds' held-out scores, else LOO
+    rows = res.held_rows if folds else np.arange(len(shots)) if res.loo_rows is None else np.asarray(res.loo_rows)
+    p0 = residual.prior_probs(residual.unit(shots.rows.numpy()[rows]), residual.unit(side.prototypes.numpy()),
+                              res.logit_scale)
+    evidence = KernelEvidence(rows, res.held_scores if folds else res.loo_scores, p0,
+                              "balanced folds" if folds else "leave-one-out")
     heads.calibration = temperatures(heads, side, shots, res, lin, evidence, config)
     clock.lap("adapt: temperatures on held-out scores")
     default, weight, head_choice, held = choose_default_head(heads, side, res, shots, lin, evidence)
@@ -81,23 +95,8 @@ def adapt(zero_shot: Heads, shots: SupportSet, side: TextSide, tilt_shotless: bo
     }
     log.info("adapted to %d shots in %.2fs: kernel %s (σ=%.3g, c=%.3g), linear LDA γ=%g κ=%g (LOO error %.3f), α=%s",
              len(shots), wall, "adapted" if res.adopted else "kept zero-shot", res.sigma, res.record["ridge_c"],
-             lchoice.shrinkage, lchoice.prior_shots, lchoice.loo_error,
-             lin.record.get("alpha", "none (LDA alone)"))
+             lchoice.shrinkage, lchoice.prior_shots, lchoice.loo_error, lin.record.get("alpha", "none (LDA alone)"))
     return ShotFit(heads, record, held)
-
-
-def kernel_head(res, zero_shot: Heads, shots: SupportSet, n_classes: int) -> KernelHead:
-    """The adapted kernel head, or where refused the zero-shot one exactly with the shots as rows of zero votes."""
-    if res.adopted:
-        # σ as the artifact stores it (float32): a loaded head scores exactly as the fitted one
-        return KernelHead(torch.from_numpy(res.rows).float(), float(np.float32(res.sigma)),
-                          torch.from_numpy(res.votes).float(),
-                          torch.from_numpy(res.labels).to(torch.int64),
-                          torch.full((res.rows.shape[0],), IMAGE, dtype=torch.uint8), float(res.logit_scale))
-    z = zero_shot.kernel
-    rows = SupportSet.from_text(z.rows).join(shots)   # the shots kept as rows with zero votes
-    return KernelHead(rows.rows.float(), float(z.bandwidth),
-                      torch.cat([z.votes.float(), torch.zeros(len(shots), n_classes)]), rows.labels, rows.source)
 
 
 class KernelEvidence(NamedTuple):
@@ -107,16 +106,6 @@ class KernelEvidence(NamedTuple):
     scores: np.ndarray
     prior: np.ndarray
     name: str
-
-
-def kernel_evidence(res, shots: SupportSet, side: TextSide) -> KernelEvidence:
-    """The kernel head's held-out scores on its folds, or with one shot per class its leave-one-out scores."""
-    folds = res.held_scores is not None
-    rows = res.held_rows if folds else np.arange(len(shots)) if res.loo_rows is None else np.asarray(res.loo_rows)
-    p0 = residual.prior_probs(residual.unit(shots.rows.numpy()[rows]), residual.unit(side.prototypes.numpy()),
-                              res.logit_scale)
-    return KernelEvidence(rows, res.held_scores if folds else res.loo_scores, p0,
-                          "balanced folds" if folds else "leave-one-out")
 
 
 def held_out_probabilities(heads: Heads, side: TextSide, res, shots: SupportSet, lin, ev: KernelEvidence) -> tuple:

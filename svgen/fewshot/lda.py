@@ -74,9 +74,7 @@ def lda_loo(X: torch.Tensor, y: torch.Tensor, m: torch.Tensor, gammas: Sequence[
     scale = torch.where(many, n_i / (n_i - 1).clamp_min(1), torch.zeros_like(n_i))
     own_sum = sums[y] @ V - Xv                         # class sum without shot i (eigenbasis)
     rows = torch.arange(N)
-    err = np.zeros((len(gammas), len(kappas)))
-    tie = np.zeros_like(err)
-    kept = {}
+    err, tie, kept = np.zeros((len(gammas), len(kappas))), np.zeros((len(gammas), len(kappas))), {}
     correct = np.zeros(err.shape + (N,), dtype=bool)
     for a, g in enumerate(gammas):
         binv = {f: 1.0 / ((1 - g) * omega / df[f] + g * tau) for f in (True, False)}
@@ -109,9 +107,8 @@ def lda_loo(X: torch.Tensor, y: torch.Tensor, m: torch.Tensor, gammas: Sequence[
                 sc[rows, y] = ((Xv - 0.5 * own) * Binv * own).sum(dim=1) + coef * (xw * wo - 0.5 * wo * wo)
             if keep_scores:
                 kept[a, b] = sc
-            ok = (sc.argmax(dim=1) == y).numpy()
-            correct[a, b] = ok
-            err[a, b] = float((~ok).mean())
+            correct[a, b] = (sc.argmax(dim=1) == y).numpy()
+            err[a, b] = float((~correct[a, b]).mean())
             other = sc.scatter(1, y[:, None], -float("inf")).max(dim=1).values
             tie[a, b] = float((other - sc[rows, y]).clamp(-1e6, 1e6).mean())
     return (err, tie) + ((correct,) if return_correct else ()) + ((kept,) if keep_scores else ())

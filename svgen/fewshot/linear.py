@@ -25,7 +25,6 @@ class LinearFit:
     weight: torch.Tensor
     bias: torch.Tensor
     record: dict
-    held_rows: Optional[np.ndarray] = None
     held_logits: Optional[np.ndarray] = None
     loo_logits: Optional[np.ndarray] = None
     loo_labels: Optional[np.ndarray] = None
@@ -65,8 +64,7 @@ def fit_linear_head(prototypes: torch.Tensor, shots, n_classes: int, W_lda: torc
     L = np.concatenate(out)
     Z = CLIP_LOGIT_SCALE * Xn[rows] @ P.T
     s_fold = spread_ratio(Z, L)
-    truth = y.numpy()[rows]
-    alphas = config.alphas
+    truth, alphas = y.numpy()[rows], config.alphas
     acc = np.array([((Z + a * s_fold * L).argmax(axis=1) == truth).mean() for a in alphas])
     i = int(np.argmax(acc))      # the first best: ties to the smaller α
     alpha = alphas[i]
@@ -83,7 +81,7 @@ def fit_linear_head(prototypes: torch.Tensor, shots, n_classes: int, W_lda: torc
                       "head's: its exact leave-one-out logits)"}
     log.info("linear head: zero-shot logits + %g·%.3g·LDA (held-out accuracy %.3f, zero-shot %.3f)",
              alpha, s, acc[i], acc[0])
-    return LinearFit(W.float(), b.float(), record, rows, Z + alpha * s_fold * L, Z_loo + alpha * s * loo, loo_y,
+    return LinearFit(W.float(), b.float(), record, Z + alpha * s_fold * L, Z_loo + alpha * s * loo, loo_y,
                      loo_rows)
 
 
