@@ -131,8 +131,7 @@ def fit_tilt(zero_shot, shots: SupportSet, side, refit, shots_weight: float, pro
     for group in groups:
         out = np.isin(labels, group)
         fit = refit(shots.subset(np.flatnonzero(~out)))
-        shotless = np.ones(C, dtype=bool)
-        shotless[np.unique(labels[~out])] = False
+        shotless = ~np.isin(np.arange(C), labels[~out])   # the classes this refit had no shots of
         pk, pl, p0 = (predictor.proba(fit.heads, side.prototypes, side.config.kernel, shots.rows[out].float(),
                                       h).numpy() for h in ("kernel", "linear", "cosine"))
         pk_in, pl_in, y_in, p0_in = fit.held_out
