@@ -35,40 +35,24 @@ class Tilt:
     versus: dict
 
 
-@dataclass
-class Evidence:
-    """Per held-out image: each head's probability of its class and of the tilted classes, [y ∈ U]; the kind's share."""
-
-    kernel: np.ndarray
-    linear: np.ndarray
-    mass_kernel: np.ndarray
-    mass_linear: np.ndarray
-    tilted: np.ndarray
-    weight: float
-
-
-def evidence(p_kernel: np.ndarray, p_linear: np.ndarray, y: np.ndarray, shotless: np.ndarray,
-             weight: float) -> Evidence:
-    """:class:`Evidence` of both heads' N×C probabilities of images of classes ``y``; ``shotless``: the tilted classes."""
+def evidence(p_kernel: np.ndarray, p_linear: np.ndarray, y: np.ndarray, shotless: np.ndarray, weight: float) -> tuple:
+    """Per image of classes ``y``: each head's p_y and mass on the tilted classes, [y ∈ U], its share of ``weight``."""
     y, u, rows = np.asarray(y, dtype=np.int64), np.asarray(shotless, dtype=bool), np.arange(len(y))
     pk, pl = np.asarray(p_kernel, dtype=np.float64), np.asarray(p_linear, dtype=np.float64)
-    return Evidence(pk[rows, y], pl[rows, y], pk[:, u].sum(axis=1), pl[:, u].sum(axis=1), u[y].astype(np.float64),
-                    float(weight))
+    return (pk[rows, y], pl[rows, y], pk[:, u].sum(axis=1), pl[:, u].sum(axis=1), u[y].astype(np.float64),
+            np.full(y.size, float(weight) / max(y.size, 1)))
 
 
 def _stacked(evidence, w: float) -> tuple:
     """At weight ``w``, every image: the mixture's ``−log p_y``, its mass ``P_U`` on U, ``[y ∈ U]``, its share."""
     if isinstance(evidence, tuple):   # already stacked
         return evidence
-    parts = [e for e in evidence if e.kernel.size]
-    return (np.concatenate([-np.log(np.maximum(mixture.mix(w, e.kernel, e.linear), PROB_FLOOR)) for e in parts]),
-            np.concatenate([mixture.mix(w, e.mass_kernel, e.mass_linear) for e in parts]),
-            np.concatenate([e.tilted for e in parts]),
-            np.concatenate([np.full(e.kernel.size, e.weight / e.kernel.size) for e in parts]))
+    k, li, mass_k, mass_l, tilted, share = (np.concatenate(a) for a in zip(*evidence))
+    return -np.log(np.maximum(mixture.mix(w, k, li), PROB_FLOOR)), mixture.mix(w, mass_k, mass_l), tilted, share
 
 
 def objective(evidence, w: float, delta: float) -> float:
-    """The tilted mixture's NLL ``Σ share·(−log p_y − δ·u_y + log(1 − P_U + P_U·e^δ))`` (:class:`Evidence` list)."""
+    """The tilted mixture's NLL ``Σ share·(−log p_y − δ·u_y + log(1 − P_U + P_U·e^δ))`` (a list of :func:`evidence`)."""
     nll, mass, tilted, share = _stacked(evidence, w)
     return float(share @ (nll - delta * tilted + np.log((1.0 - mass) + mass * math.exp(delta))))
 
