@@ -58,15 +58,12 @@ def lda_loo(X: torch.Tensor, y: torch.Tensor, m: torch.Tensor, gammas: Sequence[
     omega, V = (torch.from_numpy(a) for a in np.linalg.eigh((R.T @ R).numpy()))   # numpy's LAPACK: ~2.5× faster
     omega = omega.clamp_min(0)
     centre = X.mean(dim=0) @ V
-    C_shot = int((n > 0).sum())
-    df_all = max(N - C_shot, 1)
-    trace = float(omega.sum())
-    tau = trace / (df_all * D) if trace > 0 else 1.0
-    df = {True: max(N - 1 - C_shot, 1), False: df_all}
-    if score_rows is not None:
+    C_shot, trace = int((n > 0).sum()), float(omega.sum())
+    df = {True: max(N - 1 - C_shot, 1), False: max(N - C_shot, 1)}   # S_w's df without shot i: its class kept or not
+    tau = trace / (df[False] * D) if trace > 0 else 1.0
+    if score_rows is not None:   # only these shots left out and scored (every shot still fits)
         idx = torch.as_tensor(score_rows, dtype=torch.long)
-        X, R, y = X[idx], R[idx], y[idx]
-        N = int(idx.numel())
+        X, R, y, N = X[idx], R[idx], y[idx], int(idx.numel())
     Xv, xbar_v, m_v, U = X @ V, xbar @ V, m @ V, R @ V
     E = Xv - centre
     n_i = n[y]

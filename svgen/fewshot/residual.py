@@ -224,8 +224,7 @@ def fit_residual_head(X, y, P, n_classes: int, logit_scale: float = CLIP_LOGIT_S
                       config: Optional[AdaptConfig] = None) -> ResidualFit:
     """The kernel head: :func:`select`, :func:`~svgen.selection.shot_test` against zero-shot, :func:`solve`."""
     config = config_or_default(config)
-    X, P = unit(X), unit(P)
-    y = np.asarray(y, dtype=np.int64)
+    X, P, y = unit(X), unit(P), np.asarray(y, dtype=np.int64)
     one_shot = np.bincount(y, minlength=n_classes).max() <= 1
     sub = shot_sample(y, config.select_max, seed) if one_shot else None
     Xs, ys = (X, y) if sub is None else (X[sub], y[sub])
