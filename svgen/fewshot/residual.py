@@ -144,9 +144,7 @@ def select(X: np.ndarray, y: np.ndarray, P: np.ndarray, C: int, logit_scale: flo
 
 def dense_fold_scores(d2: np.ndarray, y: np.ndarray, R: np.ndarray, p0: np.ndarray, folds: list, sigmas, ridges):
     """(correct S×R×H, {(i, j): H×C scores}): the head refitted without each fold, one eigh per (σ, fold)."""
-    held = np.concatenate(folds)
-    correct = np.zeros((len(sigmas), len(ridges), held.size), dtype=bool)
-    parts, start = {}, 0
+    parts = {}
     for held_f in folds:
         keep = np.setdiff1d(np.arange(len(y)), held_f)
         for i, sigma in enumerate(sigmas):
@@ -154,11 +152,11 @@ def dense_fold_scores(d2: np.ndarray, y: np.ndarray, R: np.ndarray, p0: np.ndarr
             e, UR, Kh = np.maximum(e, 0.0), U.T @ R[keep], np.exp(-d2[np.ix_(held_f, keep)] / (2 * sigma * sigma))
             KU = Kh @ U
             for j, c in enumerate(ridges):
-                sc = p0[held_f] + KU @ (UR / (e + c)[:, None])
-                correct[i, j, start:start + held_f.size] = sc.argmax(axis=1) == y[held_f]
-                parts.setdefault((i, j), []).append(sc)
-        start += held_f.size
-    return correct, {k: np.concatenate(v) for k, v in parts.items()}
+                parts.setdefault((i, j), []).append(p0[held_f] + KU @ (UR / (e + c)[:, None]))
+    scores = {k: np.concatenate(v) for k, v in parts.items()}
+    truth = y[np.concatenate(folds)]
+    correct = np.array([[scores[i, j].argmax(axis=1) == truth for j in range(len(ridges))] for i in range(len(sigmas))])
+    return correct, scores
 
 
 def nystrom_fold_scores(X: np.ndarray, y: np.ndarray, R: np.ndarray, p0_held: np.ndarray, folds: list, sigmas,
