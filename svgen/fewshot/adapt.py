@@ -7,7 +7,7 @@ import dataclasses
 import logging
 import time
 from dataclasses import dataclass
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import numpy as np
 import torch
@@ -37,9 +37,7 @@ class ShotFit:
 
 def adapt(zero_shot: Heads, shots: SupportSet, side: TextSide, tilt_shotless: bool = True,
           progress: bool = False, config: Optional[AdaptConfig] = None) -> ShotFit:
-    """The heads for ``shots`` (every shot) on top of ``zero_shot``; where some classes have none, the default head is
-    the mixture with those classes tilted (:func:`svgen.fewshot.coverage.fit_tilt`; not with ``tilt_shotless=False``,
-    as in its own refits; ``progress``: a bar over them)."""
+    """The heads for ``shots`` on ``zero_shot``, the classes without shots tilted (:mod:`svgen.fewshot.coverage`)."""
     config = config_or_default(config)
     C = side.n_classes
     t0 = time.perf_counter()
@@ -52,24 +50,36 @@ def adapt(zero_shot: Heads, shots: SupportSet, side: TextSide, tilt_shotless: bo
                                  shot_sample(labels, config.lda_loo_max, seed), config=config)
     clock.lap("adapt: linear head (LDA, its shrinkage and α chosen)")
     wall = time.perf_counter() - t0
-    heads = Heads(kernel_head(res, zero_shot, shots, C), LinearHead(lin.weight, lin.bias))
-    evidence = kernel_evidence(res, shots, side)
+    if res.adopted:   # σ as the artifact stores it (float32): a loaded head scores exactly as the fitted one
+        kernel = KernelHead(torch.from_numpy(res.rows).float(), float(np.float32(res.sigma)),
+                            torch.from_numpy(res.votes).float(), torch.from_numpy(res.labels).to(torch.int64),
+                            torch.full((res.rows.shape[0],), IMAGE, dtype=torch.uint8), float(res.logit_scale))
+    else:   # refused: the zero-shot head exactly, the shots kept as rows with zero votes
+        z, support = zero_shot.kernel, SupportSet.from_text(zero_shot.kernel.rows).join(shots)
+        kernel = KernelHead(support.rows.float(), float(z.bandwidth),
+                            torch.cat([z.votes.float(), torch.zeros(len(shots), C)]), support.labels,
+                            support.source)
+    heads = Heads(kernel, LinearHead(lin.weight, lin.bias))
+    folds = res.held_scores is not None   # the kernel head's evidence: its folds' held-out scores, else LOO
+    rows = res.held_rows if folds else np.arange(len(shots)) if res.loo_rows is None else np.asarray(res.loo_rows)
+    p0 = residual.prior_probs(residual.unit(shots.rows.numpy()[rows]), residual.unit(side.prototypes.numpy()),
+                              res.logit_scale)
+    evidence = KernelEvidence(rows, res.held_scores if folds else res.loo_scores, p0,
+                              "balanced folds" if folds else "leave-one-out")
     heads.calibration = temperatures(heads, side, shots, res, lin, evidence, config)
     clock.lap("adapt: temperatures on held-out scores")
-    default, w, head_choice, held = choose_default_head(heads, side, res, shots, lin, evidence)
-    weight = w if default == MIXTURE else None
+    default, weight, head_choice, held = choose_default_head(heads, side, res, shots, lin, evidence)
     clock.lap("adapt: default head chosen (mixture weight by held-out NLL)")
-    heads.calibration = dataclasses.replace(heads.calibration, mixture_weight=weight)
     tilt = (coverage.fit_tilt(zero_shot, shots, side, lambda part: adapt(zero_shot, part, side, False, config=config),
-                              w, progress, config) if tilt_shotless else None)
+                              weight, progress, config) if tilt_shotless else None)
+    offset = tilt.offset if tilt else None
     if tilt is not None:   # some classes have no shots: the weight and tilt fitted for them too
         clock.lap("adapt: tilt of the classes without shots (refits)")
-        weight, offset = tilt.weight, tilt.offset
         # the mixture carries a tilt at its weight even where that is one head alone (0 or 1)
-        default = MIXTURE if offset else mixture.head_of_weight(weight)
-        heads.calibration = dataclasses.replace(
-            heads.calibration, mixture_weight=weight if offset or default == MIXTURE else None,
-            shotless_offset=offset or None)
+        default = MIXTURE if offset else mixture.head_of_weight(tilt.weight)
+        weight = tilt.weight
+    weight = weight if offset or default == MIXTURE else None
+    heads.calibration = dataclasses.replace(heads.calibration, mixture_weight=weight, shotless_offset=offset or None)
     counts = shots.counts(C)
     record = {
         "shots": int(counts.sum()), "classes_with_shots": int((counts > 0).sum()),
@@ -85,29 +95,12 @@ def adapt(zero_shot: Heads, shots: SupportSet, side: TextSide, tilt_shotless: bo
     }
     log.info("adapted to %d shots in %.2fs: kernel %s (σ=%.3g, c=%.3g), linear LDA γ=%g κ=%g (LOO error %.3f), α=%s",
              len(shots), wall, "adapted" if res.adopted else "kept zero-shot", res.sigma, res.record["ridge_c"],
-             lchoice.shrinkage, lchoice.prior_shots, lchoice.loo_error,
-             lin.record.get("alpha", "none (LDA alone)"))
+             lchoice.shrinkage, lchoice.prior_shots, lchoice.loo_error, lin.record.get("alpha", "none (LDA alone)"))
     return ShotFit(heads, record, held)
 
 
-def kernel_head(res, zero_shot: Heads, shots: SupportSet, n_classes: int) -> KernelHead:
-    """The adapted kernel head, or where refused the zero-shot one exactly with the shots as rows of zero votes."""
-    if res.adopted:
-        # σ as the artifact stores it (float32): a loaded head scores exactly as the fitted one
-        return KernelHead(torch.from_numpy(res.rows).float(), float(np.float32(res.sigma)),
-                          torch.from_numpy(res.votes).float(),
-                          torch.from_numpy(res.labels).to(torch.int64),
-                          torch.full((res.rows.shape[0],), IMAGE, dtype=torch.uint8), float(res.logit_scale))
-    z = zero_shot.kernel
-    rows = SupportSet.from_text(z.rows).join(shots)   # the shots kept as rows with zero votes
-    return KernelHead(rows.rows.float(), float(z.bandwidth),
-                      torch.cat([z.votes.float(), torch.zeros(len(shots), n_classes)]), rows.labels, rows.source)
-
-
-@dataclass
-class KernelEvidence:
-    """The shots the kernel head is judged on (folds' held-out shots, or with one shot per class leave-one-out):
-    their indices, the head's scores, its zero-shot term p₀ there and the evidence's name (recorded only)."""
+class KernelEvidence(NamedTuple):
+    """The shots the kernel head is judged on (folds' held-out shots, or LOO): indices, scores, p₀ there, name."""
 
     rows: np.ndarray
     scores: np.ndarray
@@ -115,20 +108,8 @@ class KernelEvidence:
     name: str
 
 
-def kernel_evidence(res, shots: SupportSet, side: TextSide) -> KernelEvidence:
-    if res.held_scores is not None:
-        rows, scores, name = res.held_rows, res.held_scores, "balanced folds"
-    else:
-        rows = np.arange(len(shots)) if res.loo_rows is None else np.asarray(res.loo_rows)
-        scores, name = res.loo_scores, "leave-one-out"
-    p0 = residual.prior_probs(residual.unit(shots.rows.numpy()[rows]), residual.unit(side.prototypes.numpy()),
-                              res.logit_scale)
-    return KernelEvidence(rows, scores, p0, name)
-
-
 def held_out_probabilities(heads: Heads, side: TextSide, res, shots: SupportSet, lin, ev: KernelEvidence) -> tuple:
-    """(kernel M×C, linear M×C, rows): both calibrated heads' probabilities on the same held-out shots (with one
-    shot per class the shots both leave-one-out samples scored)."""
+    """(kernel M×C, linear M×C, rows): both calibrated heads' probabilities on the same held-out shots."""
     cal = heads.calibration
     if res.adopted:
         z = calibration.kernel_logits(torch.as_tensor(ev.scores, dtype=torch.float64), cal.kernel_logits,
@@ -138,30 +119,25 @@ def held_out_probabilities(heads: Heads, side: TextSide, res, shots: SupportSet,
         pk = predictor.proba(heads, side.prototypes, side.config.kernel, shots.rows[ev.rows].float(), "kernel").numpy()
     if res.held_scores is not None:   # the same folds, the same order
         zl, rows = lin.held_logits, ev.rows
-    else:
+    else:   # one shot per class: the shots both leave-one-out samples scored
         lin_rows = np.arange(len(shots)) if lin.loo_rows is None else np.asarray(lin.loo_rows)
         rows = np.intersect1d(ev.rows, lin_rows)
-        pk = pk[np.searchsorted(ev.rows, rows)]
-        zl = lin.loo_logits[np.searchsorted(lin_rows, rows)]
+        pk, zl = pk[np.searchsorted(ev.rows, rows)], lin.loo_logits[np.searchsorted(lin_rows, rows)]
     pl = calibration.softmax(torch.as_tensor(zl, dtype=torch.float64), cal.temperatures["linear"]).numpy()
     return pk, pl, rows
 
 
 def choose_default_head(heads: Heads, side: TextSide, res, shots: SupportSet, lin, ev: KernelEvidence) -> tuple:
-    """(head, w, record, (p_kernel, p_linear, y, p_cosine)): ``w`` minimising the NLL of
-    ``w·p_kernel + (1 − w)·p_linear`` on the held-out shots (w = 1: the kernel head alone, a tie keeps it; 0: linear)."""
+    """(head, w, record, (p_kernel, p_linear, y, p_cosine)): w minimising the mixture's held-out NLL (1: kernel)."""
     pk, pl, rows = held_out_probabilities(heads, side, res, shots, lin, ev)
     truth = shots.labels.numpy()[rows]
     p0 = predictor.proba(heads, side.prototypes, side.config.kernel, shots.rows[rows].float(), "cosine").numpy()
     fit = mixture.fit_weight(pk, pl, truth)
     w = fit["weight"]
-    head = mixture.head_of_weight(w)
-    acc = lambda p: float((p.argmax(axis=1) == truth).mean())   # noqa: E731
-    mixed = mixture.mix(w, pk, pl)
-    return head, w, {
-        "mixture_weight": w, "held_out_nll": {"mixture": fit["nll"], "kernel": fit["nll_kernel"],
-                                              "linear": fit["nll_linear"]},
-        "held_out_accuracy": {"mixture": acc(mixed), "kernel": acc(pk), "linear": acc(pl)},
+    probs = {"mixture": mixture.mix(w, pk, pl), "kernel": pk, "linear": pl}
+    return mixture.head_of_weight(w), w, {
+        "mixture_weight": w, "held_out_nll": {h: fit["nll" if h == MIXTURE else f"nll_{h}"] for h in probs},
+        "held_out_accuracy": {h: float((p.argmax(axis=1) == truth).mean()) for h, p in probs.items()},
         "shots_compared": fit["images"],
         "evidence": ev.name,
         "classes_compared": "all" if res.loo_rows is None else int(np.unique(truth).size),
@@ -173,23 +149,21 @@ def choose_default_head(heads: Heads, side: TextSide, res, shots: SupportSet, li
 
 def temperatures(heads: Heads, side: TextSide, shots: SupportSet, res, lin, ev: KernelEvidence,
                  config: Optional[AdaptConfig] = None) -> Calibration:
-    """The linear head's T by the NLL of its exact leave-one-out logits; an adapted kernel head's logit kind and T by
-    the NLL of its :class:`KernelEvidence`; the cosine head T = 1; the text rule's temperatures recorded beside."""
+    """Both heads' T by the NLL of their held-out logits (the kernel head's logit kind too); the text rule's beside."""
     text_cal = predictor.text_calibration(heads, side.prototypes, side.per_template, side.config.kernel, config=config)
     text_temps = dict(text_cal.temperatures)
-    y = shots.labels.numpy()
     fit = calibration.loo_temperatures({"linear": lin.loo_logits}, lin.loo_labels, fallback=text_temps)
-    temps, loo, kind, floor, choice, evidence = dict(fit["temperatures"]), dict(fit["loo"]), None, None, None, {}
+    temps, loo, kind, floor, extra = dict(fit["temperatures"]), dict(fit["loo"]), None, None, {}
     if res.adopted:
-        kfit = calibration.choose_kernel_logits(torch.from_numpy(ev.scores), y[ev.rows], fallback=text_temps["kernel"],
-                                                signed_votes=True, prior=torch.from_numpy(ev.prior), config=config)
+        kfit = calibration.choose_kernel_logits(torch.from_numpy(ev.scores), shots.labels.numpy()[ev.rows],
+                                                fallback=text_temps["kernel"], signed_votes=True,
+                                                prior=torch.from_numpy(ev.prior), config=config)
         kind, floor, temps["kernel"], loo["kernel"] = kfit["kind"], kfit["floor"], kfit["temperature"], kfit["loo"]
-        choice = {k: v for k, v in kfit.items() if k not in ("temperature", "loo", "floor")}
-        evidence = {"kernel_evidence": ev.name}
+        extra = {"kernel_logits_choice": {k: v for k, v in kfit.items() if k not in ("temperature", "loo", "floor")},
+                 "kernel_evidence": ev.name}
     return predictor.with_temperatures(
         text_cal, temps, method="loo-nll", kernel_logits=kind, kernel_floor=floor, shots=len(shots), loo=loo,
-        text_temperatures=text_temps,
-        **({"kernel_logits_choice": choice} if choice is not None else {}), **evidence,
+        text_temperatures=text_temps, **extra,
         rule="linear: T minimising the leave-one-out NLL of the shots; an adapted kernel head: T minimising the NLL "
              "of its balanced folds' held-out scores (one shot per class: leave-one-out), for log scores, raw scores "
              "and log scores floored at ε × the zero-shot probability, the lowest NLL kept, log charged for unseen "

@@ -35,68 +35,43 @@ class Tilt:
     versus: dict
 
 
-def class_groups(classes: np.ndarray, seed: int, folds: int, refits: int) -> list:
-    """The first ``refits`` of the classes with shots split into ``folds`` near-equal groups (seeded order)."""
-    order = np.random.default_rng(seed).permutation(np.asarray(classes))
-    return [g for g in np.array_split(order, min(folds, order.size)) if g.size][:refits]
-
-
-@dataclass
-class Evidence:
-    """Per image of one kind of held-out evidence: each head's probability of the true class and of the tilted
-    classes, whether the true class is tilted, and the kind's share of the objective."""
-
-    kernel: np.ndarray
-    linear: np.ndarray
-    mass_kernel: np.ndarray
-    mass_linear: np.ndarray
-    tilted: np.ndarray
-    weight: float
-
-
-def evidence(p_kernel: np.ndarray, p_linear: np.ndarray, y: np.ndarray, shotless: np.ndarray,
-             weight: float) -> Evidence:
-    """:class:`Evidence` of both heads' N×C probabilities of images of classes ``y``; ``shotless``: the tilted classes."""
-    y = np.asarray(y, dtype=np.int64)
-    u = np.asarray(shotless, dtype=bool)
-    rows = np.arange(y.size)
+def evidence(p_kernel: np.ndarray, p_linear: np.ndarray, y: np.ndarray, shotless: np.ndarray, weight: float) -> tuple:
+    """Per image of classes ``y``: each head's p_y and mass on the tilted classes, [y ∈ U], its share of ``weight``."""
+    y, u, rows = np.asarray(y, dtype=np.int64), np.asarray(shotless, dtype=bool), np.arange(len(y))
     pk, pl = np.asarray(p_kernel, dtype=np.float64), np.asarray(p_linear, dtype=np.float64)
-    return Evidence(pk[rows, y], pl[rows, y], pk[:, u].sum(axis=1), pl[:, u].sum(axis=1), u[y].astype(np.float64),
-                    float(weight))
+    return (pk[rows, y], pl[rows, y], pk[:, u].sum(axis=1), pl[:, u].sum(axis=1), u[y].astype(np.float64),
+            np.full(y.size, float(weight) / max(y.size, 1)))
 
 
-def _stacked(evidence: list, w: float) -> tuple:
+def _stacked(evidence, w: float) -> tuple:
     """At weight ``w``, every image: the mixture's ``−log p_y``, its mass ``P_U`` on U, ``[y ∈ U]``, its share."""
-    parts = [e for e in evidence if e.kernel.size]
-    return (np.concatenate([-np.log(np.maximum(mixture.mix(w, e.kernel, e.linear), PROB_FLOOR)) for e in parts]),
-            np.concatenate([mixture.mix(w, e.mass_kernel, e.mass_linear) for e in parts]),
-            np.concatenate([e.tilted for e in parts]),
-            np.concatenate([np.full(e.kernel.size, e.weight / e.kernel.size) for e in parts]))
+    if isinstance(evidence, tuple):   # already stacked
+        return evidence
+    k, li, mass_k, mass_l, tilted, share = (np.concatenate(a) for a in zip(*evidence))
+    return -np.log(np.maximum(mixture.mix(w, k, li), PROB_FLOOR)), mixture.mix(w, mass_k, mass_l), tilted, share
 
 
 def objective(evidence, w: float, delta: float) -> float:
-    """``Σ share·(−log p_y − δ·u_y + log(1 − P_U + P_U·e^δ))``: the tilted mixture's NLL (``evidence``: a list of
-    :class:`Evidence` or its :func:`_stacked` arrays)."""
-    nll, mass, tilted, share = evidence if isinstance(evidence, tuple) else _stacked(evidence, w)
+    """The tilted mixture's NLL ``Σ share·(−log p_y − δ·u_y + log(1 − P_U + P_U·e^δ))`` (a list of :func:`evidence`)."""
+    nll, mass, tilted, share = _stacked(evidence, w)
     return float(share @ (nll - delta * tilted + np.log((1.0 - mass) + mass * math.exp(delta))))
 
 
 def slope(evidence, w: float, delta: float) -> float:
     """The derivative of :func:`objective` in δ."""
-    _, mass, tilted, share = evidence if isinstance(evidence, tuple) else _stacked(evidence, w)
+    _, mass, tilted, share = _stacked(evidence, w)
     g = math.exp(delta)
     return float(share @ (mass * g / ((1.0 - mass) + mass * g) - tilted))
 
 
 def best_offset(evidence, w: float) -> float:
     """δ in [0, MAX_OFFSET] minimising :func:`objective` at ``w`` (convex in δ: the root of :func:`slope`)."""
-    st = evidence if isinstance(evidence, tuple) else _stacked(evidence, w)
+    st = _stacked(evidence, w)
     return convex_minimum(lambda delta: slope(st, w, delta), 0.0, MAX_OFFSET, BISECTIONS)
 
 
 def best_weight_and_offset(evidence: list) -> tuple:
-    """(w, δ) minimising :func:`objective`: δ exact for each w; w the best of WEIGHT_STEPS + 1 even steps (a tie: the
-    smaller), refined by golden section between its neighbours (not convex in w)."""
+    """(w, δ) minimising :func:`objective`: the best w of an even grid (ties: the smaller), then golden section."""
     def profile(w):
         st = _stacked(evidence, w)
         return objective(st, w, best_offset(st, w))
@@ -104,41 +79,35 @@ def best_weight_and_offset(evidence: list) -> tuple:
     grid = np.linspace(0.0, 1.0, WEIGHT_STEPS + 1)
     values = [profile(w) for w in grid]
     i = int(np.argmin(values))
-    best_w, best_v = float(grid[i]), values[i]
     lo, hi = float(grid[max(i - 1, 0)]), float(grid[min(i + 1, WEIGHT_STEPS)])
     g = (math.sqrt(5.0) - 1.0) / 2.0
     a, b = hi - g * (hi - lo), lo + g * (hi - lo)
     fa, fb = profile(a), profile(b)
     for _ in range(GOLDEN_STEPS):
         if fa <= fb:
-            hi, b, fb = b, a, fa
-            a = hi - g * (hi - lo)
+            hi, b, fb, a = b, a, fa, b - g * (b - lo)
             fa = profile(a)
         else:
-            lo, a, fa = a, b, fb
-            b = lo + g * (hi - lo)
+            lo, a, fa, b = a, b, fb, a + g * (hi - a)
             fb = profile(b)
-    for w, v in ((a, fa), (b, fb)):
-        if v < best_v:
-            best_w, best_v = float(w), v
-    return best_w, best_offset(evidence, best_w)
+    best = min(((values[i], float(grid[i])), (fa, float(a)), (fb, float(b))), key=lambda vw: vw[0])[1]
+    return best, best_offset(evidence, best)
 
 
 def fit_tilt(zero_shot, shots: SupportSet, side, refit, shots_weight: float, progress: bool = False,
              config: Optional[AdaptConfig] = None):
-    """:class:`Tilt`, or None where every class has shots or fewer than two have. ``refit(shots)``: ``adapt`` without
-    this step; ``shots_weight``: the weight the shots alone chose (recorded)."""
+    """:class:`Tilt` from ``refit(shots)`` (``adapt`` without this step); None unless 2 ≤ classes with shots < C."""
     from svgen.heads import heldout, predictor
 
     config = config_or_default(config)
-    C = side.n_classes
-    labels = shots.labels.numpy()
+    C, labels = side.n_classes, shots.labels.numpy()
     with_shots = np.flatnonzero(np.bincount(labels, minlength=C) > 0)
     if with_shots.size == C or with_shots.size < 2:
         return None
     share_without = 1.0 - with_shots.size / C
-    groups = class_groups(with_shots, side.config.seed, config.class_folds, config.refits)
-    found, folds, n, parts = [], [], len(groups), []
+    order = np.random.default_rng(side.config.seed).permutation(with_shots)   # groups of classes left out
+    groups = [g for g in np.array_split(order, min(config.class_folds, order.size)) if g.size][:config.refits]
+    folds, n, parts = [], len(groups), []
     if progress:
         from tqdm.auto import tqdm
 
@@ -146,17 +115,16 @@ def fit_tilt(zero_shot, shots: SupportSet, side, refit, shots_weight: float, pro
     for group in groups:
         out = np.isin(labels, group)
         fit = refit(shots.subset(np.flatnonzero(~out)))
-        shotless = np.ones(C, dtype=bool)
-        shotless[np.unique(labels[~out])] = False
+        shotless = ~np.isin(np.arange(C), labels[~out])   # the classes this refit had no shots of
         pk, pl, p0 = (predictor.proba(fit.heads, side.prototypes, side.config.kernel, shots.rows[out].float(),
                                       h).numpy() for h in ("kernel", "linear", "cosine"))
         pk_in, pl_in, y_in, p0_in = fit.held_out
         # each kind weighs by the deployed share of its classes; the folds are averaged
         parts += [(pk, pl, p0, labels[out], shotless, share_without / n),
                   (pk_in, pl_in, p0_in, y_in, shotless, (1.0 - share_without) / n)]
-        found += [evidence(*p[:2], *p[3:]) for p in parts[-2:]]
         folds.append({"classes_left_without_shots": int(group.size), "their_shots": int(out.sum()),
                       "held_out_shots_of_the_others": int(len(y_in))})
+    found = [evidence(*p[:2], *p[3:]) for p in parts]
     w, delta = best_weight_and_offset(found)
     # output only (svgen.json fewshot.heads_vs_zero_shot): each head and the tilted mixture against zero-shot
     versus = heldout.compare([({"kernel": k, "linear": li, "mixture": mixture.tilt(mixture.mix(w, k, li), delta, u),
@@ -172,5 +140,5 @@ def fit_tilt(zero_shot, shots: SupportSet, side, refit, shots_weight: float, pro
                       "classes without and with shots"}
     log.info("shots: %d of %d classes have none; the mixture at w = %.3g (the shots alone: %.3g), their "
              "probabilities × e^%.3g (held-out NLL %.4f → %.4f)", C - with_shots.size, C, w, shots_weight, delta,
-             record["held_out_nll"]["untilted"], record["held_out_nll"]["tilted"])
+             *record["held_out_nll"].values())
     return Tilt(w, delta, record, versus)

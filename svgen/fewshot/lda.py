@@ -15,27 +15,22 @@ from svgen.selection import AdaptConfig, behind, config_or_default, paired, shot
 
 @dataclass(frozen=True)
 class LdaChoice:
-    """The LDA head's (γ, κ), its leave-one-out error, and whether its means sit at one Mahalanobis radius."""
+    """The LDA head's (γ, κ) and its leave-one-out error (its means at one Mahalanobis radius)."""
 
     shrinkage: float
     prior_shots: float
     loo_error: float
-    equal_radius: bool = True
     one_shot: bool = False
 
     def record(self) -> dict:
         return {"loo_error": self.loo_error, "kind": "lda", "shrinkage": self.shrinkage,
-                "prior_shots": self.prior_shots,
-                "means": "equal Mahalanobis radius" if self.equal_radius else "LDA",
+                "prior_shots": self.prior_shots, "means": "equal Mahalanobis radius",
                 "rule": "one shot per class: Σ = τI and κ = lda_prior_one_shot (LOO cannot judge κ)" if self.one_shot
                 else "the most shrinkage not behind the lowest LOO error (paired), then the lowest LOO error"}
 
 
 def paired_choice(err: np.ndarray, margin: np.ndarray, correct: np.ndarray, level: float) -> tuple:
-    """(a, b) into ``err`` (γ × κ, larger γ: more shrinkage): the best setting is the lowest error (then margin, then
-    the first); a setting is eligible unless :func:`~svgen.selection.behind` it on the same shots' per-shot
-    correctness ``correct`` (γ × κ × N) at ``level``. The largest γ with an eligible κ, then its eligible κ with the
-    lowest error, then margin, ties to the larger κ."""
+    """(a, b) into ``err`` (γ × κ): the most shrinkage not behind the lowest error, then its lowest error (paired)."""
     best = min(np.ndindex(err.shape), key=lambda ij: (err[ij], margin[ij], ij))
     ok = np.reshape([not behind(paired(c, correct[best]), level) for c in correct.reshape(-1, correct.shape[-1])],
                     err.shape)
@@ -53,10 +48,7 @@ def prior_means(prototypes: torch.Tensor, X: torch.Tensor) -> torch.Tensor:
 def lda_loo(X: torch.Tensor, y: torch.Tensor, m: torch.Tensor, gammas: Sequence[float], kappas: Sequence[float],
             equal_radius: bool = False, return_correct: bool = False, keep_scores: bool = False,
             score_rows: Optional[torch.Tensor] = None):
-    """(error, mean negative margin) γ × κ of the LDA head (:func:`lda_head_weights`, τ and x̄ held at their all-shot
-    values) by exact leave-one-out: rank-one downdates of ``S_w`` inverted by Sherman–Morrison in its eigenbasis.
-    ``return_correct``: also per-shot correctness (γ × κ × N); ``keep_scores``: also ``{(a, b): N×C logits}``;
-    ``score_rows``: only those shots left out and scored (every shot still fits)."""
+    """(error, mean negative margin[, correct γ×κ×N][, {(a, b): logits}]) γ × κ by exact LOO (Sherman–Morrison)."""
     N, D = X.shape
     C = m.shape[0]
     n = torch.bincount(y, minlength=C).to(X.dtype)
@@ -66,15 +58,12 @@ def lda_loo(X: torch.Tensor, y: torch.Tensor, m: torch.Tensor, gammas: Sequence[
     omega, V = (torch.from_numpy(a) for a in np.linalg.eigh((R.T @ R).numpy()))   # numpy's LAPACK: ~2.5× faster
     omega = omega.clamp_min(0)
     centre = X.mean(dim=0) @ V
-    C_shot = int((n > 0).sum())
-    df_all = max(N - C_shot, 1)
-    trace = float(omega.sum())
-    tau = trace / (df_all * D) if trace > 0 else 1.0
-    df = {True: max(N - 1 - C_shot, 1), False: df_all}
-    if score_rows is not None:
+    C_shot, trace = int((n > 0).sum()), float(omega.sum())
+    df = {True: max(N - 1 - C_shot, 1), False: max(N - C_shot, 1)}   # S_w's df without shot i: its class kept or not
+    tau = trace / (df[False] * D) if trace > 0 else 1.0
+    if score_rows is not None:   # only these shots left out and scored (every shot still fits)
         idx = torch.as_tensor(score_rows, dtype=torch.long)
-        X, R, y = X[idx], R[idx], y[idx]
-        N = int(idx.numel())
+        X, R, y, N = X[idx], R[idx], y[idx], int(idx.numel())
     Xv, xbar_v, m_v, U = X @ V, xbar @ V, m @ V, R @ V
     E = Xv - centre
     n_i = n[y]
@@ -82,9 +71,7 @@ def lda_loo(X: torch.Tensor, y: torch.Tensor, m: torch.Tensor, gammas: Sequence[
     scale = torch.where(many, n_i / (n_i - 1).clamp_min(1), torch.zeros_like(n_i))
     own_sum = sums[y] @ V - Xv                         # class sum without shot i (eigenbasis)
     rows = torch.arange(N)
-    err = np.zeros((len(gammas), len(kappas)))
-    tie = np.zeros_like(err)
-    kept = {}
+    err, tie, kept = np.zeros((len(gammas), len(kappas))), np.zeros((len(gammas), len(kappas))), {}
     correct = np.zeros(err.shape + (N,), dtype=bool)
     for a, g in enumerate(gammas):
         binv = {f: 1.0 / ((1 - g) * omega / df[f] + g * tau) for f in (True, False)}
@@ -117,9 +104,8 @@ def lda_loo(X: torch.Tensor, y: torch.Tensor, m: torch.Tensor, gammas: Sequence[
                 sc[rows, y] = ((Xv - 0.5 * own) * Binv * own).sum(dim=1) + coef * (xw * wo - 0.5 * wo * wo)
             if keep_scores:
                 kept[a, b] = sc
-            ok = (sc.argmax(dim=1) == y).numpy()
-            correct[a, b] = ok
-            err[a, b] = float((~ok).mean())
+            correct[a, b] = (sc.argmax(dim=1) == y).numpy()
+            err[a, b] = float((~correct[a, b]).mean())
             other = sc.scatter(1, y[:, None], -float("inf")).max(dim=1).values
             tie[a, b] = float((other - sc[rows, y]).clamp(-1e6, 1e6).mean())
     return (err, tie) + ((correct,) if return_correct else ()) + ((kept,) if keep_scores else ())
@@ -127,7 +113,7 @@ def lda_loo(X: torch.Tensor, y: torch.Tensor, m: torch.Tensor, gammas: Sequence[
 
 def lda_loo_logits(prototypes: torch.Tensor, shots, n_classes: int, shrinkage: float, prior_shots: float,
                    equal_radius: bool = False, rows=None) -> torch.Tensor:
-    """The LDA head's exact leave-one-out logits (N×C, or those of ``rows``) at (γ, κ): its scale and temperature."""
+    """The LDA head's exact leave-one-out logits (N×C, or those of ``rows``) at (γ, κ)."""
     X = shots.rows.double()
     _, _, kept = lda_loo(X, shots.labels, prior_means(prototypes, X), [shrinkage], [prior_shots],
                          equal_radius=equal_radius, keep_scores=True,
@@ -150,8 +136,7 @@ def lda_covariance(X, y, n_classes: int, gamma: float, tau: Optional[float] = No
 
 def lda_head_weights(X, y, m, gamma: float, kappa: float, tau: Optional[float] = None, equal_radius: bool = False,
                      centre: Optional[torch.Tensor] = None):
-    """(W C×D, b C): LDA with means ``μ_c = (n_c x̄_c + κ m_c)/(n_c + κ)`` (m_c without shots); ``equal_radius``: the
-    means moved to one Mahalanobis radius from ``centre`` (default: the shots' mean)."""
+    """(W C×D, b C): LDA with means ``(n_c x̄_c + κ m_c)/(n_c + κ)``, optionally at one radius from ``centre``."""
     C = m.shape[0]
     n = torch.bincount(y, minlength=C).double()
     xbar = torch.zeros(C, X.shape[1], dtype=X.dtype).index_add_(0, y, X) / n.clamp_min(1)[:, None]
@@ -169,10 +154,8 @@ def lda_head_weights(X, y, m, gamma: float, kappa: float, tau: Optional[float] =
     return W, -(W @ cen)
 
 
-def fit_lda_head(prototypes: torch.Tensor, shots: SupportSet, n_classes: int, equal_radius: bool = True,
-                 config: Optional[AdaptConfig] = None):
-    """(W, b, :class:`LdaChoice`): the LDA head at (γ, κ) by :func:`paired_choice` on :func:`lda_loo` (at most
-    ``lda_loo_max`` shots scored); one shot per class: Σ = τI, κ = ``lda_prior_one_shot``."""
+def fit_lda_head(prototypes: torch.Tensor, shots: SupportSet, n_classes: int, config: Optional[AdaptConfig] = None):
+    """(W, b, :class:`LdaChoice`): the LDA head at (γ, κ) by :func:`paired_choice` on :func:`lda_loo`."""
     config = config_or_default(config)
     X, y = shots.rows.double(), shots.labels
     m = prior_means(prototypes, X)
@@ -182,8 +165,8 @@ def fit_lda_head(prototypes: torch.Tensor, shots: SupportSet, n_classes: int, eq
               else tuple(k for k in config.lda_prior if k > 0 or not (counts == 0).any()))   # κ = 0 needs every class
     gammas = (1.0,) if single else config.lda_shrinkage     # no within-class scatter to estimate with 1 shot
     sub = shot_sample(y.numpy(), config.lda_loo_max, 0)
-    err, tie, correct = lda_loo(X, y, m, gammas, kappas, equal_radius=equal_radius, return_correct=True,
+    err, tie, correct = lda_loo(X, y, m, gammas, kappas, equal_radius=True, return_correct=True,
                                 score_rows=None if sub is None else torch.from_numpy(sub))
     a, b = paired_choice(err, tie, correct, config.level)
-    W, bias = lda_head_weights(X, y, m, gammas[a], kappas[b], equal_radius=equal_radius)
-    return W.float(), bias.float(), LdaChoice(float(gammas[a]), float(kappas[b]), float(err[a, b]), equal_radius, single)
+    W, bias = lda_head_weights(X, y, m, gammas[a], kappas[b], equal_radius=True)
+    return W.float(), bias.float(), LdaChoice(float(gammas[a]), float(kappas[b]), float(err[a, b]), single)

@@ -20,13 +20,11 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class LinearFit:
-    """The linear head (``x̂ Wᵀ + b``), its record, its logits on the folds' held-out shots (LDA refitted without each
-    fold) and the deployed head's exact leave-one-out logits (its temperature's) with their labels and rows."""
+    """The linear head ``x̂ Wᵀ + b``, its record, its logits on the folds' held-out shots and its exact LOO logits."""
 
     weight: torch.Tensor
     bias: torch.Tensor
     record: dict
-    held_rows: Optional[np.ndarray] = None
     held_logits: Optional[np.ndarray] = None
     loo_logits: Optional[np.ndarray] = None
     loo_labels: Optional[np.ndarray] = None
@@ -42,20 +40,15 @@ def spread_ratio(zero_shot: np.ndarray, lda_logits: np.ndarray) -> float:
 
 def fit_linear_head(prototypes: torch.Tensor, shots, n_classes: int, W_lda: torch.Tensor, b_lda: torch.Tensor,
                     choice: lda.LdaChoice, folds: Optional[list], pool: Optional[np.ndarray],
-                    loo_rows: Optional[np.ndarray], logit_scale: float = CLIP_LOGIT_SCALE,
-                    config: Optional[AdaptConfig] = None) -> LinearFit:
-    """The linear head on the LDA head ``(W_lda, b_lda)`` at ``choice``: α on ``folds`` (the LDA head refitted on
-    ``pool`` minus each fold; None: all shots), or the LDA head alone where there are no folds (one shot per class).
-    ``loo_rows``: the shots whose exact leave-one-out logits give the deployed scale and temperature (None: all)."""
+                    loo_rows: Optional[np.ndarray], config: Optional[AdaptConfig] = None) -> LinearFit:
+    """The linear head on the LDA head at ``choice``: α on ``folds`` (LDA refitted on ``pool`` minus each), or LDA."""
     config = config_or_default(config)
-    X, y = shots.rows.double(), shots.labels
-    eq = choice.equal_radius
-    loo = lda.lda_loo_logits(prototypes, shots, n_classes, choice.shrinkage, choice.prior_shots, equal_radius=eq,
+    X, y, scored = shots.rows.double(), shots.labels, slice(None) if loo_rows is None else loo_rows
+    loo = lda.lda_loo_logits(prototypes, shots, n_classes, choice.shrinkage, choice.prior_shots, equal_radius=True,
                              rows=loo_rows).numpy()
-    loo_y = y.numpy() if loo_rows is None else y.numpy()[loo_rows]
+    loo_y, Xn = y.numpy()[scored], X.numpy()
     P = torch.nn.functional.normalize(prototypes.double(), dim=-1).numpy()
-    Xn = X.numpy()
-    Z_loo = logit_scale * (Xn if loo_rows is None else Xn[loo_rows]) @ P.T
+    Z_loo = CLIP_LOGIT_SCALE * Xn[scored] @ P.T
     s = spread_ratio(Z_loo, loo)
     if folds is None:
         return LinearFit(W_lda, b_lda, {"form": "lda", "scale": s,
@@ -66,17 +59,16 @@ def fit_linear_head(prototypes: torch.Tensor, shots, n_classes: int, W_lda: torc
     m, out = lda.prior_means(prototypes, X), []
     for held in folds:
         keep = torch.from_numpy(np.setdiff1d(np.arange(len(y)) if pool is None else pool, held))
-        W, b = lda.lda_head_weights(X[keep], y[keep], m, choice.shrinkage, choice.prior_shots, equal_radius=eq)
+        W, b = lda.lda_head_weights(X[keep], y[keep], m, choice.shrinkage, choice.prior_shots, equal_radius=True)
         out.append((X[held] @ W.T + b).numpy())
     L = np.concatenate(out)
-    Z = logit_scale * Xn[rows] @ P.T
+    Z = CLIP_LOGIT_SCALE * Xn[rows] @ P.T
     s_fold = spread_ratio(Z, L)
-    truth = y.numpy()[rows]
-    alphas = config.alphas
+    truth, alphas = y.numpy()[rows], config.alphas
     acc = np.array([((Z + a * s_fold * L).argmax(axis=1) == truth).mean() for a in alphas])
     i = int(np.argmax(acc))      # the first best: ties to the smaller α
     alpha = alphas[i]
-    W = logit_scale * torch.from_numpy(P) + alpha * s * W_lda.double()
+    W = CLIP_LOGIT_SCALE * torch.from_numpy(P) + alpha * s * W_lda.double()
     b = alpha * s * b_lda.double()
     t_lda = calibration.loo_temperatures({"lda": loo}, loo_y, fallback={"lda": 1.0})
     record = {"form": "zero-shot logits + α·s·LDA logits", "alpha": float(alpha), "scale": s, "fold_scale": s_fold,
@@ -89,13 +81,12 @@ def fit_linear_head(prototypes: torch.Tensor, shots, n_classes: int, W_lda: torc
                       "head's: its exact leave-one-out logits)"}
     log.info("linear head: zero-shot logits + %g·%.3g·LDA (held-out accuracy %.3f, zero-shot %.3f)",
              alpha, s, acc[i], acc[0])
-    return LinearFit(W.float(), b.float(), record, rows, Z + alpha * s_fold * L, Z_loo + alpha * s * loo, loo_y,
+    return LinearFit(W.float(), b.float(), record, Z + alpha * s_fold * L, Z_loo + alpha * s * loo, loo_y,
                      loo_rows)
 
 
 def lda_part(prototypes: torch.Tensor, shots, n_classes: int, record: Optional[dict]) -> Optional[tuple]:
-    """(W_lda, b_lda, T, fitted): the LDA head inside a linear head of this module's form, refitted from the shots at
-    the recorded (γ, κ, means), with its leave-one-out temperature; None where the linear head is the LDA head."""
+    """(W_lda, b_lda, T, fitted): the LDA part of a recorded linear head, refitted; None where it is the LDA head."""
     if not record or record.get("form", "lda") == "lda":
         return None
     X, y = shots.rows.double(), shots.labels

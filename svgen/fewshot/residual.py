@@ -22,8 +22,7 @@ ONE_SHOT_RULE = "one shot per class: leave-one-out would leave the image's class
 
 @dataclass
 class Selection:
-    """σ and c, their evidence as ``svgen.json`` records it, the folds' held-out shots (None with one shot per class)
-    with the chosen head's and zero-shot's scores on them, and exact leave-one-out scores (None above select_max)."""
+    """σ, c and their record; the folds (None: one shot per class) with both heads' scores there, else LOO scores."""
 
     sigma: float
     ridge_c: float
@@ -41,7 +40,7 @@ class Selection:
 
 @dataclass
 class ResidualFit:
-    """The kernel head (rows, labels, σ, votes: ``s(x) = p₀(x) + k(x̂, rows) @ votes``), its decision and evidence."""
+    """The kernel head ``s(x) = p₀(x) + k(x̂, rows) @ votes``, its decision and evidence."""
 
     decision: Decision
     rows: np.ndarray
@@ -49,7 +48,7 @@ class ResidualFit:
     sigma: float
     votes: np.ndarray
     logit_scale: float
-    loo_scores: Optional[np.ndarray]    # leave-one-out scores of the (scored) shots
+    loo_scores: Optional[np.ndarray]    # leave-one-out scores of the (scored) shots, with one shot per class
     loo_rows: Optional[np.ndarray]      # which shots those are (None: all)
     record: dict
     held_rows: Optional[np.ndarray] = None
@@ -110,48 +109,29 @@ def loo_scores(U: np.ndarray, e: np.ndarray, c: float, R: np.ndarray, p0: np.nda
     return p0 + (HR - h[:, None] * R) / (1 - h[:, None])
 
 
-def stratified(labels: np.ndarray, n_max: int, seed: int) -> Optional[np.ndarray]:
-    """At most ``n_max`` indices, the same fraction of each class (None: all of them)."""
-    if labels.shape[0] <= n_max:
-        return None
-    rng = np.random.default_rng(seed)
-    frac = n_max / labels.shape[0]
-    keep = [rng.choice(idx, size=max(1, int(frac * len(idx))), replace=False)
-            for idx in (np.flatnonzero(labels == c) for c in np.unique(labels))]
-    return np.sort(np.concatenate(keep))
-
-
 def select(X: np.ndarray, y: np.ndarray, P: np.ndarray, C: int, logit_scale: float, seed: int = 0,
            config: Optional[AdaptConfig] = None) -> Selection:
-    """σ × c with the best accuracy on the balanced folds (the deployed predictor refitted without each; ties to the
-    larger c, then σ), or with one shot per class Tip-Adapter's σ = 1/√β and c = one_shot_ridge."""
+    """σ × c with the best accuracy on balanced folds (ties: larger c, then σ); one shot per class: Tip-Adapter's."""
     config = config_or_default(config)
     R = residuals(X, y, P, C, logit_scale)
     big = X.shape[0] > config.select_max
     p0 = None if big else prior_probs(X, P, logit_scale)
     d2 = None if big else np.maximum(2.0 - 2.0 * X @ X.T, 0.0)
-
-    def loo(sigma, c):
-        if d2 is None:
-            return None
-        e, U = np.linalg.eigh(np.exp(-d2 / (2 * sigma * sigma)))
-        return loo_scores(U, np.maximum(e, 0.0), c, R, p0)
-
     one_shot = np.bincount(y, minlength=C).max() <= 1
     med = None if one_shot else median_distance(X, seed)
     if med is None:
         sigma, c = 1.0 / math.sqrt(config.one_shot_beta), config.one_shot_ridge
         what = "one shot per class" if one_shot else "every shot is the same image"
+        e, U = (None, None) if big else np.linalg.eigh(np.exp(-d2 / (2 * sigma * sigma)))
         return Selection(sigma, c, {"one_shot": True, "rule": f"{what}: σ = 1/√β (Tip-Adapter's β = 5.5), c = 1 (the "
-                                    "shot and the text weigh the same); the labels cannot identify either"}, loo(sigma, c))
+                                    "shot and the text weigh the same); the labels cannot identify either"},
+                         None if big else loo_scores(U, np.maximum(e, 0.0), c, R, p0))
     folds = balanced_folds(y, seed, config.max_folds, n_max=config.select_max)
     held = np.concatenate(folds)
     p0_held = np.eye(C)[y[held]] - R[held] if p0 is None else p0[held]
     sigmas, ridges = [f * med for f in config.sigma_factors], config.ridges
-    if big:
-        correct, scores = nystrom_fold_scores(X, y, R, p0_held, folds, sigmas, ridges, seed, config.select_basis)
-    else:
-        correct, scores = dense_fold_scores(d2, y, R, p0, folds, sigmas, ridges)
+    correct, scores = (nystrom_fold_scores(X, y, R, p0_held, folds, sigmas, ridges, seed, config.select_basis) if big
+                       else dense_fold_scores(d2, y, R, p0, folds, sigmas, ridges))
     acc = correct.mean(axis=2)
     i, j = max(np.ndindex(acc.shape), key=lambda ij: (acc[ij], ridges[ij[1]], ij[0]))
     record = {"one_shot": False, "sigma_factor": config.sigma_factors[i], "median_distance": med,
@@ -159,15 +139,12 @@ def select(X: np.ndarray, y: np.ndarray, P: np.ndarray, C: int, logit_scale: flo
               **({"refits": f"Nyström basis of {config.select_basis} shots, every class"} if big else {}),
               "rule": "σ (× the median shot distance) and c with the best accuracy on held-out shots (balanced folds, "
                       "the deployed predictor); ties to the larger c, then σ"}
-    return Selection(sigmas[i], ridges[j], record, loo(sigmas[i], ridges[j]), folds, held, scores[i, j], p0_held)
+    return Selection(sigmas[i], ridges[j], record, None, folds, held, scores[i, j], p0_held)
 
 
 def dense_fold_scores(d2: np.ndarray, y: np.ndarray, R: np.ndarray, p0: np.ndarray, folds: list, sigmas, ridges):
-    """(correct S×R×H, {(i, j): H×C scores}): the head refitted exactly without each fold at every (σ, c); one
-    eigendecomposition per (σ, fold) scores every c."""
-    held = np.concatenate(folds)
-    correct = np.zeros((len(sigmas), len(ridges), held.size), dtype=bool)
-    parts, start = {}, 0
+    """(correct S×R×H, {(i, j): H×C scores}): the head refitted without each fold, one eigh per (σ, fold)."""
+    parts = {}
     for held_f in folds:
         keep = np.setdiff1d(np.arange(len(y)), held_f)
         for i, sigma in enumerate(sigmas):
@@ -175,17 +152,16 @@ def dense_fold_scores(d2: np.ndarray, y: np.ndarray, R: np.ndarray, p0: np.ndarr
             e, UR, Kh = np.maximum(e, 0.0), U.T @ R[keep], np.exp(-d2[np.ix_(held_f, keep)] / (2 * sigma * sigma))
             KU = Kh @ U
             for j, c in enumerate(ridges):
-                sc = p0[held_f] + KU @ (UR / (e + c)[:, None])
-                correct[i, j, start:start + held_f.size] = sc.argmax(axis=1) == y[held_f]
-                parts.setdefault((i, j), []).append(sc)
-        start += held_f.size
-    return correct, {k: np.concatenate(v) for k, v in parts.items()}
+                parts.setdefault((i, j), []).append(p0[held_f] + KU @ (UR / (e + c)[:, None]))
+    scores = {k: np.concatenate(v) for k, v in parts.items()}
+    truth = y[np.concatenate(folds)]
+    correct = np.array([[scores[i, j].argmax(axis=1) == truth for j in range(len(ridges))] for i in range(len(sigmas))])
+    return correct, scores
 
 
 def nystrom_fold_scores(X: np.ndarray, y: np.ndarray, R: np.ndarray, p0_held: np.ndarray, folds: list, sigmas,
                         ridges, seed: int = 0, basis_size: int = 1024):
-    """As :func:`dense_fold_scores` in a Nyström basis of ``basis_size`` shots outside the folds (the deployed form
-    above dense_max), every fold and c from one fit per σ by ``R_H − f₋H(X_H) = (I − H_HH)⁻¹ (R_H − F_H)``."""
+    """As :func:`dense_fold_scores` in a Nyström basis of shots outside the folds, one fit per σ (docs/fewshot.md)."""
     held = np.concatenate(folds)
     rest = np.setdiff1d(np.arange(len(y)), held)
     pick = shot_sample(y[rest], basis_size, seed)
@@ -222,15 +198,17 @@ def nystrom_fold_scores(X: np.ndarray, y: np.ndarray, R: np.ndarray, p0_held: np
 
 def solve(X: np.ndarray, y: np.ndarray, P: np.ndarray, C: int, sigma: float, c: float, logit_scale: float,
           seed: int = 0, config: Optional[AdaptConfig] = None):
-    """(rows, labels, votes): ``V = (K + cI)⁻¹ (Y − p₀)``; above dense_max shots in a Nyström basis L of
-    nystrom_basis shots, ``V_L = (K_LX K_XL + c K_LL)⁻¹ K_LX (Y − p₀)`` (the other shots rows with zero votes)."""
+    """(X, y, votes ``(K + cI)⁻¹ (Y − p₀)``), above dense_max in a stratified Nyström basis (the others' votes 0)."""
     config = config_or_default(config)
     R = residuals(X, y, P, C, logit_scale)
     if X.shape[0] <= config.dense_max:
         K = rbf(X, X, sigma)
         K[np.diag_indices_from(K)] += c
         return X, y, np.linalg.solve(K, R)
-    basis = stratified(y, config.nystrom_basis, seed)
+    rng = np.random.default_rng(seed)   # the basis: the same fraction of each class
+    frac = min(config.nystrom_basis / X.shape[0], 1.0)
+    basis = np.sort(np.concatenate([rng.choice(idx, size=max(1, int(frac * len(idx))), replace=False)
+                                    for idx in (np.flatnonzero(y == c) for c in np.unique(y))]))
     L = X[basis]
     K_LX = rbf(L, X, sigma)
     A = K_LX @ K_LX.T + c * rbf(L, L, sigma)
@@ -242,11 +220,9 @@ def solve(X: np.ndarray, y: np.ndarray, P: np.ndarray, C: int, sigma: float, c: 
 
 def fit_residual_head(X, y, P, n_classes: int, logit_scale: float = CLIP_LOGIT_SCALE, seed: int = 0,
                       config: Optional[AdaptConfig] = None) -> ResidualFit:
-    """The kernel head for unit shots ``X`` (N×D), labels ``y``, prototypes ``P`` (C×D): :func:`select`, then
-    :func:`~svgen.selection.shot_test` against zero-shot on the folds' held-out shots, then :func:`solve`."""
+    """The kernel head: :func:`select`, :func:`~svgen.selection.shot_test` against zero-shot, :func:`solve`."""
     config = config_or_default(config)
-    X, P = unit(X), unit(P)
-    y = np.asarray(y, dtype=np.int64)
+    X, P, y = unit(X), unit(P), np.asarray(y, dtype=np.int64)
     one_shot = np.bincount(y, minlength=n_classes).max() <= 1
     sub = shot_sample(y, config.select_max, seed) if one_shot else None
     Xs, ys = (X, y) if sub is None else (X[sub], y[sub])
@@ -262,13 +238,12 @@ def fit_residual_head(X, y, P, n_classes: int, logit_scale: float = CLIP_LOGIT_S
     record = {"sigma": float(sel.sigma), "ridge_c": float(sel.ridge_c), "logit_scale": float(logit_scale),
               "selection": sel.record, "decision": decision_record, "shots": int(X.shape[0]),
               "scored_shots": int(Xs.shape[0])}
-    if decision.kept:
-        rows, labels, votes = solve(X, y, P, n_classes, sel.sigma, sel.ridge_c, logit_scale, seed, config)
-        voting = int((np.abs(votes).sum(axis=1) > 0).sum())
-        record.update(support_rows=int(rows.shape[0]), basis="all shots" if X.shape[0] <= config.dense_max
-                      else f"Nyström, {voting} of the shots")
+    if decision.kept:   # every shot a row (above dense_max those outside the basis with zero votes)
+        votes = solve(X, y, P, n_classes, sel.sigma, sel.ridge_c, logit_scale, seed, config)[2]
+        record.update(support_rows=int(X.shape[0]), basis="all shots" if X.shape[0] <= config.dense_max
+                      else f"Nyström, {int((np.abs(votes).sum(axis=1) > 0).sum())} of the shots")
     else:
         log.info("shots: zero-shot kept (%s)", decision_record)
-        rows, labels, votes = X, y, np.zeros((X.shape[0], n_classes))
-    return ResidualFit(decision, rows, labels, float(sel.sigma), votes, logit_scale, sel.loo, sub, record,
-                       sel.held_rows, sel.held_scores, sel.folds)
+        votes = np.zeros((X.shape[0], n_classes))
+    return ResidualFit(decision, X, y, float(sel.sigma), votes, logit_scale, sel.loo, sub, record, sel.held_rows,
+                       sel.held_scores, sel.folds)
