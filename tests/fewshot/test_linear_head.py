@@ -38,19 +38,6 @@ def _unit(a):
     return a / np.linalg.norm(a, axis=1, keepdims=True)
 
 
-def _class_subset(labels, n_max, seed):
-    """Every shot of a random set of classes, at most ``n_max`` in all (the old rule's subset)."""
-    rng = np.random.default_rng(seed)
-    counts = np.bincount(labels)
-    chosen, total = [], 0
-    for c in rng.permutation(np.flatnonzero(counts)):
-        if total + counts[c] > n_max and chosen:
-            continue
-        chosen.append(c)
-        total += counts[c]
-    return np.flatnonzero(np.isin(labels, chosen))
-
-
 def fold_logits(clf):
     """(held-out rows, zero-shot logits, LDA logits) on the kernel head's balanced folds of ``clf``'s shots, the LDA
     head refitted without each fold at the recorded (γ, κ) by a direct solve; folds concatenated."""
@@ -181,7 +168,9 @@ def test_many_classes_a_linear_head_that_hurts_is_not_chosen(monkeypatch):
     # the old rule: α on the folds of a subset of whole classes, the LDA head refitted on those classes' shots alone
     shots = clf.support_set_.part(IMAGE)
     W, b, choice = fit_lda_head(clf.prototypes_, shots, n_cls)
-    sub = _class_subset(y, 128, 0)
+    from benchmarks.bench_logit_form import class_subset   # the old rule's subset: every shot of some classes
+
+    sub = class_subset(y, 128, 0)
     folds = [sub[f] for f in residual.balanced_folds(y[sub], 0)]
     old = linear.fit_linear_head(clf.prototypes_, shots, n_cls, W, b, choice, folds, sub, None)
     assert old.record["alpha"] >= 4.0
