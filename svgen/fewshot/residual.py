@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 import numpy as np
+import torch
 
 from svgen.heads.scoring import CLIP_LOGIT_SCALE
 from svgen.selection import AdaptConfig, Decision, ShotReason, balanced_folds, config_or_default, shot_sample, shot_test
@@ -169,7 +170,7 @@ def nystrom_fold_scores(X: np.ndarray, y: np.ndarray, R: np.ndarray, p0_held: np
     d2_XL = X @ X[basis].T                               # squared distances to the basis, in place
     np.maximum(np.add(np.multiply(d2_XL, -2.0, out=d2_XL), 2.0, out=d2_XL), 0.0, out=d2_XL)
     d2_LL = d2_XL[basis]
-    R_H = R[held]
+    R_H, R32 = R[held], R.astype(np.float32)
     bounds = np.cumsum([0] + [f.size for f in folds])
     correct = np.zeros((len(sigmas), len(ridges), held.size), dtype=bool)
     scores = {}
@@ -180,17 +181,17 @@ def nystrom_fold_scores(X: np.ndarray, y: np.ndarray, R: np.ndarray, p0_held: np
         T = Q[:, ok] / np.sqrt(lam[ok])                  # K_LL^{-1/2} on its range
         s, V = np.linalg.eigh(T.T @ (K_XL.T @ K_XL) @ T)
         s, W = np.maximum(s, 0.0), T @ V
-        AR = (W.T @ (K_XL.T @ R)).astype(np.float32)     # per-ridge products in single precision (argmax decides)
-        A_H = K_XL[held] @ W
+        AR = torch.from_numpy(W.T.astype(np.float32) @ (K_XL.T.astype(np.float32) @ R32))   # single precision from here
+        A_H = torch.from_numpy((K_XL[held] @ W).astype(np.float32))      # (the argmax decides)
         for j, c in enumerate(ridges):
-            g = 1.0 / (s + c)
-            F = (A_H * g).astype(np.float32) @ AR        # the fit on every shot, at the held-out shots
+            g = torch.from_numpy((1.0 / (s + c)).astype(np.float32))
+            F = (A_H * g) @ AR                           # the fit on every shot, at the held-out shots
             sc = np.empty(F.shape)
             for lo, hi in zip(bounds[:-1], bounds[1:]):
                 A_f = A_H[lo:hi]
-                I_H = np.eye(hi - lo) - (A_f * g) @ A_f.T
-                sc[lo:hi] = p0_held[lo:hi] + R_H[lo:hi] - np.linalg.solve(
-                    I_H.astype(np.float32), (R_H[lo:hi] - F[lo:hi]).astype(np.float32))
+                I_H = torch.eye(hi - lo) - (A_f * g) @ A_f.T
+                sc[lo:hi] = p0_held[lo:hi] + R_H[lo:hi] - torch.linalg.solve(
+                    I_H, torch.from_numpy(R_H[lo:hi].astype(np.float32)) - F[lo:hi]).numpy()
             correct[i, j] = sc.argmax(axis=1) == y[held]
             scores[i, j] = sc
     return correct, scores

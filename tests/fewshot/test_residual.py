@@ -98,6 +98,32 @@ def test_nystrom_solve_is_the_ridge_of_the_approximated_kernel(monkeypatch):
                                atol=1e-5)
 
 
+def test_nystrom_fold_scores_are_refits_without_each_fold_in_the_basis_features():
+    """The block formula of the held-out refits (single precision) against a second route: for each fold, least
+    squares in the explicit Nyström features φ = k(x, L) K_LL^{-1/2} of every shot outside that fold (float64)."""
+    X, y, P = _problem(seed=4, C=8, per_class=6)
+    C, sigma = P.shape[0], 0.8
+    R = np.eye(C)[y] - residual.prior_probs(X, P)
+    folds = selection.balanced_folds(y, 0, 3)
+    held = np.concatenate(folds)
+    rest = np.setdiff1d(np.arange(len(y)), held)                  # the basis: every shot outside the folds
+    p0_held = residual.prior_probs(X[held], P)
+    correct, scores = residual.nystrom_fold_scores(X, y, R, p0_held, folds, [sigma], [0.01, 1.0], seed=0,
+                                                   basis_size=len(rest))
+    w, Q = np.linalg.eigh(residual.rbf(X[rest], X[rest], sigma))
+    ok = w > 1e-10 * w.max()
+    Phi = residual.rbf(X, X[rest], sigma) @ (Q[:, ok] / np.sqrt(w[ok]))
+    for j, c in enumerate([0.01, 1.0]):
+        start = 0
+        for f in folds:
+            keep = np.setdiff1d(np.arange(len(y)), f)
+            beta = np.linalg.solve(Phi[keep].T @ Phi[keep] + c * np.eye(Phi.shape[1]), Phi[keep].T @ R[keep])
+            want = p0_held[start:start + f.size] + Phi[f] @ beta
+            np.testing.assert_allclose(scores[0, j][start:start + f.size], want, atol=1e-5)
+            start += f.size
+        assert np.array_equal(correct[0, j], scores[0, j].argmax(axis=1) == y[held])
+
+
 def test_paired_decision_keeps_zero_shot_when_the_correction_hurts():
     y = np.arange(20) % 4
     p0 = np.eye(4)[y] * 0.6 + 0.1                       # zero-shot right on every shot
