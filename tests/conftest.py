@@ -71,6 +71,20 @@ def private_copy(files, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     return tmp_path
 
+
+def small_input_fixtures(names, dim: int, tag: str):
+    """The ``files`` (module scope: :func:`write_small_inputs` with 3 templates and 12 rows) and ``work`` (a
+    :func:`private_copy` of them per test, which runs inside it) fixtures of a module: ``files, work = …``."""
+    @pytest.fixture(scope="module")
+    def files(tmp_path_factory):
+        return write_small_inputs(tmp_path_factory.mktemp(tag), names, dim, templates=3, rows=12)
+
+    @pytest.fixture
+    def work(files, tmp_path, monkeypatch):
+        return private_copy(files, tmp_path, monkeypatch)
+
+    return files, work
+
 # ----------------------------------------------------------------------------- markers (the quick subset)
 
 # Whole files whose tests start Ray, run the README's sessions, or fit and score real data sets.

@@ -19,21 +19,13 @@ from safetensors.torch import load_file, save_file
 from svgen import SVGClassifier
 from svgen.errors import SvgenError
 
-from conftest import file_tree as tree, one_line, private_copy, write_small_inputs
+from conftest import file_tree as tree, one_line, small_input_fixtures
 
 C, D = 5, 16
 NAMES = [f"class {i}" for i in range(C)]
 
 
-@pytest.fixture(scope="module")
-def files(tmp_path_factory):
-    return write_small_inputs(tmp_path_factory.mktemp("i40"), NAMES, D, templates=3, rows=12)
-
-
-@pytest.fixture
-def work(files, tmp_path, monkeypatch):
-    """A private copy of the inputs and of artifact ``a.svgen``; the test runs inside it."""
-    return private_copy(files, tmp_path, monkeypatch)
+files, work = small_input_fixtures(NAMES, D, "i40")   # the inputs, and a private copy the test runs in
 
 
 def _npy_with_shape(path, shape, descr="<f4", data=b"\0" * 1024):
