@@ -32,7 +32,7 @@ from svgen.errors import SvgenError
 from svgen.fitted import FittedHeads
 from svgen.fewshot import adapt as shot_adapt
 from svgen.io import codec
-from svgen.selection import AdaptConfig, config_or_default
+from svgen.selection import AdaptConfig
 from svgen.state import Heads, TextSide
 from svgen.transductive import adapt as pool_adapt
 from svgen.transductive.pool import Stage, prior_head
@@ -251,7 +251,7 @@ class SVGClassifier(FittedHeads):
         self._restore_inductive()   # the heads are re-solved from the zero-shot heads and the shots
         self.transductive_ = None
         fit = shot_adapt.adapt(self.zero_shot_, shots, self._side(), progress=self.progress,
-                               config=config_or_default(self.adapt_config))
+                               config=self.adapt_config)
         self.heads_, self.fewshot_ = fit.heads, fit.record
         return self
 
@@ -273,7 +273,7 @@ class SVGClassifier(FittedHeads):
         self.transductive_ = None
         fit = pool_adapt.adapt(self._stage(), self._side(), U, strength,
                                progress=self.progress if progress is None else progress,
-                               config=config_or_default(self.adapt_config))
+                               config=self.adapt_config)
         self.heads_, self.inductive_, self.transductive_ = fit.heads, fit.inductive, fit.record
         self.transductive_labels_ = fit.labels
         return self

@@ -17,7 +17,6 @@ import torch
 from svgen.errors import SvgenError
 from svgen.estimator import Estimator
 from svgen.heads import predictor
-from svgen.selection import config_or_default
 from svgen.core.support import SupportSet
 from svgen.validation import check_embeddings
 
@@ -93,7 +92,7 @@ class FittedHeads(Estimator):
         """Per-head temperatures from the text side (:func:`svgen.heads.predictor.text_calibration`)."""
         self.heads_.calibration = predictor.text_calibration(self.heads_, self.prototypes_, self.per_template_,
                                                              self.fit_config_.kernel, only=only,
-                                                             config=config_or_default(getattr(self, "adapt_config", None)))
+                                                             config=getattr(self, "adapt_config", None))
 
     def set_temperatures(self, temperatures: dict, method: str, kernel_logits: Optional[str] = None,
                          kernel_floor: Optional[float] = None, **details) -> "FittedHeads":
