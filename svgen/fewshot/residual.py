@@ -171,6 +171,7 @@ def nystrom_fold_scores(X: np.ndarray, y: np.ndarray, R: np.ndarray, p0_held: np
     np.maximum(np.add(np.multiply(d2_XL, -2.0, out=d2_XL), 2.0, out=d2_XL), 0.0, out=d2_XL)
     d2_LL = d2_XL[basis]
     R_H, R32 = R[held], R.astype(np.float32)
+    R_H32 = torch.from_numpy(R_H.astype(np.float32))
     bounds = np.cumsum([0] + [f.size for f in folds])
     correct = np.zeros((len(sigmas), len(ridges), held.size), dtype=bool)
     scores = {}
@@ -191,7 +192,7 @@ def nystrom_fold_scores(X: np.ndarray, y: np.ndarray, R: np.ndarray, p0_held: np
                 A_f = A_H[lo:hi]
                 I_H = torch.eye(hi - lo) - (A_f * g) @ A_f.T
                 sc[lo:hi] = p0_held[lo:hi] + R_H[lo:hi] - torch.linalg.solve(
-                    I_H, torch.from_numpy(R_H[lo:hi].astype(np.float32)) - F[lo:hi]).numpy()
+                    I_H, R_H32[lo:hi] - F[lo:hi]).numpy()
             correct[i, j] = sc.argmax(axis=1) == y[held]
             scores[i, j] = sc
     return correct, scores
