@@ -15,6 +15,7 @@ from svgen.core.roots import newton_minimum
 from svgen.core.support import IMAGE, image_rows
 from svgen.fewshot import adapt as shot_adapt
 from svgen.heads import predictor
+from svgen.heads.heldout import outcomes
 from svgen.selection import (DEFAULT, AdaptConfig, Paired, ahead, balanced_folds, behind, config_or_default,
                              paired)
 from svgen.state import TextSide
@@ -41,14 +42,11 @@ def shot_folds(y: np.ndarray, n_classes: int, seed: int = 0, max_folds: int = DE
 
 
 def paired_gate(p_ind: np.ndarray, p_pool: np.ndarray, y: np.ndarray, level: float = DEFAULT.level) -> Gate:
-    """Pool-adapted against inductive probabilities on the same held-out labelled images ``y``."""
-    def per_image(p):
-        order = np.argsort(-p, axis=1)[:, :5]
-        return ((order[:, 0] == y).astype(float), np.any(order == y[:, None], axis=1).astype(float),
-                -np.log(np.maximum(p[np.arange(len(y)), y], 1e-300)))
-
-    (a1, a5, an), (b1, b5, bn) = per_image(p_ind), per_image(p_pool)
-    return replication_gate(b1, a1, b5, a5, level, nll=paired(bn, an))
+    """Pool-adapted against inductive probabilities on the same held-out labelled images ``y`` (per image: top-1 and
+    top-5 hits under classify's tie rule, and the NLL, :func:`svgen.heads.heldout.outcomes`)."""
+    ind, pool = outcomes(p_ind, y), outcomes(p_pool, y)
+    return replication_gate(pool["acc1"], ind["acc1"], pool["acc5"], ind["acc5"], level,
+                            nll=paired(pool["nll"], ind["nll"]))
 
 
 def replication_gate(agree_pool: np.ndarray, agree_ind: np.ndarray, agree5_pool: np.ndarray,
@@ -72,7 +70,7 @@ def judged(g: Gate) -> Gate:
                    f"of it, the inductive head's on {100 * a5.baseline:.2f}%, more often by more than {level:g} SE"
                    if n is None else f"top-5 {100 * a5.candidate:.1f}% is below the inductive "
                    f"{100 * a5.baseline:.1f}% by more than {level:g} SE")
-    if n is not None and behind(Paired(-n.candidate, -n.baseline, -n.difference, n.standard_error, n.n), level):
+    if n is not None and ahead(n, level):   # NLL: lower is better
         why.append(f"NLL {n.candidate:.3f} is above the inductive {n.baseline:.3f} by more than {level:g} SE")
     return replace(g, failed=tuple(why))
 
