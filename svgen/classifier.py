@@ -10,7 +10,8 @@
 
 The fitted state is plain objects (:mod:`svgen.state`): the deployed :class:`~svgen.state.Heads` (``heads_``),
 the zero-shot heads the shots were added to (``zero_shot_``), and the inductive heads a pool replaced
-(``inductive_``). Each stage is computed elsewhere — the zero-shot fit by :mod:`svgen.zeroshot.training`, the shots by
+(``inductive_``), and the LDA part of the shots' linear head (``lda_``, :class:`~svgen.state.LdaPart`). Each stage
+is computed elsewhere — the zero-shot fit by :mod:`svgen.zeroshot.training`, the shots by
 :mod:`svgen.fewshot.adapt`, a pool by :mod:`svgen.transductive.adapt` — and the artifact codec is :mod:`svgen.io.codec`; this
 class validates input, keeps the state and delegates.
 """
@@ -200,7 +201,7 @@ class SVGClassifier(FittedHeads):
         self.templates_ = list(templates) if templates is not None else None
         self.encoder_ = dict(encoder) if encoder else None
         self.heads_ = self.zero_shot_ = zs.heads
-        self.inductive_ = self.fewshot_ = self.transductive_ = self.transductive_labels_ = None
+        self.inductive_ = self.fewshot_ = self.lda_ = self.transductive_ = self.transductive_labels_ = None
         self.generator_, self.metric_precision_, self.history_ = zs.generator, zs.precision, zs.history
         self.fit_metrics_, self.ridge_lambda_, self.vote_scale_ = zs.metrics, zs.ridge_lambda, zs.vote_scale
         return self
@@ -211,7 +212,7 @@ class SVGClassifier(FittedHeads):
 
     def _stage(self) -> Stage:
         shots = self.support_set_.part(IMAGE) if self.fewshot_ is not None else None
-        return Stage(self.heads_, self.zero_shot_, self.fewshot_, shots, self.default_head_)
+        return Stage(self.heads_, self.zero_shot_, self.fewshot_, shots, self.default_head_, self.lda_)
 
     # ------------------------------------------------------------------------------ adapting
     def adapt(self, X=None, y=None, unlabelled=None):
@@ -252,7 +253,7 @@ class SVGClassifier(FittedHeads):
         self.transductive_ = None
         fit = shot_adapt.adapt(self.zero_shot_, shots, self._side(), progress=self.progress,
                                config=self.adapt_config)
-        self.heads_, self.fewshot_ = fit.heads, fit.record
+        self.heads_, self.fewshot_, self.lda_ = fit.heads, fit.record, fit.lda
         return self
 
     def adapt_pool(self, unlabelled, strength: Optional[float] = None, progress: Optional[bool] = None):
@@ -334,7 +335,7 @@ class SVGClassifier(FittedHeads):
         names, self.prototypes_, self.per_template_, self.heads_, self.vote_scale_ = extend(
             zero, self._side(), self.generator_, self.metric_precision_, self.ridge_lambda_, emb, classes)
         self.classes_ = np.asarray(names, dtype=object)
-        self.zero_shot_, self.fewshot_ = self.heads_, None
+        self.zero_shot_, self.fewshot_, self.lda_ = self.heads_, None, None
         if shots is not None:
             self.adapt(shots.rows, shots.labels)  # its temperatures follow the adapted heads
         elif self.calibration_.get("method") == "text":

@@ -57,6 +57,18 @@ class LinearHead:
 
 
 @dataclass
+class LdaPart:
+    """The Gaussian class model the shots fitted (:mod:`svgen.fewshot.lda`): its logits ``x̂ Wᵀ + b``, the shrinkage γ
+    of its shared covariance, and its leave-one-out NLL temperature on the shots (None: not fitted). The linear head
+    with shots adds these logits to the zero-shot ones (or is them); a pool's solve continues them."""
+
+    weight: torch.Tensor
+    bias: torch.Tensor
+    shrinkage: float
+    temperature: Optional[float] = None
+
+
+@dataclass
 class Calibration:
     """Per-head temperatures (``softmax(logits / T)``), the kind of the kernel head's logits
     (:data:`svgen.calibration.temperatures.KERNEL_LOGITS`), the weight of the kernel head in the ``"mixture"`` head

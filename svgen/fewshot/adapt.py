@@ -20,7 +20,7 @@ from svgen.fewshot import lda as fewshot
 from svgen.heads import heldout, predictor
 from svgen.heads.scoring import MIXTURE
 from svgen.selection import AdaptConfig, config_or_default, shot_sample
-from svgen.state import Calibration, Heads, KernelHead, LinearHead, TextSide
+from svgen.state import Calibration, Heads, KernelHead, LdaPart, LinearHead, TextSide
 from svgen.steps import Clock
 
 log = logging.getLogger(__name__)
@@ -28,9 +28,11 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class ShotFit:
-    """The shots stage: its heads (calibrated) and its record (``svgen.json`` ``fewshot``)."""
+    """The shots stage: its heads (calibrated), the LDA part of its linear head and its record (``svgen.json``
+    ``fewshot``)."""
 
     heads: Heads
+    lda: LdaPart
     record: dict
     held_out: Optional[tuple] = None   # (kernel, linear probabilities of held-out shots, labels, cosine)
 
@@ -96,7 +98,7 @@ def adapt(zero_shot: Heads, shots: SupportSet, side: TextSide, tilt_shotless: bo
     log.info("adapted to %d shots in %.2fs: kernel %s (σ=%.3g, c=%.3g), linear LDA γ=%g κ=%g (LOO error %.3f), α=%s",
              len(shots), wall, "adapted" if res.adopted else "kept zero-shot", res.sigma, res.record["ridge_c"],
              lchoice.shrinkage, lchoice.prior_shots, lchoice.loo_error, lin.record.get("alpha", "none (LDA alone)"))
-    return ShotFit(heads, record, held)
+    return ShotFit(heads, lin.lda, record, held)
 
 
 class KernelEvidence(NamedTuple):

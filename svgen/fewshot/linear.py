@@ -14,16 +14,19 @@ from svgen.calibration import temperatures as calibration
 from svgen.fewshot import lda
 from svgen.heads.scoring import CLIP_LOGIT_SCALE
 from svgen.selection import AdaptConfig, config_or_default
+from svgen.state import LdaPart
 
 log = logging.getLogger(__name__)
 
 
 @dataclass
 class LinearFit:
-    """The linear head ``x̂ Wᵀ + b``, its record, its logits on the folds' held-out shots and its exact LOO logits."""
+    """The linear head ``x̂ Wᵀ + b``, its LDA part, its record, its logits on the folds' held-out shots and its exact
+    LOO logits."""
 
     weight: torch.Tensor
     bias: torch.Tensor
+    lda: LdaPart
     record: dict
     held_logits: Optional[np.ndarray] = None
     loo_logits: Optional[np.ndarray] = None
@@ -50,8 +53,11 @@ def fit_linear_head(prototypes: torch.Tensor, shots, n_classes: int, W_lda: torc
     P = torch.nn.functional.normalize(prototypes.double(), dim=-1).numpy()
     Z_loo = CLIP_LOGIT_SCALE * Xn[scored] @ P.T
     s = spread_ratio(Z_loo, loo)
+    t_lda = calibration.loo_temperatures({"lda": loo}, loo_y, fallback={"lda": 1.0})
+    fitted = bool(t_lda["loo"]["lda"]["fitted"])
+    part = LdaPart(W_lda, b_lda, choice.shrinkage, float(t_lda["temperatures"]["lda"]) if fitted else None)
     if folds is None:
-        return LinearFit(W_lda, b_lda, {"form": "lda", "scale": s,
+        return LinearFit(W_lda, b_lda, part, {"form": "lda", "scale": s,
                                         "rule": "one shot per class: no held-out folds to weigh the LDA logits "
                                                 "against the zero-shot ones; the LDA head"},
                          loo_logits=loo, loo_labels=loo_y, loo_rows=loo_rows)
@@ -70,9 +76,8 @@ def fit_linear_head(prototypes: torch.Tensor, shots, n_classes: int, W_lda: torc
     alpha = alphas[i]
     W = CLIP_LOGIT_SCALE * torch.from_numpy(P) + alpha * s * W_lda.double()
     b = alpha * s * b_lda.double()
-    t_lda = calibration.loo_temperatures({"lda": loo}, loo_y, fallback={"lda": 1.0})
     record = {"form": "zero-shot logits + α·s·LDA logits", "alpha": float(alpha), "scale": s, "fold_scale": s_fold,
-              "lda_temperature": float(t_lda["temperatures"]["lda"]), "lda_temperature_fitted": t_lda["loo"]["lda"]["fitted"],
+              "lda_temperature": float(t_lda["temperatures"]["lda"]), "lda_temperature_fitted": fitted,
               "held_out_accuracy": float(acc[i]), "zero_shot_held_out_accuracy": float(acc[0]),
               "grid": {f"{a:g}": float(v) for a, v in zip(alphas, acc)}, "shots_compared": int(rows.size),
               "rule": "α with the best accuracy on the balanced folds' held-out shots (the LDA head refitted without "
@@ -81,15 +86,6 @@ def fit_linear_head(prototypes: torch.Tensor, shots, n_classes: int, W_lda: torc
                       "head's: its exact leave-one-out logits)"}
     log.info("linear head: zero-shot logits + %g·%.3g·LDA (held-out accuracy %.3f, zero-shot %.3f)",
              alpha, s, acc[i], acc[0])
-    return LinearFit(W.float(), b.float(), record, Z + alpha * s_fold * L, Z_loo + alpha * s * loo, loo_y,
+    return LinearFit(W.float(), b.float(), part, record, Z + alpha * s_fold * L, Z_loo + alpha * s * loo, loo_y,
                      loo_rows)
 
-
-def lda_part(prototypes: torch.Tensor, shots, n_classes: int, record: Optional[dict]) -> Optional[tuple]:
-    """(W_lda, b_lda, T, fitted): the LDA part of a recorded linear head, refitted; None where it is the LDA head."""
-    if not record or record.get("form", "lda") == "lda":
-        return None
-    X, y = shots.rows.double(), shots.labels
-    W, b = lda.lda_head_weights(X, y, lda.prior_means(prototypes, X), record["shrinkage"], record["prior_shots"],
-                                equal_radius=record.get("means") == "equal Mahalanobis radius")
-    return W.float(), b.float(), float(record["lda_temperature"]), bool(record["lda_temperature_fitted"])

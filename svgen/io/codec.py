@@ -7,6 +7,8 @@ Tensors (float32 unless named; ``C`` classes, ``K`` support vectors per class, `
   ``bandwidth``, ``vote_weights``, ``linear_head.{weight,bias}``, ``temperature.<head>``,
   ``kernel_prior.logit_scale`` (format 3);
 * the zero-shot heads where the kernel has image or pool rows (formats 2–3): ``text.*``;
+* the LDA part of the shots' linear head (:class:`~svgen.state.LdaPart`): ``lda.{weight,bias}``, its shrinkage and
+  temperature in ``svgen.json`` ``lda``;
 * the inductive heads a pool replaced: ``inductive.linear_head.*``; ``inductive.{vote_weights,bandwidth}`` where
   the kernel vote was replaced (its rows are the zero-shot text rows, or the first rows of the deployed
   kernel's), and ``inductive.support_*`` where they are neither;
@@ -26,11 +28,11 @@ from svgen.calibration import mixture
 from svgen.core import logits as logit_kinds
 from svgen.errors import SvgenError
 from svgen.core.generator import SupportVectorGenerator
-from svgen.fewshot import coverage
+from svgen.fewshot import coverage, lda
 from svgen.heads import predictor
 from svgen.heads.scoring import HEADS, MIXTURE
-from svgen.state import Calibration, Heads, KernelHead, LinearHead, PoolFactor
-from svgen.core.support import SOURCES
+from svgen.state import Calibration, Heads, KernelHead, LdaPart, LinearHead, PoolFactor
+from svgen.core.support import IMAGE, SOURCES
 from svgen.config import FitConfig, config_dict
 from svgen.zeroshot.fit import scale_votes
 
@@ -72,6 +74,8 @@ def tensors(clf) -> dict:
     if ind is not None and ind.kernel is not h.kernel:
         t["inductive.vote_weights"] = ind.kernel.votes
         t["inductive.bandwidth"] = torch.tensor(float(ind.kernel.bandwidth))
+    if clf.lda_ is not None:
+        t["lda.weight"], t["lda.bias"] = clf.lda_.weight, clf.lda_.bias
     if clf.generator_ is not None:
         t.update({f"generator.{k}": v for k, v in clf.generator_.state_dict().items()})
     if h.kernel.prior_scale is not None:
@@ -119,6 +123,8 @@ def metadata(clf) -> dict:
                  else artifacts.FORMAT_VERSION_PRIOR if has_prior_term(clf) else artifacts.FORMAT_VERSION_SHOTS,
                  "support_source": {str(i): name for i, name in enumerate(SOURCES)},
                  "fewshot": clf.fewshot_}
+    if clf.lda_ is not None:
+        extra["lda"] = {"shrinkage": clf.lda_.shrinkage, "temperature": clf.lda_.temperature}
     if clf.transductive_:
         extra["transductive"] = clf.transductive_
     if h.kernel.prior_scale is not None:
@@ -206,6 +212,7 @@ def load(cls, path):
             raise SvgenError(f"{path}: generator tensors do not match K={K}, D={D}") from None
         self.generator_ = gen.eval().requires_grad_(False)
     _votes_and_temperatures(self, meta, t)
+    self.lda_ = _lda_part(self, meta, t, path)
     recorded = (self.transductive_ or {}).get("default_head") or (self.fewshot_ or {}).get("default_head")
     if recorded == MIXTURE and MIXTURE not in predictor.head_names(self.heads_):
         raise SvgenError(f"{path}: svgen.json names the mixture head as the default head, but its calibration has "
@@ -257,6 +264,33 @@ def _inductive(clf, meta: dict, t: dict, path, C: int):
                           _floor(snap, kind, f"{path}: transductive.inductive_calibration"),
                           _mixture_weight(snap, meta, f"{path}: transductive.inductive_calibration"))
     return Heads(kernel, linear, cal)
+
+
+def _lda_part(clf, meta: dict, t: dict, path) -> Optional[LdaPart]:
+    """The LDA part of the shots' linear head (``lda.*``, ``svgen.json`` ``lda``), checked; None without shots. An
+    artifact written before it was stored gets it refitted from its shots as its ``fewshot.linear`` record says."""
+    C, D = clf.heads_.linear.weight.shape
+    if "lda" in meta or "lda.weight" in t:
+        W, b, rec = t.get("lda.weight"), t.get("lda.bias"), meta.get("lda")
+        if W is None or b is None or tuple(W.shape) != (C, D) or tuple(b.shape) != (C,) or rec is None:
+            raise SvgenError(f"{path}: lda.weight and lda.bias must have shapes ({C}, {D}) and ({C},), with "
+                             "svgen.json 'lda'")
+        return LdaPart(W.float(), b.float(), float(rec["shrinkage"]), rec.get("temperature"))
+    lin = (clf.fewshot_ or {}).get("linear") or {}
+    if "shrinkage" not in lin:
+        return None
+    if lin.get("form", "lda") == "lda":   # the linear head is the LDA head
+        ind = clf.inductive_ if clf.inductive_ is not None and clf.inductive_.calibration is not None else clf.heads_
+        cal = ind.calibration.record
+        fitted = cal.get("method") == "loo-nll" and ((cal.get("loo") or {}).get("linear") or {}).get("fitted")
+        T = float(ind.calibration.temperatures["linear"]) if fitted else None
+        return LdaPart(ind.linear.weight, ind.linear.bias, float(lin["shrinkage"]), T)
+    shots = clf.support_set_.part(IMAGE)
+    X, y = shots.rows.double(), shots.labels
+    W, b = lda.lda_head_weights(X, y, lda.prior_means(clf.prototypes_, X), lin["shrinkage"], lin["prior_shots"],
+                                equal_radius=lin.get("means") == "equal Mahalanobis radius")
+    return LdaPart(W.float(), b.float(), float(lin["shrinkage"]),
+                   float(lin["lda_temperature"]) if lin.get("lda_temperature_fitted") else None)
 
 
 def _floor(cal: dict, kind: str, where) -> Optional[float]:

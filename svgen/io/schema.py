@@ -245,6 +245,8 @@ SCHEMA: Dict[str, Callable] = {
                              "default_head": optional(string(choices=("kernel", "linear", "mixture"))),
                              "kernel": optional(obj()), "shots": optional(integer(0)),
                              "classes_with_shots": optional(integer(0))})),
+    "lda": optional(obj({"shrinkage": number(0, 1), "temperature": optional(number(positive=True))},
+                        required=("shrinkage",))),
     "transductive": optional(obj({"fallback": optional(string(max_len=4096)), "pool": optional(integer(0)),
                                   "inductive_calibration": optional(obj())})),
     "vote_weights": optional(obj({"layout": string(choices=("coo",)),

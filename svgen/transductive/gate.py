@@ -127,7 +127,8 @@ def check_with_shots(stage: Stage, side: TextSide, U: torch.Tensor, strength: Op
         Xh, fold_head = F.normalize(X[held], dim=-1), fit.record["default_head"]
         with torch.no_grad():
             p_ind = predictor.proba(fit.heads, P, kind, Xh, fold_head).numpy()
-            part = Stage(fit.heads, stage.zero_shot, fit.record, fit.heads.kernel.support_set().part(IMAGE), fold_head)
+            part = Stage(fit.heads, stage.zero_shot, fit.record, fit.heads.kernel.support_set().part(IMAGE), fold_head,
+                         fit.lda)
             pool = transduce(part, side, torch.cat([U, Xh]), strength, progress=False, config=cfg)
             if not pool.decision.kept:
                 return Check(Evidence.SHOTS, head, stopped=Reason.FOLD_DID_NOT_ADAPT,

@@ -14,11 +14,10 @@ import torch.nn.functional as F
 from svgen.calibration.temperatures import KERNEL_LOG_FLOOR
 from svgen.core.support import SupportSet
 from svgen.fewshot import lda as fewshot
-from svgen.fewshot import linear as linear_head
 from svgen.heads import predictor
 from svgen.heads.scoring import CLIP_LOGIT_SCALE
 from svgen.selection import AdaptConfig, Decision
-from svgen.state import Heads, LinearHead, TextSide
+from svgen.state import Heads, LdaPart, LinearHead, TextSide
 from svgen.transductive import solve as td
 from svgen.transductive.decision import KEPT, Reason, fallback, refuse
 
@@ -32,13 +31,15 @@ def prior_head(fewshot: Optional[dict]) -> str:
 
 @dataclass
 class Stage:
-    """The inductive state a pool adapts (``zero_shot``: the heads without shots; ``fewshot``: the shots' record)."""
+    """The inductive state a pool adapts (``zero_shot``: the heads without shots; ``fewshot``: the shots' record;
+    ``lda``: the LDA part of the shots' linear head)."""
 
     heads: Heads
     zero_shot: Heads
     fewshot: Optional[dict]
     shots: Optional[SupportSet]
     default_head: str
+    lda: Optional[LdaPart] = None
 
 
 @dataclass
@@ -75,10 +76,9 @@ def transduce(stage: Stage, side: TextSide, U: torch.Tensor, strength: Optional[
         return _refused(heads, N, head, refusal)
     t0 = time.perf_counter()
     shots = stage.shots if stage.fewshot is not None else None
-    fitted = shots is not None and bool((shots.counts(C) > 1).any())
-    # the linear head may be zero-shot + α·LDA logits (svgen.fewshot.linear): the solve continues its LDA part
-    part = linear_head.lda_part(P, shots, C, stage.fewshot.get("linear")) if fitted else None
-    prior_linear = heads.linear if part is None else LinearHead(part[0], part[1])
+    # the shots' Gaussian class model, continued by the solve, where some class has more than one shot
+    part = stage.lda if shots is not None and bool((shots.counts(C) > 1).any()) else None
+    prior_linear = heads.linear if part is None else LinearHead(part.weight, part.bias)
     if shots is None:
         prior = predictor.scores_in_blocks(heads, P, kind, U, head)
     else:   # the inductive predictor as deployed: calibrated log-probabilities at T = 1
@@ -86,26 +86,19 @@ def transduce(stage: Stage, side: TextSide, U: torch.Tensor, strength: Optional[
     timings = {"prior_scores": time.perf_counter() - t0}
     with torch.no_grad():
         precision = None
-        if fitted:   # the LDA head's Σ and logits are a Gaussian model fitted on the shots: used as they are
-            Sigma = fewshot.lda_covariance(shots.rows.double(), shots.labels, C,
-                                           float(stage.fewshot["linear"]["shrinkage"]))
+        if part is not None:   # its Σ and logits are a Gaussian model fitted on the shots: used as they are
+            Sigma = fewshot.lda_covariance(shots.rows.double(), shots.labels, C, part.shrinkage)
             precision = torch.linalg.inv(Sigma).float()
             t_prior = t_lin = 1.0
-            cal = heads.calibration.record or {}
-            if part is not None:
-                t_post, t_post_source = ((part[2], "the LDA part's leave-one-out NLL temperature on the shots")
-                                         if part[3] else (1.0, "1 (the LDA part's temperature was not fitted)"))
-            elif cal.get("method") == "loo-nll" and ((cal.get("loo") or {}).get("linear") or {}).get("fitted"):
-                t_post = float(heads.calibration.temperatures["linear"])
-                t_post_source = "the LDA head's leave-one-out NLL temperature on the shots"
-            else:
-                t_post, t_post_source = 1.0, "1 (the LDA head's temperature was not fitted on the shots)"
+            t_post, t_post_source = ((part.temperature, "the LDA part's leave-one-out NLL temperature on the shots")
+                                     if part.temperature is not None
+                                     else (1.0, "1 (the LDA part's temperature was not fitted)"))
         else:   # scales calibrated without labels (with one shot per class the prior is calibrated already)
             target = td._entropy(CLIP_LOGIT_SCALE * U[td.calibration_rows(N)] @ F.normalize(P.float(), dim=-1).T)
             t_prior = 1.0 if shots is not None else td.match_entropy(prior, target)
             t_lin = td.match_entropy(predictor.scores_in_blocks(heads, P, kind, U, "linear"), target)
             t_post, t_post_source = 1.0, "1 (no class model fitted on labels)"
-        beta0 = td.prior_strength(N, C, len(shots) if fitted else 0) if strength is None else float(strength)
+        beta0 = td.prior_strength(N, C, 0 if part is None else len(shots)) if strength is None else float(strength)
         timings["calibration"] = time.perf_counter() - t0 - timings["prior_scores"]
         t1 = time.perf_counter()
         res, tries = td.settle(U, t_prior * prior, fewshot.prior_means(P, U.double()).float(),

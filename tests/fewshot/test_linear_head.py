@@ -101,6 +101,11 @@ def test_alpha_is_the_best_held_out_accuracy_and_the_head_is_the_two_terms(per_c
     want = 100.0 * Qn @ Pn.T + rec["alpha"] * rec["scale"] * (Qn @ W_lda.double().numpy().T + b_lda.double().numpy())
     got = np.asarray(clf.decision_function(Q, head="linear"), dtype=np.float64)
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
+    # the LDA part is kept as it was fitted (the pool's solve continues it), not rebuilt from the record
+    part = clf.lda_
+    np.testing.assert_allclose(part.weight.numpy(), W_lda.numpy(), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(part.bias.numpy(), b_lda.numpy(), rtol=1e-5, atol=1e-5)
+    assert (part.shrinkage, part.temperature) == (rec["shrinkage"], rec["lda_temperature"])
 
 
 def test_a_text_prior_already_right_on_every_shot_keeps_the_zero_shot_head():
@@ -125,6 +130,10 @@ def test_one_shot_per_class_keeps_the_lda_head_alone():
     W, b, _ = fit_lda_head(clf.prototypes_, clf.support_set_.part(IMAGE), C)
     np.testing.assert_allclose(clf.heads_.linear.weight.numpy(), W.numpy(), rtol=1e-6, atol=1e-7)
     np.testing.assert_allclose(clf.heads_.linear.bias.numpy(), b.numpy(), rtol=1e-6, atol=1e-7)
+    # its LDA part is the head itself, at the linear head's leave-one-out temperature where that was fitted
+    part, cal = clf.lda_, clf.heads_.calibration
+    assert torch.equal(part.weight, clf.heads_.linear.weight) and torch.equal(part.bias, clf.heads_.linear.bias)
+    assert part.temperature == (cal.temperatures["linear"] if cal.record["loo"]["linear"]["fitted"] else None)
 
 
 def test_spread_ratio_is_scale_equivariant():

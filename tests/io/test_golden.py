@@ -4,7 +4,8 @@
   probabilities for every head and for the default head (so moving code cannot change a prediction).
 * Refitting each case from scratch writes the same tensors and the same ``svgen.json`` apart from timings, to
   float rounding (so moving code cannot change what is written; the last bits depend on the CPU).
-* A loaded artifact saved again writes the same files (the codec loses nothing).
+* A loaded artifact saved again writes the same files (the codec loses nothing; a legacy one gains its linear
+  head's LDA part where it had shots).
 
 ``python tests/io/golden/make_golden.py`` rewrites them when a format changes on purpose.
 """
@@ -17,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from safetensors.torch import load_file
 
 import svgen
@@ -47,6 +49,17 @@ def same_files(a: Path, b: Path) -> None:
                if k not in (other := load_file(str(b / "weights.safetensors"))) or not np.array_equal(v.numpy(), other[k].numpy()))
     ja, jb = (json.loads((p / "svgen.json").read_text()) for p in (a, b))
     assert without_timings(ja) == without_timings(jb)
+
+
+def same_files_but_the_lda_part(a: Path, b: Path) -> None:
+    """What a legacy artifact saved again writes: the same tensors and ``svgen.json``, plus the linear head's LDA
+    part (``lda.*``, ``svgen.json`` ``lda``) where it had shots and did not store it."""
+    ta, tb = (load_file(str(p / "weights.safetensors")) for p in (a, b))
+    ja, jb = (without_timings(json.loads((p / "svgen.json").read_text())) for p in (a, b))
+    shots = bool((ja.get("fewshot") or {}).get("linear"))
+    assert sorted(set(tb) - set(ta)) == (["lda.bias", "lda.weight"] if shots else [])
+    assert set(ta) <= set(tb) and all(torch.equal(ta[k], tb[k]) for k in ta)
+    assert ("lda" in jb) is shots and {k: v for k, v in jb.items() if k != "lda"} == ja
 
 
 REFIT_RTOL = 1e-3   # floats of a refit, relative (a tensor's: to its largest magnitude); measured across two CPUs: ≤ 7e-5
@@ -134,7 +147,27 @@ def test_refitting_writes_the_same_files(case, tmp_path):
 @pytest.mark.parametrize("case", LOADED)
 def test_load_then_save_writes_the_same_files(case, tmp_path):
     svgen.SVGClassifier.load(GOLDEN / case / "artifact").save(tmp_path / "b")
-    same_files(GOLDEN / case / "artifact", tmp_path / "b")
+    (same_files if case in CASES else same_files_but_the_lda_part)(GOLDEN / case / "artifact", tmp_path / "b")
+
+
+def test_a_legacy_artifact_gets_the_lda_part_its_shots_fitted_and_adapts_a_pool_as_a_new_one(tmp_path):
+    """An artifact from before the LDA part was stored gets it refitted on load, as the shots stage fitted it (the
+    same case written today stores it), and a pool then adapts exactly as on today's artifact."""
+    old = svgen.SVGClassifier.load(GOLDEN / "legacy_v6_shots_pool_kept" / "artifact")
+    new = svgen.SVGClassifier.load(GOLDEN / "v6_shots_pool_kept" / "artifact")
+    assert "lda.weight" not in load_file(str(GOLDEN / "legacy_v6_shots_pool_kept" / "artifact" / "weights.safetensors"))
+    a, b = old.lda_, new.lda_
+    scale = float(b.weight.abs().max())
+    assert float((a.weight - b.weight).abs().max()) <= REFIT_RTOL * scale
+    assert float((a.bias - b.bias).abs().max()) <= REFIT_RTOL * scale
+    assert (a.shrinkage, a.temperature) == pytest.approx((b.shrinkage, b.temperature), rel=REFIT_RTOL)
+    assert not torch.equal(a.weight, old.heads_.linear.weight)   # the part, not the linear head it is added to
+    U = np.load(GOLDEN / "v6_shots_pool_kept" / "queries.npy", allow_pickle=False)
+    U = np.concatenate([U + 0.01 * np.random.default_rng(i).normal(size=U.shape).astype(np.float32) for i in range(5)])
+    old.adapt(unlabelled=U)
+    new.adapt(unlabelled=U)
+    close_json(without_timings(old.transductive_), without_timings(new.transductive_))
+    np.testing.assert_allclose(old.predict_proba(U), new.predict_proba(U), rtol=1e-3, atol=1e-5)
 
 
 @pytest.mark.parametrize("case", make_golden.REAL_CASES)

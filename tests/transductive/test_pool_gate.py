@@ -465,9 +465,15 @@ def _softmax_np(z):
     (lambda m, t: t.pop("pool_factor.bias"), "pool_factor.bias must have shapes"),
     (lambda m, t: t.update({"pool_factor.weight": t["pool_factor.weight"][:, :3].contiguous()}), "must have shapes"),
     (lambda m, t: t["pool_factor.weight"].fill_(float("nan")), "pool_factor.weight contains NaN"),
+    (lambda m, t: t.update({"lda.weight": t["lda.weight"][:3].contiguous()}), "lda.weight and lda.bias must have"),
+    (lambda m, t: t.pop("lda.bias"), "lda.weight and lda.bias must have"),
+    (lambda m, t: m.pop("lda"), "with svgen.json 'lda'"),
+    (lambda m, t: m["lda"].update(shrinkage=1.5), "'lda.shrinkage' must be"),
+    (lambda m, t: m["lda"].update(temperature=-1.0), "'lda.temperature' must be"),
 ])
 def test_a_damaged_pool_factor_is_one_clear_error(tmp_path, change, message):
-    """A format-6 artifact whose factor is missing, mis-shaped, not finite, or claimed by another format: one line."""
+    """A format-6 artifact whose factor or LDA part is missing, mis-shaped, out of range, not finite, or claimed by
+    another format: one line."""
     import shutil
     from pathlib import Path
 

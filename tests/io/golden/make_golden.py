@@ -97,7 +97,9 @@ CASES = ("v1_zero_shot", "v1_local_votes", "v1_pool_refused", "v6_zero_shot_pool
 # probabilities and the default head they were saved with. legacy_v3_shots: format 3, the default head chosen by
 # held-out accuracy (before the mixture head). v2_pool_rows: a zero-shot pool whose kernel vote was re-solved with
 # pool rows (format 2, pool support rows; the code of the day gives the kernel head the pool's factor instead).
-LEGACY = ("legacy_v3_shots", "v2_pool_rows")
+# legacy_v6_shots_pool_kept: v6_shots_pool_kept as written before the linear head's LDA part was stored (``lda.*``);
+# loading refits it from the shots and the ``fewshot.linear`` record.
+LEGACY = ("legacy_v3_shots", "v2_pool_rows", "legacy_v6_shots_pool_kept")
 
 
 def queries() -> np.ndarray:
