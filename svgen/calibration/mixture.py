@@ -39,9 +39,8 @@ def tilt(p, delta: float, shotless):
         return q / q.sum(axis=1, keepdims=True)
     import torch
 
-    f = torch.ones(p.shape[1], dtype=p.dtype)
-    f[torch.as_tensor(shotless, dtype=torch.bool)] = math.exp(delta)
-    q = p * f
+    shotless = torch.as_tensor(shotless, dtype=torch.bool, device=p.device)
+    q = p * torch.ones(p.shape[1], dtype=p.dtype, device=p.device).masked_fill(shotless, math.exp(delta))
     return q / q.sum(dim=1, keepdim=True)
 
 

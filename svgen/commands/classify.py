@@ -254,7 +254,7 @@ def _image_blocks(clf, encoder, paths, head: str, args):
                 print(f"svgen classify: skipped {path}: {why}", file=sys.stderr)
             unsaid = []
         if ok:
-            yield {"path": list(ok)}, score(clf, feats, head, args.probs)
+            yield {"path": list(ok)}, score(clf, feats, head, args.probs, device=getattr(encoder, "device", None))
     if not n_ok:
         raise SvgenError(f"none of the {len(paths)} file(s) could be read as an image "
                          f"(first: {unsaid[0][0]}: {unsaid[0][1]})")

@@ -67,15 +67,43 @@ def decode_block(block: Block, preprocess):
 
 # ----------------------------------------------------------------------------- scoring
 
-def score(clf, x, head: str, probs: bool, batch: int = SCORE_BATCH):
-    """N×C scores (``probs``: probabilities) of one head for N×D embeddings, ``batch`` rows at a time."""
+_ON_DEVICE: dict = {}   # the last classifier's heads copied to a device: (id of its heads, device) -> (heads, P)
+
+
+def score(clf, x, head: str, probs: bool, batch: int = SCORE_BATCH, device=None):
+    """N×C scores (``probs``: probabilities) of one head for N×D embeddings, ``batch`` rows at a time (on the CPU).
+
+    ``device``: the encoder's, for embeddings it made (trusted: no input checks); the heads are copied there once and
+    each batch is scored there, since with many classes scoring costs as much as encoding. None: user input, through
+    the classifier's checks."""
     import torch
 
     x = torch.as_tensor(x)
-    fn = clf.predict_proba if probs else clf.decision_function
     if x.shape[0] == 0:
         return torch.zeros(0, len(clf.classes_))
-    return torch.cat([fn(x[s:s + batch], head=head) for s in range(0, x.shape[0], batch)])
+    if device is None:
+        fn = clf.predict_proba if probs else clf.decision_function
+        return torch.cat([fn(x[s:s + batch], head=head) for s in range(0, x.shape[0], batch)])
+    from svgen.heads import predictor
+
+    device = torch.device(device)
+    heads, P = on_device(clf, device)
+    fn = predictor.proba if probs else predictor.scores
+    with torch.no_grad():
+        return torch.cat([fn(heads, P, clf.fit_config_.kernel, x[s:s + batch].to(device), head).cpu()
+                          for s in range(0, x.shape[0], batch)])
+
+
+def on_device(clf, device):
+    """(heads, prototypes) of ``clf`` on ``device``, copied once per classifier state (the last one is kept)."""
+    from svgen.heads import predictor
+
+    key = (id(clf.heads_), str(device))
+    if key not in _ON_DEVICE:
+        _ON_DEVICE.clear()
+        _ON_DEVICE[key] = (predictor.to_device(clf.heads_, device), clf.prototypes_.to(device))
+        log.debug("scoring %d classes on %s", len(clf.classes_), device)
+    return _ON_DEVICE[key]
 
 
 def value_column(probs: bool) -> str:

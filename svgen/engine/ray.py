@@ -229,8 +229,10 @@ class BlockClassifier:
                     if ok else None
             x = self.embed(images) if ok else torch.zeros(0, self.clf.n_features_in_)
             keys = {"path": list(ok)}
-        part = prediction_table(keys, score(self.clf, x, self.head, self.probs), self.clf.classes_, self.top_k,
-                                self.head, self.probs)
+        # images are scored where they were encoded
+        device = None if block.kind == "features" else getattr(self._encoder(), "device", None)
+        part = prediction_table(keys, score(self.clf, x, self.head, self.probs, device=device), self.clf.classes_,
+                                self.top_k, self.head, self.probs)
         return {"block": block.index, "part": table_bytes(part),
                 "failed": table_bytes(failure_table(block.index, failed)) if failed else b""}
 

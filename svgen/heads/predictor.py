@@ -12,6 +12,7 @@ that sum and its T is 1.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Optional
 
@@ -32,6 +33,17 @@ def head_names(heads: Heads) -> tuple:
     fitted its weight."""
     cal = heads.calibration
     return HEADS + ((MIXTURE,) if cal is not None and cal.mixture_weight is not None else ())
+
+
+def to_device(heads: Heads, device) -> Heads:
+    """A copy of ``heads`` whose tensors are on ``device`` (every function here scores on its inputs' device)."""
+    def move(obj):
+        if isinstance(obj, torch.Tensor):
+            return obj.to(device)
+        if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+            return dataclasses.replace(obj, **{f.name: move(getattr(obj, f.name)) for f in dataclasses.fields(obj)})
+        return obj
+    return move(heads)
 
 
 def check_head(heads: Heads, head: str) -> str:
@@ -98,10 +110,10 @@ def shotless_classes(heads: Heads) -> torch.Tensor:
     """C booleans: the classes with no labelled image among the kernel head's rows (all of them for text rows)."""
     k = heads.kernel
     C = k.votes.shape[1]
-    out = torch.ones(C, dtype=torch.bool)
-    if k.labels is not None:
-        out[k.labels[k.source == IMAGE].long()] = False
-    return out
+    if k.labels is None:
+        return torch.ones(C, dtype=torch.bool, device=k.votes.device)
+    images = torch.zeros(C, device=k.labels.device).index_add_(0, k.labels.long(), (k.source == IMAGE).float())
+    return images == 0
 
 
 def scores(heads: Heads, prototypes: torch.Tensor, kind: str, x: torch.Tensor, head: str) -> torch.Tensor:
