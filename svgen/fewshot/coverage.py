@@ -12,7 +12,7 @@ from typing import Optional
 import numpy as np
 
 from svgen.calibration import mixture
-from svgen.core.roots import convex_minimum
+from svgen.core.roots import convex_minimum, golden_minimum
 from svgen.core.support import SupportSet
 from svgen.selection import AdaptConfig, config_or_default
 
@@ -79,18 +79,8 @@ def best_weight_and_offset(evidence: list) -> tuple:
     grid = np.linspace(0.0, 1.0, WEIGHT_STEPS + 1)
     values = [profile(w) for w in grid]
     i = int(np.argmin(values))
-    lo, hi = float(grid[max(i - 1, 0)]), float(grid[min(i + 1, WEIGHT_STEPS)])
-    g = (math.sqrt(5.0) - 1.0) / 2.0
-    a, b = hi - g * (hi - lo), lo + g * (hi - lo)
-    fa, fb = profile(a), profile(b)
-    for _ in range(GOLDEN_STEPS):
-        if fa <= fb:
-            hi, b, fb, a = b, a, fa, b - g * (b - lo)
-            fa = profile(a)
-        else:
-            lo, a, fa, b = a, b, fb, a + g * (hi - a)
-            fb = profile(b)
-    best = min(((values[i], float(grid[i])), (fa, float(a)), (fb, float(b))), key=lambda vw: vw[0])[1]
+    w, value = golden_minimum(profile, float(grid[max(i - 1, 0)]), float(grid[min(i + 1, WEIGHT_STEPS)]), GOLDEN_STEPS)
+    best = float(grid[i]) if values[i] <= value else w
     return best, best_offset(evidence, best)
 
 
