@@ -15,6 +15,7 @@ from svgen.calibration import mixture
 from svgen.core.roots import convex_minimum, golden_minimum
 from svgen.core.support import SupportSet
 from svgen.selection import AdaptConfig, config_or_default
+from svgen.steps import bar
 
 log = logging.getLogger(__name__)
 
@@ -22,7 +23,6 @@ MAX_OFFSET = 20.0      # δ's search range [0, MAX_OFFSET] (e^20: every class wi
 BISECTIONS = 60
 WEIGHT_STEPS = 100     # the mixture weight's first search: w = 0, 0.01, …, 1 (then golden section)
 GOLDEN_STEPS = 30
-PROB_FLOOR = 1e-300
 
 
 @dataclass(frozen=True)
@@ -48,7 +48,7 @@ def _stacked(evidence, w: float) -> tuple:
     if isinstance(evidence, tuple):   # already stacked
         return evidence
     k, li, mass_k, mass_l, tilted, share = (np.concatenate(a) for a in zip(*evidence))
-    return -np.log(np.maximum(mixture.mix(w, k, li), PROB_FLOOR)), mixture.mix(w, mass_k, mass_l), tilted, share
+    return -np.log(np.maximum(mixture.mix(w, k, li), mixture.PROB_FLOOR)), mixture.mix(w, mass_k, mass_l), tilted, share
 
 
 def objective(evidence, w: float, delta: float) -> float:
@@ -98,11 +98,7 @@ def fit_tilt(zero_shot, shots: SupportSet, side, refit, shots_weight: float, pro
     order = np.random.default_rng(side.config.seed).permutation(with_shots)   # groups of classes left out
     groups = [g for g in np.array_split(order, min(config.class_folds, order.size)) if g.size][:config.refits]
     folds, n, parts = [], len(groups), []
-    if progress:
-        from tqdm.auto import tqdm
-
-        groups = tqdm(groups, desc="classes without shots: refits", unit="refit")
-    for group in groups:
+    for group in bar(groups, progress, desc="classes without shots: refits", unit="refit"):
         out = np.isin(labels, group)
         fit = refit(shots.subset(np.flatnonzero(~out)))
         shotless = ~np.isin(np.arange(C), labels[~out])   # the classes this refit had no shots of

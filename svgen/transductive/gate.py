@@ -19,8 +19,8 @@ from svgen.heads.heldout import outcomes
 from svgen.selection import (DEFAULT, AdaptConfig, Paired, ahead, balanced_folds, behind, config_or_default,
                              paired)
 from svgen.state import TextSide
+from svgen.steps import bar
 from svgen.transductive.decision import Check, Evidence, Gate, Reason, fallback
-from svgen.transductive import solve as td
 from svgen.transductive.pool import PoolFit, Stage, transduce
 
 NLL_TOL = 1e-9   # nats: a Newton step lowering the mean NLL by less ends the power's fit (numerical)
@@ -120,7 +120,7 @@ def check_with_shots(stage: Stage, side: TextSide, U: torch.Tensor, strength: Op
         return Check(Evidence.SHOTS, head, stopped=Reason.NO_HELD_OUT_SHOTS,
                      why="one shot in all: no held-out shots to check a pool on")
     parts = []   # per fold: held-out rows, the pool's log-likelihood g there, the default and linear heads' p, log p
-    for held in td.bar(folds, progress, desc="checking the pool (held-out shots)", unit="fold", leave=False):
+    for held in bar(folds, progress, desc="checking the pool (held-out shots)", unit="fold", leave=False):
         keep = np.setdiff1d(np.arange(len(y)), held)
         shots = image_rows(X[keep], torch.from_numpy(y[keep]), C, P.shape[1])
         fit = shot_adapt.adapt(stage.zero_shot, shots, side, tilt_shotless=False)   # every class has shots
@@ -165,7 +165,7 @@ def check_without_shots(stage: Stage, side: TextSide, U: torch.Tensor, strength:
     with torch.no_grad():
         ind = top5(predictor.scores(stage.heads, P, kind, U, head))
         adapted = []
-        for rows in td.bar(halves, progress, desc="checking the pool (halves of the pool)", unit="fold",
+        for rows in bar(halves, progress, desc="checking the pool (halves of the pool)", unit="fold",
                            leave=False):
             fit = transduce(stage, side, U[rows], strength, progress=False, config=cfg)
             if not fit.decision.kept:
