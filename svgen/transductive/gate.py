@@ -31,14 +31,9 @@ def shot_folds(y: np.ndarray, n_classes: int, seed: int = 0, max_folds: int = DE
     counts = np.bincount(y, minlength=n_classes)
     if counts[counts > 0].size and counts[counts > 0].min() >= 3:
         return balanced_folds(y, seed, max_folds)
-    rng = np.random.default_rng(seed)
-    fold = np.zeros(len(y), dtype=np.int64)
-    turn = 0
-    for c in range(n_classes):
-        idx = rng.permutation(np.flatnonzero(y == c))
-        fold[idx] = (np.arange(len(idx)) + turn) % 2   # odd counts and one-shot classes alternate
-        turn = (turn + len(idx)) % 2
-    return [np.flatnonzero(fold == f) for f in (0, 1) if (fold == f).any()]
+    rng = np.random.default_rng(seed)   # every other shot, class after class: odd counts and one-shot classes alternate
+    order = np.concatenate([rng.permutation(np.flatnonzero(y == c)) for c in range(n_classes)])
+    return [np.sort(order[f::2]) for f in (0, 1) if order[f::2].size]
 
 
 def paired_gate(p_ind: np.ndarray, p_pool: np.ndarray, y: np.ndarray, level: float = DEFAULT.level) -> Gate:
