@@ -6,8 +6,7 @@ from __future__ import annotations
 
 import logging
 import math
-from dataclasses import dataclass
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import numpy as np
 
@@ -25,8 +24,7 @@ WEIGHT_STEPS = 100     # the mixture weight's first search: w = 0, 0.01, …, 1 
 GOLDEN_STEPS = 30
 
 
-@dataclass(frozen=True)
-class Tilt:
+class Tilt(NamedTuple):
     """The deployed mixture's weight w and tilt δ, its record, and each head against zero-shot (output only)."""
 
     weight: float

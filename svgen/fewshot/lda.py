@@ -46,9 +46,9 @@ def prior_means(prototypes: torch.Tensor, X: torch.Tensor) -> torch.Tensor:
 
 
 def lda_loo_scores(X: torch.Tensor, y: torch.Tensor, m: torch.Tensor, gammas: Sequence[float],
-                   kappas: Sequence[float], equal_radius: bool = False, score_rows: Optional[torch.Tensor] = None):
+                   kappas: Sequence[float], equal_radius: bool = False, score_rows=None):
     """Yields ``((a, b), N×C logits)`` for each (γ_a, κ_b): the LDA head's exact leave-one-out (Sherman–Morrison);
-    ``score_rows``: only these shots left out and scored (every shot still fits)."""
+    ``score_rows`` (indices, numpy or torch): only these shots left out and scored (every shot still fits)."""
     N, D = X.shape
     C = m.shape[0]
     n = torch.bincount(y, minlength=C).to(X.dtype)
@@ -104,7 +104,7 @@ def lda_loo_scores(X: torch.Tensor, y: torch.Tensor, m: torch.Tensor, gammas: Se
 
 
 def lda_loo(X: torch.Tensor, y: torch.Tensor, m: torch.Tensor, gammas: Sequence[float], kappas: Sequence[float],
-            equal_radius: bool = False, score_rows: Optional[torch.Tensor] = None) -> tuple:
+            equal_radius: bool = False, score_rows=None) -> tuple:
     """(error γ×κ, mean negative margin γ×κ, correct γ×κ×N) of :func:`lda_loo_scores`."""
     t = y if score_rows is None else y[torch.as_tensor(score_rows, dtype=torch.long)]   # the scored shots' labels
     err, tie = np.zeros((len(gammas), len(kappas))), np.zeros((len(gammas), len(kappas)))
@@ -122,7 +122,7 @@ def lda_loo_logits(prototypes: torch.Tensor, shots, n_classes: int, shrinkage: f
     """The LDA head's exact leave-one-out logits (N×C, or those of ``rows``) at (γ, κ)."""
     X = shots.rows.double()
     return next(lda_loo_scores(X, shots.labels, prior_means(prototypes, X), [shrinkage], [prior_shots], equal_radius,
-                               None if rows is None else torch.as_tensor(rows)))[1]
+                               rows))[1]
 
 
 def lda_covariance(X, y, n_classes: int, gamma: float, tau: Optional[float] = None) -> torch.Tensor:
@@ -169,8 +169,7 @@ def fit_lda_head(prototypes: torch.Tensor, shots: SupportSet, n_classes: int, co
               else tuple(k for k in config.lda_prior if k > 0 or not (counts == 0).any()))   # κ = 0 needs every class
     gammas = (1.0,) if single else config.lda_shrinkage     # no within-class scatter to estimate with 1 shot
     sub = shot_sample(y.numpy(), config.lda_loo_max, 0)
-    err, tie, correct = lda_loo(X, y, m, gammas, kappas, equal_radius=True,
-                                score_rows=None if sub is None else torch.from_numpy(sub))
+    err, tie, correct = lda_loo(X, y, m, gammas, kappas, equal_radius=True, score_rows=sub)
     a, b = paired_choice(err, tie, correct, config.level)
     W, bias = lda_head_weights(X, y, m, gammas[a], kappas[b], equal_radius=True)
     return W.float(), bias.float(), LdaChoice(float(gammas[a]), float(kappas[b]), float(err[a, b]), single)

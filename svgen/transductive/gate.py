@@ -92,10 +92,6 @@ def factored_probs(logp: np.ndarray, g: np.ndarray, a: float) -> np.ndarray:
     return calibration.softmax(torch.as_tensor(L), 1.0).numpy()
 
 
-def log_probs(p: np.ndarray) -> np.ndarray:
-    return np.log(np.maximum(np.asarray(p, dtype=np.float64), KERNEL_LOG_FLOOR))
-
-
 def pool_parts(fit: PoolFit):
     """(W_G, b_G): the Gaussian part of a transduced linear head ``W_G + β·t·W0`` (W0: ``fit.prior_linear``)."""
     k = float(fit.record["prior_strength"]) * float(fit.record["linear_prior_temperature"])
@@ -131,7 +127,8 @@ def check_with_shots(stage: Stage, side: TextSide, U: torch.Tensor, strength: Op
             g = predictor.gaussian_log_likelihood(WG, bG, Xh).numpy()
             z = (predictor.logits(fit.heads, P, kind, Xh, "linear").double()
                  / float(fit.heads.calibration.temperatures["linear"])).numpy()
-        parts.append((held, g, p_ind, log_probs(p_ind), calibration.softmax(torch.as_tensor(z), 1.0).numpy(), z))
+        parts.append((held, g, p_ind, np.log(np.maximum(p_ind, KERNEL_LOG_FLOOR)),   # p_ind: float64
+                      calibration.softmax(torch.as_tensor(z), 1.0).numpy(), z))
     rows, g, *roles = map(np.concatenate, zip(*parts))
     fold, yh = np.repeat(np.arange(len(parts)), [len(p[0]) for p in parts]), y[rows]
 
