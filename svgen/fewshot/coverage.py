@@ -13,6 +13,7 @@ import numpy as np
 from svgen.calibration import mixture
 from svgen.core.roots import convex_minimum, golden_minimum
 from svgen.core.support import SupportSet
+from svgen.heads import heldout, predictor
 from svgen.selection import AdaptConfig, config_or_default
 from svgen.steps import bar
 
@@ -85,8 +86,6 @@ def best_weight_and_offset(evidence: list) -> tuple:
 def fit_tilt(zero_shot, shots: SupportSet, side, refit, shots_weight: float, progress: bool = False,
              config: Optional[AdaptConfig] = None):
     """:class:`Tilt` from ``refit(shots)`` (``adapt`` without this step); None unless 2 ≤ classes with shots < C."""
-    from svgen.heads import heldout, predictor
-
     config = config_or_default(config)
     C, labels = side.n_classes, shots.labels.numpy()
     with_shots = np.flatnonzero(np.bincount(labels, minlength=C) > 0)
