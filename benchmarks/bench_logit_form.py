@@ -57,7 +57,7 @@ def logit_select(Xs, ys, P, C, seed=0):
     X, y = (Xs, ys) if sub is None else (Xs[sub], ys[sub])
     Y = np.eye(C)[y]
     z0 = TAU * X @ P.T
-    p0 = residual.softmax(z0)
+    p0 = residual.prior_probs(X, P, TAU)
     R = Y - p0
     d2 = np.maximum(2.0 - 2.0 * X @ X.T, 0.0)
     med = residual.median_distance(X, seed)
@@ -112,7 +112,7 @@ def run_dataset(name: str, shots, seeds) -> list:
             L = logit_select(Xs, ys, P_, C, seed=0)
             assert np.array_equal(L["held_rows"], fit.held_rows)
             assert abs(L["median"] - fit.record["selection"]["median_distance"]) < 1e-9
-            _, _, V = residual.solve(Xs, ys, P_, C, L["sigma"], L["c"], TAU, 0)
+            V = residual.solve(Xs, ys, P_, C, L["sigma"], L["c"], TAU, 0)
             z_log = TAU * Q @ P_.T + L["alpha"] * residual.rbf(Q, Xs, L["sigma"]) @ V
             log_ok = z_log.argmax(1) == yq
             # (3) guard: paired per held-out shot, logit − prob

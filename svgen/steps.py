@@ -1,6 +1,7 @@
 """Log lines for the steps that take time: ``with timed(log, "vote weights") as info: …`` logs
 ``vote weights (dense Cholesky, λ=0.05) in 1.23s`` at INFO when the block ends (``svgen -v``), and the step's
-start at DEBUG (``-vv``). The library only logs; the command line decides what reaches stderr."""
+start at DEBUG (``-vv``), and a progress bar where the caller asks for one (:func:`bar`). The library only logs;
+the command line decides what reaches stderr."""
 
 from __future__ import annotations
 
@@ -32,3 +33,12 @@ class Clock:
         now = time.perf_counter()
         self.log.log(self.level, what + " in %.2fs", *args, now - self.t)
         self.t = now
+
+
+def bar(items, progress: bool, **kw):
+    """``items`` under a tqdm progress bar when ``progress``."""
+    if not progress:
+        return items
+    from tqdm.auto import tqdm
+
+    return tqdm(items, **kw)

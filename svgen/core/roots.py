@@ -6,6 +6,8 @@
   does not change sign there, else the slope's root by :func:`bisect`).
 * :func:`newton_minimum`: the minimiser of a convex function on ``[0, ∞)`` from its slope and curvature, by Newton
   steps kept inside the bracket of the root found so far (safeguarded Newton).
+* :func:`golden_minimum`: a minimiser of a function on ``[lo, hi]`` from its values alone (golden-section search;
+  the mixture weight of classes without shots, whose objective is not convex in it).
 """
 
 from __future__ import annotations
@@ -70,3 +72,19 @@ def newton_minimum(derivatives: Callable[[float], Tuple[float, float]], step: fl
         slope, curvature = derivatives(a)
         lo, hi = (a, hi) if slope < 0 else (lo, a)
     return a
+
+
+def golden_minimum(f: Callable[[float], float], lo: float, hi: float, steps: int) -> Tuple[float, float]:
+    """``(x, f(x))``: golden-section search on ``[lo, hi]``, ``steps`` narrowings of the bracket; the better of its
+    last two interior points (a tie: the lower one). A minimiser where ``f`` has one minimum on the bracket."""
+    g = (math.sqrt(5.0) - 1.0) / 2.0
+    a, b = hi - g * (hi - lo), lo + g * (hi - lo)
+    fa, fb = f(a), f(b)
+    for _ in range(steps):
+        if fa <= fb:
+            hi, b, fb, a = b, a, fa, b - g * (b - lo)
+            fa = f(a)
+        else:
+            lo, a, fa, b = a, b, fb, a + g * (hi - a)
+            fb = f(b)
+    return (float(a), fa) if fa <= fb else (float(b), fb)

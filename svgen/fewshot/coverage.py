@@ -6,15 +6,16 @@ from __future__ import annotations
 
 import logging
 import math
-from dataclasses import dataclass
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import numpy as np
 
 from svgen.calibration import mixture
-from svgen.core.roots import convex_minimum
+from svgen.core.roots import convex_minimum, golden_minimum
 from svgen.core.support import SupportSet
+from svgen.heads import heldout, predictor
 from svgen.selection import AdaptConfig, config_or_default
+from svgen.steps import bar
 
 log = logging.getLogger(__name__)
 
@@ -22,11 +23,9 @@ MAX_OFFSET = 20.0      # δ's search range [0, MAX_OFFSET] (e^20: every class wi
 BISECTIONS = 60
 WEIGHT_STEPS = 100     # the mixture weight's first search: w = 0, 0.01, …, 1 (then golden section)
 GOLDEN_STEPS = 30
-PROB_FLOOR = 1e-300
 
 
-@dataclass(frozen=True)
-class Tilt:
+class Tilt(NamedTuple):
     """The deployed mixture's weight w and tilt δ, its record, and each head against zero-shot (output only)."""
 
     weight: float
@@ -48,7 +47,7 @@ def _stacked(evidence, w: float) -> tuple:
     if isinstance(evidence, tuple):   # already stacked
         return evidence
     k, li, mass_k, mass_l, tilted, share = (np.concatenate(a) for a in zip(*evidence))
-    return -np.log(np.maximum(mixture.mix(w, k, li), PROB_FLOOR)), mixture.mix(w, mass_k, mass_l), tilted, share
+    return -np.log(np.maximum(mixture.mix(w, k, li), mixture.PROB_FLOOR)), mixture.mix(w, mass_k, mass_l), tilted, share
 
 
 def objective(evidence, w: float, delta: float) -> float:
@@ -79,26 +78,14 @@ def best_weight_and_offset(evidence: list) -> tuple:
     grid = np.linspace(0.0, 1.0, WEIGHT_STEPS + 1)
     values = [profile(w) for w in grid]
     i = int(np.argmin(values))
-    lo, hi = float(grid[max(i - 1, 0)]), float(grid[min(i + 1, WEIGHT_STEPS)])
-    g = (math.sqrt(5.0) - 1.0) / 2.0
-    a, b = hi - g * (hi - lo), lo + g * (hi - lo)
-    fa, fb = profile(a), profile(b)
-    for _ in range(GOLDEN_STEPS):
-        if fa <= fb:
-            hi, b, fb, a = b, a, fa, b - g * (b - lo)
-            fa = profile(a)
-        else:
-            lo, a, fa, b = a, b, fb, a + g * (hi - a)
-            fb = profile(b)
-    best = min(((values[i], float(grid[i])), (fa, float(a)), (fb, float(b))), key=lambda vw: vw[0])[1]
+    w, value = golden_minimum(profile, float(grid[max(i - 1, 0)]), float(grid[min(i + 1, WEIGHT_STEPS)]), GOLDEN_STEPS)
+    best = float(grid[i]) if values[i] <= value else w
     return best, best_offset(evidence, best)
 
 
 def fit_tilt(zero_shot, shots: SupportSet, side, refit, shots_weight: float, progress: bool = False,
              config: Optional[AdaptConfig] = None):
     """:class:`Tilt` from ``refit(shots)`` (``adapt`` without this step); None unless 2 ≤ classes with shots < C."""
-    from svgen.heads import heldout, predictor
-
     config = config_or_default(config)
     C, labels = side.n_classes, shots.labels.numpy()
     with_shots = np.flatnonzero(np.bincount(labels, minlength=C) > 0)
@@ -108,11 +95,7 @@ def fit_tilt(zero_shot, shots: SupportSet, side, refit, shots_weight: float, pro
     order = np.random.default_rng(side.config.seed).permutation(with_shots)   # groups of classes left out
     groups = [g for g in np.array_split(order, min(config.class_folds, order.size)) if g.size][:config.refits]
     folds, n, parts = [], len(groups), []
-    if progress:
-        from tqdm.auto import tqdm
-
-        groups = tqdm(groups, desc="classes without shots: refits", unit="refit")
-    for group in groups:
+    for group in bar(groups, progress, desc="classes without shots: refits", unit="refit"):
         out = np.isin(labels, group)
         fit = refit(shots.subset(np.flatnonzero(~out)))
         shotless = ~np.isin(np.arange(C), labels[~out])   # the classes this refit had no shots of

@@ -45,10 +45,10 @@ def prior_means(prototypes: torch.Tensor, X: torch.Tensor) -> torch.Tensor:
     return P - P.mean(dim=0) + X.mean(dim=0)
 
 
-def lda_loo(X: torch.Tensor, y: torch.Tensor, m: torch.Tensor, gammas: Sequence[float], kappas: Sequence[float],
-            equal_radius: bool = False, return_correct: bool = False, keep_scores: bool = False,
-            score_rows: Optional[torch.Tensor] = None):
-    """(error, mean negative margin[, correct γ×κ×N][, {(a, b): logits}]) γ × κ by exact LOO (Sherman–Morrison)."""
+def lda_loo_scores(X: torch.Tensor, y: torch.Tensor, m: torch.Tensor, gammas: Sequence[float],
+                   kappas: Sequence[float], equal_radius: bool = False, score_rows=None):
+    """Yields ``((a, b), N×C logits)`` for each (γ_a, κ_b): the LDA head's exact leave-one-out (Sherman–Morrison);
+    ``score_rows`` (indices, numpy or torch): only these shots left out and scored (every shot still fits)."""
     N, D = X.shape
     C = m.shape[0]
     n = torch.bincount(y, minlength=C).to(X.dtype)
@@ -61,7 +61,7 @@ def lda_loo(X: torch.Tensor, y: torch.Tensor, m: torch.Tensor, gammas: Sequence[
     C_shot, trace = int((n > 0).sum()), float(omega.sum())
     df = {True: max(N - 1 - C_shot, 1), False: max(N - C_shot, 1)}   # S_w's df without shot i: its class kept or not
     tau = trace / (df[False] * D) if trace > 0 else 1.0
-    if score_rows is not None:   # only these shots left out and scored (every shot still fits)
+    if score_rows is not None:
         idx = torch.as_tensor(score_rows, dtype=torch.long)
         X, R, y, N = X[idx], R[idx], y[idx], int(idx.numel())
     Xv, xbar_v, m_v, U = X @ V, xbar @ V, m @ V, R @ V
@@ -71,8 +71,6 @@ def lda_loo(X: torch.Tensor, y: torch.Tensor, m: torch.Tensor, gammas: Sequence[
     scale = torch.where(many, n_i / (n_i - 1).clamp_min(1), torch.zeros_like(n_i))
     own_sum = sums[y] @ V - Xv                         # class sum without shot i (eigenbasis)
     rows = torch.arange(N)
-    err, tie, kept = np.zeros((len(gammas), len(kappas))), np.zeros((len(gammas), len(kappas))), {}
-    correct = np.zeros(err.shape + (N,), dtype=bool)
     for a, g in enumerate(gammas):
         binv = {f: 1.0 / ((1 - g) * omega / df[f] + g * tau) for f in (True, False)}
         Binv = torch.where(many[:, None], binv[True][None], binv[False][None])          # N×D
@@ -102,23 +100,29 @@ def lda_loo(X: torch.Tensor, y: torch.Tensor, m: torch.Tensor, gammas: Sequence[
                 sc = XB @ mu.T - 0.5 * q + coef[:, None] * (xw[:, None] * WM - 0.5 * WM * WM)
                 wo = (w * own).sum(dim=1)
                 sc[rows, y] = ((Xv - 0.5 * own) * Binv * own).sum(dim=1) + coef * (xw * wo - 0.5 * wo * wo)
-            if keep_scores:
-                kept[a, b] = sc
-            correct[a, b] = (sc.argmax(dim=1) == y).numpy()
-            err[a, b] = float((~correct[a, b]).mean())
-            other = sc.scatter(1, y[:, None], -float("inf")).max(dim=1).values
-            tie[a, b] = float((other - sc[rows, y]).clamp(-1e6, 1e6).mean())
-    return (err, tie) + ((correct,) if return_correct else ()) + ((kept,) if keep_scores else ())
+            yield (a, b), sc
+
+
+def lda_loo(X: torch.Tensor, y: torch.Tensor, m: torch.Tensor, gammas: Sequence[float], kappas: Sequence[float],
+            equal_radius: bool = False, score_rows=None) -> tuple:
+    """(error γ×κ, mean negative margin γ×κ, correct γ×κ×N) of :func:`lda_loo_scores`."""
+    t = y if score_rows is None else y[torch.as_tensor(score_rows, dtype=torch.long)]   # the scored shots' labels
+    err, tie = np.zeros((len(gammas), len(kappas))), np.zeros((len(gammas), len(kappas)))
+    correct = np.zeros(err.shape + (len(t),), dtype=bool)
+    for ab, sc in lda_loo_scores(X, y, m, gammas, kappas, equal_radius, score_rows):
+        correct[ab] = (sc.argmax(dim=1) == t).numpy()
+        err[ab] = float((~correct[ab]).mean())
+        other = sc.scatter(1, t[:, None], -float("inf")).max(dim=1).values
+        tie[ab] = float((other - sc[torch.arange(len(t)), t]).clamp(-1e6, 1e6).mean())
+    return err, tie, correct
 
 
 def lda_loo_logits(prototypes: torch.Tensor, shots, n_classes: int, shrinkage: float, prior_shots: float,
                    equal_radius: bool = False, rows=None) -> torch.Tensor:
     """The LDA head's exact leave-one-out logits (N×C, or those of ``rows``) at (γ, κ)."""
     X = shots.rows.double()
-    _, _, kept = lda_loo(X, shots.labels, prior_means(prototypes, X), [shrinkage], [prior_shots],
-                         equal_radius=equal_radius, keep_scores=True,
-                         score_rows=None if rows is None else torch.as_tensor(rows))
-    return kept[0, 0]
+    return next(lda_loo_scores(X, shots.labels, prior_means(prototypes, X), [shrinkage], [prior_shots], equal_radius,
+                               rows))[1]
 
 
 def lda_covariance(X, y, n_classes: int, gamma: float, tau: Optional[float] = None) -> torch.Tensor:
@@ -165,8 +169,7 @@ def fit_lda_head(prototypes: torch.Tensor, shots: SupportSet, n_classes: int, co
               else tuple(k for k in config.lda_prior if k > 0 or not (counts == 0).any()))   # κ = 0 needs every class
     gammas = (1.0,) if single else config.lda_shrinkage     # no within-class scatter to estimate with 1 shot
     sub = shot_sample(y.numpy(), config.lda_loo_max, 0)
-    err, tie, correct = lda_loo(X, y, m, gammas, kappas, equal_radius=True, return_correct=True,
-                                score_rows=None if sub is None else torch.from_numpy(sub))
+    err, tie, correct = lda_loo(X, y, m, gammas, kappas, equal_radius=True, score_rows=sub)
     a, b = paired_choice(err, tie, correct, config.level)
     W, bias = lda_head_weights(X, y, m, gammas[a], kappas[b], equal_radius=True)
     return W.float(), bias.float(), LdaChoice(float(gammas[a]), float(kappas[b]), float(err[a, b]), single)

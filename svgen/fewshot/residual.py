@@ -66,11 +66,6 @@ def unit(x) -> np.ndarray:
     return x / np.linalg.norm(x, axis=1, keepdims=True)
 
 
-def softmax(z: np.ndarray) -> np.ndarray:
-    e = np.exp(z - z.max(axis=1, keepdims=True))
-    return e / e.sum(axis=1, keepdims=True)
-
-
 def prior_probs(X: np.ndarray, P: np.ndarray, logit_scale: float = CLIP_LOGIT_SCALE) -> np.ndarray:
     """``p₀ = softmax(τ · x̂ P̂ᵀ)`` (N×C, computed in place)."""
     z = logit_scale * X @ P.T
@@ -131,10 +126,10 @@ def select(X: np.ndarray, y: np.ndarray, P: np.ndarray, C: int, logit_scale: flo
     held = np.concatenate(folds)
     p0_held = np.eye(C)[y[held]] - R[held] if p0 is None else p0[held]
     sigmas, ridges = [f * med for f in config.sigma_factors], config.ridges
-    correct, scores = (nystrom_fold_scores(X, y, R, p0_held, folds, sigmas, ridges, seed, config.select_basis) if big
-                       else dense_fold_scores(d2, y, R, p0, folds, sigmas, ridges))
-    acc = correct.mean(axis=2)
-    i, j = max(np.ndindex(acc.shape), key=lambda ij: (acc[ij], ridges[ij[1]], ij[0]))
+    scores = (nystrom_fold_scores(X, y, R, p0_held, folds, sigmas, ridges, seed, config.select_basis) if big
+              else dense_fold_scores(d2, y, R, p0, folds, sigmas, ridges))
+    acc = {ij: (sc.argmax(axis=1) == y[held]).mean() for ij, sc in scores.items()}
+    i, j = max(acc, key=lambda ij: (acc[ij], ridges[ij[1]], ij[0]))
     record = {"one_shot": False, "sigma_factor": config.sigma_factors[i], "median_distance": med,
               "held_out_accuracy": float(acc[i, j]), "folds": len(folds),
               **({"refits": f"Nyström basis of {config.select_basis} shots, every class"} if big else {}),
@@ -144,7 +139,7 @@ def select(X: np.ndarray, y: np.ndarray, P: np.ndarray, C: int, logit_scale: flo
 
 
 def dense_fold_scores(d2: np.ndarray, y: np.ndarray, R: np.ndarray, p0: np.ndarray, folds: list, sigmas, ridges):
-    """(correct S×R×H, {(i, j): H×C scores}): the head refitted without each fold, one eigh per (σ, fold)."""
+    """{(i, j): H×C scores}: the head refitted without each fold, one eigh per (σ, fold)."""
     parts = {}
     for held_f in folds:
         keep = np.setdiff1d(np.arange(len(y)), held_f)
@@ -154,10 +149,7 @@ def dense_fold_scores(d2: np.ndarray, y: np.ndarray, R: np.ndarray, p0: np.ndarr
             KU = Kh @ U
             for j, c in enumerate(ridges):
                 parts.setdefault((i, j), []).append(p0[held_f] + KU @ (UR / (e + c)[:, None]))
-    scores = {k: np.concatenate(v) for k, v in parts.items()}
-    truth = y[np.concatenate(folds)]
-    correct = np.array([[scores[i, j].argmax(axis=1) == truth for j in range(len(ridges))] for i in range(len(sigmas))])
-    return correct, scores
+    return {k: np.concatenate(v) for k, v in parts.items()}
 
 
 def nystrom_fold_scores(X: np.ndarray, y: np.ndarray, R: np.ndarray, p0_held: np.ndarray, folds: list, sigmas,
@@ -173,7 +165,6 @@ def nystrom_fold_scores(X: np.ndarray, y: np.ndarray, R: np.ndarray, p0_held: np
     R_H, R32 = R[held], R.astype(np.float32)
     R_H32 = torch.from_numpy(R_H.astype(np.float32))
     bounds = np.cumsum([0] + [f.size for f in folds])
-    correct = np.zeros((len(sigmas), len(ridges), held.size), dtype=bool)
     scores = {}
     for i, sigma in enumerate(sigmas):
         K_XL = np.exp(d2_XL * (-0.5 / (sigma * sigma)))
@@ -193,20 +184,19 @@ def nystrom_fold_scores(X: np.ndarray, y: np.ndarray, R: np.ndarray, p0_held: np
                 I_H = torch.eye(hi - lo) - (A_f * g) @ A_f.T
                 sc[lo:hi] = p0_held[lo:hi] + R_H[lo:hi] - torch.linalg.solve(
                     I_H, R_H32[lo:hi] - F[lo:hi]).numpy()
-            correct[i, j] = sc.argmax(axis=1) == y[held]
             scores[i, j] = sc
-    return correct, scores
+    return scores
 
 
 def solve(X: np.ndarray, y: np.ndarray, P: np.ndarray, C: int, sigma: float, c: float, logit_scale: float,
           seed: int = 0, config: Optional[AdaptConfig] = None):
-    """(X, y, votes ``(K + cI)⁻¹ (Y − p₀)``), above dense_max in a stratified Nyström basis (the others' votes 0)."""
+    """The votes ``(K + cI)⁻¹ (Y − p₀)`` (N×C), above dense_max in a stratified Nyström basis (the others' votes 0)."""
     config = config_or_default(config)
     R = residuals(X, y, P, C, logit_scale)
     if X.shape[0] <= config.dense_max:
         K = rbf(X, X, sigma)
         K[np.diag_indices_from(K)] += c
-        return X, y, np.linalg.solve(K, R)
+        return np.linalg.solve(K, R)
     rng = np.random.default_rng(seed)   # the basis: the same fraction of each class
     frac = min(config.nystrom_basis / X.shape[0], 1.0)
     basis = np.sort(np.concatenate([rng.choice(idx, size=max(1, int(frac * len(idx))), replace=False)
@@ -217,7 +207,7 @@ def solve(X: np.ndarray, y: np.ndarray, P: np.ndarray, C: int, sigma: float, c: 
     A[np.diag_indices_from(A)] += 1e-8 * float(np.trace(A)) / A.shape[0]
     V = np.zeros_like(R)
     V[basis] = np.linalg.solve(A, K_LX @ R)
-    return X, y, V
+    return V
 
 
 def fit_residual_head(X, y, P, n_classes: int, logit_scale: float = CLIP_LOGIT_SCALE, seed: int = 0,
@@ -241,7 +231,7 @@ def fit_residual_head(X, y, P, n_classes: int, logit_scale: float = CLIP_LOGIT_S
               "selection": sel.record, "decision": decision_record, "shots": int(X.shape[0]),
               "scored_shots": int(Xs.shape[0])}
     if decision.kept:   # every shot a row (above dense_max those outside the basis with zero votes)
-        votes = solve(X, y, P, n_classes, sel.sigma, sel.ridge_c, logit_scale, seed, config)[2]
+        votes = solve(X, y, P, n_classes, sel.sigma, sel.ridge_c, logit_scale, seed, config)
         record.update(support_rows=int(X.shape[0]), basis="all shots" if X.shape[0] <= config.dense_max
                       else f"Nyström, {int((np.abs(votes).sum(axis=1) > 0).sum())} of the shots")
     else:

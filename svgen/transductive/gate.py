@@ -19,8 +19,8 @@ from svgen.heads.heldout import outcomes
 from svgen.selection import (DEFAULT, AdaptConfig, Paired, ahead, balanced_folds, behind, config_or_default,
                              paired)
 from svgen.state import TextSide
+from svgen.steps import bar
 from svgen.transductive.decision import Check, Evidence, Gate, Reason, fallback
-from svgen.transductive import solve as td
 from svgen.transductive.pool import PoolFit, Stage, transduce
 
 NLL_TOL = 1e-9   # nats: a Newton step lowering the mean NLL by less ends the power's fit (numerical)
@@ -31,14 +31,9 @@ def shot_folds(y: np.ndarray, n_classes: int, seed: int = 0, max_folds: int = DE
     counts = np.bincount(y, minlength=n_classes)
     if counts[counts > 0].size and counts[counts > 0].min() >= 3:
         return balanced_folds(y, seed, max_folds)
-    rng = np.random.default_rng(seed)
-    fold = np.zeros(len(y), dtype=np.int64)
-    turn = 0
-    for c in range(n_classes):
-        idx = rng.permutation(np.flatnonzero(y == c))
-        fold[idx] = (np.arange(len(idx)) + turn) % 2   # odd counts and one-shot classes alternate
-        turn = (turn + len(idx)) % 2
-    return [np.flatnonzero(fold == f) for f in (0, 1) if (fold == f).any()]
+    rng = np.random.default_rng(seed)   # every other shot, class after class: odd counts and one-shot classes alternate
+    order = np.concatenate([rng.permutation(np.flatnonzero(y == c)) for c in range(n_classes)])
+    return [np.sort(order[f::2]) for f in (0, 1) if order[f::2].size]
 
 
 def paired_gate(p_ind: np.ndarray, p_pool: np.ndarray, y: np.ndarray, level: float = DEFAULT.level) -> Gate:
@@ -97,10 +92,6 @@ def factored_probs(logp: np.ndarray, g: np.ndarray, a: float) -> np.ndarray:
     return calibration.softmax(torch.as_tensor(L), 1.0).numpy()
 
 
-def log_probs(p: np.ndarray) -> np.ndarray:
-    return np.log(np.maximum(np.asarray(p, dtype=np.float64), KERNEL_LOG_FLOOR))
-
-
 def pool_parts(fit: PoolFit):
     """(W_G, b_G): the Gaussian part of a transduced linear head ``W_G + β·t·W0`` (W0: ``fit.prior_linear``)."""
     k = float(fit.record["prior_strength"]) * float(fit.record["linear_prior_temperature"])
@@ -120,7 +111,7 @@ def check_with_shots(stage: Stage, side: TextSide, U: torch.Tensor, strength: Op
         return Check(Evidence.SHOTS, head, stopped=Reason.NO_HELD_OUT_SHOTS,
                      why="one shot in all: no held-out shots to check a pool on")
     parts = []   # per fold: held-out rows, the pool's log-likelihood g there, the default and linear heads' p, log p
-    for held in td.bar(folds, progress, desc="checking the pool (held-out shots)", unit="fold", leave=False):
+    for held in bar(folds, progress, desc="checking the pool (held-out shots)", unit="fold", leave=False):
         keep = np.setdiff1d(np.arange(len(y)), held)
         shots = image_rows(X[keep], torch.from_numpy(y[keep]), C, P.shape[1])
         fit = shot_adapt.adapt(stage.zero_shot, shots, side, tilt_shotless=False)   # every class has shots
@@ -137,7 +128,8 @@ def check_with_shots(stage: Stage, side: TextSide, U: torch.Tensor, strength: Op
             g = predictor.gaussian_log_likelihood(WG, bG, Xh).numpy()
             z = (predictor.logits(fit.heads, P, kind, Xh, "linear").double()
                  / float(fit.heads.calibration.temperatures["linear"])).numpy()
-        parts.append((held, g, p_ind, log_probs(p_ind), calibration.softmax(torch.as_tensor(z), 1.0).numpy(), z))
+        parts.append((held, g, p_ind, np.log(np.maximum(p_ind, KERNEL_LOG_FLOOR)),   # p_ind: float64
+                      calibration.softmax(torch.as_tensor(z), 1.0).numpy(), z))
     rows, g, *roles = map(np.concatenate, zip(*parts))
     fold, yh = np.repeat(np.arange(len(parts)), [len(p[0]) for p in parts]), y[rows]
 
@@ -166,7 +158,7 @@ def check_without_shots(stage: Stage, side: TextSide, U: torch.Tensor, strength:
     with torch.no_grad():
         ind = top5(predictor.scores(stage.heads, P, kind, U, head))
         adapted = []
-        for rows in td.bar(halves, progress, desc="checking the pool (halves of the pool)", unit="fold",
+        for rows in bar(halves, progress, desc="checking the pool (halves of the pool)", unit="fold",
                            leave=False):
             fit = transduce(stage, side, U[rows], strength, progress=False, config=cfg)
             if not fit.decision.kept:

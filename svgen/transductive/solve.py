@@ -12,6 +12,7 @@ import torch
 from svgen.core.roots import bisect
 from svgen.errors import SvgenError
 from svgen.selection import AdaptConfig, Decision, config_or_default
+from svgen.steps import bar
 from svgen.transductive.decision import Reason, refuse
 
 log = logging.getLogger(__name__)
@@ -34,15 +35,6 @@ def too_small(n_pool: int, n_classes: int, config: Optional[AdaptConfig] = None)
     if n_pool < config_or_default(config).min_pool_per_class * n_classes:
         return refuse(Reason.POOL_TOO_SMALL, f"pool of {n_pool} unlabelled images is smaller than the {n_classes} classes")
     return None
-
-
-def bar(items, progress: bool, **kw):
-    """``items`` under a tqdm progress bar when ``progress``."""
-    if not progress:
-        return items
-    from tqdm.auto import tqdm
-
-    return tqdm(items, **kw)
 
 
 def _entropy(logits: torch.Tensor) -> float:

@@ -44,7 +44,7 @@ def test_the_logit_selection_scores_the_formula_on_the_folds(toy):
     hf = folds[0]
     keep = np.setdiff1d(np.arange(len(y)), hf)
     K = residual.rbf(Xs[keep], Xs[keep], sel["sigma"]) + sel["c"] * np.eye(keep.size)
-    R = np.eye(5)[y[keep]] - residual.softmax(100 * Xs[keep] @ Ps.T)
+    R = np.eye(5)[y[keep]] - residual.prior_probs(Xs[keep], Ps)
     z = 100 * Xs[hf] @ Ps.T + sel["alpha"] * residual.rbf(Xs[hf], Xs[keep], sel["sigma"]) @ np.linalg.solve(K, R)
     assert np.array_equal(sel["held_correct"][: hf.size], z.argmax(1) == y[hf])
     assert math.isclose(sel["held_acc"], float(sel["held_correct"].mean()))

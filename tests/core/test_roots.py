@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from svgen.core.roots import bisect, convex_minimum, newton_minimum
+from svgen.core.roots import bisect, convex_minimum, golden_minimum, newton_minimum
 
 optimize = pytest.importorskip("scipy.optimize")
 
@@ -52,3 +52,16 @@ def test_newton_minimum_stays_at_zero_and_stops_where_flat():
     # slope −e^{−a} never turns (Newton steps a → a + 1): the first point whose step promises at most `flat` is kept
     a = newton_minimum(lambda a: (-math.exp(-a), math.exp(-a)), step=1.0, tol=1e-12, flat=1e-6)
     assert a == math.ceil(math.log(0.5 / 1e-6))
+
+
+
+@pytest.mark.parametrize("f, lo, hi, minimiser", [
+    (lambda x: (x - 0.3) ** 2, 0.0, 1.0, 0.3),
+    (lambda x: math.exp(x) - 2.0 * x, -1.0, 3.0, math.log(2.0)),
+    (lambda x: math.cosh(x - 0.7), -2.0, 2.0, 0.7),
+    (lambda x: abs(x - 0.123), 0.0, 1.0, 0.123),      # not smooth: values alone suffice
+    (lambda x: x, -1.0, 1.0, -1.0),                   # monotone: the lower end
+])
+def test_golden_minimum_finds_the_minimiser(f, lo, hi, minimiser):
+    x, value = golden_minimum(f, lo, hi, 60)
+    assert x == pytest.approx(minimiser, abs=1e-6) and value == f(x)

@@ -14,7 +14,7 @@ from safetensors.torch import load_file
 
 from svgen import SVGClassifier
 from svgen.io.export import export_head, load_head
-from svgen.fewshot.lda import fit_lda_head, lda_head_weights, lda_loo, prior_means
+from svgen.fewshot.lda import fit_lda_head, lda_head_weights, lda_loo, lda_loo_scores, prior_means
 from svgen.core.support import IMAGE, TEXT, image_rows
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -49,7 +49,7 @@ def test_lda_loo_matches_refits_without_each_shot(gamma, kappa, equal_radius):
     X = torch.nn.functional.normalize(torch.randn(len(y), 6, generator=g, dtype=torch.float64), dim=-1)
     X = X + 0.5 * torch.eye(6, 6, dtype=torch.float64)[y]
     m = torch.randn(6, 6, generator=g, dtype=torch.float64)
-    err, margin, correct = lda_loo(X, y, m, [gamma], [kappa], equal_radius=equal_radius, return_correct=True)
+    err, margin, correct = lda_loo(X, y, m, [gamma], [kappa], equal_radius=equal_radius)
     # LOO holds the shrinkage target τ = tr(S_w)/(df·D) and the centre x̄ of all shots fixed (no labels in either)
     means = torch.stack([X[y == c].mean(0) for c in range(5)])
     tau = float(((X - means[y]) ** 2).sum()) / ((len(y) - 5) * 6)
@@ -68,9 +68,10 @@ def test_lda_loo_matches_refits_without_each_shot(gamma, kappa, equal_radius):
     assert margin[0, 0] == pytest.approx(np.mean(margins), rel=1e-7, abs=1e-9)
     # scoring a subset of the shots gives exactly their rows of the full leave-one-out
     sub = torch.tensor([0, 3, 7, 12, 22])
-    _, _, full = lda_loo(X, y, m, [gamma], [kappa], equal_radius=equal_radius, keep_scores=True)
-    _, _, part = lda_loo(X, y, m, [gamma], [kappa], equal_radius=equal_radius, keep_scores=True, score_rows=sub)
-    torch.testing.assert_close(part[0, 0], full[0, 0][sub])
+    (_, full), = lda_loo_scores(X, y, m, [gamma], [kappa], equal_radius)
+    (_, part), = lda_loo_scores(X, y, m, [gamma], [kappa], equal_radius, score_rows=sub)
+    torch.testing.assert_close(part, full[sub])
+    assert np.array_equal(lda_loo(X, y, m, [gamma], [kappa], equal_radius, sub)[2][0, 0], correct[0, 0, sub])
 
 
 # ----------------------------------------------------------------------------- heads

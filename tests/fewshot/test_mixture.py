@@ -224,7 +224,7 @@ def test_every_export_of_the_mixture_is_the_mixture(mixed, tmp_path, fmt):
     assert w == pytest.approx(clf.heads_.calibration.mixture_weight, rel=1e-7) and float(h["temperature"]) == 1.0
     lin = _softmax(float(h["linear.logit_scale"]) * (x @ h["linear.weight"] + h["linear.bias"])
                    / float(h["linear.temperature"]))
-    p0 = residual.softmax(float(h["kernel.prior_logit_scale"]) * x @ h["kernel.prior_prototypes"].T)
+    p0 = residual.prior_probs(x, h["kernel.prior_prototypes"], float(h["kernel.prior_logit_scale"]))
     s = p0 + residual.rbf(x, h["kernel.support_vectors"].astype(np.float64), float(h["kernel.bandwidth"])) \
         @ h["kernel.vote_weights"]
     z = calibration.kernel_logits(torch.from_numpy(s), h["kernel_logits"], torch.from_numpy(p0),
