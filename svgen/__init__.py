@@ -74,6 +74,7 @@ MOVED = {
     "svgen.calibration.plots": "svgen.evaluation.plots",
     "svgen.fewshot.select": "svgen.selection",
     "svgen.fewshot.loo": "svgen.fewshot.lda",
+    "svgen.calibration.mixture": "svgen.calibration.temperatures",
 }
 
 

@@ -84,7 +84,7 @@ class FittedHeads(Estimator):
     @property
     def head_names_(self) -> tuple:
         """The heads this classifier can be read through: kernel, linear, cosine, and ``"mixture"`` where labelled
-        shots fitted one (:mod:`svgen.calibration.mixture`)."""
+        shots fitted one (:mod:`svgen.calibration.temperatures`)."""
         self._check_fitted()
         return predictor.head_names(self.heads_)
 

@@ -72,7 +72,7 @@ class LdaPart:
 class Calibration:
     """Per-head temperatures (``softmax(logits / T)``), the kind of the kernel head's logits
     (:data:`svgen.calibration.temperatures.KERNEL_LOGITS`), the weight of the kernel head in the ``"mixture"`` head
-    where shots fitted one (:mod:`svgen.calibration.mixture`), the mixture's log-factor for classes without shots where
+    where shots fitted one (:mod:`svgen.calibration.temperatures`), the mixture's log-factor for classes without shots where
     some have none (:mod:`svgen.fewshot.coverage`) and the record of how they were fitted (``svgen.json``)."""
 
     temperatures: dict

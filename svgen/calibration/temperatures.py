@@ -1,5 +1,7 @@
 """Per-head temperatures, ``p = softmax(z / T)``: from the text side, from held-out shots, and the kernel's kind of
-logits. docs/calibration.md states the rules and what they were measured to do."""
+logits; and the ``"mixture"`` head ``w·p_kernel + (1 − w)·p_linear`` (each head at its own T), ``w`` by the held-out
+NLL, its scores and logits ``log p``, its temperature 1. docs/calibration.md states the rules and what they were
+measured to do."""
 
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ import torch
 
 from svgen.core.logits import (KERNEL_LOG_FLOOR, KERNEL_LOGITS, check_floor, check_kernel_logits,  # noqa: F401
                                 floored_log, head_logits, kernel_logits)  # also read from here
-from svgen.core.roots import bisect
+from svgen.core.roots import bisect, convex_minimum
 from svgen.errors import SvgenError
 from svgen.selection import AdaptConfig, config_or_default
 
@@ -19,6 +21,9 @@ ECE_BINS = 15
 T_RANGE = (1e-8, 1e8)   # a fitted T, clipped (:func:`in_range`): the artifact's TEMPERATURE_RANGE (e^30 was unloadable)
 LOG_T_RANGE = (math.log(T_RANGE[0]), math.log(T_RANGE[1]))   # bisection bracket for log T
 in_range = lambda T: min(max(T, T_RANGE[0]), T_RANGE[1])     # noqa: E731  (exp(log 1e8) is a hair above 1e8)
+MIXTURE = "mixture"   # the head with labelled shots: w·p_kernel + (1 − w)·p_linear
+PROB_FLOOR = 1e-300   # a true-class probability of 0 in both heads: the NLL stays finite
+BISECTIONS = 60
 
 
 def softmax(logits, temperature: float) -> torch.Tensor:
@@ -182,3 +187,40 @@ def ece(probs, labels, n_bins: int = ECE_BINS) -> float:
     if p.ndim != 2 or y.shape != (p.shape[0],):
         raise SvgenError(f"probabilities must be N×C with N labels, got {p.shape} and {y.shape}")
     return ece_of(p.max(axis=1), p.argmax(axis=1) == y, n_bins)
+
+
+def mix(w: float, p_kernel, p_linear):
+    """``w·p_kernel + (1 − w)·p_linear`` (numpy arrays or torch tensors)."""
+    return w * p_kernel + (1.0 - w) * p_linear
+
+
+def fit_weight(p_kernel: np.ndarray, p_linear: np.ndarray, labels: np.ndarray) -> dict:
+    """``w`` in [0, 1] minimising the mixture's mean NLL (convex: 1 where its slope there is ≤ 0, a tie keeping the
+    kernel head; else 0 or the slope's root). ``{"weight", "nll", "nll_kernel", "nll_linear", "images"}``."""
+    y = np.asarray(labels, dtype=np.int64)
+    a, b = (np.asarray(p, dtype=np.float64)[np.arange(y.size), y] for p in (p_kernel, p_linear))
+    slope = lambda w: float(-((a - b) / np.maximum(mix(w, a, b), PROB_FLOOR)).mean())   # noqa: E731
+    nll = lambda w: float(-np.log(np.maximum(mix(w, a, b), PROB_FLOOR)).mean())        # noqa: E731
+    w = convex_minimum(slope, 0.0, 1.0, BISECTIONS, flat="hi")
+    return {"weight": w, "nll": nll(w), "nll_kernel": nll(1.0), "nll_linear": nll(0.0),
+            "images": int(y.size)}
+
+
+def tilt(p, delta: float, shotless):
+    """``p`` (N×C, numpy or torch) with the ``shotless`` columns times ``e^δ``, rows renormalised."""
+    if isinstance(p, np.ndarray):
+        q = p * np.where(np.asarray(shotless, dtype=bool), math.exp(delta), 1.0)
+        return q / q.sum(axis=1, keepdims=True)
+    shotless = torch.as_tensor(shotless, dtype=torch.bool, device=p.device)
+    q = p * torch.ones(p.shape[1], dtype=p.dtype, device=p.device).masked_fill(shotless, math.exp(delta))
+    return q / q.sum(dim=1, keepdim=True)
+
+
+def head_of_weight(w: float) -> str:
+    return "kernel" if w == 1.0 else "linear" if w == 0.0 else MIXTURE
+
+
+def check_weight(w, where: str = "mixture_weight") -> float:
+    if isinstance(w, bool) or not isinstance(w, (int, float)) or not math.isfinite(w) or not 0.0 <= w <= 1.0:
+        raise SvgenError(f"{where} must be a number in [0, 1], got {w!r}")
+    return float(w)

@@ -12,7 +12,6 @@ from typing import NamedTuple, Optional
 import numpy as np
 import torch
 
-from svgen.calibration import mixture
 from svgen.calibration import temperatures as calibration
 from svgen.core.support import IMAGE, SupportSet
 from svgen.fewshot import coverage, linear, residual
@@ -78,7 +77,7 @@ def adapt(zero_shot: Heads, shots: SupportSet, side: TextSide, tilt_shotless: bo
     if tilt is not None:   # some classes have no shots: the weight and tilt fitted for them too
         clock.lap("adapt: tilt of the classes without shots (refits)")
         # the mixture carries a tilt at its weight even where that is one head alone (0 or 1)
-        default = MIXTURE if offset else mixture.head_of_weight(tilt.weight)
+        default = MIXTURE if offset else calibration.head_of_weight(tilt.weight)
         weight = tilt.weight
     weight = weight if offset or default == MIXTURE else None
     heads.calibration = dataclasses.replace(heads.calibration, mixture_weight=weight, shotless_offset=offset or None)
@@ -134,10 +133,10 @@ def choose_default_head(heads: Heads, side: TextSide, res, shots: SupportSet, li
     pk, pl, rows = held_out_probabilities(heads, side, res, shots, lin, ev)
     truth = shots.labels.numpy()[rows]
     p0 = predictor.proba(heads, side.prototypes, side.config.kernel, shots.rows[rows].float(), "cosine").numpy()
-    fit = mixture.fit_weight(pk, pl, truth)
+    fit = calibration.fit_weight(pk, pl, truth)
     w = fit["weight"]
-    probs = {"mixture": mixture.mix(w, pk, pl), "kernel": pk, "linear": pl}
-    return mixture.head_of_weight(w), w, {
+    probs = {"mixture": calibration.mix(w, pk, pl), "kernel": pk, "linear": pl}
+    return calibration.head_of_weight(w), w, {
         "mixture_weight": w, "held_out_nll": {h: fit["nll" if h == MIXTURE else f"nll_{h}"] for h in probs},
         "held_out_accuracy": {h: float((p.argmax(axis=1) == truth).mean()) for h, p in probs.items()},
         "shots_compared": fit["images"],

@@ -10,7 +10,7 @@ from typing import NamedTuple, Optional
 
 import numpy as np
 
-from svgen.calibration import mixture
+from svgen.calibration.temperatures import PROB_FLOOR, mix, tilt
 from svgen.core.roots import convex_minimum, golden_minimum
 from svgen.core.support import SupportSet
 from svgen.heads import heldout, predictor
@@ -47,7 +47,7 @@ def _stacked(evidence, w: float) -> tuple:
     if isinstance(evidence, tuple):   # already stacked
         return evidence
     k, li, mass_k, mass_l, tilted, share = (np.concatenate(a) for a in zip(*evidence))
-    return -np.log(np.maximum(mixture.mix(w, k, li), mixture.PROB_FLOOR)), mixture.mix(w, mass_k, mass_l), tilted, share
+    return -np.log(np.maximum(mix(w, k, li), PROB_FLOOR)), mix(w, mass_k, mass_l), tilted, share
 
 
 def objective(evidence, w: float, delta: float) -> float:
@@ -110,7 +110,7 @@ def fit_tilt(zero_shot, shots: SupportSet, side, refit, shots_weight: float, pro
     found = [evidence(*p[:2], *p[3:]) for p in parts]
     w, delta = best_weight_and_offset(found)
     # output only (svgen.json fewshot.heads_vs_zero_shot): each head and the tilted mixture against zero-shot
-    versus = heldout.compare([({"kernel": k, "linear": li, "mixture": mixture.tilt(mixture.mix(w, k, li), delta, u),
+    versus = heldout.compare([({"kernel": k, "linear": li, "mixture": tilt(mix(w, k, li), delta, u),
                                 "cosine": z}, y, share) for k, li, z, y, u, share in parts], config)
     record = {"classes_without_shots": int(C - with_shots.size), "offset": float(delta), "mixture_weight": float(w),
               "mixture_weight_of_the_shots_alone": float(shots_weight),

@@ -46,8 +46,9 @@ def prior_means(prototypes: torch.Tensor, X: torch.Tensor) -> torch.Tensor:
 
 
 def lda_loo_scores(X: torch.Tensor, y: torch.Tensor, m: torch.Tensor, gammas: Sequence[float],
-                   kappas: Sequence[float], equal_radius: bool = False, score_rows=None):
-    """Yields ``((a, b), N×C logits)`` for each (γ_a, κ_b): the LDA head's exact leave-one-out (Sherman–Morrison);
+                   kappas: Sequence[float], score_rows=None):
+    """Yields ``((a, b), N×C logits)`` for each (γ_a, κ_b): the LDA head's exact leave-one-out (Sherman–Morrison), its
+    means at one Mahalanobis radius (:func:`lda_head_weights` with ``equal_radius``, the head svgen fits);
     ``score_rows`` (indices, numpy or torch): only these shots left out and scored (every shot still fits)."""
     N, D = X.shape
     C = m.shape[0]
@@ -77,39 +78,30 @@ def lda_loo_scores(X: torch.Tensor, y: torch.Tensor, m: torch.Tensor, gammas: Se
         beta = (1 - g) * scale / torch.where(many, torch.tensor(float(df[True])), torch.tensor(float(df[False])))
         w = Binv * U
         coef = beta / (1 - beta * (U * w).sum(dim=1))   # Σ_{-i}⁻¹ = B_i⁻¹ + coef_i w_i w_iᵀ
-        XB, xw = Xv * Binv, (Xv * w).sum(dim=1)
         EB, ew = E * Binv, (E * w).sum(dim=1)
         for b, k in enumerate(kappas):
             mu = (n[:, None] * xbar_v + k * m_v) / (n + k).clamp_min(1e-12)[:, None]
             mu[n == 0] = m_v[n == 0]                   # a class without shots: its prior mean, as in the head
             own = (own_sum + k * m_v[y]) / (n_i - 1 + k).clamp_min(1e-12)[:, None]
             own[~many] = m_v[y[~many]]                 # the class's only shot left out: its prior mean
-            if equal_radius:
-                Dm, Do = mu - centre, own - centre
-                WD, wo = w @ Dm.T, (w * Do).sum(dim=1)
-                q = torch.where(many[:, None], ((Dm * Dm) @ binv[True])[None], ((Dm * Dm) @ binv[False])[None])
-                num = EB @ Dm.T + coef[:, None] * ew[:, None] * WD
-                den = q + coef[:, None] * WD * WD
-                num[rows, y] = (EB * Do).sum(dim=1) + coef * ew * wo
-                den[rows, y] = (Do * Do * Binv).sum(dim=1) + coef * wo * wo
-                norm = den.clamp_min(1e-300).sqrt()
-                sc = norm.mean(dim=1, keepdim=True) * num / norm
-            else:
-                q = torch.where(many[:, None], ((mu * mu) @ binv[True])[None], ((mu * mu) @ binv[False])[None])
-                WM = w @ mu.T
-                sc = XB @ mu.T - 0.5 * q + coef[:, None] * (xw[:, None] * WM - 0.5 * WM * WM)
-                wo = (w * own).sum(dim=1)
-                sc[rows, y] = ((Xv - 0.5 * own) * Binv * own).sum(dim=1) + coef * (xw * wo - 0.5 * wo * wo)
-            yield (a, b), sc
+            Dm, Do = mu - centre, own - centre
+            WD, wo = w @ Dm.T, (w * Do).sum(dim=1)
+            q = torch.where(many[:, None], ((Dm * Dm) @ binv[True])[None], ((Dm * Dm) @ binv[False])[None])
+            num = EB @ Dm.T + coef[:, None] * ew[:, None] * WD
+            den = q + coef[:, None] * WD * WD
+            num[rows, y] = (EB * Do).sum(dim=1) + coef * ew * wo
+            den[rows, y] = (Do * Do * Binv).sum(dim=1) + coef * wo * wo
+            norm = den.clamp_min(1e-300).sqrt()
+            yield (a, b), norm.mean(dim=1, keepdim=True) * num / norm
 
 
 def lda_loo(X: torch.Tensor, y: torch.Tensor, m: torch.Tensor, gammas: Sequence[float], kappas: Sequence[float],
-            equal_radius: bool = False, score_rows=None) -> tuple:
+            score_rows=None) -> tuple:
     """(error γ×κ, mean negative margin γ×κ, correct γ×κ×N) of :func:`lda_loo_scores`."""
     t = y if score_rows is None else y[torch.as_tensor(score_rows, dtype=torch.long)]   # the scored shots' labels
     err, tie = np.zeros((len(gammas), len(kappas))), np.zeros((len(gammas), len(kappas)))
     correct = np.zeros(err.shape + (len(t),), dtype=bool)
-    for ab, sc in lda_loo_scores(X, y, m, gammas, kappas, equal_radius, score_rows):
+    for ab, sc in lda_loo_scores(X, y, m, gammas, kappas, score_rows):
         correct[ab] = (sc.argmax(dim=1) == t).numpy()
         err[ab] = float((~correct[ab]).mean())
         other = sc.scatter(1, t[:, None], -float("inf")).max(dim=1).values
@@ -118,11 +110,10 @@ def lda_loo(X: torch.Tensor, y: torch.Tensor, m: torch.Tensor, gammas: Sequence[
 
 
 def lda_loo_logits(prototypes: torch.Tensor, shots, n_classes: int, shrinkage: float, prior_shots: float,
-                   equal_radius: bool = False, rows=None) -> torch.Tensor:
+                   rows=None) -> torch.Tensor:
     """The LDA head's exact leave-one-out logits (N×C, or those of ``rows``) at (γ, κ)."""
     X = shots.rows.double()
-    return next(lda_loo_scores(X, shots.labels, prior_means(prototypes, X), [shrinkage], [prior_shots], equal_radius,
-                               rows))[1]
+    return next(lda_loo_scores(X, shots.labels, prior_means(prototypes, X), [shrinkage], [prior_shots], rows))[1]
 
 
 def lda_covariance(X, y, n_classes: int, gamma: float, tau: Optional[float] = None) -> torch.Tensor:
@@ -169,7 +160,7 @@ def fit_lda_head(prototypes: torch.Tensor, shots: SupportSet, n_classes: int, co
               else tuple(k for k in config.lda_prior if k > 0 or not (counts == 0).any()))   # κ = 0 needs every class
     gammas = (1.0,) if single else config.lda_shrinkage     # no within-class scatter to estimate with 1 shot
     sub = shot_sample(y.numpy(), config.lda_loo_max, 0)
-    err, tie, correct = lda_loo(X, y, m, gammas, kappas, equal_radius=True, score_rows=sub)
+    err, tie, correct = lda_loo(X, y, m, gammas, kappas, score_rows=sub)
     a, b = paired_choice(err, tie, correct, config.level)
     W, bias = lda_head_weights(X, y, m, gammas[a], kappas[b], equal_radius=True)
     return W.float(), bias.float(), LdaChoice(float(gammas[a]), float(kappas[b]), float(err[a, b]), single)

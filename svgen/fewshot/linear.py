@@ -47,7 +47,7 @@ def fit_linear_head(prototypes: torch.Tensor, shots, n_classes: int, W_lda: torc
     """The linear head on the LDA head at ``choice``: α on ``folds`` (LDA refitted on ``pool`` minus each), or LDA."""
     config = config_or_default(config)
     X, y, scored = shots.rows.double(), shots.labels, slice(None) if loo_rows is None else loo_rows
-    loo = lda.lda_loo_logits(prototypes, shots, n_classes, choice.shrinkage, choice.prior_shots, equal_radius=True,
+    loo = lda.lda_loo_logits(prototypes, shots, n_classes, choice.shrinkage, choice.prior_shots,
                              rows=loo_rows).numpy()
     loo_y, Xn = y.numpy()[scored], X.numpy()
     P = torch.nn.functional.normalize(prototypes.double(), dim=-1).numpy()

@@ -18,7 +18,7 @@ from typing import Dict, Optional, Sequence, Tuple
 
 import numpy as np
 
-from svgen.calibration.mixture import PROB_FLOOR
+from svgen.calibration.temperatures import PROB_FLOOR
 from svgen.selection import AdaptConfig, ahead, behind, config_or_default, paired
 
 

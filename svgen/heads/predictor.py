@@ -3,7 +3,7 @@
 ``scores``: the kernel vote ``k(x̂, rows) @ votes`` (+ ``softmax(100·x̂P̂ᵀ)`` with a prior term), the linear head
 ``x̂Wᵀ + b`` or CLIP's cosine ``100·x̂P̂ᵀ``; ``logits``: what the softmax takes (the kernel vote's ``log score`` or
 raw score, :mod:`svgen.core.logits`); probabilities are ``softmax(logits / T_head)``. With shots the
-``"mixture"`` head (:mod:`svgen.calibration.mixture`) is ``w·p_kernel + (1 − w)·p_linear``; its scores and logits are
+``"mixture"`` head (:mod:`svgen.calibration.temperatures`) is ``w·p_kernel + (1 − w)·p_linear``; its scores and logits are
 ``log max(p, 10⁻³⁰)`` and its T is 1. After a kept pool, a head with a pool factor
 (:class:`svgen.state.PoolFactor`) is ``softmax(z⁰ + a·(x̂ W_Gᵀ + b_G))``, z⁰ the head's calibrated log-probabilities as
 the shots left it (the linear head's ``logits / T``, the others' ``log max(p, 10⁻³⁰)``); its scores and logits are
@@ -19,7 +19,6 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from svgen.calibration import mixture
 from svgen.calibration import temperatures as calibration
 from svgen.core import logits as logit_kinds
 from svgen.errors import SvgenError
@@ -95,9 +94,9 @@ def mixture_proba(heads: Heads, prototypes, kind: str, x: torch.Tensor) -> torch
     probabilities × e^δ, renormalised."""
     check_head(heads, MIXTURE)
     cal = heads.calibration
-    p = mixture.mix(cal.mixture_weight, _base_proba(heads, prototypes, kind, x, "kernel"),
-                    _base_proba(heads, prototypes, kind, x, "linear"))
-    return p if not cal.shotless_offset else mixture.tilt(p, cal.shotless_offset, shotless_classes(heads))
+    p = calibration.mix(cal.mixture_weight, _base_proba(heads, prototypes, kind, x, "kernel"),
+                        _base_proba(heads, prototypes, kind, x, "linear"))
+    return p if not cal.shotless_offset else calibration.tilt(p, cal.shotless_offset, shotless_classes(heads))
 
 
 def class_log_factor(heads: Heads) -> torch.Tensor:

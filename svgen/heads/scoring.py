@@ -18,7 +18,7 @@ from typing import Tuple
 import torch
 import torch.nn.functional as F
 
-from svgen.calibration.mixture import MIXTURE as MIXTURE  # the fourth head name, with labelled shots
+from svgen.calibration.temperatures import MIXTURE as MIXTURE  # the fourth head name, with labelled shots
 from svgen.core.kernels import kernel
 
 HEADS = ("kernel", "linear", "cosine")

@@ -72,7 +72,7 @@ log = logging.getLogger(__name__)
 FORMAT_VERSION = 1          # zero-shot artifacts (text support vectors only)
 FORMAT_VERSION_SHOTS = 2    # artifacts with image support vectors
 FORMAT_VERSION_PRIOR = 3    # format 2 whose kernel head adds the zero-shot probabilities (svgen.fewshot.residual)
-FORMAT_VERSION_MIXTURE = 4  # format 2 or 3 with a "mixture" head (calibration.mixture_weight; svgen.calibration.mixture)
+FORMAT_VERSION_MIXTURE = 4  # format 2 or 3 with a "mixture" head (calibration.mixture_weight; svgen.calibration.temperatures)
 FORMAT_VERSION_SHOTLESS = 5  # format 4 whose mixture tilts the classes without shots (calibration.shotless_offset;
                              # svgen.fewshot.coverage): a reader of format 4 would ignore the tilt, so it must refuse
 FORMAT_VERSION_POOL_FACTOR = 6  # format 2–4 after a pool with shots: some heads × the pool's class likelihood to a power

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from svgen.io import artifacts
-from svgen.calibration import mixture
+from svgen.calibration.temperatures import check_weight
 from svgen.core import logits as logit_kinds
 from svgen.errors import SvgenError
 from svgen.core.generator import SupportVectorGenerator
@@ -311,7 +311,7 @@ def _mixture_weight(cal: dict, meta: dict, where) -> Optional[float]:
     if meta.get("format_version") not in artifacts.MIXTURE_VERSIONS:
         raise SvgenError(f"{where}: mixture_weight is only valid in format version "
                          f"{', '.join(map(str, artifacts.MIXTURE_VERSIONS))} artifacts")
-    return mixture.check_weight(cal["mixture_weight"], f"{where}: mixture_weight")
+    return check_weight(cal["mixture_weight"], f"{where}: mixture_weight")
 
 
 def _shotless_offset(cal: dict, meta: dict, where) -> Optional[float]:

@@ -49,8 +49,7 @@ def _nll(z, y, T):
     return float(-(a[np.arange(len(y)), y] - np.log(np.exp(a).sum(axis=1))).mean())
 
 
-@pytest.mark.parametrize("equal_radius", [False, True])
-def test_lda_loo_logits_equal_refitting_without_each_shot(adapted, equal_radius):
+def test_lda_loo_logits_equal_refitting_without_each_shot(adapted):
     clf, protos, X, y = adapted
     lin = clf.fewshot_["linear"]
     g, kap = lin["shrinkage"], lin["prior_shots"]
@@ -63,10 +62,10 @@ def test_lda_loo_logits_equal_refitting_without_each_shot(adapted, equal_radius)
     want = np.zeros((len(y), C))
     for i in range(len(y)):
         keep = torch.arange(len(y)) != i
-        W, b = fewshot.lda_head_weights(Xd[keep], yt[keep], m, g, kap, tau=tau, equal_radius=equal_radius,
+        W, b = fewshot.lda_head_weights(Xd[keep], yt[keep], m, g, kap, tau=tau, equal_radius=True,
                                         centre=Xd.mean(0))      # LOO holds the shots' centre at its all-shot value
         want[i] = (Xd[i] @ W.T + b).numpy()
-    got = lda_loo_logits(clf.prototypes_, shots, C, g, kap, equal_radius=equal_radius).numpy()
+    got = lda_loo_logits(clf.prototypes_, shots, C, g, kap).numpy()
     np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6 * np.abs(want).max())
 
 
@@ -88,8 +87,7 @@ def test_adapt_fits_each_heads_temperature_by_loo_nll(adapted, tmp_path):
     lin = clf.fewshot_["linear"]
     assert lin["means"] == "equal Mahalanobis radius"      # the default head
     # the linear head: its exact leave-one-out logits, zero-shot logits + α·s·(LDA refitted without each shot)
-    zl = lda_loo_logits(clf.prototypes_, shots, C, lin["shrinkage"], lin["prior_shots"],
-                                    equal_radius=True).numpy()
+    zl = lda_loo_logits(clf.prototypes_, shots, C, lin["shrinkage"], lin["prior_shots"]).numpy()
     if not sel.one_shot:
         Pn = torch.nn.functional.normalize(clf.prototypes_.double(), dim=-1)
         zl = (100.0 * shots.rows.double() @ Pn.T).numpy() + lin["alpha"] * lin["scale"] * zl

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from svgen import SVGClassifier
-from svgen.calibration import mixture
+from svgen.calibration import temperatures
 from svgen.errors import SvgenError
 from svgen.fewshot import coverage
 from svgen.io.artifacts import FORMAT_VERSION_MIXTURE, FORMAT_VERSION_SHOTLESS
@@ -73,14 +73,14 @@ def test_tilt_is_the_formula_for_numpy_and_torch():
     u = np.array([True, False, False, True, False])
     want = p * np.exp(1.3 * u)
     want /= want.sum(axis=1, keepdims=True)
-    np.testing.assert_allclose(mixture.tilt(p, 1.3, u), want, rtol=1e-12)
-    np.testing.assert_allclose(mixture.tilt(torch.from_numpy(p), 1.3, torch.from_numpy(u)).numpy(), want, rtol=1e-12)
-    np.testing.assert_allclose(mixture.tilt(p, 0.0, u), p, rtol=1e-12)
+    np.testing.assert_allclose(temperatures.tilt(p, 1.3, u), want, rtol=1e-12)
+    np.testing.assert_allclose(temperatures.tilt(torch.from_numpy(p), 1.3, torch.from_numpy(u)).numpy(), want, rtol=1e-12)
+    np.testing.assert_allclose(temperatures.tilt(p, 0.0, u), p, rtol=1e-12)
 
 
 def _direct(raw, w, d):
     """The objective from the formula: Σ weight · mean −log of the tilted mixture's true-class probability."""
-    return sum(c * -np.log(mixture.tilt(mixture.mix(w, pk, pl), d, u)[np.arange(y.size), y]).mean()
+    return sum(c * -np.log(temperatures.tilt(temperatures.mix(w, pk, pl), d, u)[np.arange(y.size), y]).mean()
                for pk, pl, y, u, c in raw)
 
 
@@ -156,7 +156,7 @@ def test_default_head_is_the_tilted_mixture_of_the_two_heads(pets):
     assert rec["offset"] == cal.shotless_offset > 0 and rec["held_out_nll"]["tilted"] < rec["held_out_nll"]["untilted"]
     Q = X[:200]
     w = cal.mixture_weight
-    want = mixture.tilt(w * clf.predict_proba(Q, head="kernel") + (1 - w) * clf.predict_proba(Q, head="linear"),
+    want = temperatures.tilt(w * clf.predict_proba(Q, head="kernel") + (1 - w) * clf.predict_proba(Q, head="linear"),
                         cal.shotless_offset, ~np.isin(np.arange(37), some))
     np.testing.assert_allclose(clf.predict_proba(Q), want, rtol=1e-10)
     np.testing.assert_allclose(clf.decision_function(Q), np.log(np.maximum(want, 1e-30)), rtol=1e-5, atol=1e-5)

@@ -40,24 +40,22 @@ def data():
 
 # ----------------------------------------------------------------------------- LOO identities
 
-@pytest.mark.parametrize("equal_radius", [False, True])
 @pytest.mark.parametrize("gamma, kappa", [(0.1, 0.0), (0.3, 2.0), (0.7, 0.5), (1.0, 1.0)])
-def test_lda_loo_matches_refits_without_each_shot(gamma, kappa, equal_radius):
+def test_lda_loo_matches_refits_without_each_shot(gamma, kappa):
     g = torch.Generator().manual_seed(0)
     # class 4 has one shot (left out, its mean is the prior mean m_4), class 5 has none
     y = torch.tensor([0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 0, 1, 2, 3, 4])
     X = torch.nn.functional.normalize(torch.randn(len(y), 6, generator=g, dtype=torch.float64), dim=-1)
     X = X + 0.5 * torch.eye(6, 6, dtype=torch.float64)[y]
     m = torch.randn(6, 6, generator=g, dtype=torch.float64)
-    err, margin, correct = lda_loo(X, y, m, [gamma], [kappa], equal_radius=equal_radius)
+    err, margin, correct = lda_loo(X, y, m, [gamma], [kappa])
     # LOO holds the shrinkage target τ = tr(S_w)/(df·D) and the centre x̄ of all shots fixed (no labels in either)
     means = torch.stack([X[y == c].mean(0) for c in range(5)])
     tau = float(((X - means[y]) ** 2).sum()) / ((len(y) - 5) * 6)
     wrong, margins = 0, []
     for i in range(len(y)):
         keep = torch.arange(len(y)) != i
-        W, b = lda_head_weights(X[keep], y[keep], m, gamma, kappa, tau=tau, equal_radius=equal_radius,
-                                centre=X.mean(0))
+        W, b = lda_head_weights(X[keep], y[keep], m, gamma, kappa, tau=tau, equal_radius=True, centre=X.mean(0))
         s = X[i] @ W.T + b
         wrong += int(s.argmax() != y[i])
         assert bool(correct[0, 0, i]) == bool(s.argmax() == y[i])
@@ -68,10 +66,10 @@ def test_lda_loo_matches_refits_without_each_shot(gamma, kappa, equal_radius):
     assert margin[0, 0] == pytest.approx(np.mean(margins), rel=1e-7, abs=1e-9)
     # scoring a subset of the shots gives exactly their rows of the full leave-one-out
     sub = torch.tensor([0, 3, 7, 12, 22])
-    (_, full), = lda_loo_scores(X, y, m, [gamma], [kappa], equal_radius)
-    (_, part), = lda_loo_scores(X, y, m, [gamma], [kappa], equal_radius, score_rows=sub)
+    (_, full), = lda_loo_scores(X, y, m, [gamma], [kappa])
+    (_, part), = lda_loo_scores(X, y, m, [gamma], [kappa], score_rows=sub)
     torch.testing.assert_close(part, full[sub])
-    assert np.array_equal(lda_loo(X, y, m, [gamma], [kappa], equal_radius, sub)[2][0, 0], correct[0, 0, sub])
+    assert np.array_equal(lda_loo(X, y, m, [gamma], [kappa], sub)[2][0, 0], correct[0, 0, sub])
 
 
 # ----------------------------------------------------------------------------- heads

@@ -1,4 +1,4 @@
-"""The mixture head (svgen.calibration.mixture): w·p_kernel + (1 − w)·p_linear with w by the held-out NLL.
+"""The mixture head (svgen.calibration.temperatures): w·p_kernel + (1 − w)·p_linear with w by the held-out NLL.
 
 The weight is checked against a brute-force grid over the same held-out probabilities recomputed from the formulas
 (both heads refitted without each fold by direct solves); the head's probabilities, scores and every export against
@@ -15,7 +15,6 @@ import pytest
 import torch
 
 from svgen import SVGClassifier
-from svgen.calibration import mixture
 from svgen.calibration import temperatures as calibration
 from svgen.errors import SvgenError
 from svgen.fewshot import residual
@@ -44,7 +43,7 @@ def test_weight_is_the_nll_minimiser_on_a_fine_grid():
         y = rng.integers(0, C, N)
         pk = rng.dirichlet(np.full(C, 0.3 + trial % 3), size=N)
         pl = rng.dirichlet(np.full(C, 0.5), size=N)
-        fit = mixture.fit_weight(pk, pl, y)
+        fit = calibration.fit_weight(pk, pl, y)
         a, b = _true_class(pk, y), _true_class(pl, y)
         grid = np.linspace(0.0, 1.0, 20001)
         nll = -np.log(grid[:, None] * a + (1 - grid[:, None]) * b).mean(axis=1)
@@ -58,17 +57,17 @@ def test_weight_at_the_ends_and_on_a_tie():
     y = np.array([0, 1, 0, 1])
     right = np.array([[0.9, 0.1], [0.2, 0.8], [0.8, 0.2], [0.3, 0.7]])
     wrong = right[:, ::-1].copy()
-    assert mixture.fit_weight(right, wrong, y)["weight"] == 1.0      # the kernel head alone
-    assert mixture.fit_weight(wrong, right, y)["weight"] == 0.0      # the linear head alone
-    assert mixture.fit_weight(right, right, y)["weight"] == 1.0      # a tie keeps the kernel head
+    assert calibration.fit_weight(right, wrong, y)["weight"] == 1.0      # the kernel head alone
+    assert calibration.fit_weight(wrong, right, y)["weight"] == 0.0      # the linear head alone
+    assert calibration.fit_weight(right, right, y)["weight"] == 1.0      # a tie keeps the kernel head
     zero = np.array([[1.0, 0.0]] * 4)                                # probability 0 on a true class: still finite
-    assert np.isfinite(mixture.fit_weight(zero, right, y)["nll"])
+    assert np.isfinite(calibration.fit_weight(zero, right, y)["nll"])
 
 
 @pytest.mark.parametrize("w", [-0.1, 1.5, float("nan"), "0.5", True, None])
 def test_weight_check_refuses_what_is_not_in_the_unit_interval(w):
     with pytest.raises(SvgenError, match="mixture_weight"):
-        mixture.check_weight(w)
+        calibration.check_weight(w)
 
 
 @pytest.fixture(scope="module")

@@ -351,7 +351,7 @@ def test_one_shot_with_more_classes_than_the_lda_loo_subset(monkeypatch, select_
     lda_loo_max = 512): the kernel head's leave-one-out covers every shot (or its own, larger subset), the linear
     head's only the subset. The mixture's weight is fitted on the shots both were scored on, and equals a fit on
     those rows alone."""
-    from svgen.calibration import mixture
+    from svgen.calibration import temperatures
     from svgen.fewshot import adapt as shot_adapt
 
     X, y, P = _problem(seed=5, C=12, per_class=1)
@@ -370,7 +370,7 @@ def test_one_shot_with_more_classes_than_the_lda_loo_subset(monkeypatch, select_
     lda_rows = residual.shot_sample(y, 5, 0)
     assert hc["shots_compared"] == len(rows) == len(lda_rows) and set(rows) == set(lda_rows)
     assert pk.shape == pl.shape == (len(rows), 12)
-    assert hc["mixture_weight"] == pytest.approx(mixture.fit_weight(pk, pl, y[rows])["weight"])
+    assert hc["mixture_weight"] == pytest.approx(temperatures.fit_weight(pk, pl, y[rows])["weight"])
     assert clf.predict_proba(X.astype(np.float32)).shape == (12, 12)
 
 
