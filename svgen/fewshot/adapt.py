@@ -27,11 +27,12 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class ShotFit:
-    """The shots stage: its heads (calibrated), the LDA part of its linear head and its record (``svgen.json``
-    ``fewshot``)."""
+    """The shots stage: its heads (calibrated), the LDA part of its linear head, its default head and its record
+    (``svgen.json`` ``fewshot``)."""
 
     heads: Heads
     lda: LdaPart
+    default_head: str
     record: dict
     held_out: Optional[tuple] = None   # (kernel, linear probabilities of held-out shots, labels, cosine)
 
@@ -97,7 +98,7 @@ def adapt(zero_shot: Heads, shots: SupportSet, side: TextSide, tilt_shotless: bo
     log.info("adapted to %d shots in %.2fs: kernel %s (σ=%.3g, c=%.3g), linear LDA γ=%g κ=%g (LOO error %.3f), α=%s",
              len(shots), wall, "adapted" if res.adopted else "kept zero-shot", res.sigma, res.record["ridge_c"],
              lchoice.shrinkage, lchoice.prior_shots, lchoice.loo_error, lin.record.get("alpha", "none (LDA alone)"))
-    return ShotFit(heads, lin.lda, record, held)
+    return ShotFit(heads, lin.lda, default, record, held)
 
 
 class KernelEvidence(NamedTuple):

@@ -71,7 +71,7 @@ def refused(stage: Stage, side: TextSide, U: torch.Tensor, record: dict, decisio
 
 def _adopt_factor(stage: Stage, side: TextSide, U: torch.Tensor, fit: PoolFit, check: Check) -> PoolFit:
     """With shots: each head the check fitted a power for × the pool's likelihood^a; the rest stays inductive."""
-    WG, bG = pool_gate.pool_parts(fit)
+    WG, bG = fit.gaussian.weight, fit.gaussian.bias
     powers = {h: float(a) for h, a in check.powers.items() if a > 0}
     ind = stage.heads
     heads = Heads(ind.kernel, ind.linear, ind.calibration,
@@ -98,8 +98,7 @@ def _adopt_posterior(stage: Stage, side: TextSide, fit: PoolFit, U: torch.Tensor
     """Without labels: the linear head the posterior, the kernel head that with the kernel vote as its prior."""
     P, kind, rec = side.prototypes, side.config.kernel, fit.record
     U_cal, agreement = U[td.calibration_rows(U.shape[0])], agreement_target(check)
-    WG, bG = pool_gate.pool_parts(fit)
-    k = float(rec["prior_strength"]) * float(rec["prior_temperature"])
+    WG, bG, k = fit.gaussian.weight, fit.gaussian.bias, fit.prior_scale
     temps, powers, why = {}, {}, None
     match, target = (td.match_entropy, entropy_before) if agreement is None else (td.match_confidence, agreement)
     with torch.no_grad():

@@ -21,7 +21,7 @@ from svgen.selection import (DEFAULT, AdaptConfig, Paired, ahead, balanced_folds
 from svgen.state import TextSide
 from svgen.steps import bar
 from svgen.transductive.decision import Check, Evidence, Gate, Reason, fallback
-from svgen.transductive.pool import PoolFit, Stage, transduce
+from svgen.transductive.pool import Stage, transduce
 
 NLL_TOL = 1e-9   # nats: a Newton step lowering the mean NLL by less ends the power's fit (numerical)
 
@@ -92,13 +92,6 @@ def factored_probs(logp: np.ndarray, g: np.ndarray, a: float) -> np.ndarray:
     return calibration.softmax(torch.as_tensor(L), 1.0).numpy()
 
 
-def pool_parts(fit: PoolFit):
-    """(W_G, b_G): the Gaussian part of a transduced linear head ``W_G + β·t·W0`` (W0: ``fit.prior_linear``)."""
-    k = float(fit.record["prior_strength"]) * float(fit.record["linear_prior_temperature"])
-    linear, prior = fit.heads.linear, fit.prior_linear
-    return linear.weight.double() - k * prior.weight.double(), linear.bias.double() - k * prior.bias.double()
-
-
 def check_with_shots(stage: Stage, side: TextSide, U: torch.Tensor, strength: Optional[float],
                      progress: bool = False, config: Optional[AdaptConfig] = None) -> Check:
     """Each fold's held-out shots unlabelled in the pool: the default and linear heads × its likelihood^a, or alone."""
@@ -114,8 +107,8 @@ def check_with_shots(stage: Stage, side: TextSide, U: torch.Tensor, strength: Op
     for held in bar(folds, progress, desc="checking the pool (held-out shots)", unit="fold", leave=False):
         keep = np.setdiff1d(np.arange(len(y)), held)
         shots = image_rows(X[keep], torch.from_numpy(y[keep]), C, P.shape[1])
-        fit = shot_adapt.adapt(stage.zero_shot, shots, side, tilt_shotless=False)   # every class has shots
-        Xh, fold_head = F.normalize(X[held], dim=-1), fit.record["default_head"]
+        fit = shot_adapt.adapt(stage.zero_shot, shots, side, tilt_shotless=False, config=cfg)   # every class has shots
+        Xh, fold_head = F.normalize(X[held], dim=-1), fit.default_head
         with torch.no_grad():
             p_ind = predictor.proba(fit.heads, P, kind, Xh, fold_head).numpy()
             part = Stage(fit.heads, stage.zero_shot, fit.record, fit.heads.kernel.support_set().part(IMAGE), fold_head,
@@ -124,8 +117,7 @@ def check_with_shots(stage: Stage, side: TextSide, U: torch.Tensor, strength: Op
             if not pool.decision.kept:
                 return Check(Evidence.SHOTS, head, stopped=Reason.FOLD_DID_NOT_ADAPT,
                              why="without a fold of the shots " + fallback(pool.decision))
-            WG, bG = pool_parts(pool)
-            g = predictor.gaussian_log_likelihood(WG, bG, Xh).numpy()
+            g = predictor.gaussian_log_likelihood(pool.gaussian.weight, pool.gaussian.bias, Xh).numpy()
             z = (predictor.logits(fit.heads, P, kind, Xh, "linear").double()
                  / float(fit.heads.calibration.temperatures["linear"])).numpy()
         parts.append((held, g, p_ind, np.log(np.maximum(p_ind, KERNEL_LOG_FLOOR)),   # p_ind: float64

@@ -44,7 +44,9 @@ class Stage:
 
 @dataclass
 class PoolFit:
-    """The heads, record, pool probabilities, inductive heads replaced, linear head continued (``prior_linear``)."""
+    """The heads, record, pool probabilities, inductive heads replaced, linear head continued (``prior_linear``); from
+    the solve, the pool's Gaussian class log-likelihood ``x̂ W_Gᵀ + b_G`` (``gaussian``) and the posterior's weight on
+    the prior scores, β·t_prior (``prior_scale``)."""
 
     heads: Heads
     record: dict
@@ -52,6 +54,8 @@ class PoolFit:
     inductive: Optional[Heads] = None
     prior_linear: Optional[LinearHead] = None
     decision: Decision = KEPT
+    gaussian: Optional[LinearHead] = None
+    prior_scale: float = 0.0
 
 
 def mean_entropy(heads: Heads, side: TextSide, U: torch.Tensor, head: str) -> float:
@@ -131,4 +135,5 @@ def transduce(stage: Stage, side: TextSide, U: torch.Tensor, strength: Optional[
               "inductive_calibration": inductive_calibration}
     log.info("transductive: %d images, β=%.3g, %d rounds, %.1f%% of the pool relabelled from the prior, %.2fs",
              N, beta, res.info["rounds"], 100 * res.info["changed_from_prior"], record["wall_time_s"])
-    return PoolFit(new, record, labels, heads, prior_linear)
+    return PoolFit(new, record, labels, heads, prior_linear, gaussian=LinearHead(res.weight, res.bias),
+                   prior_scale=beta * t_prior)

@@ -598,3 +598,31 @@ def test_the_level_is_the_configs(data):
     strict = pool_adapt.adapt(clf._stage(), clf._side(), U, config=AdaptConfig(level=1e6))
     assert not strict.decision.kept and "by more than 1e+06 SE" in strict.record["fallback"]
     assert "by more than 1e+06 SE" in strict.record["check"]["rule"]
+
+
+def test_the_checks_fold_refits_use_the_config():
+    """With shots the check refits the shots stage without each fold: those refits get the user's AdaptConfig too,
+    not the defaults, and the check reads each fold's default head and Gaussian part from the typed fits."""
+    from unittest import mock
+
+    from svgen.fewshot import adapt as shot_adapt
+    from svgen.selection import AdaptConfig
+    from svgen.transductive import adapt as pool_adapt
+
+    rng, centres, protos, U, _ = _clusters(7, 1.6, 30, 0.5)
+    ys = np.repeat(np.arange(C), 4)
+    X = _unit(centres[ys] + 1.5 * rng.normal(size=(len(ys), D)) / np.sqrt(D)).astype(np.float32)
+    cfg = AdaptConfig(alphas=(0.0, 1.0))
+    clf = SVGClassifier(n_support=2, steps=5, seed=0, adapt_config=cfg).fit(protos).adapt(X, ys)
+    seen = []
+    real = shot_adapt.adapt
+
+    def spy(*a, **k):
+        seen.append(k.get("config"))
+        return real(*a, **k)
+
+    with mock.patch.object(shot_adapt, "adapt", spy):
+        fit = pool_adapt.adapt(clf._stage(), clf._side(), torch.nn.functional.normalize(torch.as_tensor(U), dim=-1),
+                               config=cfg)
+    assert len(seen) >= 2 and all(c is cfg for c in seen), seen   # one refit per fold, each with the config
+    assert fit.record["check"]["evidence"] == "held-out shots as pool members"
