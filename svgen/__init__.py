@@ -75,6 +75,7 @@ MOVED = {
     "svgen.fewshot.select": "svgen.selection",
     "svgen.fewshot.loo": "svgen.fewshot.lda",
     "svgen.calibration.mixture": "svgen.calibration.temperatures",
+    "svgen.fewshot.linear": "svgen.fewshot.lda",
 }
 
 

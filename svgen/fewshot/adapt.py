@@ -14,7 +14,7 @@ import torch
 
 from svgen.calibration import temperatures as calibration
 from svgen.core.support import IMAGE, SupportSet
-from svgen.fewshot import coverage, linear, residual
+from svgen.fewshot import coverage, residual
 from svgen.fewshot import lda as fewshot
 from svgen.heads import heldout, predictor
 from svgen.heads.scoring import MIXTURE
@@ -48,7 +48,7 @@ def adapt(zero_shot: Heads, shots: SupportSet, side: TextSide, tilt_shotless: bo
     res = residual.fit_residual_head(shots.rows.numpy(), labels, side.prototypes.numpy(), C, seed=seed, config=config)
     clock.lap("adapt: kernel head, σ and ridge chosen on held-out folds of %d shots", len(shots))
     W, b, lchoice = fewshot.fit_lda_head(side.prototypes, shots, C, config=config)
-    lin = linear.fit_linear_head(side.prototypes, shots, C, W, b, lchoice, res.folds, None,
+    lin = fewshot.fit_linear_head(side.prototypes, shots, C, W, b, lchoice, res.folds, None,
                                  shot_sample(labels, config.lda_loo_max, seed), config=config)
     clock.lap("adapt: linear head (LDA, its shrinkage and α chosen)")
     wall = time.perf_counter() - t0

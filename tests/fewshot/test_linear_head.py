@@ -1,4 +1,4 @@
-"""The linear head with shots (svgen.fewshot.linear): zero-shot logits + α·s·LDA logits, α on the balanced folds.
+"""The linear head with shots (svgen.fewshot.lda): zero-shot logits + α·s·LDA logits, α on the balanced folds.
 Each number is checked against a brute-force recomputation from the formulas (refits without each fold, the
 spread ratio by a second formula, the deployed head against the two terms computed apart)."""
 
@@ -8,8 +8,9 @@ import torch
 
 from svgen import SVGClassifier
 from svgen.core.support import IMAGE
-from svgen.fewshot import linear, residual
-from svgen.fewshot.lda import fit_lda_head, lda_covariance, lda_head_weights, prior_means
+from svgen.fewshot import residual
+from svgen.fewshot.lda import (fit_lda_head, fit_linear_head, lda_covariance, lda_head_weights, prior_means,
+                               spread_ratio)
 from svgen.selection import DEFAULT, AdaptConfig
 
 C, D = 6, 24
@@ -139,8 +140,8 @@ def test_one_shot_per_class_keeps_the_lda_head_alone():
 def test_spread_ratio_is_scale_equivariant():
     rng = np.random.default_rng(0)
     Z, L = rng.normal(size=(9, 4)), rng.normal(size=(9, 4))
-    assert linear.spread_ratio(3.0 * Z, L) == pytest.approx(3.0 * linear.spread_ratio(Z, L))
-    assert linear.spread_ratio(Z, 2.0 * L + 5.0) == pytest.approx(linear.spread_ratio(Z, L) / 2.0)
+    assert spread_ratio(3.0 * Z, L) == pytest.approx(3.0 * spread_ratio(Z, L))
+    assert spread_ratio(Z, 2.0 * L + 5.0) == pytest.approx(spread_ratio(Z, L) / 2.0)
 
 
 def test_many_classes_a_linear_head_that_hurts_is_not_chosen(monkeypatch):
@@ -181,7 +182,7 @@ def test_many_classes_a_linear_head_that_hurts_is_not_chosen(monkeypatch):
 
     sub = class_subset(y, 128, 0)
     folds = [sub[f] for f in residual.balanced_folds(y[sub], 0)]
-    old = linear.fit_linear_head(clf.prototypes_, shots, n_cls, W, b, choice, folds, sub, None)
+    old = fit_linear_head(clf.prototypes_, shots, n_cls, W, b, choice, folds, sub, None)
     assert old.record["alpha"] >= 4.0
     assert acc(Q @ old.weight.double().numpy().T + old.bias.double().numpy()) < zero_shot - 0.02   # it hurts
     # the rule now: the adapted linear head, and the default head, are not below zero-shot
