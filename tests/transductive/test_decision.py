@@ -287,6 +287,14 @@ def test_no_transductive_module_steers_on_record_strings():
     assert found == []
 
 
+def test_no_adaptive_module_compares_with_a_sentence():
+    """No module of the shots, the pool or the calibration branches on an English string (a record's wording):
+    decisions travel as enums and typed fields."""
+    found = [f for d in ("fewshot", "transductive", "calibration")
+             for p in sorted((ROOT / "svgen" / d).glob("*.py")) for f in steering(p) if "compares" in f]
+    assert found == []
+
+
 def test_the_steering_check_finds_what_it_forbids(tmp_path):
     bad = tmp_path / "bad.py"
     bad.write_text('if check["evidence"] == "held-out shots as pool members":\n'
