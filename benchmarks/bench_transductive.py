@@ -85,9 +85,7 @@ def evaluate(clf, U, P, yv):
     from svgen.heads.scoring import CLIP_LOGIT_SCALE
     from svgen.transductive import solve as td
 
-    from svgen.classifier import prior_head_of
-
-    head = prior_head_of(clf)
+    head = clf.default_head_   # the transduction's prior: the inductive default head
     out = {"cosine": U @ unit(P).T}
     target = td._entropy(CLIP_LOGIT_SCALE * torch.as_tensor(out["cosine"]))
     for h in ("kernel", "linear"):

@@ -36,7 +36,7 @@ from svgen.io import codec
 from svgen.selection import AdaptConfig
 from svgen.state import Heads, TextSide
 from svgen.transductive import adapt as pool_adapt
-from svgen.transductive.pool import Stage, prior_head
+from svgen.transductive.pool import Stage
 from svgen.transductive.decision import pool_kept
 from svgen.validation import (DUPLICATE_COS, SAFE_PEAK, check_distinct, check_embeddings, check_not_labels,  # noqa: F401
                               check_pool, check_vocabulary, duplicate_prototypes, label_indices, looks_like_labels,
@@ -45,11 +45,6 @@ from svgen.zeroshot.fit import fit_zero_shot
 from svgen.zeroshot.open_set import extend
 
 log = logging.getLogger(__name__)
-
-
-def prior_head_of(clf) -> str:
-    """The head whose prediction is the transductive prior (:func:`svgen.transductive.pool.prior_head`)."""
-    return prior_head(clf.fewshot_)
 
 
 class SVGClassifier(FittedHeads):

@@ -15,7 +15,7 @@ from svgen.steps import Clock
 from svgen.transductive import gate as pool_gate
 from svgen.transductive import solve as td
 from svgen.transductive.decision import Check, Evidence, Reason, fallback, refuse
-from svgen.transductive.pool import PoolFit, Stage, mean_entropy, prior_head, transduce
+from svgen.transductive.pool import PoolFit, Stage, mean_entropy, transduce
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +39,7 @@ def adapt(stage: Stage, side: TextSide, U: torch.Tensor, strength: Optional[floa
         clock.lap("pool check (%s) on %d images", check.evidence.value, N)
         decision = check.decision()
     if not decision.kept:
-        record = {"pool": N, "fallback": None, "prior_head": prior_head(stage.fewshot), **decision.to_json()}
+        record = {"pool": N, "fallback": None, "prior_head": stage.default_head, **decision.to_json()}
         return refused(stage, side, U, {**record, "wall_time_s": time.perf_counter() - t0}, decision)
     shots = check.evidence is Evidence.SHOTS
     entropy = None if shots else mean_entropy(stage.heads, side, U, stage.default_head)

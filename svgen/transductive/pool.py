@@ -24,15 +24,11 @@ from svgen.transductive.decision import KEPT, Reason, fallback, refuse
 log = logging.getLogger(__name__)
 
 
-def prior_head(fewshot: Optional[dict]) -> str:
-    """The transductive prior's head: the kernel vote zero-shot, else the shots stage's default head."""
-    return "kernel" if fewshot is None else fewshot.get("default_head", "linear")
-
-
 @dataclass
 class Stage:
     """The inductive state a pool adapts (``zero_shot``: the heads without shots; ``fewshot``: the shots' record;
-    ``lda``: the LDA part of the shots' linear head)."""
+    ``default_head``: the inductive default head, the transduction's prior; ``lda``: the LDA part of the shots' linear
+    head)."""
 
     heads: Heads
     zero_shot: Heads
@@ -74,7 +70,7 @@ def transduce(stage: Stage, side: TextSide, U: torch.Tensor, strength: Optional[
     """Re-solves the linear head on the unit pool ``U`` (the kernel head as it is); a refusal changes nothing."""
     C, N = side.n_classes, U.shape[0]
     P, kind, heads = side.prototypes, side.config.kernel, stage.heads
-    head = prior_head(stage.fewshot)
+    head = stage.default_head   # the transduction's prior: the inductive predictor as deployed
     refusal = td.too_small(N, C, config)
     if refusal is not None:
         return _refused(heads, N, head, refusal)
