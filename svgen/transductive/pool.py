@@ -76,8 +76,10 @@ def transduce(stage: Stage, side: TextSide, U: torch.Tensor, strength: Optional[
         return _refused(heads, N, head, refusal)
     t0 = time.perf_counter()
     shots = stage.shots if stage.fewshot is not None else None
-    # the shots' Gaussian class model, continued by the solve, where some class has more than one shot
-    part = stage.lda if shots is not None and bool((shots.counts(C) > 1).any()) else None
+    fitted = shots is not None and bool((shots.counts(C) > 1).any())   # the solve continues their Gaussian model
+    if fitted and stage.lda is None:
+        raise ValueError("a stage with shots carries the LDA part of their linear head (Stage.lda)")
+    part = stage.lda if fitted else None
     prior_linear = heads.linear if part is None else LinearHead(part.weight, part.bias)
     if shots is None:
         prior = predictor.scores_in_blocks(heads, P, kind, U, head)

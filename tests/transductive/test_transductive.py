@@ -626,3 +626,21 @@ def test_the_checks_fold_refits_use_the_config():
                                config=cfg)
     assert len(seen) >= 2 and all(c is cfg for c in seen), seen   # one refit per fold, each with the config
     assert fit.record["check"]["evidence"] == "held-out shots as pool members"
+
+
+def test_a_stage_with_shots_needs_their_lda_part():
+    """The solve continues the shots' Gaussian class model from the state; a stage without it is a caller's error,
+    not a silent fall-back to the label-free scales."""
+    import dataclasses
+
+    from svgen.transductive.pool import transduce
+
+    rng, centres, protos, U, _ = _clusters(7, 1.6, 30, 0.5)
+    ys = np.repeat(np.arange(C), 3)
+    X = _unit(centres[ys] + 1.5 * rng.normal(size=(len(ys), D)) / np.sqrt(D)).astype(np.float32)
+    clf = SVGClassifier(n_support=2, steps=5, seed=0).fit(protos).adapt(X, ys)
+    stage = clf._stage()
+    assert stage.lda is clf.lda_ is not None
+    with pytest.raises(ValueError, match="LDA part"):
+        transduce(dataclasses.replace(stage, lda=None), clf._side(),
+                  torch.nn.functional.normalize(torch.as_tensor(U), dim=-1))
