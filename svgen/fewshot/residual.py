@@ -126,16 +126,20 @@ def select(X: np.ndarray, y: np.ndarray, P: np.ndarray, C: int, logit_scale: flo
     held = np.concatenate(folds)
     p0_held = np.eye(C)[y[held]] - R[held] if p0 is None else p0[held]
     sigmas, ridges = [f * med for f in config.sigma_factors], config.ridges
-    scores = (nystrom_fold_scores(X, y, R, p0_held, folds, sigmas, ridges, seed, config.select_basis) if big
-              else dense_fold_scores(d2, y, R, p0, folds, sigmas, ridges))
-    acc = {ij: (sc.argmax(axis=1) == y[held]).mean() for ij, sc in scores.items()}
-    i, j = max(acc, key=lambda ij: (acc[ij], ridges[ij[1]], ij[0]))
+    cells = (nystrom_fold_scores(X, y, R, p0_held, folds, sigmas, ridges, seed, config.select_basis) if big
+             else dense_fold_scores(d2, y, R, p0, folds, sigmas, ridges).items())
+    acc, best = {}, None   # only the best cell's scores are kept (40 of them at 1,024 × 1,000 are 330 MB)
+    for (i, j), sc in cells:
+        acc[i, j] = (sc.argmax(axis=1) == y[held]).mean()
+        if best is None or (acc[i, j], ridges[j], i) > (acc[best[0]], ridges[best[0][1]], best[0][0]):
+            best = (i, j), sc
+    (i, j), best_scores = best
     record = {"one_shot": False, "sigma_factor": config.sigma_factors[i], "median_distance": med,
               "held_out_accuracy": float(acc[i, j]), "folds": len(folds),
               **({"refits": f"Nyström basis of {config.select_basis} shots, every class"} if big else {}),
               "rule": "σ (× the median shot distance) and c with the best accuracy on held-out shots (balanced folds, "
                       "the deployed predictor); ties to the larger c, then σ"}
-    return Selection(sigmas[i], ridges[j], record, None, folds, held, scores[i, j], p0_held)
+    return Selection(sigmas[i], ridges[j], record, None, folds, held, best_scores, p0_held)
 
 
 def dense_fold_scores(d2: np.ndarray, y: np.ndarray, R: np.ndarray, p0: np.ndarray, folds: list, sigmas, ridges):
@@ -154,7 +158,8 @@ def dense_fold_scores(d2: np.ndarray, y: np.ndarray, R: np.ndarray, p0: np.ndarr
 
 def nystrom_fold_scores(X: np.ndarray, y: np.ndarray, R: np.ndarray, p0_held: np.ndarray, folds: list, sigmas,
                         ridges, seed: int = 0, basis_size: int = 1024):
-    """As :func:`dense_fold_scores` in a Nyström basis of shots outside the folds, one fit per σ (docs/fewshot.md)."""
+    """As :func:`dense_fold_scores` in a Nyström basis of shots outside the folds, one fit per σ (docs/fewshot.md),
+    each ``((i, j), scores)`` yielded as it is computed."""
     held = np.concatenate(folds)
     rest = np.setdiff1d(np.arange(len(y)), held)
     pick = shot_sample(y[rest], basis_size, seed)
@@ -165,7 +170,6 @@ def nystrom_fold_scores(X: np.ndarray, y: np.ndarray, R: np.ndarray, p0_held: np
     R_H, R32 = R[held], R.astype(np.float32)
     R_H32 = torch.from_numpy(R_H.astype(np.float32))
     bounds = np.cumsum([0] + [f.size for f in folds])
-    scores = {}
     for i, sigma in enumerate(sigmas):
         K_XL = np.exp(d2_XL * (-0.5 / (sigma * sigma)))
         lam, Q = np.linalg.eigh(np.exp(d2_LL * (-0.5 / (sigma * sigma))))
@@ -184,8 +188,7 @@ def nystrom_fold_scores(X: np.ndarray, y: np.ndarray, R: np.ndarray, p0_held: np
                 I_H = torch.eye(hi - lo) - (A_f * g) @ A_f.T
                 sc[lo:hi] = p0_held[lo:hi] + R_H[lo:hi] - torch.linalg.solve(
                     I_H, R_H32[lo:hi] - F[lo:hi]).numpy()
-            scores[i, j] = sc
-    return scores
+            yield (i, j), sc
 
 
 def solve(X: np.ndarray, y: np.ndarray, P: np.ndarray, C: int, sigma: float, c: float, logit_scale: float,

@@ -108,7 +108,8 @@ def test_nystrom_fold_scores_are_refits_without_each_fold_in_the_basis_features(
     held = np.concatenate(folds)
     rest = np.setdiff1d(np.arange(len(y)), held)                  # the basis: every shot outside the folds
     p0_held = residual.prior_probs(X[held], P)
-    scores = residual.nystrom_fold_scores(X, y, R, p0_held, folds, [sigma], [0.01, 1.0], seed=0, basis_size=len(rest))
+    scores = dict(residual.nystrom_fold_scores(X, y, R, p0_held, folds, [sigma], [0.01, 1.0], seed=0,
+                                                basis_size=len(rest)))
     w, Q = np.linalg.eigh(residual.rbf(X[rest], X[rest], sigma))
     ok = w > 1e-10 * w.max()
     Phi = residual.rbf(X, X[rest], sigma) @ (Q[:, ok] / np.sqrt(w[ok]))
@@ -286,8 +287,8 @@ def test_above_select_max_every_held_out_shot_is_scored_against_all_classes(monk
 
     def spy(*a, **k):
         seen["folds"] = a[4]
-        seen["out"] = orig(*a, **k)
-        return seen["out"]
+        seen["out"] = dict(orig(*a, **k))
+        return seen["out"].items()
 
     monkeypatch.setattr(residual, "nystrom_fold_scores", spy)
     refits, lda_orig = [], fewshot.lda_head_weights
