@@ -67,7 +67,7 @@ def decode_block(block: Block, preprocess):
 
 # ----------------------------------------------------------------------------- scoring
 
-_ON_DEVICE: dict = {}   # the last classifier's heads copied to a device: (id of its heads, device) -> (heads, P)
+_ON_DEVICE: list = []   # the last state copied to a device: [heads, prototypes, device, (heads, prototypes) there]
 
 
 def score(clf, x, head: str, probs: bool, batch: int = SCORE_BATCH, device=None):
@@ -98,12 +98,13 @@ def on_device(clf, device):
     """(heads, prototypes) of ``clf`` on ``device``, copied once per classifier state (the last one is kept)."""
     from svgen.heads import predictor
 
-    key = (id(clf.heads_), str(device))
-    if key not in _ON_DEVICE:
-        _ON_DEVICE.clear()
-        _ON_DEVICE[key] = (predictor.to_device(clf.heads_, device), clf.prototypes_.to(device))
+    # the originals are held, not their ids: a freed state's id can come back as another's
+    if not (_ON_DEVICE and _ON_DEVICE[0] is clf.heads_ and _ON_DEVICE[1] is clf.prototypes_
+            and _ON_DEVICE[2] == str(device)):
+        _ON_DEVICE[:] = [clf.heads_, clf.prototypes_, str(device),
+                         (predictor.to_device(clf.heads_, device), clf.prototypes_.to(device))]
         log.debug("scoring %d classes on %s", len(clf.classes_), device)
-    return _ON_DEVICE[key]
+    return _ON_DEVICE[3]
 
 
 def value_column(probs: bool) -> str:

@@ -58,3 +58,17 @@ def test_the_device_copy_is_made_once_per_state():
     assert predictions.on_device(clf, torch.device("cpu")) is first
     clf.adapt(q[:6].numpy(), np.arange(6))   # new heads: a new copy
     assert predictions.on_device(clf, torch.device("cpu")) is not first
+
+
+def test_a_new_state_is_never_scored_with_an_old_copy():
+    """The copy is tied to the state object itself, not its id: a state freed and replaced (whose id Python may
+    hand to the next) is never scored with the copy of the one before."""
+    import dataclasses
+
+    clf, q = _load("v1_zero_shot")
+    for i in range(40):
+        linear = dataclasses.replace(clf.heads_.linear, bias=torch.full_like(clf.heads_.linear.bias, float(i)))
+        clf.heads_ = dataclasses.replace(clf.heads_, linear=linear)   # the one before is freed
+        if i % 2:   # every other state scored: a new one can sit where the last scored one was
+            heads, _ = predictions.on_device(clf, torch.device("cpu"))
+            assert float(heads.linear.bias[0]) == float(i)
