@@ -35,7 +35,9 @@ queries:
 
 ``svgen_kernel`` and ``svgen_linear`` are svgen's two heads alone; for each of svgen's heads (kernel, linear, the
 default) the tables also give its accuracy estimated on the held-out shots (``fewshot_["head_choice"]``) next to its
-accuracy on the queries. ``--peers`` runs a subset of the peers (the slow ones are ``logreg_cv`` and ``lpp``).
+accuracy on the queries. ``--datasets all7`` runs the seven sets as one problem of 1,033 classes (labels offset
+set by set, prototypes stacked): the many-classes, few-shots regime of ImageNet, with more shots than
+``AdaptConfig.select_max`` from 1 shot on. ``--peers`` runs a subset of the peers (the slow ones are ``logreg_cv`` and ``lpp``).
 
 "Cross-validation on the shots": half of each class's shots fit, the other half score, then the
 halves swap; with one shot per class there is nothing to split and the defaults above are used.
@@ -73,6 +75,7 @@ GDA_ALPHAS = (1e-4, 1e-3, 1e-2, 0.1, 1.0, 10.0, 100.0)   # the GDA authors' grid
 PEERS = ("tip", "tip_cv", "gda_cv", "gda_loo", "gda_lw_cv", "proker", "proker_cv", "logreg_cv", "lpp")
 PROKER_PUBLISHED = {1: (3.0, 0.05), 2: (2.6, 0.05), 4: (1.5, 0.05), 8: (1.66, 0.07), 16: (1.7, 0.1)}   # (β, λ)
 HEADS = ("kernel", "linear", "default")
+UNION = "all7"   # the seven sets as one 1,033-class problem: many classes, few shots, as ImageNet (not run by default)
 ORACLES = ("tip_oracle", "gda_oracle", "gda_lw_oracle", "proker_oracle", "lpp_oracle")
 
 
@@ -236,7 +239,22 @@ def lpp_fit(X, y, P, C, epochs=LPP_EPOCHS, snapshot_every=None, dtype=np.float32
 def peer_grids(X, y, P, C):
     """For each tunable peer: a list of (settings, scorer(Q) → logits) over its grid, fitted on (X, y)."""
     Y = np.eye(C)[y]
-    grids = {"tip": [({"beta": be, "alpha": al}, (lambda Q, be=be, al=al: tip_scores(Q, P, X, Y, be, al)))
+    held = {}   # one slot: the last query set (held, so its id stays its own) and its affinities at one β
+
+    def affinity(Q, be, B):
+        """(``100·QP̂ᵀ``, ``exp(−β(1 − QXᵀ)) B``), computed once per query set, β and B (the grids run β by β)."""
+        if held.get("Q") is not Q or held.get("beta") != be:
+            held.clear()
+            held.update(Q=Q, beta=be, K=np.exp(-be * (1.0 - Q @ X.T)), zs=100.0 * Q @ P.T)
+        if held.get("B") is not B:
+            held.update(B=B, KB=held["K"] @ B)
+        return held["zs"], held["KB"]
+
+    def tip(Q, be, al):
+        zs, KY = affinity(Q, be, Y)
+        return zs + al * KY
+
+    grids = {"tip": [({"beta": be, "alpha": al}, (lambda Q, be=be, al=al: tip(Q, be, al)))
                      for be in TIP_BETA for al in ALPHAS]}
     for name, estimator, alphas in (("gda", "ks", GDA_ALPHAS), ("gda_lw", "lw", ALPHAS)):
         W, b = gda_terms(X, y, C, estimator)
@@ -247,7 +265,7 @@ def peer_grids(X, y, P, C):
         for lam in RIDGES:
             B = proker_terms(X, y, P, C, be, lam)
             prok += [({"beta": be, "lambda": lam, "alpha": al},
-                      (lambda Q, be=be, B=B, al=al: 100.0 * Q @ P.T + al * np.exp(-be * (1.0 - Q @ X.T)) @ B))
+                      (lambda Q, be=be, B=B, al=al: (lambda zs, KB: zs + al * KB)(*affinity(Q, be, B))))
                      for al in (1.0, 4.0, 16.0, 64.0, 256.0)]
     grids["proker"] = prok
     return grids
@@ -301,13 +319,18 @@ def nll_of(p, y):
 
 def load_dataset(name):
     """(X, y, P, C, zero-shot classifier): a CoOp set's unit validation features and labels, its unit
-    text-like prototypes, the class count and svgen's default zero-shot fit on them."""
+    text-like prototypes, the class count and svgen's default zero-shot fit on them. ``UNION``: the seven sets as one
+    problem of 1,033 classes (labels offset set by set, prototypes stacked)."""
     from svgen import SVGClassifier
 
-    X = unit(np.load(FEWSHOT / name / "val_features.npy"))
-    y = np.load(FEWSHOT / name / "val_labels.npy").astype(np.int64)
-    P = unit(np.load(FEWSHOT / name / "textlike_prototypes.npy"))
-    return X, y, P, P.shape[0], SVGClassifier().fit(P.astype(np.float32))
+    parts = DATASETS if name == UNION else (name,)
+    X = unit(np.concatenate([np.load(FEWSHOT / n / "val_features.npy") for n in parts]))
+    P = unit(np.concatenate([np.load(FEWSHOT / n / "textlike_prototypes.npy") for n in parts]))
+    labels, offset = [], 0
+    for n in parts:
+        labels.append(np.load(FEWSHOT / n / "val_labels.npy").astype(np.int64) + offset)
+        offset += np.load(FEWSHOT / n / "textlike_prototypes.npy", mmap_mode="r").shape[0]
+    return X, np.concatenate(labels), P, P.shape[0], SVGClassifier().fit(P.astype(np.float32))
 
 
 def run_dataset(name, shots, seeds, log, peers=PEERS):
@@ -487,7 +510,7 @@ def compare(before: dict, after: dict) -> str:
 def main(argv=None):
     from benchmarks.bench_fewshot import coop_parser, render_or_missing
 
-    ap = coop_parser(__doc__, SHOTS, "bench_adapt", datasets=DATASETS)
+    ap = coop_parser(__doc__, SHOTS, "bench_adapt", datasets=DATASETS, extra_datasets=(UNION,))
     ap.add_argument("--peers", nargs="+", default=list(PEERS), choices=PEERS, help="the peers to run (default: all)")
     ap.add_argument("--compare", nargs=2, metavar=("BEFORE.json", "AFTER.json"),
                     help="print the before/after tables of two saved results and stop")
