@@ -75,6 +75,7 @@ GDA_ALPHAS = (1e-4, 1e-3, 1e-2, 0.1, 1.0, 10.0, 100.0)   # the GDA authors' grid
 PEERS = ("tip", "tip_cv", "gda_cv", "gda_loo", "gda_lw_cv", "proker", "proker_cv", "logreg_cv", "lpp")
 PROKER_PUBLISHED = {1: (3.0, 0.05), 2: (2.6, 0.05), 4: (1.5, 0.05), 8: (1.66, 0.07), 16: (1.7, 0.1)}   # (β, λ)
 HEADS = ("kernel", "linear", "default")
+SVGEN_INFO = ("estimate", "query", "default_heads", "mixture_weights", "kernel_adopted", "adapt_s")
 UNION = "all7"   # the seven sets as one 1,033-class problem: many classes, few shots, as ImageNet (not run by default)
 ORACLES = ("tip_oracle", "gda_oracle", "gda_lw_oracle", "proker_oracle", "lpp_oracle")
 
@@ -507,6 +508,30 @@ def compare(before: dict, after: dict) -> str:
     return "\n".join(out) + "\n"
 
 
+def merge(base: dict, update: dict) -> dict:
+    """``base`` with svgen's results replaced by ``update``'s where both have the dataset and shot count (a rerun of
+    svgen on the same shots and queries: every peer column both have must agree, or ValueError), the means of svgen's
+    columns recomputed."""
+    ours = lambda m: m.startswith(("svgen", "top5_svgen", "nll_svgen")) or m in SVGEN_INFO   # noqa: E731
+    new = {(r["dataset"], r["shots"]): r for r in update["rows"] if r["dataset"] != "mean"}
+    rows = []
+    for r in base["rows"]:
+        u = new.get((r["dataset"], r["shots"]))
+        if u is not None:
+            for m in set(r) & set(u):
+                if not ours(m) and isinstance(r[m], float) and abs(r[m] - u[m]) > 1e-9:
+                    raise ValueError(f"{r['dataset']} {r['shots']} shots: {m} differs, not the same shots and queries")
+            r = {**r, **{m: v for m, v in u.items() if ours(m)}}
+        rows.append(r)
+    for i, mean in enumerate(rows):
+        if mean["dataset"] == "mean":
+            parts = [r for r in rows if r["shots"] == mean["shots"] and r["dataset"] != "mean"]
+            rows[i] = {**mean, **{m: float(np.mean([r[m] for r in parts]))
+                                  for m in ("svgen", "svgen_kernel", "svgen_linear")}}
+    return {**base, "rows": rows, "merged": {"base": base.get("machine"), "update": update.get("machine"),
+                                            "updated": sorted(f"{d} {k}" for d, k in new)}}
+
+
 def main(argv=None):
     from benchmarks.bench_fewshot import coop_parser, render_or_missing
 
@@ -514,7 +539,16 @@ def main(argv=None):
     ap.add_argument("--peers", nargs="+", default=list(PEERS), choices=PEERS, help="the peers to run (default: all)")
     ap.add_argument("--compare", nargs=2, metavar=("BEFORE.json", "AFTER.json"),
                     help="print the before/after tables of two saved results and stop")
+    ap.add_argument("--merge", nargs=2, metavar=("BASE.json", "UPDATE.json"),
+                    help="write BASE with svgen's results from UPDATE (a rerun of svgen on some of the same cells) "
+                         "as --out, and stop")
     args = ap.parse_args(argv)
+    if args.merge:
+        import json
+        from pathlib import Path
+
+        print(f"wrote {save_result(args.out, merge(*(json.loads(Path(p).read_text()) for p in args.merge)))}")
+        return 0
     if args.compare:
         import json
         from pathlib import Path

@@ -97,12 +97,10 @@ def config_or_default(config: Optional[AdaptConfig]) -> AdaptConfig:
 
 # ----------------------------------------------------------------------------- the held-out shots
 
-def balanced_folds(y: np.ndarray, seed: int = 0, max_folds: int = DEFAULT.max_folds,
-                   n_max: Optional[int] = None) -> list:
+def balanced_folds(y: np.ndarray, seed: int = 0, max_folds: int = DEFAULT.max_folds) -> list:
     """Folds that each hold out one shot of every class with two or more (fold f: the f-th shot of each class in a
     seeded order), as many as the largest class has shots, at most ``max_folds``, so no held-out image's class is
-    short against the others. ``n_max``: at most that many held-out shots in all, each fold a contiguous run of
-    classes in one seeded order (successive folds successive runs); every other shot still fits each refit."""
+    short against the others."""
     rng = np.random.default_rng(seed)
     order = {c: rng.permutation(np.flatnonzero(y == c)) for c in np.unique(y)}
     folds = []
@@ -110,14 +108,22 @@ def balanced_folds(y: np.ndarray, seed: int = 0, max_folds: int = DEFAULT.max_fo
         held = np.array(sorted(v[f] for v in order.values() if len(v) > 1 and f < len(v)), dtype=np.int64)
         if held.size:
             folds.append(held)
+    return folds
+
+
+def scored_folds(folds: list, y: np.ndarray, seed: int = 0, n_max: Optional[int] = None) -> list:
+    """``(removed, scored)`` for each fold used: a fold's refit leaves out every shot of the fold, so every class stays
+    one shot short at once, and at most ``n_max`` shots are scored in all. Above ``n_max``: the first folds that hold
+    ``n_max`` shots, at least one; a single fold larger than that scores the shots of ``n_max`` classes (one seeded
+    order) and still leaves out all of its shots."""
     if n_max is None or sum(f.size for f in folds) <= n_max:
-        return folds
-    classes = np.random.default_rng(seed + 1).permutation(np.unique(y))
-    rank = np.empty(int(classes.max()) + 1, dtype=np.int64)
-    rank[classes] = np.arange(classes.size)
-    per = max(1, n_max // len(folds))
-    out = [np.sort(held[(rank[y[held]] - i * per) % classes.size < per]) for i, held in enumerate(folds)]
-    return [f for f in out if f.size]
+        return [(f, f) for f in folds]
+    used = folds[:max(1, n_max // max(f.size for f in folds))]
+    if len(used) > 1 or used[0].size <= n_max:
+        return [(f, f) for f in used]
+    fold = used[0]
+    classes = np.random.default_rng(seed + 1).permutation(np.unique(y[fold]))[:n_max]
+    return [(fold, fold[np.isin(y[fold], classes)])]
 
 
 def shot_sample(labels: np.ndarray, n_max: int, seed: int = 0) -> Optional[np.ndarray]:

@@ -7,18 +7,24 @@ import pytest
 from svgen import selection as select
 
 
-def test_balanced_folds_subsample_shots_never_classes():
+def test_scored_folds_subsample_the_scored_shots_never_the_removed_ones():
     y = np.repeat(np.arange(300), 4)                          # 1,200 shots: 4 folds of 300 before subsampling
     full = select.balanced_folds(y, seed=3)
     assert [f.size for f in full] == [300] * 4
-    folds = select.balanced_folds(y, seed=3, n_max=256)
-    held = np.concatenate(folds)
-    assert held.size <= 256 and np.unique(held).size == held.size
-    assert all(np.unique(y[f]).size == f.size for f in folds)             # at most one shot of a class per fold
-    assert all(np.isin(f, g).all() for f, g in zip(folds, full))          # each a part of its full fold
-    assert np.unique(y[held]).size == held.size                           # runs of classes: as many as can be
-    roomy = select.balanced_folds(y, seed=3, n_max=2000)                 # under the cap: the full folds
-    assert len(roomy) == len(full) and all(np.array_equal(a, b) for a, b in zip(roomy, full))
+    assert all(np.unique(y[f]).size == 300 for f in full)                # one shot of every class per fold
+    folds = select.scored_folds(full, y, seed=3, n_max=256)
+    assert len(folds) == 1                                                # as few folds as hold 256 shots
+    removed, scored = folds[0]
+    assert removed is full[0]                                             # the refit: every class one shot short
+    assert scored.size == 256 and np.isin(scored, removed).all() and np.unique(y[scored]).size == 256
+    two = select.scored_folds(full, y, seed=3, n_max=600)                 # two folds of 300 hold 600
+    assert [r is f for (r, _), f in zip(two, full)] == [True, True] and sum(s.size for _, s in two) == 600
+    one = select.scored_folds(full, y, seed=3, n_max=400)                 # one fold of 300 fits, two do not
+    assert len(one) == 1 and one[0][1] is full[0]
+    other = select.scored_folds(full, y, seed=4, n_max=256)[0][1]          # the classes scored: a seeded draw
+    assert not np.array_equal(np.sort(y[other]), np.sort(y[scored]))
+    roomy = select.scored_folds(full, y, seed=3, n_max=2000)              # under the cap: every removed shot scored
+    assert len(roomy) == len(full) and all(r is f and s is f for (r, s), f in zip(roomy, full))
 
 
 def test_shot_sample_spreads_over_classes_first():

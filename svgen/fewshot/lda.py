@@ -199,7 +199,8 @@ def spread_ratio(zero_shot: np.ndarray, lda_logits: np.ndarray) -> float:
 def fit_linear_head(prototypes: torch.Tensor, shots, n_classes: int, W_lda: torch.Tensor, b_lda: torch.Tensor,
                     choice: LdaChoice, folds: Optional[list], pool: Optional[np.ndarray],
                     loo_rows: Optional[np.ndarray], config: Optional[AdaptConfig] = None) -> LinearFit:
-    """The linear head on the LDA head at ``choice``: α on ``folds`` (LDA refitted on ``pool`` minus each), or LDA."""
+    """The linear head on the LDA head at ``choice``: α on ``folds``' scored shots (``(removed, scored)`` pairs, LDA
+    refitted on ``pool`` minus each fold's removed shots), or LDA."""
     config = config_or_default(config)
     X, y, scored = shots.rows.double(), shots.labels, slice(None) if loo_rows is None else loo_rows
     loo = lda_loo_logits(prototypes, shots, n_classes, choice.shrinkage, choice.prior_shots,
@@ -216,12 +217,12 @@ def fit_linear_head(prototypes: torch.Tensor, shots, n_classes: int, W_lda: torc
                                         "rule": "one shot per class: no held-out folds to weigh the LDA logits "
                                                 "against the zero-shot ones; the LDA head"},
                          loo_logits=loo, loo_labels=loo_y, loo_rows=loo_rows)
-    rows = np.concatenate(folds)
+    rows = np.concatenate([scored for _, scored in folds])
     m, out = prior_means(prototypes, X), []
-    for held in folds:
-        keep = torch.from_numpy(np.setdiff1d(np.arange(len(y)) if pool is None else pool, held))
+    for removed, scored in folds:
+        keep = torch.from_numpy(np.setdiff1d(np.arange(len(y)) if pool is None else pool, removed))
         W, b = lda_head_weights(X[keep], y[keep], m, choice.shrinkage, choice.prior_shots, equal_radius=True)
-        out.append((X[held] @ W.T + b).numpy())
+        out.append((X[scored] @ W.T + b).numpy())
     L = np.concatenate(out)
     Z = CLIP_LOGIT_SCALE * Xn[rows] @ P.T
     s_fold = spread_ratio(Z, L)

@@ -12,7 +12,8 @@ import numpy as np
 import torch
 
 from svgen.heads.scoring import CLIP_LOGIT_SCALE
-from svgen.selection import AdaptConfig, Decision, ShotReason, balanced_folds, config_or_default, shot_sample, shot_test
+from svgen.selection import (AdaptConfig, Decision, ShotReason, balanced_folds, config_or_default, scored_folds,
+                             shot_sample, shot_test)
 
 log = logging.getLogger(__name__)
 
@@ -23,7 +24,8 @@ ONE_SHOT_RULE = "one shot per class: leave-one-out would leave the image's class
 
 @dataclass
 class Selection:
-    """σ, c and their record; the folds (None: one shot per class) with both heads' scores there, else LOO scores."""
+    """σ, c and their record; the folds ((removed, scored) pairs; None: one shot per class) with the head's scores
+    at the scored shots, else LOO scores."""
 
     sigma: float
     ridge_c: float
@@ -122,8 +124,8 @@ def select(X: np.ndarray, y: np.ndarray, P: np.ndarray, C: int, logit_scale: flo
         return Selection(sigma, c, {"one_shot": True, "rule": f"{what}: σ = 1/√β (Tip-Adapter's β = 5.5), c = 1 (the "
                                     "shot and the text weigh the same); the labels cannot identify either"},
                          None if big else loo_scores(U, np.maximum(e, 0.0), c, R, p0))
-    folds = balanced_folds(y, seed, config.max_folds, n_max=config.select_max)
-    held = np.concatenate(folds)
+    folds = scored_folds(balanced_folds(y, seed, config.max_folds), y, seed, config.select_max)
+    held = np.concatenate([scored for _, scored in folds])
     p0_held = np.eye(C)[y[held]] - R[held] if p0 is None else p0[held]
     sigmas, ridges = [f * med for f in config.sigma_factors], config.ridges
     cells = (nystrom_fold_scores(X, y, R, p0_held, folds, sigmas, ridges, seed, config.select_basis) if big
@@ -143,52 +145,50 @@ def select(X: np.ndarray, y: np.ndarray, P: np.ndarray, C: int, logit_scale: flo
 
 
 def dense_fold_scores(d2: np.ndarray, y: np.ndarray, R: np.ndarray, p0: np.ndarray, folds: list, sigmas, ridges):
-    """{(i, j): H×C scores}: the head refitted without each fold, one eigh per (σ, fold)."""
+    """{(i, j): H×C scores at the scored shots}: the head refitted without each fold, one eigh per (σ, fold)."""
     parts = {}
-    for held_f in folds:
-        keep = np.setdiff1d(np.arange(len(y)), held_f)
+    for removed, scored in folds:
+        keep = np.setdiff1d(np.arange(len(y)), removed)
         for i, sigma in enumerate(sigmas):
             e, U = np.linalg.eigh(np.exp(-d2[np.ix_(keep, keep)] / (2 * sigma * sigma)))
-            e, UR, Kh = np.maximum(e, 0.0), U.T @ R[keep], np.exp(-d2[np.ix_(held_f, keep)] / (2 * sigma * sigma))
+            e, UR, Kh = np.maximum(e, 0.0), U.T @ R[keep], np.exp(-d2[np.ix_(scored, keep)] / (2 * sigma * sigma))
             KU = Kh @ U
             for j, c in enumerate(ridges):
-                parts.setdefault((i, j), []).append(p0[held_f] + KU @ (UR / (e + c)[:, None]))
+                parts.setdefault((i, j), []).append(p0[scored] + KU @ (UR / (e + c)[:, None]))
     return {k: np.concatenate(v) for k, v in parts.items()}
 
 
 def nystrom_fold_scores(X: np.ndarray, y: np.ndarray, R: np.ndarray, p0_held: np.ndarray, folds: list, sigmas,
                         ridges, seed: int = 0, basis_size: int = 1024):
-    """As :func:`dense_fold_scores` in a Nyström basis of shots outside the folds, one fit per σ (docs/fewshot.md),
-    each ``((i, j), scores)`` yielded as it is computed."""
-    held = np.concatenate(folds)
-    rest = np.setdiff1d(np.arange(len(y)), held)
-    pick = shot_sample(y[rest], basis_size, seed)
-    basis = rest if pick is None else rest[pick]
-    d2_XL = X @ X[basis].T                               # squared distances to the basis, in place
-    np.maximum(np.add(np.multiply(d2_XL, -2.0, out=d2_XL), 2.0, out=d2_XL), 0.0, out=d2_XL)
-    d2_LL = d2_XL[basis]
-    R_H, R32 = R[held], R.astype(np.float32)
-    R_H32 = torch.from_numpy(R_H.astype(np.float32))
-    bounds = np.cumsum([0] + [f.size for f in folds])
+    """As :func:`dense_fold_scores` in a Nyström basis of ``basis_size`` shots a fold keeps
+    (:func:`~svgen.selection.shot_sample`; a removed shot as a centre would leave its direction without data), with
+    features ``A = k(X, L) K_LL^{-1/2}``: the fold's refit solves ``(A_keepᵀA_keep + cI) β = A_keepᵀR_keep``, one
+    eigendecomposition per (σ, fold) for every c (docs/fewshot.md); each ``((i, j), scores)`` yielded as computed."""
+    kept = []
+    for removed, scored in folds:   # per fold: the shots it keeps, its basis, their squared distances
+        keep = np.setdiff1d(np.arange(len(y)), removed)
+        pick = shot_sample(y[keep], basis_size, seed)
+        basis = keep if pick is None else keep[pick]
+        rows = np.concatenate([keep, scored])
+        d2 = X[rows] @ X[basis].T
+        np.maximum(np.add(np.multiply(d2, -2.0, out=d2), 2.0, out=d2), 0.0, out=d2)
+        kept.append((keep.size, torch.from_numpy(R[keep].astype(np.float32)), d2, np.searchsorted(keep, basis)))
     for i, sigma in enumerate(sigmas):
-        K_XL = np.exp(d2_XL * (-0.5 / (sigma * sigma)))
-        lam, Q = np.linalg.eigh(np.exp(d2_LL * (-0.5 / (sigma * sigma))))
-        ok = lam > 1e-10 * lam.max()
-        T = Q[:, ok] / np.sqrt(lam[ok])                  # K_LL^{-1/2} on its range
-        s, V = np.linalg.eigh(T.T @ (K_XL.T @ K_XL) @ T)
-        s, W = np.maximum(s, 0.0), T @ V
-        AR = torch.from_numpy(W.T.astype(np.float32) @ (K_XL.T.astype(np.float32) @ R32))   # single precision from here
-        A_H = torch.from_numpy((K_XL[held] @ W).astype(np.float32))      # (the argmax decides)
-        for j, c in enumerate(ridges):
-            g = torch.from_numpy((1.0 / (s + c)).astype(np.float32))
-            F = (A_H * g) @ AR                           # the fit on every shot, at the held-out shots
-            sc = np.empty(F.shape)
-            for lo, hi in zip(bounds[:-1], bounds[1:]):
-                A_f = A_H[lo:hi]
-                I_H = torch.eye(hi - lo) - (A_f * g) @ A_f.T
-                sc[lo:hi] = p0_held[lo:hi] + R_H[lo:hi] - torch.linalg.solve(
-                    I_H, R_H32[lo:hi] - F[lo:hi]).numpy()
-            yield (i, j), sc
+        parts = [[] for _ in ridges]
+        start = 0
+        for (n_keep, R_keep, d2, at), (_, scored) in zip(kept, folds):
+            lam, Q = np.linalg.eigh(np.exp(d2[at] * (-0.5 / (sigma * sigma))))
+            ok = lam > 1e-10 * lam.max()
+            K, T = np.exp(d2 * (-0.5 / (sigma * sigma))), Q[:, ok] / np.sqrt(lam[ok])    # kept rows, then scored
+            e, V = np.linalg.eigh(T.T @ (K[:n_keep].T @ K[:n_keep]) @ T)
+            AV = torch.from_numpy(K.astype(np.float32)) @ torch.from_numpy((T @ V).astype(np.float32))
+            VB = AV[:n_keep].T @ R_keep
+            AS, e = AV[n_keep:], torch.from_numpy(np.maximum(e, 0.0).astype(np.float32))
+            for j, c in enumerate(ridges):
+                parts[j].append(p0_held[start:start + scored.size] + ((AS / (e + c)) @ VB).numpy())
+            start += scored.size
+        for j in range(len(ridges)):
+            yield (i, j), np.concatenate(parts[j])
 
 
 def solve(X: np.ndarray, y: np.ndarray, P: np.ndarray, C: int, sigma: float, c: float, logit_scale: float,

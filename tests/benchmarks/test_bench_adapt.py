@@ -157,3 +157,20 @@ def test_lpp_matches_its_reference_loop_with_autograd(bench):
     np.testing.assert_allclose(snaps[-1](Q), ref, rtol=1e-9, atol=1e-9)
     # the fit learns the shots: training accuracy 1 on separable toy classes
     assert (f(X).argmax(1) == y).all()
+
+
+def test_merge_takes_svgen_from_the_rerun_and_refuses_other_shots(bench):
+    row = lambda d, k, sv, tip: {"dataset": d, "shots": k, "zero_shot": 50.0, "svgen": sv, "svgen_kernel": sv - 1,  # noqa: E731
+                                 "svgen_linear": sv - 2, "tip": tip, "estimate": {"default": sv},
+                                 "svgen_minus_zero_shot": {"diff": sv - 50.0}}
+    mean = {"dataset": "mean", "shots": 2, "n_datasets": 2, "zero_shot": 50.0, "svgen": 61.0, "svgen_kernel": 60.0,
+            "svgen_linear": 59.0, "tip": 55.0}
+    base = {"machine": "a", "rows": [row("x", 2, 60.0, 55.0), row("y", 2, 62.0, 55.0), mean]}
+    out = bench.merge(base, {"machine": "b", "rows": [row("y", 2, 66.0, 55.0)]})
+    x, y, m = out["rows"]
+    assert x == base["rows"][0] and y["svgen"] == 66.0 and y["estimate"] == {"default": 66.0}
+    assert y["svgen_minus_zero_shot"]["diff"] == 16.0 and y["tip"] == 55.0
+    assert (m["svgen"], m["svgen_kernel"], m["svgen_linear"], m["tip"]) == (63.0, 62.0, 61.0, 55.0)
+    assert base["rows"][2]["svgen"] == 61.0 and out["merged"]["updated"] == ["y 2"]   # the base is left as it was
+    with pytest.raises(ValueError, match="tip differs"):
+        bench.merge(base, {"rows": [row("y", 2, 66.0, 54.0)]})

@@ -145,18 +145,19 @@ def test_spread_ratio_is_scale_equivariant():
 
 
 def test_many_classes_a_linear_head_that_hurts_is_not_chosen(monkeypatch):
-    """Regression (issue 38). 150 classes × 4 shots, more than select_max (set to 128): the text prototypes are
+    """Regression (issue 38). 300 classes × 4 shots, more than select_max (1,024): the text prototypes are
     right for the images' classes but carry a class-specific part in directions the images do not use, so the LDA head
     has weak prior means for classes without shots. Choosing α on the shots of a subset of whole classes, the LDA
     head refitted on those classes alone (the old rule, emulated here through ``fit_linear_head``'s ``pool``), makes
     the other classes easy to beat: it picks a large α, and that linear head is well below zero-shot on the queries.
     Scoring each held-out shot against all classes, every fold refitted on every other shot, the adapted linear head
-    and the default head are not below zero-shot."""
+    and the default head are not below zero-shot. (The evidence is the default 1,024 held-out shots at most: with 128,
+    α's argmax is noise on a problem where the LDA part never helps, and chose a hurting α in 2 of 8 draws of it.)"""
     from svgen import selection
 
-    monkeypatch.setattr(selection, "DEFAULT", AdaptConfig(select_max=128, lda_loo_max=64))
+    monkeypatch.setattr(selection, "DEFAULT", AdaptConfig(lda_loo_max=64))   # 1,200 shots: above select_max
     rng = np.random.default_rng(0)
-    n_cls, Di, Dt = 150, 32, 16
+    n_cls, Di, Dt = 300, 32, 16
     cen = np.zeros((n_cls, Di + Dt))
     cen[:, :Di] = _unit(rng.normal(size=(n_cls, Di)))
     side = np.zeros_like(cen)
@@ -181,10 +182,10 @@ def test_many_classes_a_linear_head_that_hurts_is_not_chosen(monkeypatch):
     from benchmarks.bench_logit_form import class_subset   # the old rule's subset: every shot of some classes
 
     sub = class_subset(y, 128, 0)
-    folds = [sub[f] for f in residual.balanced_folds(y[sub], 0)]
+    folds = [(sub[f], sub[f]) for f in residual.balanced_folds(y[sub], 0)]
     old = fit_linear_head(clf.prototypes_, shots, n_cls, W, b, choice, folds, sub, None)
-    assert old.record["alpha"] >= 4.0
-    assert acc(Q @ old.weight.double().numpy().T + old.bias.double().numpy()) < zero_shot - 0.02   # it hurts
+    assert old.record["alpha"] >= 2.0
+    assert acc(Q @ old.weight.double().numpy().T + old.bias.double().numpy()) < zero_shot - 0.015   # it hurts
     # the rule now: the adapted linear head, and the default head, are not below zero-shot
     assert clf.fewshot_["head_choice"]["classes_compared"] == "all"
     assert clf.fewshot_["linear"]["alpha"] < old.record["alpha"]
