@@ -240,14 +240,16 @@ def lpp_fit(X, y, P, C, epochs=LPP_EPOCHS, snapshot_every=None, dtype=np.float32
 def peer_grids(X, y, P, C):
     """For each tunable peer: a list of (settings, scorer(Q) → logits) over its grid, fitted on (X, y)."""
     Y = np.eye(C)[y]
-    held = {}   # one slot: the last query set (held, so its id stays its own) and its affinities at one β
+    held = {}   # one slot: the last query set (held, so its identity stays its own), its affinities at one β
 
     def affinity(Q, be, B):
-        """(``100·QP̂ᵀ``, ``exp(−β(1 − QXᵀ)) B``), computed once per query set, β and B (the grids run β by β)."""
-        if held.get("Q") is not Q or held.get("beta") != be:
+        """(``100·QP̂ᵀ`` once per query set, ``exp(−β(1 − QXᵀ)) B`` once per β and B: the grids run β by β)."""
+        if held.get("Q") is not Q:
             held.clear()
-            held.update(Q=Q, beta=be, K=np.exp(-be * (1.0 - Q @ X.T)), zs=100.0 * Q @ P.T)
-        if held.get("B") is not B:
+            held.update(Q=Q, zs=100.0 * Q @ P.T)
+        if held.get("beta") != be:
+            held.update(beta=be, K=np.exp(-be * (1.0 - Q @ X.T)), B=None)
+        if held["B"] is not B:
             held.update(B=B, KB=held["K"] @ B)
         return held["zs"], held["KB"]
 
@@ -325,13 +327,12 @@ def load_dataset(name):
     from svgen import SVGClassifier
 
     parts = DATASETS if name == UNION else (name,)
+    protos = [np.load(FEWSHOT / n / "textlike_prototypes.npy") for n in parts]
+    offsets = np.cumsum([0] + [p.shape[0] for p in protos])
     X = unit(np.concatenate([np.load(FEWSHOT / n / "val_features.npy") for n in parts]))
-    P = unit(np.concatenate([np.load(FEWSHOT / n / "textlike_prototypes.npy") for n in parts]))
-    labels, offset = [], 0
-    for n in parts:
-        labels.append(np.load(FEWSHOT / n / "val_labels.npy").astype(np.int64) + offset)
-        offset += np.load(FEWSHOT / n / "textlike_prototypes.npy", mmap_mode="r").shape[0]
-    return X, np.concatenate(labels), P, P.shape[0], SVGClassifier().fit(P.astype(np.float32))
+    y = np.concatenate([np.load(FEWSHOT / n / "val_labels.npy").astype(np.int64) + o for n, o in zip(parts, offsets)])
+    P = unit(np.concatenate(protos))
+    return X, y, P, P.shape[0], SVGClassifier().fit(P.astype(np.float32))
 
 
 def run_dataset(name, shots, seeds, log, peers=PEERS):

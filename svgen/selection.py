@@ -118,8 +118,8 @@ def scored_folds(folds: list, y: np.ndarray, seed: int = 0, n_max: Optional[int]
     order) and still leaves out all of its shots."""
     if n_max is None or sum(f.size for f in folds) <= n_max:
         return [(f, f) for f in folds]
-    used = folds[:max(1, n_max // max(f.size for f in folds))]
-    if len(used) > 1 or used[0].size <= n_max:
+    used = folds[:max(1, n_max // max(f.size for f in folds))]   # more than one: each fits n_max / 2
+    if used[0].size <= n_max:
         return [(f, f) for f in used]
     fold = used[0]
     classes = np.random.default_rng(seed + 1).permutation(np.unique(y[fold]))[:n_max]
