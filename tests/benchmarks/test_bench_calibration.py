@@ -80,7 +80,7 @@ def test_report_keeps_the_sections_it_does_not_generate(bench, tmp_path):
     assert text.index("## method") < text.index("## lvis") < text.index("## pool") and "\nM\n" in text and "\nP\n" in text
 
 
-def test_fewshot_report_judges_the_loo_chosen_head(bench):
+def test_fewshot_report_judges_the_deployed_head(bench):
     rows = []
     for name, better, ece in (("a", "linear", 0.04), ("b", "kernel", 0.08)):
         for head in bench.HEADS:
@@ -91,9 +91,40 @@ def test_fewshot_report_judges_the_loo_chosen_head(bench):
                           "loo_ece": 0.02, "loo_fitted": True, "loo_acc1": 99.0, "ece_ci95": (ece - 0.01, ece + 0.01)})
             rows.append(r)
     text = bench.fewshot_markdown(rows, {"date": "today", "machine": {"cpus": 2}})
-    assert "- a: better head ECE 0.040 — met" in text and "- b: better head ECE 0.080 — missed" in text
-    assert "- mean: better head ECE 0.060 — missed" in text
+    assert "- a: deployed head ECE 0.040 — met" in text and "- b: deployed head ECE 0.080 — missed" in text
+    assert "- mean: deployed head ECE 0.060 — missed" in text
     assert "ECE ≤ 0.05 on 1 of 2 data sets at 16 shots" in text   # the linear head: 0.04 on a, 0.3 on b
+
+
+def test_a_deployed_mixture_gets_its_own_row_and_is_what_the_report_judges(bench, tmp_path, monkeypatch):
+    """Where the fit deploys the mixture of the two heads, the run adds a row for it (``predict_proba`` as shipped)
+    and the report judges that row; before, no row was marked and the report raised IndexError."""
+    bench_fewshot = load_script("bench_fewshot")
+    data = write_coop_toy(tmp_path, "toy", C=4, noise=0.8, seed=3)
+    monkeypatch.setattr(bench_fewshot, "FEWSHOT", tmp_path)
+    monkeypatch.setattr(bench, "BOOT", 20)
+    deployed = {}
+
+    class Mixed(bench.SVGClassifier):
+        def adapt(self, *a, **kw):
+            out = super().adapt(*a, **kw)
+            self.fewshot_["default_head"] = "mixture"   # what the held-out shots chose on the real sets
+            deployed["clf"] = self
+            return out
+
+    monkeypatch.setattr(bench, "SVGClassifier", Mixed)
+    rows = bench.fewshot_run(["toy"], [4], [0], log=lambda *a: None, prototypes="train16")
+    mix = [r for r in rows if r["head"] == "mixture"]
+    assert len(mix) == 1 and mix[0]["better"] and not any(r["better"] for r in rows if r["head"] != "mixture")
+    Xv, yv = bench_fewshot.unit(data["val"][0]), data["val"][1]          # the queries, recomputed: val minus the shots
+    rest = np.setdiff1d(np.arange(len(yv)), bench_fewshot.sample_shots(yv, 4, 0))
+    p = np.asarray(deployed["clf"].predict_proba(Xv[rest]), dtype=np.float64)
+    assert mix[0]["n_val"] == rest.size == 4 * (10 - 4)
+    assert mix[0]["acc1"] == pytest.approx(100 * (p.argmax(1) == yv[rest]).mean())
+    assert mix[0]["nll"] == pytest.approx(-np.log(p[np.arange(rest.size), yv[rest]]).mean(), rel=1e-6)
+    assert 0 <= mix[0]["ece"] <= 1 and mix[0]["ece_ci95"][0] <= mix[0]["ece_ci95"][1]
+    text = bench.fewshot_markdown(rows, {"date": "today", "machine": {"cpus": 2}})
+    assert f"| mixture | {mix[0]['ece']:.3f} [" in text and "| – |" in text and "nan" not in text
 
 
 def test_fewshot_report_shows_the_kernel_logit_kinds(bench, tmp_path, monkeypatch):
