@@ -336,6 +336,8 @@ def kernel_kinds(clf, Xv, yv) -> dict:
     the validation images at its own leave-one-out temperature ("log" at its T is the head before the
     choice existed: the same T, fitted the same way). The choice never sees a validation label."""
     choice = clf.calibration_["kernel_logits_choice"]
+    if "candidates" not in choice:   # no choice was made (the text rule's logits: no kernel correction was kept)
+        return {"kernel_logits": clf.kernel_logits_, "kind_reason": choice["reason"]}
     s = clf.decision_function(Xv, "kernel")
     sv = np.asarray(s, dtype=np.float64)[np.arange(len(yv)), yv]
     out = {"kernel_logits": clf.kernel_logits_, "kind_reason": choice["reason"], "kinds": {},

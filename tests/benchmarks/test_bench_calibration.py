@@ -217,3 +217,14 @@ def test_textlike_run_reports_the_deployed_head(bench, tmp_path, monkeypatch):
     pooled = 100 * np.mean(np.concatenate([r["correct"] for r in sel]))
     nll = -np.log(np.concatenate([r["p_true"] for r in sel])).mean()
     assert f"| toy | 2 | {pooled:.1f} / {nll:.3f} /" in text and "**mean of 1** | 2 |" in text
+
+
+def test_kernel_kinds_of_a_head_the_text_rule_set(bench):
+    """Where the held-out shots refused the kernel correction, the text rule sets the kernel head and no kind was
+    chosen: the row says so and carries no kinds (the tables skip it) instead of raising KeyError."""
+    from types import SimpleNamespace
+    from svgen.heads.predictor import TEXT_RULE_KERNEL_LOGITS
+    clf = SimpleNamespace(calibration_={"kernel_logits_choice": {"reason": TEXT_RULE_KERNEL_LOGITS}}, kernel_logits_="log")
+    out = bench.kernel_kinds(clf, np.zeros((2, 3)), np.zeros(2, dtype=np.int64))
+    assert out == {"kernel_logits": "log", "kind_reason": TEXT_RULE_KERNEL_LOGITS}
+    assert bench.kinds_table([{"head": "kernel", **out}]) == "" and bench.kernel_reading([{"head": "kernel", **out}]) == ""
