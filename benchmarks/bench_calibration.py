@@ -152,7 +152,8 @@ def fewshot_run(datasets, shots_list, seeds, log=print, prototypes="shots"):
     for the kernel head also both kinds of logits (log scores, raw votes) at their own LOO temperatures
     and which one ``adapt`` kept (:func:`kernel_kinds`).
     "better" is the head the fit deploys (``fewshot_["default_head"]``), chosen without validation labels; where
-    that is the mixture of the two heads it gets a row of its own (``predict_proba`` as shipped). The cosine head is softmax(100·cos) to the stand-in prototypes.
+    that is the mixture of the two heads it gets a row of its own (``predict_proba`` as shipped). The cosine
+    head is softmax(100·cos) to the stand-in prototypes.
 
     ``prototypes``: "shots" — class means of the shots (as ``benchmarks/bench_fewshot.py``; the left-out
     shot is inside its class's prototype, so LOO sees it through the prior); "rest" — class means
@@ -550,7 +551,8 @@ seeds {seeds}). Real CLIP ViT-B/32 features of {len(datasets)} CoOp data sets
 (single centre crops) judge each head's `predict_proba`. `adapt` sets the kernel and
 linear heads' T by minimising the exact leave-one-out NLL of the shots; the cosine head stays
 softmax(100·cos). "Deployed head" is `default_head_`, the kernel or linear head or their mixture (its own
-row in the JSON), chosen on held-out shots without validation labels. ECE: 15 bins; its 95% interval bootstraps the validation images.
+row in the JSON), chosen on held-out shots without validation labels. ECE: 15 bins; its 95% interval
+bootstraps the validation images.
 
 {caveat}
 {chr(10).join(out)}
