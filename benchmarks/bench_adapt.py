@@ -527,8 +527,7 @@ def merge(base: dict, update: dict) -> dict:
     for i, mean in enumerate(rows):
         if mean["dataset"] == "mean":
             parts = [r for r in rows if r["shots"] == mean["shots"] and r["dataset"] != "mean"]
-            rows[i] = {**mean, **{m: float(np.mean([r[m] for r in parts]))
-                                  for m in ("svgen", "svgen_kernel", "svgen_linear")}}
+            rows[i] = {**mean, **{m: float(np.mean([r[m] for r in parts])) for m in mean if ours(m)}}
     return {**base, "rows": rows, "merged": {"base": base.get("machine"), "update": update.get("machine"),
                                             "updated": sorted(f"{d} {k}" for d, k in new)}}
 
