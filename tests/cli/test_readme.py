@@ -38,3 +38,18 @@ def test_readme_sessions_reproduce(shared_data, readme_sessions):
     assert result["ran"] >= 25 and result["skipped"] == len(readme_sessions["SKIP"])
     assert result["mismatches"] == [], "\n\n".join(
         f"$ {m['command']}\n--- README\n{m['expected']}\n--- now\n{m['got']}" for m in result["mismatches"])
+
+
+def test_readme_results_say_which_figures_are_dev_only():
+    """Issue 49: the Results section leads with the held-out figures (data nobody tuned on) and says that every
+    figure after them is on the data the defaults were tuned on."""
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    results = text.split("\n## Results\n", 1)[1].split("\n## ", 1)[0]
+    table_at = results.index("| held-out set |")
+    first_bullet = results.index("\n* ")
+    assert "nobody tuned on" in results[:table_at]
+    assert table_at < first_bullet, "the held-out table comes before the development bullets"
+    between = results[table_at:first_bullet]
+    assert "dev-only" in between and "../shared/data" in between
+    rows = [line for line in results[table_at:first_bullet].splitlines() if line.startswith("| ") and "---" not in line]
+    assert len(rows) >= 6 and any("ImageNet" in r for r in rows) and any("LVIS odd half" in r for r in rows)
