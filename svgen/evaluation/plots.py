@@ -52,3 +52,44 @@ def plot_reliability(per_head: Dict[str, dict], path, title: Optional[str] = Non
         atomic_file(path, lambda p: fig.savefig(str(p), format="png", dpi=100), force=force)
     finally:
         plt.close(fig)
+
+
+def plot_confusions(panels: Dict[str, "object"], names, path, title: Optional[str] = None, force: bool = False) -> None:
+    """Heat maps of class pairs side by side into a PNG (``svgen diagnose --confusions --plot``, ``svgen eval
+    --confusions --plot``): ``panels`` maps a panel's title to an n×n array over ``names`` (rows: the true class a,
+    columns: the class b it is taken for; the diagonal is left blank)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise SvgenError("plotting needs matplotlib: pip install 'svgen[plot]'",
+                         cli="--plot needs matplotlib: pip install 'svgen[plot]'") from None
+    import numpy as np
+
+    from svgen.safeio import atomic_file
+
+    labels = [str(n) if len(str(n)) <= 24 else str(n)[:23] + "…" for n in names]
+    n = len(labels)
+    side = max(4.0, 0.28 * n + 2.5)
+    fig, axes = plt.subplots(1, len(panels), figsize=(side * len(panels), side), squeeze=False)
+    for ax, (name, m) in zip(axes[0], panels.items()):
+        m = np.array(m, dtype=np.float64)
+        np.fill_diagonal(m, np.nan)
+        im = ax.imshow(m, cmap="viridis", interpolation="nearest")
+        ax.set_xticks(range(n))
+        ax.set_yticks(range(n))
+        ax.set_xticklabels(labels, rotation=90, fontsize=7)
+        ax.set_yticklabels(labels, fontsize=7)
+        ax.set_xlabel("taken for (b)")
+        ax.set_ylabel("true class (a)")
+        ax.set_title(name, fontsize=9)
+        fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04)
+    if title:
+        fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    try:
+        atomic_file(path, lambda p: fig.savefig(str(p), format="png", dpi=100), force=force)
+    finally:
+        plt.close(fig)
