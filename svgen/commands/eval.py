@@ -164,7 +164,7 @@ def confusions(args, clf, x, y) -> dict:
             counts[at[m["a"]]][at[m["b"]]] = m["count"]
         path = _confusions_png(args.plot)
         plot_confusions({f"measured: rows of a called b ({report['head']} head, top {len(report['measured'])})": counts,
-                         "predicted from the support vectors: conf(a → b)": support_confusion(clf, shown)[:, shown]},
+                         "predicted from the support vectors: conf(a → b)": support_confusion(clf, shown)[:, shown].numpy()},
                         [clf.classes_[c] for c in shown], path, title=f"{args.artifact}: confusions", force=args.force)
         note(args, f"wrote {path}: heat maps of the {len(shown)} classes of the top measured pairs")
     return report

@@ -8,8 +8,9 @@
 the probability the deployed kernel head (its votes, kind of logits, temperature, prior term and pool factor: exactly
 what ``--head kernel`` gives an input) puts on class ``b`` at the rows that stand for class ``a``. It is the expected
 share of a's support set that the kernel would call ``b``: large where b's support set overlaps a's under the kernel
-*and* b's votes reach into it. Pairs are directed (``a → b`` and ``b → a`` differ: a generic class is pulled to a
-specific one more than the other way round), so they compare with measured (true, predicted) pairs one to one.
+*and* b's votes reach into it. A class without rows in the kernel head (after shots for some classes only) is never
+an ``a``. Pairs are directed (conf(a → b) ≠ conf(b → a)), so they compare with measured (true, predicted) pairs one
+to one.
 docs/usage.md ("Which classes are confused") reports how well it predicts measured confusions; docs/history.md what
 else was tried.
 
@@ -73,7 +74,8 @@ def _class_blocks(labels: torch.Tensor, n_classes: int, block_cells: int):
 
 def support_confusion(clf, classes=None, block_cells: int = BLOCK_CELLS) -> torch.Tensor:
     """conf(a → b) for ``a`` in ``classes`` (indices; all when None): a len(classes)×C float64 table, the diagonal
-    included (what the kernel keeps of a's own rows). For a few rows of the table; :func:`predicted_pairs` ranks
+    included (what the kernel keeps of a's own rows); a class without support rows (after shots for some classes,
+    the kernel head's rows are the shots) has a row of zeros. For a few rows of the table; :func:`predicted_pairs` ranks
     them all without forming C×C."""
     rows, labels = _support(clf)
     C = len(clf.classes_)
@@ -130,6 +132,7 @@ def predicted_pairs(clf, top: int, among=None, block_cells: int = BLOCK_CELLS) -
             continue
         block = _block_means(clf, rows[idx], labels[idx], c0, c1)
         block[torch.arange(c1 - c0), torch.arange(c0, c1)] = -float("inf")   # a → a is no confusion
+        block[torch.bincount(labels[idx] - c0, minlength=c1 - c0) == 0] = -float("inf")   # a has no rows
         flat = block.reshape(-1)
         k = min(top, flat.numel())
         v, i = torch.topk(flat, k)
