@@ -1,5 +1,5 @@
 """Reliability diagrams of a classifier's heads (``svgen eval --plot``; needs ``svgen[plot]``): the bins come from
-:func:`svgen.evaluation.metrics.reliability`."""
+:func:`svgen.evaluation.metrics.reliability`; heat maps of confused class pairs (``--confusions --plot``)."""
 
 from __future__ import annotations
 
@@ -8,11 +8,8 @@ from typing import Dict, Optional
 from svgen.errors import SvgenError
 
 
-def plot_reliability(per_head: Dict[str, dict], path, title: Optional[str] = None, force: bool = False) -> None:
-    """Reliability diagrams side by side (one panel per head) into a PNG; needs ``svgen[plot]``.
-
-    ``per_head``: ``{head: {"reliability": reliability(...), "ece", "nll", "temperature", "acc1"}}``.
-    """
+def _pyplot():
+    """matplotlib's pyplot on the Agg backend, or one SvgenError line."""
     try:
         import matplotlib
 
@@ -21,6 +18,15 @@ def plot_reliability(per_head: Dict[str, dict], path, title: Optional[str] = Non
     except ImportError:
         raise SvgenError("plotting needs matplotlib: pip install 'svgen[plot]'",
                          cli="--plot needs matplotlib: pip install 'svgen[plot]'") from None
+    return plt
+
+
+def plot_reliability(per_head: Dict[str, dict], path, title: Optional[str] = None, force: bool = False) -> None:
+    """Reliability diagrams side by side (one panel per head) into a PNG; needs ``svgen[plot]``.
+
+    ``per_head``: ``{head: {"reliability": reliability(...), "ece", "nll", "temperature", "acc1"}}``.
+    """
+    plt = _pyplot()
     from svgen.safeio import atomic_file
 
     heads = list(per_head)
@@ -58,14 +64,7 @@ def plot_confusions(panels: Dict[str, "object"], names, path, title: Optional[st
     """Heat maps of class pairs side by side into a PNG (``svgen diagnose --confusions --plot``, ``svgen eval
     --confusions --plot``): ``panels`` maps a panel's title to an n×n array over ``names`` (rows: the true class a,
     columns: the class b it is taken for; the diagonal is left blank)."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        raise SvgenError("plotting needs matplotlib: pip install 'svgen[plot]'",
-                         cli="--plot needs matplotlib: pip install 'svgen[plot]'") from None
+    plt = _pyplot()
     import numpy as np
 
     from svgen.safeio import atomic_file
