@@ -167,6 +167,8 @@ def confusions(args, clf, x, y) -> dict:
                          "predicted from the support vectors: conf(a → b)": support_confusion(clf, shown)[:, shown].numpy()},
                         [clf.classes_[c] for c in shown], path, title=f"{args.artifact}: confusions", force=args.force)
         note(args, f"wrote {path}: heat maps of the {len(shown)} classes of the top measured pairs")
+    elif args.plot:
+        note(args, f"no confusion heat map: the {report['head']} head made no error on these data")
     return report
 
 
