@@ -27,6 +27,11 @@ def add_parser(sub):
     p.add_argument("--max-classes", type=int, default=1024, help="measure at most this many classes")
     p.add_argument("--json", action="store_true",
                    help="print one JSON object instead of a report (strict JSON: an infinite condition number is null)")
+    p.add_argument("--confusions", action="store_true",
+                   help="instead: the class pairs a → b the kernel head is most likely to confuse, from its support "
+                        "vectors alone (the mean probability the kernel head gives b at the support vectors of a; "
+                        "docs/usage.md); --plot then draws a heat map of the classes of the top pairs")
+    p.add_argument("--top", type=int, metavar="N", help="with --confusions: list this many pairs (default 20)")
     p.set_defaults(func=run)
 
 
@@ -37,7 +42,11 @@ def run(args) -> int:
 
     if args.max_classes < 2:
         raise SvgenError(f"--max-classes must be at least 2, got {args.max_classes}")
+    if args.top is not None and not args.confusions:
+        raise SvgenError("--top goes with --confusions")
     plt = _check_plot(args.plot, args.force) if args.plot else None
+    if args.confusions:
+        return _confusions(args)
     meta, t = load_artifact(args.artifact)
     # format 2 (images added): the generated text support vectors are what this diagnoses
     report = diagnose(t.get("text.support_vectors", t["support_vectors"]), float(t.get("text.bandwidth", t["bandwidth"])),
@@ -88,7 +97,7 @@ def _check_plot(path, force: bool):
     from svgen.commands._images import check_out
 
     if Path(path).suffix.lower() != ".png":
-        raise SvgenError(f"--plot {path}: the spectrum is written as PNG; give a file name ending in .png")
+        raise SvgenError(f"--plot {path}: the plot is written as PNG; give a file name ending in .png")
     check_out(path, force)
     try:
         import matplotlib
@@ -113,3 +122,35 @@ def _plot(plt, spectrum, path, force: bool) -> None:
         atomic_file(path, lambda p: fig.savefig(p, format="png"), force=force)
     finally:
         plt.close(fig)
+
+
+def _confusions(args) -> int:
+    """``--confusions``: the top predicted pairs as a table or JSON, and their heat map with ``--plot``."""
+    from svgen import SVGClassifier
+    from svgen.errors import SvgenError
+    from svgen.evaluation.confusions import SCORE, predicted_pairs, support_confusion
+
+    top = 20 if args.top is None else args.top
+    if top < 1:
+        raise SvgenError(f"--top must be at least 1, got {top}")
+    clf = SVGClassifier.load(args.artifact)
+    names = list(clf.classes_)
+    pairs = predicted_pairs(clf, top)
+    if args.plot:
+        from svgen.evaluation.plots import plot_confusions
+
+        shown = list(dict.fromkeys(c for p in pairs for c in (p.a, p.b)))
+        table = support_confusion(clf, shown)[:, shown].numpy()
+        plot_confusions({f"conf(a → b), the top {len(pairs)} pairs' classes": table}, [names[c] for c in shown],
+                        args.plot, title=f"{args.artifact}: predicted confusions", force=args.force)
+        note(args, f"wrote {args.plot}: heat map of the {len(shown)} classes of the top {len(pairs)} pairs")
+    if args.json:
+        print(json_text({"score": SCORE, "classes": len(names),
+                         "pairs": [p.to_json(names, rank=r) for r, p in enumerate(pairs, 1)]}))
+        return 0
+    print(f"{args.artifact}: the {len(pairs)} class pairs the kernel head is most likely to confuse ({SCORE})")
+    width = max([len(str(names[p.a])) for p in pairs] + [10])
+    print(f"  {'rank':>4}  {'true class a':<{width}}  {'taken for b':<{width}}  {'conf(a → b)':>11}")
+    for r, p in enumerate(pairs, 1):
+        print(f"  {r:>4}  {str(names[p.a]):<{width}}  {str(names[p.b]):<{width}}  {p.score:>11.4g}")
+    return 0

@@ -53,6 +53,11 @@ def add_parser(sub):
                    help="write here (atomically) instead of stdout: FILE.json gets the JSON object, FILE.txt "
                         "(or any other name) the table; --json with a .txt name is refused")
     p.add_argument("--force", action="store_true", help="overwrite --out if it exists")
+    p.add_argument("--confusions", action="store_true",
+                   help="also list the 20 most frequent (true, predicted) class pairs of the default head on these "
+                        "data beside the pairs 'svgen diagnose --confusions' predicts from the support vectors, "
+                        "marking the measured pairs among the top 100 predicted (JSON: key confusions); with --plot "
+                        "also a heat map of them, FILE_confusions.png")
     add_image_encoder_args(p)
     p.set_defaults(func=run)
 
@@ -83,6 +88,8 @@ def run(args) -> int:
     check_out(args.out, args.force)
     if args.plot:
         check_out(args.plot, args.force)
+        if args.confusions:
+            check_out(_confusions_png(args.plot), args.force)
         try:
             import matplotlib  # noqa: F401  (fail before any work)
         except ImportError:
@@ -107,8 +114,9 @@ def run(args) -> int:
 
     for line in head_findings(clf.fewshot_):   # what the fit itself knew, whatever the data evaluated here say
         log.warning("%s", line)
-    text = (json_text({**results, "default_head": clf.default_head_}) + "\n" if args.json
-            else format_table(results, clf.default_head_))
+    extra = {"confusions": confusions(args, clf, x, y)} if args.confusions else {}
+    text = (json_text({**results, "default_head": clf.default_head_, **extra}) + "\n" if args.json
+            else format_table(results, clf.default_head_) + (format_confusions(extra["confusions"]) if extra else ""))
     if args.plot:
         from svgen.evaluation.plots import plot_reliability
 
@@ -130,3 +138,54 @@ def _format_from_suffix(args) -> None:
     elif suffix in (".txt", ".text") and args.json:
         raise SvgenError(f"--json contradicts --out {args.out} (a {suffix} file gets the table); "
                          "name it .json or drop --json")
+
+
+def _confusions_png(plot) -> str:
+    """Where ``--confusions --plot FILE.png`` writes the heat map: ``FILE_confusions.png`` beside it."""
+    from pathlib import Path
+
+    p = Path(plot)
+    return str(p.with_name(f"{p.stem}_confusions{p.suffix}"))
+
+
+def confusions(args, clf, x, y) -> dict:
+    """``--confusions``: the measured pairs beside the predicted ones (:func:`svgen.evaluation.confusions.
+    confusion_report`), and their heat map with ``--plot``."""
+    from svgen.evaluation.confusions import confusion_report, support_confusion
+
+    report = confusion_report(clf, x, y)
+    if args.plot and report["measured"]:
+        from svgen.evaluation.plots import plot_confusions
+
+        shown = list(dict.fromkeys(c for m in report["measured"] for c in (m["a"], m["b"])))
+        at = {c: i for i, c in enumerate(shown)}
+        counts = [[0] * len(shown) for _ in shown]
+        for m in report["measured"]:
+            counts[at[m["a"]]][at[m["b"]]] = m["count"]
+        path = _confusions_png(args.plot)
+        plot_confusions({f"measured: rows of a called b ({report['head']} head, top {len(report['measured'])})": counts,
+                         "predicted from the support vectors: conf(a → b)": support_confusion(clf, shown)[:, shown].numpy()},
+                        [clf.classes_[c] for c in shown], path, title=f"{args.artifact}: confusions", force=args.force)
+        note(args, f"wrote {path}: heat maps of the {len(shown)} classes of the top measured pairs")
+    elif args.plot:
+        note(args, f"no confusion heat map: the {report['head']} head made no error on these data")
+    return report
+
+
+def format_confusions(r: dict) -> str:
+    """The measured pairs, '*' and the rank where they are among the top predicted, beside the predicted pairs."""
+    lines = [f"\nconfusions of the {r['head']} head: {r['errors']} of {r['n']} rows wrong; the most frequent (true, "
+             f"predicted) pairs, not symmetrised; '*': among the top {r['window']} pairs predicted from the support "
+             f"vectors ({r['measured_in_predicted']} of {len(r['measured'])})"]
+    width = max([len(str(m[k])) for m in r["measured"] for k in ("true", "predicted")] + [10])
+    lines.append(f"  {'true':<{width}}  {'predicted':<{width}} {'rows':>5}  {'rank':>5}   |   predicted pairs "
+                 "(conf(a → b))")
+    for i in range(max(len(r["measured"]), len(r["predicted"]))):
+        m = r["measured"][i] if i < len(r["measured"]) else None
+        left = (f"  {str(m['true']):<{width}}  {str(m['predicted']):<{width}} {m['count']:>5}  "
+                + (f"*{m['predicted_rank']:>4}" if m["predicted_rank"] else f"{'':>5}")
+                if m else " " * (2 * width + 18))
+        p = r["predicted"][i] if i < len(r["predicted"]) else None
+        right = f"{p['rank']:>3}. {p['true']} → {p['predicted']} ({p['score']:.3g})" if p else ""
+        lines.append(f"{left}   |   {right}".rstrip())
+    return "\n".join(lines) + "\n"
