@@ -12,7 +12,12 @@ Fits (or loads, ``--artifact``) the LVIS zero-shot artifact of docs/usage.md (1,
   --confusions`` marks);
 * the same counts for the scores tried and dropped (docs/history.md), computed densely here.
 
+* with ``--coop``, the same count on the seven CoOp validation sets (text-like prototypes, many rows per class, so a
+  measured pair is a frequent error, not a single one): zero-shot, and after 4 labelled shots per class drawn from val
+  (seed 0; the rest of val measures).
+
     .venv/bin/python -m benchmarks.bench_confusions [--artifact lvis.svgen] [--json]
+    .venv/bin/python -m benchmarks.bench_confusions --coop      # ~5 minutes on 2 cores
 """
 
 from __future__ import annotations
@@ -111,11 +116,54 @@ def alternatives(clf) -> dict:
             "reference: cosine of the class prototypes (symmetric)": (P @ P.T, True)}
 
 
+COOP = ("caltech101", "fgvc", "oxford_flowers", "oxford_pets", "stanford_cars", "sun397", "ucf101")
+
+
+def coop_rows(shots_list=(0, 4), seed: int = 0) -> list:
+    """Of the 20 most-confused measured pairs of each CoOp val set, how many are among the top 100 predicted (the
+    report ``svgen eval --confusions`` prints), zero-shot and with k shots per class taken from val."""
+    from svgen import SVGClassifier
+    from svgen.evaluation.confusions import confusion_report
+
+    rows = []
+    for name in COOP:
+        folder = DATA / "coop-fewshot" / name
+        P = np.load(folder / "textlike_prototypes.npy").astype(np.float32)
+        X = np.load(folder / "val_features.npy").astype(np.float32)
+        y = np.load(folder / "val_labels.npy")
+        for k in shots_list:
+            shot = np.zeros(len(y), bool)
+            rng = np.random.default_rng(seed)
+            for c in np.unique(y) if k else ():
+                i = np.flatnonzero(y == c)
+                shot[rng.choice(i, min(k, len(i) - 1), replace=False)] = True
+            clf = SVGClassifier().fit(P, classes=[f"c{i}" for i in range(len(P))],
+                                      shots=(X[shot], y[shot]) if k else None)
+            r = confusion_report(clf, torch.from_numpy(X[~shot]), y[~shot], top=MEASURED, window=WINDOW)
+            rows.append({"dataset": name, "shots": k, "head": r["head"], "errors": r["errors"],
+                         "n": r["n"], "of 20 in top 100": r["measured_in_predicted"]})
+    return rows
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[1])
     ap.add_argument("--artifact", help="an LVIS artifact already fit as in docs/usage.md (else fit one, ~15 s)")
     ap.add_argument("--json", action="store_true", help="print one JSON object instead of the tables")
+    ap.add_argument("--coop", action="store_true", help="the seven CoOp val sets instead of LVIS (zero-shot, 4 shots)")
     args = ap.parse_args(argv)
+    if args.coop:
+        rows = coop_rows()
+        for k in sorted({r["shots"] for r in rows}):
+            mine = [r for r in rows if r["shots"] == k]
+            rows.append({"dataset": "total", "shots": k, "head": "", "errors": sum(r["errors"] for r in mine),
+                         "n": sum(r["n"] for r in mine), "of 20 in top 100": sum(r["of 20 in top 100"] for r in mine)})
+        path = save_result("confusions_coop", {"rows": rows, "window": WINDOW, "machine": machine()})
+        print(json.dumps(rows, indent=2) if args.json else "")
+        print_table(rows, ["dataset", "shots", "head", "n", "errors", "of 20 in top 100"],
+                    title=f"CoOp val: of the {MEASURED} most-confused measured pairs, how many are among the top "
+                          f"{WINDOW} predicted")
+        print(f"wrote {path}")
+        return
     if not (DATA / "lvis_dev_image_features.npy").is_file():
         sys.exit(f"{DATA} is absent: this benchmark needs the shared LVIS embeddings")
     from svgen import SVGClassifier
