@@ -51,8 +51,10 @@ def add_parser(sub):
                         "--force replaces an existing file)")
     p.add_argument("--out", metavar="FILE",
                    help="write here (atomically) instead of stdout: FILE.json gets the JSON object, FILE.txt "
-                        "(or any other name) the table; --json with a .txt name is refused")
-    p.add_argument("--force", action="store_true", help="overwrite --out if it exists")
+                        "(or any other name) the table; --json with a .txt name is refused; '-' is stdout")
+    p.add_argument("--force", action="store_true",
+                   help="overwrite --out and --plot if they exist (only a regular file is replaced: never a "
+                        "symbolic link, device or FIFO)")
     p.add_argument("--confusions", action="store_true",
                    help="also list the 20 most frequent (true, predicted) class pairs of the default head on these "
                         "data beside the pairs 'svgen diagnose --confusions' predicts from the support vectors, "
