@@ -244,12 +244,14 @@ def _input_paths(args):
 def check_outputs(args) -> None:
     """Refuse an output that is one of the inputs, lies inside an artifact folder (an input's, or any folder
     holding ``svgen.json``), or holds an input: ``export A --out A/weights.safetensors --force`` used to overwrite
-    the artifact's own weights; and two outputs that coincide (``eval --out r.png --plot r.png`` wrote the PNG,
+    the artifact's own weights; and two outputs (a command's ``derived_outputs(args)`` default adds those it names
+    after another) that coincide (``eval --out r.png --plot r.png`` wrote the PNG,
     then the table over it) or where one holds the other. Paths are compared resolved (symbolic links, ``..``),
     before anything is written."""
     from svgen.safeio import check_outside_artifact
 
     outs = [(opt, getattr(args, name)) for name, opt in OUTPUT_OPTIONS if getattr(args, name, None)]
+    outs += list(getattr(args, "derived_outputs", lambda a: ())(args))   # named after another (eval's heat map)
     if not outs:
         return
     inputs = list(_input_paths(args))

@@ -61,7 +61,13 @@ def add_parser(sub):
                         "marking the measured pairs among the top 100 predicted (JSON: key confusions); with --plot "
                         "also a heat map of them, FILE_confusions.png")
     add_image_encoder_args(p)
-    p.set_defaults(func=run)
+    p.set_defaults(func=run, derived_outputs=derived_outputs)
+
+
+def derived_outputs(args) -> list:
+    """The output named after another, checked with --out and --plot before any work (``check_outputs``): the
+    ``--confusions --plot`` heat map."""
+    return [("--plot's heat map", _confusions_png(args.plot))] if args.confusions and args.plot else []
 
 
 def format_table(results: dict, default_head: str = "kernel") -> str:

@@ -322,6 +322,14 @@ def test_outputs_that_coincide_are_refused_before_anything_is_written(cli, work,
     assert tree(work) == before
 
 
+def test_the_confusions_heat_map_is_an_output_too(cli, work):
+    """`eval --confusions --plot r.png` also writes r_confusions.png: an --out of that name coincides with it."""
+    before = tree(work)
+    line = one_line(*cli(*EVAL, "--confusions", "--plot", "r.png", "--out", "r_confusions.png")[::2])
+    assert "--out r_confusions.png and --plot's heat map" in line and "same file" in line, line
+    assert tree(work) == before
+
+
 # ----------------------------------------------------------------------------- 14. save() into an artifact
 
 def test_save_never_writes_inside_an_artifact(work):
