@@ -8,9 +8,9 @@ The lock is an exclusive ``flock`` on ``.NAME.lock`` beside the artifact (not in
 artifact's folder whole, and a lock inside would leave with the old version). The holder removes the file before it
 lets go; a waiter that then holds a removed file tries again on the one now there, so no lock file outlives its
 writer. One left by a writer killed with -9 is free (the system released its lock): the next writer of that target
-removes it (:func:`svgen.safeio.recover`) or takes it. Where ``fcntl`` is missing the file is created exclusively and holds its writer's process id: a second
-writer is refused in one line while that file is there and its writer may still run; a file whose writer has ended
-(told where the system can say) is taken over.
+removes it (:func:`svgen.safeio.recover`) or takes it. Where ``fcntl`` is missing the file is created exclusively and
+holds its writer's process id: a second writer is refused in one line while that file is there and its writer may
+still run; a file whose writer has ended (told where the system can say) is taken over.
 """
 
 from __future__ import annotations

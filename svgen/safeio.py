@@ -42,7 +42,6 @@ _RENAME_NOREPLACE, _RENAME_EXCHANGE = 1, 2
 _NOT_SUPPORTED = {errno.EINVAL, errno.ENOSYS, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EPERM}
 
 
-
 # ----------------------------------------------------------------------------- renaming
 
 def _libc_renameat2():
@@ -218,7 +217,8 @@ def _remove_free_lock(path: Path) -> None:
         return
     try:
         mine = os.fstat(fd)
-        if stat.S_ISREG(mine.st_mode) and not mine.st_size and _lock(fd) and os.path.samestat(mine, os.stat(path, follow_symlinks=False)):
+        free = stat.S_ISREG(mine.st_mode) and not mine.st_size and _lock(fd)
+        if free and os.path.samestat(mine, os.stat(path, follow_symlinks=False)):
             os.unlink(path)
     except OSError:
         pass
