@@ -295,7 +295,8 @@ class SVGClassifier(FittedHeads):
         return codec.metadata(self)
 
     def save(self, path, force: bool = False):
-        """Write the artifact directory atomically (refuses to overwrite unless ``force``)."""
+        """Write the artifact directory atomically under its writer lock (:mod:`svgen.locks`); an existing one is
+        replaced only with ``force`` (an artifact or an empty folder), and nothing is ever written inside an artifact."""
         from svgen.io import artifacts
 
         artifacts.save_artifact(path, self.tensors(), self.metadata(), force=force)

@@ -1,9 +1,10 @@
-"""Filesystem primitives that never lose what exists: bounded reads, no-replace and exchanging renames,
-and the recovery of what an interrupted writer left behind.
+"""Filesystem primitives that never lose what exists: no-replace and exchanging renames, the recovery of what an
+interrupted writer left behind, and the one rule of what ``force`` may replace (the bounded reads are
+:mod:`svgen.reading`).
 
-* :func:`read_regular` reads a file only when it is a regular file no larger than a cap, so a name
-  that is a symlink to ``/dev/zero``, a FIFO or a folder is one :class:`SvgenError` line, never an
-  endless read or a hang.
+* ``force`` replaces only what svgen could have written: a regular file (:func:`check_replaceable_file`), an
+  artifact or an empty folder (:func:`check_replaceable_dir`); never a link, device, FIFO or socket, and nothing is
+  ever written inside an artifact (:func:`check_outside_artifact`).
 * :func:`rename_noreplace` moves a finished temporary into place and fails when the target appeared
   meanwhile (``renameat2(RENAME_NOREPLACE)`` on Linux; ``link`` + ``unlink`` for files and a plain
   ``rename``, which never replaces a non-empty folder, elsewhere).
@@ -23,7 +24,6 @@ import errno
 import fcntl
 import logging
 import os
-import re
 import shutil
 import stat
 import tempfile
@@ -32,74 +32,14 @@ from pathlib import Path
 from typing import Iterator, Optional
 
 from svgen.errors import SvgenError, TargetExistsError
+from svgen.reading import (MAX_JSON_BYTES, MAX_TEXT_BYTES, as_os_error, check_regular, os_error,  # noqa: F401
+                           read_regular)  # (the bounded reads' home until they moved: svgen/reading.py)
 
 log = logging.getLogger(__name__)
 
-MAX_JSON_BYTES = 64 << 20  # svgen.json: 64 MiB holds the names of millions of classes
-MAX_TEXT_BYTES = 256 << 20  # class lists, templates, lists of paths
 _AT_FDCWD = -100
 _RENAME_NOREPLACE, _RENAME_EXCHANGE = 1, 2
 _NOT_SUPPORTED = {errno.EINVAL, errno.ENOSYS, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EPERM}
-
-
-def os_error(e: OSError, what: str) -> SvgenError:
-    """One line for an :class:`OSError` while doing ``what`` (``cannot write X: No space left on device``)."""
-    reason = e.strerror or str(e) or type(e).__name__
-    return SvgenError(f"{what}: {reason}")
-
-
-def as_os_error(e: BaseException) -> Optional[OSError]:
-    """``e`` as an :class:`OSError` if it is one, or a library's wrapper of one (safetensors raises
-    ``SafetensorError: … I/O error: No space left on device (os error 28)``); else None."""
-    if isinstance(e, OSError):
-        return e
-    found = re.search(r"\(os error (\d+)\)", str(e)) if isinstance(e, Exception) else None
-    if found:
-        code = int(found.group(1))
-        return OSError(code, os.strerror(code))
-    return None
-
-
-# ----------------------------------------------------------------------------- reading
-
-def check_regular(path, what: str = "file") -> os.stat_result:
-    """``stat`` of ``path`` (symlinks followed) when it is a regular file; otherwise one line."""
-    path = Path(path)
-    try:
-        st = os.stat(path)
-    except FileNotFoundError:
-        raise SvgenError(f"{what} not found: {path}") from None
-    except OSError as e:  # EACCES on a folder on the way: unreadable, not missing
-        raise os_error(e, f"cannot read {what} {path}") from None
-    if not stat.S_ISREG(st.st_mode):
-        kind = "a folder" if stat.S_ISDIR(st.st_mode) else "not a regular file (a device, FIFO or socket)"
-        raise SvgenError(f"{what} {path} is {kind}")
-    return st
-
-
-def read_regular(path, cap: int = MAX_JSON_BYTES, what: str = "file") -> bytes:
-    """The bytes of ``path`` if it is a regular file of at most ``cap`` bytes, else :class:`SvgenError`.
-
-    Opened with ``O_NONBLOCK`` so a FIFO swapped in after the check cannot hang the open, and read at
-    most ``cap + 1`` bytes whatever the file claims.
-    """
-    path = Path(path)
-    check_regular(path, what)
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
-    except OSError as e:
-        raise os_error(e, f"cannot read {what} {path}") from None
-    with os.fdopen(fd, "rb") as f:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise SvgenError(f"{what} {path} is not a regular file")
-        try:   # read(n) allocates n bytes up front: ask for what the file holds (+1 shows growth past the cap)
-            data = f.read(min(st.st_size, cap) + 1)
-        except OSError as e:
-            raise os_error(e, f"cannot read {what} {path}") from None
-    if len(data) > cap:
-        raise SvgenError(f"{what} {path} is larger than {cap >> 20} MiB; not an svgen file")
-    return data
 
 
 # ----------------------------------------------------------------------------- renaming
@@ -176,10 +116,13 @@ def _owner_alive(path: Path, target: Path) -> bool:
     rest = next((path.name[len(_prefix(target, k)):] for k in ("tmp", "old")
                  if path.name.startswith(_prefix(target, k))), "")
     pid = rest.split("-", 1)[0]
-    if not pid.isdigit() or int(pid) == os.getpid():
-        return False
+    return pid.isdigit() and int(pid) != os.getpid() and process_alive(int(pid))
+
+
+def process_alive(pid: int) -> bool:
+    """Whether process ``pid`` runs (POSIX: on Windows ``os.kill`` would end it)."""
     try:
-        os.kill(int(pid), 0)
+        os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except OSError:  # EPERM: it exists, owned by someone else
@@ -258,11 +201,37 @@ def leftovers(target) -> list:
     return [p for p in found if _abandoned(p) and not _owner_alive(p, target)]
 
 
+def lock_file(target) -> Path:
+    """``.NAME.lock`` beside ``target``: the writer's lock of an artifact (:mod:`svgen.locks`)."""
+    target = Path(target)
+    return target.absolute().parent / f".{target.name}.lock"
+
+
+def _remove_free_lock(path: Path) -> None:
+    """Remove a lock file no process holds (its writer was killed), under its lock: a process that waited on it
+    then finds it gone and locks the next one (:mod:`svgen.locks`). One that holds a process id is the no-``fcntl``
+    kind, which ``flock`` cannot tell held: it is left to its own check."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0))
+    except OSError:
+        return
+    try:
+        mine = os.fstat(fd)
+        free = stat.S_ISREG(mine.st_mode) and not mine.st_size and _lock(fd)
+        if free and os.path.samestat(mine, os.stat(path, follow_symlinks=False)):
+            os.unlink(path)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
 def recover(target) -> Optional[Path]:
     """Tidy up after an interrupted writer of ``target``: an old version parked in ``.NAME.old-*`` goes
-    back to ``target`` if the target is missing; every other abandoned temporary is removed.
-    Returns the path restored, if any."""
+    back to ``target`` if the target is missing; every other abandoned temporary, and a lock file no process
+    holds, is removed. Returns the path restored, if any."""
     target = Path(target)
+    _remove_free_lock(lock_file(target))
     restored = None
     for p in leftovers(target):
         parked = p / "artifact"
@@ -293,7 +262,18 @@ def check_target_name(path) -> Path:
     here = Path.cwd().resolve()
     if path.resolve() == here or path.resolve() in here.parents:
         raise SvgenError(f"cannot write to {path}: it is the current folder or one above it")
+    check_outside_artifact(path)
     return path
+
+
+def check_outside_artifact(path, what: str = "") -> None:
+    """Refuse a ``path`` inside an svgen artifact (a folder holding ``svgen.json``), ``force`` or not: a file or
+    folder added there damages the artifact (``force`` replaces a target, it never writes into one). ``what``:
+    how the message names the path (``--out X``)."""
+    for folder in Path(path).resolve().parents:
+        if os.path.lexists(folder / ARTIFACT_FILES[0]):
+            raise SvgenError(f"{what or path} lies inside the svgen artifact {folder}; writing there would damage "
+                             "it: choose a name outside the artifact")
 
 
 def _not_replaced(why: str, rest: str = "replaces only an svgen artifact or an empty folder") -> SvgenError:
@@ -412,9 +392,20 @@ def atomic_dir(path, files: dict, force: bool = False, mode=follow_umask) -> Pat
     return path
 
 
-def _check_replaceable_file(path: Path) -> None:
-    if path.is_dir():
+def check_replaceable_file(path) -> None:
+    """A file target that exists must be a regular file, the only kind ``force`` replaces: a folder, a symbolic link
+    (``/dev/stdout``), a device (``/dev/null``), a FIFO or a socket is one line and left as it is."""
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return
+    except OSError as e:
+        raise os_error(e, f"cannot inspect {path}") from None
+    if stat.S_ISDIR(mode):
         raise SvgenError(f"{path} is a folder; give a file name to write")
+    if not stat.S_ISREG(mode):
+        kind = "a symbolic link" if stat.S_ISLNK(mode) else "not a regular file (a device, FIFO or socket)"
+        raise _not_replaced(f"{path} is {kind}", "replaces only a regular file, so it was left as it is")
 
 
 def atomic_file(path, writer, force: bool = False, mode=follow_umask, suffix: Optional[str] = None) -> Path:
@@ -425,8 +416,7 @@ def atomic_file(path, writer, force: bool = False, mode=follow_umask, suffix: Op
     suffix = Path(path).suffix if suffix is None else suffix
     path = check_target_name(path)
     recover(path)
-    if path.is_dir():
-        raise SvgenError(f"{path} is a folder; give a file name to write")
+    check_replaceable_file(path)
     if os.path.lexists(path) and not force:
         raise TargetExistsError(path)
     parent = path.absolute().parent
@@ -438,10 +428,10 @@ def atomic_file(path, writer, force: bool = False, mode=follow_umask, suffix: Op
             mode(tmp, False)
         _fsync(tmp)
         if force:
-            _check_replaceable_file(path)
+            check_replaceable_file(path)
             os.replace(tmp, path)  # a file is replaced in one step
         else:
-            _place(tmp, path, False, _check_replaceable_file)
+            _place(tmp, path, False, check_replaceable_file)
     return path
 
 

@@ -101,7 +101,9 @@ def test_the_library_never_imports_the_command_line():
 LAYERS = {
     "errors": [],
     "config": ["errors"],
-    "safeio": ["errors"],                        # atomic writes and bounded reads, for every layer that touches files
+    "reading": ["errors"],                       # bounded reads of the files svgen is given
+    "safeio": ["reading"],                       # atomic writes, what force may replace, for every layer that writes
+    "locks": ["safeio"],                         # one writer at a time of an artifact (load to replace)
     "npy": ["errors"],                           # every .npy read: header checked first, native byte order
     "steps": ["errors"],                         # a log line with its duration for each long step (svgen -v)
     "selection": ["errors"],                     # the adaptive choices' settings, held-out shots and one paired test
@@ -114,7 +116,7 @@ LAYERS = {
     "zeroshot": ["heads", "validation"],         # the stages
     "fewshot": ["heads"],
     "transductive": ["fewshot"],
-    "io": ["zeroshot", "fewshot", "encoders"],   # the files: the codec knows every stage's state
+    "io": ["zeroshot", "fewshot", "encoders", "locks"],   # the files: the codec knows every stage's state
     "engine": ["heads", "encoders", "npy"],            # results out, in blocks
     "evaluation": ["heads", "validation"],
     "estimator": ["evaluation"],

@@ -191,6 +191,7 @@ def load_array(path, what: str, mmap: bool = False, strings: bool = False) -> np
 # ----------------------------------------------------------------------------- checks every command gets (cli.main)
 
 OUTPUT_OPTIONS = (("out", "--out"), ("plot", "--plot"))
+STDOUT_COMMANDS = ("eval", "classify")   # --out - writes their table or rows to stdout
 INPUT_OPTIONS = ("artifact", "inputs", "features", "data", "labels", "prototypes", "classes", "templates", "shots",
                  "shot_features", "shot_labels", "unlabelled", "unlabelled_features", "checkpoint")
 DEVICE_NAME = re.compile(r"(auto|cpu|mps|cuda(:\d+)?)")
@@ -209,11 +210,27 @@ def non_negative_int(text: str) -> int:
 
 def check_args(args) -> None:
     """What every sub-command's arguments must satisfy before any work (run once by :func:`svgen.cli.main`):
-    ``--device`` names a device, and no output (``--out``, ``--plot``) destroys an input."""
+    ``--device`` names a device, ``--out -`` is stdout where a command can write there, and no output (``--out``,
+    ``--plot``) destroys an input or another output."""
     device = getattr(args, "device", None)
     if device is not None and not DEVICE_NAME.fullmatch(str(device)):
         raise SvgenError(f"--device {device!r} is not a device: use auto, cpu, cuda, cuda:N or mps")
+    take_stdout(args)
     check_outputs(args)
+
+
+def take_stdout(args) -> None:
+    """``--out -``: stdout, for the commands whose --out is a table or rows (:data:`STDOUT_COMMANDS`; ``--out`` is
+    then None, as when it is not given); elsewhere, and for ``--plot -``, one line instead of a file named ``-``."""
+    for name, opt in OUTPUT_OPTIONS:
+        if getattr(args, name, None) != "-":
+            continue
+        if name == "out" and getattr(args, "command", None) in STDOUT_COMMANDS:
+            args.out = None
+            continue
+        where = "a PNG" if name == "plot" else f"'svgen {getattr(args, 'command', '')}'"
+        raise SvgenError(f"{opt} - (stdout) is not available for {where}: name a file"
+                         + (" (--out - is for eval and classify)" if name == "out" else ""))
 
 
 def _input_paths(args):
@@ -227,8 +244,14 @@ def _input_paths(args):
 def check_outputs(args) -> None:
     """Refuse an output that is one of the inputs, lies inside an artifact folder (an input's, or any folder
     holding ``svgen.json``), or holds an input: ``export A --out A/weights.safetensors --force`` used to overwrite
-    the artifact's own weights. Paths are compared resolved (symbolic links, ``..``)."""
+    the artifact's own weights; and two outputs (a command's ``derived_outputs(args)`` default adds those it names
+    after another) that coincide (``eval --out r.png --plot r.png`` wrote the PNG,
+    then the table over it) or where one holds the other. Paths are compared resolved (symbolic links, ``..``),
+    before anything is written."""
+    from svgen.safeio import check_outside_artifact
+
     outs = [(opt, getattr(args, name)) for name, opt in OUTPUT_OPTIONS if getattr(args, name, None)]
+    outs += list(getattr(args, "derived_outputs", lambda a: ())(args))   # named after another (eval's heat map)
     if not outs:
         return
     inputs = list(_input_paths(args))
@@ -240,7 +263,20 @@ def check_outputs(args) -> None:
                                  "choose another name")
             if target in p.parents:
                 raise SvgenError(f"{opt} {out} holds the input {p}; choose another name")
-        for folder in target.parents:
-            if (folder / "svgen.json").exists():
-                raise SvgenError(f"{opt} {out} lies inside the svgen artifact {folder}; writing there would damage "
-                                 "it: choose a name outside the artifact")
+        check_outside_artifact(target, f"{opt} {out}")
+    for i, (opt, out) in enumerate(outs):
+        for other_opt, other in outs[i + 1:]:
+            a, b = Path(out).resolve(), Path(other).resolve()
+            if a == b or _same_file(a, b):
+                raise SvgenError(f"{opt} {out} and {other_opt} {other} are the same file; give each its own name")
+            if a in b.parents or b in a.parents:
+                outer, inner = ((opt, out), (other_opt, other)) if a in b.parents else ((other_opt, other), (opt, out))
+                raise SvgenError(f"{outer[0]} {outer[1]} holds {inner[0]} {inner[1]}; give each its own place")
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    """Two existing names of one file (a hard link: resolving does not show it)."""
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False

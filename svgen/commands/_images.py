@@ -7,6 +7,7 @@ Which encoder an artifact accepts is the library's :mod:`svgen.encoders.resolve`
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from pathlib import Path
 
@@ -102,10 +103,13 @@ def check_out(out, force: bool) -> None:
     """Fail before any expensive work when ``--out`` cannot be written."""
     if not out:
         return
+    from svgen.safeio import check_replaceable_file
+
     p = Path(out)
     if p.is_dir():
         raise SvgenError(f"--out {p} is a folder; give a file name")
-    if p.exists() and not force:
+    check_replaceable_file(p)   # a link (/dev/stdout), device, FIFO or socket: never replaced, --force or not
+    if os.path.lexists(p) and not force:
         raise SvgenError(f"{p} already exists; pass --force to overwrite it")
     if not p.resolve().parent.is_dir():
         raise SvgenError(f"cannot write {p}: folder {p.resolve().parent} does not exist")

@@ -13,7 +13,9 @@ def add_parser(sub):
         help="add classes to an artifact (the shared generator expands their prototypes)",
         description="Encode the new classes' prompts with the artifact's encoder (or read their embeddings with "
                     "--prototypes), expand them with the artifact's trained generator, give them linear-head rows "
-                    "and re-solve the vote weights over all classes. The artifact is replaced atomically. "
+                    "and re-solve the vote weights over all classes. The artifact is replaced atomically, under a lock "
+                    "beside it (.NAME.lock, removed afterwards) held from reading it: a concurrent add-classes or "
+                    "fit --force on it waits, so no update is lost. "
                     "The names are checked against the artifact before any encoder is loaded, and prompts "
                     "already in the prompt cache are not encoded again.",
         formatter_class=HelpFormatter,
@@ -27,14 +29,25 @@ def add_parser(sub):
 
 
 def run(args) -> int:
-    from svgen import SVGClassifier
     from svgen.errors import SvgenError
-    from svgen.encoders.prompts import read_class_names, validate_new_classes
+    from svgen.encoders.prompts import read_class_names
+    from svgen.locks import artifact_lock
 
     check_device(args)
     names = read_class_names(args.classes)
     if not names:
         raise SvgenError(f"classes file {args.classes} is empty: expected one class name per line")
+    if not os.path.isdir(args.artifact):   # not an artifact: the load says so in one line
+        return _add(args, names)
+    with artifact_lock(args.artifact):   # load to replace: a concurrent writer waits, so no update is lost
+        return _add(args, names)
+
+
+def _add(args, names) -> int:
+    from svgen import SVGClassifier
+    from svgen.errors import SvgenError
+    from svgen.encoders.prompts import validate_new_classes
+
     clf = SVGClassifier.load(args.artifact)
     names = validate_new_classes(names, clf.classes_, source=f"classes file {args.classes}")
     if args.prototypes:

@@ -75,9 +75,11 @@ def add_parser(sub):
                         "--engine ray writes Parquet)")
     p.add_argument("--out", metavar="FILE",
                    help="write here (atomically, streamed) instead of stdout; the name ends in .csv, .jsonl "
-                        "(.ndjson) or .parquet (any other suffix is refused); --engine ray: a folder, named "
-                        "FOLDER or FOLDER.parquet")
-    p.add_argument("--force", action="store_true", help="overwrite --out if it exists")
+                        "(.ndjson) or .parquet (any other suffix is refused); '-' is stdout; --engine ray: a "
+                        "folder, named FOLDER or FOLDER.parquet")
+    p.add_argument("--force", action="store_true",
+                   help="overwrite --out if it exists (only a regular file, or a folder of an earlier --engine ray "
+                        "run, is replaced: never a symbolic link, device or FIFO)")
     add_image_encoder_args(p)
     from svgen.commands.classify_ray import add_ray_args
 

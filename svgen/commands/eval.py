@@ -51,15 +51,23 @@ def add_parser(sub):
                         "--force replaces an existing file)")
     p.add_argument("--out", metavar="FILE",
                    help="write here (atomically) instead of stdout: FILE.json gets the JSON object, FILE.txt "
-                        "(or any other name) the table; --json with a .txt name is refused")
-    p.add_argument("--force", action="store_true", help="overwrite --out if it exists")
+                        "(or any other name) the table; --json with a .txt name is refused; '-' is stdout")
+    p.add_argument("--force", action="store_true",
+                   help="overwrite --out and --plot if they exist (only a regular file is replaced: never a "
+                        "symbolic link, device or FIFO)")
     p.add_argument("--confusions", action="store_true",
                    help="also list the 20 most frequent (true, predicted) class pairs of the default head on these "
                         "data beside the pairs 'svgen diagnose --confusions' predicts from the support vectors, "
                         "marking the measured pairs among the top 100 predicted (JSON: key confusions); with --plot "
                         "also a heat map of them, FILE_confusions.png")
     add_image_encoder_args(p)
-    p.set_defaults(func=run)
+    p.set_defaults(func=run, derived_outputs=derived_outputs)
+
+
+def derived_outputs(args) -> list:
+    """The output named after another, checked with --out and --plot before any work (``check_outputs``): the
+    ``--confusions --plot`` heat map."""
+    return [("--plot's heat map", _confusions_png(args.plot))] if args.confusions and args.plot else []
 
 
 def format_table(results: dict, default_head: str = "kernel") -> str:

@@ -13,6 +13,7 @@ from typing import Dict, Optional
 
 
 from svgen.encoders.activation import decide_quick_gelu
+from svgen.errors import SvgenError
 from svgen.safeio import check_regular, os_error
 
 log = logging.getLogger(__name__)
@@ -60,7 +61,7 @@ def _sha256_of(path: str, size: int, mtime_ns: int, chunk: int, ctime_ns: int = 
 
             memo.parent.mkdir(parents=True, exist_ok=True)
             atomic_text(memo, digest + "\n", force=True)
-        except OSError as e:   # a read-only cache costs the hash next time, nothing else
+        except (OSError, SvgenError) as e:   # a read-only cache (or a link there) costs the hash next time, nothing else
             log.debug("could not remember the sha256 of %s: %s", path, e)
     return digest
 

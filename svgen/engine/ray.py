@@ -70,6 +70,9 @@ def check_output(out, job: dict, force: bool = False) -> None:
     """Raise :class:`SvgenError` (writing nothing) unless ``out`` is new, or an earlier run of this
     ``job`` (then it is continued), or one that ``force`` may start over."""
     out = Path(out)
+    if force and out.is_symlink():   # force starts over in a folder of svgen's own, never through a link
+        raise SvgenError(f"out {out} is a symbolic link; force=True starts over only in a real folder",
+                         cli=f"--out {out} is a symbolic link; --force starts over only in a real folder")
     if out.exists() and not out.is_dir():
         raise SvgenError(f"out {out} is a file; the Ray engine writes a folder of Parquet parts there",
                          cli=f"--out {out} is a file; --engine ray writes a folder of Parquet parts there")

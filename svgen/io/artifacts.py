@@ -46,7 +46,9 @@ labelled by the argmax of their posterior) after the text and image rows, the in
 as ``inductive.vote_weights`` (M₀×C, over the first M₀ = text + image rows) and ``inductive.bandwidth``; they load as
 they were written. Writes are atomic: everything goes to a temporary sibling directory that is
 renamed into place; an existing artifact is replaced only with ``force=True``, by an atomic exchange,
-and only when it is an svgen artifact or an empty folder (docs/reliability.md).
+and only when it is an svgen artifact or an empty folder, never inside another artifact (docs/reliability.md). Each
+write holds the artifact's writer lock (:func:`svgen.locks.artifact_lock`), which a load-to-replace holds throughout.
+Reading follows no symbolic link inside the folder: ``svgen.json`` or ``weights.safetensors`` as a link is refused.
 """
 
 from __future__ import annotations
@@ -65,6 +67,7 @@ from safetensors.torch import load_file, save_file
 from svgen import safeio
 from svgen.io import schema
 from svgen.errors import SvgenError
+from svgen.locks import artifact_lock
 from svgen.steps import timed
 
 log = logging.getLogger(__name__)
@@ -127,8 +130,10 @@ def save_artifact(path, tensors: Dict[str, torch.Tensor], meta: dict, force: boo
         def write_meta(p):
             p.write_text(text + "\n", encoding="utf-8")
 
-        return safeio.atomic_dir(path, {WEIGHTS_FILE: lambda p: save_file(tensors, str(p)), META_FILE: write_meta},
-                                force=force)
+        safeio.check_dir_target(path, force)   # a refused target is one line before any lock file is made
+        with artifact_lock(path):   # one writer at a time: add-classes holds it from its load to here
+            return safeio.atomic_dir(path, {WEIGHTS_FILE: lambda p: save_file(tensors, str(p)),
+                                            META_FILE: write_meta}, force=force)
 
 
 def _check_readable(path, tensors: Dict[str, torch.Tensor], meta: dict, votes) -> str:
@@ -155,11 +160,13 @@ def load_artifact(path) -> Tuple[dict, Dict[str, torch.Tensor]]:
         raise SvgenError(f"{path} is not an svgen artifact directory (expected {META_FILE} and {WEIGHTS_FILE} inside)")
     if not os.path.lexists(path / META_FILE):
         raise SvgenError(f"{path} is not an svgen artifact: {META_FILE} is missing")
-    meta = schema.validate_meta(schema.parse_meta(safeio.read_regular(path / META_FILE, what="artifact file"),
+    # follow=False: a link inside the folder (svgen.json to any file, the weights to another artifact's) is refused
+    meta = schema.validate_meta(schema.parse_meta(safeio.read_regular(path / META_FILE, what="artifact file",
+                                                                      follow=False),
                                                   path / META_FILE), path / META_FILE, FORMAT_VERSIONS)
     if not os.path.lexists(path / WEIGHTS_FILE):
         raise SvgenError(f"{path} is incomplete: {WEIGHTS_FILE} is missing")
-    safeio.check_regular(path / WEIGHTS_FILE, "artifact file")  # a FIFO or device would hang or never end
+    safeio.check_regular(path / WEIGHTS_FILE, "artifact file", follow=False)  # a FIFO or device: hang or no end
     try:
         tensors = load_file(str(path / WEIGHTS_FILE))
     except PermissionError as e:

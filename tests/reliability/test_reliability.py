@@ -148,7 +148,7 @@ def test_artifact_files_are_read_only_when_regular_and_bounded(cli, work, kind, 
         target.mkdir()
     else:  # weights.safetensors is memory-mapped, never read whole
         monkeypatch.setattr(safeio, "MAX_JSON_BYTES", 1000)
-        monkeypatch.setattr(safeio.read_regular, "__defaults__", (1000, "file"))
+        monkeypatch.setattr(safeio.read_regular, "__defaults__", (1000, *safeio.read_regular.__defaults__[1:]))
         target.write_text(json.dumps({"format_version": 1, "classes": NAMES, "pad": "x" * 5000}))
     code, _, err = cli("classify", "a.svgen", "--features", "F.npy")
     one_line(code, err, name)
