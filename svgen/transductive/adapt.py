@@ -113,6 +113,10 @@ def _adopt_posterior(stage: Stage, side: TextSide, fit: PoolFit, U: torch.Tensor
             t = match(z, target)
             t_safe, met = td.nll_guard(z, t, cosine, trust)
             guard[head] = {"matched_scale": t, "scale": t_safe, "softened": t_safe < t, "met": met}
+            if not met:
+                log.warning("transductive: no temperature of the %s head expects an NLL on the pool at most the "
+                            "cosine head's under the label estimate %g·p + %.3g·p_cosine; it is as flat as allowed",
+                            head, trust, 1 - trust)
             return t_safe
 
         lin = predictor.logits(fit.heads, P, kind, U_cal, "linear").double()
