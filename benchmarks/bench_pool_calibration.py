@@ -41,13 +41,23 @@ from benchmarks.bench_adapt import DATASETS, load_dataset
 from benchmarks.bench_common import machine, save_result
 
 
+def image_nll(p, y) -> np.ndarray:
+    return -np.log(np.maximum(np.asarray(p, dtype=np.float64)[np.arange(len(y)), y], 1e-300))
+
+
 def scores(p, y) -> dict:
     from svgen.calibration.temperatures import ece
 
     p = np.asarray(p, dtype=np.float64)
-    return {"top1": float((p.argmax(1) == y).mean()), "nll": float(-np.log(np.maximum(p[np.arange(len(y)), y],
-                                                                                          1e-300)).mean()),
+    return {"top1": float((p.argmax(1) == y).mean()), "nll": float(image_nll(p, y).mean()),
             "ece": float(ece(p, y)), "confidence": float(p.max(1).mean())}
+
+
+def paired_nll(p, p_ref, y) -> dict:
+    """Mean per-image NLL of ``p`` minus ``p_ref`` and its paired bootstrap 95% interval (images resampled)."""
+    from benchmarks.bench_fewshot import bootstrap_mean
+
+    return bootstrap_mean([image_nll(p, y) - image_nll(p_ref, y)])
 
 
 def noisy_copies(X, y, copies: int, noise: float, seed: int):
@@ -81,10 +91,15 @@ def run_dataset(name: str, copies: int = 0, noise: float = 0.0, seed: int = 0) -
     target = td._entropy(predictor.logits(base.heads_, base.prototypes_, base.fit_config_.kernel, U[rows],
                                           base.default_head_).double() / base.temperatures_[base.default_head_])
     row["entropy"] = scores(torch.softmax(td.match_entropy(z, target) * z, 1).numpy(), y)
-    row["agreement"] = scores(clf.predict_proba(X), y)
+    p_now, p_cos = clf.predict_proba(X), base.predict_proba(X, "cosine")
+    row["agreement"] = scores(p_now, y)
     unguarded = copy.deepcopy(base)
     unguarded.adapt_config = AdaptConfig(pool_trust=1.0)
-    row["unguarded"] = scores(unguarded.adapt(unlabelled=X).predict_proba(X), y)
+    p_before = unguarded.adapt(unlabelled=X).predict_proba(X)
+    row["unguarded"] = scores(p_before, y)
+    row["nll_now_minus_unguarded"] = paired_nll(p_now, p_before, y)
+    row["nll_now_minus_cosine"] = paired_nll(p_now, p_cos, y)
+    row["nll_unguarded_minus_cosine"] = paired_nll(p_before, p_cos, y)
     row["softened"] = {h: g["softened"] for h, g in rec["nll_guard"]["heads"].items()}
     row["agreement_pool"] = float(rec["check"]["agreement_pool"])
     row["head"] = head
@@ -105,6 +120,13 @@ def render(rows) -> str:
             soft = " (softened)" if r["softened"].get("linear") else ""
             lines.append(f"{head} {cell(r['entropy'])} | {cell(r['unguarded'])} | {cell(r['agreement'])}{soft} | "
                          f"{r['agreement_pool']:.3f} |")
+    lines += ["", "NLL differences on the pool images, paired bootstrap 95% intervals:", "",
+              "| data set | guarded − unguarded | guarded − cosine | unguarded − cosine |", "|---|---|---|---|"]
+    diff = lambda d: f"{d['diff']:+.3f} [{d['ci95'][0]:+.3f}, {d['ci95'][1]:+.3f}]"   # noqa: E731
+    for r in rows:
+        if "refused" not in r:
+            lines.append(f"| {r['dataset']} | {diff(r['nll_now_minus_unguarded'])} | {diff(r['nll_now_minus_cosine'])} "
+                         f"| {diff(r['nll_unguarded_minus_cosine'])} |")
     return "\n".join(lines)
 
 

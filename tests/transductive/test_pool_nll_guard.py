@@ -11,20 +11,14 @@ import numpy as np
 import pytest
 import torch
 
+from conftest import load_script
+
 from svgen import AdaptConfig, SVGClassifier
 from svgen.errors import SvgenError
 from svgen.transductive import solve as td
 
-
-def _unit(x):
-    x = np.asarray(x, dtype=np.float64)
-    return x / np.linalg.norm(x, axis=1, keepdims=True)
-
-
-def _softmax(z):
-    z = z - z.max(axis=1, keepdims=True)
-    e = np.exp(z)
-    return e / e.sum(axis=1, keepdims=True)
+_bench = load_script("bench_adapt")   # the benchmarks' own numpy helpers, not a second copy
+_unit, _softmax = _bench.unit, _bench.softmax
 
 
 def _expected_nll_gap(p, q, trust):
