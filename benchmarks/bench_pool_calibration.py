@@ -8,13 +8,21 @@ For the default head, on the pool images:
 * ``inductive``  the zero-shot default head (what ``classify`` gives without the pool);
 * ``entropy``    the kept pool's head at the temperature giving it the inductive head's mean entropy on the pool
                  (the rule until issue 40);
+* ``unguarded``  the kept pool's head at the cross-half agreement alone (``AdaptConfig(pool_trust=1.0)``: the rule
+                 from issue 40 until issue 49, item 20);
 * ``agreement``  the kept pool's head as ``adapt`` deploys it: mean top-1 probability on the pool = the check's
-                 cross-half agreement (``transductive.check.agreement_pool``), no label used.
+                 cross-half agreement (``transductive.check.agreement_pool``), no sharper than the NLL guard allows
+                 (expected NLL under ``0.7·p_head + 0.3·p_cosine`` not above the cosine head's); no label used;
+* ``cosine``     CLIP's own ``softmax(100·cos)``, the reference of the guard.
 
-Both pool rows are the same head at two temperatures: their top-1 is identical. A refused pool changes nothing.
+The pool rows are the same head at different temperatures: their top-1 is identical. A refused pool changes nothing.
+``--copies K --noise S`` builds an adversarial pool instead of the validation set: K copies of every validation
+image, each with Gaussian noise of norm about S added and re-normalised (near-duplicates on both sides of the check's
+halves; seeded by ``--seed``).
 
     python -m benchmarks.bench_pool_calibration                 # the 7 sets (a few minutes on 2 cores)
     python -m benchmarks.bench_pool_calibration --datasets oxford_pets
+    python -m benchmarks.bench_pool_calibration --copies 3 --noise 0.3 --seed 1 --out bench_pool_calibration_dup
 
 Writes ``bench-results/bench_pool_calibration.json`` and prints a Markdown table.
 """
@@ -33,22 +41,43 @@ from benchmarks.bench_adapt import DATASETS, load_dataset
 from benchmarks.bench_common import machine, save_result
 
 
+def image_nll(p, y) -> np.ndarray:
+    return -np.log(np.maximum(np.asarray(p, dtype=np.float64)[np.arange(len(y)), y], 1e-300))
+
+
 def scores(p, y) -> dict:
     from svgen.calibration.temperatures import ece
 
     p = np.asarray(p, dtype=np.float64)
-    return {"top1": float((p.argmax(1) == y).mean()), "nll": float(-np.log(np.maximum(p[np.arange(len(y)), y],
-                                                                                          1e-300)).mean()),
+    return {"top1": float((p.argmax(1) == y).mean()), "nll": float(image_nll(p, y).mean()),
             "ece": float(ece(p, y)), "confidence": float(p.max(1).mean())}
 
 
-def run_dataset(name: str) -> dict:
+def paired_nll(p, p_ref, y) -> dict:
+    """Mean per-image NLL of ``p`` minus ``p_ref`` and its paired bootstrap 95% interval (images resampled)."""
+    from benchmarks.bench_fewshot import bootstrap_mean
+
+    return bootstrap_mean([image_nll(p, y) - image_nll(p_ref, y)])
+
+
+def noisy_copies(X, y, copies: int, noise: float, seed: int):
+    """``copies`` re-normalised copies of every row of ``X`` with Gaussian noise of norm about ``noise`` added."""
+    rng = np.random.default_rng(seed)
+    Xs = np.concatenate([X + noise * rng.normal(size=X.shape) / np.sqrt(X.shape[1]) for _ in range(copies)])
+    return (Xs / np.linalg.norm(Xs, axis=1, keepdims=True)).astype(np.float32), np.tile(y, copies)
+
+
+def run_dataset(name: str, copies: int = 0, noise: float = 0.0, seed: int = 0) -> dict:
+    from svgen import AdaptConfig
     from svgen.heads import predictor
     from svgen.transductive import solve as td
 
     X, y, P, C, base = load_dataset(name)
+    if copies:
+        X, y = noisy_copies(X, y, copies, noise, seed)
     t0 = time.perf_counter()
-    row = {"dataset": name, "classes": C, "pool": len(y), "inductive": scores(base.predict_proba(X), y)}
+    row = {"dataset": name, "classes": C, "pool": len(y), "inductive": scores(base.predict_proba(X), y),
+           "cosine": scores(base.predict_proba(X, "cosine"), y)}
     clf = copy.deepcopy(base).adapt(unlabelled=X)
     rec = clf.transductive_
     row["wall_s"] = time.perf_counter() - t0
@@ -62,7 +91,16 @@ def run_dataset(name: str) -> dict:
     target = td._entropy(predictor.logits(base.heads_, base.prototypes_, base.fit_config_.kernel, U[rows],
                                           base.default_head_).double() / base.temperatures_[base.default_head_])
     row["entropy"] = scores(torch.softmax(td.match_entropy(z, target) * z, 1).numpy(), y)
-    row["agreement"] = scores(clf.predict_proba(X), y)
+    p_now, p_cos = clf.predict_proba(X), base.predict_proba(X, "cosine")
+    row["agreement"] = scores(p_now, y)
+    unguarded = copy.deepcopy(base)
+    unguarded.adapt_config = AdaptConfig(pool_trust=1.0)
+    p_before = unguarded.adapt(unlabelled=X).predict_proba(X)
+    row["unguarded"] = scores(p_before, y)
+    row["nll_now_minus_unguarded"] = paired_nll(p_now, p_before, y)
+    row["nll_now_minus_cosine"] = paired_nll(p_now, p_cos, y)
+    row["nll_unguarded_minus_cosine"] = paired_nll(p_before, p_cos, y)
+    row["softened"] = {h: g["softened"] for h, g in rec["nll_guard"]["heads"].items()}
     row["agreement_pool"] = float(rec["check"]["agreement_pool"])
     row["head"] = head
     return row
@@ -72,29 +110,42 @@ def render(rows) -> str:
     def cell(r):
         return f"{100 * r['top1']:.1f} / {r['confidence']:.3f} / {r['ece']:.3f} / {r['nll']:.3f}"
 
-    lines = ["| data set | classes | pool | inductive | pool, entropy T (before) | pool, agreement T (now) | "
-             "agreement |", "|---|---:|---:|---|---|---|---:|"]
+    lines = ["| data set | classes | pool | cosine | inductive | pool, entropy T | pool, agreement T, unguarded | "
+             "pool, agreement T, guarded (now) | agreement |", "|---|---:|---:|---|---|---|---|---|---:|"]
     for r in rows:
+        head = f"| {r['dataset']} | {r['classes']} | {r['pool']} | {cell(r['cosine'])} | {cell(r['inductive'])} |"
         if "refused" in r:
-            lines.append(f"| {r['dataset']} | {r['classes']} | {r['pool']} | {cell(r['inductive'])} | refused | "
-                         f"refused | – |")
+            lines.append(f"{head} refused | refused | refused | – |")
         else:
-            lines.append(f"| {r['dataset']} | {r['classes']} | {r['pool']} | {cell(r['inductive'])} | "
-                         f"{cell(r['entropy'])} | {cell(r['agreement'])} | {r['agreement_pool']:.3f} |")
+            soft = " (softened)" if r["softened"].get("linear") else ""
+            lines.append(f"{head} {cell(r['entropy'])} | {cell(r['unguarded'])} | {cell(r['agreement'])}{soft} | "
+                         f"{r['agreement_pool']:.3f} |")
+    lines += ["", "NLL differences on the pool images, paired bootstrap 95% intervals:", "",
+              "| data set | guarded − unguarded | guarded − cosine | unguarded − cosine |", "|---|---|---|---|"]
+    diff = lambda d: f"{d['diff']:+.3f} [{d['ci95'][0]:+.3f}, {d['ci95'][1]:+.3f}]"   # noqa: E731
+    for r in rows:
+        if "refused" not in r:
+            lines.append(f"| {r['dataset']} | {diff(r['nll_now_minus_unguarded'])} | {diff(r['nll_now_minus_cosine'])} "
+                         f"| {diff(r['nll_unguarded_minus_cosine'])} |")
     return "\n".join(lines)
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--datasets", nargs="+", default=list(DATASETS), choices=DATASETS)
+    ap.add_argument("--copies", type=int, default=0, help="an adversarial pool: this many noisy copies of each image")
+    ap.add_argument("--noise", type=float, default=0.3, help="the copies' noise norm (about)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", default="bench_pool_calibration")
     args = ap.parse_args(argv)
     rows = []
     for name in args.datasets:
-        rows.append(run_dataset(name))
+        rows.append(run_dataset(name, args.copies, args.noise, args.seed))
         print(json.dumps(rows[-1]), flush=True)
     print("top-1 % / mean top-1 probability / ECE / NLL, default head, on the pool images")
     print(render(rows))
-    save_result("bench_pool_calibration", {"machine": machine(), "rows": rows})
+    save_result(args.out, {"machine": machine(), "rows": rows, "copies": args.copies, "noise": args.noise,
+                           "seed": args.seed})
     return 0
 
 

@@ -35,7 +35,9 @@ class AdaptConfig:
     alphas: the linear head's LDA weight α (× s; 0 is zero-shot). kernel_floors: ε of the floored kernel logits.
     class_folds, refits: groups of classes with shots and how many are left out (shots for only some classes).
     neighbours … max_escalations: the pool's transduction (TransCLIP's k = 3; rounds, fixed-point steps, κ of the
-    prior mean, the smallest pool per class, the agreement that stops the rounds, β's escalation).
+    prior mean, the smallest pool per class, the agreement that stops the rounds, β's escalation). pool_trust: λ of
+    the label estimate ``λ·p_pool + (1 − λ)·p_cosine`` under which a zero-shot pool's heads may not expect a higher
+    NLL than the cosine head's (:func:`svgen.transductive.solve.nll_guard`; in (0, 1]).
     max_queries, max_logits: the text queries and the queries × classes that fit a temperature.
     """
 
@@ -65,6 +67,7 @@ class AdaptConfig:
     stable: float = 0.999
     escalate: float = 4.0
     max_escalations: int = 4
+    pool_trust: float = 0.7
     max_queries: int = 2048
     max_logits: int = 4_000_000
 
@@ -78,6 +81,8 @@ class AdaptConfig:
                 raise SvgenError(f"AdaptConfig.{f.name} must be a finite number >= 0, got {v!r}")
         if min(self.select_max, self.max_folds, self.lda_loo_max, self.class_folds, self.rounds, self.steps) < 1:
             raise SvgenError("AdaptConfig: select_max, max_folds, lda_loo_max, class_folds, rounds and steps must be >= 1")
+        if not 0.0 < self.pool_trust <= 1.0:
+            raise SvgenError(f"AdaptConfig.pool_trust must be in (0, 1], got {self.pool_trust!r}")
 
     def changed(self) -> dict:
         """The settings that differ from the defaults (what ``svgen.json`` records)."""

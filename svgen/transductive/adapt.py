@@ -46,7 +46,10 @@ def adapt(stage: Stage, side: TextSide, U: torch.Tensor, strength: Optional[floa
     fit = transduce(stage, side, U, strength, progress, labels_entropy=entropy, config=config)
     if not fit.decision.kept:
         return refused(stage, side, U, fit.record, fit.decision)
-    fit = _adopt_factor(stage, side, U, fit, check) if shots else _adopt_posterior(stage, side, fit, U, entropy, check)
+    if shots:
+        fit = _adopt_factor(stage, side, U, fit, check)
+    else:
+        fit = _adopt_posterior(stage, side, fit, U, entropy, check, config)
     fit.record["wall_time_s"] = time.perf_counter() - t0
     fit.decision = decision
     return fit
@@ -94,17 +97,31 @@ def _adopt_factor(stage: Stage, side: TextSide, U: torch.Tensor, fit: PoolFit, c
 
 
 def _adopt_posterior(stage: Stage, side: TextSide, fit: PoolFit, U: torch.Tensor, entropy_before: float,
-                     check: Check) -> PoolFit:
+                     check: Check, config: Optional[AdaptConfig] = None) -> PoolFit:
     """Without labels: the linear head the posterior, the kernel head that with the kernel vote as its prior."""
     P, kind, rec = side.prototypes, side.config.kernel, fit.record
     U_cal, agreement = U[td.calibration_rows(U.shape[0])], agreement_target(check)
     WG, bG, k = fit.gaussian.weight, fit.gaussian.bias, fit.prior_scale
-    temps, powers, why = {}, {}, None
+    temps, powers, why, guard = {}, {}, None, {}
     match, target = (td.match_entropy, entropy_before) if agreement is None else (td.match_confidence, agreement)
+    trust = config_or_default(config).pool_trust
     with torch.no_grad():
+        cosine = torch.log_softmax(predictor.logits(fit.heads, P, kind, U_cal, "cosine").double()
+                                   / predictor.temperature(fit.heads, "cosine"), dim=1)
+
+        def scale(z: torch.Tensor, head: str) -> float:   # matched, then no sharper than the NLL guard allows
+            t = match(z, target)
+            t_safe, met = td.nll_guard(z, t, cosine, trust)
+            guard[head] = {"matched_scale": t, "scale": t_safe, "softened": t_safe < t, "met": met}
+            if not met:
+                log.warning("transductive: no temperature of the %s head expects an NLL on the pool at most the "
+                            "cosine head's under the label estimate %g·p + %.3g·p_cosine; it is as flat as allowed",
+                            head, trust, 1 - trust)
+            return t_safe
+
         lin = predictor.logits(fit.heads, P, kind, U_cal, "linear").double()
         if bool(torch.isfinite(lin).all()):
-            temps["linear"] = 1.0 / match(lin, target)
+            temps["linear"] = 1.0 / scale(lin, "linear")
         if fit.heads.kernel.votes.is_sparse:   # the layout that carries a factor stores dense vote weights only
             why = "its vote weights are sparse (local); the artifact layout that carries a factor needs dense ones"
         elif not k > 0:
@@ -113,7 +130,7 @@ def _adopt_posterior(stage: Stage, side: TextSide, fit: PoolFit, U: torch.Tensor
             z = (k * predictor.scores(stage.heads, P, kind, U_cal, "kernel").double()
                  + predictor.gaussian_log_likelihood(WG, bG, U_cal))
             if bool(torch.isfinite(z).all()):
-                t = match(z, target)
+                t = scale(z, "kernel")
                 temps["kernel"], powers["kernel"] = 1.0 / (t * k), t
             else:
                 why = "its posterior's scores are not finite"
@@ -121,7 +138,9 @@ def _adopt_posterior(stage: Stage, side: TextSide, fit: PoolFit, U: torch.Tensor
             "the pool" if agreement is None else
             f"after a pool without labels: T giving each adapted head a mean top-1 probability on the pool of "
             f"{agreement:.4g}, how often a head adapted on one half of the pool predicts the other half's own "
-            "posterior class (transductive.check.agreement_pool)")
+            "posterior class (transductive.check.agreement_pool)") + (
+            f"; no sharper than expecting, under the label estimate {trust:g}·p_pool + {1 - trust:.3g}·p_cosine, a "
+            "mean NLL on the pool above the cosine head's (transductive.nll_guard)")
     cal = predictor.with_temperatures(fit.heads.calibration, temps,
                                       method="entropy-matched" if agreement is None else "confidence-matched",
                                       rule=rule, **({"kernel_logits": "score"} if powers else {}))
@@ -142,7 +161,12 @@ def _adopt_posterior(stage: Stage, side: TextSide, fit: PoolFit, U: torch.Tensor
                                   "rule": "p_kernel(x) ∝ softmax(s(x)/T) · exp(a · (x̂ W_Gᵀ + b_G)), s the "
                                           "inductive kernel scores, T = 1/(a·β·t_prior): the solve's posterior "
                                           "β·t_prior·s(x) + x̂ W_Gᵀ + b_G at the confidence-matching scale a"}}
-                 if powers else {}), "check": check.to_json(), "default_head": "linear"}
+                 if powers else {}), "check": check.to_json(), "default_head": "linear",
+              "nll_guard": {"trust": trust, "reference": "cosine", "heads": guard,
+                            "rule": "each adapted head's scale is the matched one, or the sharpest below it at which "
+                                    "(1 − trust)·KL(p_cosine‖p_head) ≤ trust·KL(p_head‖p_cosine) on the pool: its "
+                                    "expected NLL under trust·p_head + (1 − trust)·p_cosine is not above the cosine "
+                                    "head's"}}
     # the pool's probabilities: the deployed default head's on it (what `adapt` + `classify --probs` gives)
     labels = predictor.proba_in_blocks(heads, P, kind, U, "linear")
     return PoolFit(heads, record, labels, ind, fit.prior_linear)

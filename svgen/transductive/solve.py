@@ -70,6 +70,35 @@ def match_confidence(scores: torch.Tensor, target: float, iters: int = 40) -> fl
     return _scale(s, lambda z: float(torch.softmax(z, dim=1).max(dim=1).values.mean()) < target, iters)
 
 
+def nll_excess(scores: torch.Tensor, t: float, reference_logp: torch.Tensor, trust: float) -> float:
+    """Mean expected NLL of ``p = softmax(t·scores)`` minus that of the reference ``q = exp(reference_logp)`` under the
+    label estimate ``r = trust·p + (1 − trust)·q``: ``(1 − trust)·KL(q‖p) − trust·KL(p‖q)`` (mean over rows)."""
+    lp = torch.log_softmax(t * scores.double(), dim=1)
+    lq = reference_logp.double()
+    kl_qp = (lq.exp() * (lq - lp)).sum(dim=1)
+    kl_pq = (lp.exp() * (lp - lq)).sum(dim=1)
+    return float(((1.0 - trust) * kl_qp - trust * kl_pq).mean())
+
+
+def nll_guard(scores: torch.Tensor, t: float, reference_logp: torch.Tensor, trust: float,
+              iters: int = 40) -> tuple:
+    """(scale, met): ``t``, or the sharpest scale below it at which :func:`nll_excess` on :func:`calibration_rows` is
+    ≤ 0 — ``softmax(scale·scores)`` expects no higher NLL than the reference under ``trust·p + (1 − trust)·q``.
+    ``met`` False: not even the flattest scale of the bracket meets it (that scale is returned)."""
+    rows = calibration_rows(scores.shape[0])
+    s, lq = scores[rows].double(), reference_logp[rows].double()
+    s = s - s.mean(dim=1, keepdim=True)
+    if nll_excess(s, t, lq, trust) <= 0.0:
+        return t, True
+    spread = float(s.abs().max())
+    lo = min(math.log(1e-3 / spread), math.log(t)) if spread > 0 and math.isfinite(spread) else math.log(t)
+    if nll_excess(s, math.exp(lo), lq, trust) > 0.0:
+        return math.exp(lo), False
+    hi = math.log(t)
+    m = bisect(lambda m: nll_excess(s, math.exp(m), lq, trust) <= 0.0, lo, hi, iters)
+    return math.exp(m - (hi - lo) / 2 ** (iters + 1)), True   # the bracket's low end: a scale that met it
+
+
 def knn_graph(U: torch.Tensor, k: int, block: int = KNN_BLOCK):
     """(idx N×k, w N×k): each row's k nearest other rows by cosine, ``max(0, cos)`` weights; k = 0: (None, None)."""
     if k <= 0:
