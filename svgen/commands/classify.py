@@ -116,7 +116,8 @@ def run(args) -> int:
     head = args.head or clf.default_head_
     clf.progress = args.progress
     if args.features:
-        arrays = {f: load_features(f, clf, mmap=True) for f in args.features}  # every file checked before output
+        # every file checked before output; a file listed twice is read twice (every input, in order, as images)
+        arrays = [(f, load_features(f, clf, mmap=True)) for f in args.features]
         blocks = _feature_blocks(clf, arrays, head, args)
     else:
         from svgen.encoders.images import find_images
@@ -216,20 +217,20 @@ def _warn_top_k_once(blocks, args, C: int):
         yield block
 
 
-def _feature_blocks(clf, arrays: dict, head: str, args):
+def _feature_blocks(clf, arrays: list, head: str, args):
+    """``arrays``: ``(file, N×D array)`` pairs in the order given, a file named twice twice."""
     import torch
 
     from svgen.io.output import feature_blocks, matrix_blocks
 
     if args.transductive:
-        x = torch.from_numpy(np.concatenate([np.asarray(a, dtype=np.float32) for a in arrays.values()]))
+        x = torch.from_numpy(np.concatenate([np.asarray(a, dtype=np.float32) for _, a in arrays]))
         keys = {"index": list(range(x.shape[0])),
-                "source": [str(f) for f, a in arrays.items() for _ in range(a.shape[0])],
-                "row": [r for a in arrays.values() for r in range(a.shape[0])]}
+                "source": [str(f) for f, a in arrays for _ in range(a.shape[0])],
+                "row": [r for _, a in arrays for r in range(a.shape[0])]}
         yield from matrix_blocks(keys, _transductive(clf, x, args))
         return
-    yield from feature_blocks(list(arrays), arrays.__getitem__,
-                              lambda chunk: score(clf, torch.from_numpy(chunk), head, args.probs))
+    yield from feature_blocks(arrays, lambda chunk: score(clf, torch.from_numpy(chunk), head, args.probs))
 
 
 def _image_blocks(clf, encoder, paths, head: str, args):
