@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Iterator, Optional
 
 from svgen.errors import SvgenError, TargetExistsError
+from svgen.filekind import not_regular
 
 log = logging.getLogger(__name__)
 
@@ -71,9 +72,8 @@ def check_regular(path, what: str = "file") -> os.stat_result:
         raise SvgenError(f"{what} not found: {path}") from None
     except OSError as e:  # EACCES on a folder on the way: unreadable, not missing
         raise os_error(e, f"cannot read {what} {path}") from None
-    if not stat.S_ISREG(st.st_mode):
-        kind = "a folder" if stat.S_ISDIR(st.st_mode) else "not a regular file (a device, FIFO or socket)"
-        raise SvgenError(f"{what} {path} is {kind}")
+    if not_regular(st.st_mode) is not None:   # a folder, a FIFO, a character device …: said precisely
+        raise SvgenError(f"{what} {path} is {not_regular(st.st_mode)}, not a regular file")
     return st
 
 

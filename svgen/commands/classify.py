@@ -9,6 +9,7 @@ import numpy as np
 
 from svgen.engine.predictions import score
 from svgen.errors import SvgenError
+from svgen.steps import timed
 from svgen.commands._common import ExamplesFormatter, add_refused_flag, note
 from svgen.commands._images import (add_image_encoder_args, check_loader_args, check_out, encode_paths,
                                     encoder_for_artifact, load_features)
@@ -110,7 +111,8 @@ def run(args) -> int:
     check_out(args.out, args.force)
     if args.format == "parquet":
         require_pyarrow()  # before any work
-    clf = SVGClassifier.load(args.artifact)
+    with timed(log, f"loaded {args.artifact}"):
+        clf = SVGClassifier.load(args.artifact)
     if args.head is None and not args.transductive:   # the head the fit decided (--transductive: the posterior)
         args.head = clf.default_head_
     head = args.head or clf.default_head_
@@ -130,7 +132,9 @@ def run(args) -> int:
     blocks = _warn_top_k_once(blocks, args, len(clf.classes_))
     if args.transductive:   # the pool is adapted before the first row, so the head column can say what was kept
         blocks = _started(blocks)
-    n = _write(blocks, clf, args)
+    with timed(log, "classify: inputs scored and written") as info:
+        n = _write(blocks, clf, args)
+        info.append(f"{n} row(s), {_what(args)}, {len(clf.classes_)} classes")
     if args.out:
         note(args, f"wrote {args.out}: {n} row(s), {_what(args)} {'probabilities' if _probs(args) else 'scores'}, "
                    f"top {min(args.top_k, len(clf.classes_))}, {args.format}")
@@ -230,7 +234,18 @@ def _feature_blocks(clf, arrays: list, head: str, args):
                 "row": [r for _, a in arrays for r in range(a.shape[0])]}
         yield from matrix_blocks(keys, _transductive(clf, x, args))
         return
-    yield from feature_blocks(arrays, lambda chunk: score(clf, torch.from_numpy(chunk), head, args.probs))
+    from svgen.steps import bar
+
+    rows = bar(None, getattr(args, "progress", False), total=sum(a.shape[0] for _, a in arrays), desc="classify",
+               unit="row")
+    try:
+        for keys, scores in feature_blocks(arrays, lambda chunk: score(clf, torch.from_numpy(chunk), head, args.probs)):
+            if rows is not None:
+                rows.update(len(keys["index"]))
+            yield keys, scores
+    finally:
+        if rows is not None:
+            rows.close()
 
 
 def _image_blocks(clf, encoder, paths, head: str, args):

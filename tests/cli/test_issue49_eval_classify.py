@@ -12,6 +12,8 @@
 
 import dataclasses
 import json
+import os
+import re
 
 import numpy as np
 import pytest
@@ -135,3 +137,112 @@ def test_eval_scores_each_head_once_per_block(twins, which, monkeypatch):
     if which == "shots":   # the mixture's kernel and linear parts
         per_block = {"kernel_scores": 2, "linear_logits": 2, "cosine_logits": 1}
     assert calls == {k: v * n_blocks for k, v in per_block.items()}
+
+
+# ----------------------------------------------------------------------------- 9: every input listed is classified
+
+def test_a_features_file_named_twice_is_classified_twice_in_order(cli, twins):
+    f = twins["root"] / "x.npy"
+    code, out, err = cli("classify", twins["art"], "--features", f, f, "-k", 2, "--format", "jsonl")
+    assert code == 0, err
+    rows = [json.loads(line) for line in out.splitlines()]
+    n = len(twins["x"])
+    assert len(rows) == 2 * n
+    assert [r["index"] for r in rows] == list(range(2 * n))
+    assert [r["row"] for r in rows] == list(range(n)) * 2 and {r["source"] for r in rows} == {str(f)}
+    assert [r["labels"] for r in rows[:n]] == [r["labels"] for r in rows[n:]]
+
+
+@pytest.fixture(scope="module")
+def pictures(tiny_model, tmp_path_factory):
+    """A tiny-model artifact and a folder of three PNGs with, named like images, a link to nothing, a FIFO and a link
+    to /dev/zero."""
+    from PIL import Image
+
+    from svgen.cli import main
+
+    root = tmp_path_factory.mktemp("pictures")
+    (root / "classes.txt").write_text("cat\ndog\nbird\n")
+    enc = ["--model", tiny_model["config"], "--checkpoint", tiny_model["safetensors"]]
+    assert main(["-q", "fit", "--classes", str(root / "classes.txt"), *enc, "--steps", "2",
+                 "--out", str(root / "a.svgen")]) == 0
+    folder = root / "photos"
+    folder.mkdir()
+    rng = np.random.default_rng(0)
+    for i in range(3):
+        Image.fromarray(rng.integers(0, 255, (40, 48, 3), dtype=np.uint8)).save(folder / f"p{i}.png")
+    (folder / "gone.jpg").symlink_to(root / "nowhere.jpg")
+    os.mkfifo(folder / "pipe.jpg")
+    (folder / "zero.jpg").symlink_to("/dev/zero")
+    return {"root": root, "art": root / "a.svgen", "folder": folder, "enc": enc}
+
+
+def test_a_folder_scan_reports_what_is_not_a_regular_file_as_skipped_once(cli, pictures, caplog):
+    import logging
+
+    with caplog.at_level(logging.INFO, logger="svgen"):
+        code, out, err = cli("-v", "classify", pictures["art"], pictures["folder"], "-k", 1, "--format", "jsonl",
+                             *pictures["enc"])
+    assert code == 0, err
+    assert sorted(json.loads(line)["path"].rsplit("/", 1)[1] for line in out.splitlines()) == ["p0.png", "p1.png",
+                                                                                               "p2.png"]
+    said = err + "\n".join(r.getMessage() for r in caplog.records)
+    folder = pictures["folder"]
+    for name, why in (("gone.jpg", f"a symbolic link to '{pictures['root'] / 'nowhere.jpg'}', which does not exist"),
+                      ("pipe.jpg", "a FIFO (named pipe), not an image file"),
+                      ("zero.jpg", "a symbolic link to '/dev/zero', a character device, not an image file")):
+        assert err.count(f"svgen classify: skipped {folder / name}: {why}\n") == 1, err
+        assert said.count(f"skipped {folder / name}") == 1, said   # said once, -v or not
+    assert "skipped 3 of 6 file(s)" in err
+
+
+@pytest.mark.parametrize("name, why", [("gone.jpg", "is a symbolic link to '{root}/nowhere.jpg', which does not exist"),
+                                       ("pipe.jpg", "is a FIFO (named pipe), not an image file or a folder"),
+                                       ("zero.jpg", "is a symbolic link to '/dev/zero', a character device, not an "
+                                                    "image file or a folder")])
+def test_named_explicitly_a_file_that_is_not_regular_is_one_precise_line(cli, pictures, name, why):
+    code, out, err = cli("classify", pictures["art"], pictures["folder"] / name, *pictures["enc"])
+    assert code == 2 and out == ""
+    assert err == f"svgen classify: error: {pictures['folder'] / name} {why.format(root=pictures['root'])}\n"
+
+
+def test_images_named_twice_are_classified_twice_in_order(cli, pictures):
+    p0, p1 = pictures["folder"] / "p0.png", pictures["folder"] / "p1.png"
+    code, out, err = cli("classify", pictures["art"], p0, p1, p0, "-k", 1, "--format", "jsonl", *pictures["enc"])
+    assert code == 0, err
+    assert [json.loads(line)["path"] for line in out.splitlines()] == [str(p0), str(p1), str(p0)]
+
+
+# ----------------------------------------------------------------------------- 15: -v says where the time goes
+
+STEP = re.compile(r"^(.+) in \d+\.\d\ds$")
+
+
+def _steps(caplog):
+    import logging
+
+    return [m.group(1) for r in caplog.records if r.levelno == logging.INFO and r.name.startswith("svgen")
+            for m in [STEP.match(r.getMessage())] if m]
+
+
+def test_verbose_eval_and_classify_features_log_their_steps_with_times(cli, twins, caplog, monkeypatch):
+    import logging
+
+    monkeypatch.setenv("SVGEN_PROGRESS", "1")
+    with caplog.at_level(logging.INFO, logger="svgen"):
+        code, out, err = cli("-v", "eval", twins["shots"], "--features", twins["root"] / "x.npy", "--labels",
+                             twins["root"] / "y.npy")
+    assert code == 0, err
+    steps = _steps(caplog)
+    assert f"loaded {twins['shots']}" in steps
+    assert any(s.startswith("eval: 4 heads (cosine, kernel, linear, mixture) on 400 row(s), 36 classes (cosine ")
+               for s in steps), steps
+    assert "400/400" in err   # the bar over the rows
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="svgen"):
+        code, out, err = cli("-v", "classify", twins["art"], "--features", twins["root"] / "x.npy")
+    assert code == 0, err
+    steps = _steps(caplog)
+    assert f"loaded {twins['art']}" in steps
+    assert "classify: inputs scored and written (400 row(s), kernel head, 36 classes)" in steps, steps
+    assert "400/400" in err
