@@ -101,7 +101,8 @@ def test_the_library_never_imports_the_command_line():
 LAYERS = {
     "errors": [],
     "config": ["errors"],
-    "safeio": ["errors"],                        # atomic writes and bounded reads, for every layer that touches files
+    "filekind": [],                              # what kind of file a path is, from stat alone (nothing opened)
+    "safeio": ["errors", "filekind"],            # atomic writes and bounded reads, for every layer that touches files
     "npy": ["errors"],                           # every .npy read: header checked first, native byte order
     "steps": ["errors"],                         # a log line with its duration for each long step (svgen -v)
     "selection": ["errors"],                     # the adaptive choices' settings, held-out shots and one paired test

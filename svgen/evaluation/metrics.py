@@ -13,7 +13,10 @@
 
 Ties: the top k are the classes ``classify`` lists (:func:`svgen.heads.scoring.topk`: equal scores in the
 lower class index first, as ``argmax``), so a true class tied with a lower-indexed one is not counted at
-top-1 — ``acc1`` is the accuracy of the predictions ``classify`` prints.
+top-1 — ``acc1`` is the accuracy of the predictions ``classify`` prints. A class listed twice (same name, same
+prototype: twins) ties exactly with its first listing in every head, and both count as that class
+(:func:`same_class`); with class names as labels, a prediction counts where its name is the label's, as one judges
+the names ``classify`` prints.
 """
 
 from __future__ import annotations
