@@ -246,3 +246,34 @@ def test_verbose_eval_and_classify_features_log_their_steps_with_times(cli, twin
     assert f"loaded {twins['art']}" in steps
     assert "classify: inputs scored and written (400 row(s), kernel head, 36 classes)" in steps, steps
     assert "400/400" in err
+
+
+# ----------------------------------------------------------------------------- 7 on real data: LVIS with 19 names twice
+
+def test_lvis_with_19_names_listed_twice_eval_and_classify_agree(cli, shared_data, tmp_path):
+    d = shared_data / "clip-vit-b32"
+    if not (d / "lvis_dev_image_features.npy").is_file():
+        pytest.skip("LVIS CLIP embeddings are absent")
+    names = (d / "lvis_classes.txt").read_text(encoding="utf-8").splitlines()
+    P, y = np.load(d / "lvis_v1_clip_a+cname.npy"), np.load(d / "lvis_dev_labels.npy")
+    again = sorted(set(y.tolist()))[:19]   # 19 classes of the dev half, listed a second time at the end
+    (tmp_path / "classes.txt").write_text("\n".join(names + [names[i] for i in again]) + "\n", encoding="utf-8")
+    np.save(tmp_path / "P.npy", np.concatenate([P, P[again]]))
+    truth = [names[i] for i in y]
+    np.save(tmp_path / "names.npy", np.asarray(truth))
+    art = tmp_path / "lvis2.svgen"
+    code, _, err = cli("-q", "fit", "--prototypes", tmp_path / "P.npy", "--classes", tmp_path / "classes.txt",
+                       "-K", "2", "--steps", "2", "--ridge", "10", "--out", art)
+    assert code == 0, err
+    acc = {}
+    for labels in (d / "lvis_dev_labels.npy", tmp_path / "names.npy"):
+        code, out, err = cli("eval", art, "--features", d / "lvis_dev_image_features.npy", "--labels", labels, "--json")
+        assert code == 0, err
+        acc[labels.name] = {h: r["acc1"] for h, r in json.loads(out).items() if h != "default_head"}
+    for head in ("kernel", "linear", "cosine"):
+        code, out, err = cli("classify", art, "--features", d / "lvis_dev_image_features.npy", "--head", head, "-k", 1,
+                             "--format", "jsonl")
+        assert code == 0, err
+        listed = np.mean([json.loads(line)["labels"][0] == t for line, t in zip(out.splitlines(), truth)])
+        assert acc["lvis_dev_labels.npy"][head] == pytest.approx(listed, abs=1e-12), head
+        assert acc["names.npy"][head] == pytest.approx(listed, abs=1e-12), head
