@@ -78,6 +78,20 @@ def test_twins_tie_exactly_in_every_head(twins, which):
     assert not torch.equal(raw[:, first], raw[:, again])
 
 
+def test_a_shot_labelled_with_a_twins_second_index_is_a_shot_of_the_class(twins):
+    """Twins are one class: shots given by the index of the second listing count as the class's (the first listing's),
+    as shots given by name do, rather than go to a column the tie then hides."""
+    rng = np.random.default_rng(1)
+    second = {a: C + i for i, a in enumerate(TWINS)}
+    y_first = np.repeat(np.asarray(TWINS), 3)
+    X = (twins["x"][:len(y_first)] + 0.1 * rng.normal(size=(len(y_first), D))).astype(np.float32)
+    by_first = SVGClassifier.load(twins["art"]).adapt(X, y_first)
+    by_second = SVGClassifier.load(twins["art"]).adapt(X, np.asarray([second[c] for c in y_first]))
+    for head in by_first.head_names_:
+        np.testing.assert_array_equal(by_first.predict_proba(twins["x"], head=head),
+                                      by_second.predict_proba(twins["x"], head=head))
+
+
 def test_twins_are_the_same_name_and_prototype_only():
     from svgen.validation import twin_classes
 
