@@ -144,7 +144,8 @@ class FittedHeads(Estimator):
         """Each class's first twin (the same name listed again with a coinciding prototype), or None where no class
         has one (:func:`svgen.validation.twin_classes`): every head scores twins exactly alike
         (:func:`svgen.heads.predictor.tie`). Computed once per class list and prototypes."""
-        self._check_fitted()
+        if "heads_" not in vars(self):   # unfitted: no fitted attributes (scikit-learn's hasattr protocol)
+            raise AttributeError("this SVGClassifier is not fitted yet, so it has no 'twins_'; call fit() or load()")
         from svgen.validation import twin_classes
 
         key = vars(self).get("_twins_of")
