@@ -27,7 +27,7 @@ import torch.nn.functional as F
 
 from svgen.config import FitConfig
 from svgen.core.generator import prototypes_from_embeddings
-from svgen.core.support import IMAGE, image_rows
+from svgen.core.support import IMAGE, SupportSet, image_rows
 from svgen.encoders.prompts import validate_classes, validate_new_classes
 from svgen.errors import SvgenError
 from svgen.fitted import FittedHeads
@@ -240,6 +240,8 @@ class SVGClassifier(FittedHeads):
         self._check_fitted()
         C = len(self.classes_)
         new = image_rows(X, y, C, self.n_features_in_)
+        if self.twins_ is not None:   # a shot of a class's second listing is a shot of the class (its first listing)
+            new = SupportSet(new.rows, self.twins_[new.labels.long()].to(new.labels.dtype), new.source)
         if self.zero_shot_.kernel.votes.is_sparse:
             why = f"this artifact's {C} classes have sparse (local) vote weights; adding images needs dense ones"
             raise SvgenError(f"{why} (fit with vote_solver='dense')", cli=f"{why} (fit with --vote-solver dense)")

@@ -120,7 +120,8 @@ class FittedHeads(Estimator):
         tensor for a torch input, else numpy, as :meth:`decision_function`). ``head=None``: :attr:`default_head_`."""
         self._check_fitted()
         head = head or self.default_head_
-        p = predictor.proba(self.heads_, self.prototypes_, self.fit_config_.kernel, self._features(X), head)
+        p = predictor.proba(self.heads_, self.prototypes_, self.fit_config_.kernel, self._features(X), head,
+                            self.twins_)
         return p if isinstance(X, torch.Tensor) else p.numpy()
 
     def logits(self, X, head: Optional[str] = None):
@@ -129,8 +130,29 @@ class FittedHeads(Estimator):
         a torch tensor for a torch input, else numpy, as :meth:`decision_function`."""
         self._check_fitted()
         z = predictor.logits(self.heads_, self.prototypes_, self.fit_config_.kernel, self._features(X),
-                             head or self.default_head_)
+                             head or self.default_head_, self.twins_)
         return z if isinstance(X, torch.Tensor) else z.numpy()
+
+    def scores_and_logits(self, X, head: Optional[str] = None) -> tuple:
+        """(:meth:`decision_function`, :meth:`logits`) of torch features, the head evaluated once (``svgen eval``)."""
+        self._check_fitted()
+        return predictor.scores_and_logits(self.heads_, self.prototypes_, self.fit_config_.kernel, self._features(X),
+                                           head or self.default_head_, self.twins_)
+
+    @property
+    def twins_(self) -> Optional[torch.Tensor]:
+        """Each class's first twin (the same name listed again with a coinciding prototype), or None where no class
+        has one (:func:`svgen.validation.twin_classes`): every head scores twins exactly alike
+        (:func:`svgen.heads.predictor.tie`). Computed once per class list and prototypes."""
+        if "heads_" not in vars(self):   # unfitted: no fitted attributes (scikit-learn's hasattr protocol)
+            raise AttributeError("this SVGClassifier is not fitted yet, so it has no 'twins_'; call fit() or load()")
+        from svgen.validation import twin_classes
+
+        key = vars(self).get("_twins_of")
+        if key is None or key[0] is not self.classes_ or key[1] is not self.prototypes_:
+            key = (self.classes_, self.prototypes_, twin_classes(list(self.classes_), self.prototypes_))
+            self._twins_of = key
+        return key[2]
 
     def __sklearn_is_fitted__(self) -> bool:
         """scikit-learn's ``check_is_fitted`` (``Pipeline.predict`` asks it of its last step)."""
@@ -169,7 +191,8 @@ class FittedHeads(Estimator):
         """
         self._check_fitted()
         head = head or self.default_head_
-        scores = predictor.scores(self.heads_, self.prototypes_, self.fit_config_.kernel, self._features(X), head)
+        scores = predictor.scores(self.heads_, self.prototypes_, self.fit_config_.kernel, self._features(X), head,
+                                  self.twins_)
         return scores if isinstance(X, torch.Tensor) else scores.cpu().numpy()
 
     def predict(self, X, head: Optional[str] = None) -> np.ndarray:

@@ -14,6 +14,7 @@ import stat
 from pathlib import Path
 from typing import Optional
 
+from svgen.filekind import not_regular
 from svgen.errors import SvgenError
 
 MAX_JSON_BYTES = 64 << 20  # svgen.json: 64 MiB holds the names of millions of classes
@@ -50,9 +51,9 @@ def check_regular(path, what: str = "file", follow: bool = True) -> os.stat_resu
         raise SvgenError(f"{what} not found: {path}") from None
     except OSError as e:  # EACCES on a folder on the way: unreadable, not missing
         raise os_error(e, f"cannot read {what} {path}") from None
-    if not stat.S_ISREG(st.st_mode):
-        kind = "a folder" if stat.S_ISDIR(st.st_mode) else "not a regular file (a device, FIFO or socket)"
-        raise SvgenError(f"{what} {path} is {kind}")
+    kind = not_regular(st.st_mode)   # a folder, a FIFO, a character device …: said precisely
+    if kind is not None:
+        raise SvgenError(f"{what} {path} is {kind}, not a regular file")
     return st
 
 

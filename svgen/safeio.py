@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Iterator, Optional
 
 from svgen.errors import SvgenError, TargetExistsError
+from svgen.filekind import not_regular
 from svgen.reading import (MAX_JSON_BYTES, MAX_TEXT_BYTES, as_os_error, check_regular, os_error,  # noqa: F401
                            read_regular)  # (the bounded reads' home until they moved: svgen/reading.py)
 
@@ -404,7 +405,7 @@ def check_replaceable_file(path) -> None:
     if stat.S_ISDIR(mode):
         raise SvgenError(f"{path} is a folder; give a file name to write")
     if not stat.S_ISREG(mode):
-        kind = "a symbolic link" if stat.S_ISLNK(mode) else "not a regular file (a device, FIFO or socket)"
+        kind = "a symbolic link" if stat.S_ISLNK(mode) else f"{not_regular(mode)}, not a regular file"
         raise _not_replaced(f"{path} is {kind}", "replaces only a regular file, so it was left as it is")
 
 

@@ -36,7 +36,8 @@ class Clock:
 
 
 def bar(items, progress: bool, **kw):
-    """``items`` under a tqdm progress bar when ``progress``."""
+    """``items`` under a tqdm progress bar when ``progress`` (``items`` None with ``total=``: a bar to ``update``
+    by hand, or None without ``progress``)."""
     if not progress:
         return items
     from tqdm.auto import tqdm

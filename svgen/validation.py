@@ -94,6 +94,31 @@ def duplicate_prototypes(P: torch.Tensor, threshold: float = DUPLICATE_COS, bloc
     return pairs
 
 
+def twin_classes(classes: Sequence[str], P: torch.Tensor):
+    """C class indices, each class's first *twin* — the lowest-indexed class with the same name and a coinciding
+    prototype (cos ≥ :data:`DUPLICATE_COS`), itself where there is none — or None where no class has a twin.
+
+    Twins are one class listed twice (OpenAI's ImageNet list names "missile" twice): every head scores them alike,
+    and :func:`svgen.heads.predictor.tie` makes the tie exact, so the first of them wins, and ``classify`` names it.
+    Only classes of a repeated name are compared (O(C) for a list without repeats)."""
+    groups: dict = {}
+    for i, name in enumerate(classes):
+        groups.setdefault(str(name), []).append(i)
+    first = None
+    for members in groups.values():
+        if len(members) < 2:
+            continue
+        Q = F.normalize(P[members].float(), dim=-1)
+        cos = Q @ Q.T
+        for b in range(1, len(members)):
+            a = next((a for a in range(b) if cos[b, a] >= DUPLICATE_COS), None)
+            if a is not None:
+                if first is None:
+                    first = torch.arange(len(classes))
+                first[members[b]] = first[members[a]]
+    return first
+
+
 def check_distinct(P: torch.Tensor, classes: Sequence[str], new_from: int = 0) -> None:
     """Refuse classes whose prototypes coincide (cos ≥ 0.9999), naming them, before any solve; only
     pairs that involve a row from ``new_from`` on (classes being added) count."""

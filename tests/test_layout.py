@@ -101,8 +101,9 @@ def test_the_library_never_imports_the_command_line():
 LAYERS = {
     "errors": [],
     "config": ["errors"],
-    "reading": ["errors"],                       # bounded reads of the files svgen is given
-    "safeio": ["reading"],                       # atomic writes, what force may replace, for every layer that writes
+    "filekind": [],                              # what kind of file a path is, from stat alone (nothing opened)
+    "reading": ["errors", "filekind"],           # bounded reads of the files svgen is given
+    "safeio": ["reading", "filekind"],           # atomic writes, what force may replace, for every layer that writes
     "locks": ["safeio"],                         # one writer at a time of an artifact (load to replace)
     "npy": ["errors"],                           # every .npy read: header checked first, native byte order
     "steps": ["errors"],                         # a log line with its duration for each long step (svgen -v)

@@ -47,14 +47,19 @@ def shot_arrays(args, classes, owner: str = "the artifact"):
 def load_labels(path, classes, what: str, flag: str, owner: str = "the artifact"):
     """N labels from a .npy: integer class indices as they are, or class names (a unicode array) as their indices
     in ``classes``; an unknown name is one line naming it."""
+    return load_named_labels(path, classes, what, flag, owner)[0]
+
+
+def load_named_labels(path, classes, what: str, flag: str, owner: str = "the artifact"):
+    """(:func:`load_labels`, whether the file held class names rather than indices)."""
     from svgen.validation import label_indices
 
     y = load_array(path, what, strings=True)
     if y.dtype.kind != "U":
-        return y
+        return y, False
     example = f", e.g. {str(classes[0])!r}" if len(classes) else ""
     return label_indices(y, list(classes), what=f"{flag} {path}",
-                         owner=f"{owner} (it has {len(classes)} classes{example})")
+                         owner=f"{owner} (it has {len(classes)} classes{example})"), True
 
 
 def shot_images(args, classes):

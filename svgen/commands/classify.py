@@ -9,6 +9,7 @@ import numpy as np
 
 from svgen.engine.predictions import score
 from svgen.errors import SvgenError
+from svgen.steps import timed
 from svgen.commands._common import ExamplesFormatter, add_refused_flag, note
 from svgen.commands._images import (add_image_encoder_args, check_loader_args, check_out, encode_paths,
                                     encoder_for_artifact, load_features)
@@ -112,13 +113,15 @@ def run(args) -> int:
     check_out(args.out, args.force)
     if args.format == "parquet":
         require_pyarrow()  # before any work
-    clf = SVGClassifier.load(args.artifact)
+    with timed(log, f"loaded {args.artifact}"):
+        clf = SVGClassifier.load(args.artifact)
     if args.head is None and not args.transductive:   # the head the fit decided (--transductive: the posterior)
         args.head = clf.default_head_
     head = args.head or clf.default_head_
     clf.progress = args.progress
     if args.features:
-        arrays = {f: load_features(f, clf, mmap=True) for f in args.features}  # every file checked before output
+        # every file checked before output; a file listed twice is read twice (every input, in order, as images)
+        arrays = [(f, load_features(f, clf, mmap=True)) for f in args.features]
         blocks = _feature_blocks(clf, arrays, head, args)
     else:
         from svgen.encoders.images import find_images
@@ -131,7 +134,9 @@ def run(args) -> int:
     blocks = _warn_top_k_once(blocks, args, len(clf.classes_))
     if args.transductive:   # the pool is adapted before the first row, so the head column can say what was kept
         blocks = _started(blocks)
-    n = _write(blocks, clf, args)
+    with timed(log, "classify: inputs scored and written") as info:
+        n = _write(blocks, clf, args)
+        info.append(f"{n} row(s), {_what(args)}, {len(clf.classes_)} classes")
     if args.out:
         note(args, f"wrote {args.out}: {n} row(s), {_what(args)} {'probabilities' if _probs(args) else 'scores'}, "
                    f"top {min(args.top_k, len(clf.classes_))}, {args.format}")
@@ -218,20 +223,31 @@ def _warn_top_k_once(blocks, args, C: int):
         yield block
 
 
-def _feature_blocks(clf, arrays: dict, head: str, args):
+def _feature_blocks(clf, arrays: list, head: str, args):
+    """``arrays``: ``(file, N×D array)`` pairs in the order given, a file named twice twice."""
     import torch
 
     from svgen.io.output import feature_blocks, matrix_blocks
 
     if args.transductive:
-        x = torch.from_numpy(np.concatenate([np.asarray(a, dtype=np.float32) for a in arrays.values()]))
+        x = torch.from_numpy(np.concatenate([np.asarray(a, dtype=np.float32) for _, a in arrays]))
         keys = {"index": list(range(x.shape[0])),
-                "source": [str(f) for f, a in arrays.items() for _ in range(a.shape[0])],
-                "row": [r for a in arrays.values() for r in range(a.shape[0])]}
+                "source": [str(f) for f, a in arrays for _ in range(a.shape[0])],
+                "row": [r for _, a in arrays for r in range(a.shape[0])]}
         yield from matrix_blocks(keys, _transductive(clf, x, args))
         return
-    yield from feature_blocks(list(arrays), arrays.__getitem__,
-                              lambda chunk: score(clf, torch.from_numpy(chunk), head, args.probs))
+    from svgen.steps import bar
+
+    rows = bar(None, getattr(args, "progress", False), total=sum(a.shape[0] for _, a in arrays), desc="classify",
+               unit="row")
+    try:
+        for keys, scores in feature_blocks(arrays, lambda chunk: score(clf, torch.from_numpy(chunk), head, args.probs)):
+            if rows is not None:
+                rows.update(len(keys["index"]))
+            yield keys, scores
+    finally:
+        if rows is not None:
+            rows.close()
 
 
 def _image_blocks(clf, encoder, paths, head: str, args):

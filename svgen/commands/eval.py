@@ -5,8 +5,9 @@ from __future__ import annotations
 import logging
 
 from svgen.errors import SvgenError
+from svgen.steps import timed
 from svgen.commands._common import ExamplesFormatter, json_text, note
-from svgen.commands._shots import load_labels
+from svgen.commands._shots import load_named_labels
 from svgen.commands._images import add_image_encoder_args, check_out, emit, encode_paths, encoder_for_artifact, load_features
 
 from svgen.evaluation.metrics import HEAD_ORDER, evaluate_heads
@@ -102,10 +103,11 @@ def run(args) -> int:
             import matplotlib  # noqa: F401  (fail before any work)
         except ImportError:
             raise SvgenError("--plot needs matplotlib: pip install 'svgen[plot]'") from None
-    clf = SVGClassifier.load(args.artifact)
+    with timed(log, f"loaded {args.artifact}"):
+        clf = SVGClassifier.load(args.artifact)
     if args.features:
         x = load_features(args.features, clf, mmap=True)   # read block by block as it is scored
-        y = load_labels(args.labels, clf.classes_, "labels", "--labels")
+        y, by_name = load_named_labels(args.labels, clf.classes_, "labels", "--labels")
     else:
         import numpy as np
 
@@ -116,8 +118,9 @@ def run(args) -> int:
         x, ok, _ = encode_paths(args, encoder, data.paths, "eval")
         label_of = dict(zip(data.paths, data.labels))
         y = np.asarray([label_of[p] for p in ok], dtype=np.int64)
+        by_name = True   # folder names or labels.csv: class names
     bins = {} if args.plot else None
-    results = evaluate_heads(clf, x, y, bins, progress=getattr(args, "progress", False))
+    results = evaluate_heads(clf, x, y, bins, progress=getattr(args, "progress", False), by_name=by_name)
     from svgen.evaluation.heldout import findings as head_findings
 
     for line in head_findings(clf.fewshot_):   # what the fit itself knew, whatever the data evaluated here say

@@ -392,12 +392,12 @@ class ClipEncoder:
                 n += len(idx)
             if chunk is not None and n >= chunk:
                 done += n
-                yield _gathered(feats), ok, _said(failed)
+                yield _gathered(feats), ok, failed
                 feats, ok, failed, n = [], [], [], 0
         if chunk is None or ok or failed:
             gathered = _gathered(feats)
             log.info("images embedded (%d of %d) in %.2fs", done + n, len(paths), time.perf_counter() - t0)
-            yield gathered, ok, _said(failed)
+            yield gathered, ok, failed   # the caller reports each failure, once
 
     def encode_images(
         self,
@@ -419,7 +419,3 @@ def _gathered(feats: List[torch.Tensor]) -> torch.Tensor:
     return torch.cat(feats).cpu() if feats else torch.zeros(0, 0)
 
 
-def _said(failed):
-    for p, why in failed:
-        log.info("skipped %s: %s", p, why)  # returned in `failed`; the caller reports them
-    return failed

@@ -70,6 +70,12 @@ def load_image(source, preprocess, draft: bool = True) -> Tuple[Optional[torch.T
     """
     from PIL import Image, UnidentifiedImageError
 
+    if isinstance(source, (str, Path)):
+        from svgen.filekind import irregular
+
+        why = irregular(source)
+        if why is not None:   # never opened: a FIFO blocks, /dev/zero never ends
+            return None, why if why == "no such file" or why.endswith("does not exist") else f"{why}, not an image file"
     try:
         with Image.open(source) as im:
             if draft:
@@ -89,21 +95,30 @@ def collate(batch):
 
 
 def find_images(inputs: Sequence[str]) -> List[str]:
-    """Expand files and folders (searched recursively, sorted) into a list of candidate image paths.
+    """Expand files and folders (searched recursively, sorted) into a list of candidate image paths, every input
+    in the order given (one named twice is there twice).
 
-    Files named explicitly are kept whatever their suffix (they are checked when read); inside
-    folders only files with an image suffix are taken.
+    Files named explicitly are kept whatever their suffix (they are checked when read); one that is not a regular
+    file (a FIFO, a device, a broken symbolic link) is one line saying which. Inside folders every entry with an
+    image suffix that is not a folder is taken: one that is not a regular file is then reported as skipped, with
+    why, when it is read (:func:`load_image`, which never opens it).
     """
+    from svgen.filekind import irregular
+
     paths: List[str] = []
     for item in inputs:
         p = Path(item)
         if p.is_dir():
-            found = sorted(str(f) for f in p.rglob("*") if f.is_file() and f.suffix.lower() in IMAGE_SUFFIXES)
+            found = sorted(str(f) for f in p.rglob("*") if f.suffix.lower() in IMAGE_SUFFIXES and not f.is_dir())
             paths.extend(found)
-        elif p.is_file():
-            paths.append(str(p))
-        else:
+            continue
+        why = irregular(p)
+        if why == "no such file":
             raise SvgenError(f"no such file or folder: {item}")
+        if why is not None:
+            raise SvgenError(f"{item} is {why}" + ("" if why.endswith("does not exist") else
+                                                   ", not an image file or a folder"))
+        paths.append(str(p))
     return paths
 
 

@@ -115,11 +115,15 @@ class JpegBytes(ImageFiles):
     """Worker side of ``--decode gpu``: a JPEG's bytes, or (anything else) PIL's preprocessed tensor."""
 
     def __getitem__(self, i):
-        try:
-            with open(self.paths[i], "rb") as f:
-                data = f.read()
-        except OSError:
-            data = b""
+        from svgen.filekind import irregular
+
+        data = b""
+        if irregular(self.paths[i]) is None:   # a FIFO or a device is never opened: PIL's path below says why
+            try:
+                with open(self.paths[i], "rb") as f:
+                    data = f.read()
+            except OSError:
+                pass
         if jpeg_components(data) in (1, 3):
             return i, torch.frombuffer(bytearray(data), dtype=torch.uint8), None, ""
         _, x, reason = super().__getitem__(i)   # PIL, as --decode cpu reads it

@@ -90,7 +90,7 @@ def score(clf, x, head: str, probs: bool, batch: int = SCORE_BATCH, device=None)
     heads, P = on_device(clf, device)
     fn = predictor.proba if probs else predictor.scores
     with torch.no_grad():
-        return torch.cat([fn(heads, P, clf.fit_config_.kernel, x[s:s + batch].to(device), head).cpu()
+        return torch.cat([fn(heads, P, clf.fit_config_.kernel, x[s:s + batch].to(device), head, clf.twins_).cpu()
                           for s in range(0, x.shape[0], batch)])
 
 

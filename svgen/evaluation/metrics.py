@@ -13,16 +13,22 @@
 
 Ties: the top k are the classes ``classify`` lists (:func:`svgen.heads.scoring.topk`: equal scores in the
 lower class index first, as ``argmax``), so a true class tied with a lower-indexed one is not counted at
-top-1 — ``acc1`` is the accuracy of the predictions ``classify`` prints.
+top-1 — ``acc1`` is the accuracy of the predictions ``classify`` prints. A class listed twice (same name, same
+prototype: twins) ties exactly with its first listing in every head, and both count as that class
+(:func:`same_class`); with class names as labels, a prediction counts where its name is the label's, as one judges
+the names ``classify`` prints.
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Dict
 
 import numpy as np
 
 from svgen.errors import SvgenError
+
+log = logging.getLogger(__name__)
 
 
 def _as_scores(scores) -> np.ndarray:
@@ -107,10 +113,11 @@ class HeadTally:
     lists, :func:`top_classes`), per-class hits and counts, the summed NLL, and the 15 confidence bins' counts,
     confidence and hit sums (ECE). The result is that of the whole matrix at once, whatever the blocks."""
 
-    def __init__(self, n_classes: int, n_bins: int = None):
+    def __init__(self, n_classes: int, n_bins: int = None, same: np.ndarray = None):
         from svgen.calibration.temperatures import ECE_BINS
 
         self.C, self.bins = n_classes, n_bins or ECE_BINS
+        self.same = same   # C stand-ins (:func:`same_class`): predictions and labels compared through them (None: as is)
         self.n = self.hit1 = self.hit5 = 0
         self.nll = 0.0
         self.class_hits = np.zeros(n_classes)
@@ -122,6 +129,8 @@ class HeadTally:
     def add_ranking(self, scores, y: np.ndarray) -> None:
         """Top-1 / top-5 hits and per-class recall of one block's scores (``y``: its class indices)."""
         top = top_classes(scores, 5)
+        if self.same is not None:
+            top, y = self.same[top], self.same[y]
         hit = top == y[:, None]
         self.n += int(y.size)
         self.hit1 += int(hit[:, 0].sum())
@@ -136,7 +145,10 @@ class HeadTally:
         self.nll += float(example_nll(logits, temperature, y).sum())
         p = softmax(logits, temperature)
         conf = p.max(dim=1).values.numpy()
-        count, conf_sum, hits = confidence_bins(conf, (top_classes(p, 1)[:, 0] == y).astype(np.float64), self.bins)
+        top1 = top_classes(p, 1)[:, 0]
+        if self.same is not None:
+            top1, y = self.same[top1], self.same[y]
+        count, conf_sum, hits = confidence_bins(conf, (top1 == y).astype(np.float64), self.bins)
         self.bin_count += count
         self.bin_conf += conf_sum
         self.bin_hits += hits
@@ -219,44 +231,71 @@ HEAD_ORDER = ("cosine", "kernel", "linear", "mixture")   # the heads a classifie
 EVAL_BLOCK_ROWS = 4096   # rows scored at once: classify's blocks (svgen.io.output.BLOCK_ROWS), so near-ties round alike
 
 
-def evaluate_heads(clf, x, labels, bins: dict = None, block_rows: int = None, progress: bool = False) -> dict:
+def same_class(clf, by_name: bool = False) -> np.ndarray:
+    """C class indices, each class's stand-in when predictions are judged: its first twin (the same name and prototype
+    listed again, :attr:`svgen.SVGClassifier.twins_`), or with ``by_name`` (labels given as names) the first class of
+    its name, since ``classify`` prints names and a prediction is right when its name is the label's."""
+    C = len(clf.classes_)
+    if by_name:
+        first: dict = {}
+        return np.asarray([first.setdefault(str(name), i) for i, name in enumerate(clf.classes_)], dtype=np.int64)
+    twins = clf.twins_
+    return np.arange(C) if twins is None else twins.cpu().numpy().astype(np.int64)
+
+
+def evaluate_heads(clf, x, labels, bins: dict = None, block_rows: int = None, progress: bool = False,
+                   by_name: bool = False) -> dict:
     """``{head: {acc1, acc5, mean_per_class_recall, nll, ece, temperature, n}}`` for every head of ``clf`` (the
     mixture's only where shots fitted one; its temperature is 1 and its logits are ``log p``).
 
     ``x`` (N×D; a memory-mapped array is read block by block) is scored ``block_rows`` rows at a time
-    (:data:`EVAL_BLOCK_ROWS`) and every metric accumulated (:class:`HeadTally`): memory holds one block's N_b×C
-    scores, not N×C. ``nll`` and ``ece`` (15 bins) judge ``clf.predict_proba``; ``bins``, when given, receives
-    each head's reliability bins (for ``--plot``); ``progress``: a bar over the rows.
+    (:data:`EVAL_BLOCK_ROWS`), each head once per block (its scores rank, its logits give the probabilities), and
+    every metric accumulated (:class:`HeadTally`): memory holds one block's N_b×C scores, not N×C. ``nll`` and
+    ``ece`` (15 bins) judge ``clf.predict_proba``; ``bins``, when given, receives each head's reliability bins (for
+    ``--plot``); ``progress``: a bar over the rows. ``by_name``: the labels were class names, and a prediction counts
+    where its name is the label's (:func:`same_class`); else a class and its twins count as one.
     """
+    import time
+
     import torch
 
     from svgen.heads import predictor
+    from svgen.steps import timed
 
     y = check_labels(labels, x.shape[0], len(clf.classes_))
     block_rows = block_rows or EVAL_BLOCK_ROWS
     heads = [h for h in HEAD_ORDER if h in clf.head_names_]
     temps = {h: predictor.temperature(clf.heads_, h) for h in heads}
-    tallies = {h: HeadTally(len(clf.classes_)) for h in heads}
+    same = same_class(clf, by_name)
+    tallies = {h: HeadTally(len(clf.classes_), same=same) for h in heads}
+    spent = dict.fromkeys(heads, 0.0)
     bar = None
     if progress:
         from tqdm.auto import tqdm
 
         bar = tqdm(total=int(y.size), desc="eval", unit="row")
-    try:
-        for s in range(0, y.size, block_rows):
-            xb = x[s:s + block_rows]   # a float32 copy: memory-mapped rows are read-only
-            xb = xb.to(torch.float32).clone() if isinstance(xb, torch.Tensor) else torch.from_numpy(
-                np.array(xb, dtype=np.float32))
-            yb = y[s:s + block_rows]
-            with torch.no_grad():
-                for h in heads:
-                    tallies[h].add_ranking(clf.decision_function(xb, head=h), yb)
-                    tallies[h].add_probabilities(clf.logits(xb, head=h), temps[h], yb)
+    with timed(log, f"eval: {len(heads)} heads ({', '.join(heads)}) on {y.size} row(s), {len(clf.classes_)} "
+                    f"classes") as info:
+        try:
+            for s in range(0, y.size, block_rows):
+                xb = x[s:s + block_rows]   # a float32 copy: memory-mapped rows are read-only
+                xb = xb.to(torch.float32).clone() if isinstance(xb, torch.Tensor) else torch.from_numpy(
+                    np.array(xb, dtype=np.float32))
+                yb = y[s:s + block_rows]
+                with torch.no_grad():
+                    for h in heads:
+                        t0 = time.perf_counter()
+                        scores, logits = clf.scores_and_logits(xb, head=h)   # each head scored once per block
+                        tallies[h].add_ranking(scores, yb)
+                        tallies[h].add_probabilities(logits, temps[h], yb)
+                        spent[h] += time.perf_counter() - t0
+                if bar is not None:
+                    bar.update(int(yb.size))
+                log.debug("eval: rows %d-%d of %d scored", s, s + yb.size, y.size)
+        finally:
             if bar is not None:
-                bar.update(int(yb.size))
-    finally:
-        if bar is not None:
-            bar.close()
+                bar.close()
+        info.extend(f"{h} {spent[h]:.2f}s" for h in heads)
     out = {}
     for h in heads:
         r = tallies[h].result()

@@ -115,12 +115,32 @@ def shotless_classes(heads: Heads) -> torch.Tensor:
     return images == 0
 
 
-def scores(heads: Heads, prototypes: torch.Tensor, kind: str, x: torch.Tensor, head: str) -> torch.Tensor:
+def tie(values: torch.Tensor, twins: Optional[torch.Tensor]) -> torch.Tensor:
+    """N×C ``values`` with each class's column replaced by its first twin's (``twins``:
+    :func:`svgen.validation.twin_classes`; None: ``values`` as they are). Twins' scores computed apart differ in
+    their last bits (sums taken in another order), so which of them wins would be noise: copied, they tie exactly, and
+    the first of them is the one ``argmax`` and ``classify`` pick."""
+    return values if twins is None else values.index_select(1, twins.to(values.device))
+
+
+def scores(heads: Heads, prototypes: torch.Tensor, kind: str, x: torch.Tensor, head: str,
+           twins: Optional[torch.Tensor] = None) -> torch.Tensor:
     """N×C scores of one head for checked N×D features ``x`` (``kind``: the kernel, e.g. ``"rbf"``); the
-    mixture's are ``log max(p, 10⁻³⁰)`` (float32; the floor of the kernel's log scores, which float32 exports reach)."""
+    mixture's are ``log max(p, 10⁻³⁰)`` (float32; the floor of the kernel's log scores, which float32 exports reach).
+    ``twins``: classes listed twice score as their first (:func:`tie`)."""
     if pool_power(heads, check_head(heads, head)) is not None:
-        return _factored_logits(heads, prototypes, kind, x, head).float()
-    return _base_scores(heads, prototypes, kind, x, head)
+        return tie(_factored_logits(heads, prototypes, kind, x, head).float(), twins)
+    return tie(_base_scores(heads, prototypes, kind, x, head), twins)
+
+
+def scores_and_logits(heads: Heads, prototypes, kind: str, x: torch.Tensor, head: str,
+                      twins: Optional[torch.Tensor] = None) -> tuple:
+    """(:func:`scores`, :func:`logits`) of one head with the head evaluated once (``svgen eval`` needs both)."""
+    if pool_power(heads, check_head(heads, head)) is not None:
+        z = tie(_factored_logits(heads, prototypes, kind, x, head), twins)
+        return z.float(), z
+    s, prior = _scores_and_prior(heads, prototypes, kind, x, head)
+    return tie(s, twins), tie(_base_logits(heads, s, head, prior), twins)
 
 
 def _base_scores(heads: Heads, prototypes, kind: str, x: torch.Tensor, head: str) -> torch.Tensor:
@@ -189,19 +209,26 @@ def _scores_and_prior(heads: Heads, prototypes, kind: str, x: torch.Tensor, head
         return kernel_scores(x, k.rows, k.bandwidth, k.votes, kind) + prior, prior
 
 
-def logits(heads: Heads, prototypes, kind: str, x: torch.Tensor, head: str) -> torch.Tensor:
+def logits(heads: Heads, prototypes, kind: str, x: torch.Tensor, head: str,
+           twins: Optional[torch.Tensor] = None) -> torch.Tensor:
     if pool_power(heads, head) is not None:
-        return _factored_logits(heads, prototypes, kind, x, head)
+        return tie(_factored_logits(heads, prototypes, kind, x, head), twins)
     s, prior = _scores_and_prior(heads, prototypes, kind, x, head)
-    return _base_logits(heads, s, head, prior)
+    return tie(_base_logits(heads, s, head, prior), twins)
 
 
-def proba(heads: Heads, prototypes, kind: str, x: torch.Tensor, head: str) -> torch.Tensor:
+def proba(heads: Heads, prototypes, kind: str, x: torch.Tensor, head: str,
+          twins: Optional[torch.Tensor] = None) -> torch.Tensor:
     """``softmax(logits / T_head)`` (float64); the mixture's :func:`mixture_proba`; a head with a pool factor's
-    ``softmax(z⁰ + a·(x̂ W_Gᵀ + b_G))``."""
+    ``softmax(z⁰ + a·(x̂ W_Gᵀ + b_G))``. ``twins``: tied exactly (:func:`tie`), each row divided by its new sum."""
     if pool_power(heads, head) is not None:
-        return torch.softmax(_factored_logits(heads, prototypes, kind, x, head), dim=1)
-    return _base_proba(heads, prototypes, kind, x, head)
+        p = torch.softmax(_factored_logits(heads, prototypes, kind, x, head), dim=1)
+    else:
+        p = _base_proba(heads, prototypes, kind, x, head)
+    if twins is None:
+        return p
+    p = tie(p, twins)
+    return p / p.sum(dim=1, keepdim=True)
 
 
 def _base_proba(heads: Heads, prototypes, kind: str, x: torch.Tensor, head: str) -> torch.Tensor:

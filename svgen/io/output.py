@@ -213,15 +213,15 @@ def write_parquet(path, blocks: Iterable[Block], classes: Sequence[str], k: int,
     return n
 
 
-def feature_blocks(files: Sequence[str], load, score_fn, block_rows: Optional[int] = None) -> Iterator[Block]:
+def feature_blocks(arrays: Sequence[tuple], score_fn, block_rows: Optional[int] = None) -> Iterator[Block]:
     """(keys, scores) blocks over several N×D feature files, ``block_rows`` (default :data:`BLOCK_ROWS`) rows at a time.
 
-    ``load(file)`` returns the (memory-mapped) array; ``score_fn(x)`` the N×C scores of a float32 block.
+    ``arrays``: ``(file, its (memory-mapped) array)`` pairs, in order (a file listed twice is there twice, its rows
+    indexed on); ``score_fn(x)`` the N×C scores of a float32 block.
     """
     block_rows = block_rows or BLOCK_ROWS
     index = 0
-    for f in files:
-        x = load(f)
+    for f, x in arrays:
         for s in range(0, x.shape[0], block_rows):
             e = min(s + block_rows, x.shape[0])
             chunk = np.array(x[s:e], dtype=np.float32)  # a copy: a memory-mapped slice is read-only

@@ -105,7 +105,8 @@ def test_streamed_metrics_equal_the_whole_matrix(plain, monkeypatch):
     clf = SVGClassifier.load(plain["art"])
     x, y = plain["x"], plain["y"]
     rows_seen = []
-    real = {name: getattr(SVGClassifier, name) for name in ("decision_function", "logits", "predict_proba")}
+    real = {name: getattr(SVGClassifier, name)
+            for name in ("decision_function", "logits", "predict_proba", "scores_and_logits")}
 
     def spy(name):
         def call(self, X, head=None):
@@ -118,7 +119,7 @@ def test_streamed_metrics_equal_the_whole_matrix(plain, monkeypatch):
     bins = {}
     streamed = evaluate_heads(clf, x, y, bins, block_rows=7)
     assert rows_seen and max(rows_seen) <= 7   # never more than one block of rows scored at a time
-    assert len(rows_seen) == 2 * 3 * int(np.ceil(len(y) / 7))   # scores and logits, 3 heads, every block
+    assert len(rows_seen) == 3 * int(np.ceil(len(y) / 7))   # scores and logits at once, 3 heads, every block
     rows_seen.clear()
     whole = evaluate_heads(clf, x, y, block_rows=len(y))
     assert max(rows_seen) == len(y)
@@ -137,13 +138,13 @@ def test_cli_eval_scores_in_blocks_with_a_progress_bar(cli, tied, monkeypatch):
     monkeypatch.setattr(metrics, "EVAL_BLOCK_ROWS", 8)
     monkeypatch.setenv("SVGEN_PROGRESS", "1")
     rows_seen = []
-    real = SVGClassifier.decision_function
+    real = SVGClassifier.scores_and_logits
 
     def spy(self, X, head=None):
         rows_seen.append(len(X))
         return real(self, X, head)
 
-    monkeypatch.setattr(SVGClassifier, "decision_function", spy)
+    monkeypatch.setattr(SVGClassifier, "scores_and_logits", spy)
     code, out, err = cli("eval", tied["art"], "--features", tied["root"] / "x.npy", "--labels",
                          tied["root"] / "y.npy", "--json")
     assert code == 0, err
