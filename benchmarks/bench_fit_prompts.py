@@ -19,8 +19,10 @@ OpenAI's 80 templates, 80,000 prompts), each a fresh process on ``--device cpu``
   number of prompts; such a row says ``extrapolated``.
 
 ``--steps`` picks the rows (``cached`` without ``cold`` fills the prompt cache with random unit vectors under the
-checkpoint's identity first: the cached fit's cost does not depend on the values, and a cold ImageNet fit takes
-hours on 2 shared cores), ``--tag`` names a run so that runs of one list can go side by side.
+checkpoint's identity first, as a cold ImageNet fit takes about an hour on 2 shared cores; the start, the imports
+and the cache read cost the same, but the kernel fit's own part, ``wall_time_s``, depends on the values, so that
+row's fit time is not the one on the encoder's embeddings), ``--tag`` names a run so that runs of one list can go
+side by side.
 
 Times are wall-clock seconds; ratios are to the stock row of the same run (the machine is shared: the load average
 is recorded before each step). The result is saved after every step (a long cold ImageNet fit leaves the steps
@@ -166,7 +168,7 @@ def run_list(name: str, args, ckpt: Path, work: Path) -> dict:
                     fill_cache(cache, ckpt, args.model, classes, templates,
                                open_clip.get_model_config(args.model)["embed_dim"])
                     result["cache"] = ("filled by the benchmark with random unit vectors for every prompt (no cold "
-                                       "fit ran); the cached fit's cost does not depend on the values")
+                                       "fit ran): the kernel fit ran on those values, not on the encoder's")
                 warm = svgen_fit(name, ckpt, args.model, cache, work / "b.svgen", log)
                 assert warm["prompts_encoded"] == 0, warm
                 runs.setdefault("svgen fit, cached", []).append(warm)
