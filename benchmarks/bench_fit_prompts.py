@@ -30,8 +30,8 @@ before it), to ``bench-results/bench_fit_prompts_LIST[TAG].json``; the svgen fit
 ``bench-results/bench_fit_prompts_LIST[TAG].log``.
 
     python -m benchmarks.bench_fit_prompts --lists cifar10 --repeats 3
-    python -m benchmarks.bench_fit_prompts --lists imagenet1k --steps cached single stock --stock-classes 2
-    python -m benchmarks.bench_fit_prompts --lists imagenet1k --steps cold --tag _cold     # hours on 2 cores
+    python -m benchmarks.bench_fit_prompts --lists imagenet1k --steps cached single stock floor --stock-classes 2 --tag _other
+    python -m benchmarks.bench_fit_prompts --lists imagenet1k --steps cold --tag _cold     # 51 min on 2 shared cores
 """
 
 from __future__ import annotations
