@@ -44,7 +44,7 @@ ROOT = Path(__file__).resolve().parent.parent
 SHARED = Path(os.environ.get("SVGEN_SHARED_DATA", ROOT.parent / "shared" / "data"))
 
 SKIP = {  # need the real ViT-B-32 weights (downloaded once on a connected machine) or the reader's files
-    "svgen fit --classes cifar10 --templates compact --out cifar10.svgen": "real ViT-B-32 weights",
+    "svgen fit --classes cifar10 --out cifar10.svgen": "real ViT-B-32 weights",
     "svgen classify cifar10.svgen photos/ --top-k 3 --out preds.csv": "real weights; the reader's photos",
     "svgen eval cifar10.svgen --data imagefolder/": "real weights; the reader's labelled images",
     "svgen export cifar10.svgen --format onnx --head kernel --out head.onnx": "needs cifar10.svgen",

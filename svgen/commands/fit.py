@@ -44,12 +44,14 @@ def add_parser(sub):
                         "by default they are fitted with one warning naming them (they tie; the ridge keeps "
                         "the solve well-posed), as open_clip classifies with such vocabularies")
     add_encoder_args(p)
-    from svgen.encoders.prompts import builtin_template_sizes
+    from svgen.encoders.prompts import builtin_template_sizes, default_templates_help
 
     p.add_argument("--templates", default=None, metavar="NAME|FILE",
                    help=f"prompt templates: a built-in set, with its number of templates: {builtin_template_sizes()} "
                         "(openai: OpenAI's 80 ImageNet templates, openai-simple: their 7-template subset, as "
-                        "open_clip ships them); or a file with one '{}' template per line (default: single)")
+                        "open_clip ships them; cifar: the CLIP paper's CIFAR templates, as CLIP_benchmark ships "
+                        "them); or a file with one '{}' template per line. Default: the class list's own "
+                        f"ensemble — {default_templates_help()}; the templates used are recorded in svgen.json")
     add_shot_args(p)
     add_pool_args(p)
     m = p.add_argument_group("method")
@@ -103,7 +105,7 @@ def _ridge(value: str):
 
 def run(args) -> int:
     from svgen import SVGClassifier
-    from svgen.encoders.prompts import load_templates, read_classes
+    from svgen.encoders.prompts import default_templates, load_templates, read_classes
     from svgen.safeio import check_dir_target
 
     check_device(args)
@@ -141,7 +143,7 @@ def run(args) -> int:
     else:
         from svgen.encoders.hub import check_weights_reachable
 
-        templates = load_templates(args.templates or "single")
+        templates = load_templates(args.templates or default_templates(args.classes))
         check_weights_reachable(args.model or DEFAULT_MODEL, default_pretrained(args))  # fail fast, before torch loads
 
     import numpy as np

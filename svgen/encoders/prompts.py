@@ -3,10 +3,14 @@
 ``classes.txt`` holds one class name per line (UTF-8); blank lines and lines starting with
 ``#`` are ignored. A template file holds one template per line, each containing ``{}`` where
 the class name goes. Built-in templates live in ``prompts/templates/NAME.txt`` and are
-selected by ``NAME`` (``single``, ``compact``, ``ensemble``, and OpenAI's ImageNet sets as open_clip
+selected by ``NAME`` (``single``, ``compact``, ``ensemble``, OpenAI's ImageNet sets as open_clip
 ships them in ``open_clip/zero_shot_metadata.py``: ``openai``, the 80 ``OPENAI_IMAGENET_TEMPLATES``, and
-``openai-simple``, the 7 ``SIMPLE_IMAGENET_TEMPLATES``); built-in class lists likewise
-(``prompts/classes/NAME.txt``: ``cifar10``, ``cifar100``, ``imagenet1k``).
+``openai-simple``, the 7 ``SIMPLE_IMAGENET_TEMPLATES``, and ``cifar``, the CLIP paper's 18 CIFAR templates as
+CLIP_benchmark ships them); built-in class lists likewise (``prompts/classes/NAME.txt``: ``cifar10``,
+``cifar100``, ``imagenet1k``).
+
+Without ``--templates`` a fit uses :func:`default_templates`: a built-in class list's own published
+ensemble, the 7 ``openai-simple`` templates for any other list.
 """
 
 from __future__ import annotations
@@ -21,7 +25,11 @@ from svgen.errors import SvgenError
 
 log = logging.getLogger(__name__)
 
-DEFAULT_TEMPLATES = "single"
+# The templates a text fit uses unless told otherwise (the one place this rule lives): a built-in class list gets
+# the ensemble its published zero-shot numbers use (open_clip's ImageNet classifier, CLIP_benchmark's CIFARs), and
+# any other list OpenAI's 7-template subset of their ImageNet set (general framings, tied to no data set).
+CLASS_LIST_TEMPLATES = {"cifar10": "cifar", "cifar100": "cifar", "imagenet1k": "openai"}
+DEFAULT_TEMPLATES = "openai-simple"
 
 
 def _read_lines(path, what: str) -> List[str]:
@@ -126,7 +134,28 @@ def builtin_class_lists() -> List[str]:
     return sorted(p.name[:-4] for p in _builtin_dir("classes").iterdir() if p.name.endswith(".txt"))
 
 
-def load_templates(name_or_path: str = DEFAULT_TEMPLATES) -> List[str]:
+def default_templates(classes) -> str:
+    """The built-in template set a fit of ``classes`` (a ``--classes`` value: a file or a built-in list's name)
+    uses when no templates are named: the list's own ensemble (:data:`CLASS_LIST_TEMPLATES`) for a built-in
+    list, else :data:`DEFAULT_TEMPLATES`. A file that exists is a user's list even when named like a built-in
+    one, as :func:`read_class_names` reads it."""
+    name = str(classes)
+    if name in CLASS_LIST_TEMPLATES and not Path(name).exists():
+        return CLASS_LIST_TEMPLATES[name]
+    return DEFAULT_TEMPLATES
+
+
+def default_templates_help() -> str:
+    """``'openai (80) for imagenet1k, … ; openai-simple (7) for your own list'``: the rule, for ``--help``."""
+    by_set = {}
+    for lst, name in CLASS_LIST_TEMPLATES.items():
+        by_set.setdefault(name, []).append(lst)
+    size = {name: len(load_templates(name)) for name in [*by_set, DEFAULT_TEMPLATES]}
+    return (", ".join(f"{name} ({size[name]}) for {' and '.join(lists)}" for name, lists in by_set.items())
+            + f", {DEFAULT_TEMPLATES} ({size[DEFAULT_TEMPLATES]}) for your own list")
+
+
+def load_templates(name_or_path: str) -> List[str]:
     """Templates from a built-in set name or a file path; each must contain exactly one ``{}``."""
     name_or_path = str(name_or_path)
     builtin = _builtin_dir("templates") / f"{name_or_path}.txt"

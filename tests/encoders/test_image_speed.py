@@ -89,7 +89,7 @@ def test_the_device_is_logged_and_recorded_beside_the_identity(cli, tiny_model, 
     assert any("encoder device: cpu (--device auto), fp32" in r.getMessage() for r in caplog.records)
     meta = json.loads((tmp_path / "a" / "svgen.json").read_text())
     assert meta["metrics"]["runtime"] == {"device": "cpu", "requested": "auto", "precision": "fp32",
-                                         "prompts_encoded": 3}
+                                         "prompts_encoded": 3 * 7}  # 3 classes × openai-simple, the default
     assert "device" not in meta["encoder"] and "runtime" not in meta["encoder"]
 
 

@@ -47,7 +47,7 @@ def test_imagenet_matches_open_clip_up_to_the_two_disambiguated_names():
 
 
 def test_builtin_templates():
-    assert builtin_templates() == ["compact", "ensemble", "openai", "openai-simple", "single"]
+    assert builtin_templates() == ["cifar", "compact", "ensemble", "openai", "openai-simple", "single"]
     assert load_templates("single") == ["a photo of a {}."]
     compact, ensemble = load_templates("compact"), load_templates("ensemble")
     assert 4 <= len(compact) < len(ensemble)
