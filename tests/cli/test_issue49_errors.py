@@ -2,12 +2,14 @@
 
 * 10: a tampered ``fewshot.heads_vs_zero_shot`` record (read by ``diagnose`` and ``eval``) is refused where the
   artifact is read, in one line naming the field, instead of a KeyError/AttributeError/ValueError deep inside.
+* 11: a ``.npy`` header cut off inside its dictionary (NumPy's tokenizer fails) is one line.
 """
 
 from __future__ import annotations
 
 import json
 import shutil
+import struct
 
 import numpy as np
 import pytest
@@ -118,3 +120,28 @@ def test_an_intact_heads_record_is_still_reported(adapted, tmp_path, cli):
     code, out, err = cli("eval", adapted / "ad.svgen", "--features", adapted / "X.npy", "--labels",
                          adapted / "y.npy")
     assert code == 0 and "error" not in err, err
+
+
+# ----------------------------------------------------------------------------- item 11: a .npy header cut off
+
+
+def _cut_header(path, keep):
+    """``path`` rewritten with its header dictionary cut after ``keep`` characters (the length field consistent)."""
+    data = path.read_bytes()
+    header = data[10:10 + keep] + b"\n"
+    path.write_bytes(data[:8] + struct.pack("<H", len(header)) + header)
+
+
+@pytest.mark.parametrize("keep", [1, 9, 30, 52, 58])
+def test_a_npy_header_cut_inside_its_dict_is_one_line(adapted, tmp_path, cli, keep):
+    from svgen.errors import SvgenError
+    from svgen.npy import load_npy
+
+    bad = tmp_path / "cut.npy"
+    np.save(bad, np.zeros((3, 16), np.float32))
+    _cut_header(bad, keep)
+    with pytest.raises(SvgenError, match="damaged .npy header"):
+        load_npy(bad, "features")
+    line = one_line_error(*cli("classify", adapted / "ad.svgen", "--features", bad), "cut.npy",
+                          "damaged .npy header", "cut off")
+    assert "internal error" not in line
