@@ -13,7 +13,6 @@ import json
 import logging
 import math
 import os
-import re
 import sys
 from pathlib import Path
 
@@ -120,17 +119,6 @@ def load_encoder(args):
     return load(EncoderRequest.from_options(args))
 
 
-def check_device(args) -> None:
-    """Refuse an unavailable ``--device`` up front, also where no encoder ends up being loaded
-    (``fit --prototypes``, ``add-classes --prototypes``), instead of accepting it silently."""
-    from svgen.encoders.clip import resolve_device
-
-    try:
-        resolve_device(args.device)
-    except RuntimeError as e:  # torch.device("gpu"): not a device name
-        raise SvgenError(f"--device {args.device!r} is not a device: {(str(e).splitlines() or [''])[0]}") from None
-
-
 def text_prototypes(args, classes, templates, expect: dict = None):
     """``(Prototypes, encoder identity)`` under the CLI's encoder options (:func:`svgen.encoders.resolve.text_prototypes`)."""
     from svgen.encoders.resolve import EncoderRequest, text_prototypes as prototypes
@@ -193,7 +181,6 @@ def load_array(path, what: str, mmap: bool = False, strings: bool = False) -> np
 OUTPUT_OPTIONS = (("out", "--out"), ("plot", "--plot"))
 INPUT_OPTIONS = ("artifact", "inputs", "features", "data", "labels", "prototypes", "classes", "templates", "shots",
                  "shot_features", "shot_labels", "unlabelled", "unlabelled_features", "checkpoint")
-DEVICE_NAME = re.compile(r"(auto|cpu|mps|cuda(:\d+)?)")
 
 
 def non_negative_int(text: str) -> int:
@@ -209,11 +196,21 @@ def non_negative_int(text: str) -> int:
 
 def check_args(args) -> None:
     """What every sub-command's arguments must satisfy before any work (run once by :func:`svgen.cli.main`):
-    ``--device`` names a device, and no output (``--out``, ``--plot``) destroys an input."""
-    device = getattr(args, "device", None)
-    if device is not None and not DEVICE_NAME.fullmatch(str(device)):
-        raise SvgenError(f"--device {device!r} is not a device: use auto, cpu, cuda, cuda:N or mps")
+    ``--device`` names a device this machine has, and no output (``--out``, ``--plot``) destroys an input."""
+    check_device(args)
     check_outputs(args)
+
+
+def check_device(args) -> None:
+    """``--device`` of every command, by the one parser and check (:func:`svgen.encoders.runtime.resolve_device`):
+    refused up front, also where no encoder ends up being loaded (``fit --prototypes``, ``eval --features``), so
+    no command accepts a device another refuses. Joining a Ray cluster (``--address``), the device is the nodes'
+    own: only its name is checked here."""
+    from svgen.encoders.runtime import parse_device, resolve_device
+
+    device = getattr(args, "device", None)
+    if device is not None:
+        (parse_device if getattr(args, "address", None) else resolve_device)(device)
 
 
 def _input_paths(args):

@@ -42,34 +42,11 @@ from svgen.encoders.hub import check_weights_reachable, unavailable
 from svgen.encoders.identity import hf_hub_weights_sha256, local_dir_weights, file_sha256, identity_key
 from svgen.encoders.images import ImageFiles, collate
 from svgen.encoders.runtime import (autocast, autocast_dtype, device_name, plan_loader, precision_label,
-                                    text_batch_size)
+                                    resolve_device, text_batch_size)
 from svgen.encoders.tokens import token_ids, tokenize
 from svgen.encoders.tensor_decode import JpegBytes, TensorPreprocess, collate_bytes, decode_batches
 
 log = logging.getLogger(__name__)
-
-
-
-def auto_device() -> torch.device:
-    """What ``--device auto`` picks: CUDA when present, then Apple's MPS, else the CPU."""
-    if torch.cuda.is_available():
-        return torch.device("cuda")
-    mps = getattr(torch.backends, "mps", None)
-    if mps is not None and mps.is_available():
-        return torch.device("mps")
-    return torch.device("cpu")
-
-
-def resolve_device(device: Optional[str]) -> torch.device:
-    """``None``/``"auto"`` picks CUDA, then MPS, else the CPU (:func:`auto_device`); an unavailable CUDA
-    request is a clear error."""
-    if device in (None, "auto"):
-        return auto_device()
-    dev = torch.device(device)
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise SvgenError(f"device {device!r} was requested but no CUDA device is available; use device='cpu'",
-                         cli="--device cuda was requested but no CUDA device is available; use --device cpu")
-    return dev
 
 
 # ----------------------------------------------------------------------------- text encoding
@@ -187,8 +164,11 @@ class ClipEncoder:
         except RuntimeError as e:
             if "size mismatch" in str(e) or "Missing key" in str(e) or "Unexpected key" in str(e):
                 raise SvgenError(f"checkpoint {self.checkpoint or pretrained} does not match architecture {model}") from None
-            what = self.checkpoint or (f"{model} weights '{pretrained}'" if pretrained else model)
-            raise unavailable(what, (str(e).splitlines() or ["load failed"])[0][:200], model, pretrained) from None
+            why = (str(e).splitlines() or ["load failed"])[0][:200]
+            if self.checkpoint:   # local weights were passed: advice to pass local weights would mislead
+                raise SvgenError(f"cannot load checkpoint {self.checkpoint} on {self.device}: {why}") from None
+            what = f"{model} weights '{pretrained}'" if pretrained else model
+            raise unavailable(what, why, model, pretrained) from None
         except (OSError, ValueError) as e:
             raise SvgenError(f"cannot load {self.checkpoint or model}: {(str(e).splitlines() or [''])[0][:200]}") from None
         except pickle.UnpicklingError:

@@ -14,7 +14,7 @@ import struct
 import numpy as np
 import pytest
 
-from conftest import one_line_error
+from conftest import file_tree, one_line_error
 
 
 # ----------------------------------------------------------------------------- item 10: fewshot.heads_vs_zero_shot
@@ -145,3 +145,108 @@ def test_a_npy_header_cut_inside_its_dict_is_one_line(adapted, tmp_path, cli, ke
     line = one_line_error(*cli("classify", adapted / "ad.svgen", "--features", bad), "cut.npy",
                           "damaged .npy header", "cut off")
     assert "internal error" not in line
+
+
+# ----------------------------------------------------------------------------- item 12: one --device check
+
+@pytest.fixture(scope="module")
+def small(tmp_path_factory):
+    from conftest import write_small_inputs
+
+    return write_small_inputs(tmp_path_factory.mktemp("small"), ["a", "b", "c"], 32)
+
+
+def _every_command(small, tiny_model, tmp_path):
+    """One invocation of each command that takes --device, on inputs that are fine (the device is all that is
+    wrong); none of them needs an encoder except through --device."""
+    enc = ("--model", tiny_model["config"], "--checkpoint", tiny_model["safetensors"])
+    art, feats, labels = small / "a.svgen", small / "F.npy", small / "y.npy"
+    return {
+        "fit": ("fit", "--classes", small / "classes.txt", *enc, "--out", tmp_path / "n.svgen"),
+        "fit --prototypes": ("fit", "--prototypes", small / "P.npy", "--classes", small / "classes.txt",
+                             "--out", tmp_path / "n.svgen"),
+        "classify --features": ("classify", art, "--features", feats),
+        "classify images": ("classify", art, small / "F.npy", *enc),
+        "eval --features": ("eval", art, "--features", feats, "--labels", labels),
+        "add-classes": ("add-classes", art, "--classes", small / "new.txt", "--prototypes", small / "P2.npy"),
+        "adapt": ("adapt", art, "--shot-features", feats, "--shot-labels", labels, "--out", tmp_path / "o.svgen"),
+        "check-encoder": ("check-encoder", *enc),
+    }
+
+
+def _no_gpu(monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: False)
+
+
+@pytest.mark.parametrize("device, words", [
+    ("cuda:99999999999999999999", ("--device cuda:99999999999999999999", "no CUDA device is available",
+                                   "--device cpu")),
+    ("cuda:3", ("--device cuda:3", "no CUDA device is available", "--device cpu")),
+    ("cuda", ("--device cuda", "no CUDA device is available", "--device cpu")),
+    ("mps", ("--device mps", "MPS", "not available", "--device cpu")),
+    ("gpu", ("--device 'gpu' is not a device", "auto, cpu, cuda, cuda:N or mps")),
+])
+def test_every_command_checks_the_device_alike_without_a_gpu(small, tiny_model, tmp_path, cli, monkeypatch,
+                                                              device, words):
+    """Without CUDA or MPS every command refuses the same device with the same line, before any work (``eval
+    --features --device cuda:3`` was accepted while ``fit`` refused it; ``classify --device
+    cuda:99999999999999999999`` was an internal RuntimeError; ``--device mps`` said to pass local weights)."""
+    _no_gpu(monkeypatch)
+    before, lines = file_tree(small), set()
+    for name, argv in _every_command(small, tiny_model, tmp_path).items():
+        line = one_line_error(*cli(*argv, "--device", device), *words)
+        assert "internal error" not in line and "local weights" not in line, (name, line)
+        lines.add(line.split(": error: ", 1)[1])
+    assert len(lines) == 1, lines
+    assert not list(tmp_path.iterdir()) and file_tree(small) == before   # nothing written, nothing changed
+
+
+def test_a_cuda_index_past_the_last_device_is_one_line(small, tiny_model, tmp_path, cli, monkeypatch):
+    """With CUDA (simulated: one device) an index it does not have is one line naming the devices there are."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    for index in ("1", "99999999999999999999"):
+        for argv in _every_command(small, tiny_model, tmp_path).values():
+            one_line_error(*cli(*argv, "--device", f"cuda:{index}"),
+                           f"--device cuda:{index} names CUDA device {index}, but this machine has 1 (cuda:0)")
+
+
+def test_the_library_checks_the_device_with_the_same_rule(monkeypatch):
+    import torch
+
+    from svgen.encoders.runtime import resolve_device
+    from svgen.errors import SvgenError
+
+    _no_gpu(monkeypatch)
+    for device in ("cuda:99999999999999999999", "mps", "gpu", torch.device("cuda", 2)):
+        with pytest.raises(SvgenError) as e:
+            resolve_device(device)
+        assert "device=" in str(e.value) and e.value.cli_message.startswith("--device")
+    assert resolve_device("cpu") == torch.device("cpu") == resolve_device("auto")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert resolve_device("cuda:1") == torch.device("cuda", 1)
+    with pytest.raises(SvgenError, match="has 2 \\(cuda:0 to cuda:1\\)"):
+        resolve_device(torch.device("cuda", 2))
+
+
+def test_a_checkpoint_that_fails_to_load_is_not_told_to_pass_local_weights(tiny_model, monkeypatch):
+    """Local weights were passed: a failure while open_clip builds the model names the checkpoint and the device."""
+    import open_clip
+
+    from svgen.encoders.clip import ClipEncoder
+    from svgen.errors import SvgenError
+
+    def fails(*a, **k):
+        raise RuntimeError("PyTorch is not linked with support for mps devices")
+
+    monkeypatch.setattr(open_clip, "create_model_and_transforms", fails)
+    with pytest.raises(SvgenError) as e:
+        ClipEncoder(tiny_model["config"], checkpoint=tiny_model["safetensors"], device="cpu")
+    assert "local weights" not in str(e.value) and tiny_model["safetensors"] in str(e.value)
+    assert "on cpu: PyTorch is not linked" in str(e.value)
