@@ -41,6 +41,7 @@ from svgen.encoders.activation import activation_name, built_quick_gelu, decide_
 from svgen.encoders.hub import check_weights_reachable, unavailable
 from svgen.encoders.identity import hf_hub_weights_sha256, local_dir_weights, file_sha256, identity_key
 from svgen.encoders.images import ImageFiles, collate
+from svgen.encoders.install import import_open_clip
 from svgen.encoders.runtime import (autocast, autocast_dtype, device_name, plan_loader, precision_label,
                                     resolve_device, text_batch_size)
 from svgen.encoders.tokens import token_ids, tokenize
@@ -107,7 +108,7 @@ class ClipEncoder:
         quick_gelu: Optional[bool] = None,
         precision: str = "auto",
     ):
-        import open_clip
+        open_clip = import_open_clip()   # a torch/torchvision pair that does not match: one line
 
         if pretrained and checkpoint:
             raise SvgenError("give either pretrained=TAG or checkpoint=FILE, not both",

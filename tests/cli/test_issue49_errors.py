@@ -250,3 +250,79 @@ def test_a_checkpoint_that_fails_to_load_is_not_told_to_pass_local_weights(tiny_
         ClipEncoder(tiny_model["config"], checkpoint=tiny_model["safetensors"], device="cpu")
     assert "local weights" not in str(e.value) and tiny_model["safetensors"] in str(e.value)
     assert "on cpu: PyTorch is not linked" in str(e.value)
+
+
+# ----------------------------------------------------------------------------- item 17: torch and torchvision
+
+class _BrokenTorchvision:
+    """A meta-path finder under which importing torchvision (and so open_clip, which imports it) fails as it does
+    with a torchvision built for another torch."""
+
+    def __init__(self, message):
+        self.message = message
+
+    def find_spec(self, name, path=None, target=None):
+        import importlib.util
+
+        if name.split(".")[0] in ("torchvision", "open_clip"):
+            return importlib.util.spec_from_loader(name, self)
+        return None
+
+    def create_module(self, spec):
+        return None
+
+    def exec_module(self, module):
+        raise RuntimeError(self.message)
+
+
+@pytest.fixture(params=["operator torchvision::nms does not exist",
+                        "partially initialized module 'torchvision' has no attribute 'extension' (most likely due "
+                        "to a circular import)"])
+def broken_torchvision(request, monkeypatch):
+    import sys
+
+    for name in [m for m in sys.modules if m.split(".")[0] in ("torchvision", "open_clip")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setattr(sys, "meta_path", [_BrokenTorchvision(request.param), *sys.meta_path])
+    return request.param
+
+
+def _pair_words():
+    from importlib.metadata import version
+
+    return (f"torch {version('torch')} and torchvision {version('torchvision')} do not match",
+            "pip install --force-reinstall torch torchvision --index-url https://download.pytorch.org/whl/cpu")
+
+
+def test_a_torchvision_built_for_another_torch_is_one_line(broken_torchvision, small, tiny_model, tmp_path, cli):
+    from svgen.encoders.clip import ClipEncoder
+    from svgen.errors import SvgenError
+
+    with pytest.raises(SvgenError) as e:
+        ClipEncoder(tiny_model["config"], checkpoint=tiny_model["safetensors"])
+    assert all(w in str(e.value) for w in _pair_words()) and broken_torchvision[:40] in str(e.value)
+    line = one_line_error(*cli("fit", "--classes", small / "classes.txt", "--model", tiny_model["config"],
+                               "--checkpoint", tiny_model["safetensors"], "--out", tmp_path / "n.svgen"),
+                          *_pair_words())
+    assert "internal error" not in line and not (tmp_path / "n.svgen").exists()
+
+
+def test_the_cli_names_the_pair_wherever_torchvision_is_first_imported(broken_torchvision, small, cli, monkeypatch):
+    """Any command, any import site (here: eval's scoring, made to import torchvision)."""
+    import svgen.commands.eval as eval_command
+
+    def imports_torchvision(*a, **k):
+        import torchvision  # noqa: F401
+
+    monkeypatch.setattr(eval_command, "run", imports_torchvision)   # cli.main builds its parser (binds run) anew
+    line = one_line_error(*cli("eval", small / "a.svgen", "--features", small / "F.npy", "--labels", small / "y.npy"),
+                          *_pair_words())
+    assert "internal error" not in line
+
+
+def test_other_import_failures_are_not_called_a_torch_mismatch():
+    from svgen.encoders.install import torch_pair_error
+
+    assert torch_pair_error(RuntimeError("CUDA out of memory")) is None
+    assert torch_pair_error(ImportError("No module named 'open_clip'")) is None
+    assert torch_pair_error(ValueError("operator torchvision::nms does not exist")) is None
