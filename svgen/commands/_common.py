@@ -93,14 +93,19 @@ def add_encoder_args(p: argparse.ArgumentParser, with_model_default: bool = True
                         "(default: %(default)s)")
 
 
-def add_quick_gelu_arg(g, default_help: str = "") -> None:
-    """``--quick-gelu/--no-quick-gelu``: the MLP activation, for weights whose source does not say it."""
-    g.add_argument("--quick-gelu", action=argparse.BooleanOptionalAction, default=None,
-                   help="build the MLPs with QuickGELU (OpenAI CLIP, LAION-400M, MetaCLIP weights) or GELU. "
-                        "Default" + default_help + ": a pretrained tag's own setting (a contradicting flag is "
-                        "refused); for --checkpoint or a .json config the config's quick_gelu or a '-quickgelu' "
-                        "model name, else GELU (with a warning where the architecture has a -quickgelu variant); "
-                        "hf-hub:/local-dir: their open_clip_config.json")
+def add_quick_gelu_arg(g, artifact: bool = False) -> None:
+    """``--quick-gelu/--no-quick-gelu``: the MLP activation, for weights whose source does not say it (``artifact``:
+    a command that reloads an artifact's encoder, whose recorded activation is the default)."""
+    what = "build the MLPs with QuickGELU (OpenAI CLIP, LAION-400M, MetaCLIP weights) or GELU. "
+    if artifact:
+        help_text = what + "Default: the artifact's recorded activation, else as for 'svgen fit' (docs/usage.md, " \
+                           "\"GELU or QuickGELU\")"
+    else:
+        help_text = what + ("Default: a pretrained tag's own setting (a contradicting flag is refused); for "
+                            "--checkpoint or a .json config the config's quick_gelu or a '-quickgelu' model name, else "
+                            "GELU (with a warning where the architecture has a -quickgelu variant); hf-hub:/local-dir: "
+                            "their open_clip_config.json")
+    g.add_argument("--quick-gelu", action=argparse.BooleanOptionalAction, default=None, help=help_text)
 
 
 def default_pretrained(args):

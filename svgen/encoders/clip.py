@@ -25,6 +25,7 @@ does not hold (a non-causal mask, last-token pooling, HF text towers) use stock 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import pickle
@@ -96,6 +97,27 @@ def encode_text_truncated(model, tokens: torch.Tensor) -> torch.Tensor:
 
 # ----------------------------------------------------------------------------- the encoder
 
+class _NoTagNotice(logging.Filter):
+    def filter(self, record):
+        return not record.getMessage().startswith("No pretrained weights loaded")
+
+
+@contextlib.contextmanager
+def quiet_about_tags(checkpoint: bool):
+    """While open_clip builds a model from a ``checkpoint`` file: without its root-logger warning "No pretrained
+    weights loaded for model … Model initialized randomly", which speaks of pretrained *tags* and reads as if the
+    checkpoint were ignored (open_clip loads a checkpoint strictly or raises; svgen logs the file it loaded)."""
+    if not checkpoint:
+        yield
+        return
+    notice, root = _NoTagNotice(), logging.getLogger()
+    root.addFilter(notice)
+    try:
+        yield
+    finally:
+        root.removeFilter(notice)
+
+
 class ClipEncoder:
     """A frozen open_clip model in inference mode, with batched text and image encoding."""
 
@@ -147,13 +169,15 @@ class ClipEncoder:
 
         act = {} if want is None else {"quick_gelu": want, "force_quick_gelu": want}
         try:
-            with warnings.catch_warnings():
+            with warnings.catch_warnings(), quiet_about_tags(bool(self.checkpoint)):
                 # open_clip compares the tag's activation with its config *before* our override is
                 # applied; the activation actually built is checked against the decision below.
                 warnings.filterwarnings("ignore", message="QuickGELU mismatch", category=UserWarning)
                 self.model, _, self.preprocess = open_clip.create_model_and_transforms(
                     model, pretrained=self.checkpoint or pretrained, device=self.device, **act
                 )
+            if self.checkpoint:
+                log.info("weights: %s (sha256 %s…)", self.checkpoint, self.checkpoint_sha256[:12])
             self._tokenizer_name = model
             text_cfg = (open_clip.get_model_config(model) or {}).get("text_cfg") or {}
             if model.startswith(("hf-hub:", "local-dir:")) or text_cfg.get("hf_tokenizer_name"):

@@ -326,3 +326,94 @@ def test_other_import_failures_are_not_called_a_torch_mismatch():
     assert torch_pair_error(RuntimeError("CUDA out of memory")) is None
     assert torch_pair_error(ImportError("No module named 'open_clip'")) is None
     assert torch_pair_error(ValueError("operator torchvision::nms does not exist")) is None
+
+
+# ----------------------------------------------------------------------------- item 18: smaller usability fixes
+
+def test_a_npy_given_as_an_image_asks_for_features(small, cli, tmp_path):
+    """``classify ART feats.npy``: not "which model embeds images" but the option that was meant."""
+    for argv in (("classify", small / "a.svgen", small / "F.npy"),
+                 ("classify", small / "a.svgen", small / "F.npy", "--engine", "ray")):
+        one_line_error(*cli(*argv), "F.npy is a .npy file, not an image", f"did you mean --features {small / 'F.npy'}?")
+    folder = tmp_path / "photos.npy"   # a folder named so is a folder of images, not embeddings
+    folder.mkdir()
+    line = one_line_error(*cli("classify", small / "a.svgen", folder))
+    assert "--features" not in line
+    code, out, err = cli("classify", small / "a.svgen", "--features", small / "F.npy")
+    assert code == 0 and len(out.splitlines()) == 1 + 8, err   # a header and F.npy's 8 rows
+
+
+def test_open_clips_no_pretrained_notice_is_not_shown_for_a_checkpoint(small, tiny_model, tmp_path, cli, caplog,
+                                                                        monkeypatch):
+    """open_clip says "No pretrained weights loaded … initialized randomly" about its pretrained tags; with
+    --checkpoint (loaded strictly, or an error) that line reads as if the checkpoint were ignored."""
+    import logging
+
+    import open_clip
+
+    from svgen.encoders.clip import ClipEncoder
+
+    real = open_clip.create_model_and_transforms
+
+    def notices(model, *a, **k):   # an open_clip that logs the notice whatever it loads (as some versions do)
+        logging.warning(f"No pretrained weights loaded for model '{model}'. Model initialized randomly.")
+        return real(model, *a, **k)
+
+    monkeypatch.setattr(open_clip, "create_model_and_transforms", notices)
+    caplog.set_level(logging.INFO)
+    enc = ClipEncoder(tiny_model["config"], checkpoint=tiny_model["safetensors"])
+    assert "No pretrained weights loaded" not in caplog.text
+    assert f"weights: {tiny_model['safetensors']}" in caplog.text and enc.checkpoint_sha256[:12] in caplog.text
+    code, out, err = cli("fit", "--classes", small / "classes.txt", "--model", tiny_model["config"], "--checkpoint",
+                         tiny_model["safetensors"], "--steps", "2", "--out", tmp_path / "n.svgen")
+    assert code == 0 and "No pretrained" not in err and "No pretrained" not in caplog.text, err
+    # without a checkpoint the notice is open_clip's to give (the filter is scoped to a checkpoint's load)
+    from svgen.encoders.clip import quiet_about_tags
+
+    caplog.clear()
+    with quiet_about_tags(False):
+        logging.warning("No pretrained weights loaded for model 'x'. Model initialized randomly.")
+    with quiet_about_tags(True):
+        logging.warning("No pretrained weights loaded for model 'y'. Model initialized randomly.")
+    logging.warning("No pretrained weights loaded for model 'z'. Model initialized randomly.")
+    assert "model 'x'" in caplog.text and "model 'y'" not in caplog.text and "model 'z'" in caplog.text
+
+
+def test_adapt_help_is_short_and_points_to_the_usage_guide(capsys, monkeypatch):
+    """``adapt --help`` was a 24-line paragraph (and two more for the shots and pool groups): now a few structured
+    lines, every option still listed, the details in the docs/usage.md sections it names."""
+    import re
+
+    from svgen.cli import main
+
+    from conftest import ROOT
+
+    monkeypatch.setenv("COLUMNS", "100")
+    with pytest.raises(SystemExit):
+        main(["adapt", "--help"])
+    text = capsys.readouterr().out
+    description = text.split("\n\n")[1:text.split("\n\n").index(next(p for p in text.split("\n\n")
+                                                                     if p.startswith("positional arguments")))]
+    assert sum(len(p.splitlines()) for p in description) <= 14, description
+    assert all(len(line) <= 100 for line in text.splitlines())
+    for flag in ("--shots", "--shot-features", "--shot-labels", "--unlabelled", "--unlabelled-features", "--out",
+                 "--force", "--model", "--checkpoint", "--quick-gelu", "--device", "--decode"):
+        assert flag in text, flag
+    for group in ("labelled images (few-shot):", "unlabelled images (transductive):"):
+        body = text.split(group, 1)[1].split("\n\n", 1)[0]
+        assert len(body.splitlines()) <= 3, body
+    headings = {h.strip() for h in re.findall(r"^#+ (.+)$", (ROOT / "docs" / "usage.md").read_text(), re.M)}
+    joined = re.sub(r"(\w)- (\w)", r"\1-\2", " ".join(text.split()))   # lines argparse wrapped at a hyphen
+    named = set(re.findall(r'"([^"]+)"', joined))
+    assert "Labelled images (few-shot)" in named and named <= headings | {"GELU or QuickGELU"}, named - headings
+    assert "**GELU or QuickGELU.**" in (ROOT / "docs" / "usage.md").read_text()
+
+
+def test_the_quickstart_says_to_activate_the_virtual_environment():
+    from conftest import ROOT
+
+    readme = (ROOT / "README.md").read_text()
+    quick = readme.split("## Quickstart", 1)[1]
+    assert quick.index(". .venv/bin/activate") < quick.index("$ svgen ")
+    install = readme.split("```bash", 1)[1].split("```", 1)[0]
+    assert "python3 -m venv .venv" in install   # the venv the line activates is the one the install made
