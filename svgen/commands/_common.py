@@ -211,10 +211,10 @@ def check_device(args) -> None:
     refused up front, also where no encoder ends up being loaded (``fit --prototypes``, ``eval --features``), so
     no command accepts a device another refuses. Joining a Ray cluster (``--address``), the device is the nodes'
     own: only its name is checked here."""
-    from svgen.encoders.runtime import parse_device, resolve_device
-
     device = getattr(args, "device", None)
     if device is not None:
+        from svgen.encoders.runtime import parse_device, resolve_device
+
         (parse_device if getattr(args, "address", None) else resolve_device)(device)
 
 

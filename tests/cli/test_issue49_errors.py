@@ -216,6 +216,22 @@ def test_a_cuda_index_past_the_last_device_is_one_line(small, tiny_model, tmp_pa
                            f"--device cuda:{index} names CUDA device {index}, but this machine has 1 (cuda:0)")
 
 
+def test_joining_a_ray_cluster_checks_only_the_device_name(monkeypatch):
+    """With --address the actors run on the cluster's nodes, whose devices are theirs: a CUDA device this machine
+    lacks is not refused here, a name that is no device still is."""
+    from argparse import Namespace
+
+    from svgen.commands._common import check_device
+    from svgen.errors import SvgenError
+
+    _no_gpu(monkeypatch)
+    check_device(Namespace(device="cuda:3", address="auto"))
+    with pytest.raises(SvgenError, match="no CUDA device"):
+        check_device(Namespace(device="cuda:3", address=None))
+    with pytest.raises(SvgenError, match="is not a device"):
+        check_device(Namespace(device="gpu", address="auto"))
+
+
 def test_the_library_checks_the_device_with_the_same_rule(monkeypatch):
     import torch
 
