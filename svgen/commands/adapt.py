@@ -24,7 +24,8 @@ def add_parser(sub):
                     "    pool   the heads adapt to images without labels (after the shots, or alone);\n"
                     "           kept only where held-out evidence says it is better\n"
                     "    out    svgen.json records every decision and why (fewshot, transductive,\n"
-                    "           calibration); stdout gets one JSON summary, the 'wrote …' line stderr\n\n"
+                    "           calibration); stdout gets one JSON summary (also with -q: it is the\n"
+                    "           result), the 'wrote …' line goes to stderr\n\n"
                     "How each head is corrected, chosen and calibrated: docs/usage.md, \"Labelled images "
                     "(few-shot)\", \"Unlabelled images (transductive)\" and \"Probabilities and calibration\".",
         epilog="examples:\n"

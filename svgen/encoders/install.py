@@ -37,9 +37,10 @@ def torch_pair_error(e: BaseException) -> Optional[SvgenError]:
     if not isinstance(e, (RuntimeError, ImportError, AttributeError, OSError)) or not any(s in text for s in SIGNS):
         return None
     first = (text.strip().splitlines() or [""])[0][:160]
-    return SvgenError(f"torch {installed('torch')} and torchvision {installed('torchvision')} do not match "
-                      f"(importing torchvision failed: {first}); reinstall them together: {REINSTALL} "
-                      "(the README's CPU install; for a GPU build leave out --index-url)")
+    line = (f"torch {installed('torch')} and torchvision {installed('torchvision')} do not match (importing "
+            f"torchvision failed: {first}); reinstall them together: {REINSTALL} (the README's CPU install; for a "
+            "GPU build leave out --index-url)")
+    return SvgenError(line, cli=line)   # pip's flags, not svgen's: the same words for Python and the CLI
 
 
 def import_open_clip():
