@@ -48,8 +48,8 @@ def add_parser(sub):
                         "(as 'svgen adapt --unlabelled'; the artifact on disk is not changed) and print each "
                         "input's transductive class probabilities; with --head, that head's scores (or --probs) "
                         "instead. The pool is kept only when held-out evidence says it is better (docs/usage.md, "
-                        "\"Unlabelled images (transductive)\"); otherwise, and with fewer inputs than classes, the inductive default head's "
-                        "probabilities, with a warning saying why")
+                        "\"Unlabelled images (transductive)\"); otherwise, and with fewer inputs than classes, the "
+                        "inductive default head's probabilities, with a warning saying why")
     p.add_argument("inputs", nargs="*", metavar="IMAGE|DIR",
                    help="image files and/or folders (searched recursively); with --engine ray also globs, "
                         "list files (.txt/.lst), tables of paths (.csv/.parquet) and WebDataset .tar shards")
