@@ -130,6 +130,12 @@ def main(argv: Optional[List[str]] = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # traceback when Python flushes at exit
         return 0
     except Exception as e:  # a defect of svgen's own: still one line (the traceback with -vv)
+        from svgen.encoders.install import torch_pair_error
+
+        pair = torch_pair_error(e)   # not svgen's: torchvision built for another torch (any command, any import)
+        if pair is not None:
+            print(f"svgen {args.command}: error: {pair}", file=sys.stderr)
+            return 2
         return _internal_error(args, e)
 
 

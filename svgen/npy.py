@@ -10,6 +10,7 @@ a foreign byte order) takes it alike.
 
 from __future__ import annotations
 
+import tokenize
 from pathlib import Path
 
 import numpy as np
@@ -31,6 +32,9 @@ def check_npy_header(path, what: str, strings: bool = False):
             read = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}
             shape, _, dtype = read.get(version, np.lib.format.read_array_header_2_0)(f)
             offset = f.tell()
+    except tokenize.TokenError:  # NumPy re-reads a header it cannot parse as Python 2 source: cut off inside
+        raise SvgenError(f"{what} file {path} has a damaged .npy header (it ends inside its dictionary: "
+                         "cut off or overwritten)") from None
     except (ValueError, OSError, EOFError, OverflowError, TypeError, SyntaxError) as e:
         raise SvgenError(f"{what} file {path} has a damaged .npy header ({_first_line(e)})") from None
     if not all(type(n) is int and n >= 0 for n in shape):

@@ -13,7 +13,6 @@ import json
 import logging
 import math
 import os
-import re
 import sys
 from pathlib import Path
 
@@ -94,14 +93,19 @@ def add_encoder_args(p: argparse.ArgumentParser, with_model_default: bool = True
                         "(default: %(default)s)")
 
 
-def add_quick_gelu_arg(g, default_help: str = "") -> None:
-    """``--quick-gelu/--no-quick-gelu``: the MLP activation, for weights whose source does not say it."""
-    g.add_argument("--quick-gelu", action=argparse.BooleanOptionalAction, default=None,
-                   help="build the MLPs with QuickGELU (OpenAI CLIP, LAION-400M, MetaCLIP weights) or GELU. "
-                        "Default" + default_help + ": a pretrained tag's own setting (a contradicting flag is "
-                        "refused); for --checkpoint or a .json config the config's quick_gelu or a '-quickgelu' "
-                        "model name, else GELU (with a warning where the architecture has a -quickgelu variant); "
-                        "hf-hub:/local-dir: their open_clip_config.json")
+def add_quick_gelu_arg(g, artifact: bool = False) -> None:
+    """``--quick-gelu/--no-quick-gelu``: the MLP activation, for weights whose source does not say it (``artifact``:
+    a command that reloads an artifact's encoder, whose recorded activation is the default)."""
+    what = "build the MLPs with QuickGELU (OpenAI CLIP, LAION-400M, MetaCLIP weights) or GELU. "
+    if artifact:
+        help_text = what + "Default: the artifact's recorded activation, else as for 'svgen fit' (docs/usage.md, " \
+                           "\"GELU or QuickGELU\")"
+    else:
+        help_text = what + ("Default: a pretrained tag's own setting (a contradicting flag is refused); for "
+                            "--checkpoint or a .json config the config's quick_gelu or a '-quickgelu' model name, else "
+                            "GELU (with a warning where the architecture has a -quickgelu variant); hf-hub:/local-dir: "
+                            "their open_clip_config.json")
+    g.add_argument("--quick-gelu", action=argparse.BooleanOptionalAction, default=None, help=help_text)
 
 
 def default_pretrained(args):
@@ -118,17 +122,6 @@ def load_encoder(args):
 
     default_pretrained(args)
     return load(EncoderRequest.from_options(args))
-
-
-def check_device(args) -> None:
-    """Refuse an unavailable ``--device`` up front, also where no encoder ends up being loaded
-    (``fit --prototypes``, ``add-classes --prototypes``), instead of accepting it silently."""
-    from svgen.encoders.clip import resolve_device
-
-    try:
-        resolve_device(args.device)
-    except RuntimeError as e:  # torch.device("gpu"): not a device name
-        raise SvgenError(f"--device {args.device!r} is not a device: {(str(e).splitlines() or [''])[0]}") from None
 
 
 def text_prototypes(args, classes, templates, expect: dict = None):
@@ -194,7 +187,6 @@ OUTPUT_OPTIONS = (("out", "--out"), ("plot", "--plot"))
 STDOUT_COMMANDS = ("eval", "classify")   # --out - writes their table or rows to stdout
 INPUT_OPTIONS = ("artifact", "inputs", "features", "data", "labels", "prototypes", "classes", "templates", "shots",
                  "shot_features", "shot_labels", "unlabelled", "unlabelled_features", "checkpoint")
-DEVICE_NAME = re.compile(r"(auto|cpu|mps|cuda(:\d+)?)")
 
 
 def non_negative_int(text: str) -> int:
@@ -210,13 +202,23 @@ def non_negative_int(text: str) -> int:
 
 def check_args(args) -> None:
     """What every sub-command's arguments must satisfy before any work (run once by :func:`svgen.cli.main`):
-    ``--device`` names a device, ``--out -`` is stdout where a command can write there, and no output (``--out``,
-    ``--plot``) destroys an input or another output."""
-    device = getattr(args, "device", None)
-    if device is not None and not DEVICE_NAME.fullmatch(str(device)):
-        raise SvgenError(f"--device {device!r} is not a device: use auto, cpu, cuda, cuda:N or mps")
+    ``--device`` names a device this machine has, ``--out -`` is stdout where a command can write there, and no
+    output (``--out``, ``--plot``) destroys an input or another output."""
+    check_device(args)
     take_stdout(args)
     check_outputs(args)
+
+
+def check_device(args) -> None:
+    """``--device`` of every command, by the one parser and check (:func:`svgen.encoders.runtime.resolve_device`):
+    refused up front, also where no encoder ends up being loaded (``fit --prototypes``, ``eval --features``), so
+    no command accepts a device another refuses. Joining a Ray cluster (``--address``), the device is the nodes'
+    own: only its name is checked here."""
+    device = getattr(args, "device", None)
+    if device is not None:
+        from svgen.encoders.runtime import parse_device, resolve_device
+
+        (parse_device if getattr(args, "address", None) else resolve_device)(device)
 
 
 def take_stdout(args) -> None:

@@ -20,17 +20,16 @@ log = logging.getLogger(__name__)
 def add_image_encoder_args(p) -> None:
     g = p.add_argument_group(
         "encoder for images (default: the artifact's own)",
-        "Images are embedded with the model the artifact was fit with: a tag, hf-hub: or local-dir: "
-        "name is reloaded as recorded (hf-hub:/local-dir: weights' sha256 is checked). Artifacts fit from a "
-        "--checkpoint need the same file again (its sha256 is checked); artifacts fit from "
-        "--prototypes need --model and --pretrained/--checkpoint naming the model that made them.")
+        "Images are embedded with the model the artifact was fit with, reloaded as recorded (weights' sha256 "
+        "checked: a --checkpoint fit needs the same file again); an artifact fit from --prototypes needs --model "
+        "and --pretrained/--checkpoint naming the model that made them.")
     g.add_argument("--model", default=None,
                    help="open_clip architecture, 'hf-hub:ORG/REPO', 'local-dir:PATH' or a model-config .json "
                         "(default: the artifact's)")
     src = g.add_mutually_exclusive_group()
     src.add_argument("--pretrained", metavar="TAG", help="pretrained tag (default: the artifact's)")
     src.add_argument("--checkpoint", metavar="FILE", help="local weights file (must be the artifact's checkpoint)")
-    add_quick_gelu_arg(g, ": the artifact's recorded activation; without one")
+    add_quick_gelu_arg(g, artifact=True)
     g.add_argument("--device", default="auto",
                    help="cpu, cuda, cuda:N, mps or auto: CUDA if present, then MPS, else the CPU (default: %(default)s)")
     g.add_argument("--batch-size", type=int, default=None,

@@ -15,17 +15,8 @@ log = logging.getLogger(__name__)
 def add_pool_args(p) -> None:
     g = p.add_argument_group(
         "unlabelled images (transductive)",
-        "Images without labels — typically the ones to classify. They are pseudo-labelled by the inductive heads "
-        "and the class model is re-solved in closed form over them for a few rounds, with the inductive "
-        "prediction kept as a prior. The result is kept only when held-out evidence says it is better. With "
-        "shots, held-out shots join the pool unlabelled, and the inductive default head times the pool's class "
-        "likelihood (to a power fitted on them) must beat the inductive default head there (top-1 above it by "
-        "more than one paired standard error, top-5 and NLL not worse by more than one); kept, the "
-        "default head carries that factor (the linear head too where its own check passes). Without shots, a head adapted on one half of the pool must agree "
-        "with the other half's own posterior more often than the inductive head; kept, the posterior becomes the "
-        "linear head and the default head, and the kernel head carries the pool's class likelihood (the same "
-        "posterior with the kernel vote as its prior). Otherwise every head stays as it was. A pool with fewer "
-        "images than classes changes nothing. svgen.json records what was decided, and why, under 'transductive'.")
+        "Images without labels, typically the ones to classify; the heads adapt to them only where held-out "
+        "evidence says it is better (docs/usage.md, \"Unlabelled images (transductive)\").")
     src = g.add_mutually_exclusive_group()
     src.add_argument("--unlabelled", metavar="DIR",
                      help="folder of images (searched recursively), embedded with the artifact's encoder")

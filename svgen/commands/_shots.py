@@ -13,9 +13,7 @@ log = logging.getLogger(__name__)
 def add_shot_args(p, required: bool = False) -> None:
     g = p.add_argument_group(
         "labelled images (few-shot)" + ("; one of" if required else ""),
-        "Image embeddings with their classes correct the zero-shot heads in closed form (kernel ridge on the "
-        "zero-shot residual; zero-shot logits plus α × an LDA head's), with every setting chosen on held-out "
-        "shots; zero-shot is kept where the shots do not beat it.")
+        "Images with their classes correct the zero-shot heads (docs/usage.md, \"Labelled images (few-shot)\").")
     g.add_argument("--shots", metavar="DIR",
                    help="labelled image folder (ImageFolder layout or DIR/labels.csv), embedded with the "
                         "artifact's encoder")

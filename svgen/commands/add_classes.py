@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from svgen.commands._common import HelpFormatter, add_encoder_args, check_device, load_array, note, text_prototypes
+from svgen.commands._common import HelpFormatter, add_encoder_args, load_array, note, text_prototypes
 
 
 def add_parser(sub):
@@ -33,7 +33,6 @@ def run(args) -> int:
     from svgen.encoders.prompts import read_class_names
     from svgen.locks import artifact_lock
 
-    check_device(args)
     names = read_class_names(args.classes)
     if not names:
         raise SvgenError(f"classes file {args.classes} is empty: expected one class name per line")

@@ -48,9 +48,9 @@ def add_parser(sub):
                    help="use the inputs themselves as an unlabelled pool: embed once, adapt the artifact to them "
                         "(as 'svgen adapt --unlabelled'; the artifact on disk is not changed) and print each "
                         "input's transductive class probabilities; with --head, that head's scores (or --probs) "
-                        "instead. The pool is kept only when held-out evidence says it is better (see 'svgen adapt "
-                        "--help'); otherwise, and with fewer inputs than classes, the inductive default head's "
-                        "probabilities, with a warning saying why")
+                        "instead. The pool is kept only when held-out evidence says it is better (docs/usage.md, "
+                        "\"Unlabelled images (transductive)\"); otherwise, and with fewer inputs than classes, the "
+                        "inductive default head's probabilities, with a warning saying why")
     p.add_argument("inputs", nargs="*", metavar="IMAGE|DIR",
                    help="image files and/or folders (searched recursively); with --engine ray also globs, "
                         "list files (.txt/.lst), tables of paths (.csv/.parquet) and WebDataset .tar shards")
@@ -96,6 +96,7 @@ def run(args) -> int:
     from svgen.io.output import output_format, require_pyarrow
 
     _take_artifact(args)
+    _refuse_embeddings_as_images(args)
     if args.top_k < 1:
         raise SvgenError(f"--top-k must be at least 1, got {args.top_k}")
     from svgen.commands.classify_ray import check_local, run_ray
@@ -141,6 +142,17 @@ def run(args) -> int:
         note(args, f"wrote {args.out}: {n} row(s), {_what(args)} {'probabilities' if _probs(args) else 'scores'}, "
                    f"top {min(args.top_k, len(clf.classes_))}, {args.format}")
     return 0
+
+
+def _refuse_embeddings_as_images(args) -> None:
+    """``classify ART feats.npy``: a ``.npy`` file among the inputs is embeddings given without ``--features``
+    (it would otherwise be asked an encoder for, then skipped as not an image)."""
+    from pathlib import Path
+
+    npy = [f for f in args.inputs or () if Path(f).suffix.lower() == ".npy" and not Path(f).is_dir()]
+    if npy and not args.features:
+        raise SvgenError(f"{npy[0]} is a .npy file, not an image: did you mean --features {' '.join(npy)}? (inputs "
+                         "without --features are images and folders)")
 
 
 def _take_artifact(args) -> None:

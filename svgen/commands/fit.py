@@ -7,9 +7,8 @@ import os
 import sys
 
 from svgen.errors import SvgenError
-from svgen.commands._common import (DEFAULT_MODEL, HelpFormatter, add_encoder_args, add_refused_flag, check_device,
-                      default_pretrained, json_text, load_array,
-                      load_encoder, note, text_prototypes)
+from svgen.commands._common import (DEFAULT_MODEL, HelpFormatter, add_encoder_args, add_refused_flag,
+                                   default_pretrained, json_text, load_array, load_encoder, note, text_prototypes)
 from svgen.commands._pool import add_pool_args, encode_pool, pool_array, pool_check_summary, pool_note, pool_paths, wants_pool
 from svgen.commands._shots import add_shot_args, encode_shots, shot_arrays, shot_images, wants_shots
 
@@ -108,7 +107,6 @@ def run(args) -> int:
     from svgen.encoders.prompts import default_templates, load_templates, read_classes
     from svgen.safeio import check_dir_target
 
-    check_device(args)
     classes = read_classes(args.classes, duplicates="error" if args.strict else "allow")
     out = check_dir_target(args.out, args.force)  # before any work: only an artifact or an empty folder is replaced
     clf = SVGClassifier(
@@ -148,8 +146,7 @@ def run(args) -> int:
 
     import numpy as np
 
-    from svgen.encoders.clip import resolve_device
-    from svgen.encoders.runtime import autocast_dtype, device_name, precision_label
+    from svgen.encoders.runtime import autocast_dtype, device_name, precision_label, resolve_device
 
     device = resolve_device(args.device)
     # Where the encoder ran: svgen.json → metrics.runtime, beside (never in) the encoder's identity.

@@ -25,6 +25,7 @@ does not hold (a non-causal mask, last-token pooling, HF text towers) use stock 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import pickle
@@ -41,35 +42,13 @@ from svgen.encoders.activation import activation_name, built_quick_gelu, decide_
 from svgen.encoders.hub import check_weights_reachable, unavailable
 from svgen.encoders.identity import hf_hub_weights_sha256, local_dir_weights, file_sha256, identity_key
 from svgen.encoders.images import ImageFiles, collate
+from svgen.encoders.install import import_open_clip
 from svgen.encoders.runtime import (autocast, autocast_dtype, device_name, plan_loader, precision_label,
-                                    text_batch_size)
+                                    resolve_device, text_batch_size)
 from svgen.encoders.tokens import token_ids, tokenize
 from svgen.encoders.tensor_decode import JpegBytes, TensorPreprocess, collate_bytes, decode_batches
 
 log = logging.getLogger(__name__)
-
-
-
-def auto_device() -> torch.device:
-    """What ``--device auto`` picks: CUDA when present, then Apple's MPS, else the CPU."""
-    if torch.cuda.is_available():
-        return torch.device("cuda")
-    mps = getattr(torch.backends, "mps", None)
-    if mps is not None and mps.is_available():
-        return torch.device("mps")
-    return torch.device("cpu")
-
-
-def resolve_device(device: Optional[str]) -> torch.device:
-    """``None``/``"auto"`` picks CUDA, then MPS, else the CPU (:func:`auto_device`); an unavailable CUDA
-    request is a clear error."""
-    if device in (None, "auto"):
-        return auto_device()
-    dev = torch.device(device)
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise SvgenError(f"device {device!r} was requested but no CUDA device is available; use device='cpu'",
-                         cli="--device cuda was requested but no CUDA device is available; use --device cpu")
-    return dev
 
 
 # ----------------------------------------------------------------------------- text encoding
@@ -118,6 +97,27 @@ def encode_text_truncated(model, tokens: torch.Tensor) -> torch.Tensor:
 
 # ----------------------------------------------------------------------------- the encoder
 
+class _NoTagNotice(logging.Filter):
+    def filter(self, record):
+        return not record.getMessage().startswith("No pretrained weights loaded")
+
+
+@contextlib.contextmanager
+def quiet_about_tags(checkpoint: bool):
+    """While open_clip builds a model from a ``checkpoint`` file: without its root-logger warning "No pretrained
+    weights loaded for model … Model initialized randomly", which speaks of pretrained *tags* and reads as if the
+    checkpoint were ignored (open_clip loads a checkpoint strictly or raises; svgen logs the file it loaded)."""
+    if not checkpoint:
+        yield
+        return
+    notice, root = _NoTagNotice(), logging.getLogger()
+    root.addFilter(notice)
+    try:
+        yield
+    finally:
+        root.removeFilter(notice)
+
+
 class ClipEncoder:
     """A frozen open_clip model in inference mode, with batched text and image encoding."""
 
@@ -130,7 +130,7 @@ class ClipEncoder:
         quick_gelu: Optional[bool] = None,
         precision: str = "auto",
     ):
-        import open_clip
+        open_clip = import_open_clip()   # a torch/torchvision pair that does not match: one line
 
         if pretrained and checkpoint:
             raise SvgenError("give either pretrained=TAG or checkpoint=FILE, not both",
@@ -169,13 +169,15 @@ class ClipEncoder:
 
         act = {} if want is None else {"quick_gelu": want, "force_quick_gelu": want}
         try:
-            with warnings.catch_warnings():
+            with warnings.catch_warnings(), quiet_about_tags(bool(self.checkpoint)):
                 # open_clip compares the tag's activation with its config *before* our override is
                 # applied; the activation actually built is checked against the decision below.
                 warnings.filterwarnings("ignore", message="QuickGELU mismatch", category=UserWarning)
                 self.model, _, self.preprocess = open_clip.create_model_and_transforms(
                     model, pretrained=self.checkpoint or pretrained, device=self.device, **act
                 )
+            if self.checkpoint:
+                log.info("weights: %s (sha256 %s…)", self.checkpoint, self.checkpoint_sha256[:12])
             self._tokenizer_name = model
             text_cfg = (open_clip.get_model_config(model) or {}).get("text_cfg") or {}
             if model.startswith(("hf-hub:", "local-dir:")) or text_cfg.get("hf_tokenizer_name"):
@@ -187,8 +189,11 @@ class ClipEncoder:
         except RuntimeError as e:
             if "size mismatch" in str(e) or "Missing key" in str(e) or "Unexpected key" in str(e):
                 raise SvgenError(f"checkpoint {self.checkpoint or pretrained} does not match architecture {model}") from None
-            what = self.checkpoint or (f"{model} weights '{pretrained}'" if pretrained else model)
-            raise unavailable(what, (str(e).splitlines() or ["load failed"])[0][:200], model, pretrained) from None
+            why = (str(e).splitlines() or ["load failed"])[0][:200]
+            if self.checkpoint:   # local weights were passed: advice to pass local weights would mislead
+                raise SvgenError(f"cannot load checkpoint {self.checkpoint} on {self.device}: {why}") from None
+            what = f"{model} weights '{pretrained}'" if pretrained else model
+            raise unavailable(what, why, model, pretrained) from None
         except (OSError, ValueError) as e:
             raise SvgenError(f"cannot load {self.checkpoint or model}: {(str(e).splitlines() or [''])[0][:200]}") from None
         except pickle.UnpicklingError:

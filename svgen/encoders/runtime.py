@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import re
 from dataclasses import dataclass
 from typing import Optional
 
@@ -45,6 +46,66 @@ def available_memory() -> Optional[int]:
     except (OSError, ValueError, IndexError):  # pragma: no cover - not Linux
         pass
     return None
+
+
+DEVICES = "auto, cpu, cuda, cuda:N or mps"
+DEVICE_NAME = re.compile(r"auto|cpu|mps|cuda(?::(\d+))?")
+
+
+def auto_device() -> torch.device:
+    """What ``--device auto`` picks: CUDA when present, then Apple's MPS, else the CPU."""
+    if torch.cuda.is_available():
+        return torch.device("cuda")
+    if mps_available():
+        return torch.device("mps")
+    return torch.device("cpu")
+
+
+def mps_available() -> bool:
+    mps = getattr(torch.backends, "mps", None)
+    return mps is not None and mps.is_available()
+
+
+def _refused(device: str, rest: str, use: str) -> SvgenError:
+    """One line for the library (``device='cuda:3' …; use device='cpu'``) and one for the CLI (``--device …``)."""
+    return SvgenError(f"device={device!r} {rest}; use " + " or ".join(f"device={u!r}" for u in use),
+                      cli=f"--device {device} {rest}; use " + " or ".join(f"--device {u}" for u in use))
+
+
+def parse_device(device) -> str:
+    """The text of a device name svgen takes (:data:`DEVICES`), or one line naming the choices; nothing is checked
+    against this machine (:func:`resolve_device` does)."""
+    text = str(device)
+    if not DEVICE_NAME.fullmatch(text):
+        raise SvgenError(f"device={text!r} is not a device: use {DEVICES}",
+                         cli=f"--device {text!r} is not a device: use {DEVICES}")
+    return text
+
+
+def resolve_device(device=None) -> torch.device:
+    """The device ``device`` names on this machine: the one parser and check of every command's ``--device`` (run
+    before any work, :func:`svgen.commands._common.check_args`) and of ``ClipEncoder(device=...)``.
+
+    ``None``/``"auto"`` picks CUDA, then MPS, else the CPU (:func:`auto_device`); a name (:data:`DEVICES`) or a
+    ``torch.device`` is checked against what this machine has: no CUDA, a CUDA index past the last device, no MPS
+    are each one line."""
+    if device is None or device == "auto":
+        return auto_device()
+    text = str(device) if isinstance(device, torch.device) else parse_device(device)
+    found = DEVICE_NAME.fullmatch(text)
+    if text.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise _refused(text, "was requested but no CUDA device is available", ["cpu"])
+        count = torch.cuda.device_count()
+        index = found.group(1) if found else None
+        if index is not None and int(index) >= count:
+            have = "cuda:0" if count == 1 else f"cuda:0 to cuda:{count - 1}"
+            raise _refused(text, f"names CUDA device {index}, but this machine has {count} ({have})",
+                           ["cuda", "cpu"])
+    elif text == "mps" and not mps_available():
+        raise _refused(text, "was requested but MPS (an Apple-silicon GPU with PyTorch's MPS support) is not "
+                             "available here", ["cpu"])
+    return device if isinstance(device, torch.device) else torch.device(text)
 
 
 def device_name(device: torch.device) -> str:

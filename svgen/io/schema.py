@@ -21,6 +21,8 @@ from typing import Callable, Dict, Optional
 
 from svgen.config import KERNELS, MAX_WEIGHT, FitConfig
 from svgen.errors import SvgenError
+from svgen.heads.heldout import METRICS, ZERO_SHOT
+from svgen.heads.scoring import HEADS, MIXTURE
 
 MAX_DEPTH = 32                  # svgen.json nests 3 deep; anything far deeper is not an svgen file
 MAX_CLASSES = 10_000_000
@@ -211,6 +213,42 @@ def _fit_field(f) -> Callable:
 
 FIT_SPEC = {f.name: _fit_field(f) for f in fields(FitConfig)}
 
+ROUNDING = 1e-9   # a weighted mean of 0/1 hits may land a few ulps outside [0, 1], an NLL a few below 0
+
+
+def _share(key, v):
+    _expect(_is_num(v) and -ROUNDING <= v <= 1 + ROUNDING, key, "a number in [0, 1]", v)
+
+
+def _nll(key, v):
+    _expect(_is_num(v) and v >= -ROUNDING, key, "a number >= 0", v)
+
+
+_HEAD_METRICS = obj({"acc1": _share, "acc5": _share, "nll": _nll}, required=METRICS)
+_DIFFERENCE = obj({"difference": number(), "standard_error": number(0)}, required=("difference", "standard_error"))
+_HEADS_RECORD = obj({"images": integer(1), "heads": obj(values=_HEAD_METRICS, required=(ZERO_SHOT,)),
+                     "versus_zero_shot": optional(obj(values=obj(values=_DIFFERENCE))),
+                     "worse_than_zero_shot": obj(values=list_of(string(choices=METRICS), min_len=1,
+                                                                max_len=len(METRICS), unique=True)),
+                     "rule": optional(string())},
+                    required=("images", "heads", "worse_than_zero_shot"))
+
+
+def heads_vs_zero_shot(key, v):
+    """``fewshot.heads_vs_zero_shot`` (:func:`svgen.heads.heldout.compare`), which ``diagnose`` and ``eval`` report
+    (:func:`svgen.evaluation.heldout.findings`): every head it names is one of svgen's, and every head called worse
+    than zero-shot is scored beside the cosine head."""
+    _HEADS_RECORD(key, v)
+    known = (*HEADS, MIXTURE)
+    for part in ("heads", "versus_zero_shot", "worse_than_zero_shot"):
+        for head in v.get(part) or {}:
+            if head not in known:
+                raise _Bad(f"'{key}.{part}' names {head!r}, which is not a head (" + ", ".join(known) + ")")
+    for head in v["worse_than_zero_shot"]:
+        if head == ZERO_SHOT or head not in v["heads"]:
+            raise _Bad(f"'{key}.worse_than_zero_shot' names {head!r}, which '{key}.heads' does not compare "
+                       "with zero-shot")
+
 ENCODER_SPEC = {
     "model": optional(string()), "pretrained": optional(string()), "checkpoint": optional(string()),
     "checkpoint_sha256": optional(string(max_len=128)), "quick_gelu": optional(boolean),
@@ -244,7 +282,8 @@ SCHEMA: Dict[str, Callable] = {
     "fewshot": optional(obj({"linear": optional(obj({"shrinkage": optional(number(0, 1))})),
                              "default_head": optional(string(choices=("kernel", "linear", "mixture"))),
                              "kernel": optional(obj()), "shots": optional(integer(0)),
-                             "classes_with_shots": optional(integer(0))})),
+                             "classes_with_shots": optional(integer(0)),
+                             "heads_vs_zero_shot": optional(heads_vs_zero_shot)})),
     "lda": optional(obj({"shrinkage": number(0, 1), "temperature": optional(number(positive=True))},
                         required=("shrinkage",))),
     "transductive": optional(obj({"fallback": optional(string(max_len=4096)), "pool": optional(integer(0)),
