@@ -27,7 +27,7 @@ import torch.nn.functional as F
 
 from svgen.config import FitConfig
 from svgen.core.generator import prototypes_from_embeddings
-from svgen.core.support import IMAGE, image_rows, origin_records
+from svgen.core.support import IMAGE, image_rows, joined_origins, origin_records
 from svgen.encoders.prompts import validate_classes, validate_new_classes
 from svgen.errors import SvgenError
 from svgen.fitted import FittedHeads
@@ -170,9 +170,7 @@ class SVGClassifier(FittedHeads):
             return self.adapt(unlabelled=unlabelled)
         if shots is not None:
             try:
-                X, y, *origins = shots
-                if len(origins) > 1:
-                    raise ValueError
+                X, y, origins = (*shots, None) if len(shots) == 2 else shots
             except (TypeError, ValueError):
                 raise SvgenError("shots must be a pair (X, y): N×D image embeddings and N class indices or "
                                  "names (or (X, y, origins): where each image came from)") from None
@@ -180,8 +178,7 @@ class SVGClassifier(FittedHeads):
             y = label_indices(y, [str(c).strip() for c in classes] if classes is not None
                               else [f"class_{i}" for i in range(emb.shape[0])])
             image_rows(X, y, emb.shape[0], emb.shape[-1])  # fail before the zero-shot fit, not after
-            return self._fit(prototypes, classes, templates, encoder, None, None).adapt(
-                X, y, origins=origins[0] if origins else None)
+            return self._fit(prototypes, classes, templates, encoder, None, None).adapt(X, y, origins=origins)
         t0 = time.perf_counter()  # wall_time_s covers the whole fit: checks, solve, metrics, temperatures
         cfg = self.check_params()
         check_not_labels(classes)
@@ -215,9 +212,8 @@ class SVGClassifier(FittedHeads):
 
     # ------------------------------------------------------------------------------ adapting
     def adapt(self, X=None, y=None, unlabelled=None, origins=None):
-        """Add labelled images (``X``, ``y``, and where each came from: ``origins``) and/or an unlabelled pool
-        (``unlabelled``); see :meth:`adapt_shots` and :meth:`adapt_pool` (shots first, then the pool). Returns
-        ``self``."""
+        """Add labelled images (``X``, ``y``; ``origins``: where each came from) and/or an unlabelled pool
+        (``unlabelled``); see :meth:`adapt_shots` and :meth:`adapt_pool` (shots first, then the pool)."""
         if X is None and y is None and unlabelled is None:
             raise SvgenError("nothing to adapt to: give labelled images (X, y) and/or unlabelled images")
         if (X is None) != (y is None):
@@ -240,23 +236,20 @@ class SVGClassifier(FittedHeads):
         probabilities plus kernel ridge on their residual, the linear head shared-covariance LDA with the
         prototypes as prior means. Temperatures are fitted on held-out scores of the shots (``calibration_`` records
         them), and the default head is the two heads' mixture weighed by the NLL of the same held-out shots (one of
-        them alone where that weight is 1 or 0; :func:`svgen.fewshot.adapt.choose_default_head`). ``origins``: where
-        each image came from (N file paths, rows or records, :func:`svgen.core.support.origin_records`), kept in
-        :attr:`shot_origins_` and the artifact so that :meth:`explain` names them. Returns ``self``.
+        them alone where that weight is 1 or 0; :func:`svgen.fewshot.adapt.choose_default_head`). ``origins``: N file
+        paths or rows (:func:`svgen.core.support.origin_records`), kept for :meth:`explain`. Returns ``self``.
         """
         self._check_fitted()
         C = len(self.classes_)
         new = image_rows(X, y, C, self.n_features_in_)
-        named = None if origins is None else origin_records(origins, len(new))
+        named = None if origins is None else origin_records(origins, len(new))   # checked before any change
         if self.zero_shot_.kernel.votes.is_sparse:
             why = f"this artifact's {C} classes have sparse (local) vote weights; adding images needs dense ones"
             raise SvgenError(f"{why} (fit with vote_solver='dense')", cli=f"{why} (fit with --vote-solver dense)")
         old = None if self.fewshot_ is None else self.support_set_.part(IMAGE)
         shots = new if old is None else old.join(new)
-        before = None if old is None else self.shot_origins_
-        if named is not None or before is not None:   # the kernel's image rows: the earlier shots, then these
-            earlier = before if before is not None else [{}] * (0 if old is None else len(old))
-            named = earlier + (named if named is not None else [{}] * len(new))
+        if old is not None:   # the kernel's image rows: the earlier shots, then these
+            named = joined_origins(self.shot_origins_, len(old), named, len(new))
         self._restore_inductive()   # the heads are re-solved from the zero-shot heads and the shots
         self.transductive_ = None
         fit = shot_adapt.adapt(self.zero_shot_, shots, self._side(), progress=self.progress,
@@ -340,14 +333,13 @@ class SVGClassifier(FittedHeads):
         self._restore_inductive()
         self.transductive_ = None
         shots = self.support_set_.part(IMAGE) if self.fewshot_ is not None else None   # solved in again below
-        origins = self.shot_origins_ if shots is not None else None
         zero = Heads(self.zero_shot_.kernel, self.zero_shot_.linear, self.heads_.calibration)
         names, self.prototypes_, self.per_template_, self.heads_, self.vote_scale_ = extend(
             zero, self._side(), self.generator_, self.metric_precision_, self.ridge_lambda_, emb, classes)
         self.classes_ = np.asarray(names, dtype=object)
         self.zero_shot_, self.fewshot_, self.lda_ = self.heads_, None, None
         if shots is not None:
-            self.adapt(shots.rows, shots.labels, origins=origins)  # its temperatures follow the adapted heads
+            self.adapt(shots.rows, shots.labels, origins=self.shot_origins_)  # temperatures follow the new heads
         elif self.calibration_.get("method") == "text":
             self._text_temperatures()
         else:

@@ -101,7 +101,7 @@ def run(args) -> int:
     for i, row in enumerate(explainer.explain(feats, args.top_k, args.contributions)):
         row.key = keys[i]
         if args.json:
-            sys.stdout.write(json_text(row.to_json(), indent=None) + "\n")
+            sys.stdout.write(_json_line(row.to_json()) + "\n")
         else:
             title = (f"{keys[i]['path']}" if "path" in keys[i] else f"{keys[i]['source']}[{keys[i]['row']}]")
             sys.stdout.write(table(row, PARTS, f"{title}  ({row.head} head)") + "\n")
@@ -115,6 +115,16 @@ def run(args) -> int:
             plot_explanations(drawn, args.plot, force=args.force)
         note(args, f"wrote {args.plot}: {len(drawn)} input(s)")
     return 0
+
+
+def _json_line(obj) -> str:
+    """Strict JSON of one row: straight where every number is finite (the usual case), else non-finite as null."""
+    import json
+
+    try:
+        return json.dumps(obj, allow_nan=False)
+    except ValueError:
+        return json_text(obj)
 
 
 def _encode(args, clf):

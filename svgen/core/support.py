@@ -148,3 +148,11 @@ def origin_records(origins, n: int, what: str = "origins") -> list:
             raise SvgenError(f"{what}[{i}] is {o!r}; expected a file path, a row number, or a dict with 'path', "
                              "or 'file' and 'row'")
     return out
+
+
+def joined_origins(before, n_before: int, new, n_new: int):
+    """The origins of ``n_before`` earlier image rows (``before``, None: not recorded) then of ``n_new`` new ones
+    (``new``, the same), unknown ones as ``{}``; None where neither is recorded."""
+    if before is None and new is None:
+        return None
+    return (before if before is not None else [{}] * n_before) + (new if new is not None else [{}] * n_new)

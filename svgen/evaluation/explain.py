@@ -20,6 +20,7 @@ gives both the scores and the contributions, so memory is bounded by one batch w
 
 from __future__ import annotations
 
+import gc
 from dataclasses import dataclass
 from typing import Iterator, List, Optional
 
@@ -36,8 +37,10 @@ from svgen.heads.scoring import (CLIP_LOGIT_SCALE, MIXTURE, cosine_logits, kerne
                                  topk)
 from svgen.state import Heads
 
-BATCH = 256              # rows explained at once: bounds the batch × support-vector kernel
+BATCH = 2048             # rows explained at once (fewer with many support vectors: KERNEL_ELEMENTS)
+KERNEL_ELEMENTS = 1 << 24    # k(x̂, s) values of a batch held at once (float32)
 SCORE_BLOCK = 8192       # support vectors per block, as kernel_scores sums them
+CONTRIB_ELEMENTS = 1 << 23   # votes k(x̂, s)·A[s, c] held at once (float32)
 SHOTS_FORM = "zero-shot logits + α·s·LDA logits"   # the linear head with shots (svgen.fewshot.lda)
 
 PARTS = {
@@ -111,10 +114,11 @@ class Explainer:
             self.source = torch.full((M,), TEXT, dtype=torch.uint8)
         else:
             self.labels, self.source = k.labels.long(), k.source
-        self.rank = torch.zeros(M, dtype=torch.long)   # the row's place among the rows of its source
+        rank = torch.zeros(M, dtype=torch.long)   # the row's place among the rows of its source
         for s in (TEXT, IMAGE, POOL):
             where = self.source == s
-            self.rank[where] = torch.arange(int(where.sum()))
+            rank[where] = torch.arange(int(where.sum()))
+        self._rows_of = (self.labels.tolist(), self.source.tolist(), rank.tolist())   # plain lists: read per vote
 
     # ------------------------------------------------------------------ provenance
     def origin(self, m: int) -> dict:
@@ -122,7 +126,7 @@ class Explainer:
         hit = self._origin_cache.get(m)
         if hit is not None:
             return hit
-        c, s, r = int(self.labels[m]), int(self.source[m]), int(self.rank[m])
+        c, s, r = self._rows_of[0][m], self._rows_of[1][m], self._rows_of[2][m]
         if s == TEXT:
             kind, where = self.origins.text_kind(r % self.origins.n_support)
         elif s == IMAGE:
@@ -149,10 +153,10 @@ class Explainer:
         return out
 
     def _columns(self, cols: torch.Tensor) -> torch.Tensor:
-        """``A[:, cols]`` dense (M×len(cols), float64)."""
+        """``A[:, cols]`` dense (M×len(cols), float32)."""
         if self.A.is_sparse:
-            return self.A.t().index_select(0, cols).to_dense().T.double()
-        return self.A[:, cols].double()
+            return self.A.t().index_select(0, cols).to_dense().T.float()
+        return self.A[:, cols]
 
     def batch(self, x: torch.Tensor, top_k: int, n_contrib: int) -> List[RowExplanation]:
         """The explanations of the rows of ``x`` (N×D, checked features)."""
@@ -162,9 +166,8 @@ class Explainer:
         part = {}   # head name → N×C float64 score matrices of its parts
         if self.uses_kernel:
             Kx = self._kernel(x)
-            votes = self._votes(Kx).double()
-            prior = (prior_probs(x, self.P, h.kernel.prior_scale).double() if h.kernel.prior_scale is not None
-                     else None)
+            votes = self._votes(Kx)   # float32, as classify sums them
+            prior = prior_probs(x, self.P, h.kernel.prior_scale) if h.kernel.prior_scale is not None else None
             s_kernel = votes if prior is None else votes + prior
             part["kernel"] = {"votes": votes, **({"prior": prior} if prior is not None else {})}
         if self.head in ("linear", MIXTURE):
@@ -222,45 +225,65 @@ class Explainer:
         N, C = scores.shape
         ranked = topk(scores.float(), min(max(top_k, 2), C))[1]
         explained = ranked[:, :top_k]
-        cols = None
-        if Kx is not None:   # every class explained in this batch: its column of A, once
+        R = explained.shape[1]
+        at = (torch.arange(N)[:, None].expand(N, R), explained)
+
+        def pick(v):   # N×R python floats of an N×C matrix at the explained classes
+            return v[at].tolist() if isinstance(v, torch.Tensor) else [[float(v)] * R] * N
+
+        parts = {k: pick(v) for k, v in top_parts.items()}
+        inner = {hd: {k: pick(v) for k, v in ps.items()} for hd, ps in inner_heads.items()}
+        det = {k: pick(v) for k, v in details.items()}
+        score, cls = pick(scores), explained.tolist()
+        runner = ranked[:, 1].tolist() if ranked.shape[1] > 1 else [None] * N
+        margin = ((scores.gather(1, ranked[:, :1]) - scores.gather(1, ranked[:, 1:2]))[:, 0].tolist()
+                  if ranked.shape[1] > 1 else [None] * N)
+        lists, flips = [[([], [])] * R] * N, [None] * N
+        if Kx is not None:   # the votes of a few rows at a time (rows × top_k × M of them)
+            step = max(1, CONTRIB_ELEMENTS // (R * Kx.shape[1]))
             uniq, inverse = torch.unique(explained, return_inverse=True)
-            cols = (uniq, inverse, self._columns(uniq))
+            columns = self._columns(uniq).T      # U×M: A[:, c] of each class explained in the batch
+            lists, flips = [], []
+            for s in range(0, N, step):
+                got = self._contributions(Kx[s:s + step], columns, inverse[s:s + step], n_contrib, margin[s:s + step])
+                lists += got[0]
+                flips += got[1]
         names = self.origins.classes
         out = []
         for i in range(N):
-            classes = []
-            for r in range(explained.shape[1]):
-                c = int(explained[i, r])
-                parts = {k: float(v[i, c]) for k, v in top_parts.items()}
-                inner = {hd: {k: float(v[i, c]) for k, v in ps.items()} for hd, ps in inner_heads.items()}
-                det = {k: (float(v[i, c]) if isinstance(v, torch.Tensor) else float(v)) for k, v in details.items()}
-                pro, con, total = ([], [], None)
-                if cols is not None:
-                    contrib = Kx[i].double() * cols[2][:, int(cols[1][i, r])]
-                    pro, con = self._contributions(contrib, n_contrib, Kx[i], cols[2][:, int(cols[1][i, r])])
-                    total = contrib
-                classes.append(ClassExplanation(c, str(names[c]), float(scores[i, c]), parts, inner, det, pro, con))
-                if r == 0 and total is not None:
-                    top_contrib = total
-            runner = int(ranked[i, 1]) if ranked.shape[1] > 1 else None
-            margin = None if runner is None else float(scores[i, int(ranked[i, 0])] - scores[i, runner])
-            flip = None
-            if runner is not None and self.head == "kernel" and self.power is None:
-                flip = _votes_to_flip(top_contrib, margin)
-            out.append(RowExplanation(self.head, classes, None if runner is None else str(names[runner]),
-                                      runner, margin, flip))
+            classes = [ClassExplanation(cls[i][r], str(names[cls[i][r]]), score[i][r],
+                                        {k: v[i][r] for k, v in parts.items()},
+                                        {hd: {k: v[i][r] for k, v in ps.items()} for hd, ps in inner.items()},
+                                        {k: v[i][r] for k, v in det.items()}, *lists[i][r]) for r in range(R)]
+            out.append(RowExplanation(self.head, classes, None if runner[i] is None else str(names[runner[i]]),
+                                      runner[i], margin[i], flips[i]))
         return out
 
-    def _contributions(self, contrib, n: int, k_row, a_col) -> tuple:
-        """The ``n`` largest positive and the ``n`` most negative votes of one class at one input."""
-        n = min(n, contrib.shape[0])
-        res = []
-        for sign in (1.0, -1.0):
-            v, idx = torch.topk(sign * contrib, n)
-            res.append([Contribution(float(sign * val), float(k_row[m]), float(a_col[m]), self.origin(int(m)))
-                        for val, m in zip(v.tolist(), idx.tolist()) if val > 0])
-        return res[0], res[1]
+    def _contributions(self, Kx, columns, inverse, n: int, margin) -> tuple:
+        """Per row and explained class, (the ``n`` largest positive votes, the ``n`` most negative ones) as
+        :class:`Contribution` lists; per row the votes to flip (:func:`votes_to_flip`, kernel head only).
+        ``columns[inverse[i, r]]``: the vote weights of row i's r-th class."""
+        N, R = inverse.shape
+        contrib = columns[inverse].mul_(Kx[:, None, :])   # N×R×M: k(x̂, s)·A[s, c] of each explained class
+        flip = self.head == "kernel" and self.power is None and margin[0] is not None
+        n = min(n, contrib.shape[2])
+        found, head = [], None
+        for largest in (True, False):
+            v, idx = torch.topk(contrib, n, dim=2, largest=largest)
+            head = v[:, 0, :] if largest else head   # the top class's largest votes: most rows flip within them
+            found.append((v.tolist(), idx.tolist(), Kx.gather(1, idx.reshape(N, -1)).reshape(idx.shape).tolist(),
+                          columns[inverse[:, :, None].expand_as(idx), idx].tolist()))
+        collecting = gc.isenabled()   # many small objects at once: the cyclic collector would rescan them all
+        gc.disable()
+        try:
+            lists = [[tuple([Contribution(val, k, a, self.origin(m))
+                             for val, m, k, a in zip(v[i][r], ix[i][r], kk[i][r], aa[i][r]) if sign * val > 0]
+                            for sign, (v, ix, kk, aa) in zip((1.0, -1.0), found)) for r in range(R)] for i in range(N)]
+        finally:
+            if collecting:
+                gc.enable()
+        flips = votes_to_flip(contrib[:, 0, :], torch.tensor(margin, dtype=torch.float64), head) if flip else [None] * N
+        return lists, flips
 
     def explain(self, X: torch.Tensor, top_k: int = 3, top_contributions: int = 5,
                 batch: int = BATCH) -> Iterator[RowExplanation]:
@@ -269,17 +292,33 @@ class Explainer:
             raise SvgenError(f"top_k must be at least 1 and top_contributions at least 0, got {top_k} and "
                              f"{top_contributions}", cli=f"--top-k must be at least 1 and --contributions at least "
                                                          f"0, got {top_k} and {top_contributions}")
+        if self.uses_kernel:   # the batch's kernel (batch × M, float32) stays under about 64 MB
+            batch = min(batch, max(64, KERNEL_ELEMENTS // max(1, int(self.source.shape[0]))))
         with torch.no_grad():
             for s in range(0, X.shape[0], batch):
                 yield from self.batch(torch.as_tensor(X[s:s + batch]), top_k, top_contributions)
 
 
-def _votes_to_flip(contrib: torch.Tensor, margin: float) -> Optional[int]:
-    """The fewest of the top class's largest votes whose removal (their votes for it zeroed) drops it below the
-    runner-up: their sum exceeds the margin. None when even all its positive votes do not."""
-    pos = torch.sort(contrib[contrib > 0], descending=True).values
-    over = (torch.cumsum(pos, 0) > margin).nonzero()
-    return int(over[0]) + 1 if over.numel() else None
+def votes_to_flip(contrib: torch.Tensor, margin: torch.Tensor, largest: Optional[torch.Tensor] = None) -> list:
+    """Per row, the fewest of the top class's largest votes (``contrib``: N×M, its votes at each row) whose removal
+    (those votes for it zeroed) drops it below the runner-up: their sum exceeds the ``margin``. None where even all
+    its positive votes do not. ``largest``: each row's few largest votes, already found (tried first); only the rows
+    they do not flip are sorted whole."""
+    def count(pos, m):
+        over = torch.cumsum(pos.clamp_min(0).double(), dim=1) > m[:, None]
+        return (over.to(torch.uint8).argmax(dim=1) + 1).tolist(), over.any(dim=1)
+
+    out = [None] * contrib.shape[0]
+    rest = torch.arange(contrib.shape[0])
+    if largest is not None and largest.shape[1]:
+        n, ok = count(largest, margin)
+        out = [v if o else None for v, o in zip(n, ok.tolist())]
+        rest = (~ok).nonzero()[:, 0]
+    if rest.numel() and (largest is None or largest.shape[1] < contrib.shape[1]):
+        n, ok = count(torch.sort(contrib[rest], dim=1, descending=True).values, margin[rest])
+        for i, v, o in zip(rest.tolist(), n, ok.tolist()):
+            out[i] = v if o else None
+    return out
 
 
 __all__ = ["Explainer", "Origins", "PARTS", "BATCH", "CLIP_LOGIT_SCALE"]

@@ -246,7 +246,7 @@ def test_records_add_up_and_to_frame_needs_pandas(monkeypatch):
     for i, row in enumerate(ex):
         for rank, c in enumerate(row.classes, 1):
             parts = [r["value"] for r in recs if r["input"] == i and r["rank"] == rank and r["what"] == "part"]
-            assert abs(sum(parts) - c.score) <= 1e-9
+            assert abs(sum(parts) - c.score) <= tol(c.score)
             listed = [r for r in recs if r["input"] == i and r["rank"] == rank and r["what"] in ("for", "against")]
             assert len(listed) == len(c.support_for) + len(c.support_against)
     import builtins
