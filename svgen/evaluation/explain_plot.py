@@ -68,8 +68,10 @@ def plot_explanations(rows: list, path, force: bool = False) -> None:
     from svgen.safeio import atomic_file
 
     n = max(len(rows), 1)
-    fig = plt.figure(figsize=(13, 3.6 * n))
-    grid = fig.add_gridspec(n, 2 + THUMBS, width_ratios=[1, 5] + [1] * THUMBS)
+    shots = [_shot_paths(row) for row, _ in rows]
+    thumbs = THUMBS if any(shots) else 0   # no shot image is a file: no thumbnail columns
+    fig = plt.figure(figsize=(8 + 1.7 * thumbs, 3.6 * n))
+    grid = fig.add_gridspec(n, 2 + thumbs, width_ratios=[1, 5] + [1] * thumbs)
     for i, (row, image) in enumerate(rows):
         ax = fig.add_subplot(grid[i, 0])
         thumb = _thumbnail(image) if image else None
@@ -88,7 +90,7 @@ def plot_explanations(rows: list, path, force: bool = False) -> None:
         top = row.classes[0]
         flip = "" if row.runner_up is None else f"; runner-up {row.runner_up} by {row.margin:.3g}"
         ax.set_title(f"{row.head} head: {top.name} (score {top.score:.3g}){flip}", fontsize=9)
-        for j, shot in enumerate(_shot_paths(row)):
+        for j, shot in enumerate(shots[i]):
             ax = fig.add_subplot(grid[i, 2 + j])
             thumb = _thumbnail(shot)
             if thumb is not None:

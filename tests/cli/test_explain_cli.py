@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import one_line_error, strict_json
+from conftest import one_line_error, strict_json, write_png_shots
 
 GOLDEN = Path(__file__).resolve().parent.parent / "io" / "golden"
 
@@ -104,17 +104,7 @@ def test_shot_features_are_named_by_file_and_row(cli, tmp_path):
 
 
 def test_image_inputs_shots_by_path_and_an_image_that_does_not_decode(cli, tiny_model, tmp_path):
-    from PIL import Image
-
-    names = ["red square", "green circle"]
-    (tmp_path / "classes.txt").write_text("\n".join(names) + "\n")
-    rng = np.random.default_rng(0)
-    for c, name in enumerate(names):
-        folder = tmp_path / "shots" / name.replace(" ", "_")
-        folder.mkdir(parents=True)
-        for i in range(3):
-            img = np.clip(rng.normal(60 + 120 * c, 30, size=(40, 40, 3)), 0, 255).astype(np.uint8)
-            Image.fromarray(img).save(folder / f"{i}.png")
+    write_png_shots(tmp_path, ["red square", "green circle"], step=120)
     enc = ("--model", tiny_model["config"], "--checkpoint", tiny_model["safetensors"])
     code, _, err = cli("fit", "--classes", tmp_path / "classes.txt", *enc, "-K", "2", "--steps", "3",
                        "--out", tmp_path / "zs.svgen")
