@@ -5,8 +5,8 @@ The artifact is the zero-shot LVIS fit (``--prototypes lvis_v1_clip_a+cname.npy`
 the 602 LVIS dev features tiled to 1,000 (``--rows``). Both commands run in this process on the same features file,
 artifact loading included: ``classify -k 3 --format jsonl`` (the stock path) and ``explain --json`` (top 3 classes,
 5 support vectors for and against each). ``ratio`` = explain time / classify time (best of ``--repeat``), for the
-default (kernel) head and for the linear and cosine heads. Memory: the peak RSS of a fresh process explaining N and
-8·N rows (the same peak: one batch at a time).
+default (kernel) head and for the linear and cosine heads. Memory: the peak RSS of a fresh process explaining two
+batches of rows and four times as many (the same peak: one batch at a time).
 
     .venv/bin/python -m benchmarks.bench_explain [--artifact A.svgen] [--rows 1000] [--repeat 3]
 """
@@ -88,14 +88,17 @@ def main(argv=None):
                              repeat=args.repeat)
             rows.append({"head": head, "rows": args.rows, "classify_s": t_cls, "explain_s": t_exp,
                          "ratio": t_exp / t_cls})
-        big = tmp / "rows8.npy"
-        np.save(big, np.concatenate([tiled] * 8))
-        memory = {"rows": args.rows, "peak_rss_mb": peak_rss(art, feats),
-                  "rows_x8": 8 * args.rows, "peak_rss_mb_x8": peak_rss(art, big)}
+        from svgen.evaluation.explain import BATCH
+
+        small, big = tmp / "small.npy", tmp / "big.npy"   # two full batches, and four times as many rows
+        np.save(small, np.resize(X, (2 * BATCH, X.shape[1])))
+        np.save(big, np.resize(X, (8 * BATCH, X.shape[1])))
+        memory = {"rows": 2 * BATCH, "peak_rss_mb": peak_rss(art, small),
+                  "rows_x4": 8 * BATCH, "peak_rss_mb_x4": peak_rss(art, big)}
     print_table(rows, ["head", "rows", "classify_s", "explain_s", "ratio"],
                 title=f"svgen explain vs classify, LVIS (1,203 classes), {args.rows} rows")
     print(f"peak RSS explaining {memory['rows']} rows: {memory['peak_rss_mb']:.0f} MB; "
-          f"{memory['rows_x8']} rows: {memory['peak_rss_mb_x8']:.0f} MB")
+          f"{memory['rows_x4']} rows: {memory['peak_rss_mb_x4']:.0f} MB")
     result = {"rows": rows, "memory": memory, "machine": machine(),
               "artifact": str(args.artifact or "zero-shot LVIS fit, defaults")}
     path = save_result("explain", result)

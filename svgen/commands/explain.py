@@ -63,7 +63,6 @@ def parse_rows(text: str, n: int, path) -> list:
 
 
 def run(args) -> int:
-    import numpy as np
     import torch
 
     from svgen import SVGClassifier
@@ -87,26 +86,29 @@ def run(args) -> int:
     explainer = clf.explainer(args.head)   # a head the artifact lacks: one line, before any work
     if args.features:
         x = load_features(args.features, clf, mmap=True)
-        rows = parse_rows(args.rows, x.shape[0], args.features) if args.rows else list(range(x.shape[0]))
-        keys = [{"source": str(args.features), "row": r} for r in rows]
-        feats = clf._features(np.asarray(x[rows], dtype=np.float32))
-        images = [None] * len(rows)
+        rows = parse_rows(args.rows, x.shape[0], args.features) if args.rows else range(x.shape[0])
+        feats = FeatureRows(clf, x, rows)   # read (memory-mapped) and checked a batch at a time
+
+        def key(i):
+            return {"source": str(args.features), "row": rows[i]}, None
     else:
         feats, paths = _encode(args, clf)
-        keys, images = [{"path": p} for p in paths], list(paths)
+
+        def key(i):
+            return {"path": paths[i]}, paths[i]
     provenance = clf.provenance_note()
     if provenance != "recorded":
         note(args, f"svgen explain: {provenance}")
     drawn = []
     for i, row in enumerate(explainer.explain(feats, args.top_k, args.contributions)):
-        row.key = keys[i]
+        row.key, image = key(i)
         if args.json:
             sys.stdout.write(_json_line(row.to_json()) + "\n")
         else:
-            title = (f"{keys[i]['path']}" if "path" in keys[i] else f"{keys[i]['source']}[{keys[i]['row']}]")
+            title = row.key["path"] if image else f"{row.key['source']}[{row.key['row']}]"
             sys.stdout.write(table(row, PARTS, f"{title}  ({row.head} head)") + "\n")
         if args.plot and len(drawn) < PLOT_ROWS:
-            drawn.append((row, images[i]))
+            drawn.append((row, image))
     sys.stdout.flush()
     if args.plot:
         from svgen.evaluation.explain_plot import plot_explanations
@@ -115,6 +117,21 @@ def run(args) -> int:
             plot_explanations(drawn, args.plot, force=args.force)
         note(args, f"wrote {args.plot}: {len(drawn)} input(s)")
     return 0
+
+
+class FeatureRows:
+    """Rows ``rows`` of a memory-mapped features array, read and checked by the slice the explainer asks for."""
+
+    def __init__(self, clf, x, rows):
+        self.clf, self.x, self.rows = clf, x, rows
+        self.shape = (len(rows), x.shape[1])
+
+    def __getitem__(self, part: slice):
+        import numpy as np
+
+        rows = self.rows[part]
+        x = self.x[rows.start:rows.stop] if isinstance(rows, range) else self.x[rows]
+        return self.clf._features(np.array(x, dtype=np.float32))   # a copy: the map is read-only
 
 
 def _json_line(obj) -> str:

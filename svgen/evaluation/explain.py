@@ -221,7 +221,18 @@ class Explainer:
         bias = self.heads.linear.bias.double()[None, :].expand_as(lin)
         return {"weight": lin - bias, "bias": bias}
 
-    def _rows(self, scores, top_parts, inner_heads, details, Kx, top_k, n_contrib) -> List[RowExplanation]:
+    def _rows(self, *args) -> List[RowExplanation]:
+        """The batch's explanations; many small objects at once, so without the cyclic garbage collector, which
+        would otherwise rescan them all again and again (none of them is in a cycle)."""
+        collecting = gc.isenabled()
+        gc.disable()
+        try:
+            return self._build(*args)
+        finally:
+            if collecting:
+                gc.enable()
+
+    def _build(self, scores, top_parts, inner_heads, details, Kx, top_k, n_contrib) -> List[RowExplanation]:
         N, C = scores.shape
         ranked = topk(scores.float(), min(max(top_k, 2), C))[1]
         explained = ranked[:, :top_k]
@@ -273,15 +284,9 @@ class Explainer:
             head = v[:, 0, :] if largest else head   # the top class's largest votes: most rows flip within them
             found.append((v.tolist(), idx.tolist(), Kx.gather(1, idx.reshape(N, -1)).reshape(idx.shape).tolist(),
                           columns[inverse[:, :, None].expand_as(idx), idx].tolist()))
-        collecting = gc.isenabled()   # many small objects at once: the cyclic collector would rescan them all
-        gc.disable()
-        try:
-            lists = [[tuple([Contribution(val, k, a, self.origin(m))
-                             for val, m, k, a in zip(v[i][r], ix[i][r], kk[i][r], aa[i][r]) if sign * val > 0]
-                            for sign, (v, ix, kk, aa) in zip((1.0, -1.0), found)) for r in range(R)] for i in range(N)]
-        finally:
-            if collecting:
-                gc.enable()
+        lists = [[tuple([Contribution(val, k, a, self.origin(m))
+                         for val, m, k, a in zip(v[i][r], ix[i][r], kk[i][r], aa[i][r]) if sign * val > 0]
+                        for sign, (v, ix, kk, aa) in zip((1.0, -1.0), found)) for r in range(R)] for i in range(N)]
         flips = votes_to_flip(contrib[:, 0, :], torch.tensor(margin, dtype=torch.float64), head) if flip else [None] * N
         return lists, flips
 
