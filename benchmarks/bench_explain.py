@@ -50,10 +50,19 @@ def run_cli(*argv) -> None:
 PEAK = """
 import resource, sys, numpy as np, torch
 from svgen import SVGClassifier
+
+
+class Rows:   # the rows read from the memory map as the explainer asks for them: the input is not held whole
+    def __init__(self, x):
+        self.x, self.shape = x, x.shape
+
+    def __getitem__(self, part):
+        return torch.from_numpy(np.array(self.x[part]))
+
+
 clf = SVGClassifier.load(sys.argv[1])
-x = torch.from_numpy(np.load(sys.argv[2]))
 n = 0
-for row in clf.explainer().explain(x, 3, 5):
+for row in clf.explainer().explain(Rows(np.load(sys.argv[2], mmap_mode="r")), 3, 5):
     n += 1
 print(n, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0)
 """

@@ -101,6 +101,12 @@ def test_shot_features_are_named_by_file_and_row(cli, tmp_path):
     row = json.loads(out)
     froms = [s["from"] for c in row["classes"] for s in c["for"] + c["against"] if s["kind"] == "labelled shot"]
     assert froms and all(f.startswith(f"{tmp_path / 'X.npy'}[") for f in froms)
+    code, _, err = cli("fit", "--prototypes", tmp_path / "P.npy", "--classes", tmp_path / "classes.txt", "-K", "2",
+                       "--steps", "3", "--shot-features", tmp_path / "X.npy", "--shot-labels", tmp_path / "y.npy",
+                       "--out", tmp_path / "fit-shots.svgen")
+    assert code == 0, err   # fit with shots records them too
+    meta = json.loads((tmp_path / "fit-shots.svgen" / "svgen.json").read_text())
+    assert meta["support_origin"]["image"] == [{"file": str(tmp_path / "X.npy"), "row": i} for i in range(len(y))]
 
 
 def test_image_inputs_shots_by_path_and_an_image_that_does_not_decode(cli, tiny_model, tmp_path):
