@@ -21,6 +21,7 @@ gives both the scores and the contributions, so memory is bounded by one batch w
 from __future__ import annotations
 
 import gc
+import math
 from dataclasses import dataclass
 from typing import Iterator, List, Optional
 
@@ -102,7 +103,6 @@ class Explainer:
         self.head = predictor.check_head(heads, head)
         self.linear_form = linear_form
         self.power = predictor.pool_power(heads, head)
-        self.base = head   # the head under the pool's factor (the head itself without one)
         self.uses_kernel = head in ("kernel", MIXTURE)
         k = heads.kernel
         self.S = F.normalize(k.flat_rows().float(), dim=-1) if self.uses_kernel else None
@@ -185,10 +185,10 @@ class Explainer:
             if cal.shotless_offset:
                 p = calibration.tilt(p_mix, cal.shotless_offset, predictor.shotless_classes(h))
                 mixed["tilt"] = p.clamp_min(1e-300).log() - mixed["mixture"]
-            final = p.clamp_min(logit_kinds.KERNEL_LOG_FLOOR).log()
-            floor = final - sum(mixed.values())
-            if bool((floor != 0).any()):
-                mixed["floor"] = floor
+            clamped = p < logit_kinds.KERNEL_LOG_FLOOR   # the score is log max(p, 1e-30)
+            if bool(clamped.any()):
+                floor = math.log(logit_kinds.KERNEL_LOG_FLOOR) - sum(mixed.values())
+                mixed["floor"] = torch.where(clamped, floor, torch.zeros_like(floor))
             part[MIXTURE] = mixed
             details = {"weight": cal.mixture_weight, "p_kernel": p_k, "p_linear": p_l}
         else:

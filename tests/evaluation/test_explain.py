@@ -276,3 +276,16 @@ def test_memory_is_one_batch_whatever_the_rows(monkeypatch):
     assert seen == [16] and first.classes
     rest = list(rows)
     assert len(rest) + 1 == len(X) and max(seen) == 16
+
+
+def test_a_mixture_score_at_the_floor_has_a_floor_part():
+    """Where a mixture probability is below 1e-30 its score is log 1e-30: the ``floor`` part makes up the rest."""
+    clf, Q = golden("v4_shots")
+    cal = clf.heads_.calibration
+    clf.heads_.calibration = type(cal)({**cal.temperatures, "kernel": 1e-3, "linear": 1e-3}, cal.kernel_logits,
+                                       cal.record, cal.kernel_floor, cal.mixture_weight, cal.shotless_offset)
+    S = clf.decision_function(Q, head="mixture")
+    assert (S <= np.log(1e-30) + 1e-4).any()
+    ex = check_parts(clf, Q, "mixture", top_k=len(clf.classes_))
+    floored = [c for r in ex for c in r.classes if "floor" in c.parts and c.parts["floor"] != 0]
+    assert floored and all(abs(c.score - np.log(1e-30)) <= 1e-4 for c in floored)
