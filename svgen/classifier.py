@@ -27,7 +27,7 @@ import torch.nn.functional as F
 
 from svgen.config import FitConfig
 from svgen.core.generator import prototypes_from_embeddings
-from svgen.core.support import IMAGE, SupportSet, image_rows
+from svgen.core.support import IMAGE, SupportSet, image_rows, joined_origins, origin_records
 from svgen.encoders.prompts import validate_classes, validate_new_classes
 from svgen.errors import SvgenError
 from svgen.fitted import FittedHeads
@@ -170,15 +170,15 @@ class SVGClassifier(FittedHeads):
             return self.adapt(unlabelled=unlabelled)
         if shots is not None:
             try:
-                X, y = shots
+                X, y, origins = (*shots, None) if len(shots) == 2 else shots
             except (TypeError, ValueError):
                 raise SvgenError("shots must be a pair (X, y): N×D image embeddings and N class indices or "
-                                 "names") from None
+                                 "names (or (X, y, origins): where each image came from)") from None
             emb = check_embeddings(prototypes, "prototypes")
             y = label_indices(y, [str(c).strip() for c in classes] if classes is not None
                               else [f"class_{i}" for i in range(emb.shape[0])])
             image_rows(X, y, emb.shape[0], emb.shape[-1])  # fail before the zero-shot fit, not after
-            return self._fit(prototypes, classes, templates, encoder, None, None).adapt(X, y)
+            return self._fit(prototypes, classes, templates, encoder, None, None).adapt(X, y, origins=origins)
         t0 = time.perf_counter()  # wall_time_s covers the whole fit: checks, solve, metrics, temperatures
         cfg = self.check_params()
         check_not_labels(classes)
@@ -197,6 +197,7 @@ class SVGClassifier(FittedHeads):
         self.encoder_ = dict(encoder) if encoder else None
         self.heads_ = self.zero_shot_ = zs.heads
         self.inductive_ = self.fewshot_ = self.lda_ = self.transductive_ = self.transductive_labels_ = None
+        self.shot_origins_ = None
         self.generator_, self.metric_precision_, self.history_ = zs.generator, zs.precision, zs.history
         self.fit_metrics_, self.ridge_lambda_, self.vote_scale_ = zs.metrics, zs.ridge_lambda, zs.vote_scale
         return self
@@ -210,9 +211,9 @@ class SVGClassifier(FittedHeads):
         return Stage(self.heads_, self.zero_shot_, self.fewshot_, shots, self.default_head_, self.lda_)
 
     # ------------------------------------------------------------------------------ adapting
-    def adapt(self, X=None, y=None, unlabelled=None):
-        """Add labelled images (``X``, ``y``) and/or an unlabelled pool (``unlabelled``); see
-        :meth:`adapt_shots` and :meth:`adapt_pool` (shots first, then the pool). Returns ``self``."""
+    def adapt(self, X=None, y=None, unlabelled=None, origins=None):
+        """Add labelled images (``X``, ``y``; ``origins``: where each came from) and/or an unlabelled pool
+        (``unlabelled``); see :meth:`adapt_shots` and :meth:`adapt_pool` (shots first, then the pool)."""
         if X is None and y is None and unlabelled is None:
             raise SvgenError("nothing to adapt to: give labelled images (X, y) and/or unlabelled images")
         if (X is None) != (y is None):
@@ -222,12 +223,12 @@ class SVGClassifier(FittedHeads):
             check_pool(unlabelled, self.n_features_in_)  # fail before the shots are solved in, not after
         if X is not None:
             self._check_fitted()
-            self.adapt_shots(X, label_indices(y, self.classes_))  # class names or indices
+            self.adapt_shots(X, label_indices(y, self.classes_), origins)  # class names or indices
         if unlabelled is not None:
             self.adapt_pool(unlabelled)
         return self
 
-    def adapt_shots(self, X, y):
+    def adapt_shots(self, X, y, origins=None):
         """Add labelled images ("shots"); no text is re-encoded (:mod:`svgen.fewshot.adapt`).
 
         ``X`` is N×D raw image embeddings from the artifact's encoder, ``y`` N class indices (rows of
@@ -235,22 +236,28 @@ class SVGClassifier(FittedHeads):
         probabilities plus kernel ridge on their residual, the linear head shared-covariance LDA with the
         prototypes as prior means. Temperatures are fitted on held-out scores of the shots (``calibration_`` records
         them), and the default head is the two heads' mixture weighed by the NLL of the same held-out shots (one of
-        them alone where that weight is 1 or 0; :func:`svgen.fewshot.adapt.choose_default_head`). Returns ``self``.
+        them alone where that weight is 1 or 0; :func:`svgen.fewshot.adapt.choose_default_head`). ``origins``: N file
+        paths or rows (:func:`svgen.core.support.origin_records`), kept for :meth:`explain`. Returns ``self``.
         """
         self._check_fitted()
         C = len(self.classes_)
         new = image_rows(X, y, C, self.n_features_in_)
         if self.twins_ is not None:   # a shot of a class's second listing is a shot of the class (its first listing)
             new = SupportSet(new.rows, self.twins_[new.labels.long()].to(new.labels.dtype), new.source)
+        named = None if origins is None else origin_records(origins, len(new))   # checked before any change
         if self.zero_shot_.kernel.votes.is_sparse:
             why = f"this artifact's {C} classes have sparse (local) vote weights; adding images needs dense ones"
             raise SvgenError(f"{why} (fit with vote_solver='dense')", cli=f"{why} (fit with --vote-solver dense)")
-        shots = new if self.fewshot_ is None else self.support_set_.part(IMAGE).join(new)
+        old = None if self.fewshot_ is None else self.support_set_.part(IMAGE)
+        shots = new if old is None else old.join(new)
+        if old is not None:   # the kernel's image rows: the earlier shots, then these
+            named = joined_origins(self.shot_origins_, len(old), named, len(new))
         self._restore_inductive()   # the heads are re-solved from the zero-shot heads and the shots
         self.transductive_ = None
         fit = shot_adapt.adapt(self.zero_shot_, shots, self._side(), progress=self.progress,
                                config=self.adapt_config)
         self.heads_, self.fewshot_, self.lda_ = fit.heads, fit.record, fit.lda
+        self.shot_origins_ = named
         return self
 
     def adapt_pool(self, unlabelled, strength: Optional[float] = None, progress: Optional[bool] = None):
@@ -335,7 +342,7 @@ class SVGClassifier(FittedHeads):
         self.classes_ = np.asarray(names, dtype=object)
         self.zero_shot_, self.fewshot_, self.lda_ = self.heads_, None, None
         if shots is not None:
-            self.adapt(shots.rows, shots.labels)  # its temperatures follow the adapted heads
+            self.adapt(shots.rows, shots.labels, origins=self.shot_origins_)  # temperatures follow the new heads
         elif self.calibration_.get("method") == "text":
             self._text_temperatures()
         else:

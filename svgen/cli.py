@@ -22,7 +22,7 @@ from typing import List, Optional
 from svgen import __version__
 from svgen.errors import SvgenError
 
-COMMANDS = ("fit", "classify", "eval", "export", "diagnose", "add-classes", "adapt", "check-encoder")
+COMMANDS = ("fit", "classify", "explain", "eval", "export", "diagnose", "add-classes", "adapt", "check-encoder")
 VERBOSE_HELP = "log each step that takes time, with its duration, on stderr (-vv: debug detail too)"
 QUIET_HELP = ("no progress bars, 'wrote …' lines or log lines on stderr, only warnings and errors; stdout, "
               "the command's result, is the same")

@@ -199,3 +199,46 @@ class FittedHeads(Estimator):
         """Predicted class names (array of str)."""
         idx = np.asarray(self.decision_function(X, head).argmax(1))
         return np.asarray(self.classes_, dtype=object)[idx]
+
+    # ------------------------------------------------------------------------------ explanations
+    @property
+    def shot_origins_(self) -> Optional[list]:
+        """Where each labelled image row of the kernel head came from, in their order: ``{"path": …}`` (an image
+        file), ``{"file": …, "row": …}`` (a row of a features file), ``{"row": …}`` or ``{}`` (not known); None where
+        nothing was recorded (artifacts written before provenance, or shots given without ``origins``)."""
+        return vars(self).get("_shot_origins")
+
+    @shot_origins_.setter
+    def shot_origins_(self, value) -> None:
+        self._shot_origins = value
+
+    def explainer(self, head: Optional[str] = None):
+        """The :class:`svgen.evaluation.explain.Explainer` of one head (``None``: :attr:`default_head_`)."""
+        from svgen.evaluation.explain import Explainer, Origins
+
+        self._check_fitted()
+        origins = Origins(list(self.classes_), int(self.fit_config_.n_support), int(self.per_template_.shape[1]),
+                          self.templates_, self.shot_origins_)
+        form = ((self.fewshot_ or {}).get("linear") or {}).get("form")
+        return Explainer(self.heads_, self.prototypes_, self.fit_config_.kernel, head or self.default_head_, origins,
+                         form)
+
+    def explain(self, X, top_k: int = 3, top_contributions: int = 5, head: Optional[str] = None):
+        """Why each row of ``X`` got its classes (:mod:`svgen.evaluation.explain`): an
+        :class:`~svgen.evaluation.explanation.Explanation` with, per row, its ``top_k`` classes, each score split into
+        exact parts that add up to :meth:`decision_function`'s, the ``top_contributions`` support vectors voting most
+        for and against each class (named by their origin), the runner-up and the margin. ``.to_frame()`` gives a
+        pandas DataFrame."""
+        from svgen.evaluation.explanation import Explanation
+
+        ex = self.explainer(head)
+        rows = list(ex.explain(self._features(X), top_k, top_contributions))
+        return Explanation(rows, ex.head, self.provenance_note())
+
+    def provenance_note(self) -> str:
+        """``"recorded"``, or what an explanation cannot name (labelled images without their paths or rows)."""
+        k = self.heads_.kernel
+        if k.source is None or not bool((k.source == 1).any()) or self.shot_origins_ is not None:
+            return "recorded"
+        return ("the artifact records no file path or row for its labelled images (written before provenance, "
+                "or shots given without origins): they are named by kind and order only")

@@ -273,6 +273,24 @@ def write_textlike_val_toy(root, name, C, n_val, D=16, spread=1.5):
 
 # ----------------------------------------------------------------------------- reliability tests (issue 24)
 
+def write_png_shots(root, names, per_class: int = 3, step: int = 70, seed: int = 0) -> Path:
+    """``root``/classes.txt (``names``) and ``root``/shots/<name>/<i>.png: ``per_class`` small noisy images per class,
+    class c around the grey level 60 + ``step``·c; returns the shots folder."""
+    import numpy as np
+    from PIL import Image
+
+    root = Path(root)
+    (root / "classes.txt").write_text("\n".join(names) + "\n")
+    rng = np.random.default_rng(seed)
+    for c, name in enumerate(names):
+        folder = root / "shots" / name.replace(" ", "_")
+        folder.mkdir(parents=True)
+        for i in range(per_class):
+            img = np.clip(rng.normal(60 + step * c, 30, size=(40, 40, 3)), 0, 255).astype(np.uint8)
+            Image.fromarray(img).save(folder / f"{i}.png")
+    return root / "shots"
+
+
 def file_tree(folder) -> dict:
     """Every file under ``folder`` with its bytes (hidden ones too): 'nothing written' means equal trees."""
     folder = Path(folder)

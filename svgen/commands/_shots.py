@@ -36,10 +36,12 @@ def wants_shots(args, required: bool = False) -> bool:
 
 
 def shot_arrays(args, classes, owner: str = "the artifact"):
-    """(X, y) from ``--shot-features``/``--shot-labels``, class names in y looked up in ``classes`` (``owner``'s;
-    indices are checked against them by the library)."""
+    """(X, y, origins) from ``--shot-features``/``--shot-labels``, class names in y looked up in ``classes``
+    (``owner``'s; indices are checked against them by the library); ``origins``: each shot's file and row, recorded
+    in the artifact (``svgen explain`` names them)."""
     X = load_array(args.shot_features, "shot features")
-    return X, load_labels(args.shot_labels, classes, "shot labels", "--shot-labels", owner)
+    origins = [{"file": str(args.shot_features), "row": i} for i in range(X.shape[0])] if X.ndim else None
+    return X, load_labels(args.shot_labels, classes, "shot labels", "--shot-labels", owner), origins
 
 
 def load_labels(path, classes, what: str, flag: str, owner: str = "the artifact"):
@@ -68,7 +70,8 @@ def shot_images(args, classes):
 
 
 def encode_shots(args, encoder, data, command: str):
-    """(X, y) for the readable images of a labelled folder."""
+    """(X, y, origins) for the readable images of a labelled folder (``origins``: their file paths, recorded in the
+    artifact)."""
     import numpy as np
 
     from svgen.commands._images import encode_paths
@@ -77,4 +80,4 @@ def encode_shots(args, encoder, data, command: str):
         args.batch_size, args.workers = None, None  # the machine's (svgen.encoders.runtime)
     x, ok, _ = encode_paths(args, encoder, data.paths, command)
     label_of = dict(zip(data.paths, data.labels))
-    return x, np.asarray([label_of[p] for p in ok], dtype=np.int64)
+    return x, np.asarray([label_of[p] for p in ok], dtype=np.int64), [{"path": str(p)} for p in ok]

@@ -61,12 +61,12 @@ def run(args) -> int:
         from svgen.commands._images import encoder_for_artifact
 
         encoder = encoder_for_artifact(args, clf)
-    X = y = U = None
+    X = y = U = origins = None
     if shots:
-        X, y = encode_shots(args, encoder, data, "adapt") if args.shots else shot_arrays(args, clf.classes_)
+        X, y, origins = encode_shots(args, encoder, data, "adapt") if args.shots else shot_arrays(args, clf.classes_)
     if pool:
         U = encode_pool(args, encoder, paths, "adapt") if args.unlabelled else pool_array(args)
-    clf.adapt(X, y, unlabelled=U)
+    clf.adapt(X, y, unlabelled=U, origins=origins)
     clf.save(out, force=args.force)
     fs, td = clf.fewshot_, clf.transductive_
     summary = {}

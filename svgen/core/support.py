@@ -121,3 +121,38 @@ def image_rows(X, y, n_classes: int, dim: int, what: str = "shots") -> SupportSe
         i = int(np.flatnonzero(out)[0])
         raise SvgenError(f"{what}: label {int(y[i])} at row {i} is not a class index (expected 0..{n_classes - 1})")
     return SupportSet(F.normalize(x, dim=-1), torch.from_numpy(y), torch.full((x.shape[0],), IMAGE, dtype=torch.uint8))
+
+
+def origin_records(origins, n: int, what: str = "origins") -> list:
+    """``n`` records of where labelled images came from, checked: a str is a file path (``{"path": …}``), an int a
+    row (``{"row": …}``), a dict keeps its ``path``, ``file`` and ``row``; None is ``{}`` (not known)."""
+    if isinstance(origins, (str, bytes)) or not hasattr(origins, "__len__"):
+        raise SvgenError(f"{what} must be a sequence of {n} file paths, rows or records, got {type(origins).__name__}")
+    if len(origins) != n:
+        raise SvgenError(f"{what}: {len(origins)} entries for {n} labelled images; give one per image")
+    out = []
+    for i, o in enumerate(origins):
+        if o is None:
+            out.append({})
+        elif isinstance(o, str):
+            out.append({"path": o})
+        elif isinstance(o, (int, np.integer)) and not isinstance(o, bool) and o >= 0:
+            out.append({"row": int(o)})
+        elif isinstance(o, dict) and set(o) <= {"path", "file", "row"} and (
+                all(isinstance(o.get(k, ""), str) for k in ("path", "file"))
+                and (("row" not in o) or (isinstance(o["row"], (int, np.integer)) and not isinstance(o["row"], bool)
+                                          and o["row"] >= 0))
+                and ("file" not in o or "row" in o)):
+            out.append({k: (int(v) if k == "row" else v) for k, v in o.items()})
+        else:
+            raise SvgenError(f"{what}[{i}] is {o!r}; expected a file path, a row number, or a dict with 'path', "
+                             "or 'file' and 'row'")
+    return out
+
+
+def joined_origins(before, n_before: int, new, n_new: int):
+    """The origins of ``n_before`` earlier image rows (``before``, None: not recorded) then of ``n_new`` new ones
+    (``new``, the same), unknown ones as ``{}``; None where neither is recorded."""
+    if before is None and new is None:
+        return None
+    return (before if before is not None else [{}] * n_before) + (new if new is not None else [{}] * n_new)

@@ -41,7 +41,7 @@ def linear_logits(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> 
     return F.normalize(x, dim=-1) @ weight.T + bias
 
 
-def _kernel_from_gram_(G: torch.Tensor, sigma: float, kind: str) -> torch.Tensor:
+def kernel_from_gram_(G: torch.Tensor, sigma: float, kind: str) -> torch.Tensor:
     """In place on ``G = x̂ Ŝᵀ``: RBF ``exp(-(2 - 2G)/2σ²) = exp((G - 1)/σ²)`` or Laplacian
     ``exp(-sqrt(2 - 2G)/σ)`` (same clamping as :func:`svgen.core.kernels.kernel`), without temporaries."""
     if kind == "rbf":
@@ -111,7 +111,7 @@ def kernel_scores(
     if not vote_weights.is_sparse:
         out = torch.zeros(x.shape[0], vote_weights.shape[1], dtype=x.dtype, device=x.device)
         for start in range(0, S.shape[0], block_size):
-            kern = _kernel_from_gram_(x @ S[start:start + block_size].T, sigma, kind)
+            kern = kernel_from_gram_(x @ S[start:start + block_size].T, sigma, kind)
             out.addmm_(kern, vote_weights[start:start + block_size].to(kern.dtype))
         return out
     # Sparse votes: work transposed, so that both operands of the sparse product are row-major.
@@ -121,7 +121,7 @@ def kernel_scores(
     blocks = _csr_blocks(vote_weights, block_size)
     out_t = torch.zeros(vote_weights.shape[1], x.shape[0], dtype=x.dtype, device=x.device)
     for b, start in enumerate(range(0, S.shape[0], block_size)):
-        kern_t = _kernel_from_gram_(S[start:start + block_size] @ x.T, sigma, kind)
+        kern_t = kernel_from_gram_(S[start:start + block_size] @ x.T, sigma, kind)
         out_t.addmm_(blocks[b].to(kern_t.dtype), kern_t)
     return out_t.T.contiguous()
 

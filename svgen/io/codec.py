@@ -123,6 +123,8 @@ def metadata(clf) -> dict:
                  else artifacts.FORMAT_VERSION_PRIOR if has_prior_term(clf) else artifacts.FORMAT_VERSION_SHOTS,
                  "support_source": {str(i): name for i, name in enumerate(SOURCES)},
                  "fewshot": clf.fewshot_}
+        if clf.shot_origins_ is not None:   # where each image row came from (svgen explain names them)
+            extra["support_origin"] = {"image": clf.shot_origins_}
     if clf.lda_ is not None:
         extra["lda"] = {"shrinkage": clf.lda_.shrinkage, "temperature": clf.lda_.temperature}
     if clf.transductive_:
@@ -201,6 +203,7 @@ def load(cls, path):
                                 LinearHead(t["text.linear_head.weight"], t["text.linear_head.bias"]))
         # null: a zero-shot artifact whose kernel head has pool rows (no shots); absent: older files
         self.fewshot_ = None if "fewshot" in meta and meta["fewshot"] is None else (meta.get("fewshot") or {})
+    self.shot_origins_ = _shot_origins(meta, kernel, path)
     self.inductive_ = _inductive(self, meta, t, path, C)
     gen_state = {k[len("generator."):]: v for k, v in t.items() if k.startswith("generator.")}
     self.generator_ = None
@@ -218,6 +221,19 @@ def load(cls, path):
         raise SvgenError(f"{path}: svgen.json names the mixture head as the default head, but its calibration has "
                          "no mixture_weight")
     return self
+
+
+def _shot_origins(meta: dict, kernel: KernelHead, path) -> Optional[list]:
+    """Where each image row of the kernel came from (``svgen.json`` ``support_origin.image``, one record per image
+    row in order), checked against the rows; None where the artifact records none (written before provenance)."""
+    rec = (meta.get("support_origin") or {}).get("image")
+    if rec is None:
+        return None
+    n = 0 if kernel.source is None else int((kernel.source == IMAGE).sum())
+    if len(rec) != n:
+        raise SvgenError(f"{path}: svgen.json support_origin.image has {len(rec)} entries for {n} labelled image "
+                         "rows")
+    return [dict(r) for r in rec]
 
 
 def _inductive(clf, meta: dict, t: dict, path, C: int):

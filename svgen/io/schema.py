@@ -277,6 +277,8 @@ SCHEMA: Dict[str, Callable] = {
                                  "shotless_offset": optional(number(0)),
                                  "pool_factor_powers": optional(obj())})),
     "support_source": optional(obj(values=string())),
+    "support_origin": optional(obj({"image": optional(list_of(obj({"path": string(), "file": string(),
+                                                                    "row": integer(0)})))})),
     "kernel_prior": optional(obj({"kind": optional(string(choices=("cosine-softmax",))),
                                   "logit_scale": number(positive=True)}, required=("logit_scale",))),
     "fewshot": optional(obj({"linear": optional(obj({"shrinkage": optional(number(0, 1))})),

@@ -16,6 +16,7 @@ from svgen import SVGClassifier
 from svgen.io.export import export_head, load_head
 from svgen.fewshot.lda import fit_lda_head, lda_head_weights, lda_loo, lda_loo_scores, prior_means
 from svgen.core.support import IMAGE, TEXT, image_rows
+from conftest import write_png_shots
 
 ROOT = Path(__file__).resolve().parents[2]
 C, D = 5, 16
@@ -291,17 +292,8 @@ def test_cli_bad_shots_write_nothing(refused_cleanly, files, command, args, msg)
 
 
 def test_cli_shots_folder_is_embedded_with_the_artifacts_encoder(cli, tiny_model, tmp_path):
-    from PIL import Image
-
     names = ["red square", "green circle", "blue line"]
-    (tmp_path / "classes.txt").write_text("\n".join(names) + "\n")
-    rng = np.random.default_rng(0)
-    for c, name in enumerate(names):
-        folder = tmp_path / "shots" / name.replace(" ", "_")
-        folder.mkdir(parents=True)
-        for i in range(3):
-            img = np.clip(rng.normal(60 + 70 * c, 30, size=(40, 40, 3)), 0, 255).astype(np.uint8)
-            Image.fromarray(img).save(folder / f"{i}.png")
+    write_png_shots(tmp_path, names)
     enc = ("--model", tiny_model["config"], "--checkpoint", tiny_model["safetensors"])
     code, out, err = cli("fit", "--classes", tmp_path / "classes.txt", *enc, "-K", "2", "--steps", "3",
                          "--out", tmp_path / "zs.svgen")

@@ -1,0 +1,119 @@
+#!/usr/bin/env python
+"""Benchmark: ``svgen explain`` against ``svgen classify`` on the same rows (issue 48: at most 2×).
+
+The artifact is the zero-shot LVIS fit (``--prototypes lvis_v1_clip_a+cname.npy``, 1,203 classes, K = 4) and the rows
+the 602 LVIS dev features tiled to 1,000 (``--rows``). Both commands run in this process on the same features file,
+artifact loading included: ``classify -k 3 --format jsonl`` (the stock path) and ``explain --json`` (top 3 classes,
+5 support vectors for and against each). ``ratio`` = explain time / classify time (best of ``--repeat``), for the
+default (kernel) head and for the linear and cosine heads. Memory: the peak RSS of a fresh process explaining two
+batches of rows and four times as many (the same peak: one batch at a time).
+
+    .venv/bin/python -m benchmarks.bench_explain [--artifact A.svgen] [--rows 1000] [--repeat 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from benchmarks.bench_common import DATA, machine, print_table, save_result, timed
+
+
+def fit_lvis(folder: Path) -> Path:
+    from svgen.cli import main
+
+    art = folder / "lvis.svgen"
+    code = main(["-q", "fit", "--prototypes", str(DATA / "lvis_v1_clip_a+cname.npy"), "--classes",
+                 str(DATA / "lvis_classes.txt"), "--out", str(art)])
+    if code:
+        raise SystemExit(f"fit failed ({code})")
+    return art
+
+
+def run_cli(*argv) -> None:
+    from svgen.cli import main
+
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        code = main(["-q", *map(str, argv)])
+    if code:
+        raise SystemExit(f"svgen {argv[0]} failed ({code})")
+
+
+PEAK = """
+import resource, sys, numpy as np, torch
+from svgen import SVGClassifier
+
+
+class Rows:   # the rows read from the memory map as the explainer asks for them: the input is not held whole
+    def __init__(self, x):
+        self.x, self.shape = x, x.shape
+
+    def __getitem__(self, part):
+        return torch.from_numpy(np.array(self.x[part]))
+
+
+clf = SVGClassifier.load(sys.argv[1])
+n = 0
+for row in clf.explainer().explain(Rows(np.load(sys.argv[2], mmap_mode="r")), 3, 5):
+    n += 1
+print(n, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0)
+"""
+
+
+def peak_rss(art: Path, feats: Path) -> float:
+    out = subprocess.run([sys.executable, "-c", PEAK, str(art), str(feats)], capture_output=True, text=True, check=True)
+    return float(out.stdout.split()[1])
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[1])
+    ap.add_argument("--artifact", help="an LVIS artifact (default: fit one from the shared data)")
+    ap.add_argument("--rows", type=int, default=1000)
+    ap.add_argument("--repeat", type=int, default=3)
+    args = ap.parse_args(argv)
+    dev = DATA / "lvis_dev_image_features.npy"
+    if not dev.is_file():
+        raise SystemExit(f"{dev} is absent")
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        art = Path(args.artifact) if args.artifact else fit_lvis(tmp)
+        X = np.load(dev).astype(np.float32)
+        tiled = np.concatenate([X] * (args.rows // len(X) + 1))[:args.rows]
+        feats = tmp / "rows.npy"
+        np.save(feats, tiled)
+        rows = []
+        for head in ("kernel", "linear", "cosine"):
+            t_cls, _ = timed(run_cli, "classify", art, "--features", feats, "--head", head, "-k", "3", "--format",
+                             "jsonl", repeat=args.repeat)
+            t_exp, _ = timed(run_cli, "explain", art, "--features", feats, "--head", head, "--json",
+                             repeat=args.repeat)
+            rows.append({"head": head, "rows": args.rows, "classify_s": t_cls, "explain_s": t_exp,
+                         "ratio": t_exp / t_cls})
+        from svgen.evaluation.explain import BATCH
+
+        small, big = tmp / "small.npy", tmp / "big.npy"   # two full batches, and four times as many rows
+        np.save(small, np.resize(X, (2 * BATCH, X.shape[1])))
+        np.save(big, np.resize(X, (8 * BATCH, X.shape[1])))
+        memory = {"rows": 2 * BATCH, "peak_rss_mb": peak_rss(art, small),
+                  "rows_x4": 8 * BATCH, "peak_rss_mb_x4": peak_rss(art, big)}
+    print_table(rows, ["head", "rows", "classify_s", "explain_s", "ratio"],
+                title=f"svgen explain vs classify, LVIS (1,203 classes), {args.rows} rows")
+    print(f"peak RSS explaining {memory['rows']} rows: {memory['peak_rss_mb']:.0f} MB; "
+          f"{memory['rows_x4']} rows: {memory['peak_rss_mb_x4']:.0f} MB")
+    result = {"rows": rows, "memory": memory, "machine": machine(),
+              "artifact": str(args.artifact or "zero-shot LVIS fit, defaults")}
+    path = save_result("explain", result)
+    print(f"wrote {path}")
+    print(json.dumps({r["head"]: round(r["ratio"], 3) for r in rows}))
+
+
+if __name__ == "__main__":
+    main()
