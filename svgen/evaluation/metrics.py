@@ -46,7 +46,9 @@ def check_labels(labels, n: int, n_classes: int, what: str = "labels") -> np.nda
             raise SvgenError(f"{what} must hold integer class indices; got {y.dtype} values, "
                              f"{float(y[i])!r} at position {i} is not a whole number")
         y = y.astype(np.int64)
-    if not (np.issubdtype(y.dtype, np.integer) or y.dtype == np.bool_):
+    if y.dtype == np.bool_:   # numpy would count True/False as 1/0
+        raise SvgenError(f"{what} hold booleans; expected integer class indices or class names")
+    if not np.issubdtype(y.dtype, np.integer):
         raise SvgenError(f"{what} must hold integer class indices, got {y.dtype} values")
     if y.shape[0] != n:
         raise SvgenError(f"{what} has {y.shape[0]} entries but there are {n} feature rows; they must match")
