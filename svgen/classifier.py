@@ -3,7 +3,7 @@
 >>> clf = SVGClassifier(n_support=4).fit(prototypes, classes=names)   # C×D or C×T×D, text only
 >>> clf = SVGClassifier(prototypes=P, classes=names).fit(X, y)        # the same, then labelled images (few-shot)
 >>> clf.decision_function(image_features, head="kernel")              # N×C scores
->>> clf.predict(image_features)                                       # class names
+>>> clf.predict(image_features)                                       # entries of classes_: names, or y's labels
 >>> clf.predict_proba(image_features, head="linear")                 # N×C, softmax with the head's temperature
 >>> clf.save("lvis.svgen"); SVGClassifier.load("lvis.svgen")
 >>> clf.adapt(shot_features, shot_labels)                             # labelled images join (format 2)

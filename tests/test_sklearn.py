@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 import torch
 
+from conftest import oxford_pets_shots
 from svgen import SVGClassifier
 from svgen.errors import SvgenError
 
@@ -276,14 +277,7 @@ def test_svgen_imports_fits_and_clones_without_scikit_learn():
 # ----------------------------------------------------------------------------- real data
 
 def test_cross_val_score_and_grid_search_on_oxford_pets(shared_data):
-    d = shared_data / "clip-vit-b32" / "coop-fewshot" / "oxford_pets"
-    if not (d / "textlike_prototypes.npy").is_file():
-        pytest.skip("no oxford_pets features")
-    P = np.load(d / "textlike_prototypes.npy")
-    X, y = np.load(d / "val_features.npy").astype(np.float32), np.load(d / "val_labels.npy")
-    rng = np.random.default_rng(0)
-    keep = np.concatenate([rng.choice(np.flatnonzero(y == c), 6, replace=False) for c in range(P.shape[0])])
-    X, y = X[keep], y[keep]                                  # 6 images per class: 4 shots per class in each fold
+    P, X, y = oxford_pets_shots(shared_data, 6)              # 6 images per class: 4 shots per class in each fold
     names = np.asarray([f"pet_{i}" for i in range(P.shape[0])])
     est = Pipeline([("n", Normalizer()), ("c", SVGClassifier(prototypes=P, classes=list(names)))])
     few = cross_val_score(est, X, names[y], cv=CV)

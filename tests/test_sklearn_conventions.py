@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 import torch
 
+from conftest import oxford_pets_shots
 from svgen import SVGClassifier
 from svgen.errors import SvgenError
 from svgen.evaluation.metrics import check_labels
@@ -45,22 +46,11 @@ def _data(n_per=6, seed=0, C=6, D=16):
     return P, X, y
 
 
-def _pets(shared_data, per_class=6):
-    d = shared_data / "clip-vit-b32" / "coop-fewshot" / "oxford_pets"
-    if not (d / "textlike_prototypes.npy").is_file():
-        pytest.skip("no oxford_pets features")
-    P = np.load(d / "textlike_prototypes.npy")
-    X, y = np.load(d / "val_features.npy").astype(np.float32), np.load(d / "val_labels.npy")
-    rng = np.random.default_rng(0)
-    keep = np.concatenate([rng.choice(np.flatnonzero(y == c), per_class, replace=False) for c in range(P.shape[0])])
-    return P, X[keep], y[keep]
-
-
 # ----------------------------------------------------------------------------- 5: fit(X, y) is never a text fit
 
 def test_fit_x_y_with_one_image_per_class_is_refused_not_fitted_as_text(shared_data):
     """37 pets images, one per class, all labels distinct: main fitted them as 37 prototypes named '0' … '36'."""
-    P, X, y = _pets(shared_data, per_class=1)
+    P, X, y = oxford_pets_shots(shared_data, per_class=1)
     assert len(np.unique(y)) == len(y) == P.shape[0]
     for labels in (y, np.asarray([f"pet_{i}" for i in y])):
         with pytest.raises(SvgenError, match=r"SVGClassifier\(prototypes=P, classes=names\)\.fit\(X, y\)") as e:
@@ -130,7 +120,7 @@ def test_cross_val_score_with_accuracy_scoring_on_integer_and_name_labels():
 
 
 def test_accuracy_scoring_on_oxford_pets(shared_data):
-    P, X, y = _pets(shared_data)
+    P, X, y = oxford_pets_shots(shared_data)
     est = SVGClassifier(prototypes=P)
     named = cross_val_score(est, X, y, cv=CV, scoring="accuracy")
     assert np.all(np.isfinite(named)) and named.mean() > 0.6, named
@@ -143,7 +133,7 @@ def test_adapt_and_add_classes_keep_the_label_type():
     clf = SVGClassifier(n_support=2, prototypes=P[:5], classes=NAMES[:5]).fit(X[y < 5], y[y < 5].astype(np.int32))
     clf.add_classes(P[5:], NAMES[5:])
     assert clf.classes_.tolist() == list(range(6)) and clf.classes_.dtype == np.int32
-    assert clf.class_names_.tolist() == NAMES
+    assert clf.class_names_.tolist() == NAMES and clf.metadata()["classes"] == NAMES   # the artifact keeps names
     clf.adapt(X, y)
     assert set(clf.predict(X).tolist()) <= set(range(6)) and clf.score(X, y) > 0.5
 
@@ -183,7 +173,7 @@ def _readme_block(marker: str) -> str:
 
 def test_readme_grid_search_example_runs_and_its_grid_changes_the_predictor(shared_data):
     """main's example searched n_support, which every candidate scored the same once shots were given."""
-    P, X, y = _pets(shared_data)
+    P, X, y = oxford_pets_shots(shared_data)
     names = [f"pet_{i}" for i in range(P.shape[0])]
     env = {"SVGClassifier": SVGClassifier, "emb": P, "names": names, "shot_features": X,
            "shot_labels": np.asarray(names)[y], "image_features": X[:5]}
