@@ -3,7 +3,7 @@
 >>> clf = SVGClassifier(n_support=4).fit(prototypes, classes=names)   # C×D or C×T×D, text only
 >>> clf = SVGClassifier(prototypes=P, classes=names).fit(X, y)        # the same, then labelled images (few-shot)
 >>> clf.decision_function(image_features, head="kernel")              # N×C scores
->>> clf.predict(image_features)                                       # class names
+>>> clf.predict(image_features)                                       # entries of classes_: names, or y's labels
 >>> clf.predict_proba(image_features, head="linear")                 # N×C, softmax with the head's temperature
 >>> clf.save("lvis.svgen"); SVGClassifier.load("lvis.svgen")
 >>> clf.adapt(shot_features, shot_labels)                             # labelled images join (format 2)
@@ -25,7 +25,7 @@ from typing import Optional, Sequence
 import numpy as np
 import torch.nn.functional as F
 
-from svgen.config import FitConfig
+from svgen.config import FitConfig, setting
 from svgen.core.generator import prototypes_from_embeddings
 from svgen.core.support import IMAGE, SupportSet, image_rows, joined_origins, origin_records
 from svgen.encoders.prompts import validate_classes, validate_new_classes
@@ -38,13 +38,23 @@ from svgen.state import Heads, TextSide
 from svgen.transductive import adapt as pool_adapt
 from svgen.transductive.pool import Stage
 from svgen.transductive.decision import pool_kept
-from svgen.validation import (DUPLICATE_COS, SAFE_PEAK, check_distinct, check_embeddings, check_not_labels,  # noqa: F401
-                              check_pool, check_vocabulary, duplicate_prototypes, label_indices, looks_like_labels,
-                              safe_rows)
+from svgen.validation import (DUPLICATE_COS, SAFE_PEAK, check_distinct, check_embeddings, check_no_labels,  # noqa: F401
+                              check_not_labels, check_pool, check_vocabulary, duplicate_prototypes, label_indices,
+                              label_type, looks_like_labels, safe_rows)
 from svgen.zeroshot.fit import fit_zero_shot
 from svgen.zeroshot.open_set import extend
 
 log = logging.getLogger(__name__)
+
+
+def split_shots(shots):
+    """``(X, y, origins)`` of ``fit``'s ``shots=(X, y)`` or ``(X, y, origins)`` (origins None where not given)."""
+    try:
+        X, y, origins = (*shots, None) if len(shots) == 2 else shots
+    except (TypeError, ValueError):
+        raise SvgenError("shots must be a pair (X, y): N×D image embeddings and N class indices or "
+                         "names (or (X, y, origins): where each image came from)") from None
+    return X, y, origins
 
 
 class SVGClassifier(FittedHeads):
@@ -126,6 +136,8 @@ class SVGClassifier(FittedHeads):
         as the :class:`~svgen.config.FitConfig` a fit uses; nothing is fitted."""
         cfg = FitConfig.from_params(self.get_params())
         cfg.validate()
+        for name in ("strict", "progress"):   # the estimator's own switches
+            setting(name, getattr(self, name), "bool")
         return cfg
 
     def fit(self, X=None, y=None, templates: Optional[Sequence[str]] = None, encoder: Optional[dict] = None,
@@ -135,10 +147,11 @@ class SVGClassifier(FittedHeads):
         * ``SVGClassifier(prototypes=P, classes=names).fit(X, y)`` (scikit-learn's ``fit``, so ``cross_val_score``,
           ``GridSearchCV`` and ``Pipeline`` work): the zero-shot fit from the constructor's prototypes, then
           ``X`` (N×D image embeddings) and ``y`` (N class names or indices into ``classes``) as labelled shots,
-          exactly as :meth:`adapt`; ``fit()`` alone is the zero-shot fit.
-        * ``SVGClassifier().fit(prototypes, classes=names)``: ``X`` is the C×D or C×T×D text embeddings (raw or
-          normalised) and ``classes`` (or ``y``) names their rows (default ``class_0`` …); ``shots=(X, y)``
-          adds labelled images after the zero-shot fit, exactly as :meth:`adapt`.
+          exactly as :meth:`adapt`; ``fit()`` alone is the zero-shot fit. :attr:`classes_` then holds the labels
+          as ``y`` gave them (indices or names, in ``y``'s dtype), and ``class_names_`` the names.
+        * ``SVGClassifier().fit(prototypes, classes=names)``, the text fit: ``X`` is the C×D or C×T×D text
+          embeddings (raw or normalised), ``classes`` names their rows (default ``class_0`` …; never ``y``, which is
+          refused here), and ``shots=(X, y)`` adds labelled images after it, exactly as :meth:`adapt`.
 
         ``templates`` and ``encoder`` are recorded in the artifact; ``unlabelled=U`` (N×D image embeddings without
         labels) then adapts transductively to that pool. Returns ``self``.
@@ -147,10 +160,9 @@ class SVGClassifier(FittedHeads):
             if X is None:
                 raise SvgenError("fit needs text embeddings: fit(prototypes, classes=names), or "
                                  "SVGClassifier(prototypes=P, classes=names).fit(X, y) with labelled images")
-            if y is not None and classes is not None:
-                raise SvgenError("fit(prototypes, y, classes=…): give the class names once, as classes=")
-            names = next((c for c in (classes, y, self.classes) if c is not None), None)
-            return self._fit(X, names, templates, encoder, shots, unlabelled)
+            check_no_labels(y)   # fit(X, y) is never a text fit, however distinct the labels
+            return self._fit(X, classes if classes is not None else self.classes, templates, encoder, shots,
+                             unlabelled)
         if classes is not None or shots is not None:
             raise SvgenError("this SVGClassifier has its prototypes from the constructor, so fit(X, y) takes the "
                              "labelled images; give the class names as SVGClassifier(classes=…) and the shots as X, y")
@@ -160,7 +172,10 @@ class SVGClassifier(FittedHeads):
                              "adapts to images without labels)")
         if X is None and y is not None:
             raise SvgenError("fit(X, y): y was given without the image embeddings X")
-        return self._fit(self.prototypes, self.classes, templates, encoder, None if X is None else (X, y), unlabelled)
+        labels = None if y is None else label_type(y)   # classes_ and predict speak y's language
+        self._fit(self.prototypes, self.classes, templates, encoder, None if X is None else (X, y), unlabelled)
+        self._labels = labels
+        return self
 
     def _fit(self, prototypes, classes, templates, encoder, shots, unlabelled):
         if unlabelled is not None:
@@ -169,11 +184,7 @@ class SVGClassifier(FittedHeads):
             self._fit(prototypes, classes, templates, encoder, shots, None)
             return self.adapt(unlabelled=unlabelled)
         if shots is not None:
-            try:
-                X, y, origins = (*shots, None) if len(shots) == 2 else shots
-            except (TypeError, ValueError):
-                raise SvgenError("shots must be a pair (X, y): N×D image embeddings and N class indices or "
-                                 "names (or (X, y, origins): where each image came from)") from None
+            X, y, origins = split_shots(shots)
             emb = check_embeddings(prototypes, "prototypes")
             y = label_indices(y, [str(c).strip() for c in classes] if classes is not None
                               else [f"class_{i}" for i in range(emb.shape[0])])
@@ -192,7 +203,8 @@ class SVGClassifier(FittedHeads):
         E, P = prototypes_from_embeddings(emb)
         check_vocabulary(P, classes, strict=bool(self.strict))
         zs = fit_zero_shot(P, E, cfg, t0, progress=self.progress)
-        self.fit_config_, self.classes_, self.per_template_, self.prototypes_ = cfg, np.asarray(classes, object), E, P
+        self.fit_config_, self.class_names_, self.per_template_, self.prototypes_ = cfg, np.asarray(classes, object), E, P
+        self._labels = None   # classes_ is class_names_ unless scikit-learn's fit(X, y) says otherwise
         self.templates_ = list(templates) if templates is not None else None
         self.encoder_ = dict(encoder) if encoder else None
         self.heads_ = self.zero_shot_ = zs.heads
@@ -203,7 +215,7 @@ class SVGClassifier(FittedHeads):
         return self
 
     def _side(self) -> TextSide:
-        return TextSide(list(self.classes_), self.prototypes_, self.per_template_, self.fit_config_,
+        return TextSide(list(self.class_names_), self.prototypes_, self.per_template_, self.fit_config_,
                         self.vote_scale_.get("rule"))
 
     def _stage(self) -> Stage:
@@ -223,7 +235,7 @@ class SVGClassifier(FittedHeads):
             check_pool(unlabelled, self.n_features_in_)  # fail before the shots are solved in, not after
         if X is not None:
             self._check_fitted()
-            self.adapt_shots(X, label_indices(y, self.classes_), origins)  # class names or indices
+            self.adapt_shots(X, label_indices(y, self.class_names_), origins)  # class names or indices
         if unlabelled is not None:
             self.adapt_pool(unlabelled)
         return self
@@ -232,15 +244,12 @@ class SVGClassifier(FittedHeads):
         """Add labelled images ("shots"); no text is re-encoded (:mod:`svgen.fewshot.adapt`).
 
         ``X`` is N×D raw image embeddings from the artifact's encoder, ``y`` N class indices (rows of
-        ``classes_``). Shots added earlier are kept and joined by the new ones. The kernel head becomes zero-shot
-        probabilities plus kernel ridge on their residual, the linear head shared-covariance LDA with the
-        prototypes as prior means. Temperatures are fitted on held-out scores of the shots (``calibration_`` records
-        them), and the default head is the two heads' mixture weighed by the NLL of the same held-out shots (one of
-        them alone where that weight is 1 or 0; :func:`svgen.fewshot.adapt.choose_default_head`). ``origins``: N file
-        paths or rows (:func:`svgen.core.support.origin_records`), kept for :meth:`explain`. Returns ``self``.
+        ``class_names_``). Shots added earlier are kept and joined by the new ones; how the heads and the default
+        head are chosen: docs/adaptation.md. ``origins``: N file paths or rows
+        (:func:`svgen.core.support.origin_records`), kept for :meth:`explain`. Returns ``self``.
         """
         self._check_fitted()
-        C = len(self.classes_)
+        C = len(self.class_names_)
         new = image_rows(X, y, C, self.n_features_in_)
         if self.twins_ is not None:   # a shot of a class's second listing is a shot of the class (its first listing)
             new = SupportSet(new.rows, self.twins_[new.labels.long()].to(new.labels.dtype), new.source)
@@ -266,8 +275,7 @@ class SVGClassifier(FittedHeads):
 
         A kept pool multiplies the default head by the pool's class likelihood (with shots), or replaces the linear
         head by the transduction's posterior and multiplies the kernel head's probabilities by the likelihood
-        (zero-shot);
-        otherwise every head stays exactly the inductive one and ``transductive_["fallback"]`` says why
+        (zero-shot); otherwise every head stays exactly the inductive one and ``transductive_["fallback"]`` says why
         (``transductive_["check"]`` holds the evidence). :attr:`transductive_labels_` holds the pool's
         probabilities (what ``svgen classify --transductive`` prints): the kept predictor's, or the inductive
         default head's. Adapting again starts from the inductive heads. Returns ``self``.
@@ -330,7 +338,7 @@ class SVGClassifier(FittedHeads):
         classes = list(classes)
         if len(classes) != emb.shape[0]:
             raise SvgenError(f"{emb.shape[0]} new prototypes but {len(classes)} new class names")
-        classes = validate_new_classes(classes, list(self.classes_))  # new names distinct and new; old repeats stay
+        classes = validate_new_classes(classes, list(self.class_names_))  # new names distinct and new; old repeats stay
         if pool_kept(self.transductive_):  # the pool knew only the old classes
             log.warning("add_classes: the transductive heads are dropped; adapt to the pool again")
         self._restore_inductive()
@@ -339,7 +347,7 @@ class SVGClassifier(FittedHeads):
         zero = Heads(self.zero_shot_.kernel, self.zero_shot_.linear, self.heads_.calibration)
         names, self.prototypes_, self.per_template_, self.heads_, self.vote_scale_ = extend(
             zero, self._side(), self.generator_, self.metric_precision_, self.ridge_lambda_, emb, classes)
-        self.classes_ = np.asarray(names, dtype=object)
+        self.class_names_ = np.asarray(names, dtype=object)
         self.zero_shot_, self.fewshot_, self.lda_ = self.heads_, None, None
         if shots is not None:
             self.adapt(shots.rows, shots.labels, origins=self.shot_origins_)  # temperatures follow the new heads

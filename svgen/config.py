@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import asdict, dataclass, fields
 from typing import Optional, Union
 
@@ -59,10 +60,9 @@ class FitConfig:
     @classmethod
     def from_params(cls, params: dict) -> "FitConfig":
         """A config from an estimator's settings (the fields it names; the rest keep their defaults), each
-        ``int``/``float``/``bool`` field cast to its type, as ``SVGClassifier(n_support=4.0)`` is meant."""
-        casts = {"int": int, "float": float, "bool": bool}
-        return cls(**{f.name: casts[f.type](params[f.name]) if f.type in casts else params[f.name]
-                      for f in fields(cls) if f.name in params})
+        ``int``/``float``/``bool`` field cast to its type, as ``SVGClassifier(n_support=4.0)`` is meant; a value of
+        another type (``n_support='x'``, ``learn_sigma='no'``, ``n_support=4.5``) is one :class:`SvgenError` line."""
+        return cls(**{f.name: setting(f.name, params[f.name], f.type) for f in fields(cls) if f.name in params})
 
     def validate(self) -> None:
         """One :class:`SvgenError` line for any setting out of its range (also for an artifact's
@@ -113,6 +113,30 @@ class FitConfig:
             raise SvgenError(f"unknown vote solver {self.vote_solver!r}; expected one of {', '.join(VOTE_SOLVERS)}")
         if int(self.vote_neighbours) < 1:
             raise setting_error("vote_neighbours", "--vote-neighbours", f"must be >= 1, got {self.vote_neighbours}")
+
+
+def setting(name: str, value, kind: str):
+    """``value`` as a setting of type ``kind`` ("int", "float", "bool", "Optional[int]", "Union[str, float]"; any
+    other kind passes through): numbers of the right kind are cast (numpy's included, a whole float as an int),
+    anything else is one :class:`SvgenError` line (a bool is not a number here, nor a string True)."""
+    is_bool = type(value).__name__ in ("bool", "bool_")   # Python's or numpy's, without importing numpy
+    number = isinstance(value, numbers.Real) and not is_bool
+    if kind == "bool":
+        if is_bool:
+            return bool(value)
+        raise SvgenError(f"{name} must be True or False, got {value!r}")
+    if kind == "Optional[int]" and value is None:
+        return None
+    if kind in ("int", "Optional[int]"):
+        if number and (isinstance(value, numbers.Integral) or float(value).is_integer()):
+            return int(value)
+        raise SvgenError(f"{name} must be a whole number, got {value!r}")
+    if kind == "float" or (kind == "Union[str, float]" and not isinstance(value, str)):
+        if number:
+            return float(value)
+        raise SvgenError(f"{name} must be a number{' or one of ' + ', '.join(RIDGE_RULES) if kind != 'float' else ''}"
+                         f", got {value!r}")
+    return value
 
 
 def config_dict(cfg: FitConfig) -> dict:

@@ -1,6 +1,6 @@
-"""The scikit-learn estimator protocol, once: constructor settings as parameters, a readable repr, accuracy as the
-score, and scikit-learn's tags (``__sklearn_tags__``: a classifier), so ``sklearn.base.clone``, ``is_classifier``,
-``Pipeline``, ``cross_val_score`` and ``GridSearchCV`` work on any class built on it.
+"""The scikit-learn estimator protocol, once: constructor settings as parameters, a readable repr, and scikit-learn's
+tags (``__sklearn_tags__``: a classifier), so ``sklearn.base.clone``, ``is_classifier``, ``Pipeline``,
+``cross_val_score`` and ``GridSearchCV`` work on any class built on it.
 
 scikit-learn is not needed to import or use svgen: the tags are built from it only when scikit-learn asks for them.
 """
@@ -39,8 +39,7 @@ def _shown(v) -> str:
 
 class Estimator:
     """``get_params``/``set_params`` over the constructor's arguments, ``__repr__`` naming the changed ones, and
-    ``score`` as top-1 accuracy of ``predict`` (which the subclass provides, with ``classes_``), and scikit-learn's
-    tags and clone hooks."""
+    scikit-learn's tags and clone hooks (the subclass provides ``predict``, ``score`` and ``classes_``)."""
 
     _estimator_type = "classifier"   # what scikit-learn before 1.6 reads instead of the tags
 
@@ -79,17 +78,3 @@ class Estimator:
         defaults = {n: p.default for n, p in inspect.signature(type(self).__init__).parameters.items() if n != "self"}
         changed = [f"{n}={_shown(v)}" for n, v in self.get_params().items() if not _same(v, defaults.get(n))]
         return f"{type(self).__name__}({', '.join(changed)})"
-
-    def score(self, X, y, head=None) -> float:
-        """Top-1 accuracy on ``X`` (N×D image embeddings) against ``y``: class names, or integer
-        class indices into ``classes_`` (scikit-learn's ``ClassifierMixin.score``)."""
-        from svgen.evaluation.metrics import check_labels
-
-        y = np.asarray(y.cpu() if isinstance(y, torch.Tensor) else y)
-        pred = self.predict(X, head)
-        if y.dtype.kind in "USO":
-            if len(y) != len(pred):
-                raise SvgenError(f"y has {len(y)} entries but there are {len(pred)} feature rows; they must match")
-            return float(np.mean(pred == y.astype(object)))
-        y = check_labels(y, len(pred), len(self.classes_), what="y")
-        return float(np.mean(pred == np.asarray(self.classes_, dtype=object)[y]))

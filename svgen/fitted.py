@@ -18,7 +18,8 @@ from svgen.errors import SvgenError
 from svgen.estimator import Estimator
 from svgen.heads import predictor
 from svgen.core.support import SupportSet
-from svgen.validation import check_embeddings
+from svgen.evaluation.metrics import check_labels
+from svgen.validation import check_embeddings, label_indices, label_type
 
 
 def _head_attribute(part: str, field: str, doc: str):
@@ -149,8 +150,8 @@ class FittedHeads(Estimator):
         from svgen.validation import twin_classes
 
         key = vars(self).get("_twins_of")
-        if key is None or key[0] is not self.classes_ or key[1] is not self.prototypes_:
-            key = (self.classes_, self.prototypes_, twin_classes(list(self.classes_), self.prototypes_))
+        if key is None or key[0] is not self.class_names_ or key[1] is not self.prototypes_:
+            key = (self.class_names_, self.prototypes_, twin_classes(list(self.class_names_), self.prototypes_))
             self._twins_of = key
         return key[2]
 
@@ -195,10 +196,41 @@ class FittedHeads(Estimator):
                                   self.twins_)
         return scores if isinstance(X, torch.Tensor) else scores.cpu().numpy()
 
+    @property
+    def classes_(self) -> np.ndarray:
+        """scikit-learn's ``classes_``: the C labels :meth:`predict` returns, in class order, as ``y`` gave them to
+        scikit-learn's ``fit(X, y)`` — class indices ``0 … C−1`` in ``y``'s dtype where ``y`` held indices, the names
+        (``class_names_``) in ``y``'s dtype where it held names — and the names (an object array) after any other fit
+        or a load."""
+        names = self.class_names_   # unfitted: AttributeError (scikit-learn's hasattr protocol)
+        kind = vars(self).get("_labels")
+        if kind is None or kind.kind == "O":
+            return np.asarray(names, dtype=object)
+        if kind.kind == "U":
+            return np.asarray([str(n) for n in names])
+        if kind.kind in "iu" and len(names) - 1 > np.iinfo(kind).max:   # y's type cannot hold every class's index
+            kind = np.dtype(np.int64)
+        return np.arange(len(names)).astype(kind)
+
     def predict(self, X, head: Optional[str] = None) -> np.ndarray:
-        """Predicted class names (array of str)."""
-        idx = np.asarray(self.decision_function(X, head).argmax(1))
-        return np.asarray(self.classes_, dtype=object)[idx]
+        """The predicted class of each row of ``X``, as an entry of :attr:`classes_` (class names unless
+        scikit-learn's ``fit(X, y)`` had class indices)."""
+        idx = self._predict_index(X, head)   # an unfitted classifier says so here
+        return self.classes_[idx]
+
+    def _predict_index(self, X, head: Optional[str] = None) -> np.ndarray:
+        return np.asarray(self.decision_function(X, head).argmax(1))
+
+    def score(self, X, y, head: Optional[str] = None) -> float:
+        """Top-1 accuracy on ``X`` (N×D image embeddings) against ``y``: class names (of ``class_names_``) or
+        integer class indices, whichever the fit had (scikit-learn's ``ClassifierMixin.score``). A name that is not
+        a class, names mixed with numbers, an index out of range or booleans are one :class:`SvgenError` line, not
+        counted as misses."""
+        self._check_fitted()
+        label_type(y)   # booleans refused
+        idx = self._predict_index(X, head)
+        y = check_labels(label_indices(y, self.class_names_), len(idx), len(self.class_names_), what="y")
+        return float(np.mean(idx == y))
 
     # ------------------------------------------------------------------------------ explanations
     @property
@@ -217,7 +249,7 @@ class FittedHeads(Estimator):
         from svgen.evaluation.explain import Explainer, Origins
 
         self._check_fitted()
-        origins = Origins(list(self.classes_), int(self.fit_config_.n_support), int(self.per_template_.shape[1]),
+        origins = Origins(list(self.class_names_), int(self.fit_config_.n_support), int(self.per_template_.shape[1]),
                           self.templates_, self.shot_origins_)
         form = ((self.fewshot_ or {}).get("linear") or {}).get("form")
         return Explainer(self.heads_, self.prototypes_, self.fit_config_.kernel, head or self.default_head_, origins,

@@ -12,6 +12,7 @@ import torch.nn.functional as F
 
 from svgen.core.support import check_real_dense
 from svgen.errors import SvgenError
+from svgen.npy import native
 from svgen.encoders.prompts import validate_classes
 
 log = logging.getLogger(__name__)
@@ -37,7 +38,7 @@ def check_embeddings(x, what: str = "prototypes", ndims=(2, 3)) -> torch.Tensor:
     """
     check_real_dense(x, what)
     try:
-        a = x.detach().cpu() if isinstance(x, torch.Tensor) else np.asarray(x)
+        a = x.detach().cpu() if isinstance(x, torch.Tensor) else native(np.asarray(x))  # torch refuses big-endian
         t = torch.as_tensor(a if isinstance(a, torch.Tensor) else np.asarray(a), dtype=torch.float32)
     except (TypeError, ValueError, RuntimeError) as e:
         if isinstance(e, SvgenError):
@@ -185,6 +186,25 @@ def check_not_labels(classes) -> None:
                      "SVGClassifier(prototypes=P, classes=names).fit(X, y), "
                      "SVGClassifier().fit(prototypes, classes=names, shots=(X, y)), or clf.adapt(X, y) "
                      "on a fitted classifier (y: class indices or names)")
+
+
+def check_no_labels(y) -> None:
+    """Refuse labels ``y`` in the text fit (no prototypes in the constructor): ``fit(X, y)`` always means labelled
+    images, even when every label is distinct and could pass for C class names."""
+    if y is not None:
+        raise SvgenError("fit(X, y) fits labelled images, which need the text side in the constructor: "
+                         "SVGClassifier(prototypes=P, classes=names).fit(X, y); the text fit is "
+                         "fit(prototypes, classes=names) (names as classes=, not y), and labelled images "
+                         "join it as shots=(X, y) or with adapt(X, y)")
+
+
+def label_type(y) -> np.dtype:
+    """The dtype of per-image labels ``y`` (numpy's; a tensor's as numpy has it): the type scikit-learn's fit(X, y)
+    keeps for ``classes_``. Booleans are refused (True/False are not class indices, and numpy counts them as 0/1)."""
+    arr = np.asarray(y.cpu() if isinstance(y, torch.Tensor) else y)
+    if arr.dtype.kind == "b":
+        raise SvgenError("y holds booleans; labels are class indices (integers) or class names")
+    return arr.dtype.newbyteorder("=")
 
 
 def label_indices(y, classes: Sequence[str], what: str = "y", owner: str = "the classifier"):

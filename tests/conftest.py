@@ -359,3 +359,18 @@ def jpegs(shared_data, tiny_model, tmp_path_factory):
     assert main(["-q", "fit", "--classes", str(root / "classes.txt"), *enc, "--steps", "5", "--ridge", "10",
                  "--out", str(art)]) == 0
     return {"root": root, "images": images, "labels": labels, "classes": classes, "art": art, "enc": enc}
+
+
+def oxford_pets_shots(shared_data, per_class: int = 6):
+    """``P, X, y``: oxford_pets' text-like prototypes and ``per_class`` of its validation images per class (a seeded
+    draw), for the scikit-learn tests on real features; skips where they are absent."""
+    import numpy as np
+
+    d = shared_data / "clip-vit-b32" / "coop-fewshot" / "oxford_pets"
+    if not (d / "textlike_prototypes.npy").is_file():
+        pytest.skip("no oxford_pets features")
+    P = np.load(d / "textlike_prototypes.npy")
+    X, y = np.load(d / "val_features.npy").astype(np.float32), np.load(d / "val_labels.npy")
+    rng = np.random.default_rng(0)
+    keep = np.concatenate([rng.choice(np.flatnonzero(y == c), per_class, replace=False) for c in range(P.shape[0])])
+    return P, X[keep], y[keep]

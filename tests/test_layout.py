@@ -113,7 +113,7 @@ LAYERS = {
     "calibration": ["core", "safeio", "selection"],           # temperatures, the mixture weight
     "heads": ["calibration", "state"],           # scores and probabilities of the heads
     "encoders": ["core", "safeio"],              # data in: images and text to embeddings
-    "validation": ["encoders"],                  # user arrays and class names, checked at the boundary
+    "validation": ["encoders", "npy"],           # user arrays and class names, checked at the boundary
     "zeroshot": ["heads", "validation"],         # the stages
     "fewshot": ["heads"],
     "transductive": ["fewshot"],

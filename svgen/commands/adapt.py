@@ -55,7 +55,7 @@ def run(args) -> int:
     clf = SVGClassifier.load(args.artifact)
     clf.progress = args.progress
     paths = pool_paths(args) if args.unlabelled else None   # fail on a bad folder before any encoding
-    data = shot_images(args, clf.classes_) if args.shots else None
+    data = shot_images(args, clf.class_names_) if args.shots else None
     encoder = None
     if args.shots or args.unlabelled:
         from svgen.commands._images import encoder_for_artifact
@@ -63,7 +63,7 @@ def run(args) -> int:
         encoder = encoder_for_artifact(args, clf)
     X = y = U = origins = None
     if shots:
-        X, y, origins = encode_shots(args, encoder, data, "adapt") if args.shots else shot_arrays(args, clf.classes_)
+        X, y, origins = encode_shots(args, encoder, data, "adapt") if args.shots else shot_arrays(args, clf.class_names_)
     if pool:
         U = encode_pool(args, encoder, paths, "adapt") if args.unlabelled else pool_array(args)
     clf.adapt(X, y, unlabelled=U, origins=origins)
@@ -83,7 +83,7 @@ def run(args) -> int:
                                    "default_head": clf.default_head_, "check": pool_check_summary(td)}
     what = []
     if shots:
-        what.append(f"{fs['shots']} shots over {fs['classes_with_shots']} of {len(clf.classes_)} classes")
+        what.append(f"{fs['shots']} shots over {fs['classes_with_shots']} of {len(clf.class_names_)} classes")
     if pool:
         what.append(f"an unlabelled pool of {td['pool']} images")
     note(args, f"wrote {out}: " + " and ".join(what))

@@ -48,7 +48,7 @@ def _add(args, names) -> int:
     from svgen.encoders.prompts import validate_new_classes
 
     clf = SVGClassifier.load(args.artifact)
-    names = validate_new_classes(names, clf.classes_, source=f"classes file {args.classes}")
+    names = validate_new_classes(names, clf.class_names_, source=f"classes file {args.classes}")
     if args.prototypes:
         emb = load_array(args.prototypes, "prototypes")
         if emb.ndim not in (2, 3) or emb.shape[0] != len(names):
@@ -69,9 +69,9 @@ def _add(args, names) -> int:
             args.quick_gelu = bool(enc["quick_gelu"])  # the artifact's activation (a tag decides its own)
         protos, _ = text_prototypes(args, names, templates, expect=enc)
         emb = protos.per_template.numpy()
-    before = len(clf.classes_)
+    before = len(clf.class_names_)
     clf.add_classes(emb, names)
     # in place: through a symbolic link to the artifact folder too (--force itself never replaces a link)
     clf.save(os.path.realpath(args.artifact), force=True)
-    note(args, f"wrote {args.artifact}: {before} → {len(clf.classes_)} classes")
+    note(args, f"wrote {args.artifact}: {before} → {len(clf.class_names_)} classes")
     return 0

@@ -132,15 +132,15 @@ def run(args) -> int:
             raise SvgenError(f"no image files found in {', '.join(args.inputs)}")
         encoder = encoder_for_artifact(args, clf)
         blocks = _image_blocks(clf, encoder, paths, head, args)
-    blocks = _warn_top_k_once(blocks, args, len(clf.classes_))
+    blocks = _warn_top_k_once(blocks, args, len(clf.class_names_))
     if args.transductive:   # the pool is adapted before the first row, so the head column can say what was kept
         blocks = _started(blocks)
     with timed(log, "classify: inputs scored and written") as info:
         n = _write(blocks, clf, args)
-        info.append(f"{n} row(s), {_what(args)}, {len(clf.classes_)} classes")
+        info.append(f"{n} row(s), {_what(args)}, {len(clf.class_names_)} classes")
     if args.out:
         note(args, f"wrote {args.out}: {n} row(s), {_what(args)} {'probabilities' if _probs(args) else 'scores'}, "
-                   f"top {min(args.top_k, len(clf.classes_))}, {args.format}")
+                   f"top {min(args.top_k, len(clf.class_names_))}, {args.format}")
     return 0
 
 
@@ -208,17 +208,17 @@ def _write(blocks, clf, args) -> int:
 
     k, probs, name = args.top_k, _probs(args), _head_name(args, clf)
     if not args.out:
-        n = write_text_rows(sys.stdout, blocks, clf.classes_, k, args.format, name, probs)
+        n = write_text_rows(sys.stdout, blocks, clf.class_names_, k, args.format, name, probs)
         sys.stdout.flush()
         return n
     written = []
 
     def writer(tmp):
         if args.format == "parquet":
-            written.append(write_parquet(tmp, blocks, clf.classes_, k, name, probs))
+            written.append(write_parquet(tmp, blocks, clf.class_names_, k, name, probs))
         else:
             with open(tmp, "w", encoding="utf-8", newline="") as f:
-                written.append(write_text_rows(f, blocks, clf.classes_, k, args.format, name, probs))
+                written.append(write_text_rows(f, blocks, clf.class_names_, k, args.format, name, probs))
 
     atomic_file(args.out, writer, force=args.force)
     return written[0]

@@ -124,9 +124,9 @@ def run_ray(args) -> int:
            "top_k": args.top_k, "block_size": block_size, "blocks": len(blocks), "inputs": n_inputs,
            "plan_sha256": plan_digest(blocks), "kind": "features" if features else "images"}
     ray_engine.check_output(args.out, job, force=args.force)  # before Ray starts; nothing is written yet
-    if args.top_k > len(clf.classes_):
-        note(args, f"svgen classify: --top-k {args.top_k} is more than the artifact's {len(clf.classes_)} classes; "
-                   f"showing all {len(clf.classes_)}")
+    if args.top_k > len(clf.class_names_):
+        note(args, f"svgen classify: --top-k {args.top_k} is more than the artifact's {len(clf.class_names_)} classes; "
+                   f"showing all {len(clf.class_names_)}")
     done = ray_engine.finished_blocks(args.out, job) if not args.force else set()
     if done:
         note(args, f"svgen classify: {len(done)} of {len(blocks)} block(s) already in {args.out}; classifying the rest")
@@ -153,5 +153,5 @@ def run_ray(args) -> int:
         note(args, f"svgen classify: {failed} of {n_inputs} input(s) could not be read; "
                    f"see {os.path.join(args.out, ray_engine.FAILED_DIR)}")
     note(args, f"wrote {args.out}: {rows} row(s) in {parts} part(s), {args.head} head "
-               f"{'probabilities' if args.probs else 'scores'}, top {min(args.top_k, len(clf.classes_))}, Parquet")
+               f"{'probabilities' if args.probs else 'scores'}, top {min(args.top_k, len(clf.class_names_))}, Parquet")
     return 0

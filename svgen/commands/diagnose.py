@@ -134,7 +134,7 @@ def _confusions(args) -> int:
     if top < 1:
         raise SvgenError(f"--top must be at least 1, got {top}")
     clf = SVGClassifier.load(args.artifact)
-    names = list(clf.classes_)
+    names = list(clf.class_names_)
     pairs = predicted_pairs(clf, top)
     if args.plot:
         from svgen.evaluation.plots import plot_confusions

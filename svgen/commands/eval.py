@@ -107,13 +107,13 @@ def run(args) -> int:
         clf = SVGClassifier.load(args.artifact)
     if args.features:
         x = load_features(args.features, clf, mmap=True)   # read block by block as it is scored
-        y, by_name = load_named_labels(args.labels, clf.classes_, "labels", "--labels")
+        y, by_name = load_named_labels(args.labels, clf.class_names_, "labels", "--labels")
     else:
         import numpy as np
 
         from svgen.io.data import labelled_images
 
-        data = labelled_images(args.data, clf.classes_)
+        data = labelled_images(args.data, clf.class_names_)
         encoder = encoder_for_artifact(args, clf)
         x, ok, _ = encode_paths(args, encoder, data.paths, "eval")
         label_of = dict(zip(data.paths, data.labels))
@@ -176,7 +176,7 @@ def confusions(args, clf, x, y) -> dict:
         path = _confusions_png(args.plot)
         plot_confusions({f"measured: rows of a called b ({report['head']} head, top {len(report['measured'])})": counts,
                          "predicted from the support vectors: conf(a → b)": support_confusion(clf, shown)[:, shown].numpy()},
-                        [clf.classes_[c] for c in shown], path, title=f"{args.artifact}: confusions", force=args.force)
+                        [clf.class_names_[c] for c in shown], path, title=f"{args.artifact}: confusions", force=args.force)
         note(args, f"wrote {path}: heat maps of the {len(shown)} classes of the top measured pairs")
     elif args.plot:
         note(args, f"no confusion heat map: the {report['head']} head made no error on these data")

@@ -72,7 +72,7 @@ def run(args) -> int:
     clf = SVGClassifier.load(args.artifact)
     args.head = args.head or clf.default_head_
     info = export_head(clf, args.out, fmt, head=args.head, force=args.force, verify=not args.no_verify)
-    C, D = len(clf.classes_), clf.n_features_in_
+    C, D = len(clf.class_names_), clf.n_features_in_
     checked = "" if info["checked"] is None else f"; onnxruntime matches svgen (max |difference| {info['checked']:.2g})"
     note(args, f"wrote {args.out}: {args.head} head, {fmt}, {C} classes, D={D}{checked}")
     return 0

@@ -69,8 +69,8 @@ class SupportSet:
 
 def check_real_dense(x, what: str) -> None:
     """Refuse, with one line each, what no embedding array can be: a scipy sparse matrix (numpy would make a 0-d
-    object array of it) or complex numbers (a cast to float would drop the imaginary part silently)."""
-    if type(x).__module__.startswith("scipy.sparse"):
+    object array of it) or a torch sparse tensor (most operators have no sparse kernel), or complex numbers (a cast to float would drop the imaginary part silently)."""
+    if type(x).__module__.startswith("scipy.sparse") or (isinstance(x, torch.Tensor) and x.layout != torch.strided):
         raise SvgenError(f"{what}: a sparse matrix, and sparse input is not supported; pass a dense array")
     if isinstance(x, torch.Tensor):
         kind = "c" if x.is_complex() else "f"

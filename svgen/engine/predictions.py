@@ -80,7 +80,7 @@ def score(clf, x, head: str, probs: bool, batch: int = SCORE_BATCH, device=None)
 
     x = torch.as_tensor(x)
     if x.shape[0] == 0:
-        return torch.zeros(0, len(clf.classes_))
+        return torch.zeros(0, len(clf.class_names_))
     if device is None:
         fn = clf.predict_proba if probs else clf.decision_function
         return torch.cat([fn(x[s:s + batch], head=head) for s in range(0, x.shape[0], batch)])
@@ -103,7 +103,7 @@ def on_device(clf, device):
             and _ON_DEVICE[2] == str(device)):
         _ON_DEVICE[:] = [clf.heads_, clf.prototypes_, str(device),
                          (predictor.to_device(clf.heads_, device), clf.prototypes_.to(device))]
-        log.debug("scoring %d classes on %s", len(clf.classes_), device)
+        log.debug("scoring %d classes on %s", len(clf.class_names_), device)
     return _ON_DEVICE[3]
 
 

@@ -234,7 +234,7 @@ class BlockClassifier:
             keys = {"path": list(ok)}
         # images are scored where they were encoded
         device = None if block.kind == "features" else getattr(self._encoder(), "device", None)
-        part = prediction_table(keys, score(self.clf, x, self.head, self.probs, device=device), self.clf.classes_,
+        part = prediction_table(keys, score(self.clf, x, self.head, self.probs, device=device), self.clf.class_names_,
                                 self.top_k, self.head, self.probs)
         return {"block": block.index, "part": table_bytes(part),
                 "failed": table_bytes(failure_table(block.index, failed)) if failed else b""}

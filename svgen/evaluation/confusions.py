@@ -78,7 +78,7 @@ def support_confusion(clf, classes=None, block_cells: int = BLOCK_CELLS) -> torc
     the kernel head's rows are the shots) has a row of zeros. For a few rows of the table; :func:`predicted_pairs` ranks
     them all without forming C×C."""
     rows, labels = _support(clf)
-    C = len(clf.classes_)
+    C = len(clf.class_names_)
     want = torch.arange(C) if classes is None else torch.as_tensor(np.asarray(classes, dtype=np.int64))
     keep = torch.isin(labels, want)
     sub_rows, sub_labels = rows[keep], labels[keep]
@@ -121,7 +121,7 @@ def predicted_pairs(clf, top: int, among=None, block_cells: int = BLOCK_CELLS) -
         raise ValueError(f"top must be at least 1, got {top}")
     clock = Clock(log)
     rows, labels = _support(clf)
-    C = len(clf.classes_)
+    C = len(clf.class_names_)
     if among is not None:
         keep = torch.isin(labels, torch.as_tensor(np.asarray(among, dtype=np.int64)))
         rows, labels = rows[keep], labels[keep]
@@ -189,7 +189,7 @@ def confusion_report(clf, x, y, top: int = 20, window: int = PREDICTED_WINDOW) -
     """``svgen eval --confusions``: the ``top`` measured pairs of the default head on (x, y), each with its rank among
     the ``window`` top predicted pairs (None: not among them), and the ``top`` predicted pairs; JSON-ready. The
     predicted pairs are those whose true class occurs in ``y`` (the only ones these labels can show)."""
-    names = list(clf.classes_)
+    names = list(clf.class_names_)
     pred, conf = measured_on(clf, x, y)
     measured = measured_pairs(y, pred, conf, top)
     predicted = predicted_pairs(clf, max(window, top), among=np.unique(np.asarray(y)))

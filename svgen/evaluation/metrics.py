@@ -52,7 +52,9 @@ def check_labels(labels, n: int, n_classes: int, what: str = "labels") -> np.nda
             raise SvgenError(f"{what} must hold integer class indices; got {y.dtype} values, "
                              f"{float(y[i])!r} at position {i} is not a whole number")
         y = y.astype(np.int64)
-    if not (np.issubdtype(y.dtype, np.integer) or y.dtype == np.bool_):
+    if y.dtype == np.bool_:   # numpy would count True/False as 1/0
+        raise SvgenError(f"{what} hold booleans; expected integer class indices or class names")
+    if not np.issubdtype(y.dtype, np.integer):
         raise SvgenError(f"{what} must hold integer class indices, got {y.dtype} values")
     if y.shape[0] != n:
         raise SvgenError(f"{what} has {y.shape[0]} entries but there are {n} feature rows; they must match")
@@ -235,10 +237,10 @@ def same_class(clf, by_name: bool = False) -> np.ndarray:
     """C class indices, each class's stand-in when predictions are judged: its first twin (the same name and prototype
     listed again, :attr:`svgen.SVGClassifier.twins_`), or with ``by_name`` (labels given as names) the first class of
     its name, since ``classify`` prints names and a prediction is right when its name is the label's."""
-    C = len(clf.classes_)
+    C = len(clf.class_names_)
     if by_name:
         first: dict = {}
-        return np.asarray([first.setdefault(str(name), i) for i, name in enumerate(clf.classes_)], dtype=np.int64)
+        return np.asarray([first.setdefault(str(name), i) for i, name in enumerate(clf.class_names_)], dtype=np.int64)
     twins = clf.twins_
     return np.arange(C) if twins is None else twins.cpu().numpy().astype(np.int64)
 
@@ -262,19 +264,19 @@ def evaluate_heads(clf, x, labels, bins: dict = None, block_rows: int = None, pr
     from svgen.heads import predictor
     from svgen.steps import timed
 
-    y = check_labels(labels, x.shape[0], len(clf.classes_))
+    y = check_labels(labels, x.shape[0], len(clf.class_names_))
     block_rows = block_rows or EVAL_BLOCK_ROWS
     heads = [h for h in HEAD_ORDER if h in clf.head_names_]
     temps = {h: predictor.temperature(clf.heads_, h) for h in heads}
     same = same_class(clf, by_name)
-    tallies = {h: HeadTally(len(clf.classes_), same=same) for h in heads}
+    tallies = {h: HeadTally(len(clf.class_names_), same=same) for h in heads}
     spent = dict.fromkeys(heads, 0.0)
     bar = None
     if progress:
         from tqdm.auto import tqdm
 
         bar = tqdm(total=int(y.size), desc="eval", unit="row")
-    with timed(log, f"eval: {len(heads)} heads ({', '.join(heads)}) on {y.size} row(s), {len(clf.classes_)} "
+    with timed(log, f"eval: {len(heads)} heads ({', '.join(heads)}) on {y.size} row(s), {len(clf.class_names_)} "
                     f"classes") as info:
         try:
             for s in range(0, y.size, block_rows):

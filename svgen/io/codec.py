@@ -135,7 +135,7 @@ def metadata(clf) -> dict:
     cal = h.calibration
     return {
         **extra,
-        "classes": [str(c) for c in clf.classes_],
+        "classes": [str(c) for c in clf.class_names_],
         "n_support": clf.fit_config_.n_support,
         "kernel": clf.fit_config_.kernel,
         "dim": clf.n_features_in_,
@@ -181,7 +181,7 @@ def load(cls, path):
     self = cls(**{k: getattr(cfg, k) for k in cls._param_names() if k in FitConfig.__dataclass_fields__})
     C, K, D = text_sv.shape
     self.fit_config_ = cfg
-    self.classes_ = np.asarray(list(meta["classes"]), dtype=object)
+    self.class_names_ = np.asarray(list(meta["classes"]), dtype=object)
     self.templates_ = meta.get("templates")
     self.encoder_ = meta.get("encoder")
     self.prototypes_ = t["prototypes"]

@@ -96,7 +96,7 @@ def export_head(clf, path, fmt: str, head: str = "linear", force: bool = False, 
 
     def write_npz(p):
         strings = {k: np.asarray(v) for k, v in meta.items() if k != "classes"}
-        strings["classes"] = np.asarray(list(clf.classes_), dtype=str)
+        strings["classes"] = np.asarray(list(clf.class_names_), dtype=str)
         with open(p, "wb") as f:
             np.savez(f, **arrays, **strings)
 

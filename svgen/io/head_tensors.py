@@ -146,7 +146,7 @@ def head_metadata(clf, head: str) -> Dict[str, str]:
         "format": HEAD_FORMAT,
         "format_version": str(HEAD_FORMAT_VERSION),
         "head": head,
-        "classes": json.dumps(list(clf.classes_), ensure_ascii=False),
+        "classes": json.dumps(list(clf.class_names_), ensure_ascii=False),
         "encoder": json.dumps(clf.encoder_ or {}, ensure_ascii=False),
         "dim": str(clf.n_features_in_),
         "normalize_input": "true",

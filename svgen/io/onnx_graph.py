@@ -114,7 +114,7 @@ def onnx_model(clf, head: str = "linear"):
     except ImportError:
         raise SvgenError("ONNX export needs the onnx package: pip install 'svgen[onnx]'") from None
     t = head_tensors(clf, head)
-    D, C = clf.n_features_in_, len(clf.classes_)
+    D, C = clf.n_features_in_, len(clf.class_names_)
     init = []
 
     def const(name, value, dtype=np.float32):
