@@ -3,6 +3,7 @@ prompts and shots that voted for and against it (:mod:`svgen.evaluation.explain`
 
 from __future__ import annotations
 
+import json
 import sys
 
 from svgen.commands._common import ExamplesFormatter, json_text, note
@@ -134,12 +135,14 @@ class FeatureRows:
         return self.clf._features(np.array(x, dtype=np.float32))   # a copy: the map is read-only
 
 
+_STRICT = json.JSONEncoder(allow_nan=False, check_circular=False)   # one encoder for every line; a tree of plain
+                                                                     # values: no cycle to check
+
+
 def _json_line(obj) -> str:
     """Strict JSON of one row: straight where every number is finite (the usual case), else non-finite as null."""
-    import json
-
     try:
-        return json.dumps(obj, allow_nan=False)
+        return _STRICT.encode(obj)
     except ValueError:
         return json_text(obj)
 

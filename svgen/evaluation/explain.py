@@ -284,7 +284,8 @@ class Explainer:
             head = v[:, 0, :] if largest else head   # the top class's largest votes: most rows flip within them
             found.append((v.tolist(), idx.tolist(), Kx.gather(1, idx.reshape(N, -1)).reshape(idx.shape).tolist(),
                           columns[inverse[:, :, None].expand_as(idx), idx].tolist()))
-        lists = [[tuple([Contribution(val, k, a, self.origin(m))
+        cache, origin = self._origin_cache, self.origin
+        lists = [[tuple([Contribution(val, k, a, cache.get(m) or origin(m))
                          for val, m, k, a in zip(v[i][r], ix[i][r], kk[i][r], aa[i][r]) if sign * val > 0]
                         for sign, (v, ix, kk, aa) in zip((1.0, -1.0), found)) for r in range(R)] for i in range(N)]
         flips = votes_to_flip(contrib[:, 0, :], torch.tensor(margin, dtype=torch.float64), head) if flip else [None] * N

@@ -5,16 +5,15 @@ records, as a pandas DataFrame (``to_frame``, pandas optional) and as a readable
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import List, Optional
+from typing import List, NamedTuple, Optional
 
 from svgen.errors import SvgenError
 
 
-@dataclass
-class Contribution:
+class Contribution(NamedTuple):
     """One support vector's vote for a class at one input: ``value = kernel · vote`` (``k(x̂, s)·A[s, c]``), and
     ``origin``: ``{"row", "class", "kind", "from"}`` (the kernel row, the class and kind it came from, and the
-    template group, slot, file path or row)."""
+    template group, slot, file path or row). An immutable record: an explanation holds tens of them per input."""
 
     value: float
     kernel: float
