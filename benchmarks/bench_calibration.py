@@ -4,7 +4,7 @@
 Text-only default fits of both LVIS inputs ("a {class}", C×D; and stacked with the GPT-3
 description embedding, T=2). The 602 dev-half image features (even-indexed classes, all 1,203
 classes as candidates) judge each head's ``predict_proba``: top-1 accuracy, NLL, ECE (15 bins),
-and the temperature, which comes from the text side only (svgen.calibration.temperatures.text_temperatures);
+and the temperature, which comes from the text side only (svgen.heads.calibration.text_temperatures);
 no dev label, and no image, sets anything. The stock alternative is the cosine head at CLIP's
 logit scale 100 (open_clip's ``(100 * image @ text.T).softmax(-1)``); ``ece − cosine`` carries a
 paired bootstrap 95% interval over the dev examples. Two rows explain the design and are not
@@ -36,7 +36,8 @@ from benchmarks.bench_accuracy import class_folds, load_data  # (the two LVIS in
 from benchmarks.bench_common import ROOT, machine, print_table, save_result
 
 from svgen import SVGClassifier
-from svgen.calibration import temperatures as calibration
+from svgen.core import logits as logit_kinds
+from svgen.heads import calibration
 from svgen.evaluation.metrics import nll, reliability
 from svgen.heads import predictor
 
@@ -204,7 +205,7 @@ def fewshot_run(datasets, shots_list, seeds, log=print, prototypes="shots"):
                          "n_val": int(len(yv)), "fit_s": wall}
                     if head != "cosine":
                         Tt = cal["text_temperatures"][head]
-                        zt = z if head == "linear" else calibration.kernel_logits(clf.decision_function(Xv, head), "log")
+                        zt = z if head == "linear" else logit_kinds.kernel_logits(clf.decision_function(Xv, head), "log")
                         loo = cal["loo"].get(head)   # none for a kernel correction the held-out shots refused
                         nan = float("nan")
                         r.update({"text_temperature": Tt, "nll_text_T": calibration.nll_from_logits(zt, Tt, yv),
@@ -351,7 +352,7 @@ def kernel_kinds(clf, Xv, yv) -> dict:
             continue
         # the floored kind's floor is ε × the head's zero-shot term at the same images
         prior = predictor.kernel_prior(clf.heads_, clf.prototypes_, clf._features(Xv)) if kind == "floored" else None
-        z = calibration.kernel_logits(s, kind, prior, c.get("floor"))
+        z = logit_kinds.kernel_logits(s, kind, prior, c.get("floor"))
         out["kinds"][kind] = {"loo_nll": c["nll"], "temperature": T, "nll": calibration.nll_from_logits(z, T, yv),
                               "ece": calibration.ece(calibration.softmax(z, T).numpy(), yv)}
     return out

@@ -7,7 +7,7 @@ classes get none; the queries are every other validation image (of all classes).
 
 * ``zero_shot``  cosine, ``softmax(100 · x̂ P̂ᵀ)``
 * ``untilted``   the mixture of the adapted kernel and linear heads at the weight the shots alone chose, without
-                 the tilt (what svgen deployed before :mod:`svgen.fewshot.coverage`)
+                 the tilt (what svgen deployed before :mod:`svgen.adapt.shotless`)
 * ``svgen``      the default head (``predict_proba``): the mixture at the weight fitted with the tilt, the classes
                  without shots × e^δ
 

@@ -2,7 +2,7 @@
 """The kernel head's residual in logit space (ProKeR's form) against svgen's probability form, guarded (dev data).
 
 svgen's adapted kernel head corrects CLIP's zero-shot *probabilities*: ``s = p₀ + k(x̂, X)V``
-(:mod:`svgen.fewshot.residual`). ProKeR adds the same kernel ridge residual to the zero-shot *logits*:
+(:mod:`svgen.adapt.residual`). ProKeR adds the same kernel ridge residual to the zero-shot *logits*:
 ``z = 100·x̂P̂ᵀ + α·k(x̂, X)V``. This compares the kernel head's query top-1 of
 
 * ``prob``     svgen's head exactly (``residual.fit_residual_head``; a refused head scores as zero-shot);
@@ -29,8 +29,8 @@ import numpy as np
 
 from benchmarks.bench_adapt import DATASETS, FEWSHOT, sample, unit
 from benchmarks.bench_common import machine, save_result
-from svgen.fewshot import residual
-from svgen.selection import DEFAULT
+from svgen.adapt import residual
+from svgen.adapt.config import DEFAULT
 
 ALPHAS = (1.0, 4.0, 16.0, 64.0, 256.0)
 TAU = 100.0

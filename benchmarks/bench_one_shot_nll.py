@@ -1,9 +1,9 @@
 #!/usr/bin/env python
 """One shot per class: the kernel head's NLL with floored log scores, against what svgen deploys (dev data).
 
-With one shot per class the adapted kernel head's scores ``s = p₀ + k(x̂, X)V`` (:mod:`svgen.fewshot.residual`) turn
+With one shot per class the adapted kernel head's scores ``s = p₀ + k(x̂, X)V`` (:mod:`svgen.adapt.residual`) turn
 into probabilities at a temperature fitted on the shots' exact leave-one-out scores
-(:func:`svgen.calibration.temperatures.choose_kernel_logits`). With raw scores and ``log(max(s, 10⁻³⁰))`` as the
+(:func:`svgen.adapt.temperatures.choose_kernel_logits`). With raw scores and ``log(max(s, 10⁻³⁰))`` as the
 only kinds, a class whose score the correction pushed to ≤ 0 gets almost no probability, and the LOO temperature,
 fitted on images of classes without a shot, is far too soft: svgen's 1-shot NLL was above zero-shot's on fgvc and
 sun397 with those two kinds alone (docs/history.md).
@@ -29,16 +29,17 @@ import torch
 
 from benchmarks.bench_adapt import DATASETS, load_dataset, nll_of, sample
 from benchmarks.bench_common import machine, save_result
-from svgen.calibration import temperatures as calibration
-from svgen.fewshot import residual
-from svgen.selection import DEFAULT
+from svgen.core import logits as logit_kinds
+from svgen.heads import calibration
+from svgen.adapt import residual
+from svgen.adapt.config import DEFAULT
 
 FLOORS = DEFAULT.kernel_floors
 
 
 def floored_log(s: np.ndarray, p0: np.ndarray, eps: float) -> np.ndarray:
-    """:func:`svgen.calibration.temperatures.floored_log` on numpy rows (the kind svgen ships)."""
-    return calibration.floored_log(s, p0, eps).numpy()
+    """:func:`svgen.core.logits.floored_log` on numpy rows (the kind svgen ships)."""
+    return logit_kinds.floored_log(s, p0, eps).numpy()
 
 
 def mean_nll(z: np.ndarray, y: np.ndarray, T: float) -> float:

@@ -46,7 +46,7 @@ def image_nll(p, y) -> np.ndarray:
 
 
 def scores(p, y) -> dict:
-    from svgen.calibration.temperatures import ece
+    from svgen.heads.calibration import ece
 
     p = np.asarray(p, dtype=np.float64)
     return {"top1": float((p.argmax(1) == y).mean()), "nll": float(image_nll(p, y).mean()),
@@ -70,7 +70,7 @@ def noisy_copies(X, y, copies: int, noise: float, seed: int):
 def run_dataset(name: str, copies: int = 0, noise: float = 0.0, seed: int = 0) -> dict:
     from svgen import AdaptConfig
     from svgen.heads import predictor
-    from svgen.transductive import solve as td
+    from svgen.adapt import transduction as td
 
     X, y, P, C, base = load_dataset(name)
     if copies:

@@ -83,7 +83,7 @@ def evaluate(clf, U, P, yv):
     import torch
 
     from svgen.heads.scoring import CLIP_LOGIT_SCALE
-    from svgen.transductive import solve as td
+    from svgen.adapt import transduction as td
 
     head = clf.default_head_   # the transduction's prior: the inductive default head
     out = {"cosine": U @ unit(P).T}
@@ -183,14 +183,14 @@ def run_lvis(log):
         # diagnostic, not a default: what the solve would have done without the fall-back
         from dataclasses import replace
 
-        from svgen import selection
+        from svgen.adapt import config as adapt_config
 
-        keep = selection.DEFAULT
-        selection.DEFAULT = replace(keep, min_pool_per_class=0.0)
+        keep = adapt_config.DEFAULT
+        adapt_config.DEFAULT = replace(keep, min_pool_per_class=0.0)
         try:
             clf.adapt(unlabelled=U)
         finally:
-            selection.DEFAULT = keep
+            adapt_config.DEFAULT = keep
         correct["forced_labels"] = (np.asarray(clf.transductive_labels_).argmax(1) == yv).astype(float)
         correct["forced_kernel"] = (np.asarray(clf.decision_function(U, "kernel")).argmax(1) == yv).astype(float)
         correct["forced_linear"] = (np.asarray(clf.decision_function(U, "linear")).argmax(1) == yv).astype(float)

@@ -12,7 +12,7 @@ The fitted state is plain objects (:mod:`svgen.state`): the deployed :class:`~sv
 the zero-shot heads the shots were added to (``zero_shot_``), and the inductive heads a pool replaced
 (``inductive_``), and the LDA part of the shots' linear head (``lda_``, :class:`~svgen.state.LdaPart`). Each stage
 is computed elsewhere — the zero-shot fit by :mod:`svgen.zeroshot.training`, the shots by
-:mod:`svgen.fewshot.adapt`, a pool by :mod:`svgen.transductive.adapt` — and the artifact codec is :mod:`svgen.io.codec`; this
+:mod:`svgen.adapt.shots`, a pool by :mod:`svgen.adapt.pool` — and the artifact codec is :mod:`svgen.io.codec`; this
 class validates input, keeps the state and delegates.
 """
 
@@ -31,13 +31,13 @@ from svgen.core.support import IMAGE, SupportSet, image_rows, joined_origins, or
 from svgen.encoders.prompts import validate_classes, validate_new_classes
 from svgen.errors import SvgenError
 from svgen.fitted import FittedHeads
-from svgen.fewshot import adapt as shot_adapt
+from svgen.adapt import shots as shot_adapt
 from svgen.io import codec
-from svgen.selection import AdaptConfig
+from svgen.adapt.config import AdaptConfig
 from svgen.state import Heads, TextSide
-from svgen.transductive import adapt as pool_adapt
-from svgen.transductive.pool import Stage
-from svgen.transductive.decision import pool_kept
+from svgen.adapt import pool as pool_adapt
+from svgen.adapt.transduce import Stage
+from svgen.adapt.pool_decision import pool_kept
 from svgen.validation import (DUPLICATE_COS, SAFE_PEAK, check_distinct, check_embeddings, check_no_labels,  # noqa: F401
                               check_not_labels, check_pool, check_vocabulary, duplicate_prototypes, label_indices,
                               label_type, looks_like_labels, safe_rows)
@@ -241,7 +241,7 @@ class SVGClassifier(FittedHeads):
         return self
 
     def adapt_shots(self, X, y, origins=None):
-        """Add labelled images ("shots"); no text is re-encoded (:mod:`svgen.fewshot.adapt`).
+        """Add labelled images ("shots"); no text is re-encoded (:mod:`svgen.adapt.shots`).
 
         ``X`` is N×D raw image embeddings from the artifact's encoder, ``y`` N class indices (rows of
         ``class_names_``). Shots added earlier are kept and joined by the new ones; how the heads and the default
@@ -270,8 +270,8 @@ class SVGClassifier(FittedHeads):
         return self
 
     def adapt_pool(self, unlabelled, strength: Optional[float] = None, progress: Optional[bool] = None):
-        """Transductive adaptation to unlabelled images, kept only on held-out evidence (:mod:`svgen.transductive.adapt`,
-        the check :mod:`svgen.transductive.gate`).
+        """Transductive adaptation to unlabelled images, kept only on held-out evidence (:mod:`svgen.adapt.pool`,
+        the check :mod:`svgen.adapt.gate`).
 
         A kept pool multiplies the default head by the pool's class likelihood (with shots), or replaces the linear
         head by the transduction's posterior and multiplies the kernel head's probabilities by the likelihood

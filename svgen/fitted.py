@@ -77,7 +77,7 @@ class FittedHeads(Estimator):
     @property
     def default_head_(self) -> str:
         """The head ``classify``, ``eval``, ``export`` and :meth:`predict` use when none is named: what the fit with
-        shots decided (:func:`svgen.fewshot.adapt.choose_default_head`: the mixture of the kernel and linear heads, or
+        shots decided (:func:`svgen.adapt.shots.choose_default_head`: the mixture of the kernel and linear heads, or
         one of them) or a kept pool (the linear head), else the kernel head."""
         head = (self.transductive_ or {}).get("default_head") or (self.fewshot_ or {}).get("default_head", "kernel")
         return head if head in predictor.head_names(self.heads_) else "kernel"
@@ -85,7 +85,7 @@ class FittedHeads(Estimator):
     @property
     def head_names_(self) -> tuple:
         """The heads this classifier can be read through: kernel, linear, cosine, and ``"mixture"`` where labelled
-        shots fitted one (:mod:`svgen.calibration.temperatures`)."""
+        shots fitted one (:mod:`svgen.adapt.temperatures`)."""
         self._check_fitted()
         return predictor.head_names(self.heads_)
 
@@ -101,7 +101,7 @@ class FittedHeads(Estimator):
 
             clf.set_temperatures({"kernel": calibration.fit_temperature(z_loo, y)}, method="loo-nll")
 
-        ``kernel_logits`` ("log", "score" or "floored", :data:`svgen.calibration.temperatures.KERNEL_LOGITS`) changes
+        ``kernel_logits`` ("log", "score" or "floored", :data:`svgen.core.logits.KERNEL_LOGITS`) changes
         the kind of the kernel head's logits; a kernel temperature must come with it (T belongs to its kind), and
         ``kernel_floor`` (ε in (0, 1)) with "floored", which only a kernel head with a zero-shot prior term has.
         Without it the kind is kept. ``method`` and ``details`` are recorded in ``svgen.json`` under
@@ -117,7 +117,7 @@ class FittedHeads(Estimator):
     def predict_proba(self, X, head: Optional[str] = None):
         """N×C probabilities of one head: ``softmax(z / T_head)`` with z the head's logits (the kernel
         vote's are ``log score``, the raw vote where ``kernel_logits_ == "score"``, or the floored log score; see
-        :mod:`svgen.calibration.temperatures`). Rows sum to one (float64; a torch
+        :mod:`svgen.adapt.temperatures`). Rows sum to one (float64; a torch
         tensor for a torch input, else numpy, as :meth:`decision_function`). ``head=None``: :attr:`default_head_`."""
         self._check_fitted()
         head = head or self.default_head_

@@ -4,8 +4,8 @@ A classifier passes through up to three stages, each producing a complete :class
 
 * ``zero-shot`` (``svgen fit``): the kernel vote over the generated text support vectors and the text-metric
   linear head;
-* ``shots`` (:mod:`svgen.fewshot.adapt`): labelled images re-solve both heads from the zero-shot ones;
-* ``pool`` (:mod:`svgen.transductive.adapt`): an unlabelled pool may multiply some heads' probabilities by its class
+* ``shots`` (:mod:`svgen.adapt.shots`): labelled images re-solve both heads from the zero-shot ones;
+* ``pool`` (:mod:`svgen.adapt.pool`): an unlabelled pool may multiply some heads' probabilities by its class
   likelihood (:class:`PoolFactor`: with shots, the default and linear heads; zero-shot, the kernel head, while the
   linear head is replaced by the transduction's posterior).
 
@@ -58,7 +58,7 @@ class LinearHead:
 
 @dataclass
 class LdaPart:
-    """The Gaussian class model the shots fitted (:mod:`svgen.fewshot.lda`): its logits ``x̂ Wᵀ + b``, the shrinkage γ
+    """The Gaussian class model the shots fitted (:mod:`svgen.adapt.lda`): its logits ``x̂ Wᵀ + b``, the shrinkage γ
     of its shared covariance, and its leave-one-out NLL temperature on the shots (None: not fitted). The linear head
     with shots adds these logits to the zero-shot ones (or is them); a pool's solve continues them."""
 
@@ -71,21 +71,21 @@ class LdaPart:
 @dataclass
 class Calibration:
     """Per-head temperatures (``softmax(logits / T)``), the kind of the kernel head's logits
-    (:data:`svgen.calibration.temperatures.KERNEL_LOGITS`), the weight of the kernel head in the ``"mixture"`` head
-    where shots fitted one (:mod:`svgen.calibration.temperatures`), the mixture's log-factor for classes without shots where
-    some have none (:mod:`svgen.fewshot.coverage`) and the record of how they were fitted (``svgen.json``)."""
+    (:data:`svgen.core.logits.KERNEL_LOGITS`), the weight of the kernel head in the ``"mixture"`` head
+    where shots fitted one (:mod:`svgen.adapt.temperatures`), the mixture's log-factor for classes without shots where
+    some have none (:mod:`svgen.adapt.shotless`) and the record of how they were fitted (``svgen.json``)."""
 
     temperatures: dict
     kernel_logits: str = "log"
     record: dict = field(default_factory=dict)
     kernel_floor: Optional[float] = None   # ε of the "floored" kernel logits (None for the other kinds)
     mixture_weight: Optional[float] = None   # w of the "mixture" head, w·p_kernel + (1 − w)·p_linear (None: none)
-    shotless_offset: Optional[float] = None  # δ: the mixture's classes without shots × e^δ (svgen.fewshot.coverage)
+    shotless_offset: Optional[float] = None  # δ: the mixture's classes without shots × e^δ (svgen.adapt.shotless)
 
 
 @dataclass
 class PoolFactor:
-    """After a kept pool (:mod:`svgen.transductive.adapt`): some heads' probabilities are multiplied by the pool's
+    """After a kept pool (:mod:`svgen.adapt.pool`): some heads' probabilities are multiplied by the pool's
     Gaussian class likelihood to a power, ``p_h(x) ∝ p_h⁰(x)·exp(a_h·(x̂ Wᵀ + b))``, where ``p_h⁰`` is the head at its
     own calibration and ``x̂ Wᵀ + b`` the log-likelihood (C×D ``weight``, C ``bias``). With shots ``a_h`` is fitted on
     held-out shots and ``p_h⁰`` is the head as the shots left it; without labels only the kernel head carries it (the

@@ -7,7 +7,7 @@ from typing import Optional
 
 from svgen.errors import SvgenError
 from svgen.commands._common import load_array
-from svgen.transductive.decision import Evidence, pool_evidence, pool_kept
+from svgen.adapt.pool_decision import Evidence, pool_evidence, pool_kept
 
 log = logging.getLogger(__name__)
 

@@ -13,7 +13,7 @@ from svgen.steps import timed
 from svgen.commands._common import ExamplesFormatter, add_refused_flag, note
 from svgen.commands._images import (add_image_encoder_args, check_loader_args, check_out, encode_paths,
                                     encoder_for_artifact, load_features)
-from svgen.transductive.decision import pool_kept
+from svgen.adapt.pool_decision import pool_kept
 
 log = logging.getLogger(__name__)
 

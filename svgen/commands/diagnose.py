@@ -55,7 +55,7 @@ def run(args) -> int:
     geometry = (meta.get("metrics") or {}).get("geometry")
     report["geometry"] = geometry  # the text-metric decision made at fit time (None: older artifact)
     from svgen.evaluation.diagnostics import deployed_kernel, describe_deployed
-    from svgen.transductive.decision import Evidence, pool_evidence
+    from svgen.adapt.pool_decision import Evidence, pool_evidence
 
     report["deployed"] = deployed_kernel(meta, t)  # None: the text kernel measured here is the one deployed
     from svgen.evaluation.heldout import findings as head_findings

@@ -180,7 +180,7 @@ def deployed_kernel(meta: Dict, tensors: Dict) -> Optional[Dict]:
 
 def describe_deployed(d: Dict, halves: bool) -> List[str]:
     """Plain lines for :func:`deployed_kernel`'s dict (``svgen diagnose``); ``halves``: the pool was checked on halves
-    of itself (the caller reads that from the record, ``svgen.transductive.decision.pool_evidence``)."""
+    of itself (the caller reads that from the record, ``svgen.adapt.pool_decision.pool_evidence``)."""
     rows = ", ".join(f"{n} {c}" for n, c in d["rows_by_source"].items())
     lines = [f"deployed kernel head: {d['rows']} support rows ({rows}), σ={d['sigma']:.4g} "
              f"(the generated text kernel measured above: σ={d['text_sigma']:.4g})"]

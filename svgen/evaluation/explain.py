@@ -28,7 +28,7 @@ from typing import Iterator, List, Optional
 import torch
 import torch.nn.functional as F
 
-from svgen.calibration import temperatures as calibration
+from svgen.heads import calibration
 from svgen.core import logits as logit_kinds
 from svgen.core.support import IMAGE, POOL, TEXT
 from svgen.errors import SvgenError
@@ -42,7 +42,7 @@ BATCH = 2048             # rows explained at once (fewer with many support vecto
 KERNEL_ELEMENTS = 1 << 24    # k(x̂, s) values of a batch held at once (float32)
 SCORE_BLOCK = 8192       # support vectors per block, as kernel_scores sums them
 CONTRIB_ELEMENTS = 1 << 23   # votes k(x̂, s)·A[s, c] held at once (float32)
-SHOTS_FORM = "zero-shot logits + α·s·LDA logits"   # the linear head with shots (svgen.fewshot.lda)
+SHOTS_FORM = "zero-shot logits + α·s·LDA logits"   # the linear head with shots (svgen.adapt.lda)
 
 PARTS = {
     "prior": "zero-shot prior softmax(τ·x̂P̂ᵀ)",
@@ -216,7 +216,7 @@ class Explainer:
     def _linear_parts(self, x: torch.Tensor) -> dict:
         lin = linear_logits(x, self.heads.linear.weight, self.heads.linear.bias).double()
         if self.linear_form == SHOTS_FORM:
-            cos = cosine_logits(x, self.P).double()   # W = 100·P̂ + α·s·W_lda (svgen.fewshot.lda)
+            cos = cosine_logits(x, self.P).double()   # W = 100·P̂ + α·s·W_lda (svgen.adapt.lda)
             return {"cosine": cos, "shots": lin - cos}
         bias = self.heads.linear.bias.double()[None, :].expand_as(lin)
         return {"weight": lin - bias, "bias": bias}

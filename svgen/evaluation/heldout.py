@@ -1,11 +1,11 @@
 """What ``svgen diagnose`` and ``svgen eval`` say about ``svgen.json`` ``fewshot.heads_vs_zero_shot``: the heads
-``--head`` can select that the fit's own held-out shots found worse than zero-shot (:mod:`svgen.heads.heldout`)."""
+``--head`` can select that the fit's own held-out shots found worse than zero-shot (:mod:`svgen.adapt.heldout`)."""
 
 from __future__ import annotations
 
 from typing import List, Optional
 
-from svgen.heads.heldout import METRICS, ZERO_SHOT
+from svgen.adapt.heldout import METRICS, ZERO_SHOT
 
 
 def findings(fewshot: Optional[dict]) -> List[str]:

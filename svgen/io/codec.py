@@ -24,11 +24,12 @@ import numpy as np
 import torch
 
 from svgen.io import artifacts
-from svgen.calibration.temperatures import check_weight
+from svgen.heads.calibration import check_weight
 from svgen.core import logits as logit_kinds
 from svgen.errors import SvgenError
 from svgen.core.generator import SupportVectorGenerator
-from svgen.fewshot import coverage, lda
+from svgen.adapt import shotless as coverage
+from svgen.adapt import lda
 from svgen.heads import predictor
 from svgen.heads.scoring import HEADS, MIXTURE
 from svgen.state import Calibration, Heads, KernelHead, LdaPart, LinearHead, PoolFactor
@@ -331,7 +332,7 @@ def _mixture_weight(cal: dict, meta: dict, where) -> Optional[float]:
 
 
 def _shotless_offset(cal: dict, meta: dict, where) -> Optional[float]:
-    """The mixture's log-factor for classes without shots (``shotless_offset``, :mod:`svgen.fewshot.coverage`),
+    """The mixture's log-factor for classes without shots (``shotless_offset``, :mod:`svgen.adapt.shotless`),
     checked; None where there is none. Only format 5 has one, with a mixture weight."""
     v = cal.get("shotless_offset")
     if v is None:

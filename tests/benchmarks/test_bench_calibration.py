@@ -46,7 +46,7 @@ def test_bench_rows_and_report(bench):
 
 def test_under_confident_identity_is_not_vacuous(bench):
     """Every bin under-confident ⇒ ECE = accuracy − mean confidence; one over-confident bin breaks it."""
-    from svgen.calibration import temperatures as calibration
+    from svgen.heads import calibration
 
     rng = np.random.default_rng(1)
     y = rng.integers(0, 4, 400)

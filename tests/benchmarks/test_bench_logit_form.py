@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from conftest import load_script, write_textlike_val_toy
 
-from svgen.fewshot import residual
+from svgen.adapt import residual
 
 
 @pytest.fixture

@@ -9,7 +9,7 @@ import pytest
 import torch
 from conftest import load_script, write_textlike_val_toy
 
-from svgen.calibration import temperatures as calibration
+from svgen.heads import calibration
 
 
 @pytest.fixture
@@ -52,7 +52,7 @@ def test_rows_are_the_loo_choice_and_the_deployed_nll(toy):
     assert r["svgen_nll"] == pytest.approx(float(-np.log(np.maximum(p[np.arange(len(q)), y[q]], 1e-300)).mean()),
                                            rel=1e-6)
     # ε: the lowest LOO NLL over the grid, T its minimiser
-    from svgen.fewshot import residual
+    from svgen.adapt import residual
 
     fit = residual.fit_residual_head(Xu[s].astype(np.float32), y[s], (P / np.linalg.norm(P, axis=1, keepdims=True))
                                      .astype(np.float32), 6, seed=0)

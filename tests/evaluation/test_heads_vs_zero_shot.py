@@ -23,7 +23,7 @@ def _probs(rng, y, C, sharp, right):
 
 def test_compare_flags_only_a_head_behind_zero_shot():
     from svgen.evaluation.heldout import findings
-    from svgen.heads.heldout import compare
+    from svgen.adapt.heldout import compare
 
     rng = np.random.default_rng(0)
     C, y = 10, np.repeat(np.arange(10), 30)
@@ -42,12 +42,13 @@ def test_compare_flags_only_a_head_behind_zero_shot():
 
 
 def test_compare_is_the_one_paired_test_at_the_level():
-    """Issue 38: the paired SE and the verdict are :func:`svgen.selection.paired` and ``behind``/``ahead`` at
+    """Issue 38: the paired SE and the verdict are :func:`svgen.adapt.select.paired` and ``behind``/``ahead`` at
     ``AdaptConfig.level`` (NLL: lower is better), not a test of its own."""
     from dataclasses import replace
 
-    from svgen.heads.heldout import compare, outcomes
-    from svgen.selection import DEFAULT, ahead, behind, paired
+    from svgen.adapt.heldout import compare, outcomes
+    from svgen.adapt.config import DEFAULT
+    from svgen.adapt.select import ahead, behind, paired
 
     rng = np.random.default_rng(3)
     C, y = 6, np.repeat(np.arange(6), 20)
@@ -76,7 +77,7 @@ def test_compare_is_the_one_paired_test_at_the_level():
 
 
 def test_parts_are_weighed_as_the_fit_weighs_them():
-    from svgen.heads.heldout import compare
+    from svgen.adapt.heldout import compare
 
     y = np.array([0, 1])
     good, bad = np.eye(2)[y] * 0.9 + 0.05, np.eye(2)[1 - y] * 0.9 + 0.05

@@ -1,10 +1,10 @@
 """The pool decision as typed values (issue 38): every exit that refuses a pool gives a
-:class:`svgen.selection.Decision` with its own :class:`~svgen.transductive.decision.Reason` (its evidence the
-:class:`~svgen.transductive.decision.Check`); the record
+:class:`svgen.adapt.select.Decision` with its own :class:`~svgen.adapt.pool_decision.Reason` (its evidence the
+:class:`~svgen.adapt.pool_decision.Check`); the record
 (``svgen.json`` ``transductive``: ``fallback`` and ``check``) is written from it by ``to_json()``; and no module under
 ``svgen/transductive`` steers on a record's strings.
 
-The golden artifacts were written under the exact sign test; the pool is now judged by :mod:`svgen.selection`'s one
+The golden artifacts were written under the exact sign test; the pool is now judged by :mod:`svgen.adapt.select`'s one
 paired test (kept iff the inductive predictor is behind it on top-1 and it is not behind on top-5 and −NLL). Every
 golden case decides the same way under the new test, for the same Reason, and every number that still exists (the
 paired means, differences, SEs, gained/lost counts, powers) is the recorded one; what the new rule changed is left
@@ -23,12 +23,11 @@ import numpy as np
 import pytest
 
 from svgen import SVGClassifier
-from svgen.transductive import adapt as pool_adapt
-from svgen.transductive import gate as pool_gate
-from svgen.transductive import solve as td
-from svgen.selection import Decision, Paired
-from svgen.transductive.decision import (KEPT, Check, Evidence, Gate, Reason, fallback,
-                                         pool_evidence, pool_kept, refuse)
+from svgen.adapt import pool as pool_adapt
+from svgen.adapt import gate as pool_gate
+from svgen.adapt import transduction as td
+from svgen.adapt.select import Decision, Paired
+from svgen.adapt.pool_decision import KEPT, Check, Evidence, Gate, Reason, fallback, pool_evidence, pool_kept, refuse
 
 ROOT = Path(__file__).resolve().parents[2]
 GOLDEN = ROOT / "tests" / "io" / "golden"
@@ -280,18 +279,18 @@ def steering(path: Path) -> list:
 
 
 def test_no_transductive_module_steers_on_record_strings():
-    stages = sorted((ROOT / "svgen" / "transductive").glob("*.py"))
-    assert {p.name for p in stages} >= {"adapt.py", "gate.py", "pool.py", "solve.py", "decision.py"}
+    stages = [ROOT / "svgen" / "adapt" / f"{name}.py" for name in ("pool", "gate", "transduce", "transduction",
+                                                                    "pool_decision")]
+    assert all(p.exists() for p in stages)
     found = [f for p in stages for f in steering(p)
-             if not (p.name == "decision.py" and "reads" in f)]   # its accessors: the one place a loaded record is read
+             if not (p.name == "pool_decision.py" and "reads" in f)]   # its accessors: the one place a loaded record is read
     assert found == []
 
 
 def test_no_adaptive_module_compares_with_a_sentence():
     """No module of the shots, the pool or the calibration branches on an English string (a record's wording):
     decisions travel as enums and typed fields."""
-    found = [f for d in ("fewshot", "transductive", "calibration")
-             for p in sorted((ROOT / "svgen" / d).glob("*.py")) for f in steering(p) if "compares" in f]
+    found = [f for p in sorted((ROOT / "svgen" / "adapt").rglob("*.py")) for f in steering(p) if "compares" in f]
     assert found == []
 
 

@@ -1,4 +1,4 @@
-"""Whether a pool is kept, as typed values: a :class:`svgen.selection.Decision`, a :class:`Reason`, a :class:`Check`."""
+"""Whether a pool is kept, as typed values: a :class:`svgen.adapt.select.Decision`, a :class:`Reason`, a :class:`Check`."""
 
 from __future__ import annotations
 
@@ -6,7 +6,8 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Optional
 
-from svgen.selection import DEFAULT, Decision, Paired
+from svgen.adapt.config import DEFAULT
+from svgen.adapt.select import Decision, Paired
 
 
 class Evidence(Enum):

@@ -12,10 +12,12 @@ from typing import Optional, Sequence
 import numpy as np
 import torch
 
-from svgen.calibration import temperatures as calibration
+from svgen.adapt import temperatures as calibration
 from svgen.core.support import SupportSet
 from svgen.heads.scoring import CLIP_LOGIT_SCALE
-from svgen.selection import AdaptConfig, behind, config_or_default, paired, shot_sample
+from svgen.adapt.config import AdaptConfig, config_or_default
+from svgen.adapt.select import behind, paired
+from svgen.adapt.heldout import shot_sample
 from svgen.state import LdaPart
 
 log = logging.getLogger(__name__)
