@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from conftest import load_script, write_textlike_val_toy
 
-from svgen.adapt import residual
+from svgen.adapt import heldout, residual
 
 
 @pytest.fixture
@@ -40,7 +40,7 @@ def test_the_logit_selection_scores_the_formula_on_the_folds(toy):
     bench, X, y, P = toy
     Xs, Ps = bench.unit(X), bench.unit(P)
     sel = bench.logit_select(Xs, y, Ps, 5)
-    folds = residual.balanced_folds(y, 0)
+    folds = heldout.balanced_folds(y, 0)
     hf = folds[0]
     keep = np.setdiff1d(np.arange(len(y)), hf)
     K = residual.rbf(Xs[keep], Xs[keep], sel["sigma"]) + sel["c"] * np.eye(keep.size)

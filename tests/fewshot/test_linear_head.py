@@ -9,7 +9,7 @@ import torch
 from svgen.adapt import config as adapt_config
 from svgen import SVGClassifier
 from svgen.core.support import IMAGE
-from svgen.adapt import residual
+from svgen.adapt import heldout, residual
 from svgen.adapt.lda import (fit_lda_head, fit_linear_head, lda_covariance, lda_head_weights, prior_means, spread_ratio)
 from svgen.adapt.config import DEFAULT, AdaptConfig
 
@@ -45,7 +45,7 @@ def fold_logits(clf):
     rec = clf.fewshot_["linear"]
     shots = clf.support_set_.part(IMAGE)
     Xd, yt = shots.rows.double(), shots.labels
-    folds = residual.balanced_folds(yt.numpy(), 0)
+    folds = heldout.balanced_folds(yt.numpy(), 0)
     m = prior_means(clf.prototypes_, Xd)
     held = np.concatenate(folds)
     L_held = []
@@ -182,7 +182,7 @@ def test_many_classes_a_linear_head_that_hurts_is_not_chosen(monkeypatch):
     from benchmarks.bench_logit_form import class_subset   # the old rule's subset: every shot of some classes
 
     sub = class_subset(y, 128, 0)
-    folds = [(sub[f], sub[f]) for f in residual.balanced_folds(y[sub], 0)]
+    folds = [(sub[f], sub[f]) for f in heldout.balanced_folds(y[sub], 0)]
     old = fit_linear_head(clf.prototypes_, shots, n_cls, W, b, choice, folds, sub, None)
     assert old.record["alpha"] >= 2.0
     assert acc(Q @ old.weight.double().numpy().T + old.bias.double().numpy()) < zero_shot - 0.015   # it hurts

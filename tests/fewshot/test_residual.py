@@ -15,6 +15,7 @@ from svgen.adapt import config as adapt_config
 from svgen import SVGClassifier
 from svgen.adapt import residual
 from svgen.adapt import heldout
+from svgen.adapt.solvers import ridge
 from svgen.io.artifacts import FORMAT_VERSION_PRIOR
 from svgen.adapt.config import DEFAULT, AdaptConfig
 from svgen.adapt.select import Decision, ShotReason, shot_test
@@ -42,7 +43,7 @@ def held_out_scores(X: np.ndarray, y: np.ndarray, P: np.ndarray, C: int, sigma: 
     rows, out = [], []
     p0 = residual.prior_probs(X, P, logit_scale)
     R = np.eye(C)[y] - p0
-    for held in residual.balanced_folds(y, seed):
+    for held in heldout.balanced_folds(y, seed):
         keep = np.setdiff1d(np.arange(len(y)), held)
         V = np.linalg.solve(residual.rbf(X[keep], X[keep], sigma) + c * np.eye(keep.size), R[keep])
         rows.append(held)
@@ -154,8 +155,8 @@ def test_balanced_folds_hold_out_one_shot_per_class_and_refit_exactly():
     X, y, P = _problem(seed=9, C=4, per_class=3)
     y = y.copy()
     y[-1] = 0                                            # class 0 has 4 shots, class 3 has 2
-    assert len(residual.balanced_folds(y, max_folds=2)) == 2
-    folds = residual.balanced_folds(y)
+    assert len(heldout.balanced_folds(y, max_folds=2)) == 2
+    folds = heldout.balanced_folds(y)
     assert len(folds) == 4 and sorted(np.concatenate(folds).tolist()) == list(range(len(y)))
     for held in folds:
         assert len(np.unique(y[held])) == len(held)     # at most one shot of a class per fold
@@ -326,7 +327,7 @@ def test_above_select_max_every_held_out_shot_is_scored_against_all_classes(monk
     for removed, scored in folds:
         keep = np.setdiff1d(np.arange(len(y)), removed)
         assert np.unique(y[keep]).size == C                           # every class keeps shots, so its correction
-        L = Xu[keep[residual.shot_sample(y[keep], 12, 0)]]            # the basis: 12 of the shots the fold keeps
+        L = Xu[keep[heldout.shot_sample(y[keep], 12, 0)]]            # the basis: 12 of the shots the fold keeps
         K_LX = residual.rbf(L, Xu[keep], sigma)
         V = np.linalg.solve(K_LX @ K_LX.T + c * residual.rbf(L, L, sigma), K_LX @ R[keep])
         want.append(p0[scored] + residual.rbf(Xu[scored], L, sigma) @ V)
@@ -377,7 +378,7 @@ def test_one_shot_with_more_classes_than_the_lda_loo_subset(monkeypatch, select_
     clf = SVGClassifier(n_support=2).fit(P.astype(np.float32)).adapt(X.astype(np.float32), y)
     hc = clf.fewshot_["head_choice"]
     pk, pl, rows = seen["out"]
-    lda_rows = residual.shot_sample(y, 5, 0)
+    lda_rows = heldout.shot_sample(y, 5, 0)
     assert hc["shots_compared"] == len(rows) == len(lda_rows) and set(rows) == set(lda_rows)
     assert pk.shape == pl.shape == (len(rows), 12)
     assert hc["mixture_weight"] == pytest.approx(temperatures.fit_weight(pk, pl, y[rows])["weight"])
@@ -390,7 +391,7 @@ def test_duplicate_shots_never_give_a_zero_bandwidth():
     image take the one-shot default σ = 1/√β instead of σ = 0 (which divided by zero when scoring)."""
     X, y, P = _problem(seed=2, C=3, per_class=1)
     dup = np.concatenate([X[:1]] * 4 + [X[1:2]])          # four copies of one shot and one other, both class 0
-    assert residual.median_distance(dup) == pytest.approx(float(np.linalg.norm(X[0] - X[1])))
+    assert ridge.median_distance(dup, 0, 1024) == pytest.approx(float(np.linalg.norm(X[0] - X[1])))
     assert residual.median_distance(np.concatenate([X[:1]] * 3)) is None
     clf = SVGClassifier(n_support=2).fit(P.astype(np.float32))
     clf.adapt(np.concatenate([X[:1]] * 2).astype(np.float32), np.array([0, 0]))   # all shots one image
