@@ -109,6 +109,10 @@ def fit_linear_head(prototypes: torch.Tensor, shots, n_classes: int, W_lda: torc
     Z_loo = CLIP_LOGIT_SCALE * X.numpy()[scored] @ P.T
     s = spread_ratio(Z_loo, loo)
     part, t_lda = lda_part(loo, loo_y, W_lda, b_lda, choice)
+    if not ev.judges_zero_shot:   # one shot per class: no held-out shot can weigh α against zero-shot
+        return LinearFit(W_lda, b_lda, part, {"form": "lda", "scale": s, "evidence": ev.regime.value,
+                                              "rule": "one shot per class: no held-out folds to weigh the LDA logits "
+                                                      "against the zero-shot ones; the LDA head"}, loo, loo, loo_y)
     Z, L, s_fold = alpha_evidence(X, shots, P, choice, ev, m, loo, Z_loo)
     alphas = tuple(dict.fromkeys((0.0, *sorted(config.alphas))))   # α = 0, zero-shot, first
     picked = choose({a: (Z + a * s_fold * L).argmax(axis=1) == ev.labels for a in alphas}, ev, "alpha", config.level)

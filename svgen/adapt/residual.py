@@ -21,6 +21,8 @@ from svgen.heads.scoring import CLIP_LOGIT_SCALE
 log = logging.getLogger(__name__)
 
 ZERO_SHOT = "zero-shot"
+ONE_SHOT_RULE = "one shot per class: leave-one-out would leave the image's class without any shot, so it cannot " \
+                "judge the correction"
 
 
 def prior_probs(X: np.ndarray, P: np.ndarray, logit_scale: float = CLIP_LOGIT_SCALE) -> np.ndarray:
@@ -96,12 +98,14 @@ def fit_residual_head(X, y, P, n_classes: int, ev: Evidence, logit_scale: float,
     hits = {ZERO_SHOT: (p0_held.argmax(axis=1) == ev.labels).astype(float)}
     for cell, sc in held_scores(X, y, R, p0_held, ev, cells, config):
         hits[cell] = (sc.argmax(axis=1) == ev.labels).astype(float)
-    choice = choose({ZERO_SHOT: hits[ZERO_SHOT], **{c: hits[c] for c in cells}}, ev, "kernel", config.level)
+    offered = {ZERO_SHOT: hits[ZERO_SHOT]} if ev.judges_zero_shot else {}
+    choice = choose({**offered, **{c: hits[c] for c in cells}}, ev, "kernel", config.level)
     sigma, c = choice.best
-    p = paired(hits[choice.best], hits[ZERO_SHOT])
-    decision = Decision(choice.adapted, ShotReason.NOT_BEHIND if choice.adapted else ShotReason.BEHIND, p,
+    kept = choice.chosen != ZERO_SHOT
+    reason = (ShotReason.NOT_BEHIND if kept else ShotReason.BEHIND) if offered else ShotReason.NO_EVIDENCE
+    decision = Decision(kept, reason, paired(hits[choice.best], hits[ZERO_SHOT]) if offered else None,
                         level=config.level)
-    scores = next(held_scores(X, y, R, p0_held, ev, [(sigma, c)], config))[1] if choice.adapted else None
+    scores = next(held_scores(X, y, R, p0_held, ev, [(sigma, c)], config))[1] if kept else None
     record = residual_record(choice, decision, sigma, c, med, ev, config, logit_scale, X.shape[0])
     if decision.kept:   # every shot a row (above dense_max those outside the basis with zero votes)
         votes = ridge.solve(X, R, y, sigma, c, ev.seed, config.dense_max, config.nystrom_basis)
@@ -129,5 +133,6 @@ def residual_record(choice: Choice, decision: Decision, sigma: float, c: float, 
                      "rule": "σ (× the median shot distance) and c with the best accuracy on held-out shots (balanced "
                              "folds, the deployed predictor); ties to the larger c, then σ"}
     return {"sigma": float(sigma), "ridge_c": float(c), "logit_scale": float(logit_scale), "selection": selection,
-            "decision": decision.to_json(), "evidence": ev.regime.value, "shots": int(n_shots),
+            "decision": ({"adopted": True, "rule": ONE_SHOT_RULE} if decision.reason is ShotReason.NO_EVIDENCE
+                         else decision.to_json()), "evidence": ev.regime.value, "shots": int(n_shots),
             "scored_shots": int(ev.rows.size)}

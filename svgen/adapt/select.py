@@ -112,10 +112,13 @@ class ChoiceRule:
 
 
 FOLDS_OR_LOO = "the balanced folds' held-out shots; one shot per class: leave-one-out"
+NO_ZERO_SHOT_AT_ONE_SHOT = ("; one shot per class: zero-shot is no candidate (leave-one-out leaves the held-out image's "
+                            "class without shots)")
 LOO = "exact leave-one-out (at most lda_loo_max shots; one shot per class: select_max)"
 CHOICES: Dict[str, ChoiceRule] = {
     "kernel": ChoiceRule("the kernel head's σ × c, or zero-shot (the correction refused)",
-                         "zero-shot, then σ × c by larger c, then larger σ; one shot per class: Tip-Adapter's β, c",
+                         "zero-shot, then σ × c by larger c, then larger σ; one shot per class: Tip-Adapter's β, c alone"
+                         + NO_ZERO_SHOT_AT_ONE_SHOT,
                          Score.TOP1, Accept.UNLESS_BEHIND, FOLDS_OR_LOO, "residual.py"),
     "lda": ChoiceRule("the LDA head's shrinkage γ (× prior strength κ)",
                       "γ × κ by larger γ, then larger κ (zero-shot enters the linear head as α = 0)",
@@ -124,7 +127,8 @@ CHOICES: Dict[str, ChoiceRule] = {
                             "the κ not behind the best (γ, κ), larger κ first", Score.TOP1, Accept.BEST, LOO,
                             "lda.py"),
     "alpha": ChoiceRule("the linear head's weight α on the LDA logits",
-                        "α = 0 (zero-shot), then the larger α", Score.TOP1, Accept.UNLESS_BEHIND,
+                        "α = 0 (zero-shot), then the larger α; one shot per class: the LDA head alone"
+                        + NO_ZERO_SHOT_AT_ONE_SHOT, Score.TOP1, Accept.UNLESS_BEHIND,
                         FOLDS_OR_LOO, "lda.py"),
     "kernel_logits": ChoiceRule("the kernel head's kind of logits",
                                 "log (log charged for unseen votes ≤ 0), score, floored",

@@ -74,7 +74,7 @@ def adapt(zero_shot: Heads, shots: SupportSet, side: TextSide, tilt_shotless: bo
     record["heads_vs_zero_shot"] = tilt.versus if tilt else heldout.shots_record(held, default, weight, config)
     log.info("adapted to %d shots in %.2fs: kernel %s (σ=%.3g, c=%.3g), linear LDA γ=%g κ=%g (LOO error %.3f), α=%s",
              len(shots), wall, "adapted" if res.adopted else "kept zero-shot", res.sigma, res.ridge_c,
-             lchoice.shrinkage, lchoice.prior_shots, lchoice.loo_error, lin.record["alpha"])
+             lchoice.shrinkage, lchoice.prior_shots, lchoice.loo_error, lin.record.get("alpha", "none (LDA alone)"))
     return ShotFit(heads, lin.lda, default, record, held)
 
 

@@ -9,7 +9,7 @@ import torch
 from svgen.adapt import config as adapt_config
 from svgen import SVGClassifier
 from svgen.core.support import IMAGE
-from svgen.adapt import heldout, residual
+from svgen.adapt import heldout
 from svgen.adapt.lda import (fit_lda_head, fit_linear_head, lda_covariance, lda_head_weights, prior_means, spread_ratio)
 from svgen.adapt.config import DEFAULT, AdaptConfig
 
