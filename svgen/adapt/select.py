@@ -255,3 +255,14 @@ def shot_test(candidate_correct, zero_shot_correct, level: float = DEFAULT.level
     p = paired(candidate_correct, zero_shot_correct)
     kept = not behind(p, level)
     return Decision(kept, ShotReason.NOT_BEHIND if kept else ShotReason.BEHIND, p, level=level)
+
+
+def choices_table() -> str:
+    """:data:`CHOICES` as the markdown table docs/adaptation.md holds (a test checks that it does)."""
+    rows = ["| choice | chosen | candidates (tie order: nearest zero-shot first) | score | accepted | judged on | where |",
+            "|---|---|---|---|---|---|---|"]
+    for name, r in CHOICES.items():
+        score = r.score.value + (f" (not behind on {', '.join(g.value for g in r.guards)})" if r.guards else "")
+        accept = "a convex minimum (no candidates)" if r.continuous else r.accept.value
+        rows.append(f"| `{name}` | {r.chosen} | {r.candidates} | {score} | {accept} | {r.evidence} | `{r.where}` |")
+    return "\n".join(rows) + "\n"
