@@ -275,8 +275,8 @@ class SVGClassifier(FittedHeads):
 
         A kept pool multiplies the default head by the pool's class likelihood (with shots), or replaces the linear
         head by the transduction's posterior and multiplies the kernel head's probabilities by the likelihood
-        (zero-shot); otherwise every head stays exactly the inductive one and ``transductive_["fallback"]`` says why
-        (``transductive_["check"]`` holds the evidence). :attr:`transductive_labels_` holds the pool's
+        (zero-shot); otherwise every head stays exactly the inductive one: ``pool_outcome_`` says which (typed), the
+        record ``transductive_`` why, in words, and on what evidence. :attr:`transductive_labels_` holds the pool's
         probabilities (what ``svgen classify --transductive`` prints): the kept predictor's, or the inductive
         default head's. Adapting again starts from the inductive heads. Returns ``self``.
         """

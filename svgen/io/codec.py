@@ -195,7 +195,7 @@ def load(cls, path):
         self.generator_ = gen.eval().requires_grad_(False)
     _votes_and_temperatures(self, meta, t)
     self.lda_ = _lda_part(self, meta, t, path)
-    if self.default_head_ == MIXTURE and MIXTURE not in predictor.head_names(self.heads_):
+    if self.decided_head() == MIXTURE and MIXTURE not in predictor.head_names(self.heads_):
         raise SvgenError(f"{path}: svgen.json names the mixture head as the default head, but its calibration has "
                          "no mixture_weight")
     return self
