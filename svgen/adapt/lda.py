@@ -5,7 +5,7 @@ the held-out evidence with α = 0 (zero-shot) a candidate (docs/fewshot.md, "The
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Optional
 
 import numpy as np
@@ -19,7 +19,7 @@ from svgen.adapt.solvers.lda import (fold_logits, lda_covariance, lda_head_weigh
                                      lda_loo_logits, lda_loo_scores, prior_means, spread_ratio)
 from svgen.core.support import SupportSet
 from svgen.heads.scoring import CLIP_LOGIT_SCALE
-from svgen.state import LdaPart
+from svgen.state import LdaPart, LinearForm
 
 log = logging.getLogger(__name__)
 
@@ -110,9 +110,10 @@ def fit_linear_head(prototypes: torch.Tensor, shots, n_classes: int, W_lda: torc
     s = spread_ratio(Z_loo, loo)
     part, t_lda = lda_part(loo, loo_y, W_lda, b_lda, choice)
     if not ev.judges_zero_shot:   # one shot per class: no held-out shot can weigh α against zero-shot
-        return LinearFit(W_lda, b_lda, part, {"form": "lda", "scale": s, "evidence": ev.regime.value,
-                                              "rule": "one shot per class: no held-out folds to weigh the LDA logits "
-                                                      "against the zero-shot ones; the LDA head"}, loo, loo, loo_y)
+        record = {"form": "lda", "scale": s, "evidence": ev.regime.value,
+                  "rule": "one shot per class: no held-out folds to weigh the LDA logits against the zero-shot ones; "
+                          "the LDA head"}
+        return LinearFit(W_lda, b_lda, replace(part, form=LinearForm.LDA), record, loo, loo, loo_y)
     Z, L, s_fold = alpha_evidence(X, shots, P, choice, ev, m, loo, Z_loo)
     alphas = tuple(dict.fromkeys((0.0, *sorted(config.alphas))))   # α = 0, zero-shot, first
     picked = choose({a: (Z + a * s_fold * L).argmax(axis=1) == ev.labels for a in alphas}, ev, "alpha", config.level)
