@@ -47,6 +47,15 @@ def lda_loo_hits(X: torch.Tensor, y: torch.Tensor, m: torch.Tensor, gammas, kapp
             for (a, b), sc in lda_loo_scores(X, y, m, gammas, kappas, rows)}
 
 
+def lda_setting(hits: dict, level: float) -> tuple:
+    """(γ, κ) from ``{(γ, κ): per-shot LOO hits}``: γ the most shrinkage not behind the best (γ, κ), κ the best at that
+    γ (``CHOICES["lda"]``, ``CHOICES["lda_prior"]``; ties: more shrinkage, then more prior)."""
+    order = sorted(hits, key=lambda gk: (-gk[0], -gk[1]))   # nearest zero-shot first: more shrinkage, more prior
+    shrink = choose({k: hits[k] for k in order}, None, "lda", level)
+    row = [k for k in shrink.not_behind if k[0] == shrink.chosen[0]]
+    return choose({k: hits[k] for k in row}, None, "lda_prior", level).chosen
+
+
 def fit_lda_head(prototypes: torch.Tensor, shots: SupportSet, n_classes: int, ev: Evidence, config: AdaptConfig):
     """(W, b, :class:`LdaChoice`): γ the most shrinkage not behind the best (γ, κ), κ the best at that γ
     (``CHOICES["lda"]``, ``CHOICES["lda_prior"]``) on the exact leave-one-out of ``ev.loo_rows``."""
@@ -57,10 +66,7 @@ def fit_lda_head(prototypes: torch.Tensor, shots: SupportSet, n_classes: int, ev
               else tuple(k for k in config.lda_prior if k > 0 or not (counts == 0).any()))   # κ = 0 needs every class
     gammas = (1.0,) if ev.one_shot else config.lda_shrinkage     # no within-class scatter to estimate with 1 shot
     hits = lda_loo_hits(X, y, m, gammas, kappas, ev.loo_rows)
-    order = sorted(hits, key=lambda gk: (-gk[0], -gk[1]))   # nearest zero-shot first: more shrinkage, more prior
-    shrink = choose({k: hits[k] for k in order}, None, "lda", config.level)
-    row = [k for k in shrink.not_behind if k[0] == shrink.chosen[0]]
-    gamma, kappa = choose({k: hits[k] for k in row}, None, "lda_prior", config.level).chosen
+    gamma, kappa = lda_setting(hits, config.level)
     W, bias = lda_head_weights(X, y, m, gamma, kappa, equal_radius=True)
     return W.float(), bias.float(), LdaChoice(float(gamma), float(kappa), 1.0 - float(hits[gamma, kappa].mean()),
                                               ev.one_shot)
@@ -125,9 +131,8 @@ def fit_linear_head(prototypes: torch.Tensor, shots, n_classes: int, W_lda: torc
               "held_out_accuracy": picked.mean, "zero_shot_held_out_accuracy": picked.means[0.0],
               "grid": {f"{a:g}": v for a, v in picked.means.items()}, "shots_compared": int(ev.rows.size),
               "evidence": ev.regime.value,
-              "rule": "α kept unless behind α = 0 (zero-shot) on the held-out shots (paired; the LDA head refitted "
-                      "without each fold, its logits scaled by fold_scale; one shot per class: leave-one-out), ties "
-                      "to the smaller α; a scale is the spread of the zero-shot logits / the spread of the LDA logits "
+              "rule": "α with the best accuracy on the balanced folds' held-out shots (α = 0 is zero-shot; the LDA "
+                      "head refitted without each fold, its logits scaled by fold_scale), ties to the smaller α; a scale is the spread of the zero-shot logits / the spread of the LDA logits "
                       "on shots that head did not see (the deployed head's: its exact leave-one-out logits)"}
     log.info("linear head: zero-shot logits + %g·%.3g·LDA (held-out accuracy %.3f, zero-shot %.3f)",
              alpha, s, picked.mean, picked.means[0.0])

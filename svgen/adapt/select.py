@@ -128,7 +128,7 @@ CHOICES: Dict[str, ChoiceRule] = {
                             "lda.py"),
     "alpha": ChoiceRule("the linear head's weight α on the LDA logits",
                         "α = 0 (zero-shot), then the larger α; one shot per class: the LDA head alone"
-                        + NO_ZERO_SHOT_AT_ONE_SHOT, Score.TOP1, Accept.UNLESS_BEHIND,
+                        + NO_ZERO_SHOT_AT_ONE_SHOT, Score.TOP1, Accept.BEST,
                         FOLDS_OR_LOO, "lda.py"),
     "kernel_logits": ChoiceRule("the kernel head's kind of logits",
                                 "log (log charged for unseen votes ≤ 0), score, floored",
