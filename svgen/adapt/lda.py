@@ -116,7 +116,7 @@ def fit_linear_head(prototypes: torch.Tensor, shots, n_classes: int, W_lda: torc
     s = spread_ratio(Z_loo, loo)
     part, t_lda = lda_part(loo, loo_y, W_lda, b_lda, choice)
     if not ev.judges_zero_shot:   # one shot per class: no held-out shot can weigh α against zero-shot
-        record = {"form": "lda", "scale": s, "evidence": ev.regime.value,
+        record = {"form": "lda", "scale": s,
                   "rule": "one shot per class: no held-out folds to weigh the LDA logits against the zero-shot ones; "
                           "the LDA head"}
         return LinearFit(W_lda, b_lda, replace(part, form=LinearForm.LDA), record, loo, loo, loo_y)
@@ -130,10 +130,10 @@ def fit_linear_head(prototypes: torch.Tensor, shots, n_classes: int, W_lda: torc
               "lda_temperature_fitted": bool(t_lda["loo"]["lda"]["fitted"]),
               "held_out_accuracy": picked.mean, "zero_shot_held_out_accuracy": picked.means[0.0],
               "grid": {f"{a:g}": v for a, v in picked.means.items()}, "shots_compared": int(ev.rows.size),
-              "evidence": ev.regime.value,
-              "rule": "α with the best accuracy on the balanced folds' held-out shots (α = 0 is zero-shot; the LDA "
-                      "head refitted without each fold, its logits scaled by fold_scale), ties to the smaller α; a scale is the spread of the zero-shot logits / the spread of the LDA logits "
-                      "on shots that head did not see (the deployed head's: its exact leave-one-out logits)"}
+              "rule": "α with the best accuracy on the balanced folds' held-out shots (the LDA head refitted without "
+                      "each fold, its logits scaled by fold_scale), ties to the smaller α; a scale is the spread of the "
+                      "zero-shot logits / the spread of the LDA logits on shots that head did not see (the deployed "
+                      "head's: its exact leave-one-out logits)"}
     log.info("linear head: zero-shot logits + %g·%.3g·LDA (held-out accuracy %.3f, zero-shot %.3f)",
              alpha, s, picked.mean, picked.means[0.0])
     return LinearFit(W.float(), (alpha * s * b_lda.double()).float(), part, record, Z + alpha * s_fold * L,

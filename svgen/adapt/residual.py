@@ -122,7 +122,8 @@ def residual_record(choice: Choice, decision: Decision, sigma: float, c: float, 
     """The kernel head's ``svgen.json`` record (output only)."""
     if med is None:
         selection = {"one_shot": True, "rule": f"{'one shot per class' if ev.one_shot else 'every shot is the same image'}"
-                     f": σ = 1/√β (Tip-Adapter's β = {config.one_shot_beta:g}), c = {config.one_shot_ridge:g}; "
+                     f": σ = 1/√β (Tip-Adapter's β = {config.one_shot_beta:g}), c = {config.one_shot_ridge:g}"
+                     f"{' (the shot and the text weigh the same)' if config.one_shot_ridge == 1 else ''}; "
                      "the labels cannot identify either"}
     else:
         factor = next(f for f in config.sigma_factors if f * med == sigma)
@@ -134,5 +135,5 @@ def residual_record(choice: Choice, decision: Decision, sigma: float, c: float, 
                              "folds, the deployed predictor); ties to the larger c, then σ"}
     return {"sigma": float(sigma), "ridge_c": float(c), "logit_scale": float(logit_scale), "selection": selection,
             "decision": ({"adopted": True, "rule": ONE_SHOT_RULE} if decision.reason is ShotReason.NO_EVIDENCE
-                         else decision.to_json()), "evidence": ev.regime.value, "shots": int(n_shots),
+                         else decision.to_json()), "shots": int(n_shots),
             "scored_shots": int(ev.rows.size)}
