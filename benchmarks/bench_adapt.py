@@ -533,7 +533,7 @@ def merge(base: dict, update: dict) -> dict:
 
 
 def main(argv=None):
-    from benchmarks.bench_fewshot import coop_parser, render_or_missing
+    from benchmarks.bench_common import coop_parser, render_or_missing
 
     ap = coop_parser(__doc__, SHOTS, "bench_adapt", datasets=DATASETS, extra_datasets=(UNION,))
     ap.add_argument("--peers", nargs="+", default=list(PEERS), choices=PEERS, help="the peers to run (default: all)")

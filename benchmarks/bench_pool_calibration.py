@@ -37,12 +37,7 @@ import time
 import numpy as np
 import torch
 
-from benchmarks.bench_adapt import DATASETS, load_dataset
-from benchmarks.bench_common import machine, save_result
-
-
-def image_nll(p, y) -> np.ndarray:
-    return -np.log(np.maximum(np.asarray(p, dtype=np.float64)[np.arange(len(y)), y], 1e-300))
+from benchmarks.bench_common import COOP_SETS, bootstrap, fmt_ci, image_nll, load_dataset, machine, save_result
 
 
 def scores(p, y) -> dict:
@@ -55,9 +50,7 @@ def scores(p, y) -> dict:
 
 def paired_nll(p, p_ref, y) -> dict:
     """Mean per-image NLL of ``p`` minus ``p_ref`` and its paired bootstrap 95% interval (images resampled)."""
-    from benchmarks.bench_fewshot import bootstrap_mean
-
-    return bootstrap_mean([image_nll(p, y) - image_nll(p_ref, y)])
+    return bootstrap(image_nll(p, y) - image_nll(p_ref, y))
 
 
 def noisy_copies(X, y, copies: int, noise: float, seed: int):
@@ -122,7 +115,7 @@ def render(rows) -> str:
                          f"{r['agreement_pool']:.3f} |")
     lines += ["", "NLL differences on the pool images, paired bootstrap 95% intervals:", "",
               "| data set | guarded − unguarded | guarded − cosine | unguarded − cosine |", "|---|---|---|---|"]
-    diff = lambda d: f"{d['diff']:+.3f} [{d['ci95'][0]:+.3f}, {d['ci95'][1]:+.3f}]"   # noqa: E731
+    diff = lambda d: fmt_ci(d, 3)   # noqa: E731
     for r in rows:
         if "refused" not in r:
             lines.append(f"| {r['dataset']} | {diff(r['nll_now_minus_unguarded'])} | {diff(r['nll_now_minus_cosine'])} "
@@ -132,7 +125,7 @@ def render(rows) -> str:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--datasets", nargs="+", default=list(DATASETS), choices=DATASETS)
+    ap.add_argument("--datasets", nargs="+", default=list(COOP_SETS), choices=COOP_SETS)
     ap.add_argument("--copies", type=int, default=0, help="an adversarial pool: this many noisy copies of each image")
     ap.add_argument("--noise", type=float, default=0.3, help="the copies' noise norm (about)")
     ap.add_argument("--seed", type=int, default=0)
