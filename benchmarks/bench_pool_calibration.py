@@ -37,7 +37,8 @@ import time
 import numpy as np
 import torch
 
-from benchmarks.bench_common import COOP_SETS, bootstrap, fmt_ci, image_nll, load_dataset, machine, save_result
+from benchmarks.bench_common import (COOP_SETS, bootstrap, fmt_ci, image_nll, load_dataset, machine, md_table,
+                                     save_result)
 
 
 def scores(p, y) -> dict:
@@ -103,23 +104,21 @@ def render(rows) -> str:
     def cell(r):
         return f"{100 * r['top1']:.1f} / {r['confidence']:.3f} / {r['ece']:.3f} / {r['nll']:.3f}"
 
-    lines = ["| data set | classes | pool | cosine | inductive | pool, entropy T | pool, agreement T, unguarded | "
-             "pool, agreement T, guarded (now) | agreement |", "|---|---:|---:|---|---|---|---|---|---:|"]
+    body = []
     for r in rows:
-        head = f"| {r['dataset']} | {r['classes']} | {r['pool']} | {cell(r['cosine'])} | {cell(r['inductive'])} |"
+        cells = [r["dataset"], r["classes"], r["pool"], cell(r["cosine"]), cell(r["inductive"])]
         if "refused" in r:
-            lines.append(f"{head} refused | refused | refused | – |")
+            body.append(cells + ["refused", "refused", "refused", "–"])
         else:
             soft = " (softened)" if r["softened"].get("linear") else ""
-            lines.append(f"{head} {cell(r['entropy'])} | {cell(r['unguarded'])} | {cell(r['agreement'])}{soft} | "
-                         f"{r['agreement_pool']:.3f} |")
-    lines += ["", "NLL differences on the pool images, paired bootstrap 95% intervals:", "",
-              "| data set | guarded − unguarded | guarded − cosine | unguarded − cosine |", "|---|---|---|---|"]
-    diff = lambda d: fmt_ci(d, 3)   # noqa: E731
-    for r in rows:
-        if "refused" not in r:
-            lines.append(f"| {r['dataset']} | {diff(r['nll_now_minus_unguarded'])} | {diff(r['nll_now_minus_cosine'])} "
-                         f"| {diff(r['nll_unguarded_minus_cosine'])} |")
+            body.append(cells + [cell(r["entropy"]), cell(r["unguarded"]), cell(r["agreement"]) + soft,
+                                 f"{r['agreement_pool']:.3f}"])
+    lines = md_table(["data set", "classes:", "pool:", "cosine", "inductive", "pool, entropy T",
+                      "pool, agreement T, unguarded", "pool, agreement T, guarded (now)", "agreement:"], body)
+    lines += ["", "NLL differences on the pool images, paired bootstrap 95% intervals:", ""]
+    lines += md_table(["data set", "guarded − unguarded", "guarded − cosine", "unguarded − cosine"],
+                      [[r["dataset"], fmt_ci(r["nll_now_minus_unguarded"], 3), fmt_ci(r["nll_now_minus_cosine"], 3),
+                        fmt_ci(r["nll_unguarded_minus_cosine"], 3)] for r in rows if "refused" not in r])
     return "\n".join(lines)
 
 
