@@ -124,7 +124,7 @@ def main() -> int:
 
         def images_single(kind, out):
             src = inp["images"] if kind == "all" else inp["one_image"]
-            return SVGEN + ["-q", "classify", art, src, *enc, "--out", out]
+            return SVGEN + ["-q", "classify", art, src, *enc, "--out", f"{out}.csv"]   # one CSV file
 
         def images_ray(actors, actor_cpus, cpus=None):
             def argv(kind, out):
@@ -138,7 +138,7 @@ def main() -> int:
 
         def feats_single(kind, out):
             return SVGEN + ["-q", "classify", art, "--features", inp["feats"] if kind == "all" else inp["one_row"],
-                            "--out", out]
+                            "--out", f"{out}.csv"]
 
         def feats_ray(actors):
             def argv(kind, out):
