@@ -183,7 +183,13 @@ def test_many_classes_a_linear_head_that_hurts_is_not_chosen():
     # the old rule: α on the folds of a subset of whole classes, the LDA head refitted on those classes' shots alone
     shots = clf.support_set_.part(IMAGE)
     W, b, choice = lda_head(clf.prototypes_, shots, n_cls, cfg)
-    sub = class_subset(y, 128, 0)
+    # the old rule's subset: every shot of a random set of whole classes, at most 128 shots in all
+    rng, counts, chosen, total = np.random.default_rng(0), np.bincount(y), [], 0
+    for c in rng.permutation(np.flatnonzero(counts)):
+        if total + counts[c] <= 128 or not chosen:
+            chosen.append(c)
+            total += counts[c]
+    sub = np.flatnonzero(np.isin(y, chosen))
     folds = [(sub[f], sub[f]) for f in heldout.balanced_folds(y[sub], 0)]
     Xd = shots.rows.double()
     L = lda_fold_logits(Xd, shots.labels, prior_means(clf.prototypes_, Xd), choice.shrinkage, choice.prior_shots,
@@ -204,15 +210,3 @@ def test_many_classes_a_linear_head_that_hurts_is_not_chosen():
     assert acc(clf.decision_function(Q, "linear")) >= zero_shot - 0.005
     assert acc(clf.decision_function(Q)) >= zero_shot - 0.005
 
-
-def class_subset(labels, n_max, seed):
-    """The old rule's subset: every shot of a random set of classes, at most ``n_max`` shots in all."""
-    rng = np.random.default_rng(seed)
-    counts = np.bincount(labels)
-    chosen, total = [], 0
-    for c in rng.permutation(np.flatnonzero(counts)):
-        if total + counts[c] > n_max and chosen:
-            continue
-        chosen.append(c)
-        total += counts[c]
-    return np.flatnonzero(np.isin(labels, chosen))
