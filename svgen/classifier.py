@@ -33,7 +33,7 @@ from svgen.errors import SvgenError
 from svgen.fitted import FittedHeads
 from svgen.adapt import shots as shot_adapt
 from svgen.io import codec
-from svgen.adapt.config import AdaptConfig
+from svgen.adapt.config import AdaptConfig, config_or_default
 from svgen.state import CalibrationMethod, Heads, ShotsOutcome, TextSide
 from svgen.adapt import pool as pool_adapt
 from svgen.adapt.transduce import Stage
@@ -264,7 +264,7 @@ class SVGClassifier(FittedHeads):
         self._restore_inductive()   # the heads are re-solved from the zero-shot heads and the shots
         self.transductive_ = self.pool_outcome_ = None
         fit = shot_adapt.adapt(self.zero_shot_, shots, self._side(), progress=self.progress,
-                               config=self.adapt_config)
+                               config=config_or_default(self.adapt_config))
         self.heads_, self.fewshot_, self.lda_ = fit.heads, fit.record, fit.lda
         self.shot_origins_, self.shots_outcome_ = named, ShotsOutcome(fit.default_head, fit.kernel_kept)
         return self

@@ -42,27 +42,36 @@ def test_shot_sample_spreads_over_classes_first():
 
 
 def test_paired_test_one_level_and_ties_keep():
+    from svgen.adapt.residual import decision_record
+
     rng = np.random.default_rng(0)
     base = rng.random(400) < 0.6
-    d = select.shot_test(base.copy(), base)
-    assert d.kept and d.reason is select.ShotReason.NOT_BEHIND and d.evidence.difference == 0.0
+
+    def kernel(correction):   # the kernel head's choice: zero-shot, or a correction unless behind it
+        return select.choose({"zero-shot": base, "corrected": correction}, None, "kernel", 1.0)
+
+    tie = kernel(base.copy())
+    assert tie.chosen == "corrected" and tie.versus_zero_shot.difference == 0.0   # exactly level SE or less: kept
     worse = base & (rng.random(400) < 0.7)                                # loses 30% of the baseline's right answers
-    d = select.shot_test(worse, base)
-    assert not d.kept and d.reason is select.ShotReason.BEHIND
-    assert d.evidence.difference == pytest.approx(worse.mean() - base.mean())
+    d = kernel(worse)
+    assert d.chosen == "zero-shot" and d.best == "corrected" and not d.adapted
+    assert d.versus_zero_shot.difference == pytest.approx(worse.mean() - base.mean())
     diff = worse.astype(float) - base
-    assert d.evidence.standard_error == pytest.approx(diff.std(ddof=1) / np.sqrt(400))
-    rec = d.to_json()
-    assert rec["adopted"] is False and rec["shots_compared"] == 400 and rec["rule"] == select.acceptance_rule()
+    assert d.versus_zero_shot.standard_error == pytest.approx(diff.std(ddof=1) / np.sqrt(400))
+    rec = decision_record(False, d.versus_zero_shot, 1.0)
+    assert rec["adopted"] is False and rec["shots_compared"] == 400
     one = base.copy()
     one[np.flatnonzero(base)[0]] = False                                  # behind by one shot: within 1 SE, kept
-    assert select.shot_test(one, base).kept
+    assert kernel(one).chosen == "corrected"
 
 
 def test_the_rule_text_is_format_3s_at_level_one_and_names_another_level():
-    assert select.acceptance_rule() == ("adapted unless its accuracy on held-out shots (one per class at a time) is "
-                                        "below zero-shot's by more than 1 SE (paired)")
-    assert "by more than 2 SE" in select.acceptance_rule(2.0)
+    from svgen.adapt.residual import decision_record
+
+    assert decision_record(True, None, 1.0)["rule"] == (
+        "adapted unless its accuracy on held-out shots (one per class at a time) is below zero-shot's by more than 1 SE "
+        "(paired)")
+    assert "by more than 2 SE" in decision_record(True, None, 2.0)["rule"]
 
 
 def test_paired_weights_reduce_to_the_unweighted_standard_error_and_match_a_second_formula():

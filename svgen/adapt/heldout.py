@@ -21,7 +21,7 @@ from typing import Dict, Optional, Sequence, Tuple
 import numpy as np
 
 from svgen.heads.calibration import PROB_FLOOR
-from svgen.adapt.config import DEFAULT, AdaptConfig, config_or_default
+from svgen.adapt.config import DEFAULT, AdaptConfig
 from svgen.adapt.select import ahead, behind, paired
 
 
@@ -44,12 +44,12 @@ def outcomes(p, y) -> Dict[str, np.ndarray]:
             "nll": -np.log(np.maximum(p[np.arange(y.size), y], PROB_FLOOR))}
 
 
-def compare(parts: Sequence[Part], config: Optional[AdaptConfig] = None) -> Optional[dict]:
+def compare(parts: Sequence[Part], config: AdaptConfig) -> Optional[dict]:
     """Every head of ``parts`` against :data:`ZERO_SHOT` (each part must have it): the weighted means, the paired
     differences with their standard errors, and ``worse_than_zero_shot`` — ``{head: [metric, …]}`` for the heads
     behind zero-shot by more than ``config.level`` standard errors. Each part's images share its weight equally.
     None without images."""
-    level = config_or_default(config).level
+    level = config.level
     parts = [(probs, np.asarray(y), float(w)) for probs, y, w in parts if len(y) and w > 0]
     if not parts:
         return None
@@ -77,8 +77,7 @@ def compare(parts: Sequence[Part], config: Optional[AdaptConfig] = None) -> Opti
     return out
 
 
-def shots_record(held: tuple, default_head: str, weight: Optional[float],
-                 config: Optional[AdaptConfig] = None) -> Optional[dict]:
+def shots_record(held: tuple, default_head: str, weight: Optional[float], config: AdaptConfig) -> Optional[dict]:
     """:func:`compare` on the held-out shots that chose the default head: ``held`` is ``(p_kernel, p_linear, y,
     p_cosine)`` (:attr:`svgen.adapt.shots.ShotFit.held_out`); the mixture is scored where it is the default."""
     pk, pl, y, p0 = held

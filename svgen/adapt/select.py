@@ -1,12 +1,5 @@
 """Every adaptive choice, made one way: :func:`choose` among candidates on held-out images, by the table
-:data:`CHOICES` (each choice's candidates, its per-image score, its acceptance test and its tie order), with one
-paired test, :func:`behind`, at ``AdaptConfig.level``.
-
-A predictor is behind another when the mean paired difference of their per-image scores on the same images is below
-−``level`` standard errors (a tie, exactly ``level`` SE, is not behind). Zero-shot (or, where it is no candidate of its
-own, the candidate nearest it) is the first candidate of every choice, and a tie goes to the candidate nearer
-zero-shot. docs/adaptation.md, "The choices", is this table.
-"""
+:data:`CHOICES`, with one paired test (:func:`behind`) at ``AdaptConfig.level``; docs/adaptation.md, "The choices"."""
 
 from __future__ import annotations
 
@@ -205,7 +198,6 @@ def choose(candidates: Mapping[Hashable, Any], evidence, criterion: str, level: 
 
 
 def mean_of(values: np.ndarray, weights) -> float:
-    """The (weighted) mean of per-image scores."""
     return float(values.mean()) if weights is None else float(np.asarray(weights, np.float64) @ values / np.sum(weights))
 
 
@@ -225,36 +217,6 @@ class Decision:
 
     def to_json(self) -> dict:
         return type(self.reason).record(self)
-
-
-def acceptance_rule(level: float = DEFAULT.level) -> str:
-    """The rule as ``svgen.json`` records it for a shot correction (at level 1, the text of format 3)."""
-    return ("adapted unless its accuracy on held-out shots (one per class at a time) is below zero-shot's "
-            f"by more than {level:g} SE (paired)")
-
-
-class ShotReason(Enum):
-    """Why a correction from labelled shots was kept or refused (:func:`shot_test`)."""
-
-    NOT_BEHIND = "not behind zero-shot on the held-out shots"
-    BEHIND = "behind zero-shot on the held-out shots"
-    NO_EVIDENCE = "no held-out shot can judge it (one shot per class): kept as stated"
-
-    @staticmethod
-    def record(decision: Decision) -> dict:
-        out = {"adopted": decision.kept}
-        e = decision.evidence
-        if e is not None:
-            out.update(held_out_acc=e.candidate, zero_shot_acc=e.baseline, difference=e.difference,
-                       standard_error=e.standard_error, shots_compared=e.n)
-        return {**out, "rule": acceptance_rule(decision.level)}
-
-
-def shot_test(candidate_correct, zero_shot_correct, level: float = DEFAULT.level) -> Decision:
-    """A correction against zero-shot on the same held-out shots (per-shot correctness): kept unless behind."""
-    p = paired(candidate_correct, zero_shot_correct)
-    kept = not behind(p, level)
-    return Decision(kept, ShotReason.NOT_BEHIND if kept else ShotReason.BEHIND, p, level=level)
 
 
 def choices_table() -> str:

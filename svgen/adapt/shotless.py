@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 import math
 from types import SimpleNamespace
-from typing import NamedTuple, Optional
+from typing import NamedTuple
 
 import numpy as np
 
@@ -16,7 +16,7 @@ from svgen.core.roots import convex_minimum, golden_minimum
 from svgen.core.support import SupportSet
 from svgen.adapt import heldout
 from svgen.heads import predictor
-from svgen.adapt.config import AdaptConfig, config_or_default
+from svgen.adapt.config import AdaptConfig
 from svgen.adapt.select import choose
 from svgen.steps import bar
 
@@ -120,10 +120,9 @@ def refit_parts(shots: SupportSet, side, refit, with_shots: np.ndarray, progress
     return parts, folds
 
 
-def fit_tilt(zero_shot, shots: SupportSet, side, refit, shots_weight: float, progress: bool = False,
-             config: Optional[AdaptConfig] = None):
+def fit_tilt(zero_shot, shots: SupportSet, side, refit, shots_weight: float, progress: bool = False, *,
+             config: AdaptConfig):
     """:class:`Tilt` from ``refit(shots)`` (``adapt`` without this step); None unless 2 ≤ classes with shots < C."""
-    config = config_or_default(config)
     C, labels = side.n_classes, shots.labels.numpy()
     with_shots = np.flatnonzero(np.bincount(labels, minlength=C) > 0)
     if with_shots.size == C or with_shots.size < 2:

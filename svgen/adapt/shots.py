@@ -1,6 +1,5 @@
-"""The shots stage: the kernel and linear heads with shots, their temperatures and the default head (the mixture of
-both, weighted by held-out NLL), all judged on one held-out :class:`~svgen.adapt.heldout.Evidence` built here, as
-:func:`adapt` returns them with their record (docs/fewshot.md; the choices: docs/adaptation.md)."""
+"""The shots stage: both heads with shots, their temperatures and the default head, every choice judged on one
+:class:`~svgen.adapt.heldout.Evidence` built here (docs/fewshot.md; the choices: docs/adaptation.md)."""
 
 from __future__ import annotations
 
@@ -17,7 +16,7 @@ from svgen.adapt import heldout, residual
 from svgen.adapt import lda as linear
 from svgen.adapt import shotless
 from svgen.adapt import temperatures as held_temperatures
-from svgen.adapt.config import AdaptConfig, config_or_default
+from svgen.adapt.config import AdaptConfig
 from svgen.adapt.heldout import Evidence
 from svgen.core import logits as logit_kinds
 from svgen.core.support import IMAGE, SupportSet
@@ -31,8 +30,7 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class ShotFit:
-    """The shots stage: its heads (calibrated), the LDA part of its linear head, its default head and its record
-    (``svgen.json`` ``fewshot``)."""
+    """The calibrated heads, the LDA part of the linear head, the default head and the ``fewshot`` record."""
 
     heads: Heads
     lda: LdaPart
@@ -42,10 +40,9 @@ class ShotFit:
     kernel_kept: bool = True   # whether the kernel head kept the shots' correction (svgen.state.ShotsOutcome)
 
 
-def adapt(zero_shot: Heads, shots: SupportSet, side: TextSide, tilt_shotless: bool = True,
-          progress: bool = False, config: Optional[AdaptConfig] = None) -> ShotFit:
+def adapt(zero_shot: Heads, shots: SupportSet, side: TextSide, tilt_shotless: bool = True, progress: bool = False, *,
+          config: AdaptConfig) -> ShotFit:
     """The heads for ``shots`` on ``zero_shot``, the classes without shots tilted (:mod:`svgen.adapt.shotless`)."""
-    config = config_or_default(config)
     C, t0 = side.n_classes, time.perf_counter()
     clock = Clock(log, logging.INFO if tilt_shotless else logging.DEBUG)   # the tilt's refits: -vv only
     labels = shots.labels.numpy()
@@ -63,7 +60,7 @@ def adapt(zero_shot: Heads, shots: SupportSet, side: TextSide, tilt_shotless: bo
     default, weight, head_choice, held = choose_default_head(heads, side, res, shots, lin, ev)
     clock.lap("adapt: default head chosen (mixture weight by held-out NLL)")
     tilt = (shotless.fit_tilt(zero_shot, shots, side, lambda part: adapt(zero_shot, part, side, False, config=config),
-                              weight, progress, config) if tilt_shotless else None)
+                              weight, progress, config=config) if tilt_shotless else None)
     if tilt is not None:   # some classes have no shots: the weight and tilt fitted for them too
         clock.lap("adapt: tilt of the classes without shots (refits)")
         # the mixture carries a tilt at its weight even where that is one head alone (0 or 1)

@@ -5,12 +5,12 @@ logits, and the mixture weight ``w`` by the held-out NLL (docs/calibration.md). 
 from __future__ import annotations
 
 import math
-from typing import Dict, Optional
+from typing import Dict
 
 import numpy as np
 import torch
 
-from svgen.adapt.config import AdaptConfig, config_or_default
+from svgen.adapt.config import AdaptConfig
 from svgen.adapt.select import choose
 from svgen.core.logits import KERNEL_LOG_FLOOR, floored_log, kernel_logits
 from svgen.core.roots import convex_minimum
@@ -62,11 +62,11 @@ def log_tail_guard(z: dict, cand: dict, s, y, signed_votes: bool, cfg: AdaptConf
     return {"seen": seen, "rate_bound": bound, "loss": loss, "charge": max(bound - seen / max(len(y), 1), 0.0) * loss}
 
 
-def choose_kernel_logits(loo_scores, labels, fallback: float, signed_votes: bool = True, prior=None,
-                         config: Optional[AdaptConfig] = None) -> dict:
+def choose_kernel_logits(loo_scores, labels, fallback: float, signed_votes: bool = True, prior=None, *,
+                         config: AdaptConfig) -> dict:
     """The kernel head's kind of logits and T by the held-out NLL (``CHOICES["kernel_logits"]``: log, score,
     floored), "log" charged by :func:`log_tail_guard`; "log" where a kind has no finite T."""
-    y, cfg = np.asarray(labels), config_or_default(config)
+    y, cfg = np.asarray(labels), config
     s = torch.as_tensor(loo_scores, dtype=torch.float64)
     vote_not_positive = s[torch.arange(len(y)), torch.as_tensor(y, dtype=torch.long)] <= 0   # where log puts p ≈ 0
     z, cand, floor, fit = kernel_logit_candidates(s, y, prior, fallback, cfg)

@@ -110,7 +110,7 @@ def test_choice_picks_raw_votes_when_a_left_out_true_vote_is_not_positive():
     one_hot = np.eye(k)[y]
     s = 0.05 + 0.05 * rng.random((N, k)) + (0.9 + 0.05 * rng.normal(size=(N, 1))) * one_hot   # ridge votes, left out
     s[:3, y[:3]] = -0.05                                         # three shots' own class votes ≤ 0
-    out = held_temperatures.choose_kernel_logits(torch.as_tensor(s), y, fallback=0.3)
+    out = held_temperatures.choose_kernel_logits(torch.as_tensor(s), y, fallback=0.3, config=DEFAULT)
     c = out["candidates"]
     assert out["kind"] == "score" and out["temperature"] == c["score"]["temperature"]
     z_log = np.log(np.maximum(s, 1e-30))
@@ -132,7 +132,8 @@ def test_choice_keeps_log_for_kernel_masses():
     N, k = 400, 5
     z = 1.5 * rng.normal(size=(N, k))
     y = np.array([rng.choice(k, p=p) for p in _softmax(z)])
-    out = held_temperatures.choose_kernel_logits(torch.as_tensor(np.exp(z)), y, fallback=0.3, signed_votes=False)
+    out = held_temperatures.choose_kernel_logits(torch.as_tensor(np.exp(z)), y, fallback=0.3, signed_votes=False,
+                                                 config=DEFAULT)
     assert out["kind"] == "log" and out["log_tail_guard"]["charge"] == 0
     assert out["candidates"]["log"]["nll"] < out["candidates"]["score"]["nll"]
     assert out["temperature"] == pytest.approx(1.0, abs=0.25)    # the temperature that generated the labels
@@ -168,8 +169,8 @@ def test_signed_votes_charge_log_for_what_the_shots_did_not_show():
     z = 1.5 * rng.normal(size=(N, k))
     y = np.array([rng.choice(k, p=p) for p in _softmax(z)])
     s = torch.as_tensor(np.exp(z))
-    plain = held_temperatures.choose_kernel_logits(s, y, fallback=0.3, signed_votes=False)
-    out = held_temperatures.choose_kernel_logits(s, y, fallback=0.3, signed_votes=True)
+    plain = held_temperatures.choose_kernel_logits(s, y, fallback=0.3, signed_votes=False, config=DEFAULT)
+    out = held_temperatures.choose_kernel_logits(s, y, fallback=0.3, signed_votes=True, config=DEFAULT)
     c, g = out["candidates"], out["log_tail_guard"]
     assert plain["kind"] == "log" and c["log"]["nll"] < c["score"]["nll"]        # plain LOO prefers log ...
     T = c["log"]["temperature"]
@@ -182,7 +183,7 @@ def test_signed_votes_charge_log_for_what_the_shots_did_not_show():
 
 def test_shots_all_ranked_first_keep_log_and_the_text_temperature():
     s = np.array([[0.9, 0.1], [0.2, 0.7], [1.2, -0.3]])
-    out = held_temperatures.choose_kernel_logits(torch.as_tensor(s), [0, 1, 0], fallback=0.7)
+    out = held_temperatures.choose_kernel_logits(torch.as_tensor(s), [0, 1, 0], fallback=0.7, config=DEFAULT)
     assert out["kind"] == "log" and out["temperature"] == 0.7 and out["nll_score_minus_log"] is None
 
 
@@ -423,7 +424,8 @@ def test_choice_with_a_prior_scores_every_floor_and_keeps_the_lowest_nll():
     p0[np.arange(N), y] += 0.3
     p0 /= p0.sum(1, keepdims=True)
     s = p0 + 0.4 * (np.eye(k)[y] - p0) + 0.2 * rng.normal(size=(N, k))   # a correction, noisy, often ≤ 0
-    out = held_temperatures.choose_kernel_logits(torch.as_tensor(s), y, fallback=0.3, prior=torch.as_tensor(p0))
+    out = held_temperatures.choose_kernel_logits(torch.as_tensor(s), y, fallback=0.3, prior=torch.as_tensor(p0),
+                                                 config=DEFAULT)
     c = out["candidates"]["floored"]
     nlls = {}
     for eps in DEFAULT.kernel_floors:    # brute force: each ε's own NLL-minimising T
@@ -437,7 +439,8 @@ def test_choice_with_a_prior_scores_every_floor_and_keeps_the_lowest_nll():
     assert out["kind"] == min(charged, key=charged.get)
     assert (out["floor"] == c["floor"]) == (out["kind"] == "floored")
     # without a prior term there is no floored candidate (the zero-shot kernel head)
-    assert "floored" not in held_temperatures.choose_kernel_logits(torch.as_tensor(s), y, fallback=0.3)["candidates"]
+    out = held_temperatures.choose_kernel_logits(torch.as_tensor(s), y, fallback=0.3, config=DEFAULT)
+    assert "floored" not in out["candidates"]
 
 
 def test_the_floors_tried_are_the_configs():

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from svgen import SVGClassifier
+from svgen.adapt.config import DEFAULT
 
 
 def _probs(rng, y, C, sharp, right):
@@ -30,7 +31,7 @@ def test_compare_flags_only_a_head_behind_zero_shot():
     C, y = 10, np.repeat(np.arange(10), 30)
     zero = _probs(rng, y, C, 0.6, 0.7)
     rec = compare([({"kernel": _probs(rng, y, C, 0.6, 0.3), "linear": zero.copy(), "mixture": _probs(rng, y, C, 0.8, 0.9),
-                     "cosine": zero}, y, 1.0)])
+                     "cosine": zero}, y, 1.0)], DEFAULT)
     assert rec["images"] == 300
     assert set(rec["worse_than_zero_shot"]) == {"kernel"}
     assert set(rec["worse_than_zero_shot"]["kernel"]) >= {"acc1", "nll"}
@@ -57,7 +58,7 @@ def test_compare_is_the_one_paired_test_at_the_level():
     w = np.where(y < 3, 0.3, 0.7)
     parts = [({"kernel": cand[y < 3], "cosine": zero[y < 3]}, y[y < 3], 0.3),
              ({"kernel": cand[y >= 3], "cosine": zero[y >= 3]}, y[y >= 3], 0.7)]
-    rec = compare(parts)
+    rec = compare(parts, DEFAULT)
     a, b = outcomes(cand, y), outcomes(zero, y)
     order = np.concatenate([np.flatnonzero(y < 3), np.flatnonzero(y >= 3)])
     for m in ("acc1", "acc5", "nll"):
@@ -83,7 +84,7 @@ def test_parts_are_weighed_as_the_fit_weighs_them():
     y = np.array([0, 1])
     good, bad = np.eye(2)[y] * 0.9 + 0.05, np.eye(2)[1 - y] * 0.9 + 0.05
     rec = compare([({"kernel": bad[:1], "cosine": good[:1]}, y[:1], 0.25),
-                   ({"kernel": good[1:], "cosine": good[1:]}, y[1:], 0.75)])
+                   ({"kernel": good[1:], "cosine": good[1:]}, y[1:], 0.75)], DEFAULT)
     assert rec["heads"]["kernel"]["acc1"] == pytest.approx(0.75)
     assert rec["heads"]["cosine"]["acc1"] == pytest.approx(1.0)
 

@@ -20,6 +20,7 @@ from svgen import SVGClassifier
 from svgen.heads import calibration as temperatures
 from svgen.errors import SvgenError
 from svgen.adapt import shotless as coverage
+from svgen.adapt.config import DEFAULT
 from svgen.io.artifacts import FORMAT_VERSION_MIXTURE, FORMAT_VERSION_SHOTLESS
 
 from test_mixture import _rewrite
@@ -177,12 +178,12 @@ def test_weight_and_offset_minimise_the_refits_evidence(pets, monkeypatch):
 
     def refit(part):
         calls.append(part.labels.numpy())
-        return shot_adapt.adapt(zero, part, side, tilt_shotless=False)
+        return shot_adapt.adapt(zero, part, side, tilt_shotless=False, config=DEFAULT)
 
     real = coverage.evidence
     monkeypatch.setattr(coverage, "evidence", lambda *a: raw.append(a) or real(*a))
     w0 = clf.fewshot_["head_choice"]["mixture_weight"]
-    tilt = coverage.fit_tilt(zero, shots, side, refit, w0)
+    tilt = coverage.fit_tilt(zero, shots, side, refit, w0, config=DEFAULT)
     w, delta, rec = tilt.weight, tilt.offset, tilt.record
     cal = clf.heads_.calibration
     assert (w, delta) == pytest.approx((cal.mixture_weight, cal.shotless_offset)) and len(calls) == len(rec["folds"]) == 4

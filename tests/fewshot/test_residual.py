@@ -18,7 +18,7 @@ from svgen.adapt import heldout
 from svgen.adapt.solvers import ridge
 from svgen.io.artifacts import FORMAT_VERSION_PRIOR
 from svgen.adapt.config import DEFAULT, AdaptConfig
-from svgen.adapt.select import shot_test
+from svgen.adapt.select import choose
 
 
 def _unit(x):
@@ -146,8 +146,9 @@ def test_paired_decision_keeps_zero_shot_when_the_correction_hurts():
     y = np.arange(20) % 4
     p0 = np.eye(4)[y] * 0.6 + 0.1                       # zero-shot right on every shot
 
-    def decide(held, zs, y):
-        return shot_test(held.argmax(1) == y, zs.argmax(1) == y).to_json()
+    def decide(held, zs, y):   # the kernel choice between zero-shot and one correction, as the head records it
+        c = choose({residual.ZERO_SHOT: zs.argmax(1) == y, (0.5, 1.0): held.argmax(1) == y}, None, "kernel", 1.0)
+        return residual.decision_record(c.chosen != residual.ZERO_SHOT, c.versus_zero_shot, 1.0)
 
     worse = np.eye(4)[(y + 1) % 4]                      # adapted LOO wrong on every shot
     d = decide(worse, p0, y)

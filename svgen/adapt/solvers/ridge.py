@@ -16,7 +16,7 @@ def unit(x) -> np.ndarray:
     return x / np.linalg.norm(x, axis=1, keepdims=True)
 
 
-def prior_probs(X: np.ndarray, P: np.ndarray, logit_scale: float) -> np.ndarray:
+def prior_probs(X: np.ndarray, P: np.ndarray, logit_scale: float = 100.0) -> np.ndarray:
     """``p₀ = softmax(τ · x̂ P̂ᵀ)`` (N×C, computed in place)."""
     z = logit_scale * X @ P.T
     z -= z.max(axis=1, keepdims=True)
