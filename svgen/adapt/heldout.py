@@ -1,16 +1,6 @@
-"""The selectable heads against zero-shot on the evidence a few-shot fit has: its held-out shots.
-
-``adapt`` already scores every head on shots it did not see (the balanced folds' held-out shots, or exact
-leave-one-out; with shots for only some classes also the refits that leave whole classes without shots,
-:mod:`svgen.adapt.shotless`). The cosine head — plain CLIP, zero-shot — needs no refit, so it is scored on the
-same images, and :func:`compare` records each head against it (``svgen.json`` ``fewshot.heads_vs_zero_shot``):
-top-1, top-5 (the classes ``classify`` lists, :func:`svgen.heads.scoring.topk`) and NLL, each image
-weighed as the fit weighed it (the deployed shares of classes without and with shots), with the paired difference
-to the cosine head and its standard error (:func:`svgen.adapt.select.paired`). A head is *worse than zero-shot* where one
-of the three is behind the cosine head's by more than ``level`` standard errors (:func:`svgen.adapt.select.behind`; NLL:
-:func:`~svgen.adapt.select.ahead`, lower is better). The record is output only: ``svgen diagnose`` and ``svgen eval``
-report it (:func:`svgen.evaluation.heldout.findings`); nothing in the fit reads it back.
-"""
+"""The held-out shots of a fit (:class:`Evidence`: balanced folds, or leave-one-out with one shot per class), and
+each head against zero-shot on them (:func:`compare`: ``svgen.json`` ``fewshot.heads_vs_zero_shot``, output only,
+reported by ``svgen diagnose`` and ``svgen eval``)."""
 
 from __future__ import annotations
 
@@ -19,8 +9,10 @@ from enum import Enum
 from typing import Dict, Optional, Sequence, Tuple
 
 import numpy as np
+import torch
 
 from svgen.heads.calibration import PROB_FLOOR
+from svgen.heads.scoring import topk
 from svgen.adapt.config import DEFAULT, AdaptConfig
 from svgen.adapt.select import ahead, behind, paired
 
@@ -32,11 +24,7 @@ Part = Tuple[Dict[str, np.ndarray], np.ndarray, float]   # ({head: M×C probabil
 
 
 def outcomes(p, y) -> Dict[str, np.ndarray]:
-    """Per image: top-1 and top-5 hits (0/1) and ``−log p_y`` of probabilities ``p`` (M×C) against ``y``."""
-    import torch
-
-    from svgen.heads.scoring import topk
-
+    """Per image: top-1 and top-5 hits (classify's ties) and ``−log p_y`` of probabilities ``p`` against ``y``."""
     p = np.asarray(p, dtype=np.float64)
     y = np.asarray(y, dtype=np.int64)
     hit = topk(torch.from_numpy(p), 5)[1].numpy() == y[:, None]
@@ -45,10 +33,9 @@ def outcomes(p, y) -> Dict[str, np.ndarray]:
 
 
 def compare(parts: Sequence[Part], config: AdaptConfig) -> Optional[dict]:
-    """Every head of ``parts`` against :data:`ZERO_SHOT` (each part must have it): the weighted means, the paired
-    differences with their standard errors, and ``worse_than_zero_shot`` — ``{head: [metric, …]}`` for the heads
-    behind zero-shot by more than ``config.level`` standard errors. Each part's images share its weight equally.
-    None without images."""
+    """Every head of ``parts`` against :data:`ZERO_SHOT` (in every part): top-1, top-5 and NLL means, the paired
+    differences, and the heads behind it by more than ``config.level`` SE on one (NLL: ahead). Each part's images
+    share its weight. None without images."""
     level = config.level
     parts = [(probs, np.asarray(y), float(w)) for probs, y, w in parts if len(y) and w > 0]
     if not parts:
@@ -78,16 +65,12 @@ def compare(parts: Sequence[Part], config: AdaptConfig) -> Optional[dict]:
 
 
 def shots_record(held: tuple, default_head: str, weight: Optional[float], config: AdaptConfig) -> Optional[dict]:
-    """:func:`compare` on the held-out shots that chose the default head: ``held`` is ``(p_kernel, p_linear, y,
-    p_cosine)`` (:attr:`svgen.adapt.shots.ShotFit.held_out`); the mixture is scored where it is the default."""
+    """:func:`compare` on ``held`` = (p_kernel, p_linear, y, p_cosine); the mixture where it is the default."""
     pk, pl, y, p0 = held
     probs = {"kernel": pk, "linear": pl, ZERO_SHOT: p0}
     if default_head == "mixture" and weight is not None:
         probs["mixture"] = weight * pk + (1.0 - weight) * pl
     return compare([(probs, y, 1.0)], config)
-
-
-# ----------------------------------------------------------------------------- the held-out shots
 
 class Regime(Enum):
     """How a fit's shots are held out: balanced folds, exact leave-one-out (one shot per class), or not at all."""

@@ -15,8 +15,8 @@ from svgen.adapt import temperatures as calibration
 from svgen.adapt.config import AdaptConfig
 from svgen.adapt.heldout import Evidence
 from svgen.adapt.select import choose
-from svgen.adapt.solvers.lda import (fold_logits, lda_covariance, lda_head_weights, lda_loo,  # noqa: F401
-                                     lda_loo_logits, lda_loo_scores, prior_means, spread_ratio)
+from svgen.adapt.solvers.lda import (fold_logits, lda_covariance, lda_head_weights, lda_loo_scores,  # noqa: F401
+                                     prior_means, spread_ratio)
 from svgen.core.support import SupportSet
 from svgen.heads.scoring import CLIP_LOGIT_SCALE
 from svgen.state import LdaPart, LinearForm
@@ -40,13 +40,6 @@ class LdaChoice:
                 else "the most shrinkage not behind the lowest LOO error (paired), then the lowest LOO error"}
 
 
-def lda_loo_hits(X: torch.Tensor, y: torch.Tensor, m: torch.Tensor, gammas, kappas, rows) -> dict:
-    """{(γ, κ): per scored shot, whether the LDA head's exact leave-one-out ranks its class first}."""
-    t = (y if rows is None else y[torch.as_tensor(rows, dtype=torch.long)]).numpy()
-    return {(gammas[a], kappas[b]): (sc.argmax(dim=1).numpy() == t).astype(float)
-            for (a, b), sc in lda_loo_scores(X, y, m, gammas, kappas, rows)}
-
-
 def lda_setting(hits: dict, level: float) -> tuple:
     """(γ, κ) from ``{(γ, κ): per-shot LOO hits}``: γ the most shrinkage not behind the best (γ, κ), κ the best at that
     γ (``CHOICES["lda"]``, ``CHOICES["lda_prior"]``; ties: more shrinkage, then more prior)."""
@@ -57,15 +50,16 @@ def lda_setting(hits: dict, level: float) -> tuple:
 
 
 def fit_lda_head(prototypes: torch.Tensor, shots: SupportSet, n_classes: int, ev: Evidence, config: AdaptConfig):
-    """(W, b, :class:`LdaChoice`): γ the most shrinkage not behind the best (γ, κ), κ the best at that γ
-    (``CHOICES["lda"]``, ``CHOICES["lda_prior"]``) on the exact leave-one-out of ``ev.loo_rows``."""
+    """(W, b, :class:`LdaChoice`), (γ, κ) by :func:`lda_setting` on the exact leave-one-out of ``ev.loo_rows``."""
     X, y = shots.rows.double(), shots.labels
     m = prior_means(prototypes, X)
     counts = shots.counts(n_classes)
     kappas = ((config.lda_prior_one_shot,) if ev.one_shot
               else tuple(k for k in config.lda_prior if k > 0 or not (counts == 0).any()))   # κ = 0 needs every class
     gammas = (1.0,) if ev.one_shot else config.lda_shrinkage     # no within-class scatter to estimate with 1 shot
-    hits = lda_loo_hits(X, y, m, gammas, kappas, ev.loo_rows)
+    t = y.numpy() if ev.loo_rows is None else y.numpy()[ev.loo_rows]
+    hits = {(gammas[a], kappas[b]): sc.argmax(dim=1).numpy() == t
+            for (a, b), sc in lda_loo_scores(X, y, m, gammas, kappas, ev.loo_rows)}
     gamma, kappa = lda_setting(hits, config.level)
     W, bias = lda_head_weights(X, y, m, gamma, kappa, equal_radius=True)
     return W.float(), bias.float(), LdaChoice(float(gamma), float(kappa), 1.0 - float(hits[gamma, kappa].mean()),

@@ -16,12 +16,9 @@ from svgen.heads.calibration import PROB_FLOOR
 from svgen.heads.scoring import topk
 
 
-# ----------------------------------------------------------------------------- the one test
-
 @dataclass(frozen=True)
 class Paired:
-    """Two predictors' per-image scores on the same images: their (weighted) means, the mean difference
-    (candidate − baseline) and its standard error, and the number of images."""
+    """Two predictors on the same images: their (weighted) means, candidate − baseline and its SE, the images."""
 
     candidate: float
     baseline: float
@@ -50,8 +47,7 @@ TIE = 1e-9   # relative: a difference of exactly ``level`` SE in exact arithmeti
 
 
 def behind(p: Paired, level: float) -> bool:
-    """The one acceptance test: the candidate is behind the baseline by more than ``level`` standard errors (a tie,
-    exactly ``level`` SE, is not behind)."""
+    """The one test: the candidate is behind the baseline by more than ``level`` SE (exactly ``level`` SE is not)."""
     return p.difference < -level * p.standard_error * (1 + TIE)
 
 
@@ -59,8 +55,6 @@ def ahead(p: Paired, level: float) -> bool:
     """:func:`behind` with the roles swapped: the baseline is behind the candidate."""
     return p.difference > level * p.standard_error * (1 + TIE)
 
-
-# ----------------------------------------------------------------------------- the choices
 
 class Score(Enum):
     """What a held-out image contributes to a candidate's mean, larger is better: its top-1 or top-5 hit, or −NLL."""
@@ -80,8 +74,7 @@ class Score(Enum):
 
 
 class Accept(Enum):
-    """How the paired test (:func:`behind`, at ``AdaptConfig.level``) accepts a candidate; the first candidate is
-    zero-shot (or the one nearest it) and every tie goes to the candidate nearer zero-shot (earlier)."""
+    """How :func:`behind` accepts a candidate; the first is zero-shot (or nearest it) and every tie goes earlier."""
 
     BEST = "the best mean (zero-shot among the candidates, so no test is needed)"
     UNLESS_BEHIND = "the best other candidate, unless it is behind zero-shot"
@@ -91,8 +84,7 @@ class Accept(Enum):
 
 @dataclass(frozen=True)
 class ChoiceRule:
-    """One adaptive choice as :data:`CHOICES` lists it: what is chosen, its candidates (zero-shot, or the one nearest
-    it, first: the tie order), the per-image score, the acceptance test, the held-out images that judge it, and where."""
+    """One row of :data:`CHOICES`: what is chosen, among what (in tie order), scored how, accepted how, on what."""
 
     chosen: str
     candidates: str
@@ -144,8 +136,7 @@ CHOICES: Dict[str, ChoiceRule] = {
 
 @dataclass(frozen=True)
 class Choice:
-    """What :func:`choose` chose: the candidate (its key and index), its held-out mean, the best candidate, the chosen
-    (or the best, where zero-shot was kept) against zero-shot, every candidate's mean, and why in words."""
+    """What :func:`choose` chose (key, index, mean), the best, the chosen (or best) against zero-shot, and why."""
 
     name: str
     chosen: Hashable
@@ -201,13 +192,9 @@ def mean_of(values: np.ndarray, weights) -> float:
     return float(values.mean()) if weights is None else float(np.asarray(weights, np.float64) @ values / np.sum(weights))
 
 
-# ----------------------------------------------------------------------------- decisions
-
 @dataclass(frozen=True)
 class Decision:
-    """An accepted or refused candidate, why (a member of a ``Reason`` enum), on what evidence, and the cause in
-    words where it was refused. ``to_json()`` writes the record (output only, never read back to steer); the
-    reason's enum knows how its records look (its ``record`` method)."""
+    """A kept or refused candidate, why (a ``Reason`` member, whose ``record`` writes ``to_json()``), on what."""
 
     kept: bool
     reason: Enum

@@ -1,6 +1,5 @@
-"""Shots for only some classes: the default mixture with the classes without shots ``U`` tilted by ``e^δ``,
-``p'(c | x) ∝ p(c | x)·e^{δ·[c ∈ U]}``, (w, δ) by the NLL of held-out evidence of both regimes from refits of
-``adapt`` without groups of classes (docs/fewshot.md, "Classes without shots")."""
+"""Shots for only some classes: the mixture with the classes without shots ``U`` tilted, ``p'(c | x) ∝
+p(c | x)·e^{δ·[c ∈ U]}``, (w, δ) by ``CHOICES["shotless_tilt"]`` (docs/fewshot.md, "Classes without shots")."""
 
 from __future__ import annotations
 
@@ -29,7 +28,7 @@ GOLDEN_STEPS = 30
 
 
 class Tilt(NamedTuple):
-    """The deployed mixture's weight w and tilt δ, its record, and each head against zero-shot (output only)."""
+    """The mixture's weight w and tilt δ, its record, and each head against zero-shot."""
 
     weight: float
     offset: float

@@ -16,7 +16,7 @@ from svgen import SVGClassifier
 from svgen.adapt import temperatures as held_temperatures
 from svgen.core import logits as logit_kinds
 from svgen.adapt.solvers import lda as fewshot
-from svgen.adapt.solvers.lda import lda_loo_logits
+from svgen.adapt.solvers.lda import lda_loo_scores
 from svgen.core.support import IMAGE
 
 optimize = pytest.importorskip("scipy.optimize")
@@ -44,6 +44,12 @@ def adapted(request):
     return clf, protos, X, y
 
 
+def lda_loo_logits(prototypes, shots, gamma, kappa):
+    """The LDA head's exact leave-one-out logits (every shot) at (γ, κ)."""
+    X = shots.rows.double()
+    return next(lda_loo_scores(X, shots.labels, fewshot.prior_means(prototypes, X), [gamma], [kappa]))[1]
+
+
 def _nll(z, y, T):
     a = z / T
     a = a - a.max(axis=1, keepdims=True)
@@ -66,7 +72,7 @@ def test_lda_loo_logits_equal_refitting_without_each_shot(adapted):
         W, b = fewshot.lda_head_weights(Xd[keep], yt[keep], m, g, kap, tau=tau, equal_radius=True,
                                         centre=Xd.mean(0))      # LOO holds the shots' centre at its all-shot value
         want[i] = (Xd[i] @ W.T + b).numpy()
-    got = lda_loo_logits(clf.prototypes_, shots, C, g, kap).numpy()
+    got = lda_loo_logits(clf.prototypes_, shots, g, kap).numpy()
     np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6 * np.abs(want).max())
 
 
@@ -90,7 +96,7 @@ def test_adapt_fits_each_heads_temperature_by_loo_nll(adapted, tmp_path):
     lin = clf.fewshot_["linear"]
     assert lin["means"] == "equal Mahalanobis radius"      # the default head
     # the linear head: its exact leave-one-out logits, zero-shot logits + α·s·(LDA refitted without each shot)
-    zl = lda_loo_logits(clf.prototypes_, shots, C, lin["shrinkage"], lin["prior_shots"]).numpy()
+    zl = lda_loo_logits(clf.prototypes_, shots, lin["shrinkage"], lin["prior_shots"]).numpy()
     if not ev.one_shot:
         Pn = torch.nn.functional.normalize(clf.prototypes_.double(), dim=-1)
         zl = (100.0 * shots.rows.double() @ Pn.T).numpy() + lin["alpha"] * lin["scale"] * zl

@@ -1,5 +1,5 @@
-"""The LDA head: shared-covariance LDA with the text prototypes as prior means, its weights and its exact
-leave-one-out logits (Sherman–Morrison rank-one downdates of the class mean and the scatter; docs/fewshot.md)."""
+"""Shared-covariance LDA with the text prototypes as prior means: its weights, its exact leave-one-out logits
+(rank-one downdates of the class mean and the scatter) and its refits without folds (docs/fewshot.md)."""
 
 from __future__ import annotations
 
@@ -128,23 +128,3 @@ def fold_logits(X: torch.Tensor, y: torch.Tensor, m: torch.Tensor, gamma: float,
         W, b = lda_head_weights(X[keep], y[keep], m, gamma, kappa, equal_radius=True)
         out.append((X[scored] @ W.T + b).numpy())
     return np.concatenate(out)
-
-
-def lda_loo(X: torch.Tensor, y: torch.Tensor, m: torch.Tensor, gammas, kappas, score_rows=None) -> tuple:
-    """(error γ×κ, mean negative margin γ×κ, correct γ×κ×N) of :func:`lda_loo_scores`."""
-    t = y if score_rows is None else y[torch.as_tensor(score_rows, dtype=torch.long)]   # the scored shots' labels
-    err, tie = np.zeros((len(gammas), len(kappas))), np.zeros((len(gammas), len(kappas)))
-    correct = np.zeros(err.shape + (len(t),), dtype=bool)
-    for ab, sc in lda_loo_scores(X, y, m, gammas, kappas, score_rows):
-        correct[ab] = (sc.argmax(dim=1) == t).numpy()
-        err[ab] = float((~correct[ab]).mean())
-        other = sc.scatter(1, t[:, None], -float("inf")).max(dim=1).values
-        tie[ab] = float((other - sc[torch.arange(len(t)), t]).clamp(-1e6, 1e6).mean())
-    return err, tie, correct
-
-
-def lda_loo_logits(prototypes: torch.Tensor, shots, n_classes: int, shrinkage: float, prior_shots: float,
-                   rows=None) -> torch.Tensor:
-    """The LDA head's exact leave-one-out logits (N×C, or those of ``rows``) at (γ, κ)."""
-    X = shots.rows.double()
-    return next(lda_loo_scores(X, shots.labels, prior_means(prototypes, X), [shrinkage], [prior_shots], rows))[1]
