@@ -1,4 +1,4 @@
-"""The held-out shots of a fit (:class:`Evidence`: balanced folds, or leave-one-out with one shot per class), and
+"""The held-out shots of a fit (:class:`HeldOut`: balanced folds, or leave-one-out with one shot per class), and
 each head against zero-shot on them (:func:`compare`: ``svgen.json`` ``fewshot.heads_vs_zero_shot``, output only,
 reported by ``svgen diagnose`` and ``svgen eval``)."""
 
@@ -81,7 +81,7 @@ class Regime(Enum):
 
 
 @dataclass(frozen=True)
-class Evidence:
+class HeldOut:
     """The held-out shots of one fit, built once (:func:`evidence`): the regime, the ``(removed, scored)`` folds, the
     scored shots (``rows``, in the folds' order) and their ``labels``, the shots exact leave-one-out scores
     (``loo_rows``, None: all) and the fit's seed. Every choice of the shots stage is judged on it."""
@@ -107,20 +107,20 @@ class Evidence:
         return self.regime is Regime.FOLDS
 
 
-def evidence(labels: np.ndarray, n_classes: int, config: AdaptConfig, seed: int) -> Evidence:
+def evidence(labels: np.ndarray, n_classes: int, config: AdaptConfig, seed: int) -> HeldOut:
     """The held-out shots of ``labels``: balanced folds (:func:`scored_folds`, at most ``config.select_max`` scored)
     with exact leave-one-out of ``config.lda_loo_max`` shots beside; with one shot per class leave-one-out of
     ``config.select_max`` (:func:`shot_sample`); none without shots. One seed, the fit's."""
     y = np.asarray(labels, dtype=np.int64)
     if y.size == 0:
-        return Evidence(Regime.NONE, (), y, y, None, seed)
+        return HeldOut(Regime.NONE, (), y, y, None, seed)
     if np.bincount(y, minlength=n_classes).max() <= 1:
         sub = shot_sample(y, config.select_max, seed)
         rows = np.arange(y.size) if sub is None else sub
-        return Evidence(Regime.LEAVE_ONE_OUT, (), rows, y[rows], sub, seed)
+        return HeldOut(Regime.LEAVE_ONE_OUT, (), rows, y[rows], sub, seed)
     folds = tuple(scored_folds(balanced_folds(y, seed, config.max_folds), y, seed, config.select_max))
     rows = np.concatenate([scored for _, scored in folds])
-    return Evidence(Regime.FOLDS, folds, rows, y[rows], shot_sample(y, config.lda_loo_max, seed), seed)
+    return HeldOut(Regime.FOLDS, folds, rows, y[rows], shot_sample(y, config.lda_loo_max, seed), seed)
 
 
 def balanced_folds(y: np.ndarray, seed: int = 0, max_folds: int = DEFAULT.max_folds) -> list:

@@ -13,7 +13,7 @@ import torch
 
 from svgen.adapt import temperatures as calibration
 from svgen.adapt.config import AdaptConfig
-from svgen.adapt.heldout import Evidence
+from svgen.adapt.heldout import HeldOut
 from svgen.adapt.select import choose
 from svgen.adapt.solvers.lda import (fold_logits, lda_covariance, lda_head_weights, lda_loo_scores,  # noqa: F401
                                      prior_means, spread_ratio)
@@ -49,7 +49,7 @@ def lda_setting(hits: dict, level: float) -> tuple:
     return choose({k: hits[k] for k in row}, None, "lda_prior", level).chosen
 
 
-def fit_lda_head(prototypes: torch.Tensor, shots: SupportSet, n_classes: int, ev: Evidence, config: AdaptConfig):
+def fit_lda_head(prototypes: torch.Tensor, shots: SupportSet, n_classes: int, ev: HeldOut, config: AdaptConfig):
     """(W, b, :class:`LdaChoice`), (γ, κ) by :func:`lda_setting` on the exact leave-one-out of ``ev.loo_rows``."""
     X, y = shots.rows.double(), shots.labels
     m = prior_means(prototypes, X)
@@ -87,7 +87,7 @@ def lda_part(loo: np.ndarray, loo_y: np.ndarray, W_lda, b_lda, choice: LdaChoice
     return LdaPart(W_lda, b_lda, choice.shrinkage, float(t_lda["temperatures"]["lda"]) if fitted else None), t_lda
 
 
-def alpha_evidence(X: torch.Tensor, shots, P: np.ndarray, choice: LdaChoice, ev: Evidence, m, loo, Z_loo) -> tuple:
+def alpha_evidence(X: torch.Tensor, shots, P: np.ndarray, choice: LdaChoice, ev: HeldOut, m, loo, Z_loo) -> tuple:
     """(Z, L, s) at ``ev.rows``: the zero-shot logits, the LDA logits the deployed head did not see (the folds'
     refits, or leave-one-out) and their spread ratio."""
     if ev.one_shot:
@@ -98,7 +98,7 @@ def alpha_evidence(X: torch.Tensor, shots, P: np.ndarray, choice: LdaChoice, ev:
 
 
 def fit_linear_head(prototypes: torch.Tensor, shots, n_classes: int, W_lda: torch.Tensor, b_lda: torch.Tensor,
-                    choice: LdaChoice, ev: Evidence, config: AdaptConfig) -> LinearFit:
+                    choice: LdaChoice, ev: HeldOut, config: AdaptConfig) -> LinearFit:
     """The linear head on the LDA head at ``choice``: α by :func:`choose` (``CHOICES["alpha"]``) on ``ev``."""
     X = shots.rows.double()
     scored = slice(None) if ev.loo_rows is None else ev.loo_rows

@@ -11,7 +11,7 @@ from typing import Optional
 import numpy as np
 
 from svgen.adapt.config import AdaptConfig
-from svgen.adapt.heldout import Evidence, shot_sample
+from svgen.adapt.heldout import HeldOut, shot_sample
 from svgen.adapt.select import Choice, choose
 from svgen.adapt.solvers import ridge
 from svgen.adapt.solvers.ridge import prior_probs, rbf, unit  # noqa: F401  (the kernel head's formulas)
@@ -41,7 +41,7 @@ class ResidualFit:
     held_prior: Optional[np.ndarray] = None
 
 
-def settings(X: np.ndarray, ev: Evidence, config: AdaptConfig) -> tuple:
+def settings(X: np.ndarray, ev: HeldOut, config: AdaptConfig) -> tuple:
     """(the (σ, c) candidates, larger c then larger σ first; the median shot distance). One shot per class, or every
     shot the same image: Tip-Adapter's σ = 1/√β and c alone, and None."""
     med = None if ev.one_shot else ridge.median_distance(X, ev.seed, config.select_max)
@@ -51,7 +51,7 @@ def settings(X: np.ndarray, ev: Evidence, config: AdaptConfig) -> tuple:
     return sorted(cells, key=lambda sc: (-sc[1], -sc[0])), med
 
 
-def held_scores(X, y, R, p0_held, ev: Evidence, cells: list, config: AdaptConfig):
+def held_scores(X, y, R, p0_held, ev: HeldOut, cells: list, config: AdaptConfig):
     """Yields ``((σ, c), scores at ev.rows)``: leave-one-out with one shot per class, else the folds' refits (exact up
     to ``select_max`` shots, else in a Nyström basis of ``select_basis`` shots each fold keeps)."""
     if ev.one_shot:
@@ -72,7 +72,7 @@ def held_scores(X, y, R, p0_held, ev: Evidence, cells: list, config: AdaptConfig
         yield (sigmas[i], ridges[j]), sc
 
 
-def fit_residual_head(X, y, P, n_classes: int, ev: Evidence, logit_scale: float, config: AdaptConfig) -> ResidualFit:
+def fit_residual_head(X, y, P, n_classes: int, ev: HeldOut, logit_scale: float, config: AdaptConfig) -> ResidualFit:
     """Zero-shot and every (σ, c) scored on ``ev``, :func:`choose`, then the deployed solve."""
     X, P, y = unit(X), unit(P), np.asarray(y, dtype=np.int64)
     R = ridge.residuals(X, y, P, n_classes, logit_scale)
@@ -104,7 +104,7 @@ def decision_record(kept: bool, p, level: float) -> dict:
                            f"by more than {level:g} SE (paired)"}
 
 
-def residual_record(choice: Choice, kept: bool, med, ev: Evidence, config: AdaptConfig, logit_scale: float,
+def residual_record(choice: Choice, kept: bool, med, ev: HeldOut, config: AdaptConfig, logit_scale: float,
                     n_shots: int) -> dict:
     """The kernel head's ``svgen.json`` record (output only)."""
     sigma, c = choice.best

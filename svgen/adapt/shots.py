@@ -1,5 +1,5 @@
 """The shots stage: both heads with shots, their temperatures and the default head, every choice judged on one
-:class:`~svgen.adapt.heldout.Evidence` built here (docs/fewshot.md; the choices: docs/adaptation.md)."""
+:class:`~svgen.adapt.heldout.HeldOut` built here (docs/fewshot.md; the choices: docs/adaptation.md)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from svgen.adapt import lda as linear
 from svgen.adapt import shotless
 from svgen.adapt import temperatures as held_temperatures
 from svgen.adapt.config import AdaptConfig
-from svgen.adapt.heldout import Evidence
+from svgen.adapt.heldout import HeldOut
 from svgen.core import logits as logit_kinds
 from svgen.core.support import IMAGE, SupportSet
 from svgen.heads import calibration, predictor
@@ -102,7 +102,7 @@ def shots_record(shots, side, zero_shot, res, lchoice, lin, default, head_choice
         **({"classes_without_shots": tilt.record} if tilt else {})}
 
 
-def held_out_probabilities(heads: Heads, side: TextSide, res, shots: SupportSet, lin, ev: Evidence) -> tuple:
+def held_out_probabilities(heads: Heads, side: TextSide, res, shots: SupportSet, lin, ev: HeldOut) -> tuple:
     """(kernel M×C, linear M×C): both calibrated heads' probabilities at the evidence's scored shots."""
     cal = heads.calibration
     if res.adopted:
@@ -115,7 +115,7 @@ def held_out_probabilities(heads: Heads, side: TextSide, res, shots: SupportSet,
     return pk, pl
 
 
-def choose_default_head(heads: Heads, side: TextSide, res, shots: SupportSet, lin, ev: Evidence) -> tuple:
+def choose_default_head(heads: Heads, side: TextSide, res, shots: SupportSet, lin, ev: HeldOut) -> tuple:
     """(head, w, record, (p_kernel, p_linear, y, p_cosine)): w minimising the mixture's held-out NLL (1: kernel)."""
     pk, pl = held_out_probabilities(heads, side, res, shots, lin, ev)
     truth = ev.labels
@@ -134,7 +134,7 @@ def choose_default_head(heads: Heads, side: TextSide, res, shots: SupportSet, li
         (pk, pl, truth, p0)
 
 
-def temperatures(heads: Heads, side: TextSide, shots: SupportSet, res, lin, ev: Evidence,
+def temperatures(heads: Heads, side: TextSide, shots: SupportSet, res, lin, ev: HeldOut,
                  config: AdaptConfig) -> Calibration:
     """Both heads' T by the NLL of their held-out logits (the kernel head's logit kind too); the text rule's beside."""
     text_cal = predictor.text_calibration(heads, side.prototypes, side.per_template, side.config.kernel, config=config)
