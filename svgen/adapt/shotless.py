@@ -84,12 +84,8 @@ def best_weight_and_offset(evidence: list, level: float) -> tuple:
         return objective(st, w, best_offset(st, w))
 
     grid = [float(w) for w in np.linspace(0.0, 1.0, WEIGHT_STEPS + 1)]
-    per = {}
-    for w in grid:
-        st = _stacked(evidence, w)
-        per[w] = -per_image(st, w, best_offset(st, w))
-    share = _stacked(evidence, 0.0)[3]
-    pick = choose(per, SimpleNamespace(labels=None, weights=share), "shotless_tilt", level).chosen
+    per = {w: -per_image(st, w, best_offset(st, w)) for w in grid for st in [_stacked(evidence, w)]}
+    pick = choose(per, SimpleNamespace(weights=_stacked(evidence, 0.0)[3]), "shotless_tilt", level).chosen
     i = grid.index(pick)
     w, value = golden_minimum(profile, grid[max(i - 1, 0)], grid[min(i + 1, WEIGHT_STEPS)], GOLDEN_STEPS)
     best = pick if profile(pick) <= value else w
