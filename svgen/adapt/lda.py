@@ -68,8 +68,7 @@ def fit_lda_head(prototypes: torch.Tensor, shots: SupportSet, n_classes: int, ev
 
 @dataclass
 class LinearFit:
-    """The linear head ``x̂ Wᵀ + b``, its LDA part, its record, its logits at the evidence's scored shots and its
-    exact LOO logits (at ``ev.loo_rows``)."""
+    """The linear head ``x̂ Wᵀ + b``, its LDA part, its record, its logits at ``ev.rows`` and at ``ev.loo_rows``."""
 
     weight: torch.Tensor
     bias: torch.Tensor
@@ -87,11 +86,8 @@ def lda_part(loo: np.ndarray, loo_y: np.ndarray, W_lda, b_lda, choice: LdaChoice
     return LdaPart(W_lda, b_lda, choice.shrinkage, float(t_lda["temperatures"]["lda"]) if fitted else None), t_lda
 
 
-def alpha_evidence(X: torch.Tensor, shots, P: np.ndarray, choice: LdaChoice, ev: HeldOut, m, loo, Z_loo) -> tuple:
-    """(Z, L, s) at ``ev.rows``: the zero-shot logits, the LDA logits the deployed head did not see (the folds'
-    refits, or leave-one-out) and their spread ratio."""
-    if ev.one_shot:
-        return Z_loo, loo, spread_ratio(Z_loo, loo)
+def alpha_evidence(X: torch.Tensor, shots, P: np.ndarray, choice: LdaChoice, ev: HeldOut, m) -> tuple:
+    """(Z, L, s) at ``ev.rows``: the zero-shot logits, the folds' refitted LDA logits and their spread ratio."""
     L = fold_logits(X, shots.labels, m, choice.shrinkage, choice.prior_shots, list(ev.folds))
     Z = CLIP_LOGIT_SCALE * X.numpy()[ev.rows] @ P.T
     return Z, L, spread_ratio(Z, L)
@@ -114,7 +110,7 @@ def fit_linear_head(prototypes: torch.Tensor, shots, n_classes: int, W_lda: torc
                   "rule": "one shot per class: no held-out folds to weigh the LDA logits against the zero-shot ones; "
                           "the LDA head"}
         return LinearFit(W_lda, b_lda, replace(part, form=LinearForm.LDA), record, loo, loo, loo_y)
-    Z, L, s_fold = alpha_evidence(X, shots, P, choice, ev, m, loo, Z_loo)
+    Z, L, s_fold = alpha_evidence(X, shots, P, choice, ev, m)
     alphas = tuple(dict.fromkeys((0.0, *sorted(config.alphas))))   # α = 0, zero-shot, first
     picked = choose({a: (Z + a * s_fold * L).argmax(axis=1) == ev.labels for a in alphas}, ev, "alpha", config.level)
     alpha = picked.chosen
