@@ -45,23 +45,16 @@ def compare(parts: Sequence[Part], config: AdaptConfig) -> Optional[dict]:
     share /= share.sum()
     per = {h: {m: np.concatenate([outcomes(probs[h], y)[m] for probs, y, _ in parts]) for m in METRICS}
            for h in [ZERO_SHOT] + heads}
-    out = {"images": int(share.size), "heads": {h: {m: float(share @ per[h][m]) for m in METRICS} for h in per},
-           "versus_zero_shot": {}, "worse_than_zero_shot": {}}
-    for h in heads:
-        diffs, worse = {}, []
-        for m in METRICS:
-            p = paired(per[h][m], per[ZERO_SHOT][m], share)
-            diffs[m] = {"difference": p.difference, "standard_error": p.standard_error}
-            if ahead(p, level) if m == "nll" else behind(p, level):
-                worse.append(m)
-        out["versus_zero_shot"][h] = diffs
-        if worse:
-            out["worse_than_zero_shot"][h] = worse
-    out["rule"] = ("each head and the cosine head (zero-shot) on the fit's held-out shots, weighed as the fit weighs "
-                   "them; a head is worse than zero-shot where its top-1 or top-5 is lower, or its NLL higher, by "
-                   f"more than {'one standard error' if level == 1 else f'{level:g} standard errors'} of the paired "
-                   "difference")
-    return out
+    versus = {h: {m: paired(per[h][m], per[ZERO_SHOT][m], share) for m in METRICS} for h in heads}
+    worse = {h: [m for m, p in v.items() if (ahead if m == "nll" else behind)(p, level)] for h, v in versus.items()}
+    return {"images": int(share.size), "heads": {h: {m: float(share @ per[h][m]) for m in METRICS} for h in per},
+            "versus_zero_shot": {h: {m: {"difference": p.difference, "standard_error": p.standard_error}
+                                     for m, p in v.items()} for h, v in versus.items()},
+            "worse_than_zero_shot": {h: w for h, w in worse.items() if w},
+            "rule": "each head and the cosine head (zero-shot) on the fit's held-out shots, weighed as the fit weighs "
+                    "them; a head is worse than zero-shot where its top-1 or top-5 is lower, or its NLL higher, by "
+                    f"more than {'one standard error' if level == 1 else f'{level:g} standard errors'} of the paired "
+                    "difference"}
 
 
 def shots_record(held: tuple, default_head: str, weight: Optional[float], config: AdaptConfig) -> Optional[dict]:
@@ -92,11 +85,9 @@ class HeldOut:
     labels: np.ndarray
     loo_rows: Optional[np.ndarray]
     seed: int
-    weights: Optional[np.ndarray] = None
 
     @property
-    def one_shot(self) -> bool:
-        """One shot per class: the choices are judged on leave-one-out scores."""
+    def one_shot(self) -> bool:   # one shot per class: the choices are judged on leave-one-out scores
         return self.regime is Regime.LEAVE_ONE_OUT
 
     @property
