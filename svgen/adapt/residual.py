@@ -123,4 +123,4 @@ def residual_record(choice: Choice, kept: bool, med, ev: HeldOut, config: AdaptC
     decision = ({"adopted": True, "rule": ONE_SHOT_RULE} if choice.versus_zero_shot is None
                 else decision_record(kept, choice.versus_zero_shot, config.level))
     return {"sigma": float(sigma), "ridge_c": float(c), "logit_scale": float(logit_scale), "selection": selection,
-            "decision": decision, "shots": int(n_shots), "scored_shots": int(ev.rows.size)}
+            "decision": decision, "shots": int(n_shots), "scored_shots": int(ev.rows.size if ev.one_shot else n_shots)}
