@@ -154,21 +154,18 @@ class Choice:
         return self.index != 0
 
 
-def per_image(value, score: Score, evidence) -> np.ndarray:
-    """A candidate's per-image scores: already per image (1-D), or its M×C outputs on ``evidence.labels``."""
-    a = np.asarray(value, dtype=np.float64)
-    return a if a.ndim == 1 else score.per_image(a, evidence.labels)
-
-
 def choose(candidates: Mapping[Hashable, Any], evidence, criterion: str, level: float) -> Choice:
     """The choice ``CHOICES[criterion]`` among ``candidates`` ({key: per-image scores (1-D, larger better), M×C
     outputs, or for guards {Score: either}}, zero-shot first, then nearest zero-shot first: the tie order), on
     ``evidence`` (``labels`` for M×C outputs; ``weights`` per image or None), accepted by the paired test at ``level``."""
     rule = CHOICES[criterion]
     keys, weights = list(candidates), getattr(evidence, "weights", None)
-    scores = {k: {s: per_image(v[s], s, evidence) for s in (rule.score, *rule.guards)} if isinstance(v, Mapping)
-              else {rule.score: per_image(v, rule.score, evidence)} for k, v in candidates.items()}
-    means = {k: float(mean_of(scores[k][rule.score], weights)) for k in keys}
+    per_image = lambda v, s: v if np.ndim(v) == 1 else s.per_image(v, evidence.labels)  # noqa: E731  (1-D, or M×C)
+    scores = {k: {s: np.asarray(per_image(v[s] if isinstance(v, Mapping) else v, s), dtype=np.float64)
+                  for s in ((rule.score, *rule.guards) if isinstance(v, Mapping) else (rule.score,))}
+              for k, v in candidates.items()}
+    means = {k: float(scores[k][rule.score].mean() if weights is None
+                      else np.asarray(weights, np.float64) @ scores[k][rule.score] / np.sum(weights)) for k in keys}
     pool = keys if rule.accept in (Accept.BEST, Accept.NEAREST_NOT_BEHIND) or len(keys) == 1 else keys[1:]
     best = pool[int(np.argmax([means[k] for k in pool]))]   # the first of the best: nearest zero-shot
     test = lambda a, b, s=rule.score: paired(scores[a][s], scores[b][s], weights)  # noqa: E731
@@ -186,10 +183,6 @@ def choose(candidates: Mapping[Hashable, Any], evidence, criterion: str, level: 
             chosen, why = keys[0], f"the best {best!r} fails on {', '.join(failed)} against zero-shot at {level:g} SE"
     versus = test(chosen if chosen != keys[0] else best, keys[0]) if len(keys) > 1 else None
     return Choice(criterion, chosen, keys.index(chosen), means[chosen], best, versus, means, why, ok)
-
-
-def mean_of(values: np.ndarray, weights) -> float:
-    return float(values.mean()) if weights is None else float(np.asarray(weights, np.float64) @ values / np.sum(weights))
 
 
 @dataclass(frozen=True)
