@@ -6,7 +6,6 @@ import numpy as np
 import pytest
 import torch
 
-from svgen.adapt import config as adapt_config
 from svgen import SVGClassifier
 from svgen.core.support import IMAGE
 from svgen.adapt import residual
@@ -144,7 +143,7 @@ def test_spread_ratio_is_scale_equivariant():
     assert spread_ratio(Z, 2.0 * L + 5.0) == pytest.approx(spread_ratio(Z, L) / 2.0)
 
 
-def test_many_classes_a_linear_head_that_hurts_is_not_chosen(monkeypatch):
+def test_many_classes_a_linear_head_that_hurts_is_not_chosen():
     """Regression (issue 38). 300 classes × 4 shots, more than select_max (1,024): the text prototypes are
     right for the images' classes but carry a class-specific part in directions the images do not use, so the LDA head
     has weak prior means for classes without shots. Choosing α on the shots of a subset of whole classes, the LDA
@@ -155,7 +154,7 @@ def test_many_classes_a_linear_head_that_hurts_is_not_chosen(monkeypatch):
     α's argmax is noise on a problem where the LDA part never helps, and chose a hurting α in 2 of 8 draws of it.)"""
 
 
-    monkeypatch.setattr(adapt_config, "DEFAULT", AdaptConfig(lda_loo_max=64))   # 1,200 shots: above select_max
+    cfg = AdaptConfig(lda_loo_max=64)   # 1,200 shots: above select_max
     rng = np.random.default_rng(0)
     n_cls, Di, Dt = 300, 32, 16
     cen = np.zeros((n_cls, Di + Dt))
@@ -175,15 +174,15 @@ def test_many_classes_a_linear_head_that_hurts_is_not_chosen(monkeypatch):
     Q, yq = draw(20)
     acc = lambda z: float((np.asarray(z).argmax(1) == yq).mean())   # noqa: E731
     zero_shot = acc(Q @ P.T)
-    clf = SVGClassifier(n_support=2, steps=5).fit(P.astype(np.float32)).adapt(X, y)
+    clf = SVGClassifier(n_support=2, steps=5, adapt_config=cfg).fit(P.astype(np.float32)).adapt(X, y)
     # the old rule: α on the folds of a subset of whole classes, the LDA head refitted on those classes' shots alone
     shots = clf.support_set_.part(IMAGE)
-    W, b, choice = fit_lda_head(clf.prototypes_, shots, n_cls)
+    W, b, choice = fit_lda_head(clf.prototypes_, shots, n_cls, config=cfg)
     from benchmarks.bench_logit_form import class_subset   # the old rule's subset: every shot of some classes
 
     sub = class_subset(y, 128, 0)
     folds = [(sub[f], sub[f]) for f in residual.balanced_folds(y[sub], 0)]
-    old = fit_linear_head(clf.prototypes_, shots, n_cls, W, b, choice, folds, sub, None)
+    old = fit_linear_head(clf.prototypes_, shots, n_cls, W, b, choice, folds, sub, None, config=cfg)
     assert old.record["alpha"] >= 2.0
     assert acc(Q @ old.weight.double().numpy().T + old.bias.double().numpy()) < zero_shot - 0.015   # it hurts
     # the rule now: the adapted linear head, and the default head, are not below zero-shot

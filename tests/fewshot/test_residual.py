@@ -11,7 +11,6 @@ import numpy as np
 import pytest
 import torch
 
-from svgen.adapt import config as adapt_config
 from svgen import SVGClassifier
 from svgen.adapt import residual
 from svgen.adapt import heldout
@@ -291,7 +290,7 @@ def test_above_select_max_every_held_out_shot_is_scored_against_all_classes(monk
 
     C = 8
     X, y, P = _problem(seed=3, C=C, per_class=4)
-    monkeypatch.setattr(adapt_config, "DEFAULT", AdaptConfig(select_max=16, select_basis=12))
+    cfg = AdaptConfig(select_max=16, select_basis=12)
     seen, orig = {}, residual.nystrom_fold_scores
 
     def spy(*a, **k):
@@ -307,7 +306,7 @@ def test_above_select_max_every_held_out_shot_is_scored_against_all_classes(monk
         return lda_orig(Xk, yk, *a, **k)
 
     monkeypatch.setattr(fewshot, "lda_head_weights", lda_spy)
-    clf = SVGClassifier(n_support=2).fit(P.astype(np.float32)).adapt(X.astype(np.float32), y)
+    clf = SVGClassifier(n_support=2, adapt_config=cfg).fit(P.astype(np.float32)).adapt(X.astype(np.float32), y)
     folds = seen["folds"]
     held = np.concatenate([s for _, s in folds])
     assert held.size <= 16 and set(y[held]) == set(range(C))          # scored shots subsampled, every class scored
@@ -365,7 +364,7 @@ def test_one_shot_with_more_classes_than_the_lda_loo_subset(monkeypatch, select_
     from svgen.adapt import shots as shot_adapt
 
     X, y, P = _problem(seed=5, C=12, per_class=1)
-    monkeypatch.setattr(adapt_config, "DEFAULT", AdaptConfig(lda_loo_max=5, select_max=select_max))
+    cfg = AdaptConfig(lda_loo_max=5, select_max=select_max)
     seen = {}
     real = shot_adapt.held_out_probabilities
 
@@ -374,7 +373,7 @@ def test_one_shot_with_more_classes_than_the_lda_loo_subset(monkeypatch, select_
         return seen["out"]
 
     monkeypatch.setattr(shot_adapt, "held_out_probabilities", spy)
-    clf = SVGClassifier(n_support=2).fit(P.astype(np.float32)).adapt(X.astype(np.float32), y)
+    clf = SVGClassifier(n_support=2, adapt_config=cfg).fit(P.astype(np.float32)).adapt(X.astype(np.float32), y)
     hc = clf.fewshot_["head_choice"]
     pk, pl, rows = seen["out"]
     lda_rows = residual.shot_sample(y, 5, 0)
