@@ -148,7 +148,8 @@ def test_infinite_prior_strength_is_the_inductive_prediction(data):
     q = data["U"]
     from svgen.adapt.transduce import transduce
 
-    pool = transduce(clf._stage(), clf._side(), torch.nn.functional.normalize(torch.as_tensor(q), dim=-1), strength=1e7)
+    pool = transduce(clf._stage(), clf._side(), torch.nn.functional.normalize(torch.as_tensor(q), dim=-1), strength=1e7,
+                     config=clf.adapt_config_)
     qn = torch.nn.functional.normalize(torch.as_tensor(q), dim=-1)
     before = (qn @ pool.prior_linear.weight.T + pool.prior_linear.bias).argmax(1).numpy()
     after = predictor.scores(pool.heads, clf.prototypes_, "rbf", torch.as_tensor(q), "linear")
