@@ -21,6 +21,7 @@ from svgen import AdaptConfig, SVGClassifier, SvgenError
 from svgen.adapt import pool as pool_adapt
 from svgen.adapt import shots as shot_adapt
 from svgen.adapt.config import DEFAULT
+from svgen.io.settings import read_adapt_config
 
 from conftest import one_line_error, strict_json
 
@@ -153,11 +154,11 @@ def test_toml_needs_python_3_11_or_tomli(tmp_path, monkeypatch):
     f = tmp_path / "s.toml"
     f.write_text("level = 2.0\nalphas = [0, 1]\n")
     if sys.version_info >= (3, 11):
-        assert AdaptConfig.from_file(f) == AdaptConfig(level=2.0, alphas=(0.0, 1.0))
+        assert read_adapt_config(f) == AdaptConfig(level=2.0, alphas=(0.0, 1.0))
     monkeypatch.setitem(sys.modules, "tomllib", None)   # as on Python 3.10 without the tomli package
     monkeypatch.setitem(sys.modules, "tomli", None)
     with pytest.raises(SvgenError, match="needs Python 3.11 or the tomli package .* or write the settings as JSON"):
-        AdaptConfig.from_file(f)
+        read_adapt_config(f)
 
 
 # ----------------------------------------------------------------------------- the command line
@@ -242,7 +243,9 @@ def test_a_bad_settings_file_is_one_line_exit_2_and_nothing_written(cli, files, 
 
 def test_a_missing_settings_file_is_one_line(cli, files, tmp_path):
     code, out, err = _fit(cli, files, tmp_path / "a.svgen", "--adapt-config", tmp_path / "none.json")
-    one_line_error(code, out, err, "cannot read --adapt-config", "none.json")
+    one_line_error(code, out, err, "--adapt-config not found", "none.json")
+    code, out, err = _fit(cli, files, tmp_path / "a.svgen", "--adapt-config", tmp_path)
+    one_line_error(code, out, err, f"--adapt-config {tmp_path}", "not a regular file")
 
 
 @pytest.mark.parametrize("command, flag", [("fit", "--adapt-config FILE"), ("adapt", "--config FILE"),

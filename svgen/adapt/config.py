@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import difflib
-import json
 import math
 from dataclasses import dataclass, fields
 from typing import Optional, Tuple
@@ -93,27 +92,6 @@ class AdaptConfig:
         except SvgenError as e:
             raise SvgenError(f"{where}: {e}") from None
 
-    @classmethod
-    def from_file(cls, path, where: Optional[str] = None) -> "AdaptConfig":
-        """The settings in a JSON or TOML file (``.toml``; Python 3.11's ``tomllib``, else the ``tomli`` package): one
-        table of fields, e.g. ``{"level": 2.0, "alphas": [0, 1]}`` or ``level = 2.0``. ``where`` names it in errors."""
-        path = str(path)
-        where = where or f"adapt settings {path}"
-        try:
-            with open(path, "rb") as fh:
-                data = fh.read()
-        except OSError as e:
-            raise SvgenError(f"cannot read {where}: {e.strerror or e}") from None
-        if path.lower().endswith(".toml"):
-            settings = _toml(data, where)
-        else:
-            try:
-                settings = json.loads(data.decode("utf-8"), parse_constant=_no_constant)
-            except (UnicodeDecodeError, ValueError) as e:
-                raise SvgenError(f"{where} is not valid JSON ({str(e).splitlines()[0][:200]}); a .toml file is read "
-                                 "as TOML") from None
-        return cls.from_dict(settings, where)
-
 
 def _checked(f, v):
     """One field's value: a grid is a non-empty tuple of finite numbers >= 0 (a list is taken), a count an integer,
@@ -136,25 +114,6 @@ def _checked(f, v):
 
 def _number(v) -> bool:
     return isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, (bool, np.bool_))
-
-
-def _no_constant(name):
-    raise ValueError(f"{name} is not a number JSON allows")
-
-
-def _toml(data: bytes, where: str) -> dict:
-    try:
-        import tomllib
-    except ModuleNotFoundError:   # Python < 3.11
-        try:
-            import tomli as tomllib
-        except ModuleNotFoundError:
-            raise SvgenError(f"reading {where} as TOML needs Python 3.11 or the tomli package (pip install tomli); "
-                             "or write the settings as JSON") from None
-    try:
-        return tomllib.loads(data.decode("utf-8"))
-    except (UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
-        raise SvgenError(f"{where} is not valid TOML ({str(e).splitlines()[0][:200]})") from None
 
 
 DEFAULT = AdaptConfig()

@@ -297,6 +297,6 @@ def adapt_config_arg(args, flag: str):
     path = getattr(args, flag.lstrip("-").replace("-", "_"))
     if path is None:
         return None
-    from svgen.adapt.config import AdaptConfig
+    from svgen.io.settings import read_adapt_config
 
-    return AdaptConfig.from_file(path, f"{flag} {path}")
+    return read_adapt_config(path, flag)
