@@ -94,7 +94,8 @@ def _adopt_factor(stage: Stage, side: TextSide, U: torch.Tensor, fit: PoolFit, c
                             if h == "kernel" else "inductive (the held-out shots kept no factor for it: its power is "
                                                   "0, or its own paired check did not pass)")
                         for h in predictor.head_names(heads) if h != "cosine"}}
-    return PoolFit(heads, record, labels, Heads(ind.kernel, ind.linear, ind.calibration), fit.prior_linear)
+    return PoolFit(heads, record, labels, Heads(ind.kernel, ind.linear, ind.calibration), fit.prior_linear,
+                   default_head=default)
 
 
 def _adopt_posterior(stage: Stage, side: TextSide, fit: PoolFit, U: torch.Tensor, entropy_before: float,
@@ -170,4 +171,4 @@ def _adopt_posterior(stage: Stage, side: TextSide, fit: PoolFit, U: torch.Tensor
                                     "head's"}}
     # the pool's probabilities: the deployed default head's on it (what `adapt` + `classify --probs` gives)
     labels = predictor.proba_in_blocks(heads, P, kind, U, "linear")
-    return PoolFit(heads, record, labels, ind, fit.prior_linear)
+    return PoolFit(heads, record, labels, ind, fit.prior_linear, default_head="linear")

@@ -53,6 +53,7 @@ class PoolFit:
     decision: Decision = KEPT
     gaussian: Optional[LinearHead] = None
     prior_scale: float = 0.0
+    default_head: Optional[str] = None   # kept: the default head it deploys (svgen.state.PoolOutcome)
 
 
 def mean_entropy(heads: Heads, side: TextSide, U: torch.Tensor, head: str) -> float:
