@@ -285,10 +285,10 @@ def _same_file(a: Path, b: Path) -> bool:
 
 
 ADAPT_CONFIG_HELP = ("the settings of every adaptive choice (svgen.AdaptConfig: its grids, sizes and the paired test's "
-                     "level; docs/adaptation.md, \"The settings\") as one JSON or TOML (.toml) table of fields, e.g. "
-                     "'{\"level\": 2.0, \"alphas\": [0, 1, 4]}' or 'level = 2.0'; fields it does not name keep their "
-                     "defaults, an unknown field or a bad value is refused. svgen.json records the fields that differ "
-                     "from the defaults (adapt_config), and adapt and add-classes adapt with them again")
+                     "level; the fields are listed in docs/adaptation.md) as one JSON or TOML (.toml) table of fields, "
+                     "e.g. 'level = 2.0' and 'alphas = [0, 1, 4]'; fields it does not name keep their defaults, an "
+                     "unknown field or a bad value is refused. svgen.json records the fields that differ from the "
+                     "defaults (adapt_config), and adapt and add-classes adapt with them again")
 
 
 def adapt_config_arg(args, flag: str):
