@@ -115,7 +115,7 @@ def run(inputs, x, y):
                        folds=folds, nll_cos=nll_cos)
             rows.append(r)
         # why the kernel's logits are log scores: softmax of the raw scores under the same text rule
-        Q = calibration.query_rows(clf.per_template_)
+        Q = calibration.query_rows(clf.per_template_, clf.adapt_config_)   # the queries its temperatures saw
         target = clf.calibration_["cosine_mean_max_prob"]
         raw_T = calibration.match_confidence(clf.decision_function(Q, "kernel"), target)
         r, _ = row(name, "kernel, softmax(score / T) (not used)", clf.decision_function(x, "kernel"), raw_T, y, p_cos)

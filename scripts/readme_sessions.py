@@ -55,6 +55,7 @@ SKIP = {  # need the real ViT-B-32 weights (downloaded once on a connected machi
     "svgen adapt pets.svgen --shots pets-4shot/ --out pets-4.svgen": "the reader's artifact and labelled images",
     "svgen adapt pets.svgen --shot-features X.npy --shot-labels y.npy --out pets-4.svgen": "the reader's files",
     "svgen fit --classes pets.txt --shots pets-4shot/ --out pets-4.svgen": "real weights; the reader's files",
+    "svgen adapt pets.svgen --shots pets-4shot/ --config strict.toml --out pets-4.svgen": "the reader's files",
     "svgen classify pets.svgen photos/ --transductive": "the reader's artifact (real weights)",
     "svgen adapt pets.svgen --unlabelled photos/ --out pets-pool.svgen": "the reader's artifact (real weights)",
     "svgen adapt pets.svgen --shots pets-4shot/ --unlabelled photos/ --out pets-4-pool.svgen": "the reader's files",

@@ -33,7 +33,7 @@ from svgen.errors import SvgenError
 from svgen.fitted import FittedHeads
 from svgen.adapt import shots as shot_adapt
 from svgen.io import codec
-from svgen.adapt.config import AdaptConfig, config_or_default
+from svgen.adapt.config import DEFAULT, AdaptConfig
 from svgen.state import CalibrationMethod, Heads, ShotsOutcome, TextSide
 from svgen.adapt import pool as pool_adapt
 from svgen.adapt.transduce import Stage
@@ -45,6 +45,19 @@ from svgen.zeroshot.fit import fit_zero_shot
 from svgen.zeroshot.open_set import extend
 
 log = logging.getLogger(__name__)
+
+
+def settings(clf) -> AdaptConfig:
+    """The settings a stage of ``clf`` adapts with, and is given explicitly: its ``adapt_config`` parameter, None the
+    defaults (:data:`svgen.adapt.config.DEFAULT`; the one place they are defaulted), anything but an
+    :class:`AdaptConfig` one line. Recorded as ``clf.adapt_config_``, the settings its state was made with: ``save``
+    writes the fields that differ from the defaults to ``svgen.json`` and ``load`` restores them (as the parameter
+    too), so a reload, ``adapt`` and ``add_classes`` adapt with the settings of the fit."""
+    config = DEFAULT if clf.adapt_config is None else clf.adapt_config
+    if not isinstance(config, AdaptConfig):
+        raise SvgenError(f"adapt_config must be an svgen.AdaptConfig, got {type(config).__name__}")
+    clf.adapt_config_ = config
+    return config
 
 
 def split_shots(shots):
@@ -61,15 +74,14 @@ class SVGClassifier(FittedHeads):
     """Support vector generation over text prototypes, with kernel-vote, linear and cosine heads.
 
     Parameters mirror :class:`svgen.zeroshot.training.FitConfig`; ``adapt_config`` (an :class:`svgen.AdaptConfig`,
-    None: the defaults) holds the grids and the one test level of every choice labelled shots or a pool make
-    (docs/adaptation.md); ``progress`` shows the fit's progress bars;
-    ``strict`` refuses repeated class names and coinciding
-    prototypes (by default they are fitted, with one warning: :func:`check_vocabulary`). ``prototypes`` (C×D or
-    C×T×D text embeddings) and ``classes`` (their C names) given here make ``fit(X, y)`` scikit-learn's fit: the
-    zero-shot fit from them, then ``X``, ``y`` as labelled shots (:meth:`fit`). The fit runs
-    on the CPU (the default zero-shot fit is a few seconds of dense linear algebra); the encoder that
-    makes the prototypes and embeds images takes a device (:class:`svgen.encoders.clip.ClipEncoder`,
-    ``--device``). Fitted attributes end in ``_``.
+    None: the defaults) holds the grids and the one test level of every choice labelled shots or a pool make, and the
+    text temperatures' query sizes (docs/adaptation.md; saved with the model: :attr:`adapt_config_`, :func:`settings`).
+    ``progress`` shows the fit's progress bars; ``strict`` refuses repeated class names and coinciding prototypes (by
+    default they are fitted, with one warning: :func:`check_vocabulary`). ``prototypes`` (C×D or C×T×D text
+    embeddings) and ``classes`` (their C names) given here make ``fit(X, y)`` scikit-learn's fit: the zero-shot fit
+    from them, then ``X``, ``y`` as labelled shots (:meth:`fit`). The fit runs on the CPU (the default zero-shot fit
+    is a few seconds of dense linear algebra); the encoder that makes the prototypes and embeds images takes a device
+    (:class:`svgen.encoders.clip.ClipEncoder`, ``--device``). Fitted attributes end in ``_``.
     """
 
     def __init__(
@@ -202,7 +214,7 @@ class SVGClassifier(FittedHeads):
             raise SvgenError(f"prototypes have {C} rows but there are {len(classes)} class names; they must match")
         E, P = prototypes_from_embeddings(emb)
         check_vocabulary(P, classes, strict=bool(self.strict))
-        zs = fit_zero_shot(P, E, cfg, t0, progress=self.progress)
+        zs = fit_zero_shot(P, E, cfg, t0, settings(self), progress=self.progress)
         self.fit_config_, self.class_names_, self.per_template_, self.prototypes_ = cfg, np.asarray(classes, object), E, P
         self._labels = None   # classes_ is class_names_ unless scikit-learn's fit(X, y) says otherwise
         self.templates_ = list(templates) if templates is not None else None
@@ -264,7 +276,7 @@ class SVGClassifier(FittedHeads):
         self._restore_inductive()   # the heads are re-solved from the zero-shot heads and the shots
         self.transductive_ = self.pool_outcome_ = None
         fit = shot_adapt.adapt(self.zero_shot_, shots, self._side(), progress=self.progress,
-                               config=config_or_default(self.adapt_config))
+                               config=settings(self))
         self.heads_, self.fewshot_, self.lda_ = fit.heads, fit.record, fit.lda
         self.shot_origins_, self.shots_outcome_ = named, ShotsOutcome(fit.default_head, fit.kernel_kept)
         return self
@@ -286,7 +298,7 @@ class SVGClassifier(FittedHeads):
         self.transductive_ = self.pool_outcome_ = None
         fit = pool_adapt.adapt(self._stage(), self._side(), U, strength,
                                progress=self.progress if progress is None else progress,
-                               config=self.adapt_config)
+                               config=settings(self))
         self.heads_, self.inductive_, self.transductive_ = fit.heads, fit.inductive, fit.record
         self.transductive_labels_, self.pool_outcome_ = fit.labels, pool_outcome(fit.decision, fit.default_head)
         return self
@@ -352,7 +364,7 @@ class SVGClassifier(FittedHeads):
         if shots is not None:
             self.adapt(shots.rows, shots.labels, origins=self.shot_origins_)  # temperatures follow the new heads
         elif self.heads_.calibration.method is CalibrationMethod.TEXT:
-            self._text_temperatures()
+            self._text_temperatures(settings(self))
         else:
             log.warning("temperatures were fit by %s for the old classes; they are kept for the new ones",
                         self.heads_.calibration.method.value)

@@ -14,6 +14,7 @@ from typing import Optional
 import numpy as np
 import torch
 
+from svgen.adapt.config import AdaptConfig
 from svgen.errors import SvgenError
 from svgen.estimator import Estimator
 from svgen.heads import predictor
@@ -98,11 +99,11 @@ class FittedHeads(Estimator):
         self._check_fitted()
         return predictor.head_names(self.heads_)
 
-    def _text_temperatures(self, only: Optional[str] = None) -> None:
-        """Per-head temperatures from the text side (:func:`svgen.heads.predictor.text_calibration`)."""
+    def _text_temperatures(self, config: AdaptConfig, only: Optional[str] = None) -> None:
+        """Per-head temperatures from the text side (:func:`svgen.heads.predictor.text_calibration`), its queries
+        sized by ``config``."""
         self.heads_.calibration = predictor.text_calibration(self.heads_, self.prototypes_, self.per_template_,
-                                                             self.fit_config_.kernel, only=only,
-                                                             config=getattr(self, "adapt_config", None))
+                                                             self.fit_config_.kernel, config, only=only)
 
     def set_temperatures(self, temperatures: dict, method: str, kernel_logits: Optional[str] = None,
                          kernel_floor: Optional[float] = None, **details) -> "FittedHeads":

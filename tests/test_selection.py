@@ -102,8 +102,6 @@ def test_adapt_config_refuses_bad_values_and_records_what_changed():
     for bad in ({"level": -1.0}, {"level": float("nan")}, {"alphas": ()}, {"ridges": (1.0, -2.0)}, {"max_folds": 0}):
         with pytest.raises(ValueError):
             adapt_config.AdaptConfig(**bad)
-    with pytest.raises(ValueError, match="adapt_config must be an svgen.AdaptConfig"):
-        adapt_config.config_or_default({"level": 1.0})
 
 
 def _shots_problem():
@@ -131,11 +129,14 @@ def test_the_classifiers_adapt_config_reaches_the_choices_and_is_a_plain_paramet
     assert "adapt_config=AdaptConfig(" in repr(clf)
 
 
-def test_a_wrong_adapt_config_is_one_line_at_adapt():
+def test_a_wrong_adapt_config_is_one_line_at_fit_and_at_adapt():
     from svgen import SVGClassifier, SvgenError
 
     P, X, y = _shots_problem()
-    clf = SVGClassifier(seed=0, adapt_config={"level": 2}).fit(P)
+    with pytest.raises(SvgenError, match="^adapt_config must be an svgen.AdaptConfig, got dict$"):
+        SVGClassifier(seed=0, adapt_config={"level": 2}).fit(P)   # the zero-shot fit's text temperatures use it
+    clf = SVGClassifier(seed=0).fit(P)
+    clf.adapt_config = {"level": 2}
     with pytest.raises(SvgenError, match="^adapt_config must be an svgen.AdaptConfig, got dict$"):
         clf.adapt(X, y)
 

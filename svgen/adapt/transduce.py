@@ -121,7 +121,7 @@ def transduce(stage: Stage, side: TextSide, U: torch.Tensor, strength: Optional[
                              "calibration": json.loads(json.dumps(ic.record))}
     new = Heads(heads.kernel, LinearHead(res.weight + beta * t_lin * prior_linear.weight.float(),
                                          res.bias + beta * t_lin * prior_linear.bias.float()), ic)
-    new.calibration = predictor.text_calibration(new, P, side.per_template, kind, only="linear")
+    new.calibration = predictor.text_calibration(new, P, side.per_template, kind, config, only="linear")
     with torch.no_grad():   # the solve's posterior at the linear head's mean entropy on the pool (argmax unchanged)
         t_labels = td.match_entropy(res.logits, mean_entropy(new, side, U, "linear")
                                     if labels_entropy is None else labels_entropy)

@@ -282,3 +282,21 @@ def _same_file(a: Path, b: Path) -> bool:
         return os.path.samefile(a, b)
     except OSError:
         return False
+
+
+ADAPT_CONFIG_HELP = ("the settings of every adaptive choice (svgen.AdaptConfig: its grids, sizes and the paired test's "
+                     "level; the fields are listed in docs/adaptation.md) as one JSON or TOML (.toml) table of fields, "
+                     "e.g. 'level = 2.0' and 'alphas = [0, 1, 4]'; fields it does not name keep their defaults, an "
+                     "unknown field or a bad value is refused. svgen.json records the fields that differ from the "
+                     "defaults (adapt_config), and adapt and add-classes adapt with them again")
+
+
+def adapt_config_arg(args, flag: str):
+    """The :class:`svgen.AdaptConfig` of ``--adapt-config``/``--config FILE`` (checked: one line naming a bad
+    field), or None where it was not given."""
+    path = getattr(args, flag.lstrip("-").replace("-", "_"))
+    if path is None:
+        return None
+    from svgen.io.settings import read_adapt_config
+
+    return read_adapt_config(path, flag)

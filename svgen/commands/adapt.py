@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 
-from svgen.commands._common import ExamplesFormatter, json_text, note
+from svgen.commands._common import ADAPT_CONFIG_HELP, ExamplesFormatter, adapt_config_arg, json_text, note
 from svgen.commands._images import add_image_encoder_args
 from svgen.commands._pool import add_pool_args, encode_pool, pool_array, pool_check_summary, pool_note, pool_paths, wants_pool
 from svgen.commands._shots import add_shot_args, encode_shots, shot_arrays, shot_images, wants_shots
@@ -32,12 +32,16 @@ def add_parser(sub):
                "  svgen adapt pets.svgen --shots pets-16shot/ --out pets-16.svgen\n"
                "  svgen adapt pets.svgen --shot-features X.npy --shot-labels y.npy --out pets-16.svgen\n"
                "  svgen adapt pets.svgen --unlabelled-features U.npy --out pets-pool.svgen\n"
-               "  svgen adapt pets.svgen --shots pets-4shot/ --unlabelled photos/ --out pets-4-pool.svgen",
+               "  svgen adapt pets.svgen --shots pets-4shot/ --unlabelled photos/ --out pets-4-pool.svgen\n"
+               "  svgen adapt pets.svgen --shots pets-4shot/ --config strict.toml --out pets-4.svgen",
         formatter_class=ExamplesFormatter,
     )
     p.add_argument("artifact", metavar="ARTIFACT_DIR", help="artifact written by 'svgen fit' (or an earlier adapt)")
     p.add_argument("--out", required=True, metavar="NEW_DIR", help="artifact directory to write")
     p.add_argument("--force", action="store_true", help="replace --out if it exists")
+    p.add_argument("--config", metavar="FILE", help=ADAPT_CONFIG_HELP + ". Default: the artifact's own (those "
+                   "'svgen fit --adapt-config' or an earlier adapt gave it; the defaults where it records none); a "
+                   "file replaces them whole")
     add_shot_args(p)
     add_pool_args(p)
     add_image_encoder_args(p)
@@ -52,8 +56,11 @@ def run(args) -> int:
     from svgen.safeio import check_dir_target
 
     out = check_dir_target(args.out, args.force)  # before any work: only an artifact or an empty folder is replaced
+    config = adapt_config_arg(args, "--config")   # a bad file fails before the artifact is read
     clf = SVGClassifier.load(args.artifact)
     clf.progress = args.progress
+    if config is not None:
+        clf.adapt_config = config
     paths = pool_paths(args) if args.unlabelled else None   # fail on a bad folder before any encoding
     data = shot_images(args, clf.class_names_) if args.shots else None
     encoder = None
@@ -69,7 +76,7 @@ def run(args) -> int:
     clf.adapt(X, y, unlabelled=U, origins=origins)
     clf.save(out, force=args.force)
     fs, td = clf.fewshot_, clf.transductive_
-    summary = {}
+    summary = {"adapt_config": clf.adapt_config_.changed()} if clf.adapt_config_.changed() else {}
     if shots:
         summary.update({"kernel": fs["kernel"], "linear": fs["linear"], "default_head": fs["default_head"],
                         "mixture_weight": fs["head_choice"].get("mixture_weight"),

@@ -13,7 +13,9 @@ def add_parser(sub):
         help="add classes to an artifact (the shared generator expands their prototypes)",
         description="Encode the new classes' prompts with the artifact's encoder (or read their embeddings with "
                     "--prototypes), expand them with the artifact's trained generator, give them linear-head rows "
-                    "and re-solve the vote weights over all classes. The artifact is replaced atomically, under a lock "
+                    "and re-solve the vote weights over all classes; labelled images the artifact holds are solved in "
+                    "again with the settings it was adapted with (svgen.json adapt_config; 'svgen fit --adapt-config', "
+                    "'svgen adapt --config'). The artifact is replaced atomically, under a lock "
                     "beside it (.NAME.lock, removed afterwards) held from reading it: a concurrent add-classes or "
                     "fit --force on it waits, so no update is lost. "
                     "The names are checked against the artifact before any encoder is loaded, and prompts "

@@ -7,8 +7,9 @@ import os
 import sys
 
 from svgen.errors import SvgenError
-from svgen.commands._common import (DEFAULT_MODEL, HelpFormatter, add_encoder_args, add_refused_flag,
-                                   default_pretrained, json_text, load_array, load_encoder, note, text_prototypes)
+from svgen.commands._common import (ADAPT_CONFIG_HELP, DEFAULT_MODEL, HelpFormatter, adapt_config_arg, add_encoder_args,
+                                   add_refused_flag, default_pretrained, json_text, load_array, load_encoder, note,
+                                   text_prototypes)
 from svgen.commands._pool import add_pool_args, encode_pool, pool_array, pool_check_summary, pool_note, pool_paths, wants_pool
 from svgen.commands._shots import add_shot_args, encode_shots, shot_arrays, shot_images, wants_shots
 
@@ -88,6 +89,7 @@ def add_parser(sub):
                    help="classes (itself included) whose support vectors carry each class's vote with "
                         "--vote-solver local")
     m.add_argument("--seed", type=int, default=d.seed, help="random seed (same seed, same tensors on CPU)")
+    m.add_argument("--adapt-config", metavar="FILE", help=ADAPT_CONFIG_HELP + " (default: the defaults)")
     p.set_defaults(func=run)
 
 
@@ -115,7 +117,7 @@ def run(args) -> int:
         batch_classes=args.batch_classes, rff_dim=args.rff_dim, solver=args.solver, vote_solver=args.vote_solver,
         vote_neighbours=args.vote_neighbours, seed=args.seed,
         metric_condition=args.metric_strength, linear_head=args.linear_head, progress=args.progress,
-        strict=args.strict,
+        strict=args.strict, adapt_config=adapt_config_arg(args, "--adapt-config"),
     )
     clf.check_params()  # settings checked before any expensive work
     shots = shot_folder = None
@@ -189,6 +191,8 @@ def run(args) -> int:
                                  "condition_number", "mean_cos_support_prototype", "wall_time_s") if k in m}
     if m.get("geometry"):
         summary["metric_kappa"] = m["geometry"].get("kappa")
+    if clf.adapt_config_.changed():
+        summary["adapt_config"] = clf.adapt_config_.changed()
     if clf.fewshot_:
         summary["fewshot"] = {**{k: clf.fewshot_[k] for k in ("shots", "classes_with_shots", "default_head")},
                               "kernel_adapted": clf.fewshot_["kernel"]["decision"]["adopted"],

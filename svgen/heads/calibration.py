@@ -6,12 +6,11 @@ docs/calibration.md states the rules."""
 from __future__ import annotations
 
 import math
-from typing import Optional
 
 import numpy as np
 import torch
 
-from svgen.adapt.config import AdaptConfig, config_or_default
+from svgen.adapt.config import AdaptConfig
 from svgen.core.logits import head_logits
 from svgen.core.roots import bisect
 from svgen.errors import SvgenError
@@ -61,22 +60,21 @@ def fit_temperature(logits_loo, labels, iters: int = 100) -> float:
     return in_range(math.exp(-bisect(lambda b: slope(b) < 0, -LOG_T_RANGE[1], -LOG_T_RANGE[0], iters)))
 
 
-def query_rows(per_template: torch.Tensor, seed: int = 0, config: Optional[AdaptConfig] = None) -> torch.Tensor:
+def query_rows(per_template: torch.Tensor, config: AdaptConfig, seed: int = 0) -> torch.Tensor:
     """Every prompt embedding (C·T×D), or a seeded sorted sample of ``config.max_queries`` (fewer where C × them
     passes ``config.max_logits``; 256 at least)."""
-    cfg = config_or_default(config)
     Q = per_template.reshape(-1, per_template.shape[-1])
-    max_queries = min(cfg.max_queries, max(256, cfg.max_logits // per_template.shape[0]))
+    max_queries = min(config.max_queries, max(256, config.max_logits // per_template.shape[0]))
     if Q.shape[0] > max_queries:
         Q = Q[torch.randperm(Q.shape[0], generator=torch.Generator().manual_seed(seed))[:max_queries].sort().values]
     return Q
 
 
-def text_temperatures(score_fn, per_template: torch.Tensor, heads=("kernel", "linear", "cosine"),
-                      config: Optional[AdaptConfig] = None) -> dict:
+def text_temperatures(score_fn, per_template: torch.Tensor, config: AdaptConfig,
+                      heads=("kernel", "linear", "cosine")) -> dict:
     """Each head's T such that its mean top-class log-odds on the text queries equals the cosine head's at scale
     100 (``score_fn(Q, head)``: N×C scores). ``{"temperatures": {head: T}, ...}`` for ``svgen.json``."""
-    Q = query_rows(per_template, config=config)
+    Q = query_rows(per_template, config)
     cos = head_logits(score_fn(Q, "cosine"), "cosine")
     target = mean_log_odds(cos, 1.0)
     temps = {h: 1.0 if h == "cosine" else match_confidence(head_logits(score_fn(Q, h), h), target) for h in heads}

@@ -19,6 +19,7 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
+from svgen.adapt.config import AdaptConfig
 from svgen.heads import calibration
 from svgen.core import logits as logit_kinds
 from svgen.errors import SvgenError
@@ -248,16 +249,16 @@ TEXT_RULE_KERNEL_LOGITS = ("the text rule: its temperature matches log scores on
                            "labels nothing measures whether raw votes fit better")
 
 
-def text_calibration(heads: Heads, prototypes, per_template, kind: str, only: Optional[str] = None,
-                     config=None) -> Calibration:
+def text_calibration(heads: Heads, prototypes, per_template, kind: str, config: AdaptConfig,
+                     only: Optional[str] = None) -> Calibration:
     """Per-head temperatures from the text side (:func:`svgen.heads.calibration.text_temperatures`). ``only``: re-set
     that head's alone where the others were fitted on shots (``loo-nll``) and are unchanged. The text rule
     matches log scores, so a kernel head it sets has ``kernel_logits = "log"``. ``config``: the queries' sizes
-    (:class:`svgen.adapt.config.AdaptConfig`)."""
+    (:class:`svgen.adapt.config.AdaptConfig`, the fit's)."""
     prev = heads.calibration
     restrict = only is not None and prev is not None and prev.method is CalibrationMethod.HELD_OUT_NLL
     info = calibration.text_temperatures(lambda q, h: scores(heads, prototypes, kind, q, h), per_template,
-                                         **({"heads": (only,)} if restrict else {}), config=config)
+                                         config, **({"heads": (only,)} if restrict else {}))
     temps = info.pop("temperatures")
     kernel = {"kernel_logits_choice": {"reason": TEXT_RULE_KERNEL_LOGITS}}
     if restrict:   # only that head's queries are scored: the others' temperatures are kept

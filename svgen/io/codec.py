@@ -31,6 +31,7 @@ from svgen.core.generator import SupportVectorGenerator
 from svgen.adapt import shotless as coverage
 from svgen.adapt import lda
 from svgen.adapt import records
+from svgen.adapt.config import AdaptConfig
 from svgen.heads import predictor
 from svgen.heads.scoring import HEADS, MIXTURE
 from svgen.state import Calibration, Heads, KernelHead, LdaPart, LinearForm, LinearHead, PoolFactor
@@ -126,6 +127,8 @@ def metadata(clf) -> dict:
         extra["lda"] = records.lda(clf.lda_)
     if clf.transductive_:
         extra["transductive"] = records.transductive(clf.transductive_, clf.pool_outcome_)
+    if clf.adapt_config_.changed():   # the settings it was fitted with, restored on load (absent: the defaults)
+        extra["adapt_config"] = {k: list(v) if isinstance(v, tuple) else v for k, v in clf.adapt_config_.changed().items()}
     if h.kernel.prior_scale is not None:
         extra["kernel_prior"] = records.kernel_prior(h.kernel.prior_scale)
     return {
@@ -155,7 +158,10 @@ def load(cls, path):
     text_sv = t["text.support_vectors"] if v2 else t["support_vectors"]
     cfg.n_support = int(text_sv.shape[1])
     cfg.kernel = meta.get("kernel", cfg.kernel)
-    self = cls(**{k: getattr(cfg, k) for k in cls._param_names() if k in FitConfig.__dataclass_fields__})
+    adapt = AdaptConfig.from_dict(meta.get("adapt_config") or {}, f"{path}: svgen.json adapt_config")
+    self = cls(**{k: getattr(cfg, k) for k in cls._param_names() if k in FitConfig.__dataclass_fields__},
+               adapt_config=adapt if adapt.changed() else None)   # what adapt and add_classes adapt with
+    self.adapt_config_ = adapt   # the settings it was fitted with
     C, K, D = text_sv.shape
     self.fit_config_ = cfg
     self.class_names_ = np.asarray(list(meta["classes"]), dtype=object)
@@ -384,4 +390,4 @@ def _votes_and_temperatures(clf, meta: dict, t: dict) -> None:
             raise SvgenError("svgen.json calibration: kernel_logits 'floored' needs the kernel head's zero-shot prior "
                              "term (kernel_prior.logit_scale), and this artifact has none")
     else:
-        clf._text_temperatures()
+        clf._text_temperatures(clf.adapt_config_)

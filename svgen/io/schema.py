@@ -21,6 +21,7 @@ from typing import Callable, Dict, Optional
 
 from svgen.config import KERNELS, MAX_WEIGHT, FitConfig
 from svgen.errors import SvgenError
+from svgen.adapt.config import AdaptConfig
 from svgen.adapt.heldout import METRICS, ZERO_SHOT
 from svgen.heads.scoring import HEADS, MIXTURE
 
@@ -249,6 +250,15 @@ def heads_vs_zero_shot(key, v):
             raise _Bad(f"'{key}.worse_than_zero_shot' names {head!r}, which '{key}.heads' does not compare "
                        "with zero-shot")
 
+def adapt_settings(key, v):
+    """``adapt_config``: the :class:`~svgen.adapt.config.AdaptConfig` fields that differ from the defaults, each a
+    field of it with a value it takes."""
+    try:
+        AdaptConfig.from_dict(v, f"'{key}'")
+    except SvgenError as e:
+        raise _Bad(str(e)) from None
+
+
 ENCODER_SPEC = {
     "model": optional(string()), "pretrained": optional(string()), "checkpoint": optional(string()),
     "checkpoint_sha256": optional(string(max_len=128)), "quick_gelu": optional(boolean),
@@ -266,6 +276,7 @@ SCHEMA: Dict[str, Callable] = {
     "encoder": optional(obj(ENCODER_SPEC)),
     "templates": optional(list_of(string(), min_len=1)),
     "fit": optional(obj(FIT_SPEC)),
+    "adapt_config": optional(adapt_settings),
     "metrics": optional(obj({"ridge_lambda": optional(number(hi=MAX_WEIGHT, positive=True)), "geometry": optional(obj()),
                              "scale": optional(obj()), "sigma": optional(number())})),
     "vote_weights_scale": optional(obj({"factor": number(positive=True), "rule": optional(string()),

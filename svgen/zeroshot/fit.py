@@ -14,6 +14,7 @@ from typing import Optional
 
 import torch
 
+from svgen.adapt.config import AdaptConfig
 from svgen.errors import SvgenError
 from svgen.heads import predictor
 from svgen.state import Heads, KernelHead, LinearHead
@@ -45,9 +46,11 @@ class ZeroShotFit:
     vote_scale: dict
 
 
-def fit_zero_shot(P: torch.Tensor, E: torch.Tensor, cfg, t0: float, progress: bool = False) -> ZeroShotFit:
+def fit_zero_shot(P: torch.Tensor, E: torch.Tensor, cfg, t0: float, adapt: AdaptConfig,
+                  progress: bool = False) -> ZeroShotFit:
     """Fit from unit prototypes ``P`` (C×D) and per-template embeddings ``E`` (C×T×D) with the settings ``cfg``
-    (:class:`svgen.config.FitConfig`); ``t0``: when the fit began (``metrics.wall_time_s`` covers it all)."""
+    (:class:`svgen.config.FitConfig`); ``t0``: when the fit began (``metrics.wall_time_s`` covers it all);
+    ``adapt``: the model's :class:`~svgen.adapt.config.AdaptConfig` (the text temperatures' query sizes)."""
     C, D = P.shape
     if cfg.n_support > 2 * D:   # a class's support vectors spread in ± pairs along at most D directions
         raise SvgenError(f"n_support (support vectors per class) must be <= 2 × the embedding dimension ({2 * D} "
@@ -68,7 +71,7 @@ def fit_zero_shot(P: torch.Tensor, E: torch.Tensor, cfg, t0: float, progress: bo
     votes, vote_scale = scale_votes(A, S, lam)
     heads = Heads(KernelHead(S, sigma, votes), LinearHead(state.weight.detach().clone(), state.bias.detach().clone()))
     with timed(log, "fit: temperatures from the text side"):
-        heads.calibration = predictor.text_calibration(heads, P, E, cfg.kernel)
+        heads.calibration = predictor.text_calibration(heads, P, E, cfg.kernel, adapt)
     metrics["wall_time_s"] = time.perf_counter() - t0
     return ZeroShotFit(heads, state.generator.eval().requires_grad_(False), state.precision, state.history, metrics,
                        lam, vote_scale)

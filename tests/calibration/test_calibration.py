@@ -130,7 +130,7 @@ def test_the_text_queries_are_sized_by_the_config():
     from svgen.adapt.config import DEFAULT
 
     per_template = torch.arange(600 * 2 * 3, dtype=torch.float64).reshape(600, 2, 3)
-    assert calibration.query_rows(per_template).shape == (1200, 3)                 # 1200 ≤ 2048 and 4e6 / 600
+    assert calibration.query_rows(per_template, DEFAULT).shape == (1200, 3)               # 1200 ≤ 2048 and 4e6 / 600
     few = calibration.query_rows(per_template, config=replace(DEFAULT, max_queries=300))
     assert few.shape == (300, 3) and bool((few[1:, 0] > few[:-1, 0]).all())
     assert calibration.query_rows(per_template, config=replace(DEFAULT, max_logits=1000)).shape == (256, 3)

@@ -245,7 +245,8 @@ def test_zero_shot_pool_kernel_head_is_the_posterior_with_the_kernel_prior(tmp_p
     clf.adapt(unlabelled=U)
     t = clf.transductive_
     assert t["fallback"] is None and t["kernel_head"]["factor"] and set(t["pool_factor"]["powers"]) == {"kernel"}
-    pool = transduce(ref._stage(), ref._side(), torch.nn.functional.normalize(torch.as_tensor(U), dim=-1))
+    pool = transduce(ref._stage(), ref._side(), torch.nn.functional.normalize(torch.as_tensor(U), dim=-1),
+                     config=ref.adapt_config_)
     rec = pool.record
     kl = rec["prior_strength"] * rec["linear_prior_temperature"]
     WG = pool.heads.linear.weight.double() - kl * pool.prior_linear.weight.double()
@@ -297,7 +298,8 @@ def test_pool_with_shots_factor_formula(tmp_path):
     assert head in powers and "kernel" not in powers and clf.default_head_ == head
     from svgen.adapt.transduce import transduce
 
-    pool = transduce(ref._stage(), ref._side(), torch.nn.functional.normalize(torch.as_tensor(U), dim=-1))
+    pool = transduce(ref._stage(), ref._side(), torch.nn.functional.normalize(torch.as_tensor(U), dim=-1),
+                     config=ref.adapt_config_)
     k = pool.record["prior_strength"] * pool.record["linear_prior_temperature"]
     WG = pool.heads.linear.weight.double() - k * pool.prior_linear.weight.double()
     bG = pool.heads.linear.bias.double() - k * pool.prior_linear.bias.double()

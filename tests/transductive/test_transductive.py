@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 import torch
 
-from svgen.adapt import config as adapt_config
 from svgen import SVGClassifier
 
 from svgen.heads import predictor
@@ -44,9 +43,9 @@ def data():
     return {"protos": protos, "U": U, "yu": yu, "X": X, "ys": ys, "clf": clf}
 
 
-def _never_settle(monkeypatch):
+def _never_settle(clf):
     """The default settings with a stability no pool reaches (150% of itself): the rounds never settle."""
-    monkeypatch.setattr(adapt_config, "DEFAULT", replace(DEFAULT, stable=1.5))
+    clf.adapt_config = replace(DEFAULT, stable=1.5)
 
 
 @pytest.fixture
@@ -149,7 +148,8 @@ def test_infinite_prior_strength_is_the_inductive_prediction(data):
     q = data["U"]
     from svgen.adapt.transduce import transduce
 
-    pool = transduce(clf._stage(), clf._side(), torch.nn.functional.normalize(torch.as_tensor(q), dim=-1), strength=1e7)
+    pool = transduce(clf._stage(), clf._side(), torch.nn.functional.normalize(torch.as_tensor(q), dim=-1), strength=1e7,
+                     config=clf.adapt_config_)
     qn = torch.nn.functional.normalize(torch.as_tensor(q), dim=-1)
     before = (qn @ pool.prior_linear.weight.T + pool.prior_linear.bias).argmax(1).numpy()
     after = predictor.scores(pool.heads, clf.prototypes_, "rbf", torch.as_tensor(q), "linear")
@@ -396,9 +396,9 @@ def test_cli_image_folder_pool_is_embedded_with_the_artifacts_encoder(cli, tiny_
     assert [r["labels"][0] for r in rows] == [names[i] for i in want]
 
 
-def test_classifier_keeps_the_inductive_heads_when_the_rounds_never_settle(data, monkeypatch, gate_open):
-    _never_settle(monkeypatch)
+def test_classifier_keeps_the_inductive_heads_when_the_rounds_never_settle(data, gate_open):
     clf = SVGClassifier(n_support=2, steps=5, seed=0).fit(data["protos"])
+    _never_settle(clf)
     W, b = clf.linear_weight_.clone(), clf.linear_bias_.clone()
     clf.adapt(unlabelled=data["U"])
     t = clf.transductive_
@@ -520,7 +520,7 @@ def _kernel_probs_by_hand(clf, U):
     return _softmax(np.log(np.maximum(s, 1e-30)) / clf.temperatures_["kernel"])
 
 
-def test_fallback_labels_are_the_calibrated_probabilities(data, monkeypatch, gate_open):
+def test_fallback_labels_are_the_calibrated_probabilities(data, gate_open):
     """Issue 13: when the inductive heads are kept, the pool's soft labels are the prior head's
     predict_proba (softmax(log score / T)), not a softmax of raw kernel scores (nearly uniform)."""
     clf = SVGClassifier(n_support=2, steps=5, seed=0).fit(data["protos"])
@@ -531,7 +531,7 @@ def test_fallback_labels_are_the_calibrated_probabilities(data, monkeypatch, gat
     assert np.allclose(got, clf.predict_proba(small, "kernel"), atol=1e-12)
     raw = _softmax(np.asarray(clf.decision_function(small, "kernel"), dtype=np.float64))
     assert got.max(axis=1).mean() > raw.max(axis=1).mean()          # sharper than the raw-score softmax
-    _never_settle(monkeypatch)                                       # fall-back: the rounds never settle
+    _never_settle(clf)                                               # fall-back: the rounds never settle
     clf.adapt(unlabelled=data["U"])
     assert "did not settle" in clf.transductive_["fallback"]
     assert np.allclose(clf.transductive_labels_, _kernel_probs_by_hand(clf, data["U"]), atol=1e-9)
