@@ -43,7 +43,7 @@ from svgen.state import Heads
 
 BATCH = 2048             # rows explained at once (fewer with many support vectors: KERNEL_ELEMENTS)
 KERNEL_ELEMENTS = 1 << 24    # k(x̂, s) values of a batch held at once (float32)
-CONTRIB_ELEMENTS = 1 << 23   # votes k(x̂, s)·A[s, c] held at once (float32)
+CONTRIB_ELEMENTS = 1 << 21   # votes k(x̂, s)·A[s, c] held at once (float32; 8 MB: as fast as 32 MB, and less peak memory)
 VOTE_BLOCK = 64          # votes per block in top_votes
 SHOTS_FORM = "zero-shot logits + α·s·LDA logits"   # the linear head with shots (svgen.fewshot.lda)
 
@@ -289,6 +289,7 @@ class Explainer:
                 vote[side, s:e] = columns[at[:, :, None].expand_as(i), i]
             if flips is not None:   # the top class's largest votes (already found): most rows flip within them
                 flips += votes_to_flip(contrib[:, 0, :], margin[s:e].double(), value[0, s:e, 0, :])
+            del contrib   # before the next rows' votes are made: one chunk held at a time
         kern = Kx.gather(1, row.permute(1, 0, 2, 3).reshape(N, -1)).reshape(N, 2, R, n).permute(1, 0, 2, 3)
         count = torch.stack([(value[0] > 0).sum(2), (value[1] < 0).sum(2)])   # sorted: the signed ones come first
         return Votes(value.numpy(), kern.numpy(), vote.numpy(), row.numpy(), count.numpy()), flips
