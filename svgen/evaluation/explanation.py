@@ -191,7 +191,8 @@ class BatchExplanation:
         flips = self.votes_to_flip or [None] * N
         empty = ([], [])
         if self.support is not None:
-            sv, origin = self.support, self.names.origin
+            sv = self.support
+            origin = {m: self.names.origin(m) for m in np.unique(sv.row).tolist()}.__getitem__   # each row once
             V, K, A, M, count = (sv.value.tolist(), sv.kernel.tolist(), sv.vote.tolist(), sv.row.tolist(),
                                  sv.count.tolist())
         out = []
