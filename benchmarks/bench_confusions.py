@@ -35,7 +35,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from benchmarks.bench_common import DATA, machine, print_table, save_result
+from benchmarks.bench_common import (COOP_SETS, DATA, FEWSHOT, UNION, load_coop, machine, print_table,
+                                      replace_between, sample, save_result)
 
 WINDOW, MEASURED = 100, 20
 
@@ -125,36 +126,19 @@ USAGE = Path(__file__).resolve().parent.parent / "docs" / "usage.md"
 BEGIN, END = "<!-- confusions table: begin -->", "<!-- confusions table: end -->"
 
 
-def coop_data(name: str):
-    """(unit val features, labels, unit text-like prototypes) of a CoOp set, or of the seven as one (``all7``)."""
-    from benchmarks.bench_adapt import DATASETS, FEWSHOT, UNION
-
-    parts = DATASETS if name == UNION else (name,)
-    protos = [np.load(FEWSHOT / n / "textlike_prototypes.npy").astype(np.float32) for n in parts]
-    offsets = np.cumsum([0] + [p.shape[0] for p in protos])
-    X = np.concatenate([np.load(FEWSHOT / n / "val_features.npy").astype(np.float32) for n in parts])
-    y = np.concatenate([np.load(FEWSHOT / n / "val_labels.npy").astype(np.int64) + o for n, o in zip(parts, offsets)])
-    P = np.concatenate(protos)
-    return (X / np.linalg.norm(X, axis=1, keepdims=True), y, P / np.linalg.norm(P, axis=1, keepdims=True))
-
-
 def cases(lvis_clf):
     """(data, setting, classifier, measured features, their labels) of every row of the table."""
     from svgen import SVGClassifier
 
     yield ("LVIS dev half", "text only", lvis_clf, np.load(DATA / "lvis_dev_image_features.npy").astype(np.float32),
            np.load(DATA / "lvis_dev_labels.npy"))
-    for name in COOP + ("all7",):
-        X, y, P = coop_data(name)
+    for name in COOP + (UNION,):
+        X, y, P = (a.astype(np.float32) for a in load_coop(name))
         for k in (0, SHOTS):
-            shot = np.zeros(len(y), bool)
-            rng = np.random.default_rng(SEED)
-            for c in np.unique(y) if k else ():
-                i = np.flatnonzero(y == c)
-                shot[rng.choice(i, min(k, len(i) - 1), replace=False)] = True
+            shot, rest = sample(y, k, SEED)
             clf = SVGClassifier().fit(P, classes=[f"c{i}" for i in range(len(P))],
                                       shots=(X[shot], y[shot]) if k else None)
-            yield name, f"{k} shots per class" if k else "text only", clf, X[~shot], y[~shot]
+            yield name, f"{k} shots per class" if k else "text only", clf, X[rest], y[rest]
 
 
 def predictors(clf, among, alternatives: bool) -> dict:
@@ -173,7 +157,7 @@ def alternative_predictors(clf) -> dict:
     """C×C tables of the predictors tried on the whole table: the chosen score with each support row scored without
     its own vote (the kernel head at a point like s rather than at the support vector s, whose own vote favours its
     class), and the chosen score conditioned on not choosing a (p(b | s) / (1 − p(a | s)))."""
-    from svgen.calibration.temperatures import softmax
+    from svgen.heads.calibration import softmax
     from svgen.heads import predictor
     from svgen.heads.scoring import kernel_scores, prior_probs
 
@@ -233,11 +217,9 @@ def table_rows(lvis_clf, alternatives: bool, boot: int, log=print) -> tuple:
                "pair counts": f"{counts[0]}–{counts[-1]}" if counts else "-", "hits": got["hits"]["chosen"],
                "interval": interval(got["boot"]["chosen"]),
                **{f"alt: {k}": v for k, v in got["hits"].items() if k != "chosen"}}
-        if data == "all7":   # which set the pairs' true classes come from
-            from benchmarks.bench_adapt import DATASETS, FEWSHOT
-
-            ends = np.cumsum([np.load(FEWSHOT / n / "textlike_prototypes.npy").shape[0] for n in DATASETS])
-            of_set = [DATASETS[int(np.searchsorted(ends, a, side="right"))] for a in range(int(ends[-1]))]
+        if data == UNION:   # which set the pairs' true classes come from
+            ends = np.cumsum([np.load(FEWSHOT / n / "textlike_prototypes.npy").shape[0] for n in COOP_SETS])
+            of_set = [COOP_SETS[int(np.searchsorted(ends, a, side="right"))] for a in range(int(ends[-1]))]
             row["sets of the measured pairs"] = dict(Counter(of_set[m.a] for m in got["measured"]).most_common())
             row["sets of the predicted pairs"] = dict(Counter(of_set[a] for a, _ in predicted["chosen"]).most_common())
             log(f"  all7 {setting}: true classes of the {MEASURED} measured pairs by set "
@@ -277,11 +259,8 @@ def markdown(rows, load) -> str:
 
 
 def write_docs(text: str) -> None:
-    doc = USAGE.read_text(encoding="utf-8")
-    if BEGIN not in doc or END not in doc:
+    if not replace_between(USAGE, BEGIN, END, text + "\n"):
         sys.exit(f"{USAGE} has no {BEGIN} … {END} markers")
-    head, rest = doc.split(BEGIN, 1)
-    USAGE.write_text(head + BEGIN + "\n" + text + "\n" + END + rest.split(END, 1)[1], encoding="utf-8")
 
 
 def cli_time(art: Path) -> dict:

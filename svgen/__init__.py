@@ -1,18 +1,14 @@
 """svgen: support vector generation — CLIP's zero-shot classifier as a kernel machine.
 
 :class:`SVGClassifier` is the estimator. The package tree is the architecture (``docs/architecture.md``): the math in
-:mod:`svgen.core` and :mod:`svgen.zeroshot`, the heads in :mod:`svgen.heads`, labelled and unlabelled images in
-:mod:`svgen.fewshot` and :mod:`svgen.transductive`, files in :mod:`svgen.io`, the encoder in :mod:`svgen.encoders`.
-Modules that moved there keep their old import paths (``svgen.artifacts`` …) with a deprecation warning.
+:mod:`svgen.core` and :mod:`svgen.zeroshot`, the heads in :mod:`svgen.heads`, adaptation to labelled shots and
+unlabelled pools in :mod:`svgen.adapt`, files in :mod:`svgen.io`, the encoder in :mod:`svgen.encoders`.
 """
 
 import importlib
-import importlib.abc
 import importlib.util
 import logging
 import os
-import sys
-import warnings
 
 from svgen.errors import SvgenError
 
@@ -34,65 +30,10 @@ def __getattr__(name):
 
         return SVGClassifier
     if name == "AdaptConfig":
-        from svgen.selection import AdaptConfig
+        from svgen.adapt.config import AdaptConfig
 
         return AdaptConfig
     raise AttributeError(f"module 'svgen' has no attribute {name!r}")
-
-
-# Old import paths of modules that moved, and where they live now: ``import svgen.artifacts`` still works, warns once,
-# and gives the module itself (the same object as ``svgen.io.artifacts``).
-MOVED = {
-    "svgen.kernels": "svgen.core.kernels",
-    "svgen.generator": "svgen.core.generator",
-    "svgen.losses": "svgen.core.losses",
-    "svgen.metric": "svgen.core.metric",
-    "svgen.support": "svgen.core.support",
-    "svgen.scale": "svgen.core.scale",
-    "svgen.training": "svgen.zeroshot.training",
-    "svgen.predictor": "svgen.heads.predictor",
-    "svgen.residual": "svgen.fewshot.residual",
-    "svgen.shot_adapt": "svgen.fewshot.adapt",
-    "svgen.pool_solve": "svgen.transductive.pool",
-    "svgen.pool_gate": "svgen.transductive.gate",
-    "svgen.pool_adapt": "svgen.transductive.adapt",
-    "svgen.io.safeio": "svgen.safeio",
-    "svgen.artifacts": "svgen.io.artifacts",
-    "svgen.schema": "svgen.io.schema",
-    "svgen.codec": "svgen.io.codec",
-    "svgen.export": "svgen.io.export",
-    "svgen.output": "svgen.io.output",
-    "svgen.data": "svgen.io.data",
-    "svgen.hub": "svgen.encoders.hub",
-    "svgen.prompts": "svgen.encoders.prompts",
-    "svgen.prototypes": "svgen.encoders.prototypes",
-    "svgen.check": "svgen.encoders.check",
-    "svgen.blocks": "svgen.engine.blocks",
-    "svgen.ray_engine": "svgen.engine.ray",
-    "svgen.metrics": "svgen.evaluation.metrics",
-    "svgen.diagnostics": "svgen.evaluation.diagnostics",
-    "svgen.calibration.plots": "svgen.evaluation.plots",
-    "svgen.fewshot.select": "svgen.selection",
-    "svgen.fewshot.loo": "svgen.fewshot.lda",
-    "svgen.calibration.mixture": "svgen.calibration.temperatures",
-    "svgen.fewshot.linear": "svgen.fewshot.lda",
-}
-
-
-class _MovedModules(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    def find_spec(self, name, path=None, target=None):
-        return importlib.util.spec_from_loader(name, self) if name in MOVED else None
-
-    def create_module(self, spec):
-        warnings.warn(f"{spec.name} moved to {MOVED[spec.name]}; import it from there", DeprecationWarning, stacklevel=3)
-        return importlib.import_module(MOVED[spec.name])
-
-    def exec_module(self, module):
-        pass
-
-
-if not any(isinstance(f, _MovedModules) for f in sys.meta_path):
-    sys.meta_path.append(_MovedModules())
 
 
 def moved_attributes(package: str, modules: tuple):

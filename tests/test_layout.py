@@ -107,22 +107,20 @@ LAYERS = {
     "locks": ["safeio"],                         # one writer at a time of an artifact (load to replace)
     "npy": ["errors"],                           # every .npy read: header checked first, native byte order
     "steps": ["errors"],                         # a log line with its duration for each long step (svgen -v)
-    "selection": ["errors"],                     # the adaptive choices' settings, held-out shots and one paired test
+    "adapt.config": ["errors"],                  # AdaptConfig: the settings of every adaptive choice
     "core": ["config", "steps"],                       # the kernel machine's math: kernels, generator, ridge solves, roots
     "state": ["core"],                           # the fitted state as plain objects
-    "calibration": ["core", "safeio", "selection"],           # temperatures, the mixture weight
-    "heads": ["calibration", "state"],           # scores and probabilities of the heads
+    "heads": ["adapt.config", "state"],          # scores and probabilities of the heads, text temperatures
     "encoders": ["core", "safeio"],              # data in: images and text to embeddings
     "validation": ["encoders", "npy"],           # user arrays and class names, checked at the boundary
     "zeroshot": ["heads", "validation"],         # the stages
-    "fewshot": ["heads"],
-    "transductive": ["fewshot"],
-    "io": ["zeroshot", "fewshot", "encoders", "locks"],   # the files: the codec knows every stage's state
+    "adapt": ["zeroshot"],                       # shots, pools, temperatures: the evidence and the choices
+    "io": ["adapt", "encoders", "locks"],   # the files: the codec knows every stage's state
     "engine": ["heads", "encoders", "npy"],            # results out, in blocks
-    "evaluation": ["heads", "validation"],
+    "evaluation": ["adapt", "validation"],
     "estimator": ["evaluation"],
     "fitted": ["estimator"],
-    "classifier": ["io", "fitted", "transductive"],
+    "classifier": ["io", "fitted"],
     "commands": ["classifier", "engine"],
     "cli": ["commands"],
     "__main__": ["cli"],                         # python -m svgen
@@ -132,6 +130,8 @@ LAYERS = {
 def layer(module: str) -> str:
     """The entry of :data:`LAYERS` a module belongs to (``svgen.io.codec`` → ``io``); ``svgen`` for the root."""
     parts = module.split(".")
+    if parts[1:3] == ["adapt", "config"]:   # a sub-layer: the settings, below the heads that read them
+        return ".".join(parts[1:3])
     return parts[1] if len(parts) > 1 else module
 
 
@@ -160,7 +160,7 @@ def test_no_import_points_up_the_layers():
 
 def test_the_layers_check_finds_an_upward_import():
     assert "core" in below("heads") and "heads" not in below("core")
-    assert "io" not in below("encoders") and "fewshot" not in below("calibration")
+    assert "io" not in below("encoders") and "adapt" not in below("heads")
 
 
 def test_no_private_name_is_imported_from_another_module():
@@ -203,28 +203,18 @@ def test_no_hand_written_renames_outside_safeio():
     assert where == []
 
 
-def test_old_import_paths_still_work_and_warn():
-    """Code written against the flat layout keeps working: a moved module is the same object at its old name (with a
-    DeprecationWarning), and the packages that took a module's name still answer its attributes."""
+def test_the_adaptation_lives_in_one_package():
+    """Issue 47: the shots, pools, temperatures and choices are all in ``svgen.adapt``; the old packages are gone (no
+    import hook keeps their names alive) and the packages that took a module's name still answer its attributes."""
     import importlib
-    import sys
-    import warnings
 
-    import svgen
-
-    for old, new in svgen.MOVED.items():
-        sys.modules.pop(old, None)
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            module = importlib.import_module(old)
-        assert module is importlib.import_module(new), old
-        assert any(issubclass(w.category, DeprecationWarning) and new in str(w.message) for w in caught), old
-    from svgen.calibration import softmax
-    from svgen.calibration.temperatures import softmax as here
+    for old in ("svgen.fewshot", "svgen.transductive", "svgen.calibration", "svgen.selection", "svgen.heads.heldout"):
+        with pytest.raises(ModuleNotFoundError):
+            importlib.import_module(old)
     from svgen.encoders import ClipEncoder
     from svgen.encoders.clip import ClipEncoder as there
 
-    assert softmax is here and ClipEncoder is there
+    assert ClipEncoder is there
     with pytest.raises(AttributeError):
         importlib.import_module("svgen.heads").no_such_name
 
@@ -272,18 +262,3 @@ def test_every_package_is_installed():
     listed = set(tomllib.loads((SVGEN.parent / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
     present = {".".join(p.parent.relative_to(SVGEN.parent).parts) for p in SVGEN.rglob("__init__.py")}
     assert present - listed == set()
-
-
-def test_the_library_imports_no_module_by_its_old_name():
-    """The moved-module finder is for users' code: svgen itself imports each module where it lives (an old path
-    works, with a DeprecationWarning, so only this check notices one)."""
-    import svgen
-
-    old = set(svgen.MOVED)
-    found = []
-    for name, path in modules().items():
-        for node in ast.walk(ast.parse(path.read_text())):
-            names = ([node.module] if isinstance(node, ast.ImportFrom) and node.module and not node.level else
-                     [a.name for a in node.names] if isinstance(node, ast.Import) else [])
-            found += [f"{name} imports {n}" for n in names if n in old]
-    assert found == []

@@ -1,42 +1,44 @@
-"""The held-out shots every adaptive choice is scored on (svgen.selection): the fold scheme, the shot sample and
+"""The held-out shots every adaptive choice is scored on (svgen.adapt.select): the fold scheme, the shot sample and
 the one paired acceptance test."""
 
 import numpy as np
 import pytest
 
-from svgen import selection as select
+from svgen.adapt import config as adapt_config
+from svgen.adapt import heldout
+from svgen.adapt import select
 
 
 def test_scored_folds_subsample_the_scored_shots_never_the_removed_ones():
     y = np.repeat(np.arange(300), 4)                          # 1,200 shots: 4 folds of 300 before subsampling
-    full = select.balanced_folds(y, seed=3)
+    full = heldout.balanced_folds(y, seed=3)
     assert [f.size for f in full] == [300] * 4
     assert all(np.unique(y[f]).size == 300 for f in full)                # one shot of every class per fold
-    folds = select.scored_folds(full, y, seed=3, n_max=256)
+    folds = heldout.scored_folds(full, y, seed=3, n_max=256)
     assert len(folds) == 1                                                # as few folds as hold 256 shots
     removed, scored = folds[0]
     assert removed is full[0]                                             # the refit: every class one shot short
     assert scored.size == 256 and np.isin(scored, removed).all() and np.unique(y[scored]).size == 256
-    two = select.scored_folds(full, y, seed=3, n_max=600)                 # two folds of 300 hold 600
+    two = heldout.scored_folds(full, y, seed=3, n_max=600)                 # two folds of 300 hold 600
     assert [r is f for (r, _), f in zip(two, full)] == [True, True] and sum(s.size for _, s in two) == 600
-    one = select.scored_folds(full, y, seed=3, n_max=400)                 # one fold of 300 fits, two do not
+    one = heldout.scored_folds(full, y, seed=3, n_max=400)                 # one fold of 300 fits, two do not
     assert len(one) == 1 and one[0][1] is full[0]
-    other = select.scored_folds(full, y, seed=4, n_max=256)[0][1]          # the classes scored: a seeded draw
+    other = heldout.scored_folds(full, y, seed=4, n_max=256)[0][1]          # the classes scored: a seeded draw
     assert not np.array_equal(np.sort(y[other]), np.sort(y[scored]))
-    roomy = select.scored_folds(full, y, seed=3, n_max=2000)              # under the cap: every removed shot scored
+    roomy = heldout.scored_folds(full, y, seed=3, n_max=2000)              # under the cap: every removed shot scored
     assert len(roomy) == len(full) and all(r is f and s is f for (r, s), f in zip(roomy, full))
 
 
 def test_shot_sample_spreads_over_classes_first():
     y = np.repeat(np.arange(10), [1, 2, 3, 4, 5, 6, 7, 8, 9, 10])
-    assert select.shot_sample(y, len(y)) is None
-    s = select.shot_sample(y, 10, seed=1)
+    assert heldout.shot_sample(y, len(y)) is None
+    s = heldout.shot_sample(y, 10, seed=1)
     assert s.size == 10 and np.unique(y[s]).size == 10                    # one of each class before any second
-    s = select.shot_sample(y, 25, seed=1)
+    s = heldout.shot_sample(y, 25, seed=1)
     counts = np.bincount(y[s], minlength=10)
     assert s.size == 25 and counts.min() >= 1 and counts.max() - counts[counts < np.bincount(y)].min() <= 1
-    assert np.array_equal(select.shot_sample(y, 25, seed=1), s)           # seeded
-    assert np.isin(select.shot_sample(y, 12, seed=1), s).all()            # a smaller sample is part of a larger
+    assert np.array_equal(heldout.shot_sample(y, 25, seed=1), s)           # seeded
+    assert np.isin(heldout.shot_sample(y, 12, seed=1), s).all()            # a smaller sample is part of a larger
 
 
 def test_paired_test_one_level_and_ties_keep():
@@ -86,13 +88,13 @@ def test_behind_and_ahead_are_one_test_with_one_tie_rule():
 
 
 def test_adapt_config_refuses_bad_values_and_records_what_changed():
-    assert select.AdaptConfig().changed() == {}
-    assert select.AdaptConfig(level=2.0).changed() == {"level": 2.0}
+    assert adapt_config.AdaptConfig().changed() == {}
+    assert adapt_config.AdaptConfig(level=2.0).changed() == {"level": 2.0}
     for bad in ({"level": -1.0}, {"level": float("nan")}, {"alphas": ()}, {"ridges": (1.0, -2.0)}, {"max_folds": 0}):
         with pytest.raises(ValueError):
-            select.AdaptConfig(**bad)
+            adapt_config.AdaptConfig(**bad)
     with pytest.raises(ValueError, match="adapt_config must be an svgen.AdaptConfig"):
-        select.config_or_default({"level": 1.0})
+        adapt_config.config_or_default({"level": 1.0})
 
 
 def _shots_problem():

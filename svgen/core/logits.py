@@ -1,6 +1,6 @@
 """The kernel vote's kinds of logits (``kernel_logits`` in svgen.json and every export): ``"log"`` (the default),
 ``log max(score, 10⁻³⁰)``; ``"score"``, the raw vote; ``"floored"``, ``log max(score, ε·p₀·max score / max p₀)``
-for an adapted head with zero-shot term p₀. Which one a fit uses: :mod:`svgen.calibration.temperatures`."""
+for an adapted head with zero-shot term p₀. Which one a fit uses: :mod:`svgen.adapt.temperatures`."""
 
 from __future__ import annotations
 

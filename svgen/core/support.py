@@ -1,6 +1,6 @@
 """The support set: rows, the class of each row, and where each row came from.
 
-One small concept that the solve (:mod:`svgen.fewshot.lda`), the heads, the classifier and the
+One small concept that the solve (:mod:`svgen.adapt.lda`), the heads, the classifier and the
 artifact all take. A zero-shot fit has only ``text`` rows (the generated support vectors, C·K
 class-major rows); labelled image embeddings (few-shot "shots") join as ``image`` rows.
 
@@ -11,7 +11,7 @@ class-major rows); labelled image embeddings (few-shot "shots") join as ``image`
 =================  ======  =============================================
 
 ``pool`` rows are unlabelled images placed by the transductive kernel head
-(:mod:`svgen.transductive.solve`); their ``labels`` are the argmax of the soft posterior they were
+(:mod:`svgen.adapt.transduction`); their ``labels`` are the argmax of the soft posterior they were
 solved towards. They are not shots: adding shots or classes later drops them.
 """
 

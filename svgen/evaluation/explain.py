@@ -31,7 +31,7 @@ from typing import Iterator, Optional
 import numpy as np
 import torch
 
-from svgen.calibration import temperatures as calibration
+from svgen.heads import calibration
 from svgen.core import logits as logit_kinds
 from svgen.core.support import IMAGE, POOL, TEXT
 from svgen.errors import SvgenError
@@ -39,13 +39,12 @@ from svgen.evaluation.explanation import BatchExplanation, RowExplanation, Votes
 from svgen.heads import predictor
 from svgen.heads.scoring import (CLIP_LOGIT_SCALE, MIXTURE, cosine_logits, kernel_scores, linear_logits, prior_probs,
                                  topk)
-from svgen.state import Heads
+from svgen.state import Heads, LinearForm
 
 BATCH = 2048             # rows explained at once (fewer with many support vectors: KERNEL_ELEMENTS)
 KERNEL_ELEMENTS = 1 << 24    # k(x̂, s) values of a batch held at once (float32)
 CONTRIB_ELEMENTS = 1 << 21   # votes k(x̂, s)·A[s, c] held at once (float32; 8 MB: as fast as 32 MB, and less peak memory)
 VOTE_BLOCK = 64          # votes per block in top_votes
-SHOTS_FORM = "zero-shot logits + α·s·LDA logits"   # the linear head with shots (svgen.fewshot.lda)
 
 PARTS = {
     "prior": "zero-shot prior softmax(τ·x̂P̂ᵀ)",
@@ -126,7 +125,7 @@ class Explainer:
     """Explains rows of features under one head of ``heads`` (``kind``: the kernel, e.g. ``"rbf"``)."""
 
     def __init__(self, heads: Heads, prototypes: torch.Tensor, kind: str, head: str, origins: Origins,
-                 linear_form: Optional[str] = None):
+                 linear_form: Optional[LinearForm] = None):
         self.heads, self.P, self.kind, self.origins = heads, prototypes.float(), kind, origins
         self.head = predictor.check_head(heads, head)
         self.linear_form = linear_form
@@ -230,8 +229,8 @@ class Explainer:
 
     def _linear_parts(self, x: torch.Tensor) -> dict:
         lin = linear_logits(x, self.heads.linear.weight, self.heads.linear.bias).double()
-        if self.linear_form == SHOTS_FORM:
-            cos = cosine_logits(x, self.P).double()   # W = 100·P̂ + α·s·W_lda (svgen.fewshot.lda)
+        if self.linear_form is LinearForm.ZERO_SHOT_PLUS_LDA:
+            cos = cosine_logits(x, self.P).double()   # W = 100·P̂ + α·s·W_lda (svgen.adapt.lda)
             return {"cosine": cos, "shots": lin - cos}
         bias = self.heads.linear.bias.double()[None, :].expand_as(lin)
         return {"weight": lin - bias, "bias": bias}

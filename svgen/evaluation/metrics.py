@@ -7,7 +7,7 @@
   are left out rather than counted as zero.
 * ``evaluate``: both, for one head, as a dict ``{acc1, acc5, mean_per_class_recall, n}``.
 * ``nll`` and ``reliability``: of N×C probabilities against class indices (the mean −log p of the true class, and
-  the 15 confidence bins ECE is summed from, :func:`svgen.calibration.temperatures.ece`).
+  the 15 confidence bins ECE is summed from, :func:`svgen.heads.calibration.ece`).
 * ``evaluate_heads``: every head of a classifier with ``nll`` and ``ece`` too, streamed over blocks of
   rows (:class:`HeadTally` keeps sums only), so memory stays at one block of scores whatever N is.
 
@@ -116,7 +116,7 @@ class HeadTally:
     confidence and hit sums (ECE). The result is that of the whole matrix at once, whatever the blocks."""
 
     def __init__(self, n_classes: int, n_bins: int = None, same: np.ndarray = None):
-        from svgen.calibration.temperatures import ECE_BINS
+        from svgen.heads.calibration import ECE_BINS
 
         self.C, self.bins = n_classes, n_bins or ECE_BINS
         self.same = same   # C stand-ins (:func:`same_class`): predictions and labels compared through them (None: as is)
@@ -143,7 +143,7 @@ class HeadTally:
     def add_probabilities(self, logits, temperature: float, y: np.ndarray) -> tuple:
         """NLL and reliability bins of one block's ``softmax(logits / T)``; returns (each row's top-1 class, its
         probability)."""
-        from svgen.calibration.temperatures import confidence_bins, example_nll, softmax
+        from svgen.heads.calibration import confidence_bins, example_nll, softmax
 
         self.nll += float(example_nll(logits, temperature, y).sum())
         p = softmax(logits, temperature)
@@ -192,7 +192,7 @@ def nll(probs, labels, eps: float = 1e-15) -> float:
 def reliability_of(conf, correct, n_bins: int = None) -> dict:
     """Top-1 confidences and their correctness in the 15 (``n_bins``) bins ``(b/B, (b+1)/B]`` (the first takes 0
     too): the edges, and per bin the count, mean confidence and accuracy (NaN where empty)."""
-    from svgen.calibration.temperatures import ECE_BINS, confidence_bins
+    from svgen.heads.calibration import ECE_BINS, confidence_bins
 
     n_bins = n_bins or ECE_BINS
     count, conf_sum, hits = confidence_bins(np.asarray(conf, np.float64), np.asarray(correct, np.float64), n_bins)

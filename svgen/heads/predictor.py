@@ -3,7 +3,7 @@
 ``scores``: the kernel vote ``k(x̂, rows) @ votes`` (+ ``softmax(100·x̂P̂ᵀ)`` with a prior term), the linear head
 ``x̂Wᵀ + b`` or CLIP's cosine ``100·x̂P̂ᵀ``; ``logits``: what the softmax takes (the kernel vote's ``log score`` or
 raw score, :mod:`svgen.core.logits`); probabilities are ``softmax(logits / T_head)``. With shots the
-``"mixture"`` head (:mod:`svgen.calibration.temperatures`) is ``w·p_kernel + (1 − w)·p_linear``; its scores and logits are
+``"mixture"`` head (:mod:`svgen.heads.calibration`) is ``w·p_kernel + (1 − w)·p_linear``; its scores and logits are
 ``log max(p, 10⁻³⁰)`` and its T is 1. After a kept pool, a head with a pool factor
 (:class:`svgen.state.PoolFactor`) is ``softmax(z⁰ + a·(x̂ W_Gᵀ + b_G))``, z⁰ the head's calibrated log-probabilities as
 the shots left it (the linear head's ``logits / T``, the others' ``log max(p, 10⁻³⁰)``); its scores and logits are
@@ -19,11 +19,11 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from svgen.calibration import temperatures as calibration
+from svgen.heads import calibration
 from svgen.core import logits as logit_kinds
 from svgen.errors import SvgenError
 from svgen.heads.scoring import HEADS, MIXTURE, cosine_logits, kernel_scores, linear_logits, prior_probs
-from svgen.state import Calibration, Heads
+from svgen.state import Calibration, CalibrationMethod, Heads
 from svgen.core.support import IMAGE
 
 
@@ -90,7 +90,7 @@ def _factored_logits(heads: Heads, prototypes, kind: str, x: torch.Tensor, head:
 
 def mixture_proba(heads: Heads, prototypes, kind: str, x: torch.Tensor) -> torch.Tensor:
     """``w·p_kernel + (1 − w)·p_linear`` (float64), each head at its own temperature; where some classes have no
-    shots and the fit tilted them (``calibration.shotless_offset`` δ, :mod:`svgen.fewshot.coverage`), those classes'
+    shots and the fit tilted them (``calibration.shotless_offset`` δ, :mod:`svgen.adapt.shotless`), those classes'
     probabilities × e^δ, renormalised."""
     check_head(heads, MIXTURE)
     cal = heads.calibration
@@ -250,12 +250,12 @@ TEXT_RULE_KERNEL_LOGITS = ("the text rule: its temperature matches log scores on
 
 def text_calibration(heads: Heads, prototypes, per_template, kind: str, only: Optional[str] = None,
                      config=None) -> Calibration:
-    """Per-head temperatures from the text side (:func:`svgen.calibration.temperatures.text_temperatures`). ``only``: re-set
+    """Per-head temperatures from the text side (:func:`svgen.heads.calibration.text_temperatures`). ``only``: re-set
     that head's alone where the others were fitted on shots (``loo-nll``) and are unchanged. The text rule
     matches log scores, so a kernel head it sets has ``kernel_logits = "log"``. ``config``: the queries' sizes
-    (:class:`svgen.selection.AdaptConfig`)."""
+    (:class:`svgen.adapt.config.AdaptConfig`)."""
     prev = heads.calibration
-    restrict = only is not None and prev is not None and prev.record.get("method") == "loo-nll"
+    restrict = only is not None and prev is not None and prev.method is CalibrationMethod.HELD_OUT_NLL
     info = calibration.text_temperatures(lambda q, h: scores(heads, prototypes, kind, q, h), per_template,
                                          **({"heads": (only,)} if restrict else {}), config=config)
     temps = info.pop("temperatures")
@@ -263,13 +263,14 @@ def text_calibration(heads: Heads, prototypes, per_template, kind: str, only: Op
     if restrict:   # only that head's queries are scored: the others' temperatures are kept
         return Calibration({**prev.temperatures, only: temps[only]}, "log" if only == "kernel" else prev.kernel_logits,
                            {**prev.record, "text_rule_heads": [only], **(kernel if only == "kernel" else {})},
-                           None if only == "kernel" else prev.kernel_floor)
+                           None if only == "kernel" else prev.kernel_floor, method=prev.method)
     return Calibration(temps, "log", {**info, **kernel})
 
 
-def with_temperatures(cal: Calibration, temperatures: dict, method: str, kernel_logits: Optional[str] = None,
+def with_temperatures(cal: Calibration, temperatures: dict, method, kernel_logits: Optional[str] = None,
                       kernel_floor: Optional[float] = None, **details) -> Calibration:
-    """``cal`` with some heads' temperatures replaced (checked), ``method`` and ``details`` recorded; a new
+    """``cal`` with some heads' temperatures replaced (checked), ``method`` (a :class:`~svgen.state.CalibrationMethod`,
+    or a caller's own name for one: :attr:`~svgen.state.CalibrationMethod.GIVEN`) and ``details`` recorded; a new
     ``kernel_logits`` kind comes with its ``kernel_floor`` (ε) when it is ``"floored"``. The mixture's weight and its
     offset for classes without shots are kept (its parts are calibrated by whatever T they have)."""
     if kernel_logits is not None:
@@ -288,6 +289,6 @@ def with_temperatures(cal: Calibration, temperatures: dict, method: str, kernel_
             raise SvgenError(f"temperature of the {head} head must be a positive number, got {t!r}")
     return Calibration({**cal.temperatures, **{h: float(t) for h, t in temperatures.items()}},
                        cal.kernel_logits if kernel_logits is None else kernel_logits,
-                       {**cal.record, "method": method, **details},
+                       {**cal.record, "method": getattr(method, "value", method), **details},
                        cal.kernel_floor if kernel_logits is None else kernel_floor, cal.mixture_weight,
-                       cal.shotless_offset)
+                       cal.shotless_offset, CalibrationMethod.named(method))

@@ -6,7 +6,7 @@ One implementation each, shared by the Python API, the CLI and the exporters:
 * kernel vote:                      ``k(x̂, S) @ A`` with ``A = (K_SS + M·λ·I)⁻¹ Y``
 * linear:                           ``x̂ Wᵀ + b``
 
-``x̂ = x / ||x||``. Scores are not probabilities; :mod:`svgen.calibration.temperatures` turns them into some.
+``x̂ = x / ||x||``. Scores are not probabilities; :mod:`svgen.adapt.temperatures` turns them into some.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Optional, Tuple
 import torch
 import torch.nn.functional as F
 
-from svgen.calibration.temperatures import MIXTURE as MIXTURE  # the fourth head name, with labelled shots
+from svgen.heads.calibration import MIXTURE as MIXTURE
 from svgen.core.kernels import kernel
 
 HEADS = ("kernel", "linear", "cosine")
@@ -32,7 +32,7 @@ def cosine_logits(x: torch.Tensor, prototypes: torch.Tensor, scale: float = CLIP
 
 def prior_probs(x: torch.Tensor, prototypes: torch.Tensor, scale: float = CLIP_LOGIT_SCALE) -> torch.Tensor:
     """CLIP's zero-shot probabilities ``softmax(scale · x̂ p̂ᵀ)`` (N×C): the prior term of an adapted kernel
-    head (:mod:`svgen.fewshot.residual`)."""
+    head (:mod:`svgen.adapt.residual`)."""
     return torch.softmax(cosine_logits(x.float(), prototypes.float(), scale), dim=1)
 
 

@@ -20,14 +20,14 @@ under ``"vote_weights": {"layout": "coo", "shape": [CK, C], "nnz": …}``. Score
 
 plus ``per_template`` (C×T×D) and the generator's parameters (``generator.*``) so classes can
 be added later, and ``temperature.kernel`` / ``temperature.linear`` / ``temperature.cosine``
-(scalars: ``predict_proba`` is ``softmax(logits / T)``, see :mod:`svgen.calibration.temperatures`; svgen.json
+(scalars: ``predict_proba`` is ``softmax(logits / T)``, see :mod:`svgen.adapt.temperatures`; svgen.json
 says how they were set under ``calibration``, and which logits the kernel head's T belongs to under
 ``calibration.kernel_logits``: ``"log"``, log max(score, 1e-30), or ``"score"``, the raw vote; absent
 means ``"log"``, which is what artifacts written before the choice existed use). The vote weights are stored times M·λ
 (``svgen.json``: ``"vote_weights_scale": {"factor": M·λ, ...}``) so scores read as kernel mass;
 artifacts without that key are scaled when loaded, once.
 
-**Format version 2** (labelled images as support vectors, :mod:`svgen.fewshot.lda`): ``support_vectors``
+**Format version 2** (labelled images as support vectors, :mod:`svgen.adapt.lda`): ``support_vectors``
 is M×D (text rows first, class-major, then the image rows), with ``support_labels`` (M, int64:
 the class of each row) and ``support_source`` (M, uint8: 0 = text, 1 = image, 2 = pool; the names are in
 ``svgen.json`` under ``"support_source"``); ``vote_weights`` is M×C and the scores keep the same
@@ -36,7 +36,7 @@ formula. The zero-shot state the images were added to travels as ``text.support_
 ``text.linear_head.bias``, so more shots can be added later without re-encoding any text.
 Artifacts without images are written as version 1, exactly as before; both versions load.
 
-An artifact adapted to unlabelled images (:mod:`svgen.transductive.solve`) keeps its version; its
+An artifact adapted to unlabelled images (:mod:`svgen.adapt.transduction`) keeps its version; its
 ``linear_head.*`` is then the transductive posterior and the inductive linear head travels as
 ``inductive.linear_head.weight`` (C×D) and ``inductive.linear_head.bias`` (C), with
 ``svgen.json`` recording the solve under ``"transductive"``. A pool's factor on some heads' probabilities (with
@@ -74,10 +74,10 @@ log = logging.getLogger(__name__)
 
 FORMAT_VERSION = 1          # zero-shot artifacts (text support vectors only)
 FORMAT_VERSION_SHOTS = 2    # artifacts with image support vectors
-FORMAT_VERSION_PRIOR = 3    # format 2 whose kernel head adds the zero-shot probabilities (svgen.fewshot.residual)
-FORMAT_VERSION_MIXTURE = 4  # format 2 or 3 with a "mixture" head (calibration.mixture_weight; svgen.calibration.temperatures)
+FORMAT_VERSION_PRIOR = 3    # format 2 whose kernel head adds the zero-shot probabilities (svgen.adapt.residual)
+FORMAT_VERSION_MIXTURE = 4  # format 2 or 3 with a "mixture" head (calibration.mixture_weight; svgen.adapt.temperatures)
 FORMAT_VERSION_SHOTLESS = 5  # format 4 whose mixture tilts the classes without shots (calibration.shotless_offset;
-                             # svgen.fewshot.coverage): a reader of format 4 would ignore the tilt, so it must refuse
+                             # svgen.adapt.shotless): a reader of format 4 would ignore the tilt, so it must refuse
 FORMAT_VERSION_POOL_FACTOR = 6  # format 2–4 after a pool with shots: some heads × the pool's class likelihood to a power
                                 # (pool_factor.* tensors, calibration.pool_factor_powers; svgen.state.PoolFactor): a
                                 # reader of format 4 would ignore the factor, so it must refuse

@@ -17,7 +17,7 @@ travel inside the file.
 * every head file has ``temperature`` (scalar): probabilities are ``softmax(logits / temperature)``.
   A kernel head file says which logits its temperature belongs to in ``kernel_logits``: ``log``,
   ``log(max(scores, 1e-30))``; ``score``, the raw scores; or ``floored``, ``log(max(scores, kernel_floor·prior·
-  max(scores)/max(prior), 1e-30))`` with the file's ``kernel_floor`` (see :mod:`svgen.calibration.temperatures`; files
+  max(scores)/max(prior), 1e-30))`` with the file's ``kernel_floor`` (see :mod:`svgen.adapt.temperatures`; files
   without the field are ``log``); ``probabilities`` spells the formula out.
 * ``kernel`` head — ``scores = exp(-||x̂ - s||² / (2σ²)) @ vote_weights`` over the rows ``s`` of
   ``support_vectors`` (M×D unit rows, class-major), ``bandwidth`` σ, ``vote_weights`` M×C; with
@@ -26,7 +26,7 @@ travel inside the file.
   ``vote_weights.values`` (nnz) and ``vote_weights.shape`` ([M, C]).
   Artifacts with labelled images (format 2) add ``support_labels`` (M, class of each row) and
   ``support_source`` (M, 0 = text, 1 = image, 2 = unlabelled pool image placed by the transductive
-  kernel head); the formula is the same. Artifacts adapted to shots (format 3, :mod:`svgen.fewshot.residual`)
+  kernel head); the formula is the same. Artifacts adapted to shots (format 3, :mod:`svgen.adapt.residual`)
   add the zero-shot probabilities: ``scores = softmax(prior_logit_scale · x̂ @ prior_prototypesᵀ) + …``
   with ``prior_prototypes`` (C×D unit rows) and ``prior_logit_scale`` (CLIP's 100).
 

@@ -56,7 +56,7 @@ def head_tensors(clf, head: str = "linear") -> Dict[str, np.ndarray]:
     """The float32 arrays of one exported head (see module docstring for the formulas), with the
     head's softmax ``temperature``; the mixture's are both heads' arrays, prefixed ``kernel.`` and ``linear.``, and
     its ``mixture_weight`` (its own ``temperature`` is 1), and where the fit tilted the classes without shots
-    (:mod:`svgen.fewshot.coverage`) their log-factor per class, ``class_log_factor`` (C: δ for those classes, else 0)."""
+    (:mod:`svgen.adapt.shotless`) their log-factor per class, ``class_log_factor`` (C: δ for those classes, else 0)."""
     if head == MIXTURE:
         check_head(clf.heads_, MIXTURE)
         # the mixture's parts as the shots left them (a factor multiplies the mixture, not its parts)

@@ -21,7 +21,7 @@ from typing import Callable, Dict, Optional
 
 from svgen.config import KERNELS, MAX_WEIGHT, FitConfig
 from svgen.errors import SvgenError
-from svgen.heads.heldout import METRICS, ZERO_SHOT
+from svgen.adapt.heldout import METRICS, ZERO_SHOT
 from svgen.heads.scoring import HEADS, MIXTURE
 
 MAX_DEPTH = 32                  # svgen.json nests 3 deep; anything far deeper is not an svgen file
@@ -235,7 +235,7 @@ _HEADS_RECORD = obj({"images": integer(1), "heads": obj(values=_HEAD_METRICS, re
 
 
 def heads_vs_zero_shot(key, v):
-    """``fewshot.heads_vs_zero_shot`` (:func:`svgen.heads.heldout.compare`), which ``diagnose`` and ``eval`` report
+    """``fewshot.heads_vs_zero_shot`` (:func:`svgen.adapt.heldout.compare`), which ``diagnose`` and ``eval`` report
     (:func:`svgen.evaluation.heldout.findings`): every head it names is one of svgen's, and every head called worse
     than zero-shot is scored beside the cosine head."""
     _HEADS_RECORD(key, v)

@@ -12,7 +12,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from svgen import SVGClassifier
-from svgen.calibration import temperatures as calibration
+from svgen.core import logits as logit_kinds
+from svgen.heads import calibration
 from svgen.core.kernels import kernel
 from svgen.core.ridge import one_hot_blocks
 
@@ -126,7 +127,7 @@ def test_the_text_queries_are_sized_by_the_config():
     """``AdaptConfig.max_queries`` and ``max_logits`` bound the text queries (256 at least), seeded and sorted."""
     from dataclasses import replace
 
-    from svgen.selection import DEFAULT
+    from svgen.adapt.config import DEFAULT
 
     per_template = torch.arange(600 * 2 * 3, dtype=torch.float64).reshape(600, 2, 3)
     assert calibration.query_rows(per_template).shape == (1200, 3)                 # 1200 ≤ 2048 and 4e6 / 600
@@ -220,7 +221,7 @@ def test_set_temperatures_hook_persists(fitted, tmp_path):
     clf, emb, centres = fitted
     x, y = _images(centres, seed=5)
     clf2 = SVGClassifier.load(clf.save(tmp_path / "a.svgen"))
-    T = calibration.fit_temperature(calibration.head_logits(clf2.decision_function(x, "linear"), "linear"), y)
+    T = calibration.fit_temperature(logit_kinds.head_logits(clf2.decision_function(x, "linear"), "linear"), y)
     clf2.set_temperatures({"linear": T}, method="loo-nll", shots=len(y))
     back = SVGClassifier.load(clf2.save(tmp_path / "b.svgen"))
     assert back.temperatures_["linear"] == pytest.approx(T, rel=1e-6)
@@ -323,7 +324,7 @@ def test_plot_without_matplotlib_is_one_line(fitted, tmp_path, cli, monkeypatch)
 
 def test_adapted_scores_stay_on_the_probability_scale(fitted, tmp_path):
     """Shots (format 3): the kernel head is p₀ + a correction fitted to the residual Y − p₀, so on the shots
-    its scores are about one for the true class and about zero elsewhere (svgen.fewshot.residual), and the
+    its scores are about one for the true class and about zero elsewhere (svgen.adapt.residual), and the
     temperatures are fitted on the shots."""
     clf, emb, centres = fitted
     x, y = _images(centres, n=48, noise=1.0, seed=7)

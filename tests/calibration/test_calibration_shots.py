@@ -13,9 +13,10 @@ import pytest
 import torch
 
 from svgen import SVGClassifier
-from svgen.calibration import temperatures as calibration
-from svgen.fewshot import lda as fewshot
-from svgen.fewshot.lda import lda_loo_logits
+from svgen.adapt import temperatures as held_temperatures
+from svgen.core import logits as logit_kinds
+from svgen.adapt import lda as fewshot
+from svgen.adapt.lda import lda_loo_logits
 from svgen.core.support import IMAGE
 
 optimize = pytest.importorskip("scipy.optimize")
@@ -75,7 +76,7 @@ def test_adapt_fits_each_heads_temperature_by_loo_nll(adapted, tmp_path):
     assert cal["method"] == "loo-nll" and cal["shots"] == len(y)
     assert clf.temperatures_["cosine"] == 1.0
     shots = clf.support_set_.part(IMAGE)
-    from svgen.fewshot import residual
+    from svgen.adapt import residual
 
     sel = residual.select(residual.unit(shots.rows.numpy()), shots.labels.numpy(), residual.unit(clf.prototypes_.numpy()),
                           C, 100.0)
@@ -83,7 +84,7 @@ def test_adapt_fits_each_heads_temperature_by_loo_nll(adapted, tmp_path):
     # the kernel head: its balanced folds' held-out scores (the deployed predictor), or LOO with one shot per class
     zk, yk = (sel.loo, y) if sel.one_shot else (sel.held_scores, y[sel.held_rows])
     assert cal["kernel_evidence"] == ("leave-one-out" if sel.one_shot else "balanced folds")
-    z = {"kernel": calibration.head_logits(torch.from_numpy(zk), "kernel", clf.kernel_logits_).numpy()}
+    z = {"kernel": logit_kinds.head_logits(torch.from_numpy(zk), "kernel", clf.kernel_logits_).numpy()}
     lin = clf.fewshot_["linear"]
     assert lin["means"] == "equal Mahalanobis radius"      # the default head
     # the linear head: its exact leave-one-out logits, zero-shot logits + α·s·(LDA refitted without each shot)
@@ -116,10 +117,10 @@ def test_adapt_fits_each_heads_temperature_by_loo_nll(adapted, tmp_path):
 def test_separable_shots_keep_the_text_temperature():
     """Every shot ranked first when left out: the NLL has no finite minimiser; the text rule's T stays."""
     z = torch.tensor([[3.0, 0.0], [0.0, 2.0], [5.0, 1.0]])
-    out = calibration.loo_temperatures({"linear": z}, [0, 1, 0], fallback={"linear": 0.7})
+    out = held_temperatures.loo_temperatures({"linear": z}, [0, 1, 0], fallback={"linear": 0.7})
     assert out["temperatures"]["linear"] == 0.7 and out["loo"]["linear"]["fitted"] is False
     z2 = torch.tensor([[3.0, 0.0], [0.0, 2.0], [1.0, 5.0]])    # one mistake: a finite T, fitted
-    out2 = calibration.loo_temperatures({"linear": z2}, [0, 1, 0], fallback={"linear": 0.7})
+    out2 = held_temperatures.loo_temperatures({"linear": z2}, [0, 1, 0], fallback={"linear": 0.7})
     assert out2["loo"]["linear"]["fitted"] is True and out2["temperatures"]["linear"] != 0.7
 
 
@@ -145,7 +146,7 @@ def test_a_temperature_the_shots_cannot_bound_is_one_an_artifact_can_hold(tmp_pa
     """Shots that are one image under two labels say nothing: the linear head's NLL falls as T → ∞. Its T was the
     bisection bracket's end, e^30 ≈ 1e13, which the artifact then refused to load (found by fuzzing). The bracket is
     the artifact's temperature range, so the fit saves and loads to the same probabilities."""
-    from svgen.calibration.temperatures import T_RANGE, fit_temperature
+    from svgen.heads.calibration import T_RANGE, fit_temperature
     from svgen.io.artifacts import TEMPERATURE_RANGE
 
     assert T_RANGE == TEMPERATURE_RANGE

@@ -19,9 +19,11 @@ import pytest
 import torch
 
 from svgen import SVGClassifier
-from svgen.calibration import temperatures as calibration
+from svgen.adapt import temperatures as held_temperatures
+from svgen.core import logits as logit_kinds
+from svgen.heads import calibration
 from svgen.errors import SvgenError
-from svgen.selection import DEFAULT
+from svgen.adapt.config import DEFAULT
 from svgen.io.export import export_head, load_head
 
 from test_calibration_shots import C, D, _problem
@@ -108,7 +110,7 @@ def test_choice_picks_raw_votes_when_a_left_out_true_vote_is_not_positive():
     one_hot = np.eye(k)[y]
     s = 0.05 + 0.05 * rng.random((N, k)) + (0.9 + 0.05 * rng.normal(size=(N, 1))) * one_hot   # ridge votes, left out
     s[:3, y[:3]] = -0.05                                         # three shots' own class votes ≤ 0
-    out = calibration.choose_kernel_logits(torch.as_tensor(s), y, fallback=0.3)
+    out = held_temperatures.choose_kernel_logits(torch.as_tensor(s), y, fallback=0.3)
     c = out["candidates"]
     assert out["kind"] == "score" and out["temperature"] == c["score"]["temperature"]
     z_log = np.log(np.maximum(s, 1e-30))
@@ -130,7 +132,7 @@ def test_choice_keeps_log_for_kernel_masses():
     N, k = 400, 5
     z = 1.5 * rng.normal(size=(N, k))
     y = np.array([rng.choice(k, p=p) for p in _softmax(z)])
-    out = calibration.choose_kernel_logits(torch.as_tensor(np.exp(z)), y, fallback=0.3, signed_votes=False)
+    out = held_temperatures.choose_kernel_logits(torch.as_tensor(np.exp(z)), y, fallback=0.3, signed_votes=False)
     assert out["kind"] == "log" and out["log_tail_guard"]["charge"] == 0
     assert out["candidates"]["log"]["nll"] < out["candidates"]["score"]["nll"]
     assert out["temperature"] == pytest.approx(1.0, abs=0.25)    # the temperature that generated the labels
@@ -148,13 +150,13 @@ def test_event_rate_bound_is_the_wilson_bound_at_the_level():
 
     for level in (0.5, 1.0, 2.0):
         for k, n in ((0, 1), (0, 400), (0, 1600), (3, 100), (10, 37), (36, 37)):
-            p = calibration.event_rate_bound(k, n, level)
+            p = held_temperatures.event_rate_bound(k, n, level)
             assert p == pytest.approx(solved(k, n, level), rel=1e-9, abs=1e-15)
             assert p - k / n == pytest.approx(level * np.sqrt(p * (1 - p) / n), rel=1e-9)
     for n in (1, 7, 400):
-        assert calibration.event_rate_bound(0, n, 1.0) == pytest.approx(1 / (n + 1), rel=1e-12)
-    assert calibration.event_rate_bound(5, 5, 1.0) == 1.0 and calibration.event_rate_bound(0, 0, 1.0) == 1.0
-    assert calibration.event_rate_bound(3, 100, 0.0) == pytest.approx(0.03)        # level 0: the seen rate
+        assert held_temperatures.event_rate_bound(0, n, 1.0) == pytest.approx(1 / (n + 1), rel=1e-12)
+    assert held_temperatures.event_rate_bound(5, 5, 1.0) == 1.0 and held_temperatures.event_rate_bound(0, 0, 1.0) == 1.0
+    assert held_temperatures.event_rate_bound(3, 100, 0.0) == pytest.approx(0.03)        # level 0: the seen rate
 
 
 def test_signed_votes_charge_log_for_what_the_shots_did_not_show():
@@ -166,8 +168,8 @@ def test_signed_votes_charge_log_for_what_the_shots_did_not_show():
     z = 1.5 * rng.normal(size=(N, k))
     y = np.array([rng.choice(k, p=p) for p in _softmax(z)])
     s = torch.as_tensor(np.exp(z))
-    plain = calibration.choose_kernel_logits(s, y, fallback=0.3, signed_votes=False)
-    out = calibration.choose_kernel_logits(s, y, fallback=0.3, signed_votes=True)
+    plain = held_temperatures.choose_kernel_logits(s, y, fallback=0.3, signed_votes=False)
+    out = held_temperatures.choose_kernel_logits(s, y, fallback=0.3, signed_votes=True)
     c, g = out["candidates"], out["log_tail_guard"]
     assert plain["kind"] == "log" and c["log"]["nll"] < c["score"]["nll"]        # plain LOO prefers log ...
     T = c["log"]["temperature"]
@@ -180,7 +182,7 @@ def test_signed_votes_charge_log_for_what_the_shots_did_not_show():
 
 def test_shots_all_ranked_first_keep_log_and_the_text_temperature():
     s = np.array([[0.9, 0.1], [0.2, 0.7], [1.2, -0.3]])
-    out = calibration.choose_kernel_logits(torch.as_tensor(s), [0, 1, 0], fallback=0.7)
+    out = held_temperatures.choose_kernel_logits(torch.as_tensor(s), [0, 1, 0], fallback=0.7)
     assert out["kind"] == "log" and out["temperature"] == 0.7 and out["nll_score_minus_log"] is None
 
 
@@ -402,15 +404,15 @@ def test_floored_logits_keep_the_argmax_and_bound_the_tail():
     s = 0.3 * rng.normal(size=(60, 9)) + 0.05                 # residual-corrected scores, many ≤ 0
     p0 = rng.dirichlet(np.full(9, 0.2), size=60)              # confident zero-shot rows
     for eps in DEFAULT.kernel_floors:
-        z = calibration.floored_log(torch.as_tensor(s), torch.as_tensor(p0), eps).numpy()
+        z = logit_kinds.floored_log(torch.as_tensor(s), torch.as_tensor(p0), eps).numpy()
         assert (z.argmax(1) == s.argmax(1)).all()               # the floor never reaches the top score
         want = np.log(np.maximum(np.maximum(s, eps * p0 * s.max(1, keepdims=True) / p0.max(1, keepdims=True)), 1e-30))
         np.testing.assert_allclose(z, want, rtol=1e-12)
         assert z.min() > np.log(1e-30)                          # never the bare 1e-30 floor here
     with pytest.raises(SvgenError, match="prior"):
-        calibration.kernel_logits(torch.as_tensor(s), "floored")
+        logit_kinds.kernel_logits(torch.as_tensor(s), "floored")
     with pytest.raises(SvgenError, match="kernel_floor"):
-        calibration.kernel_logits(torch.as_tensor(s), "floored", torch.as_tensor(p0), 1.0)
+        logit_kinds.kernel_logits(torch.as_tensor(s), "floored", torch.as_tensor(p0), 1.0)
 
 
 def test_choice_with_a_prior_scores_every_floor_and_keeps_the_lowest_nll():
@@ -421,7 +423,7 @@ def test_choice_with_a_prior_scores_every_floor_and_keeps_the_lowest_nll():
     p0[np.arange(N), y] += 0.3
     p0 /= p0.sum(1, keepdims=True)
     s = p0 + 0.4 * (np.eye(k)[y] - p0) + 0.2 * rng.normal(size=(N, k))   # a correction, noisy, often ≤ 0
-    out = calibration.choose_kernel_logits(torch.as_tensor(s), y, fallback=0.3, prior=torch.as_tensor(p0))
+    out = held_temperatures.choose_kernel_logits(torch.as_tensor(s), y, fallback=0.3, prior=torch.as_tensor(p0))
     c = out["candidates"]["floored"]
     nlls = {}
     for eps in DEFAULT.kernel_floors:    # brute force: each ε's own NLL-minimising T
@@ -435,7 +437,7 @@ def test_choice_with_a_prior_scores_every_floor_and_keeps_the_lowest_nll():
     assert out["kind"] == min(charged, key=charged.get)
     assert (out["floor"] == c["floor"]) == (out["kind"] == "floored")
     # without a prior term there is no floored candidate (the zero-shot kernel head)
-    assert "floored" not in calibration.choose_kernel_logits(torch.as_tensor(s), y, fallback=0.3)["candidates"]
+    assert "floored" not in held_temperatures.choose_kernel_logits(torch.as_tensor(s), y, fallback=0.3)["candidates"]
 
 
 def test_the_floors_tried_are_the_configs():
@@ -446,7 +448,7 @@ def test_the_floors_tried_are_the_configs():
     y = rng.integers(0, 5, 90)
     p0 = rng.dirichlet(np.full(5, 0.5), size=90)
     s = p0 + 0.4 * (np.eye(5)[y] - p0) + 0.2 * rng.normal(size=(90, 5))
-    out = calibration.choose_kernel_logits(torch.as_tensor(s), y, fallback=0.3, prior=torch.as_tensor(p0),
+    out = held_temperatures.choose_kernel_logits(torch.as_tensor(s), y, fallback=0.3, prior=torch.as_tensor(p0),
                                            config=replace(DEFAULT, kernel_floors=(0.2,)))
     assert list(out["candidates"]["floored"]["by_floor"]) == ["0.2"] and out["candidates"]["floored"]["floor"] == 0.2
     assert not hasattr(calibration, "KERNEL_FLOORS")

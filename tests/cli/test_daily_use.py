@@ -496,7 +496,7 @@ def test_diagnose_describes_the_deployed_kernel_of_an_adapted_artifact(cli, tmp_
     code, text, err = cli("diagnose", tmp_path / "a.svgen")
     assert code == 0, err
     line = next(l for l in text.splitlines() if l.startswith("deployed kernel"))
-    assert "24 support rows (image 24)" in line   # the adapted kernel head's rows are the shots (svgen.fewshot.residual)
+    assert "24 support rows (image 24)" in line   # the adapted kernel head's rows are the shots (svgen.adapt.residual)
     assert f"σ={float(clf.bandwidth_):.4g}" in line and f"σ={clf.zero_shot_.kernel.bandwidth:.4g}" in line
     chose = text.splitlines()[text.splitlines().index(line) + 1]
     assert "24 shot(s) in 6 class(es)" in chose and f"σ={clf.fewshot_['kernel']['sigma']:.4g}" in chose

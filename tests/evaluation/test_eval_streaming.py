@@ -81,7 +81,7 @@ def test_ties_go_to_the_lower_class_index_at_every_k():
 
 def _independent(clf, x, y):
     """Every metric from whole N×C matrices, in numpy (argmax and a stable sort give the tie rule)."""
-    from svgen.calibration.temperatures import ece
+    from svgen.heads.calibration import ece
     from svgen.heads import predictor
 
     out = {}

@@ -23,7 +23,8 @@ def _probs(rng, y, C, sharp, right):
 
 def test_compare_flags_only_a_head_behind_zero_shot():
     from svgen.evaluation.heldout import findings
-    from svgen.heads.heldout import compare
+    from svgen.state import ShotsOutcome
+    from svgen.adapt.heldout import compare
 
     rng = np.random.default_rng(0)
     C, y = 10, np.repeat(np.arange(10), 30)
@@ -35,19 +36,20 @@ def test_compare_flags_only_a_head_behind_zero_shot():
     assert set(rec["worse_than_zero_shot"]["kernel"]) >= {"acc1", "nll"}
     assert rec["heads"]["cosine"]["acc1"] == pytest.approx((zero.argmax(1) == y).mean())
     assert rec["versus_zero_shot"]["linear"]["acc1"] == {"difference": 0.0, "standard_error": 0.0}
-    lines = findings({"heads_vs_zero_shot": rec, "default_head": "mixture"})
+    lines = findings({"heads_vs_zero_shot": rec, "default_head": "mixture"}, ShotsOutcome("mixture"))
     assert len(lines) == 1 and lines[0].startswith("the kernel head is worse than zero-shot")
     assert "--head kernel still serves it" in lines[0] and "default head (mixture)" in lines[0]
-    assert findings({"default_head": "kernel"}) == [] and findings(None) == []
+    assert findings({"default_head": "kernel"}, ShotsOutcome("kernel")) == [] and findings(None, None) == []
 
 
 def test_compare_is_the_one_paired_test_at_the_level():
-    """Issue 38: the paired SE and the verdict are :func:`svgen.selection.paired` and ``behind``/``ahead`` at
+    """Issue 38: the paired SE and the verdict are :func:`svgen.adapt.select.paired` and ``behind``/``ahead`` at
     ``AdaptConfig.level`` (NLL: lower is better), not a test of its own."""
     from dataclasses import replace
 
-    from svgen.heads.heldout import compare, outcomes
-    from svgen.selection import DEFAULT, ahead, behind, paired
+    from svgen.adapt.heldout import compare, outcomes
+    from svgen.adapt.config import DEFAULT
+    from svgen.adapt.select import ahead, behind, paired
 
     rng = np.random.default_rng(3)
     C, y = 6, np.repeat(np.arange(6), 20)
@@ -76,7 +78,7 @@ def test_compare_is_the_one_paired_test_at_the_level():
 
 
 def test_parts_are_weighed_as_the_fit_weighs_them():
-    from svgen.heads.heldout import compare
+    from svgen.adapt.heldout import compare
 
     y = np.array([0, 1])
     good, bad = np.eye(2)[y] * 0.9 + 0.05, np.eye(2)[1 - y] * 0.9 + 0.05

@@ -1,4 +1,4 @@
-"""Shots for only some of the classes (svgen.fewshot.coverage): the mixture tilts the classes without shots by e^δ.
+"""Shots for only some of the classes (svgen.adapt.shotless): the mixture tilts the classes without shots by e^δ.
 
 The tilt is checked against its formula, the NLL's derivative against finite differences, δ against a brute-force
 grid of the same objective; the deployed probabilities against
@@ -17,9 +17,9 @@ import pytest
 import torch
 
 from svgen import SVGClassifier
-from svgen.calibration import temperatures
+from svgen.heads import calibration as temperatures
 from svgen.errors import SvgenError
-from svgen.fewshot import coverage
+from svgen.adapt import shotless as coverage
 from svgen.io.artifacts import FORMAT_VERSION_MIXTURE, FORMAT_VERSION_SHOTLESS
 
 from test_mixture import _rewrite
@@ -45,7 +45,7 @@ def partial():
     w = 0.37   # not the shots' own weight: the weight fitted with the tilt is the deployed one
     assert clf.fewshot_["head_choice"]["mixture_weight"] != w
     clf.heads_.calibration = dataclasses.replace(clf.heads_.calibration, mixture_weight=w, shotless_offset=1.5)
-    clf.fewshot_["default_head"] = "mixture"
+    clf.shots_outcome_ = dataclasses.replace(clf.shots_outcome_, default_head="mixture")
     clf.fewshot_["classes_without_shots"] = {"classes_without_shots": 2, "offset": 1.5, "mixture_weight": w}
     return clf, X, y, P, keep
 
@@ -170,7 +170,7 @@ def test_weight_and_offset_minimise_the_refits_evidence(pets, monkeypatch):
     clf, X, y, P, s, some = pets
     side, zero = clf._side(), clf.zero_shot_
     from svgen.core.support import image_rows
-    from svgen.fewshot import adapt as shot_adapt
+    from svgen.adapt import shots as shot_adapt
 
     shots = image_rows(X[s], y[s], 37, X.shape[1])
     calls, raw = [], []

@@ -14,7 +14,7 @@ from safetensors.torch import load_file
 
 from svgen import SVGClassifier
 from svgen.io.export import export_head, load_head
-from svgen.fewshot.lda import fit_lda_head, lda_head_weights, lda_loo, lda_loo_scores, prior_means
+from svgen.adapt.lda import fit_lda_head, lda_head_weights, lda_loo, lda_loo_scores, prior_means
 from svgen.core.support import IMAGE, TEXT, image_rows
 from conftest import write_png_shots
 
@@ -149,7 +149,7 @@ def test_format_2_round_trip_and_formula(data, tmp_path):
     assert fs["shots_by_class"] == {f"class_{c}": int(counts[c]) for c in range(C)}
     assert {"sigma", "ridge_c", "decision", "selection"} <= set(fs["kernel"])
     assert {"shrinkage", "prior_shots", "loo_error"} <= set(fs["linear"])
-    M = len(data["y"])   # the adapted kernel head's rows are the shots (svgen.fewshot.residual)
+    M = len(data["y"])   # the adapted kernel head's rows are the shots (svgen.adapt.residual)
     assert t["support_vectors"].shape == (M, D) and t["vote_weights"].shape == (M, C)
     assert t["support_labels"].tolist() == data["y"].tolist()
     assert t["support_source"].tolist() == [1] * len(data["y"])
@@ -339,8 +339,8 @@ def test_one_shot_linear_head_keeps_the_text_prior():
     """One shot per class: LOO cannot judge κ (the left-out class keeps only its prior while the others keep
     their shot, which favours κ = 0 and throws the prototypes away). The head uses κ = AdaptConfig.lda_prior_one_shot;
     with good prototypes independent of the shots it must stay near the zero-shot head and far above κ = 0."""
-    from svgen.fewshot.lda import lda_head_weights, prior_means
-    from svgen.selection import DEFAULT
+    from svgen.adapt.lda import lda_head_weights, prior_means
+    from svgen.adapt.config import DEFAULT
 
     rng = np.random.default_rng(0)
     C, D = 20, 64
@@ -374,7 +374,7 @@ def test_lda_choice_is_the_most_shrinkage_not_behind_the_best_by_the_paired_test
     behind the best's by more than ``level`` paired SE; then the most shrinkage, then the lowest error. Checked against
     the paired SE computed by hand: (γ₁, κ₁) has 2 more errors and 1 fewer on 10 shots, d̄ = −0.1, SE = 0.1795: not
     behind at level 1 (the old binomial 1-SE rule, best + √(0.1·0.9/10) = 0.195 < 0.2, refused it), behind at 0.5."""
-    from svgen.fewshot.lda import paired_choice
+    from svgen.adapt.lda import paired_choice
 
     best = np.array([1] * 9 + [0], dtype=bool)
     correct = np.stack([np.stack([best, np.array([1] * 7 + [0] * 3, dtype=bool)]),

@@ -1,4 +1,4 @@
-"""The linear head with shots (svgen.fewshot.lda): zero-shot logits + α·s·LDA logits, α on the balanced folds.
+"""The linear head with shots (svgen.adapt.lda): zero-shot logits + α·s·LDA logits, α on the balanced folds.
 Each number is checked against a brute-force recomputation from the formulas (refits without each fold, the
 spread ratio by a second formula, the deployed head against the two terms computed apart)."""
 
@@ -6,12 +6,12 @@ import numpy as np
 import pytest
 import torch
 
+from svgen.adapt import config as adapt_config
 from svgen import SVGClassifier
 from svgen.core.support import IMAGE
-from svgen.fewshot import residual
-from svgen.fewshot.lda import (fit_lda_head, fit_linear_head, lda_covariance, lda_head_weights, prior_means,
-                               spread_ratio)
-from svgen.selection import DEFAULT, AdaptConfig
+from svgen.adapt import residual
+from svgen.adapt.lda import (fit_lda_head, fit_linear_head, lda_covariance, lda_head_weights, prior_means, spread_ratio)
+from svgen.adapt.config import DEFAULT, AdaptConfig
 
 C, D = 6, 24
 
@@ -153,9 +153,9 @@ def test_many_classes_a_linear_head_that_hurts_is_not_chosen(monkeypatch):
     Scoring each held-out shot against all classes, every fold refitted on every other shot, the adapted linear head
     and the default head are not below zero-shot. (The evidence is the default 1,024 held-out shots at most: with 128,
     α's argmax is noise on a problem where the LDA part never helps, and chose a hurting α in 2 of 8 draws of it.)"""
-    from svgen import selection
 
-    monkeypatch.setattr(selection, "DEFAULT", AdaptConfig(lda_loo_max=64))   # 1,200 shots: above select_max
+
+    monkeypatch.setattr(adapt_config, "DEFAULT", AdaptConfig(lda_loo_max=64))   # 1,200 shots: above select_max
     rng = np.random.default_rng(0)
     n_cls, Di, Dt = 300, 32, 16
     cen = np.zeros((n_cls, Di + Dt))
@@ -179,9 +179,13 @@ def test_many_classes_a_linear_head_that_hurts_is_not_chosen(monkeypatch):
     # the old rule: α on the folds of a subset of whole classes, the LDA head refitted on those classes' shots alone
     shots = clf.support_set_.part(IMAGE)
     W, b, choice = fit_lda_head(clf.prototypes_, shots, n_cls)
-    from benchmarks.bench_logit_form import class_subset   # the old rule's subset: every shot of some classes
-
-    sub = class_subset(y, 128, 0)
+    # the old rule's subset: every shot of a random set of whole classes, at most 128 shots in all
+    rng, counts, chosen, total = np.random.default_rng(0), np.bincount(y), [], 0
+    for c in rng.permutation(np.flatnonzero(counts)):
+        if total + counts[c] <= 128 or not chosen:
+            chosen.append(c)
+            total += counts[c]
+    sub = np.flatnonzero(np.isin(y, chosen))
     folds = [(sub[f], sub[f]) for f in residual.balanced_folds(y[sub], 0)]
     old = fit_linear_head(clf.prototypes_, shots, n_cls, W, b, choice, folds, sub, None)
     assert old.record["alpha"] >= 2.0

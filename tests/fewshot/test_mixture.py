@@ -1,4 +1,4 @@
-"""The mixture head (svgen.calibration.temperatures): w·p_kernel + (1 − w)·p_linear with w by the held-out NLL.
+"""The mixture head (svgen.adapt.temperatures): w·p_kernel + (1 − w)·p_linear with w by the held-out NLL.
 
 The weight is checked against a brute-force grid over the same held-out probabilities recomputed from the formulas
 (both heads refitted without each fold by direct solves); the head's probabilities, scores and every export against
@@ -15,9 +15,11 @@ import pytest
 import torch
 
 from svgen import SVGClassifier
-from svgen.calibration import temperatures as calibration
+from svgen.adapt import temperatures as held_temperatures
+from svgen.core import logits as logit_kinds
+from svgen.heads import calibration
 from svgen.errors import SvgenError
-from svgen.fewshot import residual
+from svgen.adapt import residual
 from svgen.io.artifacts import FORMAT_VERSION_MIXTURE, FORMAT_VERSION_PRIOR
 
 from test_linear_head import fold_logits
@@ -43,7 +45,7 @@ def test_weight_is_the_nll_minimiser_on_a_fine_grid():
         y = rng.integers(0, C, N)
         pk = rng.dirichlet(np.full(C, 0.3 + trial % 3), size=N)
         pl = rng.dirichlet(np.full(C, 0.5), size=N)
-        fit = calibration.fit_weight(pk, pl, y)
+        fit = held_temperatures.fit_weight(pk, pl, y)
         a, b = _true_class(pk, y), _true_class(pl, y)
         grid = np.linspace(0.0, 1.0, 20001)
         nll = -np.log(grid[:, None] * a + (1 - grid[:, None]) * b).mean(axis=1)
@@ -57,11 +59,11 @@ def test_weight_at_the_ends_and_on_a_tie():
     y = np.array([0, 1, 0, 1])
     right = np.array([[0.9, 0.1], [0.2, 0.8], [0.8, 0.2], [0.3, 0.7]])
     wrong = right[:, ::-1].copy()
-    assert calibration.fit_weight(right, wrong, y)["weight"] == 1.0      # the kernel head alone
-    assert calibration.fit_weight(wrong, right, y)["weight"] == 0.0      # the linear head alone
-    assert calibration.fit_weight(right, right, y)["weight"] == 1.0      # a tie keeps the kernel head
+    assert held_temperatures.fit_weight(right, wrong, y)["weight"] == 1.0      # the kernel head alone
+    assert held_temperatures.fit_weight(wrong, right, y)["weight"] == 0.0      # the linear head alone
+    assert held_temperatures.fit_weight(right, right, y)["weight"] == 1.0      # a tie keeps the kernel head
     zero = np.array([[1.0, 0.0]] * 4)                                # probability 0 on a true class: still finite
-    assert np.isfinite(calibration.fit_weight(zero, right, y)["nll"])
+    assert np.isfinite(held_temperatures.fit_weight(zero, right, y)["nll"])
 
 
 @pytest.mark.parametrize("w", [-0.1, 1.5, float("nan"), "0.5", True, None])
@@ -97,7 +99,7 @@ def test_fitted_weight_is_the_grid_minimiser_of_both_heads_refitted_without_each
         V = np.linalg.solve(residual.rbf(Xu[keep], Xu[keep], k["sigma"]) + k["ridge_c"] * np.eye(keep.size), R[keep])
         scores.append(p0[f] + residual.rbf(Xu[f], Xu[keep], k["sigma"]) @ V)
     cal = clf.heads_.calibration
-    zk = calibration.kernel_logits(torch.from_numpy(np.concatenate(scores)), cal.kernel_logits,
+    zk = logit_kinds.kernel_logits(torch.from_numpy(np.concatenate(scores)), cal.kernel_logits,
                                    torch.from_numpy(p0[held]), cal.kernel_floor).numpy()
     pk = _softmax(zk / cal.temperatures["kernel"])
     a, b = _true_class(pk, y[held]), _true_class(pl, y[held])
@@ -226,7 +228,7 @@ def test_every_export_of_the_mixture_is_the_mixture(mixed, tmp_path, fmt):
     p0 = residual.prior_probs(x, h["kernel.prior_prototypes"], float(h["kernel.prior_logit_scale"]))
     s = p0 + residual.rbf(x, h["kernel.support_vectors"].astype(np.float64), float(h["kernel.bandwidth"])) \
         @ h["kernel.vote_weights"]
-    z = calibration.kernel_logits(torch.from_numpy(s), h["kernel_logits"], torch.from_numpy(p0),
+    z = logit_kinds.kernel_logits(torch.from_numpy(s), h["kernel_logits"], torch.from_numpy(p0),
                                   float(h["kernel.kernel_floor"]) if "kernel.kernel_floor" in h else None).numpy()
     ker = _softmax(z / float(h["kernel.temperature"]))
     np.testing.assert_allclose(w * ker + (1 - w) * lin, clf.predict_proba(Q), atol=2e-6)

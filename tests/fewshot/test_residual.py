@@ -1,9 +1,10 @@
-"""The adapted kernel head (svgen.fewshot.residual): its math against independent computations, its decision
+"""The adapted kernel head (svgen.adapt.residual): its math against independent computations, its decision
 rule, and the artifact that carries it (format 3) through save/load and every export."""
 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import math
 
@@ -11,11 +12,13 @@ import numpy as np
 import pytest
 import torch
 
+from svgen.adapt import config as adapt_config
 from svgen import SVGClassifier
-from svgen.fewshot import residual
-from svgen import selection
+from svgen.adapt import residual
+from svgen.adapt import heldout
 from svgen.io.artifacts import FORMAT_VERSION_PRIOR
-from svgen.selection import DEFAULT, AdaptConfig, Decision, ShotReason, shot_test
+from svgen.adapt.config import DEFAULT, AdaptConfig
+from svgen.adapt.select import Decision, ShotReason, shot_test
 
 
 def _unit(x):
@@ -36,7 +39,7 @@ def _problem(seed=0, C=5, D=16, per_class=4, spread=0.35):
 def held_out_scores(X: np.ndarray, y: np.ndarray, P: np.ndarray, C: int, sigma: float, c: float,
                     logit_scale: float, seed: int = 0):
     """(rows, scores): the adapted head at (σ, c) refitted without each balanced fold by a direct solve, scored
-    on the fold: the independent route to what :func:`svgen.fewshot.residual.select` computes in its eigenbasis."""
+    on the fold: the independent route to what :func:`svgen.adapt.residual.select` computes in its eigenbasis."""
     rows, out = [], []
     p0 = residual.prior_probs(X, P, logit_scale)
     R = np.eye(C)[y] - p0
@@ -106,7 +109,7 @@ def test_nystrom_fold_scores_are_refits_without_each_fold_in_the_basis_features(
     X, y, P = _problem(seed=4, C=8, per_class=6)
     C, sigma = P.shape[0], 0.8
     R = np.eye(C)[y] - residual.prior_probs(X, P)
-    folds = selection.scored_folds(selection.balanced_folds(y, 0, 3), y, 0, 5 if subsample else None)
+    folds = heldout.scored_folds(heldout.balanced_folds(y, 0, 3), y, 0, 5 if subsample else None)
     assert any(s.size < r.size for r, s in folds) == subsample
     held = np.concatenate([s for _, s in folds])
     p0_held = residual.prior_probs(X[held], P)
@@ -116,7 +119,7 @@ def test_nystrom_fold_scores_are_refits_without_each_fold_in_the_basis_features(
         start = 0
         for removed, scored in folds:
             keep = np.setdiff1d(np.arange(len(y)), removed)
-            basis = keep[selection.shot_sample(y[keep], 20, 0)]   # 20 shots the fold keeps, spread over the classes
+            basis = keep[heldout.shot_sample(y[keep], 20, 0)]   # 20 shots the fold keeps, spread over the classes
             assert not np.isin(basis, removed).any()
             w, Q = np.linalg.eigh(residual.rbf(X[basis], X[basis], sigma))
             ok = w > 1e-10 * w.max()
@@ -269,7 +272,7 @@ def test_default_head_is_what_the_held_out_shots_prefer_and_every_entry_point_us
     Xf = X.astype(np.float32)
     for head in ("kernel", "linear"):   # with no head named, predict/decision_function/predict_proba follow it
         c = copy.deepcopy(clf)
-        c.fewshot_ = {**c.fewshot_, "default_head": head}
+        c.shots_outcome_ = dataclasses.replace(c.shots_outcome_, default_head=head)   # the typed decision
         np.testing.assert_array_equal(c.decision_function(Xf), c.decision_function(Xf, head))
         np.testing.assert_array_equal(c.predict_proba(Xf), c.predict_proba(Xf, head))
         assert (c.predict(Xf) == c.predict(Xf, head)).all()
@@ -285,11 +288,11 @@ def test_above_select_max_every_held_out_shot_is_scored_against_all_classes(monk
     shot of every class, the scored shots a part of those: a held-out shot's class is not the only one short (when
     only the scored shots were left out, the other classes kept more shots than the held-out one's, which on 1,033
     classes × 2 shots chose σ and c 1.5 points worse on the queries, bench_adapt --datasets all7)."""
-    from svgen.fewshot import lda as fewshot
+    from svgen.adapt import lda as fewshot
 
     C = 8
     X, y, P = _problem(seed=3, C=C, per_class=4)
-    monkeypatch.setattr(selection, "DEFAULT", AdaptConfig(select_max=16, select_basis=12))
+    monkeypatch.setattr(adapt_config, "DEFAULT", AdaptConfig(select_max=16, select_basis=12))
     seen, orig = {}, residual.nystrom_fold_scores
 
     def spy(*a, **k):
@@ -339,7 +342,7 @@ def test_cli_classify_and_export_use_the_recorded_default_head(adapted, tmp_path
     from svgen.cli import main
 
     clf, _, X, _, _ = adapted
-    clf.fewshot_ = {**clf.fewshot_, "default_head": "linear"}
+    clf.shots_outcome_ = dataclasses.replace(clf.shots_outcome_, default_head="linear")   # saved as the record
     art = clf.save(tmp_path / "lin.svgen")
     np.save(tmp_path / "x.npy", X.astype(np.float32))
     assert main(["classify", str(art), "--features", str(tmp_path / "x.npy"), "--out", str(tmp_path / "p.csv"),
@@ -359,11 +362,11 @@ def test_one_shot_with_more_classes_than_the_lda_loo_subset(monkeypatch, select_
     lda_loo_max = 512): the kernel head's leave-one-out covers every shot (or its own, larger subset), the linear
     head's only the subset. The mixture's weight is fitted on the shots both were scored on, and equals a fit on
     those rows alone."""
-    from svgen.calibration import temperatures
-    from svgen.fewshot import adapt as shot_adapt
+    from svgen.adapt import temperatures
+    from svgen.adapt import shots as shot_adapt
 
     X, y, P = _problem(seed=5, C=12, per_class=1)
-    monkeypatch.setattr(selection, "DEFAULT", AdaptConfig(lda_loo_max=5, select_max=select_max))
+    monkeypatch.setattr(adapt_config, "DEFAULT", AdaptConfig(lda_loo_max=5, select_max=select_max))
     seen = {}
     real = shot_adapt.held_out_probabilities
 
@@ -418,7 +421,7 @@ def test_every_grid_and_the_level_come_from_the_adapt_config(monkeypatch):
     """``adapt(config=...)`` reaches every choice: one-point grids are what the heads record, and the level is the
     one both paired tests use."""
     from svgen.core.support import image_rows
-    from svgen.fewshot import adapt as shot_adapt
+    from svgen.adapt import shots as shot_adapt
 
     X, y, P = _problem(seed=6, C=5, D=16, per_class=6)
     clf = SVGClassifier(n_support=2).fit(P.astype(np.float32))
@@ -429,7 +432,7 @@ def test_every_grid_and_the_level_come_from_the_adapt_config(monkeypatch):
     assert (rec["linear"]["shrinkage"], rec["linear"]["prior_shots"], rec["linear"]["alpha"]) == (0.4, 2.0, 0.0)
     assert rec["linear"]["grid"] == {"0": rec["linear"]["zero_shot_held_out_accuracy"]}
     # the level reaches both paired tests: the kernel correction's and the LDA head's (γ, κ)
-    from svgen.fewshot import lda
+    from svgen.adapt import lda
 
     seen, real_choice = [], lda.paired_choice
     monkeypatch.setattr(lda, "paired_choice", lambda *a: seen.append(a[3]) or real_choice(*a))

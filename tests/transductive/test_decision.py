@@ -1,10 +1,10 @@
 """The pool decision as typed values (issue 38): every exit that refuses a pool gives a
-:class:`svgen.selection.Decision` with its own :class:`~svgen.transductive.decision.Reason` (its evidence the
-:class:`~svgen.transductive.decision.Check`); the record
+:class:`svgen.adapt.select.Decision` with its own :class:`~svgen.adapt.pool_decision.Reason` (its evidence the
+:class:`~svgen.adapt.pool_decision.Check`); the record
 (``svgen.json`` ``transductive``: ``fallback`` and ``check``) is written from it by ``to_json()``; and no module under
 ``svgen/transductive`` steers on a record's strings.
 
-The golden artifacts were written under the exact sign test; the pool is now judged by :mod:`svgen.selection`'s one
+The golden artifacts were written under the exact sign test; the pool is now judged by :mod:`svgen.adapt.select`'s one
 paired test (kept iff the inductive predictor is behind it on top-1 and it is not behind on top-5 and −NLL). Every
 golden case decides the same way under the new test, for the same Reason, and every number that still exists (the
 paired means, differences, SEs, gained/lost counts, powers) is the recorded one; what the new rule changed is left
@@ -23,12 +23,13 @@ import numpy as np
 import pytest
 
 from svgen import SVGClassifier
-from svgen.transductive import adapt as pool_adapt
-from svgen.transductive import gate as pool_gate
-from svgen.transductive import solve as td
-from svgen.selection import Decision, Paired
-from svgen.transductive.decision import (KEPT, Check, Evidence, Gate, Reason, fallback,
-                                         pool_evidence, pool_kept, refuse)
+from svgen.adapt import pool as pool_adapt
+from svgen.adapt import gate as pool_gate
+from svgen.adapt import transduction as td
+from svgen.adapt.select import Decision, Paired
+from svgen.adapt.pool_decision import KEPT, Check, Evidence, Gate, Reason, fallback, pool_outcome, refuse
+from svgen.io import recorded
+from svgen.state import PoolOutcome
 
 ROOT = Path(__file__).resolve().parents[2]
 GOLDEN = ROOT / "tests" / "io" / "golden"
@@ -60,7 +61,7 @@ def golden_record(case: str) -> dict:
     return json.loads((GOLDEN / case / "artifact" / "svgen.json").read_text())["transductive"]
 
 
-def recorded(record: dict) -> dict:
+def written(record: dict) -> dict:
     """The part of a ``transductive`` record that :meth:`Decision.to_json` writes, in the record's key order."""
     return {k: record[k] for k in record if k in ("fallback", "check")}
 
@@ -118,7 +119,7 @@ def test_to_json_writes_the_recorded_numbers_byte_for_byte(case, reason):
     record = golden_record(case)
     decision = _decision(record)
     assert decision.reason is reason and decision.kept == (reason is Reason.KEPT)
-    want = unchanged(recorded(record))
+    want = unchanged(written(record))
     assert unchanged(decision.to_json()) == want
     assert (json.dumps(unchanged(decision.to_json()), indent=2, ensure_ascii=False)
             == json.dumps(want, indent=2, ensure_ascii=False))   # the same keys in the same order
@@ -149,11 +150,13 @@ def test_refitting_a_golden_case_decides_the_same_way(case, reason, decisions):
         torch.set_num_threads(threads)
     (decision,) = decisions
     assert decision.reason is reason
-    assert decision.kept == pool_kept(clf.transductive_)
-    test_golden.close_json(unchanged(decision.to_json()), unchanged(recorded(golden_record(case))))
-    assert recorded(clf.transductive_) == decision.to_json()   # the record is the decision's, written once
+    assert decision.kept == clf.pool_outcome_.kept
+    test_golden.close_json(unchanged(decision.to_json()), unchanged(written(golden_record(case))))
+    assert written(clf.transductive_) == decision.to_json()   # the record is the decision's, written once
     if decision.evidence is not None:
-        assert pool_evidence(clf.transductive_) is decision.evidence.evidence
+        assert clf.pool_outcome_.evidence is decision.evidence.evidence
+    # the record read back (svgen.io.recorded, on load) gives the typed outcome the fit had
+    assert recorded.pool(golden_record(case)) == recorded.pool(clf.transductive_) == clf.pool_outcome_
 
 
 # ----------------------------------------------------------------------------- every refusal's reason
@@ -231,7 +234,7 @@ def test_the_final_solve_that_does_not_settle(decisions, monkeypatch):
     U, _ = images(10)
     clf = SVGClassifier(n_support=2, seed=0).fit(text).adapt(unlabelled=U)
     (d,) = decisions
-    assert d.reason is Reason.DID_NOT_SETTLE and not pool_kept(clf.transductive_)
+    assert d.reason is Reason.DID_NOT_SETTLE and not clf.pool_outcome_.kept
     assert clf.transductive_["fallback"] == ("the rounds did not settle at any prior strength up to 8; kept the "
                                              "inductive heads")
 
@@ -246,8 +249,9 @@ def test_a_decision_is_consistent():
     assert KEPT.to_json() == {"fallback": None} and fallback(KEPT) is None and isinstance(KEPT, Decision)
     refused = refuse(Reason.POOL_TOO_SMALL, "too few")
     assert refused.to_json() == {"fallback": "too few; kept the inductive heads"} and not refused.kept
-    assert pool_kept(None) is False and pool_kept({"fallback": None}) is True
-    assert pool_evidence({"fallback": "x"}) is None
+    assert recorded.pool(None) is None and recorded.pool({"fallback": None}) == PoolOutcome(True)
+    assert recorded.pool({"fallback": "x"}) == PoolOutcome(False)
+    assert pool_outcome(refused, "linear") == PoolOutcome(False) and pool_outcome(KEPT, "linear").default_head == "linear"
 
 
 # ----------------------------------------------------------------------------- no steering on record strings
@@ -280,18 +284,17 @@ def steering(path: Path) -> list:
 
 
 def test_no_transductive_module_steers_on_record_strings():
-    stages = sorted((ROOT / "svgen" / "transductive").glob("*.py"))
-    assert {p.name for p in stages} >= {"adapt.py", "gate.py", "pool.py", "solve.py", "decision.py"}
-    found = [f for p in stages for f in steering(p)
-             if not (p.name == "decision.py" and "reads" in f)]   # its accessors: the one place a loaded record is read
-    assert found == []
+    stages = [ROOT / "svgen" / "adapt" / f"{name}.py" for name in ("pool", "gate", "transduce", "transduction",
+                                                                    "pool_decision")]
+    assert all(p.exists() for p in stages)
+    # a loaded record is read in svgen/io/recorded.py only (tests/test_records.py)
+    assert [f for p in stages for f in steering(p)] == []
 
 
 def test_no_adaptive_module_compares_with_a_sentence():
     """No module of the shots, the pool or the calibration branches on an English string (a record's wording):
     decisions travel as enums and typed fields."""
-    found = [f for d in ("fewshot", "transductive", "calibration")
-             for p in sorted((ROOT / "svgen" / d).glob("*.py")) for f in steering(p) if "compares" in f]
+    found = [f for p in sorted((ROOT / "svgen" / "adapt").rglob("*.py")) for f in steering(p) if "compares" in f]
     assert found == []
 
 
@@ -316,8 +319,8 @@ def test_diagnose_reads_the_pool_evidence_as_an_enum(case, halves):
 
     meta, t = load_artifact(GOLDEN / case / "artifact")
     d = diagnostics.deployed_kernel(meta, t)
-    assert d["transductive"]["evidence"] == pool_evidence(meta["transductive"]).value
-    lines = diagnostics.describe_deployed(d, pool_evidence(meta["transductive"]) is Evidence.HALVES)
+    assert d["transductive"]["evidence"] == recorded.pool(meta["transductive"]).evidence.value
+    lines = diagnostics.describe_deployed(d, recorded.shots(meta.get("fewshot")), recorded.pool(meta["transductive"]))
     (line,) = [x for x in lines if x.startswith("  transductive pool")]
     assert ("kernel vote" in line) is halves and ("to a power" in line) is not halves
     assert not [f for f in steering(Path(diagnostics.__file__)) if "compares" in f]

@@ -25,10 +25,10 @@ def _unit(x):
 
 def _kept(monkeypatch, agreement):
     """The check keeps the pool at a cross-half ``agreement`` (None: a check that measured none, the entropy rule)."""
-    from svgen.transductive import adapt as pool_adapt
-    from svgen.transductive import gate as pool_gate
-    from svgen.selection import Paired
-    from svgen.transductive.decision import Check, Evidence, Gate
+    from svgen.adapt import pool as pool_adapt
+    from svgen.adapt import gate as pool_gate
+    from svgen.adapt.select import Paired
+    from svgen.adapt.pool_decision import Check, Evidence, Gate
 
     gate = Gate(Paired(agreement or 0.9, 0.5, 0.1, 0.01, 0), Paired(1.0, 1.0, 0.0, 0.0, 0), None, 9, 0)
     monkeypatch.setattr(pool_gate, "check_without_shots", lambda stage, side, U, strength, progress=False, config=None:
@@ -67,7 +67,7 @@ def test_kept_pool_heads_claim_the_checks_agreement(pool, monkeypatch, agreement
 
 
 def test_match_confidence_hits_its_target_and_clips_it():
-    from svgen.transductive import solve as td
+    from svgen.adapt import transduction as td
 
     z = torch.from_numpy(np.random.default_rng(0).normal(size=(300, 9)))
     for target in (0.2, 0.5, 0.9):
@@ -83,7 +83,7 @@ def test_oxford_pets_zero_shot_pool_is_calibrated(shared_data):
     X = _unit(np.load(root / "val_features.npy")).astype(np.float32)
     y = np.load(root / "val_labels.npy")
     P = _unit(np.load(root / "textlike_prototypes.npy")).astype(np.float32)
-    from svgen.calibration.temperatures import ece
+    from svgen.heads.calibration import ece
 
     base = SVGClassifier().fit(P)
     before = base.predict_proba(X)
@@ -99,9 +99,9 @@ def test_oxford_pets_zero_shot_pool_is_calibrated(shared_data):
 
 
 def test_agreement_target_is_the_rule_of_succession():
-    from svgen.transductive.adapt import agreement_target
-    from svgen.selection import Paired
-    from svgen.transductive.decision import Check, Evidence, Gate, Reason
+    from svgen.adapt.pool import agreement_target
+    from svgen.adapt.select import Paired
+    from svgen.adapt.pool_decision import Check, Evidence, Gate, Reason
 
     def halves(agreement, images):
         gate = Gate(Paired(agreement, 0.5, agreement - 0.5, 0.01, images), Paired(1.0, 1.0, 0.0, 0.0, images), None,

@@ -1,4 +1,4 @@
-"""The held-out check that decides whether a pool may change the heads (svgen.transductive.gate), tested against
+"""The held-out check that decides whether a pool may change the heads (svgen.adapt.gate), tested against
 hand computations, and end to end: a pool that helps is kept, one that cannot help changes nothing."""
 
 import json
@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from svgen import SVGClassifier
-from svgen.transductive import gate as pool_gate
+from svgen.adapt import gate as pool_gate
 
 C, D = 6, 24
 
@@ -50,7 +50,7 @@ def test_shot_folds_hold_out_one_shot_per_class_with_three_or_more(counts):
     """Three or more shots in every class: each fold holds out at most one shot of each class (the fold's
     predictor keeps all the others); as many folds as the largest class has shots, at most MAX_FOLDS; no shot
     is held out twice."""
-    from svgen.selection import DEFAULT
+    from svgen.adapt.config import DEFAULT
 
     y = np.concatenate([np.full(n, c) for c, n in enumerate(counts)])
     folds = pool_gate.shot_folds(y, len(counts), seed=3)
@@ -94,9 +94,9 @@ def _right_on(n_right, n=24):
 @pytest.mark.parametrize("level", [0.5, 1.0, 2.0])
 def test_the_pool_test_is_the_selection_test(seed, level):
     """One significance convention (issue 38): the pool is kept iff the inductive predictor is behind it on top-1
-    (:func:`svgen.selection.ahead`) and it is not behind on top-5 nor on −NLL (:func:`svgen.selection.behind`), all
-    at one level, with the paired means and SEs of :func:`svgen.selection.paired`."""
-    from svgen.selection import ahead, behind, paired
+    (:func:`svgen.adapt.select.ahead`) and it is not behind on top-5 nor on −NLL (:func:`svgen.adapt.select.behind`), all
+    at one level, with the paired means and SEs of :func:`svgen.adapt.select.paired`."""
+    from svgen.adapt.select import ahead, behind, paired
 
     rng = np.random.default_rng(seed)
     n = 60
@@ -233,8 +233,8 @@ def test_zero_shot_pool_kernel_head_is_the_posterior_with_the_kernel_prior(tmp_p
     from scipy.special import softmax
 
     from svgen.io.artifacts import FORMAT_VERSION_POOL_FACTOR
-    from svgen.transductive.pool import transduce
-    from svgen.transductive.solve import calibration_rows
+    from svgen.adapt.transduce import transduce
+    from svgen.adapt.transduction import calibration_rows
 
     protos, U, yu, _, _ = _world(7, 1.6, 30, 0.5)
     ref = SVGClassifier(n_support=2, steps=5, seed=0).fit(protos)
@@ -295,7 +295,7 @@ def test_pool_with_shots_factor_formula(tmp_path):
     assert t["check"]["images"] == len(np.concatenate(pool_gate.shot_folds(ys, C, 0)))   # one shot of each class
     powers = t["pool_factor"]["powers"]
     assert head in powers and "kernel" not in powers and clf.default_head_ == head
-    from svgen.transductive.pool import transduce
+    from svgen.adapt.transduce import transduce
 
     pool = transduce(ref._stage(), ref._side(), torch.nn.functional.normalize(torch.as_tensor(U), dim=-1))
     k = pool.record["prior_strength"] * pool.record["linear_prior_temperature"]

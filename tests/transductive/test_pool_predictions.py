@@ -37,9 +37,9 @@ def files(tmp_path):
 
 
 def _gate(monkeypatch, adopt: bool):
-    from svgen.transductive import gate as pool_gate
-    from svgen.selection import Paired
-    from svgen.transductive.decision import Check, Evidence, Gate
+    from svgen.adapt import gate as pool_gate
+    from svgen.adapt.select import Paired
+    from svgen.adapt.pool_decision import Check, Evidence, Gate
 
     from dataclasses import replace
 

@@ -10,11 +10,12 @@ import numpy as np
 import pytest
 import torch
 
+from svgen.adapt import config as adapt_config
 from svgen import SVGClassifier
-from svgen import selection
+
 from svgen.heads import predictor
-from svgen.selection import DEFAULT
-from svgen.transductive import solve as td
+from svgen.adapt.config import DEFAULT
+from svgen.adapt import transduction as td
 
 C, D = 4, 12
 
@@ -45,17 +46,17 @@ def data():
 
 def _never_settle(monkeypatch):
     """The default settings with a stability no pool reaches (150% of itself): the rounds never settle."""
-    monkeypatch.setattr(selection, "DEFAULT", replace(DEFAULT, stable=1.5))
+    monkeypatch.setattr(adapt_config, "DEFAULT", replace(DEFAULT, stable=1.5))
 
 
 @pytest.fixture
 def gate_open(monkeypatch):
-    """The pool check (svgen.transductive.gate) always adopts: for tests of the transduction itself, which the
+    """The pool check (svgen.adapt.gate) always adopts: for tests of the transduction itself, which the
     check's own tests (tests/transductive/test_pool_gate.py) do not need to pass through. With shots the default head
     and the linear head are then multiplied by the pool's likelihood to the power 1."""
-    from svgen.transductive import gate as pool_gate
-    from svgen.selection import Paired
-    from svgen.transductive.decision import Check, Evidence, Gate
+    from svgen.adapt import gate as pool_gate
+    from svgen.adapt.select import Paired
+    from svgen.adapt.pool_decision import Check, Evidence, Gate
 
     same = Paired(0.5, 0.5, 0.0, 0.0, 10)
     shots = Gate(same, same, same, 5, 0)
@@ -146,7 +147,7 @@ def test_infinite_prior_strength_is_the_inductive_prediction(data):
     # labels are the prior's, the inductive default head's prediction
     clf = SVGClassifier(n_support=2, steps=5, seed=0).fit(data["protos"]).adapt(data["X"], data["ys"])
     q = data["U"]
-    from svgen.transductive.pool import transduce
+    from svgen.adapt.transduce import transduce
 
     pool = transduce(clf._stage(), clf._side(), torch.nn.functional.normalize(torch.as_tensor(q), dim=-1), strength=1e7)
     qn = torch.nn.functional.normalize(torch.as_tensor(q), dim=-1)
@@ -514,7 +515,7 @@ def test_cli_classify_transductive_kernel_head(cli, hard, tmp_path, gate_open):
 
 
 def _kernel_probs_by_hand(clf, U):
-    """p = score^(1/T) / Σ score^(1/T) of the kernel vote, from its raw scores (independent of svgen.calibration.temperatures)."""
+    """p = score^(1/T) / Σ score^(1/T) of the kernel vote, from its raw scores (independent of svgen.adapt.temperatures)."""
     s = np.asarray(clf.decision_function(U, "kernel"), dtype=np.float64)
     return _softmax(np.log(np.maximum(s, 1e-30)) / clf.temperatures_["kernel"])
 
@@ -572,8 +573,8 @@ def test_adapting_again_restores_the_inductive_probabilities(tmp_path, gate_open
 def test_the_config_reaches_every_setting_of_the_pool_stage(data, gate_open):
     """AdaptConfig is threaded from transductive.adapt.adapt down (issue 38): the escalation settings shape the tries,
     the smallest pool per class decides what is too small, and the level is the check's."""
-    from svgen.selection import AdaptConfig
-    from svgen.transductive import adapt as pool_adapt
+    from svgen.adapt.config import AdaptConfig
+    from svgen.adapt import pool as pool_adapt
 
     clf = SVGClassifier(n_support=2, steps=5, seed=0).fit(data["protos"])
     U = torch.nn.functional.normalize(torch.as_tensor(data["U"]), dim=-1)
@@ -588,8 +589,8 @@ def test_the_config_reaches_every_setting_of_the_pool_stage(data, gate_open):
 
 def test_the_level_is_the_configs(data):
     """The pool check's one level comes from the config: a pool kept at 1 SE is refused at a level no data reaches."""
-    from svgen.selection import AdaptConfig
-    from svgen.transductive import adapt as pool_adapt
+    from svgen.adapt.config import AdaptConfig
+    from svgen.adapt import pool as pool_adapt
 
     rng, centres, protos, U, _ = _clusters(7, 1.6, 30, 0.5)
     clf = SVGClassifier(n_support=2, steps=5, seed=0).fit(protos)
@@ -605,9 +606,9 @@ def test_the_checks_fold_refits_use_the_config():
     not the defaults, and the check reads each fold's default head and Gaussian part from the typed fits."""
     from unittest import mock
 
-    from svgen.fewshot import adapt as shot_adapt
-    from svgen.selection import AdaptConfig
-    from svgen.transductive import adapt as pool_adapt
+    from svgen.adapt import shots as shot_adapt
+    from svgen.adapt.config import AdaptConfig
+    from svgen.adapt import pool as pool_adapt
 
     rng, centres, protos, U, _ = _clusters(7, 1.6, 30, 0.5)
     ys = np.repeat(np.arange(C), 4)
@@ -633,7 +634,7 @@ def test_a_stage_with_shots_needs_their_lda_part():
     not a silent fall-back to the label-free scales."""
     import dataclasses
 
-    from svgen.transductive.pool import transduce
+    from svgen.adapt.transduce import transduce
 
     rng, centres, protos, U, _ = _clusters(7, 1.6, 30, 0.5)
     ys = np.repeat(np.arange(C), 3)

@@ -63,7 +63,7 @@ def build(name: str):
         import dataclasses
         from unittest import mock
 
-        from svgen.fewshot import residual
+        from svgen.adapt import residual
 
         X, y = images(3)
         refuse = lambda *a, **k: dataclasses.replace(decide(*a, **k), kept=False)   # noqa: E731  (a format fixture)

@@ -2,13 +2,13 @@
 
 ``adapt`` already scores every head on shots it did not see (the balanced folds' held-out shots, or exact
 leave-one-out; with shots for only some classes also the refits that leave whole classes without shots,
-:mod:`svgen.fewshot.coverage`). The cosine head — plain CLIP, zero-shot — needs no refit, so it is scored on the
+:mod:`svgen.adapt.shotless`). The cosine head — plain CLIP, zero-shot — needs no refit, so it is scored on the
 same images, and :func:`compare` records each head against it (``svgen.json`` ``fewshot.heads_vs_zero_shot``):
 top-1, top-5 (the classes ``classify`` lists, :func:`svgen.heads.scoring.topk`) and NLL, each image
 weighed as the fit weighed it (the deployed shares of classes without and with shots), with the paired difference
-to the cosine head and its standard error (:func:`svgen.selection.paired`). A head is *worse than zero-shot* where one
-of the three is behind the cosine head's by more than ``level`` standard errors (:func:`svgen.selection.behind`; NLL:
-:func:`~svgen.selection.ahead`, lower is better). The record is output only: ``svgen diagnose`` and ``svgen eval``
+to the cosine head and its standard error (:func:`svgen.adapt.select.paired`). A head is *worse than zero-shot* where one
+of the three is behind the cosine head's by more than ``level`` standard errors (:func:`svgen.adapt.select.behind`; NLL:
+:func:`~svgen.adapt.select.ahead`, lower is better). The record is output only: ``svgen diagnose`` and ``svgen eval``
 report it (:func:`svgen.evaluation.heldout.findings`); nothing in the fit reads it back.
 """
 
@@ -18,8 +18,9 @@ from typing import Dict, Optional, Sequence, Tuple
 
 import numpy as np
 
-from svgen.calibration.temperatures import PROB_FLOOR
-from svgen.selection import AdaptConfig, ahead, behind, config_or_default, paired
+from svgen.heads.calibration import PROB_FLOOR
+from svgen.adapt.config import DEFAULT, AdaptConfig, config_or_default
+from svgen.adapt.select import ahead, behind, paired
 
 
 ZERO_SHOT = "cosine"
@@ -77,9 +78,55 @@ def compare(parts: Sequence[Part], config: Optional[AdaptConfig] = None) -> Opti
 def shots_record(held: tuple, default_head: str, weight: Optional[float],
                  config: Optional[AdaptConfig] = None) -> Optional[dict]:
     """:func:`compare` on the held-out shots that chose the default head: ``held`` is ``(p_kernel, p_linear, y,
-    p_cosine)`` (:attr:`svgen.fewshot.adapt.ShotFit.held_out`); the mixture is scored where it is the default."""
+    p_cosine)`` (:attr:`svgen.adapt.shots.ShotFit.held_out`); the mixture is scored where it is the default."""
     pk, pl, y, p0 = held
     probs = {"kernel": pk, "linear": pl, ZERO_SHOT: p0}
     if default_head == "mixture" and weight is not None:
         probs["mixture"] = weight * pk + (1.0 - weight) * pl
     return compare([(probs, y, 1.0)], config)
+
+
+# ----------------------------------------------------------------------------- the held-out shots
+
+def balanced_folds(y: np.ndarray, seed: int = 0, max_folds: int = DEFAULT.max_folds) -> list:
+    """Folds that each hold out one shot of every class with two or more (fold f: the f-th shot of each class in a
+    seeded order), as many as the largest class has shots, at most ``max_folds``, so no held-out image's class is
+    short against the others."""
+    rng = np.random.default_rng(seed)
+    order = {c: rng.permutation(np.flatnonzero(y == c)) for c in np.unique(y)}
+    folds = []
+    for f in range(min(max(len(v) for v in order.values()), max_folds)):
+        held = np.array(sorted(v[f] for v in order.values() if len(v) > 1 and f < len(v)), dtype=np.int64)
+        if held.size:
+            folds.append(held)
+    return folds
+
+
+def scored_folds(folds: list, y: np.ndarray, seed: int = 0, n_max: Optional[int] = None) -> list:
+    """``(removed, scored)`` for each fold used: a fold's refit leaves out every shot of the fold, so every class stays
+    one shot short at once, and at most ``n_max`` shots are scored in all. Above ``n_max``: the first folds that hold
+    ``n_max`` shots, at least one; a single fold larger than that scores the shots of ``n_max`` classes (one seeded
+    order) and still leaves out all of its shots."""
+    if n_max is None or sum(f.size for f in folds) <= n_max:
+        return [(f, f) for f in folds]
+    used = folds[:max(1, n_max // max(f.size for f in folds))]   # more than one: each fits n_max / 2
+    if used[0].size <= n_max:
+        return [(f, f) for f in used]
+    fold = used[0]
+    classes = np.random.default_rng(seed + 1).permutation(np.unique(y[fold]))[:n_max]
+    return [(fold, fold[np.isin(y[fold], classes)])]
+
+
+def shot_sample(labels: np.ndarray, n_max: int, seed: int = 0) -> Optional[np.ndarray]:
+    """At most ``n_max`` shots (sorted indices) spread over the classes: every class's first shot (in a seeded order),
+    then every class's second, ..., classes in a seeded order. None: all of them."""
+    labels = np.asarray(labels)
+    if labels.shape[0] <= n_max:
+        return None
+    rng = np.random.default_rng(seed)
+    within = np.empty(labels.shape[0], dtype=np.int64)
+    for c in np.unique(labels):
+        idx = np.flatnonzero(labels == c)
+        within[rng.permutation(idx)] = np.arange(idx.size)
+    cls_rank = rng.permutation(int(labels.max()) + 1)[labels]
+    return np.sort(np.lexsort((cls_rank, within))[:n_max])

@@ -12,8 +12,9 @@ import numpy as np
 import torch
 
 from svgen.heads.scoring import CLIP_LOGIT_SCALE
-from svgen.selection import (AdaptConfig, Decision, ShotReason, balanced_folds, config_or_default, scored_folds,
-                             shot_sample, shot_test)
+from svgen.adapt.config import AdaptConfig, config_or_default
+from svgen.adapt.select import Decision, ShotReason, shot_test
+from svgen.adapt.heldout import balanced_folds, scored_folds, shot_sample
 
 log = logging.getLogger(__name__)
 
@@ -161,7 +162,7 @@ def dense_fold_scores(d2: np.ndarray, y: np.ndarray, R: np.ndarray, p0: np.ndarr
 def nystrom_fold_scores(X: np.ndarray, y: np.ndarray, R: np.ndarray, p0_held: np.ndarray, folds: list, sigmas,
                         ridges, seed: int = 0, basis_size: int = 1024):
     """As :func:`dense_fold_scores` in a Nyström basis of ``basis_size`` shots a fold keeps
-    (:func:`~svgen.selection.shot_sample`; a removed shot as a centre would leave its direction without data), with
+    (:func:`~svgen.adapt.heldout.shot_sample`; a removed shot as a centre would leave its direction without data), with
     features ``A = k(X, L) K_LL^{-1/2}``: the fold's refit solves ``(A_keepᵀA_keep + cI) β = A_keepᵀR_keep``, one
     eigendecomposition per (σ, fold) for every c (docs/fewshot.md); each ``((i, j), scores)`` yielded as computed."""
     kept = []
@@ -215,7 +216,7 @@ def solve(X: np.ndarray, y: np.ndarray, P: np.ndarray, C: int, sigma: float, c: 
 
 def fit_residual_head(X, y, P, n_classes: int, logit_scale: float = CLIP_LOGIT_SCALE, seed: int = 0,
                       config: Optional[AdaptConfig] = None) -> ResidualFit:
-    """The kernel head: :func:`select`, :func:`~svgen.selection.shot_test` against zero-shot, :func:`solve`."""
+    """The kernel head: :func:`select`, :func:`~svgen.adapt.select.shot_test` against zero-shot, :func:`solve`."""
     config = config_or_default(config)
     X, P, y = unit(X), unit(P), np.asarray(y, dtype=np.int64)
     one_shot = np.bincount(y, minlength=n_classes).max() <= 1

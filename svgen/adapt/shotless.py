@@ -10,11 +10,12 @@ from typing import NamedTuple, Optional
 
 import numpy as np
 
-from svgen.calibration.temperatures import PROB_FLOOR, mix, tilt
+from svgen.heads.calibration import PROB_FLOOR, mix, tilt
 from svgen.core.roots import convex_minimum, golden_minimum
 from svgen.core.support import SupportSet
-from svgen.heads import heldout, predictor
-from svgen.selection import AdaptConfig, config_or_default
+from svgen.adapt import heldout
+from svgen.heads import predictor
+from svgen.adapt.config import AdaptConfig, config_or_default
 from svgen.steps import bar
 
 log = logging.getLogger(__name__)

@@ -12,13 +12,18 @@ from typing import NamedTuple, Optional
 import numpy as np
 import torch
 
-from svgen.calibration import temperatures as calibration
+from svgen.adapt import temperatures as held_temperatures
+from svgen.core import logits as logit_kinds
+from svgen.heads import calibration
 from svgen.core.support import IMAGE, SupportSet
-from svgen.fewshot import coverage, residual
-from svgen.fewshot import lda as fewshot
-from svgen.heads import heldout, predictor
+from svgen.adapt import shotless as coverage
+from svgen.adapt import residual
+from svgen.adapt import lda as fewshot
+from svgen.adapt import heldout
+from svgen.heads import predictor
 from svgen.heads.scoring import MIXTURE
-from svgen.selection import AdaptConfig, config_or_default, shot_sample
+from svgen.adapt.config import AdaptConfig, config_or_default
+from svgen.adapt.heldout import shot_sample
 from svgen.state import Calibration, Heads, KernelHead, LdaPart, LinearHead, TextSide
 from svgen.steps import Clock
 
@@ -35,11 +40,12 @@ class ShotFit:
     default_head: str
     record: dict
     held_out: Optional[tuple] = None   # (kernel, linear probabilities of held-out shots, labels, cosine)
+    kernel_kept: bool = True   # whether the kernel head kept the shots' correction (svgen.state.ShotsOutcome)
 
 
 def adapt(zero_shot: Heads, shots: SupportSet, side: TextSide, tilt_shotless: bool = True,
           progress: bool = False, config: Optional[AdaptConfig] = None) -> ShotFit:
-    """The heads for ``shots`` on ``zero_shot``, the classes without shots tilted (:mod:`svgen.fewshot.coverage`)."""
+    """The heads for ``shots`` on ``zero_shot``, the classes without shots tilted (:mod:`svgen.adapt.shotless`)."""
     config = config_or_default(config)
     C = side.n_classes
     t0 = time.perf_counter()
@@ -98,7 +104,7 @@ def adapt(zero_shot: Heads, shots: SupportSet, side: TextSide, tilt_shotless: bo
     log.info("adapted to %d shots in %.2fs: kernel %s (σ=%.3g, c=%.3g), linear LDA γ=%g κ=%g (LOO error %.3f), α=%s",
              len(shots), wall, "adapted" if res.adopted else "kept zero-shot", res.sigma, res.record["ridge_c"],
              lchoice.shrinkage, lchoice.prior_shots, lchoice.loo_error, lin.record.get("alpha", "none (LDA alone)"))
-    return ShotFit(heads, lin.lda, default, record, held)
+    return ShotFit(heads, lin.lda, default, record, held, kernel_kept=res.adopted)
 
 
 class KernelEvidence(NamedTuple):
@@ -114,7 +120,7 @@ def held_out_probabilities(heads: Heads, side: TextSide, res, shots: SupportSet,
     """(kernel M×C, linear M×C, rows): both calibrated heads' probabilities on the same held-out shots."""
     cal = heads.calibration
     if res.adopted:
-        z = calibration.kernel_logits(torch.as_tensor(ev.scores, dtype=torch.float64), cal.kernel_logits,
+        z = logit_kinds.kernel_logits(torch.as_tensor(ev.scores, dtype=torch.float64), cal.kernel_logits,
                                       torch.from_numpy(ev.prior), cal.kernel_floor)
         pk = calibration.softmax(z, cal.temperatures["kernel"]).numpy()
     else:
@@ -134,7 +140,7 @@ def choose_default_head(heads: Heads, side: TextSide, res, shots: SupportSet, li
     pk, pl, rows = held_out_probabilities(heads, side, res, shots, lin, ev)
     truth = shots.labels.numpy()[rows]
     p0 = predictor.proba(heads, side.prototypes, side.config.kernel, shots.rows[rows].float(), "cosine").numpy()
-    fit = calibration.fit_weight(pk, pl, truth)
+    fit = held_temperatures.fit_weight(pk, pl, truth)
     w = fit["weight"]
     probs = {"mixture": calibration.mix(w, pk, pl), "kernel": pk, "linear": pl}
     return calibration.head_of_weight(w), w, {
@@ -154,10 +160,10 @@ def temperatures(heads: Heads, side: TextSide, shots: SupportSet, res, lin, ev: 
     """Both heads' T by the NLL of their held-out logits (the kernel head's logit kind too); the text rule's beside."""
     text_cal = predictor.text_calibration(heads, side.prototypes, side.per_template, side.config.kernel, config=config)
     text_temps = dict(text_cal.temperatures)
-    fit = calibration.loo_temperatures({"linear": lin.loo_logits}, lin.loo_labels, fallback=text_temps)
+    fit = held_temperatures.loo_temperatures({"linear": lin.loo_logits}, lin.loo_labels, fallback=text_temps)
     temps, loo, kind, floor, extra = dict(fit["temperatures"]), dict(fit["loo"]), None, None, {}
     if res.adopted:
-        kfit = calibration.choose_kernel_logits(torch.from_numpy(ev.scores), shots.labels.numpy()[ev.rows],
+        kfit = held_temperatures.choose_kernel_logits(torch.from_numpy(ev.scores), shots.labels.numpy()[ev.rows],
                                                 fallback=text_temps["kernel"], signed_votes=True,
                                                 prior=torch.from_numpy(ev.prior), config=config)
         kind, floor, temps["kernel"], loo["kernel"] = kfit["kind"], kfit["floor"], kfit["temperature"], kfit["loo"]

@@ -11,15 +11,16 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from svgen.calibration.temperatures import KERNEL_LOG_FLOOR
+from svgen.core.logits import KERNEL_LOG_FLOOR
 from svgen.core.support import SupportSet
-from svgen.fewshot import lda as fewshot
+from svgen.adapt import lda as fewshot
 from svgen.heads import predictor
 from svgen.heads.scoring import CLIP_LOGIT_SCALE
-from svgen.selection import AdaptConfig, Decision
+from svgen.adapt.config import AdaptConfig
+from svgen.adapt.select import Decision
 from svgen.state import Heads, LdaPart, LinearHead, TextSide
-from svgen.transductive import solve as td
-from svgen.transductive.decision import KEPT, Reason, fallback, refuse
+from svgen.adapt import transduction as td
+from svgen.adapt.pool_decision import KEPT, Reason, fallback, refuse
 
 log = logging.getLogger(__name__)
 
@@ -52,10 +53,11 @@ class PoolFit:
     decision: Decision = KEPT
     gaussian: Optional[LinearHead] = None
     prior_scale: float = 0.0
+    default_head: Optional[str] = None   # kept: the default head it deploys (svgen.state.PoolOutcome)
 
 
 def mean_entropy(heads: Heads, side: TextSide, U: torch.Tensor, head: str) -> float:
-    """``head``'s mean entropy at its temperature on :func:`~svgen.transductive.solve.calibration_rows` of ``U``."""
+    """``head``'s mean entropy at its temperature on :func:`~svgen.adapt.transduction.calibration_rows` of ``U``."""
     z = predictor.logits(heads, side.prototypes, side.config.kernel, U[td.calibration_rows(U.shape[0])], head)
     return td._entropy(z.double() / heads.calibration.temperatures[head])
 

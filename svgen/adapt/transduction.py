@@ -11,9 +11,10 @@ import torch
 
 from svgen.core.roots import bisect
 from svgen.errors import SvgenError
-from svgen.selection import AdaptConfig, Decision, config_or_default
+from svgen.adapt.config import AdaptConfig, config_or_default
+from svgen.adapt.select import Decision
 from svgen.steps import bar
-from svgen.transductive.decision import Reason, refuse
+from svgen.adapt.pool_decision import Reason, refuse
 
 log = logging.getLogger(__name__)
 

@@ -9,25 +9,26 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from svgen.calibration import temperatures as calibration
-from svgen.calibration.temperatures import KERNEL_LOG_FLOOR
+from svgen.heads import calibration
+from svgen.core.logits import KERNEL_LOG_FLOOR
 from svgen.core.roots import newton_minimum
 from svgen.core.support import IMAGE, image_rows
-from svgen.fewshot import adapt as shot_adapt
+from svgen.adapt import shots as shot_adapt
 from svgen.heads import predictor
-from svgen.heads.heldout import outcomes
-from svgen.selection import (DEFAULT, AdaptConfig, Paired, ahead, balanced_folds, behind, config_or_default,
-                             paired)
+from svgen.adapt.heldout import outcomes
+from svgen.adapt.config import DEFAULT, AdaptConfig, config_or_default
+from svgen.adapt.select import Paired, ahead, behind, paired
+from svgen.adapt.heldout import balanced_folds
 from svgen.state import TextSide
 from svgen.steps import bar
-from svgen.transductive.decision import Check, Evidence, Gate, Reason, fallback
-from svgen.transductive.pool import Stage, transduce
+from svgen.adapt.pool_decision import Check, Evidence, Gate, Reason, fallback
+from svgen.adapt.transduce import Stage, transduce
 
 NLL_TOL = 1e-9   # nats: a Newton step lowering the mean NLL by less ends the power's fit (numerical)
 
 
 def shot_folds(y: np.ndarray, n_classes: int, seed: int = 0, max_folds: int = DEFAULT.max_folds) -> list:
-    """With ≥ 3 shots in every class with any, :func:`svgen.selection.balanced_folds`; else two folds of half each."""
+    """With ≥ 3 shots in every class with any, :func:`svgen.adapt.heldout.balanced_folds`; else two folds of half each."""
     counts = np.bincount(y, minlength=n_classes)
     if counts[counts > 0].size and counts[counts > 0].min() >= 3:
         return balanced_folds(y, seed, max_folds)
@@ -38,7 +39,7 @@ def shot_folds(y: np.ndarray, n_classes: int, seed: int = 0, max_folds: int = DE
 
 def paired_gate(p_ind: np.ndarray, p_pool: np.ndarray, y: np.ndarray, level: float = DEFAULT.level) -> Gate:
     """Pool-adapted against inductive probabilities on the same held-out labelled images ``y`` (per image: top-1 and
-    top-5 hits under classify's tie rule, and the NLL, :func:`svgen.heads.heldout.outcomes`)."""
+    top-5 hits under classify's tie rule, and the NLL, :func:`svgen.adapt.heldout.outcomes`)."""
     ind, pool = outcomes(p_ind, y), outcomes(p_pool, y)
     return replication_gate(pool["acc1"], ind["acc1"], pool["acc5"], ind["acc5"], level,
                             nll=paired(pool["nll"], ind["nll"]))
@@ -52,7 +53,7 @@ def replication_gate(agree_pool: np.ndarray, agree_ind: np.ndarray, agree5_pool:
 
 
 def judged(g: Gate) -> Gate:
-    """``g`` with its failures: kept iff ahead on top-1 and not behind on top-5 and −NLL (:mod:`svgen.selection`)."""
+    """``g`` with its failures: kept iff ahead on top-1 and not behind on top-5 and −NLL (:mod:`svgen.adapt.select`)."""
     why, level, a, a5, n = [], g.level, g.top1, g.top5, g.nll
     if not ahead(a, level):
         why.append(f"a head adapted on one half of the pool agrees with the other half's own posterior on "

@@ -9,20 +9,21 @@ from typing import Optional
 import torch
 
 from svgen.heads import predictor
-from svgen.selection import AdaptConfig, Decision, config_or_default
+from svgen.adapt.config import AdaptConfig, config_or_default
+from svgen.adapt.select import Decision
 from svgen.state import Heads, KernelHead, PoolFactor, TextSide
 from svgen.steps import Clock
-from svgen.transductive import gate as pool_gate
-from svgen.transductive import solve as td
-from svgen.transductive.decision import Check, Evidence, Reason, fallback, refuse
-from svgen.transductive.pool import PoolFit, Stage, mean_entropy, transduce
+from svgen.adapt import gate as pool_gate
+from svgen.adapt import transduction as td
+from svgen.adapt.pool_decision import Check, Evidence, Reason, fallback, refuse
+from svgen.adapt.transduce import PoolFit, Stage, mean_entropy, transduce
 
 log = logging.getLogger(__name__)
 
 
 def adapt(stage: Stage, side: TextSide, U: torch.Tensor, strength: Optional[float] = None,
           progress: bool = False, config: Optional[AdaptConfig] = None) -> PoolFit:
-    """The unit pool ``U`` checked (:mod:`~svgen.transductive.gate`) and solved in where kept, else inductive heads."""
+    """The unit pool ``U`` checked (:mod:`~svgen.adapt.gate`) and solved in where kept, else inductive heads."""
     C, N = side.n_classes, U.shape[0]
     t0 = time.perf_counter()
     clock = Clock(log)
@@ -93,7 +94,8 @@ def _adopt_factor(stage: Stage, side: TextSide, U: torch.Tensor, fit: PoolFit, c
                             if h == "kernel" else "inductive (the held-out shots kept no factor for it: its power is "
                                                   "0, or its own paired check did not pass)")
                         for h in predictor.head_names(heads) if h != "cosine"}}
-    return PoolFit(heads, record, labels, Heads(ind.kernel, ind.linear, ind.calibration), fit.prior_linear)
+    return PoolFit(heads, record, labels, Heads(ind.kernel, ind.linear, ind.calibration), fit.prior_linear,
+                   default_head=default)
 
 
 def _adopt_posterior(stage: Stage, side: TextSide, fit: PoolFit, U: torch.Tensor, entropy_before: float,
@@ -169,4 +171,4 @@ def _adopt_posterior(stage: Stage, side: TextSide, fit: PoolFit, U: torch.Tensor
                                     "head's"}}
     # the pool's probabilities: the deployed default head's on it (what `adapt` + `classify --probs` gives)
     labels = predictor.proba_in_blocks(heads, P, kind, U, "linear")
-    return PoolFit(heads, record, labels, ind, fit.prior_linear)
+    return PoolFit(heads, record, labels, ind, fit.prior_linear, default_head="linear")

@@ -1,0 +1,2 @@
+"""Adaptation to labelled shots and unlabelled pools: the settings, the held-out evidence, the choices, the solvers
+and the stages (docs/adaptation.md)."""

@@ -1,0 +1,90 @@
+"""The settings of every adaptive choice (:class:`AdaptConfig`): grids, sizes and the one level; docs/adaptation.md."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields
+from typing import Optional, Tuple
+
+import numpy as np
+
+from svgen.errors import SvgenError
+
+
+@dataclass(frozen=True)
+class AdaptConfig:
+    """The grids, sizes and the one level of every adaptive choice (``SVGClassifier(adapt_config=...)``).
+
+    level: the paired test's level in standard errors (:func:`behind`).
+    select_max, max_folds: held-out shots scored per choice (subsampled above, never classes) and held-out folds.
+    sigma_factors × ridges: the kernel head's σ (× the median distance between shots) and ridge c; one_shot_beta and
+    one_shot_ridge its setting with one shot per class (Tip-Adapter's β = 5.5, σ = 1/√β). select_basis, dense_max,
+    nystrom_basis: the Nyström sizes of the folds' refits and of the deployed solve.
+    lda_shrinkage × lda_prior: the LDA head's γ and κ; lda_loo_max the shots its leave-one-out scores;
+    lda_prior_one_shot: κ with one shot per class (zero-shot CLIP is worth about 4 shots, Radford et al. 2021 fig. 7).
+    alphas: the linear head's LDA weight α (× s; 0 is zero-shot). kernel_floors: ε of the floored kernel logits.
+    class_folds, refits: groups of classes with shots and how many are left out (shots for only some classes).
+    neighbours … max_escalations: the pool's transduction (TransCLIP's k = 3; rounds, fixed-point steps, κ of the
+    prior mean, the smallest pool per class, the agreement that stops the rounds, β's escalation). pool_trust: λ of
+    the label estimate ``λ·p_pool + (1 − λ)·p_cosine`` under which a zero-shot pool's heads may not expect a higher
+    NLL than the cosine head's (:func:`svgen.transductive.solve.nll_guard`; in (0, 1]).
+    max_queries, max_logits: the text queries and the queries × classes that fit a temperature.
+    """
+
+    level: float = 1.0
+    select_max: int = 1024
+    max_folds: int = 4
+    sigma_factors: Tuple[float, ...] = (0.35, 0.5, 0.7, 1.0)
+    ridges: Tuple[float, ...] = tuple(float(10.0 ** p) for p in np.arange(-3.0, 1.51, 0.5))
+    one_shot_beta: float = 5.5
+    one_shot_ridge: float = 1.0
+    select_basis: int = 1024
+    dense_max: int = 4096
+    nystrom_basis: int = 1536
+    lda_shrinkage: Tuple[float, ...] = (0.02, 0.05, 0.1, 0.2, 0.4, 0.7)
+    lda_prior: Tuple[float, ...] = (0.0, 0.5, 1.0, 2.0, 4.0, 8.0)
+    lda_loo_max: int = 512
+    lda_prior_one_shot: float = 4.0
+    alphas: Tuple[float, ...] = (0.0, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0)
+    kernel_floors: Tuple[float, ...] = (0.1, 0.3, 0.5, 0.9)
+    class_folds: int = 8
+    refits: int = 4
+    neighbours: int = 3
+    rounds: int = 10
+    steps: int = 5
+    prior_pseudo_images: float = 1.0
+    min_pool_per_class: float = 1.0
+    stable: float = 0.999
+    escalate: float = 4.0
+    max_escalations: int = 4
+    pool_trust: float = 0.7
+    max_queries: int = 2048
+    max_logits: int = 4_000_000
+
+    def __post_init__(self):
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if isinstance(v, tuple):
+                if not v or any(not math.isfinite(x) or x < 0 for x in v):
+                    raise SvgenError(f"AdaptConfig.{f.name} must be a non-empty tuple of finite values >= 0, got {v!r}")
+            elif not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
+                raise SvgenError(f"AdaptConfig.{f.name} must be a finite number >= 0, got {v!r}")
+        if min(self.select_max, self.max_folds, self.lda_loo_max, self.class_folds, self.rounds, self.steps) < 1:
+            raise SvgenError("AdaptConfig: select_max, max_folds, lda_loo_max, class_folds, rounds and steps must be >= 1")
+        if not 0.0 < self.pool_trust <= 1.0:
+            raise SvgenError(f"AdaptConfig.pool_trust must be in (0, 1], got {self.pool_trust!r}")
+
+    def changed(self) -> dict:
+        """The settings that differ from the defaults (what ``svgen.json`` records)."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) != f.default}
+
+
+DEFAULT = AdaptConfig()
+
+
+def config_or_default(config: Optional[AdaptConfig]) -> AdaptConfig:
+    if config is None:
+        return DEFAULT
+    if not isinstance(config, AdaptConfig):
+        raise SvgenError(f"adapt_config must be an svgen.AdaptConfig, got {type(config).__name__}")
+    return config

@@ -1,0 +1,98 @@
+"""Temperatures from held-out shots: each head's T by the NLL of its held-out logits, the kernel head's kind of
+logits, and the mixture weight ``w`` by the held-out NLL (docs/calibration.md). Probabilities themselves:
+:mod:`svgen.heads.calibration`."""
+
+from __future__ import annotations
+
+import math
+from typing import Dict, Optional
+
+import numpy as np
+import torch
+
+from svgen.adapt.config import AdaptConfig, config_or_default
+from svgen.core.logits import KERNEL_LOG_FLOOR, floored_log, kernel_logits
+from svgen.core.roots import convex_minimum
+from svgen.heads.calibration import PROB_FLOOR, ece, example_nll, fit_temperature, mix, nll_from_logits, softmax
+
+BISECTIONS = 60
+
+
+def loo_temperatures(loo_logits: Dict[str, torch.Tensor], labels, fallback: Dict[str, float]) -> dict:
+    """Per head, T by :func:`fit_temperature` and ``{nll, ece, acc1, fitted}`` there; where every shot is ranked
+    first when left out (no finite T) ``fallback[head]`` and ``fitted`` False."""
+    y = np.asarray(labels)
+    temps, loo = {}, {}
+    for head, z in loo_logits.items():
+        z = torch.as_tensor(z, dtype=torch.float64)
+        acc = float((z.argmax(dim=1).numpy() == y).mean())
+        T = temps[head] = fit_temperature(z, y) if acc < 1.0 else float(fallback[head])
+        loo[head] = {"nll": nll_from_logits(z, T, y), "ece": ece(softmax(z, T), y), "acc1": acc, "fitted": acc < 1.0}
+    return {"temperatures": temps, "loo": loo}
+
+
+def choose_kernel_logits(loo_scores, labels, fallback: float, signed_votes: bool = True, prior=None,
+                         config: Optional[AdaptConfig] = None) -> dict:
+    """The kernel head's kind of logits and T by the lowest held-out NLL (ties: log, score, floored), "log" charged
+    for the true-class votes ≤ 0 new images may have (their rate's :func:`event_rate_bound` at ``config.level``),
+    "floored" (with a ``prior``) at its best ε of ``config.kernel_floors``; "log" where a kind has no finite T."""
+    y, cfg = np.asarray(labels), config_or_default(config)
+    s = torch.as_tensor(loo_scores, dtype=torch.float64)
+    vote_not_positive = s[torch.arange(len(y)), torch.as_tensor(y, dtype=torch.long)] <= 0   # where log puts p ≈ 0
+    z = {kind: kernel_logits(s, kind) for kind in ("log", "score")}
+    eps = {f"floored {e:g}": e for e in cfg.kernel_floors} if prior is not None else {}
+    zf = {k: floored_log(loo_scores, prior, e) for k, e in eps.items()}
+    fit = loo_temperatures({**z, **zf}, y, fallback={k: fallback for k in [*z, *eps]})
+    entry = lambda k: {"temperature": fit["temperatures"][k], **fit["loo"][k], **(  # noqa: E731
+        {} if fit["loo"][k]["fitted"] else dict.fromkeys(("temperature", "nll", "ece")))}
+    cand, floor = {k: entry(k) for k in z}, None
+    if eps:
+        fitted = [k for k in eps if fit["loo"][k]["fitted"]]
+        best = min(fitted, key=lambda k: (fit["loo"][k]["nll"], eps[k])) if fitted else list(eps)[-1]
+        z["floored"], floor = zf[best], eps[best]
+        cand["floored"] = {**entry(best), "floor": floor, "by_floor": {f"{e:g}": fit["loo"][k]["nll"] for k, e in eps.items()}}
+    diff = guard = None
+    if all(c["fitted"] for c in cand.values()):
+        d = example_nll(z["score"], cand["score"]["temperature"], y) - example_nll(z["log"], cand["log"]["temperature"], y)
+        diff = {"mean": float(d.mean()), "se": float(d.std(ddof=1) / math.sqrt(len(d))) if len(d) > 1 else None}
+        seen = int(vote_not_positive.sum())
+        bound = event_rate_bound(seen, len(y), cfg.level) if signed_votes else 0.0   # rate of true votes ≤ 0 ...
+        loss = float(torch.quantile(z["log"].max(dim=1).values - math.log(KERNEL_LOG_FLOOR), 0.5)) / float(
+            cand["log"]["temperature"])                                           # ... × what log loses on each
+        guard = {"seen": seen, "rate_bound": bound, "loss": loss, "charge": max(bound - seen / max(len(y), 1), 0.0) * loss}
+        charged = {"log": cand["log"]["nll"] + guard["charge"], "score": cand["score"]["nll"],
+                   **({"floored": cand["floored"]["nll"]} if "floored" in cand else {})}
+        kind = min(charged, key=lambda k: (charged[k], list(charged).index(k)))
+        reason = (f"leave-one-out NLL on the shots: score {cand['score']['nll']:.4g}, log {cand['log']['nll']:.4g} "
+                  f"+ {guard['charge']:.4g} for true-class votes ≤ 0 on new images (up to {bound:.3g} of them "
+                  f"at {loss:.4g} each; {seen} of {len(y)} shots showed one)"
+                  + (f", floored (ε = {floor:g}) {cand['floored']['nll']:.4g}" if "floored" in cand else ""))
+        T, loo = cand[kind]["temperature"], {k: v for k, v in cand[kind].items()
+                                             if k not in ("temperature", "floor", "by_floor")}
+    else:
+        kind, T, loo = "log", fit["temperatures"]["log"], fit["loo"]["log"]
+        reason = ("under at least one kind every shot is ranked first when left out: its NLL has no finite minimiser, so the "
+                  "kinds cannot be compared; log" + ("" if loo["fitted"] else " with the text rule's T"))
+    return {"kind": kind, "temperature": T, "floor": floor if kind == "floored" else None, "loo": loo, "candidates": cand,
+            "nll_score_minus_log": diff, "loo_true_vote_not_positive": float(vote_not_positive.double().mean()),
+            "log_tail_guard": guard, "reason": reason}
+
+
+def event_rate_bound(k: int, n: int, level: float) -> float:
+    """Wilson score upper bound: the rate p with ``k/n = p − level·√(p(1 − p)/n)`` (k = 0, level 1: 1/(n + 1))."""
+    if n <= 0 or k >= n:
+        return 1.0
+    r, z2 = k / n, level * level / n
+    return min((r + z2 / 2 + level * math.sqrt(r * (1 - r) / n + z2 / (4 * n))) / (1 + z2), 1.0)
+
+
+def fit_weight(p_kernel: np.ndarray, p_linear: np.ndarray, labels: np.ndarray) -> dict:
+    """``w`` in [0, 1] minimising the mixture's mean NLL (convex: 1 where its slope there is ≤ 0, a tie keeping the
+    kernel head; else 0 or the slope's root). ``{"weight", "nll", "nll_kernel", "nll_linear", "images"}``."""
+    y = np.asarray(labels, dtype=np.int64)
+    a, b = (np.asarray(p, dtype=np.float64)[np.arange(y.size), y] for p in (p_kernel, p_linear))
+    slope = lambda w: float(-((a - b) / np.maximum(mix(w, a, b), PROB_FLOOR)).mean())   # noqa: E731
+    nll = lambda w: float(-np.log(np.maximum(mix(w, a, b), PROB_FLOOR)).mean())        # noqa: E731
+    w = convex_minimum(slope, 0.0, 1.0, BISECTIONS, flat="hi")
+    return {"weight": w, "nll": nll(w), "nll_kernel": nll(1.0), "nll_linear": nll(0.0),
+            "images": int(y.size)}
