@@ -133,7 +133,8 @@ def cases(lvis_clf):
     yield ("LVIS dev half", "text only", lvis_clf, np.load(DATA / "lvis_dev_image_features.npy").astype(np.float32),
            np.load(DATA / "lvis_dev_labels.npy"))
     for name in COOP + (UNION,):
-        X, y, P = (a.astype(np.float32) for a in load_coop(name))
+        X, y, P = load_coop(name)
+        X, P = X.astype(np.float32), P.astype(np.float32)
         for k in (0, SHOTS):
             shot, rest = sample(y, k, SEED)
             clf = SVGClassifier().fit(P, classes=[f"c{i}" for i in range(len(P))],
