@@ -1,38 +1,42 @@
 #!/usr/bin/env python
-"""Benchmark: ``svgen diagnose --confusions`` on LVIS, its time and how well it predicts measured confusions.
+"""Benchmark: ``svgen diagnose --confusions`` — its time on LVIS, and how well it predicts measured confusions.
 
 Fits (or loads, ``--artifact``) the LVIS zero-shot artifact of docs/usage.md (1,203 classes × K=4), then
 
-* times :func:`svgen.evaluation.confusions.predicted_pairs` (top 20 pairs, blocks of classes) against the stock
-  dense computation in the same run: every support row's kernel-head probabilities at once (M×C) and the C×C table
-  of class means (one matrix product), then its top 20; both must list the same pairs;
-* measures the default head on the LVIS dev features (one exemplar mean per even class) and counts how many of the 20
-  most-confused measured (true, predicted) pairs are among the top 100 predicted pairs: directed (a → b) and
-  unordered ({a, b}), over all pairs and over the pairs whose true class occurs in the labels (what ``svgen eval
-  --confusions`` marks);
-* the same counts for the scores tried and dropped (docs/history.md), computed densely here.
-
-* with ``--coop``, the same count on the seven CoOp validation sets (text-like prototypes, many rows per class, so a
-  measured pair is a frequent error, not a single one): zero-shot, and after 4 labelled shots per class drawn from val
-  (seed 0; the rest of val measures).
+* times ``svgen diagnose lvis.svgen --confusions`` as a user types it (a subprocess: wall and CPU time, start and
+  artifact loading included), and :func:`svgen.evaluation.confusions.predicted_pairs` (top 20 pairs, blocks of
+  classes) in-process against the stock dense computation: every support row's kernel-head probabilities at once
+  (M×C) and the C×C table of class means, then its top 20; both must list the same pairs;
+* on the LVIS dev half, the ranks of the measured pairs and the scores tried and dropped (docs/history.md);
+* **the table** (``--table``; dev data only): for each set of the shared dev data — the LVIS dev half, each of the
+  seven CoOp validation sets (text-like prototypes) and the seven as one 1,033-class problem (``all7``, labels
+  offset set by set, as benchmarks/bench_adapt.py builds it) — text only, and for the CoOp sets also with 4 labelled
+  shots per class drawn from val (seed 0; the rest of val measures): of the 20 most-confused pairs ``svgen eval
+  --confusions`` measures (the default head's), how many are among the top 100 predicted from the support vectors,
+  with a 95% bootstrap interval (the measured rows resampled, the prediction fixed). ``--alternatives`` adds the
+  predictors tried and dropped, with paired bootstrap intervals of their difference. ``--write-docs`` puts the
+  table into docs/usage.md.
 
     .venv/bin/python -m benchmarks.bench_confusions [--artifact lvis.svgen] [--json]
-    .venv/bin/python -m benchmarks.bench_confusions --coop      # ~5 minutes on 2 cores
+    .venv/bin/python -m benchmarks.bench_confusions --table [--alternatives] [--write-docs]   # ~10 minutes, 2 cores
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from benchmarks.bench_common import DATA, machine, print_table, save_result
+from benchmarks.bench_common import (COOP_SETS, DATA, FEWSHOT, UNION, load_coop, machine, print_table,
+                                      replace_between, sample, save_result)
 
 WINDOW, MEASURED = 100, 20
 
@@ -117,53 +121,176 @@ def alternatives(clf) -> dict:
 
 
 COOP = ("caltech101", "fgvc", "oxford_flowers", "oxford_pets", "stanford_cars", "sun397", "ucf101")
+SHOTS, SEED, BOOT = 4, 0, 1000
+USAGE = Path(__file__).resolve().parent.parent / "docs" / "usage.md"
+BEGIN, END = "<!-- confusions table: begin -->", "<!-- confusions table: end -->"
 
 
-def coop_rows(shots_list=(0, 4), seed: int = 0) -> list:
-    """Of the 20 most-confused measured pairs of each CoOp val set, how many are among the top 100 predicted (the
-    report ``svgen eval --confusions`` prints), zero-shot and with k shots per class taken from val."""
+def cases(lvis_clf):
+    """(data, setting, classifier, measured features, their labels) of every row of the table."""
     from svgen import SVGClassifier
-    from svgen.evaluation.confusions import confusion_report
 
-    rows = []
-    for name in COOP:
-        folder = DATA / "coop-fewshot" / name
-        P = np.load(folder / "textlike_prototypes.npy").astype(np.float32)
-        X = np.load(folder / "val_features.npy").astype(np.float32)
-        y = np.load(folder / "val_labels.npy")
-        for k in shots_list:
-            shot = np.zeros(len(y), bool)
-            rng = np.random.default_rng(seed)
-            for c in np.unique(y) if k else ():
-                i = np.flatnonzero(y == c)
-                shot[rng.choice(i, min(k, len(i) - 1), replace=False)] = True
+    yield ("LVIS dev half", "text only", lvis_clf, np.load(DATA / "lvis_dev_image_features.npy").astype(np.float32),
+           np.load(DATA / "lvis_dev_labels.npy"))
+    for name in COOP + (UNION,):
+        X, y, P = load_coop(name)
+        X, P = X.astype(np.float32), P.astype(np.float32)
+        for k in (0, SHOTS):
+            shot, rest = sample(y, k, SEED)
             clf = SVGClassifier().fit(P, classes=[f"c{i}" for i in range(len(P))],
                                       shots=(X[shot], y[shot]) if k else None)
-            r = confusion_report(clf, torch.from_numpy(X[~shot]), y[~shot], top=MEASURED, window=WINDOW)
-            rows.append({"dataset": name, "shots": k, "head": r["head"], "errors": r["errors"],
-                         "n": r["n"], "of 20 in top 100": r["measured_in_predicted"]})
-    return rows
+            yield name, f"{k} shots per class" if k else "text only", clf, X[rest], y[rest]
+
+
+def predictors(clf, among, alternatives: bool) -> dict:
+    """The top 100 predicted directed pairs (a in ``among``) of the chosen score (the library's own ranking) and,
+    with ``alternatives``, of the predictors tried and dropped."""
+    from svgen.evaluation.confusions import predicted_pairs
+
+    out = {"chosen": [(p.a, p.b) for p in predicted_pairs(clf, WINDOW, among=among)]}
+    if alternatives:
+        for name, table in alternative_predictors(clf).items():
+            out[name] = top_pairs(table, WINDOW, among)
+    return out
+
+
+def alternative_predictors(clf) -> dict:
+    """C×C tables of the predictors tried on the whole table: the chosen score with each support row scored without
+    its own vote (the kernel head at a point like s rather than at the support vector s, whose own vote favours its
+    class), and the chosen score conditioned on not choosing a (p(b | s) / (1 − p(a | s)))."""
+    from svgen.heads.calibration import softmax
+    from svgen.heads import predictor
+    from svgen.heads.scoring import kernel_scores, prior_probs
+
+    kh = clf.heads_.kernel
+    ss = kh.support_set()
+    R, L = ss.rows.float(), ss.labels.long()
+    C = len(clf.class_names_)
+    Y = torch.nn.functional.one_hot(L, C).double()
+    n = Y.sum(0).clamp_min(1)[:, None]
+    with torch.no_grad():
+        p = torch.as_tensor(clf.predict_proba(R, head="kernel")).double()
+        A = (kh.votes.to_dense() if kh.votes.is_sparse else kh.votes).float()
+        s = kernel_scores(R, kh.rows, kh.bandwidth, kh.votes, clf.fit_config_.kernel) - A   # k(s, s) = 1: unit rows
+        prior = prior_probs(R, clf.prototypes_, kh.prior_scale) if kh.prior_scale is not None else None
+        s = s if prior is None else s + prior
+        own = softmax(predictor.logits_of_scores(clf.heads_, s, "kernel", prior),
+                      predictor.temperature(clf.heads_, "kernel")).double()
+    p_a = p[torch.arange(len(L)), L]
+    return {"each support row without its own vote": (Y.T @ own) / n,
+            "conditioned on not a: p(b | s) / (1 − p(a | s))": (Y.T @ (p / (1 - p_a).clamp_min(1e-12)[:, None])) / n}
+
+
+def measured_hits(y, pred, conf, predicted: dict, rng, boot: int) -> dict:
+    """Per predictor: hits (of the 20 most-confused measured pairs, how many are predicted) and ``boot`` bootstrap
+    replicates (rows resampled; the same resamples for every predictor: paired)."""
+    from svgen.evaluation.confusions import measured_pairs
+
+    predicted = {k: set(pairs) for k, pairs in predicted.items()}
+
+    def count(idx):
+        measured = measured_pairs(y[idx], pred[idx], conf[idx], MEASURED)
+        return {k: sum((m.a, m.b) in pairs for m in measured) for k, pairs in predicted.items()}, measured
+
+    full, measured = count(np.arange(len(y)))
+    reps = [count(rng.integers(0, len(y), len(y)))[0] for _ in range(boot)]
+    return {"hits": full, "boot": {k: np.array([r[k] for r in reps]) for k in predicted}, "measured": measured}
+
+
+def interval(values) -> str:
+    lo, hi = np.round(np.percentile(values, [2.5, 97.5])) + 0.0   # + 0.0: no "-0"
+    return f"{lo:.0f} to {hi:.0f}" if lo < 0 else f"{lo:.0f}–{hi:.0f}"
+
+
+def table_rows(lvis_clf, alternatives: bool, boot: int, log=print) -> tuple:
+    from svgen.evaluation.confusions import measured_on
+
+    rows, reps = [], {}
+    rng = np.random.default_rng(SEED)
+    for data, setting, clf, X, y in cases(lvis_clf):
+        t0 = time.perf_counter()
+        pred, conf = measured_on(clf, torch.from_numpy(X), y)
+        predicted = predictors(clf, np.unique(y), alternatives)
+        got = measured_hits(y, pred, conf, predicted, rng, boot)
+        counts = [m.count for m in got["measured"]]
+        row = {"data": data, "classes": len(clf.class_names_), "setting": setting, "head": clf.default_head_,
+               "rows": int(len(y)), "errors": int((pred != y).sum()),
+               "pair counts": f"{counts[0]}–{counts[-1]}" if counts else "-", "hits": got["hits"]["chosen"],
+               "interval": interval(got["boot"]["chosen"]),
+               **{f"alt: {k}": v for k, v in got["hits"].items() if k != "chosen"}}
+        if data == UNION:   # which set the pairs' true classes come from
+            ends = np.cumsum([np.load(FEWSHOT / n / "textlike_prototypes.npy").shape[0] for n in COOP_SETS])
+            of_set = [COOP_SETS[int(np.searchsorted(ends, a, side="right"))] for a in range(int(ends[-1]))]
+            row["sets of the measured pairs"] = dict(Counter(of_set[m.a] for m in got["measured"]).most_common())
+            row["sets of the predicted pairs"] = dict(Counter(of_set[a] for a, _ in predicted["chosen"]).most_common())
+            log(f"  all7 {setting}: true classes of the {MEASURED} measured pairs by set "
+                f"{row['sets of the measured pairs']}; of the top {WINDOW} predicted {row['sets of the predicted pairs']}")
+        rows.append(row)
+        reps[(data, setting)] = got["boot"]
+        log(f"{data} {setting}: {row['hits']} of {MEASURED} ({time.perf_counter() - t0:.0f} s)")
+    for setting in ("text only", f"{SHOTS} shots per class"):   # the seven CoOp sets taken one by one, summed
+        keys = [(d, setting) for d in COOP]
+        total = {k: sum(reps[key][k] for key in keys) for k in reps[keys[0]]}
+        mine = [r for r in rows if r["data"] in COOP and r["setting"] == setting]
+        rows.append({"data": "7 CoOp sets, summed", "classes": sum(r["classes"] for r in mine), "setting": setting,
+                     "head": "", "rows": sum(r["rows"] for r in mine), "errors": sum(r["errors"] for r in mine),
+                     "pair counts": "", "hits": sum(r["hits"] for r in mine), "of": MEASURED * len(mine),
+                     "interval": interval(total["chosen"]),
+                     **{k: sum(r[k] for r in mine) for k in mine[0] if k.startswith("alt: ")}})
+        reps[("7 CoOp sets, summed", setting)] = total
+    paired = {}
+    for key, b in reps.items():   # each alternative minus the chosen score, same resamples
+        for k in b:
+            if k != "chosen":
+                paired.setdefault(k, {})[f"{key[0]}, {key[1]}"] = interval(b[k] - b["chosen"])
+    return rows, paired
+
+
+def markdown(rows, load) -> str:
+    lines = [f"| data (dev only) | classes | fit | default head (measured) | rows measured | errors | rows per "
+             f"measured pair (most–least) | of the {MEASURED} measured pairs, among the top {WINDOW} predicted | 95% "
+             f"bootstrap interval (rows resampled) |",
+             "|---|---:|---|---|---:|---:|---|---:|---|"]
+    for r in rows:
+        of = r.get("of", MEASURED)
+        lines.append(f"| {r['data']} | {r['classes']:,} | {r['setting']} | {r['head'] or '—'} | {r['rows']:,} | "
+                     f"{r['errors']:,} | {r['pair counts'] or '—'} | **{r['hits']} of {of}** | {r['interval']} |")
+    return "\n".join(lines) + (f"\n\nGenerated by `python -m benchmarks.bench_confusions --table --write-docs` "
+                               f"(dev data only; load average {load:.1f}).")
+
+
+def write_docs(text: str) -> None:
+    if not replace_between(USAGE, BEGIN, END, text + "\n"):
+        sys.exit(f"{USAGE} has no {BEGIN} … {END} markers")
+
+
+def cli_time(art: Path) -> dict:
+    """``svgen diagnose ART --confusions`` as a user types it: wall and CPU seconds of the subprocess."""
+    import resource
+    import subprocess
+
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t0 = time.perf_counter()
+    out = subprocess.run([sys.executable, "-m", "svgen.cli", "diagnose", str(art), "--confusions"],
+                         capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    wall = time.perf_counter() - t0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if out.returncode:
+        sys.exit(f"svgen diagnose failed: {out.stderr.strip()}")
+    listed = sum(1 for line in out.stdout.splitlines() if line.strip()[:1].isdigit())
+    return {"wall_s": wall, "cpu_s": (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime),
+            "pairs_listed": listed, "load_average_1m": round(os.getloadavg()[0], 2)}
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[1])
     ap.add_argument("--artifact", help="an LVIS artifact already fit as in docs/usage.md (else fit one, ~15 s)")
     ap.add_argument("--json", action="store_true", help="print one JSON object instead of the tables")
-    ap.add_argument("--coop", action="store_true", help="the seven CoOp val sets instead of LVIS (zero-shot, 4 shots)")
+    ap.add_argument("--table", action="store_true", help="the table over the shared dev data (LVIS, CoOp, all7)")
+    ap.add_argument("--alternatives", action="store_true", help="with --table: the predictors tried and dropped too")
+    ap.add_argument("--write-docs", action="store_true", help="with --table: write it into docs/usage.md")
+    ap.add_argument("--boot", type=int, default=BOOT, help="bootstrap resamples (default %(default)s)")
     args = ap.parse_args(argv)
-    if args.coop:
-        rows = coop_rows()
-        for k in sorted({r["shots"] for r in rows}):
-            mine = [r for r in rows if r["shots"] == k]
-            rows.append({"dataset": "total", "shots": k, "head": "", "errors": sum(r["errors"] for r in mine),
-                         "n": sum(r["n"] for r in mine), "of 20 in top 100": sum(r["of 20 in top 100"] for r in mine)})
-        path = save_result("confusions_coop", {"rows": rows, "window": WINDOW, "machine": machine()})
-        print(json.dumps(rows, indent=2) if args.json else "")
-        print_table(rows, ["dataset", "shots", "head", "n", "errors", "of 20 in top 100"],
-                    title=f"CoOp val: of the {MEASURED} most-confused measured pairs, how many are among the top "
-                          f"{WINDOW} predicted")
-        print(f"wrote {path}")
-        return
     if not (DATA / "lvis_dev_image_features.npy").is_file():
         sys.exit(f"{DATA} is absent: this benchmark needs the shared LVIS embeddings")
     from svgen import SVGClassifier
@@ -174,6 +301,24 @@ def main(argv=None):
         if not args.artifact:
             fit_lvis(art)
         clf = SVGClassifier.load(art)
+        if args.table:
+            load = os.getloadavg()[0]
+            rows, paired = table_rows(clf, args.alternatives, args.boot)
+            text = markdown(rows, load)
+            path = save_result("confusions_table", {"rows": rows, "paired": paired, "window": WINDOW,
+                                                    "boot": args.boot, "machine": machine()})
+            print(json.dumps({"rows": rows, "paired": paired}, indent=2) if args.json else text)
+            if args.alternatives:
+                for k, v in paired.items():
+                    print(f"\n{k} minus chosen, paired 95% bootstrap interval of the difference in hits:")
+                    for where, iv in v.items():
+                        print(f"  {where}: {iv}")
+            if args.write_docs:
+                write_docs(text)
+                print(f"wrote the table into {USAGE}")
+            print(f"wrote {path}")
+            return
+        cli = cli_time(art)
     ss = clf.heads_.kernel.support_set()
     t0, c0 = time.perf_counter(), time.process_time()
     ours = predicted_pairs(clf, MEASURED)
@@ -198,6 +343,7 @@ def main(argv=None):
     ranks = directed_ranks(table, measured, present)
     result = {"artifact": f"LVIS zero-shot, {len(clf.classes_)} classes × K={clf.fit_config_.n_support}, "
                           f"{len(ss)} support rows",
+              "cli": cli,
               "top20_s": {"svgen (blocks of classes)": t_ours, "dense M×C then C×C (stock)": t_stock,
                           "ratio": t_ours / t_stock, "same_pairs": same},
               "top20_cpu_s": {"svgen (blocks of classes)": c_ours, "dense M×C then C×C (stock)": c_stock},
@@ -210,6 +356,8 @@ def main(argv=None):
     if args.json:
         print(json.dumps(result, indent=2))
         return
+    print(f"svgen diagnose --confusions (a subprocess, as typed): {cli['pairs_listed']} pairs in {cli['wall_s']:.1f} s "
+          f"wall, {cli['cpu_s']:.1f} s CPU (load average {cli['load_average_1m']})")
     print(f"{result['artifact']}: top {MEASURED} pairs in {t_ours:.2f} s (svgen, blocks) vs {t_stock:.2f} s "
           f"(dense stock), ratio {t_ours / t_stock:.2f}, same pairs: {same}")
     print(f"CPU time: {c_ours:.2f} s (svgen) vs {c_stock:.2f} s (stock)")

@@ -120,13 +120,14 @@ def run(args) -> int:
         y = np.asarray([label_of[p] for p in ok], dtype=np.int64)
         by_name = True   # folder names or labels.csv: class names
     bins = {} if args.plot else None
-    results = evaluate_heads(clf, x, y, bins, progress=getattr(args, "progress", False), by_name=by_name)
+    top1 = {clf.default_head_: None} if args.confusions else None   # the default head's decisions, kept for them
+    results = evaluate_heads(clf, x, y, bins, progress=getattr(args, "progress", False), by_name=by_name, top1=top1)
     from svgen.evaluation.heldout import findings as head_findings
 
     # what the fit itself knew, whatever the data evaluated here say
     for line in head_findings(clf.fewshot_, clf.shots_outcome_):
         log.warning("%s", line)
-    extra = {"confusions": confusions(args, clf, x, y)} if args.confusions else {}
+    extra = {"confusions": confusions(args, clf, x, y, top1[clf.default_head_])} if args.confusions else {}
     text = (json_text({**results, "default_head": clf.default_head_, **extra}) + "\n" if args.json
             else format_table(results, clf.default_head_) + (format_confusions(extra["confusions"]) if extra else ""))
     if args.plot:
@@ -160,12 +161,13 @@ def _confusions_png(plot) -> str:
     return str(p.with_name(f"{p.stem}_confusions{p.suffix}"))
 
 
-def confusions(args, clf, x, y) -> dict:
+def confusions(args, clf, x, y, predictions) -> dict:
     """``--confusions``: the measured pairs beside the predicted ones (:func:`svgen.evaluation.confusions.
-    confusion_report`), and their heat map with ``--plot``."""
+    confusion_report`) from the default head's ``predictions`` (top-1 class and probability per row, as
+    ``evaluate_heads`` scored them), and their heat map with ``--plot``."""
     from svgen.evaluation.confusions import confusion_report, support_confusion
 
-    report = confusion_report(clf, x, y)
+    report = confusion_report(clf, x, y, predictions=predictions)
     if args.plot and report["measured"]:
         from svgen.evaluation.plots import plot_confusions
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import sys
 
-from svgen.commands._common import ExamplesFormatter, json_text, note
+from svgen.commands._common import ExamplesFormatter, note
 from svgen.commands._images import add_image_encoder_args, check_loader_args, encoder_for_artifact, load_features
 from svgen.errors import SvgenError
 
@@ -100,16 +100,21 @@ def run(args) -> int:
     provenance = clf.provenance_note()
     if provenance != "recorded":
         note(args, f"svgen explain: {provenance}")
-    drawn = []
-    for i, row in enumerate(explainer.explain(feats, args.top_k, args.contributions)):
-        row.key, image = key(i)
-        if args.json:
-            sys.stdout.write(_json_line(row.to_json()) + "\n")
-        else:
-            title = row.key["path"] if image else f"{row.key['source']}[{row.key['row']}]"
-            sys.stdout.write(table(row, PARTS, f"{title}  ({row.head} head)") + "\n")
-        if args.plot and len(drawn) < PLOT_ROWS:
-            drawn.append((row, image))
+    drawn, done = [], 0
+    for batch in explainer.batches(feats, args.top_k, args.contributions):
+        keys = [key(done + i) for i in range(len(batch))]
+        done += len(batch)
+        if args.json:   # the lines straight from the batch's arrays, one write per batch
+            sys.stdout.write(batch.json_lines([_key_json(k) for k, _ in keys]))
+        if args.json and not (args.plot and len(drawn) < PLOT_ROWS):
+            continue
+        for row, (k, image) in zip(batch.rows(), keys):
+            row.key = k
+            if not args.json:
+                title = k["path"] if image else f"{k['source']}[{k['row']}]"
+                sys.stdout.write(table(row, PARTS, f"{title}  ({row.head} head)") + "\n")
+            if args.plot and len(drawn) < PLOT_ROWS:
+                drawn.append((row, image))
     sys.stdout.flush()
     if args.plot:
         from svgen.evaluation.explain_plot import plot_explanations
@@ -135,16 +140,9 @@ class FeatureRows:
         return self.clf._features(np.array(x, dtype=np.float32))   # a copy: the map is read-only
 
 
-_STRICT = json.JSONEncoder(allow_nan=False, check_circular=False)   # one encoder for every line; a tree of plain
-                                                                     # values: no cycle to check
-
-
-def _json_line(obj) -> str:
-    """Strict JSON of one row: straight where every number is finite (the usual case), else non-finite as null."""
-    try:
-        return _STRICT.encode(obj)
-    except ValueError:
-        return json_text(obj)
+def _key_json(key: dict) -> str:
+    """A row's key (``{"source", "row"}`` or ``{"path"}``) as the JSON members its line starts with."""
+    return json.dumps(key)[1:-1]
 
 
 def _encode(args, clf):

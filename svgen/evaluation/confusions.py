@@ -185,12 +185,15 @@ def measured_on(clf, x, y, block_rows: int = 4096, head: Optional[str] = None):
     return (np.concatenate(preds) if preds else np.zeros(0, np.int64)), (np.concatenate(conf) if conf else np.zeros(0))
 
 
-def confusion_report(clf, x, y, top: int = 20, window: int = PREDICTED_WINDOW) -> dict:
+def confusion_report(clf, x, y, top: int = 20, window: int = PREDICTED_WINDOW, predictions=None) -> dict:
     """``svgen eval --confusions``: the ``top`` measured pairs of the default head on (x, y), each with its rank among
     the ``window`` top predicted pairs (None: not among them), and the ``top`` predicted pairs; JSON-ready. The
-    predicted pairs are those whose true class occurs in ``y`` (the only ones these labels can show)."""
+    predicted pairs are those whose true class occurs in ``y`` (the only ones these labels can show).
+    ``predictions``: the default head's (top-1 class, its probability) per row where the caller has them already
+    (``svgen eval`` scores every head once, :func:`svgen.evaluation.metrics.evaluate_heads`); else the rows are
+    scored here."""
     names = list(clf.class_names_)
-    pred, conf = measured_on(clf, x, y)
+    pred, conf = measured_on(clf, x, y) if predictions is None else predictions
     measured = measured_pairs(y, pred, conf, top)
     predicted = predicted_pairs(clf, max(window, top), among=np.unique(np.asarray(y)))
     rank = {(p.a, p.b): r for r, p in enumerate(predicted[:window], 1)}

@@ -14,34 +14,37 @@ The score is the one ``classify`` prints for the head (:func:`svgen.heads.predic
 * a head with a pool factor: ``head`` (its log-probability as the shots left it; the linear head's ``logits / T``)
   + ``pool`` (``a·(x̂W_Gᵀ + b_G)``), the head's own parts ``inner``.
 
-Rows are explained ``batch`` at a time: the kernel between a batch and the support vectors is computed once and
-gives both the scores and the contributions, so memory is bounded by one batch whatever the number of rows.
+Rows are explained ``batch`` at a time: the kernel between a batch and the support vectors is computed once, by the
+function ``classify`` scores with (:func:`~svgen.heads.scoring.kernel_scores`, which keeps it), and gives both the
+scores and the contributions, so memory is bounded by one batch whatever the number of rows. A batch's explanation is
+arrays (:class:`~svgen.evaluation.explanation.BatchExplanation`): ``explain --json`` writes its lines from them, the
+table and the Python API turn them into objects.
 """
 
 from __future__ import annotations
 
-import gc
+import json
 import math
 from dataclasses import dataclass
-from typing import Iterator, List, Optional
+from typing import Iterator, Optional
 
+import numpy as np
 import torch
-import torch.nn.functional as F
 
 from svgen.heads import calibration
 from svgen.core import logits as logit_kinds
 from svgen.core.support import IMAGE, POOL, TEXT
 from svgen.errors import SvgenError
-from svgen.evaluation.explanation import ClassExplanation, Contribution, RowExplanation
+from svgen.evaluation.explanation import BatchExplanation, RowExplanation, Votes
 from svgen.heads import predictor
-from svgen.heads.scoring import (CLIP_LOGIT_SCALE, MIXTURE, cosine_logits, kernel_from_gram_, linear_logits, prior_probs,
+from svgen.heads.scoring import (CLIP_LOGIT_SCALE, MIXTURE, cosine_logits, kernel_scores, linear_logits, prior_probs,
                                  topk)
 from svgen.state import Heads, LinearForm
 
 BATCH = 2048             # rows explained at once (fewer with many support vectors: KERNEL_ELEMENTS)
 KERNEL_ELEMENTS = 1 << 24    # k(x̂, s) values of a batch held at once (float32)
-SCORE_BLOCK = 8192       # support vectors per block, as kernel_scores sums them
-CONTRIB_ELEMENTS = 1 << 23   # votes k(x̂, s)·A[s, c] held at once (float32)
+CONTRIB_ELEMENTS = 1 << 21   # votes k(x̂, s)·A[s, c] held at once (float32; 8 MB: as fast as 32 MB, and less peak memory)
+VOTE_BLOCK = 64          # votes per block in top_votes
 
 PARTS = {
     "prior": "zero-shot prior softmax(τ·x̂P̂ᵀ)",
@@ -93,6 +96,31 @@ class Origins:
         return f"{rec['file']}[{rec['row']}]" if "file" in rec else f"row {rec['row']}"
 
 
+class Names:
+    """What a batch's rows name, as text and as JSON, cached: the classes, and each kernel row's origin."""
+
+    def __init__(self, classes: list, origin):
+        self.classes, self.origin = classes, origin
+        self._class_json: dict = {}
+        self._origin_json: dict = {}
+
+    def name(self, c: int) -> str:
+        return str(self.classes[c])
+
+    def class_json(self, c: int) -> str:
+        hit = self._class_json.get(c)
+        if hit is None:
+            hit = self._class_json[c] = json.dumps(self.name(c))
+        return hit
+
+    def origin_json(self, m: int) -> str:
+        """Kernel row ``m``'s origin as JSON members: ``"row": 5, "class": "…", "kind": "…", "from": …``."""
+        hit = self._origin_json.get(m)
+        if hit is None:
+            hit = self._origin_json[m] = json.dumps(self.origin(m))[1:-1]
+        return hit
+
+
 class Explainer:
     """Explains rows of features under one head of ``heads`` (``kind``: the kernel, e.g. ``"rbf"``)."""
 
@@ -104,9 +132,10 @@ class Explainer:
         self.power = predictor.pool_power(heads, head)
         self.uses_kernel = head in ("kernel", MIXTURE)
         k = heads.kernel
-        self.S = F.normalize(k.flat_rows().float(), dim=-1) if self.uses_kernel else None
         self.A = k.votes.coalesce() if k.votes.is_sparse else k.votes.float()
         self._origin_cache: dict = {}
+        self._AT = None   # Aᵀ (dense votes), made when first needed
+        self.names = Names(origins.classes, self.origin)
         M = k.flat_rows().shape[0]
         if k.labels is None:
             self.labels = torch.arange(M) // origins.n_support
@@ -137,35 +166,21 @@ class Explainer:
         return out
 
     # ------------------------------------------------------------------ scores of a batch
-    def _kernel(self, x: torch.Tensor) -> torch.Tensor:
-        """``k(x̂, S)`` (N×M float32), the Gram computed as :func:`svgen.heads.scoring.kernel_scores` does."""
-        return kernel_from_gram_(F.normalize(x, dim=-1) @ self.S.T, float(self.heads.kernel.bandwidth), self.kind)
+    def _kernel(self, x: torch.Tensor) -> tuple:
+        """(``k(x̂, S)`` N×M float32, the votes ``k(x̂, S) @ A`` N×C): one pass of
+        :func:`svgen.heads.scoring.kernel_scores`, the function ``classify`` scores with, that also keeps the kernel."""
+        k = self.heads.kernel
+        Kx = torch.empty(x.shape[0], self.source.shape[0], dtype=torch.float32)
+        return Kx, kernel_scores(x, k.rows, k.bandwidth, k.votes, self.kind, kernel_out=Kx)
 
-    def _votes(self, Kx: torch.Tensor) -> torch.Tensor:
-        """``Kx @ A`` summed over the same blocks of support vectors as :func:`~svgen.heads.scoring.kernel_scores`
-        (float32), so the sum is the one ``classify`` prints."""
-        if self.A.is_sparse:
-            return torch.sparse.mm(self.A.t(), Kx.T).T
-        out = torch.zeros(Kx.shape[0], self.A.shape[1], dtype=Kx.dtype)
-        for start in range(0, Kx.shape[1], SCORE_BLOCK):
-            out.addmm_(Kx[:, start:start + SCORE_BLOCK], self.A[start:start + SCORE_BLOCK])
-        return out
-
-    def _columns(self, cols: torch.Tensor) -> torch.Tensor:
-        """``A[:, cols]`` dense (M×len(cols), float32)."""
-        if self.A.is_sparse:
-            return self.A.t().index_select(0, cols).to_dense().T.float()
-        return self.A[:, cols]
-
-    def batch(self, x: torch.Tensor, top_k: int, n_contrib: int) -> List[RowExplanation]:
-        """The explanations of the rows of ``x`` (N×D, checked features)."""
+    def batch(self, x: torch.Tensor, top_k: int, n_contrib: int) -> BatchExplanation:
+        """The explanations of the rows of ``x`` (N×D, checked features), as arrays."""
         x = x.float()
         h, cal = self.heads, self.heads.calibration
         Kx = s_kernel = prior = None
         part = {}   # head name → N×C float64 score matrices of its parts
         if self.uses_kernel:
-            Kx = self._kernel(x)
-            votes = self._votes(Kx)   # float32, as classify sums them
+            Kx, votes = self._kernel(x)   # float32, the sum classify prints
             prior = prior_probs(x, self.P, h.kernel.prior_scale) if h.kernel.prior_scale is not None else None
             s_kernel = votes if prior is None else votes + prior
             part["kernel"] = {"votes": votes, **({"prior": prior} if prior is not None else {})}
@@ -210,7 +225,7 @@ class Explainer:
         if self.head == MIXTURE:
             inner_heads.update({"kernel": part["kernel"], "linear": part["linear"]})
         scores = sum(top_parts.values())
-        return self._rows(scores, top_parts, inner_heads, details, Kx, top_k, n_contrib)
+        return self._arrays(scores, top_parts, inner_heads, details, Kx, top_k, n_contrib)
 
     def _linear_parts(self, x: torch.Tensor) -> dict:
         lin = linear_logits(x, self.heads.linear.weight, self.heads.linear.bias).double()
@@ -220,79 +235,67 @@ class Explainer:
         bias = self.heads.linear.bias.double()[None, :].expand_as(lin)
         return {"weight": lin - bias, "bias": bias}
 
-    def _rows(self, *args) -> List[RowExplanation]:
-        """The batch's explanations; many small objects at once, so without the cyclic garbage collector, which
-        would otherwise rescan them all again and again (none of them is in a cycle)."""
-        collecting = gc.isenabled()
-        gc.disable()
-        try:
-            return self._build(*args)
-        finally:
-            if collecting:
-                gc.enable()
-
-    def _build(self, scores, top_parts, inner_heads, details, Kx, top_k, n_contrib) -> List[RowExplanation]:
+    def _arrays(self, scores, top_parts, inner_heads, details, Kx, top_k, n_contrib) -> BatchExplanation:
         N, C = scores.shape
         ranked = topk(scores.float(), min(max(top_k, 2), C))[1]
         explained = ranked[:, :top_k]
         R = explained.shape[1]
-        at = (torch.arange(N)[:, None].expand(N, R), explained)
 
-        def pick(v):   # N×R python floats of an N×C matrix at the explained classes
-            return v[at].tolist() if isinstance(v, torch.Tensor) else [[float(v)] * R] * N
+        def pick(v):   # N×R float64 of an N×C matrix at the explained classes (a number: the same everywhere)
+            return v.gather(1, explained).double().numpy() if isinstance(v, torch.Tensor) else np.full((N, R), float(v))
 
-        parts = {k: pick(v) for k, v in top_parts.items()}
-        inner = {hd: {k: pick(v) for k, v in ps.items()} for hd, ps in inner_heads.items()}
-        det = {k: pick(v) for k, v in details.items()}
-        score, cls = pick(scores), explained.tolist()
-        runner = ranked[:, 1].tolist() if ranked.shape[1] > 1 else [None] * N
-        margin = ((scores.gather(1, ranked[:, :1]) - scores.gather(1, ranked[:, 1:2]))[:, 0].tolist()
-                  if ranked.shape[1] > 1 else [None] * N)
-        lists, flips = [[([], [])] * R] * N, [None] * N
-        if Kx is not None:   # the votes of a few rows at a time (rows × top_k × M of them)
-            step = max(1, CONTRIB_ELEMENTS // (R * Kx.shape[1]))
-            uniq, inverse = torch.unique(explained, return_inverse=True)
-            columns = self._columns(uniq).T      # U×M: A[:, c] of each class explained in the batch
-            lists, flips = [], []
-            for s in range(0, N, step):
-                got = self._contributions(Kx[s:s + step], columns, inverse[s:s + step], n_contrib, margin[s:s + step])
-                lists += got[0]
-                flips += got[1]
-        names = self.origins.classes
-        out = []
-        for i in range(N):
-            classes = [ClassExplanation(cls[i][r], str(names[cls[i][r]]), score[i][r],
-                                        {k: v[i][r] for k, v in parts.items()},
-                                        {hd: {k: v[i][r] for k, v in ps.items()} for hd, ps in inner.items()},
-                                        {k: v[i][r] for k, v in det.items()}, *lists[i][r]) for r in range(R)]
-            out.append(RowExplanation(self.head, classes, None if runner[i] is None else str(names[runner[i]]),
-                                      runner[i], margin[i], flips[i]))
-        return out
+        margin = runner = flips = support = None
+        if ranked.shape[1] > 1:
+            runner = ranked[:, 1].numpy()
+            margin = scores.gather(1, ranked[:, :1]) - scores.gather(1, ranked[:, 1:2])
+        if Kx is not None:
+            flip = self.head == "kernel" and self.power is None and margin is not None
+            support, flips = self._contributions(Kx, explained, n_contrib, margin[:, 0] if flip else None)
+        return BatchExplanation(
+            self.head, explained.numpy(), pick(scores), {k: pick(v) for k, v in top_parts.items()},
+            {hd: {k: pick(v) for k, v in ps.items()} for hd, ps in inner_heads.items()},
+            {k: pick(v) for k, v in details.items()}, runner,
+            None if margin is None else margin[:, 0].double().numpy(), flips, support, self.names)
 
-    def _contributions(self, Kx, columns, inverse, n: int, margin) -> tuple:
-        """Per row and explained class, (the ``n`` largest positive votes, the ``n`` most negative ones) as
-        :class:`Contribution` lists; per row the votes to flip (:func:`votes_to_flip`, kernel head only).
-        ``columns[inverse[i, r]]``: the vote weights of row i's r-th class."""
-        N, R = inverse.shape
-        contrib = columns[inverse].mul_(Kx[:, None, :])   # N×R×M: k(x̂, s)·A[s, c] of each explained class
-        flip = self.head == "kernel" and self.power is None and margin[0] is not None
-        n = min(n, contrib.shape[2])
-        found, head = [], None
-        for largest in (True, False):
-            v, idx = torch.topk(contrib, n, dim=2, largest=largest)
-            head = v[:, 0, :] if largest else head   # the top class's largest votes: most rows flip within them
-            found.append((v.tolist(), idx.tolist(), Kx.gather(1, idx.reshape(N, -1)).reshape(idx.shape).tolist(),
-                          columns[inverse[:, :, None].expand_as(idx), idx].tolist()))
-        cache, origin = self._origin_cache, self.origin
-        lists = [[tuple([Contribution(val, k, a, cache.get(m) or origin(m))
-                         for val, m, k, a in zip(v[i][r], ix[i][r], kk[i][r], aa[i][r]) if sign * val > 0]
-                        for sign, (v, ix, kk, aa) in zip((1.0, -1.0), found)) for r in range(R)] for i in range(N)]
-        flips = votes_to_flip(contrib[:, 0, :], torch.tensor(margin, dtype=torch.float64), head) if flip else [None] * N
-        return lists, flips
+    def _columns(self, classes: torch.Tensor) -> tuple:
+        """(a U×M dense float32 matrix whose rows are vote columns ``A[:, c]``, the row of each of ``classes``)."""
+        if not self.A.is_sparse:
+            if self._AT is None:   # Aᵀ once (C×M): a class's votes are then one contiguous row
+                self._AT = self.A.T.contiguous()
+            return self._AT, classes
+        uniq, inverse = torch.unique(classes, return_inverse=True)
+        return self.A.t().index_select(0, uniq).to_dense().float(), inverse
 
-    def explain(self, X: torch.Tensor, top_k: int = 3, top_contributions: int = 5,
-                batch: int = BATCH) -> Iterator[RowExplanation]:
-        """Explanations of every row of ``X``, one batch at a time (a generator: the caller decides what to keep)."""
+    def _contributions(self, Kx, explained, n: int, margin) -> tuple:
+        """(:class:`Votes`: per row and explained class the ``n`` largest positive votes ``k(x̂, s)·A[s, c]`` and the
+        ``n`` most negative ones; per row the votes to flip (:func:`votes_to_flip`) where ``margin`` is given, else
+        None), a few rows at a time (rows × classes × M votes at once at most ``CONTRIB_ELEMENTS``)."""
+        N, R = explained.shape
+        M = Kx.shape[1]
+        n = min(n, M)
+        value = torch.empty(2, N, R, n)   # [0]: for (largest first), [1]: against (most negative first)
+        row = torch.empty(2, N, R, n, dtype=torch.long)
+        vote = torch.empty(2, N, R, n)
+        flips = [] if margin is not None else None
+        step = max(1, CONTRIB_ELEMENTS // (R * M))
+        for s in range(0, N, step):
+            e = min(N, s + step)
+            columns, at = self._columns(explained[s:e])
+            contrib = columns[at].mul_(Kx[s:e, None, :])   # rows × R × M: k(x̂, s)·A[s, c] of each explained class
+            for side, largest in enumerate((True, False)):
+                v, i = top_votes(contrib, n, largest)
+                value[side, s:e], row[side, s:e] = v, i
+                vote[side, s:e] = columns[at[:, :, None].expand_as(i), i]
+            if flips is not None:   # the top class's largest votes (already found): most rows flip within them
+                flips += votes_to_flip(contrib[:, 0, :], margin[s:e].double(), value[0, s:e, 0, :])
+            del contrib   # before the next rows' votes are made: one chunk held at a time
+        kern = Kx.gather(1, row.permute(1, 0, 2, 3).reshape(N, -1)).reshape(N, 2, R, n).permute(1, 0, 2, 3)
+        count = torch.stack([(value[0] > 0).sum(2), (value[1] < 0).sum(2)])   # sorted: the signed ones come first
+        return Votes(value.numpy(), kern.numpy(), vote.numpy(), row.numpy(), count.numpy()), flips
+
+    def batches(self, X: torch.Tensor, top_k: int = 3, top_contributions: int = 5,
+                batch: int = BATCH) -> Iterator[BatchExplanation]:
+        """Every row of ``X`` explained, one :class:`BatchExplanation` (arrays) per batch of rows."""
         if top_k < 1 or top_contributions < 0:
             raise SvgenError(f"top_k must be at least 1 and top_contributions at least 0, got {top_k} and "
                              f"{top_contributions}", cli=f"--top-k must be at least 1 and --contributions at least "
@@ -301,7 +304,35 @@ class Explainer:
             batch = min(batch, max(64, KERNEL_ELEMENTS // max(1, int(self.source.shape[0]))))
         with torch.no_grad():
             for s in range(0, X.shape[0], batch):
-                yield from self.batch(torch.as_tensor(X[s:s + batch]), top_k, top_contributions)
+                yield self.batch(torch.as_tensor(X[s:s + batch]), top_k, top_contributions)
+
+    def explain(self, X: torch.Tensor, top_k: int = 3, top_contributions: int = 5,
+                batch: int = BATCH) -> Iterator[RowExplanation]:
+        """Explanations of every row of ``X``, one batch at a time (a generator: the caller decides what to keep)."""
+        for b in self.batches(X, top_k, top_contributions, batch):
+            yield from b.rows()
+
+
+def top_votes(v: torch.Tensor, n: int, largest: bool = True, block: int = VOTE_BLOCK) -> tuple:
+    """``torch.topk(v, n, dim=-1, largest=largest)`` (the same values; among equal values maybe other indices), by way
+    of the extremes of blocks of ``block`` values: the n largest values lie in the n blocks with the largest maxima
+    (any other block's maximum is at most theirs), so after one pass for the blocks' maxima only n·block candidates
+    are ranked. Several times faster than ``torch.topk`` on the thousands of votes of each row and class."""
+    M = v.shape[-1]
+    if n == 0 or M <= 2 * n * block:
+        return torch.topk(v, n, dim=-1, largest=largest)
+    lead, full = v.shape[:-1], M // block * block
+    extreme = (lambda t: t.amax(-1)) if largest else (lambda t: t.amin(-1))
+    ext = extreme(v[..., :full].reshape(*lead, M // block, block))
+    if full < M:   # the last, shorter block
+        ext = torch.cat([ext, extreme(v[..., full:])[..., None]], dim=-1)
+    blocks = torch.topk(ext, n, dim=-1, largest=largest).indices
+    cand = (blocks[..., None] * block + torch.arange(block)).reshape(*lead, n * block)
+    outside = cand >= M   # past the end of the last block
+    cand = cand.clamp_(max=M - 1)
+    values = v.gather(-1, cand).masked_fill_(outside, -math.inf if largest else math.inf)
+    top, at = torch.topk(values, n, dim=-1, largest=largest)
+    return top, cand.gather(-1, at)
 
 
 def votes_to_flip(contrib: torch.Tensor, margin: torch.Tensor, largest: Optional[torch.Tensor] = None) -> list:

@@ -140,20 +140,22 @@ class HeadTally:
         self.class_hits += np.bincount(y, weights=hit[:, 0].astype(np.float64), minlength=self.C)
         self.class_count += np.bincount(y, minlength=self.C)
 
-    def add_probabilities(self, logits, temperature: float, y: np.ndarray) -> None:
-        """NLL and reliability bins of one block's ``softmax(logits / T)``."""
+    def add_probabilities(self, logits, temperature: float, y: np.ndarray) -> tuple:
+        """NLL and reliability bins of one block's ``softmax(logits / T)``; returns (each row's top-1 class, its
+        probability)."""
         from svgen.heads.calibration import confidence_bins, example_nll, softmax
 
         self.nll += float(example_nll(logits, temperature, y).sum())
         p = softmax(logits, temperature)
         conf = p.max(dim=1).values.numpy()
-        top1 = top_classes(p, 1)[:, 0]
+        top1 = predicted = top_classes(p, 1)[:, 0]
         if self.same is not None:
             top1, y = self.same[top1], self.same[y]
         count, conf_sum, hits = confidence_bins(conf, (top1 == y).astype(np.float64), self.bins)
         self.bin_count += count
         self.bin_conf += conf_sum
         self.bin_hits += hits
+        return predicted, conf
 
     def reliability(self) -> dict:
         """The bins as :func:`reliability` gives them."""
@@ -246,7 +248,7 @@ def same_class(clf, by_name: bool = False) -> np.ndarray:
 
 
 def evaluate_heads(clf, x, labels, bins: dict = None, block_rows: int = None, progress: bool = False,
-                   by_name: bool = False) -> dict:
+                   by_name: bool = False, top1: dict = None) -> dict:
     """``{head: {acc1, acc5, mean_per_class_recall, nll, ece, temperature, n}}`` for every head of ``clf`` (the
     mixture's only where shots fitted one; its temperature is 1 and its logits are ``log p``).
 
@@ -255,7 +257,9 @@ def evaluate_heads(clf, x, labels, bins: dict = None, block_rows: int = None, pr
     every metric accumulated (:class:`HeadTally`): memory holds one block's N_b×C scores, not N×C. ``nll`` and
     ``ece`` (15 bins) judge ``clf.predict_proba``; ``bins``, when given, receives each head's reliability bins (for
     ``--plot``); ``progress``: a bar over the rows. ``by_name``: the labels were class names, and a prediction counts
-    where its name is the label's (:func:`same_class`); else a class and its twins count as one.
+    where its name is the label's (:func:`same_class`); else a class and its twins count as one. ``top1``, when
+    given: for each head it names, receives (every row's top-1 class, its probability), as ``eval --confusions``
+    counts them without scoring the rows again.
     """
     import time
 
@@ -271,6 +275,7 @@ def evaluate_heads(clf, x, labels, bins: dict = None, block_rows: int = None, pr
     same = same_class(clf, by_name)
     tallies = {h: HeadTally(len(clf.class_names_), same=same) for h in heads}
     spent = dict.fromkeys(heads, 0.0)
+    kept = {h: [] for h in top1 or ()}
     bar = None
     if progress:
         from tqdm.auto import tqdm
@@ -289,7 +294,9 @@ def evaluate_heads(clf, x, labels, bins: dict = None, block_rows: int = None, pr
                         t0 = time.perf_counter()
                         scores, logits = clf.scores_and_logits(xb, head=h)   # each head scored once per block
                         tallies[h].add_ranking(scores, yb)
-                        tallies[h].add_probabilities(logits, temps[h], yb)
+                        got = tallies[h].add_probabilities(logits, temps[h], yb)
+                        if top1 is not None and h in top1:
+                            kept[h].append(got)
                         spent[h] += time.perf_counter() - t0
                 if bar is not None:
                     bar.update(int(yb.size))
@@ -298,6 +305,9 @@ def evaluate_heads(clf, x, labels, bins: dict = None, block_rows: int = None, pr
             if bar is not None:
                 bar.close()
         info.extend(f"{h} {spent[h]:.2f}s" for h in heads)
+    for h, got in kept.items():
+        top1[h] = (np.concatenate([g[0] for g in got]) if got else np.zeros(0, np.int64),
+                   np.concatenate([g[1] for g in got]).astype(np.float64) if got else np.zeros(0))
     out = {}
     for h in heads:
         r = tallies[h].result()

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import warnings
 import weakref
-from typing import Tuple
+from typing import Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -91,12 +91,15 @@ def kernel_scores(
     vote_weights: torch.Tensor,
     kind: str = "rbf",
     block_size: int = 8192,
+    kernel_out: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
     """Kernel-vote scores ``k(x̂, S) @ A`` (N×C), streamed over blocks of support vectors.
 
     ``support`` is M×D (class-major) or C×K×D; ``vote_weights`` is dense M×C or a sparse COO
     M×C tensor (large-C artifacts, see :mod:`svgen.core.scale`). Memory is O(N·block_size + N·C)
-    whatever M is; without autograd the kernel block is computed in place.
+    whatever M is; without autograd the kernel block is computed in place. ``kernel_out`` (N×M,
+    no autograd): receives ``k(x̂, S)`` block by block, for a caller that needs the votes' parts
+    (``svgen explain``) with scores that are these by construction.
     """
     support = support.reshape(-1, support.shape[-1])
     if (x.requires_grad or support.requires_grad or getattr(sigma, "requires_grad", False)) and torch.is_grad_enabled():
@@ -111,7 +114,8 @@ def kernel_scores(
     if not vote_weights.is_sparse:
         out = torch.zeros(x.shape[0], vote_weights.shape[1], dtype=x.dtype, device=x.device)
         for start in range(0, S.shape[0], block_size):
-            kern = kernel_from_gram_(x @ S[start:start + block_size].T, sigma, kind)
+            part = None if kernel_out is None else kernel_out[:, start:start + block_size]
+            kern = kernel_from_gram_(torch.mm(x, S[start:start + block_size].T, out=part), sigma, kind)
             out.addmm_(kern, vote_weights[start:start + block_size].to(kern.dtype))
         return out
     # Sparse votes: work transposed, so that both operands of the sparse product are row-major.
@@ -123,6 +127,8 @@ def kernel_scores(
     for b, start in enumerate(range(0, S.shape[0], block_size)):
         kern_t = kernel_from_gram_(S[start:start + block_size] @ x.T, sigma, kind)
         out_t.addmm_(blocks[b].to(kern_t.dtype), kern_t)
+        if kernel_out is not None:
+            kernel_out[:, start:start + block_size].copy_(kern_t.T)
     return out_t.T.contiguous()
 
 

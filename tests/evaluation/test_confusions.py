@@ -230,3 +230,22 @@ def test_blocks_hold_a_bounded_number_of_rows(monkeypatch):
     predicted_pairs(clf, top=3, block_cells=7 * 6)
     assert seen and max(seen) <= 6 and sum(seen) == 21
     assert torch.is_tensor(support_confusion(clf, [1, 4]))
+
+
+def test_eval_confusions_score_the_rows_once(cli, art, monkeypatch):
+    """eval counts the measured pairs from the default head's decisions as its own scoring made them: the rows are
+    not scored a second time (measured_on is for callers without them)."""
+    import svgen.evaluation.confusions as mod
+
+    d = art[0]
+    want = json.loads(cli("eval", d / "a.svgen", "--features", d / "x.npy", "--labels", d / "y.npy", "--confusions",
+                          "--json")[1])["confusions"]
+
+    def scored_again(*a, **kw):
+        raise AssertionError("the rows were scored a second time")
+
+    monkeypatch.setattr(mod, "measured_on", scored_again)
+    code, out, err = cli("eval", d / "a.svgen", "--features", d / "x.npy", "--labels", d / "y.npy", "--confusions",
+                         "--json")
+    assert code == 0, err
+    assert json.loads(out)["confusions"] == want

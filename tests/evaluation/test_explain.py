@@ -289,3 +289,77 @@ def test_a_mixture_score_at_the_floor_has_a_floor_part():
     ex = check_parts(clf, Q, "mixture", top_k=len(clf.classes_))
     floored = [c for r in ex for c in r.classes if "floor" in c.parts and c.parts["floor"] != 0]
     assert floored and all(abs(c.score - np.log(1e-30)) <= 1e-4 for c in floored)
+
+
+def _same(got, want, path=""):
+    """``got`` (parsed JSON) is ``want`` (``to_json``), numbers equal, or equal as float32 (the listed votes, which
+    the JSON lines write with float32's nine digits)."""
+    if isinstance(want, dict):
+        assert list(got) == list(want), path
+        for k in want:
+            _same(got[k], want[k], f"{path}/{k}")
+    elif isinstance(want, list):
+        assert len(got) == len(want), path
+        for i, (g, w) in enumerate(zip(got, want)):
+            _same(g, w, f"{path}[{i}]")
+    elif isinstance(want, float) and not isinstance(got, int):
+        assert got == want or (path.rsplit("/", 1)[-1] in ("value", "kernel", "vote")
+                               and np.float32(got) == np.float32(want)), (path, got, want)
+    else:
+        assert got == want, (path, got, want)
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_json_lines_are_the_rows_to_json(case):
+    """``explain --json`` writes a batch's lines from its arrays: each line parses to its row's ``to_json``."""
+    clf, Q = golden(case)
+    for head in clf.head_names_:
+        for top_k, n in ((3, 5), (1, 0), (2, 40)):
+            for b in clf.explainer(head).batches(torch.as_tensor(clf._features(Q)), top_k, n, batch=7):
+                keys = [f'"row": {i}' if i % 2 else "" for i in range(len(b))]
+                lines = b.json_lines(keys).splitlines()
+                assert len(lines) == len(b)
+                for i, (line, row) in enumerate(zip(lines, b.rows())):
+                    _same(json.loads(line), {**({"row": i} if i % 2 else {}), **row.to_json()})
+
+
+def test_float32_texts_read_back_to_the_same_float32():
+    from svgen.evaluation.explanation import _float32_texts
+
+    rng = np.random.default_rng(0)
+    v = np.concatenate([rng.normal(size=5000) * 10.0 ** rng.integers(-44, 38, 5000),
+                        [0.0, -0.0, 1.0, 0.5, -1.5, 1e-45, 3.4e38, 9.999999e-5, 123456789.0, np.nan, np.inf, -np.inf]])
+    v = v.astype(np.float32)
+    texts = [bytes(t).replace(b"\0", b"").decode() for t in _float32_texts(v)]   # NUL: padding
+    assert texts[5000:5005] == ["0e+00", "0e+00", "1e+00", "5e-01", "-1.5e+00"] and texts[-3:] == ["null"] * 3
+    back = np.array([json.loads(t) if t != "null" else np.nan for t in texts], dtype=np.float64).astype(np.float32)
+    assert np.array_equal(back[:-3], v[:-3])
+
+
+@pytest.mark.parametrize("shape, n", [((4, 3, 4812), 5), ((2, 3, 64 * 11 + 7), 9), ((3, 2, 100), 5), ((2, 1, 900), 0)])
+def test_top_votes_are_torch_topk(shape, n):
+    from svgen.evaluation.explain import top_votes
+
+    v = torch.randn(*shape, generator=torch.Generator().manual_seed(0))
+    v[0, 0, -3:] = 50.0   # the largest in the short last block
+    for largest in (True, False):
+        got, at = top_votes(v, n, largest)
+        assert torch.equal(got, torch.topk(v, n, dim=-1, largest=largest).values)
+        assert torch.equal(v.gather(-1, at), got)
+
+
+def test_kernel_scores_keep_the_kernel_they_sum():
+    """The explainer's one pass: ``kernel_out`` receives k(x̂, S), the scores are unchanged (dense and sparse votes,
+    one block and several)."""
+    from svgen.core.kernels import kernel
+    from svgen.heads.scoring import kernel_scores
+
+    g = torch.Generator().manual_seed(0)
+    x, S, A = torch.randn(5, 8, generator=g), torch.randn(30, 8, generator=g), torch.randn(30, 4, generator=g)
+    want_k = kernel(x, S, 0.9, "rbf")
+    for votes in (A, A.to_sparse()):
+        for block in (8192, 7):
+            out = torch.full((5, 30), float("nan"))
+            got = kernel_scores(x, S, 0.9, votes, "rbf", block_size=block, kernel_out=out)
+            assert torch.allclose(got, kernel_scores(x, S, 0.9, votes, "rbf", block_size=block), atol=0, rtol=0)
+            assert torch.allclose(out, want_k, atol=1e-6) and torch.allclose(got, want_k @ A, atol=1e-5)
