@@ -129,3 +129,77 @@ def test_a_wrong_adapt_config_is_one_line_at_adapt():
     clf = SVGClassifier(seed=0, adapt_config={"level": 2}).fit(P)
     with pytest.raises(SvgenError, match="^adapt_config must be an svgen.AdaptConfig, got dict$"):
         clf.adapt(X, y)
+
+
+# ----------------------------------------------------------------------------- choose() and the table of choices
+
+class Labels:
+    def __init__(self, labels, weights=None):
+        self.labels, self.weights = np.asarray(labels), weights
+
+
+def hits(n, right):
+    out = np.zeros(n)
+    out[:right] = 1.0
+    return out
+
+
+def test_choose_keeps_the_best_correction_unless_it_is_behind_zero_shot():
+    rng = np.random.default_rng(2)
+    zero = (rng.random(200) < 0.5).astype(float)
+    better = np.maximum(zero, rng.random(200) < 0.3)                # only gains: ahead of zero-shot
+    close = zero.copy()
+    close[np.flatnonzero(zero)[0]] = 0.0                            # one image lost: within 1 SE
+    c = select.choose({"zero": zero, "close": close, "better": better}, None, "kernel", 1.0)
+    assert c.chosen == "better" and c.index == 2 and c.adapted and c.mean == pytest.approx(better.mean())
+    assert c.versus_zero_shot.difference == pytest.approx(better.mean() - zero.mean())
+    c = select.choose({"zero": zero, "close": close}, None, "kernel", 1.0)
+    assert c.chosen == "close"                                      # below zero-shot, not behind: kept
+    worse = zero * (rng.random(200) < 0.5)
+    c = select.choose({"zero": zero, "worse": worse}, None, "kernel", 1.0)
+    assert c.chosen == "zero" and not c.adapted and c.best == "worse"
+    assert c.versus_zero_shot.difference == pytest.approx(worse.mean() - zero.mean())   # the refused one's evidence
+
+
+def test_choose_ties_go_to_the_candidate_nearest_zero_shot():
+    a = hits(10, 6)
+    c = select.choose({"zero": hits(10, 5), "near": a, "far": a[::-1].copy()}, None, "alpha", 1.0)
+    assert c.chosen == "near"                                       # equal means: the earlier candidate
+    c = select.choose({"zero": a, "far": a[::-1].copy()}, None, "kernel_logits", 1.0)
+    assert c.chosen == "zero"                                       # BEST: zero-shot among the candidates
+
+
+def test_choose_nearest_not_behind_the_best_and_scores_outputs_on_the_evidence_labels():
+    y = np.arange(40) % 4
+    right = np.eye(4)[y]
+    wrong = np.eye(4)[(y + 1) % 4]
+    nearly = right.copy()
+    nearly[0] = wrong[0]                                            # 39 of 40: not behind the best
+    c = select.choose({"g=0.7": wrong, "g=0.4": nearly, "g=0.1": right}, Labels(y), "lda", 1.0)
+    assert c.chosen == "g=0.4" and c.best == "g=0.1" and c.means == {"g=0.7": 0.0, "g=0.4": 39 / 40, "g=0.1": 1.0}
+    probs = np.full((40, 4), 0.1)
+    probs[np.arange(40), y] = 0.7
+    assert select.Score.NLL.per_image(probs, y) == pytest.approx(np.full(40, np.log(0.7)))
+    assert select.Score.TOP5.per_image(wrong, y).sum() == 40        # 4 classes: every label in the top 5
+
+
+def test_choose_weighs_images_and_a_pool_needs_to_be_ahead_and_not_behind_on_the_guards():
+    zero, cand = hits(4, 2), np.array([0.0, 0.0, 1.0, 1.0])
+    w = np.array([0.1, 0.1, 0.4, 0.4])
+    c = select.choose({"zero": zero, "cand": cand}, Labels(np.zeros(4), w), "kernel", 1.0)
+    assert c.means == {"zero": pytest.approx(0.2), "cand": pytest.approx(0.8)}
+    y = np.arange(100) % 5
+    base = {select.Score.TOP1: hits(100, 50), select.Score.TOP5: hits(100, 90), select.Score.NLL: -np.ones(100)}
+    pool = {**base, select.Score.TOP1: hits(100, 80)}
+    assert select.choose({"inductive": base, "pool": pool}, Labels(y), "pool", 1.0).chosen == "pool"
+    bad = {**pool, select.Score.NLL: -np.linspace(0.5, 4.0, 100)}     # NLL higher than zero-shot's by > 1 SE
+    c = select.choose({"inductive": base, "pool": bad}, Labels(y), "pool", 1.0)
+    assert c.chosen == "inductive" and "NLL" in c.why
+
+
+def test_every_choice_in_the_table_names_a_module_that_exists():
+    from pathlib import Path
+    here = Path(select.__file__).parent
+    for name, rule in select.CHOICES.items():
+        assert (here / rule.where).exists(), name
+        assert isinstance(rule.score, select.Score) and isinstance(rule.accept, select.Accept)

@@ -1,12 +1,11 @@
-"""How every adaptive choice is made: the settings (:class:`AdaptConfig`), the held-out shots, and one paired test.
+"""Every adaptive choice, made one way: :func:`choose` among candidates on held-out images, by the table
+:data:`CHOICES` (each choice's candidates, its per-image score, its acceptance test and its tie order), with one
+paired test, :func:`behind`, at ``AdaptConfig.level``.
 
-Every choice labelled shots or an unlabelled pool make is scored on images the predictor did not fit, with the
-predictor as deployed (refitted on every other shot of every class, each held-out shot scored against all C
-classes), and zero-shot is always a candidate. One test decides: :func:`behind` — a predictor is behind another when
-the mean paired difference of their per-image scores on the same images is below −``level`` standard errors
-(``AdaptConfig.level``, 1 by default). A tie (exactly ``level`` SE) is not behind. A correction is kept unless it is
-behind zero-shot; a pool is kept when the inductive heads are behind it on top-1 and it is not behind them on top-5
-and NLL. docs/adaptation.md states the rule and the solvers.
+A predictor is behind another when the mean paired difference of their per-image scores on the same images is below
+−``level`` standard errors (a tie, exactly ``level`` SE, is not behind). Zero-shot (or, where it is no candidate of its
+own, the candidate nearest it) is the first candidate of every choice, and a tie goes to the candidate nearer
+zero-shot. docs/adaptation.md, "The choices", is this table.
 """
 
 from __future__ import annotations
@@ -14,11 +13,14 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any, Optional
+from typing import Any, Dict, Hashable, Mapping, Optional, Tuple
 
 import numpy as np
+import torch
 
 from svgen.adapt.config import DEFAULT
+from svgen.heads.calibration import PROB_FLOOR
+from svgen.heads.scoring import topk
 
 
 # ----------------------------------------------------------------------------- the one test
@@ -63,6 +65,139 @@ def behind(p: Paired, level: float) -> bool:
 def ahead(p: Paired, level: float) -> bool:
     """:func:`behind` with the roles swapped: the baseline is behind the candidate."""
     return p.difference > level * p.standard_error * (1 + TIE)
+
+
+# ----------------------------------------------------------------------------- the choices
+
+class Score(Enum):
+    """What a held-out image contributes to a candidate's mean, larger is better: its top-1 or top-5 hit, or −NLL."""
+
+    TOP1 = "top-1"
+    TOP5 = "top-5"
+    NLL = "NLL"
+
+    def per_image(self, outputs, labels) -> np.ndarray:
+        """Per image of ``outputs`` (M×C scores; probabilities for NLL) against ``labels``: 0/1 hits, or ``log p_y``."""
+        out, y = np.asarray(outputs, dtype=np.float64), np.asarray(labels, dtype=np.int64)
+        if self is Score.NLL:
+            return np.log(np.maximum(out[np.arange(y.size), y], PROB_FLOOR))
+        if self is Score.TOP1:
+            return (out.argmax(axis=1) == y).astype(np.float64)
+        return (topk(torch.from_numpy(out), 5)[1].numpy() == y[:, None]).any(axis=1).astype(np.float64)
+
+
+class Accept(Enum):
+    """How the paired test (:func:`behind`, at ``AdaptConfig.level``) accepts a candidate; the first candidate is
+    zero-shot (or the one nearest it) and every tie goes to the candidate nearer zero-shot (earlier)."""
+
+    BEST = "the best mean (zero-shot among the candidates, so no test is needed)"
+    UNLESS_BEHIND = "the best other candidate, unless it is behind zero-shot"
+    AHEAD = "the best other candidate, only where zero-shot is behind it and it is not behind zero-shot on the guards"
+    NEAREST_NOT_BEHIND = "the candidate nearest zero-shot that is not behind the best"
+
+
+@dataclass(frozen=True)
+class ChoiceRule:
+    """One adaptive choice as :data:`CHOICES` lists it: what is chosen, its candidates (zero-shot, or the one nearest
+    it, first: the tie order), the per-image score, the acceptance test, the held-out images that judge it, and where."""
+
+    chosen: str
+    candidates: str
+    score: Score
+    accept: Accept
+    evidence: str
+    where: str
+    guards: Tuple[Score, ...] = ()
+    continuous: bool = False   # a convex minimum over an interval, not a pick among candidates (no choose())
+
+
+FOLDS_OR_LOO = "the balanced folds' held-out shots; one shot per class: leave-one-out"
+CHOICES: Dict[str, ChoiceRule] = {
+    "kernel": ChoiceRule("the kernel head's σ × c, or zero-shot (the correction refused)",
+                         "zero-shot, then σ × c by larger c, then larger σ; one shot per class: Tip-Adapter's β, c",
+                         Score.TOP1, Accept.UNLESS_BEHIND, FOLDS_OR_LOO, "residual.py"),
+    "lda": ChoiceRule("the LDA head's shrinkage γ × prior strength κ",
+                      "γ × κ by larger γ, then larger κ (zero-shot enters the linear head as α = 0)",
+                      Score.TOP1, Accept.NEAREST_NOT_BEHIND, "exact leave-one-out (at most lda_loo_max shots)",
+                      "lda.py"),
+    "alpha": ChoiceRule("the linear head's weight α on the LDA logits",
+                        "α = 0 (zero-shot), then the larger α", Score.TOP1, Accept.UNLESS_BEHIND,
+                        FOLDS_OR_LOO, "lda.py"),
+    "kernel_logits": ChoiceRule("the kernel head's kind of logits",
+                                "log (log charged for unseen votes ≤ 0), score, floored",
+                                Score.NLL, Accept.BEST, FOLDS_OR_LOO, "temperatures.py"),
+    "kernel_floor": ChoiceRule("ε of the floored kernel logits", "kernel_floors by larger ε (nearer log p₀)",
+                               Score.NLL, Accept.BEST, FOLDS_OR_LOO, "temperatures.py"),
+    "temperatures": ChoiceRule("each head's temperature T", "T > 0", Score.NLL, Accept.BEST,
+                               "linear: leave-one-out; kernel: as its logit kind", "temperatures.py", continuous=True),
+    "mixture_weight": ChoiceRule("the default head's weight w of the kernel head", "w in [0, 1], w = 1 first",
+                                 Score.NLL, Accept.BEST, FOLDS_OR_LOO, "temperatures.py", continuous=True),
+    "shotless_tilt": ChoiceRule("the mixture's w and tilt δ of the classes without shots",
+                                "w = 0, 0.01, …, 1 (each at its best δ ≥ 0), then a golden-section refinement",
+                                Score.NLL, Accept.BEST, "refits without groups of classes, weighed by the deployed "
+                                "shares of classes without and with shots", "shotless.py"),
+    "pool": ChoiceRule("whether an unlabelled pool is kept", "the inductive heads, then the pool-adapted heads",
+                       Score.TOP1, Accept.AHEAD, "held-out shots (or the pool's halves without shots)", "gate.py",
+                       guards=(Score.TOP5, Score.NLL)),
+}
+
+
+@dataclass(frozen=True)
+class Choice:
+    """What :func:`choose` chose: the candidate (its key and index), its held-out mean, the best candidate, the chosen
+    (or the best, where zero-shot was kept) against zero-shot, every candidate's mean, and why in words."""
+
+    name: str
+    chosen: Hashable
+    index: int
+    mean: float
+    best: Hashable
+    versus_zero_shot: Optional[Paired]
+    means: Dict[Hashable, float]
+    why: str
+
+    @property
+    def adapted(self) -> bool:
+        """Whether a candidate other than zero-shot (the first) was chosen."""
+        return self.index != 0
+
+
+def per_image(value, score: Score, evidence) -> np.ndarray:
+    """A candidate's per-image scores: already per image (1-D), or its M×C outputs on ``evidence.labels``."""
+    a = np.asarray(value, dtype=np.float64)
+    return a if a.ndim == 1 else score.per_image(a, evidence.labels)
+
+
+def choose(candidates: Mapping[Hashable, Any], evidence, criterion: str, level: float) -> Choice:
+    """The choice ``CHOICES[criterion]`` among ``candidates`` ({key: per-image scores (1-D, larger better), M×C
+    outputs, or for guards {Score: either}}, zero-shot first, then nearest zero-shot first: the tie order), on
+    ``evidence`` (``labels`` for M×C outputs; ``weights`` per image or None), accepted by the paired test at ``level``."""
+    rule = CHOICES[criterion]
+    keys, weights = list(candidates), getattr(evidence, "weights", None)
+    scores = {k: {s: per_image(v[s], s, evidence) for s in (rule.score, *rule.guards)} if isinstance(v, Mapping)
+              else {rule.score: per_image(v, rule.score, evidence)} for k, v in candidates.items()}
+    means = {k: float(mean_of(scores[k][rule.score], weights)) for k in keys}
+    pool = keys if rule.accept in (Accept.BEST, Accept.NEAREST_NOT_BEHIND) or len(keys) == 1 else keys[1:]
+    best = pool[int(np.argmax([means[k] for k in pool]))]   # the first of the best: nearest zero-shot
+    test = lambda a, b, s=rule.score: paired(scores[a][s], scores[b][s], weights)  # noqa: E731
+    chosen, why = best, f"{rule.accept.value}: {best!r}"
+    if rule.accept is Accept.NEAREST_NOT_BEHIND:
+        chosen = next(k for k in keys if not behind(test(k, best), level))
+        why = f"{chosen!r}, the nearest zero-shot not behind the best {best!r} by more than {level:g} SE"
+    elif rule.accept is Accept.UNLESS_BEHIND and best != keys[0] and behind(test(best, keys[0]), level):
+        chosen, why = keys[0], f"the best {best!r} is behind zero-shot by more than {level:g} SE"
+    elif rule.accept is Accept.AHEAD and best != keys[0]:
+        failed = ([rule.score.value] if not ahead(test(best, keys[0]), level) else []) + [
+            s.value for s in rule.guards if behind(test(best, keys[0], s), level)]
+        if failed:
+            chosen, why = keys[0], f"the best {best!r} fails on {', '.join(failed)} against zero-shot at {level:g} SE"
+    versus = test(chosen if chosen != keys[0] else best, keys[0]) if len(keys) > 1 else None
+    return Choice(criterion, chosen, keys.index(chosen), means[chosen], best, versus, means, why)
+
+
+def mean_of(values: np.ndarray, weights) -> float:
+    """The (weighted) mean of per-image scores."""
+    return float(values.mean()) if weights is None else float(np.asarray(weights, np.float64) @ values / np.sum(weights))
 
 
 # ----------------------------------------------------------------------------- decisions
