@@ -33,7 +33,7 @@ from svgen.errors import SvgenError
 from svgen.fitted import FittedHeads
 from svgen.adapt import shots as shot_adapt
 from svgen.io import codec
-from svgen.adapt.config import AdaptConfig
+from svgen.adapt.config import DEFAULT, AdaptConfig
 from svgen.state import Heads, TextSide
 from svgen.adapt import pool as pool_adapt
 from svgen.adapt.transduce import Stage
@@ -286,7 +286,7 @@ class SVGClassifier(FittedHeads):
         self.transductive_ = None
         fit = pool_adapt.adapt(self._stage(), self._side(), U, strength,
                                progress=self.progress if progress is None else progress,
-                               config=self.adapt_config)
+                               config=DEFAULT if self.adapt_config is None else self.adapt_config)
         self.heads_, self.inductive_, self.transductive_ = fit.heads, fit.inductive, fit.record
         self.transductive_labels_ = fit.labels
         return self

@@ -108,13 +108,14 @@ LAYERS = {
     "npy": ["errors"],                           # every .npy read: header checked first, native byte order
     "steps": ["errors"],                         # a log line with its duration for each long step (svgen -v)
     "adapt.config": ["errors"],                  # AdaptConfig: the settings of every adaptive choice
+    "adapt.solvers": ["core"],                   # closed forms of the heads' fits and held-out scores, no decisions
     "core": ["config", "steps"],                       # the kernel machine's math: kernels, generator, ridge solves, roots
     "state": ["core"],                           # the fitted state as plain objects
     "heads": ["adapt.config", "state"],          # scores and probabilities of the heads, text temperatures
     "encoders": ["core", "safeio"],              # data in: images and text to embeddings
     "validation": ["encoders", "npy"],           # user arrays and class names, checked at the boundary
     "zeroshot": ["heads", "validation"],         # the stages
-    "adapt": ["zeroshot"],                       # shots, pools, temperatures: the evidence and the choices
+    "adapt": ["zeroshot", "adapt.solvers"],      # shots, pools, temperatures: the evidence and the choices
     "io": ["adapt", "encoders", "locks"],   # the files: the codec knows every stage's state
     "engine": ["heads", "encoders", "npy"],            # results out, in blocks
     "evaluation": ["adapt", "validation"],
@@ -130,8 +131,8 @@ LAYERS = {
 def layer(module: str) -> str:
     """The entry of :data:`LAYERS` a module belongs to (``svgen.io.codec`` → ``io``); ``svgen`` for the root."""
     parts = module.split(".")
-    if parts[1:3] == ["adapt", "config"]:   # a sub-layer: the settings, below the heads that read them
-        return ".".join(parts[1:3])
+    if parts[1:3] in (["adapt", "config"], ["adapt", "solvers"]):   # sub-layers: the settings, below the heads that
+        return ".".join(parts[1:3])                                 # read them; the solvers, on the core alone
     return parts[1] if len(parts) > 1 else module
 
 

@@ -25,7 +25,7 @@ import pytest
 from svgen import SVGClassifier
 from svgen.adapt import pool as pool_adapt
 from svgen.adapt import gate as pool_gate
-from svgen.adapt import transduction as td
+from svgen.adapt.solvers import transduction as td
 from svgen.adapt.select import Decision, Paired
 from svgen.adapt.pool_decision import KEPT, Check, Evidence, Gate, Reason, fallback, pool_evidence, pool_kept, refuse
 
@@ -174,7 +174,7 @@ def test_shots_for_only_some_classes(decisions):
 
 
 def test_no_held_out_shots(decisions, monkeypatch):
-    monkeypatch.setattr(pool_gate, "shot_folds", lambda y, n_classes, seed=0, **k: [np.arange(len(y))])
+    monkeypatch.setattr(pool_gate, "shot_folds", lambda y, n_classes, seed, **k: [np.arange(len(y))])
     clf, X, y, U = _shots_and_pool(20)
     clf.adapt(X, y, unlabelled=U)
     (d,) = decisions
@@ -223,7 +223,7 @@ def test_the_halves_say_no(decisions, monkeypatch):
 
 def test_the_final_solve_that_does_not_settle(decisions, monkeypatch):
     gate = Gate(Paired(0.9, 0.5, 0.4, 0.01, 0), Paired(1.0, 1.0, 0.0, 0.0, 0), None, 9, 0)
-    monkeypatch.setattr(pool_gate, "check_without_shots", lambda stage, side, U, strength, progress=False, config=None:
+    monkeypatch.setattr(pool_gate, "check_without_shots", lambda stage, *a, **k:
                         Check(Evidence.HALVES, stage.default_head, gate))
     _never_settles(monkeypatch)
     text, images = make_golden.problem(0)
@@ -279,7 +279,7 @@ def steering(path: Path) -> list:
 
 
 def test_no_transductive_module_steers_on_record_strings():
-    stages = [ROOT / "svgen" / "adapt" / f"{name}.py" for name in ("pool", "gate", "transduce", "transduction",
+    stages = [ROOT / "svgen" / "adapt" / f"{name}.py" for name in ("pool", "gate", "transduce", "solvers/transduction",
                                                                     "pool_decision")]
     assert all(p.exists() for p in stages)
     found = [f for p in stages for f in steering(p)
