@@ -46,7 +46,7 @@ def adapt(stage: Stage, side: TextSide, U: torch.Tensor, strength: Optional[floa
     if not fit.decision.kept:
         return refused(stage, scored, fit.record, fit.decision)
     fit = (_adopt_factor(stage, side, U, fit, check) if shots else
-           _adopt_posterior(stage, side, fit, U, entropy, check, config.pool_trust))
+           _adopt_posterior(stage, side, fit, U, scored, check, config.pool_trust))
     fit.record["wall_time_s"] = time.perf_counter() - t0
     fit.decision = decision
     return fit
@@ -112,9 +112,10 @@ def _guard(heads: Heads, side: TextSide, U_cal: torch.Tensor, target: float, agr
     return scale, guard
 
 
-def _scales(stage: Stage, side: TextSide, fit: PoolFit, U_cal: torch.Tensor, scale) -> tuple:
+def _scales(stage: Stage, side: TextSide, fit: PoolFit, U_cal: torch.Tensor, kernel: torch.Tensor, scale) -> tuple:
     """(temperatures, powers, why the kernel head carries no factor): the linear head at its scale; the kernel head
-    the posterior with the kernel vote as its prior, where its votes are dense and the prior had weight."""
+    the posterior with the kernel vote as its prior (``kernel``: the inductive kernel scores), where its votes are
+    dense and the prior had weight."""
     P, kind, k, temps, powers = side.prototypes, side.config.kernel, fit.prior_scale, {}, {}
     with torch.no_grad():
         lin = predictor.logits(fit.heads, P, kind, U_cal, "linear").double()
@@ -125,8 +126,7 @@ def _scales(stage: Stage, side: TextSide, fit: PoolFit, U_cal: torch.Tensor, sca
                                    "needs dense ones")
         if not k > 0:
             return temps, powers, "the transduction gave its prior no weight"
-        z = (k * predictor.scores(stage.heads, P, kind, U_cal, "kernel").double()
-             + predictor.gaussian_log_likelihood(fit.gaussian.weight, fit.gaussian.bias, U_cal))
+        z = k * kernel.double() + predictor.gaussian_log_likelihood(fit.gaussian.weight, fit.gaussian.bias, U_cal)
         if not bool(torch.isfinite(z).all()):
             return temps, powers, "its posterior's scores are not finite"
         t = scale(z, "kernel")
@@ -134,12 +134,16 @@ def _scales(stage: Stage, side: TextSide, fit: PoolFit, U_cal: torch.Tensor, sca
     return temps, powers, None
 
 
-def _adopt_posterior(stage: Stage, side: TextSide, fit: PoolFit, U: torch.Tensor, entropy_before: float,
-                     check: Check, trust: float) -> PoolFit:
-    """Without labels: the linear head the posterior, the kernel head that with the kernel vote as its prior."""
-    U_cal, agreement = U[td.calibration_rows(U.shape[0])], agreement_target(check)
-    scale, guard = _guard(fit.heads, side, U_cal, entropy_before if agreement is None else agreement, agreement, trust)
-    temps, powers, why = _scales(stage, side, fit, U_cal, scale)
+def _adopt_posterior(stage: Stage, side: TextSide, fit: PoolFit, U: torch.Tensor, scored: Scored, check: Check,
+                     trust: float) -> PoolFit:
+    """Without labels: the linear head the posterior, the kernel head that with the kernel vote as its prior (the
+    inductive default head, the kernel head without shots, ``scored`` on the pool)."""
+    rows, agreement = td.calibration_rows(U.shape[0]), agreement_target(check)
+    target = scored.entropy() if agreement is None else agreement
+    scale, guard = _guard(fit.heads, side, U[rows], target, agreement, trust)
+    kernel = (scored.scores[rows] if stage.default_head == "kernel" else
+              predictor.scores(stage.heads, side.prototypes, side.config.kernel, U[rows], "kernel"))
+    temps, powers, why = _scales(stage, side, fit, U[rows], kernel, scale)
     cal = predictor.with_temperatures(fit.heads.calibration, temps,
                                       method="entropy-matched" if agreement is None else "confidence-matched",
                                       rule=_posterior_rule(agreement, trust),

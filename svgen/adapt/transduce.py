@@ -6,6 +6,7 @@ import json
 import logging
 import time
 from dataclasses import dataclass
+from collections import namedtuple
 from typing import NamedTuple, Optional
 
 import torch
@@ -105,17 +106,9 @@ def _refused(heads: Heads, N: int, head: str, refusal: Decision, **extra) -> Poo
     return PoolFit(heads, {"pool": N, **refusal.to_json(), "prior_head": head, **extra}, decision=refusal)
 
 
-class Prior(NamedTuple):
-    """The solve's prior: its logits, the linear head it continues, the LDA part's Σ⁻¹ (or None), the scales."""
-
-    logits: torch.Tensor
-    linear: LinearHead
-    precision: Optional[torch.Tensor]
-    t_prior: float
-    t_lin: float
-    t_post: float
-    t_post_source: str
-    n_shots: int
+# the solve's prior: its logits, the linear head it continues, the LDA part's Σ⁻¹ (or None), the stage's shots (or
+# None), the scales of the prior and of that linear head, the posterior's temperature and where it comes from
+Prior = namedtuple("Prior", "logits linear precision shots t_prior t_lin t_post t_post_source")
 
 
 def prior(stage: Stage, side: TextSide, U: torch.Tensor, scored: Scored) -> Prior:
@@ -129,16 +122,14 @@ def prior(stage: Stage, side: TextSide, U: torch.Tensor, scored: Scored) -> Prio
     part = stage.lda if fitted else None
     logits = scored.scores if shots is None else scored.proba().float().clamp_min(KERNEL_LOG_FLOOR).log()
     if part is not None:   # its Σ and logits are a Gaussian model fitted on the shots: used as they are
-        Sigma = fewshot.lda_covariance(shots.rows.double(), shots.labels, C, part.shrinkage)
-        fitted = part.temperature is not None
-        return Prior(logits, LinearHead(part.weight, part.bias), torch.linalg.inv(Sigma).float(), 1.0, 1.0,
-                     part.temperature if fitted else 1.0,
-                     "the LDA part's leave-one-out NLL temperature on the shots" if fitted
-                     else "1 (the LDA part's temperature was not fitted)", len(shots))
+        Sigma, T = fewshot.lda_covariance(shots.rows.double(), shots.labels, C, part.shrinkage), part.temperature
+        return Prior(logits, LinearHead(part.weight, part.bias), torch.linalg.inv(Sigma).float(), shots, 1.0, 1.0,
+                     1.0 if T is None else T, "1 (the LDA part's temperature was not fitted)" if T is None
+                     else "the LDA part's leave-one-out NLL temperature on the shots")
     target = td.entropy(CLIP_LOGIT_SCALE * U[td.calibration_rows(U.shape[0])] @ F.normalize(P.float(), dim=-1).T)
     t_prior = 1.0 if shots is not None else td.match_entropy(logits, target)   # one shot per class: calibrated
     t_lin = td.match_entropy(predictor.scores_in_blocks(heads, P, side.config.kernel, U, "linear"), target)
-    return Prior(logits, heads.linear, None, t_prior, t_lin, 1.0, "1 (no class model fitted on labels)", 0)
+    return Prior(logits, heads.linear, None, shots, t_prior, t_lin, 1.0, "1 (no class model fitted on labels)")
 
 
 def transduce(stage: Stage, side: TextSide, U: torch.Tensor, scored: Scored, config: AdaptConfig,
@@ -153,12 +144,12 @@ def transduce(stage: Stage, side: TextSide, U: torch.Tensor, scored: Scored, con
     t0 = time.perf_counter()
     with torch.no_grad():
         pr = prior(stage, side, U, scored)
-        shots = stage.shots if stage.fewshot is not None else None
-        beta0 = td.prior_strength(N, side.n_classes, pr.n_shots) if strength is None else float(strength)
+        fitted = 0 if pr.precision is None else len(pr.shots)   # shots the prior's class model was fitted on
+        beta0 = td.prior_strength(N, side.n_classes, fitted) if strength is None else float(strength)
         t1 = time.perf_counter()
         res, tries = td.settle(U, pr.t_prior * pr.logits, fewshot.prior_means(side.prototypes, U.double()).float(),
-                               beta0, settings(config), shots_x=None if shots is None else shots.rows.float(),
-                               shots_y=None if shots is None else shots.labels, precision=pr.precision,
+                               beta0, settings(config), shots_x=None if pr.shots is None else pr.shots.rows.float(),
+                               shots_y=None if pr.shots is None else pr.shots.labels, precision=pr.precision,
                                temperature=pr.t_post,
                                each=lambda r: bar(r, progress, desc="transductive rounds", unit="round"))
     if res is None:

@@ -592,6 +592,33 @@ def test_the_config_reaches_every_setting_of_the_pool_stage(data, gate_open):
     assert too_small(C - 1, C, DEFAULT) is not None and too_small(C - 1, C, AdaptConfig(min_pool_per_class=0.5)) is None
 
 
+def test_the_pool_is_scored_once_by_the_inductive_kernel_head(data, monkeypatch):
+    """Zero-shot, the inductive default head is the kernel head: the check's halves, each half's and the final
+    transduction's prior, the entropy target and the kept kernel head's posterior all reuse one scoring of the pool
+    (kernel scores of the N pool rows, once), and the pool is kept with the probabilities of scoring it afresh."""
+    from svgen.heads import predictor as pred
+    from svgen.adapt import pool as pool_adapt
+
+    rng, centres, protos, U, _ = _clusters(7, 1.6, 30, 0.5)
+    clf = SVGClassifier(n_support=2, steps=5, seed=0).fit(protos)
+    U = torch.nn.functional.normalize(torch.as_tensor(U), dim=-1)
+    rows, real = [], pred.kernel_scores   # per kernel scoring, how many of its rows are pool images
+
+    def spy(x, *a, **k):
+        rows.append(int(((x.float() @ U.float().T).max(dim=1).values > 1 - 1e-5).sum()))
+        return real(x, *a, **k)
+
+    monkeypatch.setattr(pred, "kernel_scores", spy)
+    stage = clf._stage()
+    assert stage.default_head == "kernel"
+    fit = pool_adapt.adapt(stage, clf._side(), U, config=DEFAULT)
+    assert fit.decision.kept and fit.record["kernel_head"]["factor"]
+    assert sum(rows) == len(U)   # the text queries the linear head's temperature is matched on are no pool images
+    monkeypatch.setattr(pred, "kernel_scores", real)
+    fresh = pred.proba(stage.heads, clf.prototypes_, "rbf", U, "kernel")
+    assert torch.allclose(score(stage, clf._side(), U).proba(), fresh, atol=1e-12)
+
+
 def test_the_level_is_the_configs(data):
     """The pool check's one level comes from the config: a pool kept at 1 SE is refused at a level no data reaches."""
     from svgen.adapt.config import AdaptConfig

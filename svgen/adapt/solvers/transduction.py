@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import Callable, NamedTuple, Optional
+from collections import namedtuple
+from typing import Callable, Optional
 
 import torch
 
@@ -17,26 +18,10 @@ KNN_BLOCK = 2048
 CALIBRATION_ROWS = 2048      # the temperature matches look at this many evenly spaced pool rows at most
 
 
-class Settings(NamedTuple):
-    """The solve's settings, named as :class:`svgen.adapt.config.AdaptConfig` names them."""
-
-    neighbours: int
-    rounds: int
-    steps: int
-    prior_pseudo_images: float
-    stable: float
-    escalate: float
-    max_escalations: int
-
-
-class Transduction(NamedTuple):
-    """N×C soft labels = softmax(logits); the class model as a linear head (C×D weight W = μ/v or μ Σ⁻¹, C bias)."""
-
-    labels: torch.Tensor
-    weight: torch.Tensor
-    bias: torch.Tensor
-    info: dict
-    logits: torch.Tensor
+# the solve's settings, named as svgen.adapt.config.AdaptConfig names them
+Settings = namedtuple("Settings", "neighbours rounds steps prior_pseudo_images stable escalate max_escalations")
+# N×C soft labels = softmax(logits); the class model as a linear head (C×D weight W = μ/v or μ Σ⁻¹, C bias); record
+Transduction = namedtuple("Transduction", "labels weight bias info logits")
 
 
 def prior_strength(n_pool: int, n_classes: int, n_shots: int = 0) -> float:
@@ -149,15 +134,6 @@ def class_model(U, Z, shots_x, shots_y, means, kappa: float):
     return mu, var.clamp_min(1e-3 * float(var.clamp_min(0).mean()) + 1e-12)
 
 
-def _checked(N: int, strength: float, temperature: float) -> None:
-    if N < 2:
-        raise SvgenError("the unlabelled pool needs at least 2 images")
-    if not strength >= 0:
-        raise SvgenError(f"prior strength must be ≥ 0, got {strength}")
-    if not (temperature > 0 and math.isfinite(temperature)):
-        raise SvgenError(f"posterior temperature must be a positive number, got {temperature}")
-
-
 def transduce(U: torch.Tensor, prior_logits: torch.Tensor, means: torch.Tensor, settings: Settings, shots_x=None,
               shots_y=None, strength: Optional[float] = None, precision: Optional[torch.Tensor] = None, graph=None,
               temperature: float = 1.0, each: Callable = iter) -> Transduction:
@@ -165,7 +141,12 @@ def transduce(U: torch.Tensor, prior_logits: torch.Tensor, means: torch.Tensor, 
     ``each`` wraps the rounds (a progress bar)."""
     N, C, U, temperature = U.shape[0], prior_logits.shape[1], U.float(), float(temperature)
     beta = prior_strength(N, C) if strength is None else float(strength)
-    _checked(N, beta, temperature)
+    if N < 2:
+        raise SvgenError("the unlabelled pool needs at least 2 images")
+    if not beta >= 0:
+        raise SvgenError(f"prior strength must be ≥ 0, got {strength}")
+    if not (temperature > 0 and math.isfinite(temperature)):
+        raise SvgenError(f"posterior temperature must be a positive number, got {temperature}")
     logp0 = torch.log_softmax(prior_logits.float(), dim=1)
     idx, w = graph or knn_graph(U, settings.neighbours)
     sx, prec = (None if t is None else t.float() for t in (shots_x, precision))
