@@ -83,11 +83,11 @@ def evaluate(clf, U, P, yv):
     import torch
 
     from svgen.heads.scoring import CLIP_LOGIT_SCALE
-    from svgen.adapt import transduction as td
+    from svgen.adapt.solvers import transduction as td
 
     head = clf.default_head_   # the transduction's prior: the inductive default head
     out = {"cosine": U @ unit(P).T}
-    target = td._entropy(CLIP_LOGIT_SCALE * torch.as_tensor(out["cosine"]))
+    target = td.entropy(CLIP_LOGIT_SCALE * torch.as_tensor(out["cosine"]))
     for h in ("kernel", "linear"):
         out[f"inductive_{h}"] = np.asarray(clf.decision_function(U, h))
         t = td.match_entropy(torch.as_tensor(out[f"inductive_{h}"]), target)
