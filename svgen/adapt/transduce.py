@@ -95,12 +95,6 @@ def too_small(n_pool: int, n_classes: int, config: AdaptConfig) -> Optional[Deci
     return None
 
 
-def mean_entropy(heads: Heads, side: TextSide, U: torch.Tensor, head: str) -> float:
-    """``head``'s mean entropy at its temperature on :func:`~svgen.adapt.solvers.transduction.calibration_rows`."""
-    z = predictor.logits(heads, side.prototypes, side.config.kernel, U[td.calibration_rows(U.shape[0])], head)
-    return td.entropy(z.double() / heads.calibration.temperatures[head])
-
-
 def _refused(heads: Heads, N: int, head: str, refusal: Decision, **extra) -> PoolFit:
     log.info("transductive: %s", fallback(refusal))
     return PoolFit(heads, {"pool": N, **refusal.to_json(), "prior_head": head, **extra}, decision=refusal)
@@ -173,8 +167,10 @@ def _adopted(stage: Stage, side: TextSide, U: torch.Tensor, res: td.Transduction
     new.calibration = predictor.text_calibration(new, side.prototypes, side.per_template, side.config.kernel,
                                                  only="linear", config=config)
     with torch.no_grad():   # the solve's posterior at the linear head's mean entropy on the pool (argmax unchanged)
-        t_labels = td.match_entropy(res.logits, mean_entropy(new, side, U, "linear")
-                                    if labels_entropy is None else labels_entropy)
+        if labels_entropy is None:
+            z = predictor.logits(new, side.prototypes, side.config.kernel, U[td.calibration_rows(U.shape[0])], "linear")
+            labels_entropy = td.entropy(z.double() / new.calibration.temperatures["linear"])
+        t_labels = td.match_entropy(res.logits, labels_entropy)
         labels = torch.softmax(t_labels * res.logits.float(), dim=1)
     record = {**res.info, **KEPT.to_json(), "prior_head": stage.default_head, **extra,
               "prior_temperature": pr.t_prior, "labels_temperature": 1.0 / t_labels,
