@@ -120,9 +120,10 @@ def prior(stage: Stage, side: TextSide, U: torch.Tensor, scored: Scored) -> Prio
         return Prior(logits, LinearHead(part.weight, part.bias), torch.linalg.inv(Sigma).float(), shots, 1.0, 1.0,
                      1.0 if T is None else T, "1 (the LDA part's temperature was not fitted)" if T is None
                      else "the LDA part's leave-one-out NLL temperature on the shots")
-    target = td.entropy(CLIP_LOGIT_SCALE * U[td.calibration_rows(U.shape[0])] @ F.normalize(P.float(), dim=-1).T)
+    U_cal = U[td.calibration_rows(U.shape[0])]   # the rows the temperature matches look at
+    target = td.entropy(CLIP_LOGIT_SCALE * U_cal @ F.normalize(P.float(), dim=-1).T)
     t_prior = 1.0 if shots is not None else td.match_entropy(logits, target)   # one shot per class: calibrated
-    t_lin = td.match_entropy(predictor.scores_in_blocks(heads, P, side.config.kernel, U, "linear"), target)
+    t_lin = td.match_entropy(predictor.scores(heads, P, side.config.kernel, U_cal, "linear"), target)
     return Prior(logits, heads.linear, None, shots, t_prior, t_lin, 1.0, "1 (no class model fitted on labels)")
 
 
