@@ -152,7 +152,7 @@ def fewshot_run(datasets, shots_list, seeds, log=print, prototypes="shots"):
     the text rule's (what ``adapt`` used before issue 13), and the LOO NLL/ECE on the shots themselves;
     for the kernel head also both kinds of logits (log scores, raw votes) at their own LOO temperatures
     and which one ``adapt`` kept (:func:`kernel_kinds`).
-    "better" is the head the fit deploys (``fewshot_["default_head"]``), chosen without validation labels; where
+    "better" is the head the fit deploys (``shots_outcome_.default_head``), chosen without validation labels; where
     that is the mixture of the two heads it gets a row of its own (``predict_proba`` as shipped). The cosine
     head is softmax(100·cos) to the stand-in prototypes.
 
@@ -193,7 +193,7 @@ def fewshot_run(datasets, shots_list, seeds, log=print, prototypes="shots"):
                 t0 = time.perf_counter()
                 clf = SVGClassifier(seed=seed).fit(P).adapt(Xs, ys)
                 wall = time.perf_counter() - t0
-                cal, better = clf.calibration_, clf.fewshot_["default_head"]
+                cal, better = clf.calibration_, clf.shots_outcome_.default_head
                 for head in HEADS:
                     z = clf.logits(Xv, head)
                     T = clf.temperatures_[head]

@@ -34,10 +34,10 @@ from svgen.fitted import FittedHeads
 from svgen.adapt import shots as shot_adapt
 from svgen.io import codec
 from svgen.adapt.config import DEFAULT, AdaptConfig
-from svgen.state import Heads, TextSide
+from svgen.state import CalibrationMethod, Heads, ShotsOutcome, TextSide
 from svgen.adapt import pool as pool_adapt
 from svgen.adapt.transduce import Stage
-from svgen.adapt.pool_decision import pool_kept
+from svgen.adapt.pool_decision import pool_outcome
 from svgen.validation import (DUPLICATE_COS, SAFE_PEAK, check_distinct, check_embeddings, check_no_labels,  # noqa: F401
                               check_not_labels, check_pool, check_vocabulary, duplicate_prototypes, label_indices,
                               label_type, looks_like_labels, safe_rows)
@@ -209,7 +209,7 @@ class SVGClassifier(FittedHeads):
         self.encoder_ = dict(encoder) if encoder else None
         self.heads_ = self.zero_shot_ = zs.heads
         self.inductive_ = self.fewshot_ = self.lda_ = self.transductive_ = self.transductive_labels_ = None
-        self.shot_origins_ = None
+        self.shot_origins_ = self.shots_outcome_ = self.pool_outcome_ = None
         self.generator_, self.metric_precision_, self.history_ = zs.generator, zs.precision, zs.history
         self.fit_metrics_, self.ridge_lambda_, self.vote_scale_ = zs.metrics, zs.ridge_lambda, zs.vote_scale
         return self
@@ -262,11 +262,11 @@ class SVGClassifier(FittedHeads):
         if old is not None:   # the kernel's image rows: the earlier shots, then these
             named = joined_origins(self.shot_origins_, len(old), named, len(new))
         self._restore_inductive()   # the heads are re-solved from the zero-shot heads and the shots
-        self.transductive_ = None
+        self.transductive_ = self.pool_outcome_ = None
         fit = shot_adapt.adapt(self.zero_shot_, shots, self._side(), progress=self.progress,
                                config=self.adapt_config)
         self.heads_, self.fewshot_, self.lda_ = fit.heads, fit.record, fit.lda
-        self.shot_origins_ = named
+        self.shot_origins_, self.shots_outcome_ = named, ShotsOutcome(fit.default_head, fit.kernel_kept)
         return self
 
     def adapt_pool(self, unlabelled, strength: Optional[float] = None, progress: Optional[bool] = None):
@@ -275,20 +275,20 @@ class SVGClassifier(FittedHeads):
 
         A kept pool multiplies the default head by the pool's class likelihood (with shots), or replaces the linear
         head by the transduction's posterior and multiplies the kernel head's probabilities by the likelihood
-        (zero-shot); otherwise every head stays exactly the inductive one and ``transductive_["fallback"]`` says why
-        (``transductive_["check"]`` holds the evidence). :attr:`transductive_labels_` holds the pool's
+        (zero-shot); otherwise every head stays exactly the inductive one: ``pool_outcome_`` says which (typed), the
+        record ``transductive_`` why, in words, and on what evidence. :attr:`transductive_labels_` holds the pool's
         probabilities (what ``svgen classify --transductive`` prints): the kept predictor's, or the inductive
         default head's. Adapting again starts from the inductive heads. Returns ``self``.
         """
         self._check_fitted()
         U = F.normalize(check_pool(unlabelled, self.n_features_in_), dim=-1)
         self._restore_inductive()   # adapting again starts from the inductive heads
-        self.transductive_ = None
+        self.transductive_ = self.pool_outcome_ = None
         fit = pool_adapt.adapt(self._stage(), self._side(), U, strength,
                                progress=self.progress if progress is None else progress,
                                config=DEFAULT if self.adapt_config is None else self.adapt_config)
         self.heads_, self.inductive_, self.transductive_ = fit.heads, fit.inductive, fit.record
-        self.transductive_labels_ = fit.labels
+        self.transductive_labels_, self.pool_outcome_ = fit.labels, pool_outcome(fit.decision, fit.default_head)
         return self
 
     def _restore_inductive(self) -> None:
@@ -339,21 +339,21 @@ class SVGClassifier(FittedHeads):
         if len(classes) != emb.shape[0]:
             raise SvgenError(f"{emb.shape[0]} new prototypes but {len(classes)} new class names")
         classes = validate_new_classes(classes, list(self.class_names_))  # new names distinct and new; old repeats stay
-        if pool_kept(self.transductive_):  # the pool knew only the old classes
+        if self.pool_outcome_ is not None and self.pool_outcome_.kept:  # the pool knew only the old classes
             log.warning("add_classes: the transductive heads are dropped; adapt to the pool again")
         self._restore_inductive()
-        self.transductive_ = None
+        self.transductive_ = self.pool_outcome_ = None
         shots = self.support_set_.part(IMAGE) if self.fewshot_ is not None else None   # solved in again below
         zero = Heads(self.zero_shot_.kernel, self.zero_shot_.linear, self.heads_.calibration)
         names, self.prototypes_, self.per_template_, self.heads_, self.vote_scale_ = extend(
             zero, self._side(), self.generator_, self.metric_precision_, self.ridge_lambda_, emb, classes)
         self.class_names_ = np.asarray(names, dtype=object)
-        self.zero_shot_, self.fewshot_, self.lda_ = self.heads_, None, None
+        self.zero_shot_, self.fewshot_, self.lda_, self.shots_outcome_ = self.heads_, None, None, None
         if shots is not None:
             self.adapt(shots.rows, shots.labels, origins=self.shot_origins_)  # temperatures follow the new heads
-        elif self.calibration_.get("method") == "text":
+        elif self.heads_.calibration.method is CalibrationMethod.TEXT:
             self._text_temperatures()
         else:
             log.warning("temperatures were fit by %s for the old classes; they are kept for the new ones",
-                        self.calibration_.get("method"))
+                        self.heads_.calibration.method.value)
         return self

@@ -50,8 +50,9 @@ def not_fitted(message: str) -> SvgenError:
 
 class FittedHeads(Estimator):
     """The deployed heads (``heads_``, :class:`svgen.state.Heads`), the zero-shot heads (``zero_shot_``), the inductive
-    heads a pool replaced (``inductive_``), the records of the shots and the pool (``fewshot_``,
-    ``transductive_``), and prediction from them."""
+    heads a pool replaced (``inductive_``), what the shots and a pool decided (``shots_outcome_``,
+    ``pool_outcome_``: :class:`svgen.state.ShotsOutcome`, :class:`svgen.state.PoolOutcome`), their records
+    (``fewshot_``, ``transductive_``: output only, never read to decide) and prediction from them."""
 
     # ------------------------------------------------------------------------------ the fitted state
     support_vectors_ = _head_attribute("kernel", "rows", "The kernel head's rows: C×K×D text support vectors, or M×D.")
@@ -79,8 +80,16 @@ class FittedHeads(Estimator):
         """The head ``classify``, ``eval``, ``export`` and :meth:`predict` use when none is named: what the fit with
         shots decided (:func:`svgen.adapt.shots.choose_default_head`: the mixture of the kernel and linear heads, or
         one of them) or a kept pool (the linear head), else the kernel head."""
-        head = (self.transductive_ or {}).get("default_head") or (self.fewshot_ or {}).get("default_head", "kernel")
+        head = self.decided_head()
         return head if head in predictor.head_names(self.heads_) else "kernel"
+
+    def decided_head(self) -> str:
+        """The default head as decided (a kept pool's, else the shots', else the kernel head), before
+        :attr:`default_head_` checks that the deployed heads have it."""
+        pool, shots = vars(self).get("pool_outcome_"), vars(self).get("shots_outcome_")
+        if pool is not None and pool.kept and pool.default_head:
+            return pool.default_head
+        return shots.default_head if shots is not None else "kernel"
 
     @property
     def head_names_(self) -> tuple:
@@ -251,7 +260,7 @@ class FittedHeads(Estimator):
         self._check_fitted()
         origins = Origins(list(self.class_names_), int(self.fit_config_.n_support), int(self.per_template_.shape[1]),
                           self.templates_, self.shot_origins_)
-        form = ((self.fewshot_ or {}).get("linear") or {}).get("form")
+        form = None if self.lda_ is None else self.lda_.form
         return Explainer(self.heads_, self.prototypes_, self.fit_config_.kernel, head or self.default_head_, origins,
                          form)
 

@@ -11,13 +11,16 @@ A classifier passes through up to three stages, each producing a complete :class
 
 :class:`svgen.SVGClassifier` holds the deployed heads (``heads_``), the zero-shot heads the shots were added to
 (``zero_shot_``, once there are shots or pool rows), and the inductive heads a pool replaced (``inductive_``), so
-adapting again starts from them. Nothing here computes; :mod:`svgen.io.codec` turns these objects into an artifact's
-tensors and back.
+adapting again starts from them. What the stages decided is typed here too (:class:`CalibrationMethod`,
+:class:`LinearForm`, :class:`ShotsOutcome`, :class:`PoolOutcome`): the ``svgen.json`` records are rendered from these
+decisions (:mod:`svgen.adapt.records`) and never read back to decide; :mod:`svgen.io.codec` maps an artifact's records to
+them once, on load. Nothing here computes; the codec turns these objects into an artifact's tensors and back.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Optional
 
 import torch
@@ -56,16 +59,43 @@ class LinearHead:
     bias: torch.Tensor
 
 
+class LinearForm(Enum):
+    """How the linear head with shots uses its LDA part (the record's ``fewshot.linear.form``)."""
+
+    LDA = "lda"                        # the linear head is the LDA part (one shot per class: no folds to weigh it)
+    ZERO_SHOT_PLUS_LDA = "zero-shot + lda"   # W = 100·P̂ + α·s·W_lda, b = α·s·b_lda
+
+
 @dataclass
 class LdaPart:
     """The Gaussian class model the shots fitted (:mod:`svgen.adapt.lda`): its logits ``x̂ Wᵀ + b``, the shrinkage γ
     of its shared covariance, and its leave-one-out NLL temperature on the shots (None: not fitted). The linear head
-    with shots adds these logits to the zero-shot ones (or is them); a pool's solve continues them."""
+    with shots adds these logits to the zero-shot ones or is them (``form``); a pool's solve continues them.
+    ``equal_radius``: its class means were put at one Mahalanobis radius (every fit since the record's ``means``)."""
 
     weight: torch.Tensor
     bias: torch.Tensor
     shrinkage: float
     temperature: Optional[float] = None
+    form: LinearForm = LinearForm.ZERO_SHOT_PLUS_LDA
+    equal_radius: bool = True
+
+
+class CalibrationMethod(Enum):
+    """How the temperatures were fitted (the record's ``calibration.method``)."""
+
+    TEXT = "text"                               # the text rule, no labels (svgen.heads.calibration)
+    HELD_OUT_NLL = "loo-nll"                    # the NLL of held-out shots (svgen.adapt.shots)
+    ENTROPY_MATCHED = "entropy-matched"         # after a pool without labels (svgen.adapt.pool)
+    CONFIDENCE_MATCHED = "confidence-matched"   # the same, to the halves' agreement
+    GIVEN = "given"                             # set_temperatures with a method of the caller's own
+
+    @classmethod
+    def named(cls, method) -> "CalibrationMethod":
+        """The member of ``method`` (a member, or a caller's name for it); a name of the caller's own is GIVEN."""
+        if isinstance(method, cls):
+            return method
+        return next((m for m in cls if m.value == method), cls.GIVEN)
 
 
 @dataclass
@@ -81,6 +111,7 @@ class Calibration:
     kernel_floor: Optional[float] = None   # ε of the "floored" kernel logits (None for the other kinds)
     mixture_weight: Optional[float] = None   # w of the "mixture" head, w·p_kernel + (1 − w)·p_linear (None: none)
     shotless_offset: Optional[float] = None  # δ: the mixture's classes without shots × e^δ (svgen.adapt.shotless)
+    method: CalibrationMethod = CalibrationMethod.TEXT   # how the temperatures were fitted (record: "method")
 
 
 @dataclass
@@ -124,3 +155,29 @@ class TextSide:
     @property
     def n_classes(self) -> int:
         return len(self.classes)
+
+
+class Evidence(Enum):
+    """What a pool's check scored it on (the record's ``transductive.check.evidence``)."""
+
+    SHOTS = "held-out shots as pool members"
+    HALVES = "halves of the pool"
+
+
+@dataclass(frozen=True)
+class ShotsOutcome:
+    """What the shots stage decided: its default head (``kernel``, ``linear`` or ``mixture``) and whether the kernel
+    head kept the shots' correction (False: the zero-shot kernel vote, the shots as rows with zero votes)."""
+
+    default_head: str
+    kernel_kept: bool = True
+
+
+@dataclass(frozen=True)
+class PoolOutcome:
+    """What a pool did: whether it was kept (False: every head is the inductive one), what its check scored
+    (None: no check ran) and, kept, the default head it deploys."""
+
+    kept: bool
+    evidence: Optional[Evidence] = None
+    default_head: Optional[str] = None

@@ -15,11 +15,11 @@ from svgen.core.support import IMAGE, image_rows
 from svgen.adapt import shots as shot_adapt
 from svgen.adapt.config import AdaptConfig
 from svgen.adapt.heldout import balanced_folds, outcomes
-from svgen.adapt.pool_decision import Check, Evidence, Gate, Reason, fallback
+from svgen.adapt.pool_decision import Check, Gate, Reason, fallback
 from svgen.adapt.select import Score, ahead, behind, choose, paired
 from svgen.adapt.transduce import Scored, Stage, score, transduce
 from svgen.heads import calibration, predictor
-from svgen.state import TextSide
+from svgen.state import Evidence, TextSide
 from svgen.steps import bar
 
 NLL_TOL = 1e-9   # nats: a Newton step lowering the mean NLL by less ends the power's fit (numerical)

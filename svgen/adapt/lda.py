@@ -6,7 +6,7 @@ LDA head's (GDA's form), one matrix ``W = τP̂ + α·s·W_lda``, ``b = α·s·b
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Optional, Sequence
 
 import numpy as np
@@ -18,7 +18,7 @@ from svgen.heads.scoring import CLIP_LOGIT_SCALE
 from svgen.adapt.config import AdaptConfig, config_or_default
 from svgen.adapt.select import behind, paired
 from svgen.adapt.heldout import shot_sample
-from svgen.state import LdaPart
+from svgen.state import LdaPart, LinearForm
 
 log = logging.getLogger(__name__)
 
@@ -215,7 +215,7 @@ def fit_linear_head(prototypes: torch.Tensor, shots, n_classes: int, W_lda: torc
     fitted = bool(t_lda["loo"]["lda"]["fitted"])
     part = LdaPart(W_lda, b_lda, choice.shrinkage, float(t_lda["temperatures"]["lda"]) if fitted else None)
     if folds is None:
-        return LinearFit(W_lda, b_lda, part, {"form": "lda", "scale": s,
+        return LinearFit(W_lda, b_lda, replace(part, form=LinearForm.LDA), {"form": "lda", "scale": s,
                                         "rule": "one shot per class: no held-out folds to weigh the LDA logits "
                                                 "against the zero-shot ones; the LDA head"},
                          loo_logits=loo, loo_labels=loo_y, loo_rows=loo_rows)

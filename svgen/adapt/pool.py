@@ -10,12 +10,12 @@ import torch
 
 from svgen.adapt import gate as pool_gate
 from svgen.adapt.config import AdaptConfig
-from svgen.adapt.pool_decision import Check, Evidence, Reason, fallback, refuse
+from svgen.adapt.pool_decision import Check, Reason, fallback, refuse
 from svgen.adapt.select import Decision
 from svgen.adapt.solvers import transduction as td
 from svgen.adapt.transduce import PoolFit, Scored, Stage, score, too_small, transduce
 from svgen.heads import predictor
-from svgen.state import Heads, KernelHead, PoolFactor, TextSide
+from svgen.state import Evidence, Heads, KernelHead, PoolFactor, TextSide
 from svgen.steps import Clock
 
 log = logging.getLogger(__name__)
@@ -87,7 +87,8 @@ def _adopt_factor(stage: Stage, side: TextSide, U: torch.Tensor, fit: PoolFit, c
                             if h == "kernel" else "inductive (the held-out shots kept no factor for it: its power is "
                                                   "0, or its own paired check did not pass)")
                         for h in predictor.head_names(heads) if h != "cosine"}}
-    return PoolFit(heads, record, labels, Heads(ind.kernel, ind.linear, ind.calibration), fit.prior_linear)
+    return PoolFit(heads, record, labels, Heads(ind.kernel, ind.linear, ind.calibration), fit.prior_linear,
+                   default_head=default)
 
 
 def _guard(heads: Heads, side: TextSide, U_cal: torch.Tensor, target: float, agreement: Optional[float],
@@ -159,7 +160,7 @@ def _adopt_posterior(stage: Stage, side: TextSide, fit: PoolFit, U: torch.Tensor
               "nll_guard": {"trust": trust, "reference": "cosine", "heads": guard, "rule": GUARD_RULE}}
     # the pool's probabilities: the deployed default head's on it (what `adapt` + `classify --probs` gives)
     labels = predictor.proba_in_blocks(heads, side.prototypes, side.config.kernel, U, "linear")
-    return PoolFit(heads, record, labels, ind, fit.prior_linear)
+    return PoolFit(heads, record, labels, ind, fit.prior_linear, default_head="linear")
 
 
 GUARD_RULE = ("each adapted head's scale is the matched one, or the sharpest below it at which (1 − trust)·KL(p_cosine‖"

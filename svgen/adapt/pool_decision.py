@@ -8,13 +8,7 @@ from typing import Optional
 
 from svgen.adapt.config import DEFAULT
 from svgen.adapt.select import Decision, Paired
-
-
-class Evidence(Enum):
-    """What the check scored a pool on (the record's ``check.evidence``)."""
-
-    SHOTS = "held-out shots as pool members"
-    HALVES = "halves of the pool"
+from svgen.state import Evidence, PoolOutcome
 
 
 class Reason(Enum):
@@ -131,12 +125,9 @@ def fallback(decision: Decision) -> Optional[str]:
 KEPT = Decision(True, Reason.KEPT)
 
 
-def pool_kept(record: Optional[dict]) -> bool:
-    """Whether a loaded ``transductive`` record changed the heads (the one reader of its ``fallback``)."""
-    return bool(record) and not record.get("fallback")
-
-
-def pool_evidence(record: Optional[dict]) -> Optional[Evidence]:
-    """The evidence a loaded record's check scored (None: no check ran)."""
-    value = ((record or {}).get("check") or {}).get("evidence")
-    return None if value is None else Evidence(value)
+def pool_outcome(decision: Decision, default_head: Optional[str]) -> PoolOutcome:
+    """What a pool did, typed (:class:`svgen.state.PoolOutcome`): kept or not, on which evidence, and kept, the
+    default head it deploys. A loaded artifact's comes from its record instead (:mod:`svgen.io.recorded`)."""
+    check = decision.evidence
+    return PoolOutcome(decision.kept, None if check is None else check.evidence,
+                       default_head if decision.kept else None)

@@ -40,6 +40,7 @@ class ShotFit:
     default_head: str
     record: dict
     held_out: Optional[tuple] = None   # (kernel, linear probabilities of held-out shots, labels, cosine)
+    kernel_kept: bool = True   # whether the kernel head kept the shots' correction (svgen.state.ShotsOutcome)
 
 
 def adapt(zero_shot: Heads, shots: SupportSet, side: TextSide, tilt_shotless: bool = True,
@@ -103,7 +104,7 @@ def adapt(zero_shot: Heads, shots: SupportSet, side: TextSide, tilt_shotless: bo
     log.info("adapted to %d shots in %.2fs: kernel %s (σ=%.3g, c=%.3g), linear LDA γ=%g κ=%g (LOO error %.3f), α=%s",
              len(shots), wall, "adapted" if res.adopted else "kept zero-shot", res.sigma, res.record["ridge_c"],
              lchoice.shrinkage, lchoice.prior_shots, lchoice.loo_error, lin.record.get("alpha", "none (LDA alone)"))
-    return ShotFit(heads, lin.lda, default, record, held)
+    return ShotFit(heads, lin.lda, default, record, held, kernel_kept=res.adopted)
 
 
 class KernelEvidence(NamedTuple):

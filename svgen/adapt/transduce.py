@@ -56,6 +56,7 @@ class PoolFit:
     decision: Decision = KEPT
     gaussian: Optional[LinearHead] = None
     prior_scale: float = 0.0
+    default_head: Optional[str] = None   # kept: the default head it deploys (svgen.state.PoolOutcome)
 
 
 class Scored(NamedTuple):

@@ -7,7 +7,7 @@ from typing import Optional
 
 from svgen.errors import SvgenError
 from svgen.commands._common import load_array
-from svgen.adapt.pool_decision import Evidence, pool_evidence, pool_kept
+from svgen.state import Evidence
 
 log = logging.getLogger(__name__)
 
@@ -65,13 +65,16 @@ def pool_check_summary(td: dict) -> Optional[dict]:
     return {k: check[k] for k in keys if k in check}
 
 
-def pool_note(td: dict, default_head: str) -> str:
-    """One line on what the pool changed: kept (and which head is now the default) or not, and why."""
-    if not pool_kept(td):
-        return "the pool changed nothing: " + td["fallback"]
-    powers = (td.get("pool_factor") or {}).get("powers")
-    kept = f"the pool was kept ({td['check']['evidence']} say it is better): "
-    if powers and pool_evidence(td) is not Evidence.HALVES:   # with shots: heads × its class likelihood
+def pool_note(clf) -> str:
+    """One line on what the pool changed: kept (and which head is now the default) or not, and why (the typed
+    outcome decides, :class:`svgen.state.PoolOutcome`; the record's ``fallback`` only says why in words)."""
+    outcome, default_head = clf.pool_outcome_, clf.default_head_
+    if not outcome.kept:
+        return "the pool changed nothing: " + str(clf.transductive_["fallback"])
+    factor = clf.heads_.pool_factor
+    powers = factor.powers if factor is not None else {}
+    kept = f"the pool was kept ({outcome.evidence.value if outcome.evidence else 'its check'} say it is better): "
+    if powers and outcome.evidence is not Evidence.HALVES:   # with shots: heads × its class likelihood
         return (kept + " and ".join(f"the {h} head" for h in powers)
                 + (" now carry" if len(powers) > 1 else " now carries") + " its class likelihood; the "
                 f"{default_head} head is the default head")

@@ -89,5 +89,5 @@ def run(args) -> int:
     note(args, f"wrote {out}: " + " and ".join(what))
     print(json_text(summary))
     if pool:
-        note(args, pool_note(td, clf.default_head_))
+        note(args, pool_note(clf))
     return 0

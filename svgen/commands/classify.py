@@ -13,7 +13,6 @@ from svgen.steps import timed
 from svgen.commands._common import ExamplesFormatter, add_refused_flag, note
 from svgen.commands._images import (add_image_encoder_args, check_loader_args, check_out, encode_paths,
                                     encoder_for_artifact, load_features)
-from svgen.adapt.pool_decision import pool_kept
 
 log = logging.getLogger(__name__)
 
@@ -308,7 +307,7 @@ def _transductive(clf, x, args):
     if x.shape[0] < 2:
         raise SvgenError(f"--transductive needs at least 2 inputs to use as a pool, got {x.shape[0]}")
     clf.adapt(unlabelled=x)  # progress on rounds follows clf.progress (set from --quiet / the terminal)
-    args.pool_kept = pool_kept(clf.transductive_)   # for the 'wrote' line: what the numbers are
+    args.pool_kept = clf.pool_outcome_.kept   # for the 'wrote' line: what the numbers are
     if args.head is None:   # the adapted artifact's own default head: as `classify --probs` would score these inputs
         return score(clf, x, clf.default_head_, True)
     return score(clf, x, args.head, args.probs)

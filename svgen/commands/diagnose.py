@@ -55,12 +55,13 @@ def run(args) -> int:
     geometry = (meta.get("metrics") or {}).get("geometry")
     report["geometry"] = geometry  # the text-metric decision made at fit time (None: older artifact)
     from svgen.evaluation.diagnostics import deployed_kernel, describe_deployed
-    from svgen.adapt.pool_decision import Evidence, pool_evidence
+    from svgen.io import recorded
 
     report["deployed"] = deployed_kernel(meta, t)  # None: the text kernel measured here is the one deployed
     from svgen.evaluation.heldout import findings as head_findings
 
-    report["findings"] += head_findings(meta.get("fewshot"))   # a selectable head worse than zero-shot
+    shots, pool = recorded.shots(meta.get("fewshot")), recorded.pool(meta.get("transductive"))   # typed, once
+    report["findings"] += head_findings(meta.get("fewshot"), shots)   # a selectable head worse than zero-shot
     if plt is not None:
         _plot(plt, spectrum, args.plot, args.force)
         note(args, f"wrote {args.plot}: eigenvalue spectrum of K_SS ({spectrum.numel()} eigenvalues)")
@@ -80,8 +81,7 @@ def run(args) -> int:
                                     f"linear head — {geometry.get('reason', '')}"))
     for name, value in rows:
         print(f"  {name:<32} {value}")
-    halves = pool_evidence(meta.get("transductive")) is Evidence.HALVES
-    for line in describe_deployed(report["deployed"], halves) if report["deployed"] else ():
+    for line in describe_deployed(report["deployed"], shots, pool) if report["deployed"] else ():
         print(line)
     print("findings:" if report["findings"] else "findings: none — the kernel looks healthy")
     for f in report["findings"]:

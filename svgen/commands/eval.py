@@ -123,7 +123,8 @@ def run(args) -> int:
     results = evaluate_heads(clf, x, y, bins, progress=getattr(args, "progress", False), by_name=by_name)
     from svgen.evaluation.heldout import findings as head_findings
 
-    for line in head_findings(clf.fewshot_):   # what the fit itself knew, whatever the data evaluated here say
+    # what the fit itself knew, whatever the data evaluated here say
+    for line in head_findings(clf.fewshot_, clf.shots_outcome_):
         log.warning("%s", line)
     extra = {"confusions": confusions(args, clf, x, y)} if args.confusions else {}
     text = (json_text({**results, "default_head": clf.default_head_, **extra}) + "\n" if args.json

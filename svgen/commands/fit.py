@@ -202,5 +202,5 @@ def run(args) -> int:
     note(args, f"wrote {out}: {len(classes)} classes × K={clf.fit_config_.n_support}, D={clf.n_features_in_}")
     print(json_text(summary))
     if clf.transductive_:
-        note(args, pool_note(clf.transductive_, clf.default_head_))
+        note(args, pool_note(clf))
     return 0

@@ -30,6 +30,8 @@ import torch
 
 from svgen.core.kernels import kernel
 from svgen.core.losses import block_alignment
+from svgen.heads.scoring import MIXTURE
+from svgen.state import Evidence, PoolOutcome, ShotsOutcome
 from svgen.steps import Clock
 
 log = logging.getLogger(__name__)
@@ -178,15 +180,16 @@ def deployed_kernel(meta: Dict, tensors: Dict) -> Optional[Dict]:
     return out
 
 
-def describe_deployed(d: Dict, halves: bool) -> List[str]:
-    """Plain lines for :func:`deployed_kernel`'s dict (``svgen diagnose``); ``halves``: the pool was checked on halves
-    of itself (the caller reads that from the record, ``svgen.adapt.pool_decision.pool_evidence``)."""
+def describe_deployed(d: Dict, shots: Optional[ShotsOutcome] = None, pool: Optional[PoolOutcome] = None) -> List[str]:
+    """Plain lines for :func:`deployed_kernel`'s dict (``svgen diagnose``); what the shots and the pool decided is
+    typed (``shots``, ``pool``: :mod:`svgen.io.recorded` maps an artifact's records to them), the dict's words are
+    shown."""
     rows = ", ".join(f"{n} {c}" for n, c in d["rows_by_source"].items())
     lines = [f"deployed kernel head: {d['rows']} support rows ({rows}), σ={d['sigma']:.4g} "
              f"(the generated text kernel measured above: σ={d['text_sigma']:.4g})"]
     fs = d.get("fewshot")
     if fs:
-        k, lin = fs["kernel"], fs["linear"]
+        k, lin, default = fs["kernel"], fs["linear"], shots.default_head if shots is not None else "kernel"
         lam = f", λ={k['ridge_lambda']:.4g}" if k.get("ridge_lambda") is not None else ""
         c = f", c={k['ridge_c']:.4g}" if k.get("ridge_c") is not None else ""
         prior = f", text prior weight {k['prior_weight']:.3g}" if k.get("prior_weight") is not None else ""
@@ -197,27 +200,27 @@ def describe_deployed(d: Dict, halves: bool) -> List[str]:
                      + (f"zero-shot logits + {lin['alpha']:g}·LDA logits" if lin.get("alpha") is not None
                         else f"{lin.get('kind')}")
                      + (f", shrinkage {lin['shrinkage']:.3g}" if lin.get("shrinkage") is not None else "")
-                     + f"; default head: {fs.get('default_head') or 'kernel'}"
+                     + f"; default head: {default}"
                      + (f" (w = {fs['mixture_weight']:.3g} × the kernel head's probabilities + {1 - fs['mixture_weight']:.3g}"
-                        " × the linear head's)" if fs.get("default_head") == "mixture" else ""))
+                        " × the linear head's)" if default == MIXTURE else ""))
         tilt = fs.get("classes_without_shots") or {}
         if tilt.get("offset"):
             lines.append(f"  the {tilt['classes_without_shots']} classes without shots: the mixture's probabilities of "
                          f"them × e^{tilt['offset']:.3g}, renormalised (the weight and the factor fitted together on refits "
                          "without groups of the classes with shots)")
     td = d.get("transductive")
-    if td:
-        if td.get("fallback"):
+    if td and pool is not None:
+        if not pool.kept:
             lines.append(f"  transductive pool of {td['pool']}: nothing changed ({td['fallback']})")
         else:
             factor = td.get("pool_factor") or {}
             kept = ("re-solved with pool rows" if td.get("kernel_replaced")   # format 2 artifacts
                     else f"× the pool's class likelihood^{factor['kernel']:.3g}" if "kernel" in factor
                     else "kept as it was") + (f" ({td['kernel_reason']})" if td.get("kernel_reason") else "")
-            why = f"kept on {td['evidence']}; " if td.get("evidence") else ""
-            head = f"; default head: {td['default_head']}" if td.get("default_head") else ""
+            why = f"kept on {pool.evidence.value}; " if pool.evidence is not None else ""
+            head = f"; default head: {pool.default_head}" if pool.default_head else ""
             changed = (f"linear head {td.get('linear') or 're-solved'}; kernel vote {kept}"
-                       if not factor or halves
+                       if not factor or pool.evidence is Evidence.HALVES
                        else "× the pool's class likelihood to a power: " + ", ".join(
                            f"{h} head^{a:.3g}" for h, a in factor.items()) + "; the other heads as they were")
             lines.append(f"  transductive pool of {td['pool']} ({why}{td.get('rounds')} round(s), prior strength "

@@ -36,13 +36,12 @@ from svgen.evaluation.explanation import ClassExplanation, Contribution, RowExpl
 from svgen.heads import predictor
 from svgen.heads.scoring import (CLIP_LOGIT_SCALE, MIXTURE, cosine_logits, kernel_from_gram_, linear_logits, prior_probs,
                                  topk)
-from svgen.state import Heads
+from svgen.state import Heads, LinearForm
 
 BATCH = 2048             # rows explained at once (fewer with many support vectors: KERNEL_ELEMENTS)
 KERNEL_ELEMENTS = 1 << 24    # k(x̂, s) values of a batch held at once (float32)
 SCORE_BLOCK = 8192       # support vectors per block, as kernel_scores sums them
 CONTRIB_ELEMENTS = 1 << 23   # votes k(x̂, s)·A[s, c] held at once (float32)
-SHOTS_FORM = "zero-shot logits + α·s·LDA logits"   # the linear head with shots (svgen.adapt.lda)
 
 PARTS = {
     "prior": "zero-shot prior softmax(τ·x̂P̂ᵀ)",
@@ -98,7 +97,7 @@ class Explainer:
     """Explains rows of features under one head of ``heads`` (``kind``: the kernel, e.g. ``"rbf"``)."""
 
     def __init__(self, heads: Heads, prototypes: torch.Tensor, kind: str, head: str, origins: Origins,
-                 linear_form: Optional[str] = None):
+                 linear_form: Optional[LinearForm] = None):
         self.heads, self.P, self.kind, self.origins = heads, prototypes.float(), kind, origins
         self.head = predictor.check_head(heads, head)
         self.linear_form = linear_form
@@ -215,7 +214,7 @@ class Explainer:
 
     def _linear_parts(self, x: torch.Tensor) -> dict:
         lin = linear_logits(x, self.heads.linear.weight, self.heads.linear.bias).double()
-        if self.linear_form == SHOTS_FORM:
+        if self.linear_form is LinearForm.ZERO_SHOT_PLUS_LDA:
             cos = cosine_logits(x, self.P).double()   # W = 100·P̂ + α·s·W_lda (svgen.adapt.lda)
             return {"cosine": cos, "shots": lin - cos}
         bias = self.heads.linear.bias.double()[None, :].expand_as(lin)

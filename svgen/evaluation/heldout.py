@@ -6,13 +6,15 @@ from __future__ import annotations
 from typing import List, Optional
 
 from svgen.adapt.heldout import METRICS, ZERO_SHOT
+from svgen.state import ShotsOutcome
 
 
-def findings(fewshot: Optional[dict]) -> List[str]:
+def findings(fewshot: Optional[dict], shots: Optional[ShotsOutcome]) -> List[str]:
     """Plain-language lines for the heads ``fewshot.heads_vs_zero_shot`` (``svgen.json``) finds worse than
-    zero-shot; empty where there is no such record or no such head."""
+    zero-shot; empty where there is no such record or no such head. ``shots``: what the shots decided (the default
+    head they deploy; :mod:`svgen.io.recorded` maps a loaded record to it)."""
     rec = (fewshot or {}).get("heads_vs_zero_shot") or {}
-    default = (fewshot or {}).get("default_head") or "kernel"
+    default = shots.default_head if shots is not None else "kernel"
     names = {"acc1": "top-1", "acc5": "top-5", "nll": "NLL"}
     lines = []
     for head, worse in (rec.get("worse_than_zero_shot") or {}).items():

@@ -23,7 +23,7 @@ from svgen.heads import calibration
 from svgen.core import logits as logit_kinds
 from svgen.errors import SvgenError
 from svgen.heads.scoring import HEADS, MIXTURE, cosine_logits, kernel_scores, linear_logits, prior_probs
-from svgen.state import Calibration, Heads
+from svgen.state import Calibration, CalibrationMethod, Heads
 from svgen.core.support import IMAGE
 
 
@@ -255,7 +255,7 @@ def text_calibration(heads: Heads, prototypes, per_template, kind: str, only: Op
     matches log scores, so a kernel head it sets has ``kernel_logits = "log"``. ``config``: the queries' sizes
     (:class:`svgen.adapt.config.AdaptConfig`)."""
     prev = heads.calibration
-    restrict = only is not None and prev is not None and prev.record.get("method") == "loo-nll"
+    restrict = only is not None and prev is not None and prev.method is CalibrationMethod.HELD_OUT_NLL
     info = calibration.text_temperatures(lambda q, h: scores(heads, prototypes, kind, q, h), per_template,
                                          **({"heads": (only,)} if restrict else {}), config=config)
     temps = info.pop("temperatures")
@@ -263,13 +263,14 @@ def text_calibration(heads: Heads, prototypes, per_template, kind: str, only: Op
     if restrict:   # only that head's queries are scored: the others' temperatures are kept
         return Calibration({**prev.temperatures, only: temps[only]}, "log" if only == "kernel" else prev.kernel_logits,
                            {**prev.record, "text_rule_heads": [only], **(kernel if only == "kernel" else {})},
-                           None if only == "kernel" else prev.kernel_floor)
+                           None if only == "kernel" else prev.kernel_floor, method=prev.method)
     return Calibration(temps, "log", {**info, **kernel})
 
 
-def with_temperatures(cal: Calibration, temperatures: dict, method: str, kernel_logits: Optional[str] = None,
+def with_temperatures(cal: Calibration, temperatures: dict, method, kernel_logits: Optional[str] = None,
                       kernel_floor: Optional[float] = None, **details) -> Calibration:
-    """``cal`` with some heads' temperatures replaced (checked), ``method`` and ``details`` recorded; a new
+    """``cal`` with some heads' temperatures replaced (checked), ``method`` (a :class:`~svgen.state.CalibrationMethod`,
+    or a caller's own name for one: :attr:`~svgen.state.CalibrationMethod.GIVEN`) and ``details`` recorded; a new
     ``kernel_logits`` kind comes with its ``kernel_floor`` (ε) when it is ``"floored"``. The mixture's weight and its
     offset for classes without shots are kept (its parts are calibrated by whatever T they have)."""
     if kernel_logits is not None:
@@ -288,6 +289,6 @@ def with_temperatures(cal: Calibration, temperatures: dict, method: str, kernel_
             raise SvgenError(f"temperature of the {head} head must be a positive number, got {t!r}")
     return Calibration({**cal.temperatures, **{h: float(t) for h, t in temperatures.items()}},
                        cal.kernel_logits if kernel_logits is None else kernel_logits,
-                       {**cal.record, "method": method, **details},
+                       {**cal.record, "method": getattr(method, "value", method), **details},
                        cal.kernel_floor if kernel_logits is None else kernel_floor, cal.mixture_weight,
-                       cal.shotless_offset)
+                       cal.shotless_offset, CalibrationMethod.named(method))

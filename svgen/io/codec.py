@@ -23,24 +23,20 @@ from typing import Optional
 import numpy as np
 import torch
 
-from svgen.io import artifacts
+from svgen.io import artifacts, recorded
 from svgen.heads.calibration import check_weight
 from svgen.core import logits as logit_kinds
 from svgen.errors import SvgenError
 from svgen.core.generator import SupportVectorGenerator
 from svgen.adapt import shotless as coverage
 from svgen.adapt import lda
+from svgen.adapt import records
 from svgen.heads import predictor
 from svgen.heads.scoring import HEADS, MIXTURE
-from svgen.state import Calibration, Heads, KernelHead, LdaPart, LinearHead, PoolFactor
+from svgen.state import Calibration, Heads, KernelHead, LdaPart, LinearForm, LinearHead, PoolFactor
 from svgen.core.support import IMAGE, SOURCES
 from svgen.config import FitConfig, config_dict
 from svgen.zeroshot.fit import scale_votes
-
-KERNEL_LOGITS_TEXT = {"log": "log(max(score, 1e-30))", "score": "score",
-                      "floored": "log(max(score, {floor:g}·prior·max(score)/max(prior), 1e-30)), prior = "
-                                 "softmax(logit_scale·x̂P̂ᵀ) (kernel_prior)"}
-
 
 def has_image_rows(heads: Heads) -> bool:
     """Whether the kernel head's rows are listed one by one (shots or pool rows: formats 2–3)."""
@@ -123,17 +119,15 @@ def metadata(clf) -> dict:
                  else artifacts.FORMAT_VERSION_MIXTURE if has_mixture(clf)
                  else artifacts.FORMAT_VERSION_PRIOR if has_prior_term(clf) else artifacts.FORMAT_VERSION_SHOTS,
                  "support_source": {str(i): name for i, name in enumerate(SOURCES)},
-                 "fewshot": clf.fewshot_}
+                 "fewshot": clf.fewshot_ and records.fewshot(clf.fewshot_, clf.shots_outcome_)}
         if clf.shot_origins_ is not None:   # where each image row came from (svgen explain names them)
             extra["support_origin"] = {"image": clf.shot_origins_}
     if clf.lda_ is not None:
-        extra["lda"] = {"shrinkage": clf.lda_.shrinkage, "temperature": clf.lda_.temperature}
+        extra["lda"] = records.lda(clf.lda_)
     if clf.transductive_:
-        extra["transductive"] = clf.transductive_
+        extra["transductive"] = records.transductive(clf.transductive_, clf.pool_outcome_)
     if h.kernel.prior_scale is not None:
-        extra["kernel_prior"] = {"kind": "cosine-softmax", "logit_scale": float(h.kernel.prior_scale),
-                                 "scores": "softmax(logit_scale · x̂ P̂ᵀ) + exp(-||x̂ - s||²/(2σ²)) @ vote_weights"}
-    cal = h.calibration
+        extra["kernel_prior"] = records.kernel_prior(h.kernel.prior_scale)
     return {
         **extra,
         "classes": [str(c) for c in clf.class_names_],
@@ -145,25 +139,7 @@ def metadata(clf) -> dict:
         "fit": config_dict(clf.fit_config_),
         "metrics": clf.fit_metrics_,
         "vote_weights_scale": clf.vote_scale_,
-        "calibration": {**cal.record, "temperatures": cal.temperatures, "kernel_logits": cal.kernel_logits,
-                        **({"kernel_floor": cal.kernel_floor} if cal.kernel_floor is not None else {}),
-                        **({"mixture_weight": cal.mixture_weight} if cal.mixture_weight is not None else {}),
-                        **({"shotless_offset": cal.shotless_offset} if cal.shotless_offset is not None else {}),
-                        **({"pool_factor_powers": h.pool_factor.powers} if h.pool_factor is not None else {}),
-                        "probabilities": "softmax(logits / temperature); logits: kernel "
-                                         + KERNEL_LOGITS_TEXT[cal.kernel_logits].format(floor=cal.kernel_floor)
-                                         + ", linear and cosine their scores"
-                                         + ("" if cal.mixture_weight is None else
-                                            f"; mixture: {cal.mixture_weight:.6g}·p_kernel + "
-                                            f"{1 - cal.mixture_weight:.6g}·p_linear")
-                                         + ("" if cal.shotless_offset is None else
-                                            f", the classes without an image support vector × "
-                                            f"exp({cal.shotless_offset:.6g}), renormalised")
-                                         + ("" if h.pool_factor is None else
-                                            "; after the pool, " + ", ".join(
-                                                f"{k}: softmax(z + {a:.6g}·(x̂·pool_factor.weightᵀ + pool_factor.bias))"
-                                                for k, a in h.pool_factor.powers.items())
-                                            + ", z the head's log-probabilities above (linear: logits / T)")},
+        "calibration": records.calibration(h.calibration, h.pool_factor),
     }
 
 
@@ -192,6 +168,7 @@ def load(cls, path):
     self.metric_precision_ = t.get("metric.precision")
     self.fewshot_ = None
     self.transductive_ = meta.get("transductive")
+    self.pool_outcome_ = recorded.pool(self.transductive_)   # the records' decisions, typed once (svgen.io.recorded)
     self.transductive_labels_ = None   # the pool's soft labels are not stored; adapt again to get them
     linear = LinearHead(t["linear_head.weight"], t["linear_head.bias"])
     kernel = KernelHead(t["support_vectors"], float(t["bandwidth"]), t["vote_weights"],
@@ -204,6 +181,7 @@ def load(cls, path):
                                 LinearHead(t["text.linear_head.weight"], t["text.linear_head.bias"]))
         # null: a zero-shot artifact whose kernel head has pool rows (no shots); absent: older files
         self.fewshot_ = None if "fewshot" in meta and meta["fewshot"] is None else (meta.get("fewshot") or {})
+    self.shots_outcome_ = recorded.shots(self.fewshot_)
     self.shot_origins_ = _shot_origins(meta, kernel, path)
     self.inductive_ = _inductive(self, meta, t, path, C)
     gen_state = {k[len("generator."):]: v for k, v in t.items() if k.startswith("generator.")}
@@ -217,8 +195,7 @@ def load(cls, path):
         self.generator_ = gen.eval().requires_grad_(False)
     _votes_and_temperatures(self, meta, t)
     self.lda_ = _lda_part(self, meta, t, path)
-    recorded = (self.transductive_ or {}).get("default_head") or (self.fewshot_ or {}).get("default_head")
-    if recorded == MIXTURE and MIXTURE not in predictor.head_names(self.heads_):
+    if self.decided_head() == MIXTURE and MIXTURE not in predictor.head_names(self.heads_):
         raise SvgenError(f"{path}: svgen.json names the mixture head as the default head, but its calibration has "
                          "no mixture_weight")
     return self
@@ -279,7 +256,8 @@ def _inductive(clf, meta: dict, t: dict, path, C: int):
                                                "transductive.inductive_calibration.kernel_logits")
         cal = Calibration({k: float(v) for k, v in temps.items()}, kind, snap["calibration"],
                           _floor(snap, kind, f"{path}: transductive.inductive_calibration"),
-                          _mixture_weight(snap, meta, f"{path}: transductive.inductive_calibration"))
+                          _mixture_weight(snap, meta, f"{path}: transductive.inductive_calibration"),
+                          method=recorded.method(snap["calibration"]))
     return Heads(kernel, linear, cal)
 
 
@@ -287,27 +265,27 @@ def _lda_part(clf, meta: dict, t: dict, path) -> Optional[LdaPart]:
     """The LDA part of the shots' linear head (``lda.*``, ``svgen.json`` ``lda``), checked; None without shots. An
     artifact written before it was stored gets it refitted from its shots as its ``fewshot.linear`` record says."""
     C, D = clf.heads_.linear.weight.shape
+    lin = (clf.fewshot_ or {}).get("linear") or {}
+    form, radius = recorded.linear_form(lin), recorded.equal_radius(lin)
     if "lda" in meta or "lda.weight" in t:
         W, b, rec = t.get("lda.weight"), t.get("lda.bias"), meta.get("lda")
         if W is None or b is None or tuple(W.shape) != (C, D) or tuple(b.shape) != (C,) or rec is None:
             raise SvgenError(f"{path}: lda.weight and lda.bias must have shapes ({C}, {D}) and ({C},), with "
                              "svgen.json 'lda'")
-        return LdaPart(W.float(), b.float(), float(rec["shrinkage"]), rec.get("temperature"))
-    lin = (clf.fewshot_ or {}).get("linear") or {}
+        return LdaPart(W.float(), b.float(), float(rec["shrinkage"]), rec.get("temperature"), form, radius)
     if "shrinkage" not in lin:
         return None
-    if lin.get("form", "lda") == "lda":   # the linear head is the LDA head
+    if form is LinearForm.LDA:   # the linear head is the LDA head
         ind = clf.inductive_ if clf.inductive_ is not None and clf.inductive_.calibration is not None else clf.heads_
-        cal = ind.calibration.record
-        fitted = cal.get("method") == "loo-nll" and ((cal.get("loo") or {}).get("linear") or {}).get("fitted")
+        fitted = recorded.lda_temperature_fitted(clf.fewshot_, ind.calibration.record)
         T = float(ind.calibration.temperatures["linear"]) if fitted else None
-        return LdaPart(ind.linear.weight, ind.linear.bias, float(lin["shrinkage"]), T)
+        return LdaPart(ind.linear.weight, ind.linear.bias, float(lin["shrinkage"]), T, form, radius)
     shots = clf.support_set_.part(IMAGE)
     X, y = shots.rows.double(), shots.labels
     W, b = lda.lda_head_weights(X, y, lda.prior_means(clf.prototypes_, X), lin["shrinkage"], lin["prior_shots"],
-                                equal_radius=lin.get("means") == "equal Mahalanobis radius")
-    return LdaPart(W.float(), b.float(), float(lin["shrinkage"]),
-                   float(lin["lda_temperature"]) if lin.get("lda_temperature_fitted") else None)
+                                equal_radius=radius)
+    T = float(lin["lda_temperature"]) if recorded.lda_temperature_fitted(clf.fewshot_, None) else None
+    return LdaPart(W.float(), b.float(), float(lin["shrinkage"]), T, form, radius)
 
 
 def _floor(cal: dict, kind: str, where) -> Optional[float]:
@@ -399,7 +377,8 @@ def _votes_and_temperatures(clf, meta: dict, t: dict) -> None:
                                                            "pool_factor_powers")},
                                              _floor(cal, kind, "svgen.json calibration"),
                                              _mixture_weight(cal, meta, "svgen.json calibration"),
-                                             _shotless_offset(cal, meta, "svgen.json calibration"))
+                                             _shotless_offset(cal, meta, "svgen.json calibration"),
+                                             recorded.method(cal))
         clf.heads_.pool_factor = _pool_factor(cal, meta, t, clf.heads_)
         if kind == "floored" and clf.heads_.kernel.prior_scale is None:
             raise SvgenError("svgen.json calibration: kernel_logits 'floored' needs the kernel head's zero-shot prior "

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 from conftest import load_script, write_coop_toy
@@ -108,7 +110,7 @@ def test_a_deployed_mixture_gets_its_own_row_and_is_what_the_report_judges(bench
     class Mixed(bench.SVGClassifier):
         def adapt(self, *a, **kw):
             out = super().adapt(*a, **kw)
-            self.fewshot_["default_head"] = "mixture"   # what the held-out shots chose on the real sets
+            self.shots_outcome_ = dataclasses.replace(self.shots_outcome_, default_head="mixture")   # as on the real sets
             deployed["clf"] = self
             return out
 

@@ -23,6 +23,7 @@ def _probs(rng, y, C, sharp, right):
 
 def test_compare_flags_only_a_head_behind_zero_shot():
     from svgen.evaluation.heldout import findings
+    from svgen.state import ShotsOutcome
     from svgen.adapt.heldout import compare
 
     rng = np.random.default_rng(0)
@@ -35,10 +36,10 @@ def test_compare_flags_only_a_head_behind_zero_shot():
     assert set(rec["worse_than_zero_shot"]["kernel"]) >= {"acc1", "nll"}
     assert rec["heads"]["cosine"]["acc1"] == pytest.approx((zero.argmax(1) == y).mean())
     assert rec["versus_zero_shot"]["linear"]["acc1"] == {"difference": 0.0, "standard_error": 0.0}
-    lines = findings({"heads_vs_zero_shot": rec, "default_head": "mixture"})
+    lines = findings({"heads_vs_zero_shot": rec, "default_head": "mixture"}, ShotsOutcome("mixture"))
     assert len(lines) == 1 and lines[0].startswith("the kernel head is worse than zero-shot")
     assert "--head kernel still serves it" in lines[0] and "default head (mixture)" in lines[0]
-    assert findings({"default_head": "kernel"}) == [] and findings(None) == []
+    assert findings({"default_head": "kernel"}, ShotsOutcome("kernel")) == [] and findings(None, None) == []
 
 
 def test_compare_is_the_one_paired_test_at_the_level():

@@ -45,7 +45,7 @@ def partial():
     w = 0.37   # not the shots' own weight: the weight fitted with the tilt is the deployed one
     assert clf.fewshot_["head_choice"]["mixture_weight"] != w
     clf.heads_.calibration = dataclasses.replace(clf.heads_.calibration, mixture_weight=w, shotless_offset=1.5)
-    clf.fewshot_["default_head"] = "mixture"
+    clf.shots_outcome_ = dataclasses.replace(clf.shots_outcome_, default_head="mixture")
     clf.fewshot_["classes_without_shots"] = {"classes_without_shots": 2, "offset": 1.5, "mixture_weight": w}
     return clf, X, y, P, keep
 

@@ -4,6 +4,7 @@ rule, and the artifact that carries it (format 3) through save/load and every ex
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import math
 
@@ -271,7 +272,7 @@ def test_default_head_is_what_the_held_out_shots_prefer_and_every_entry_point_us
     Xf = X.astype(np.float32)
     for head in ("kernel", "linear"):   # with no head named, predict/decision_function/predict_proba follow it
         c = copy.deepcopy(clf)
-        c.fewshot_ = {**c.fewshot_, "default_head": head}
+        c.shots_outcome_ = dataclasses.replace(c.shots_outcome_, default_head=head)   # the typed decision
         np.testing.assert_array_equal(c.decision_function(Xf), c.decision_function(Xf, head))
         np.testing.assert_array_equal(c.predict_proba(Xf), c.predict_proba(Xf, head))
         assert (c.predict(Xf) == c.predict(Xf, head)).all()
@@ -341,7 +342,7 @@ def test_cli_classify_and_export_use_the_recorded_default_head(adapted, tmp_path
     from svgen.cli import main
 
     clf, _, X, _, _ = adapted
-    clf.fewshot_ = {**clf.fewshot_, "default_head": "linear"}
+    clf.shots_outcome_ = dataclasses.replace(clf.shots_outcome_, default_head="linear")   # saved as the record
     art = clf.save(tmp_path / "lin.svgen")
     np.save(tmp_path / "x.npy", X.astype(np.float32))
     assert main(["classify", str(art), "--features", str(tmp_path / "x.npy"), "--out", str(tmp_path / "p.csv"),

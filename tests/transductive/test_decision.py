@@ -27,7 +27,9 @@ from svgen.adapt import pool as pool_adapt
 from svgen.adapt import gate as pool_gate
 from svgen.adapt.solvers import transduction as td
 from svgen.adapt.select import Decision, Paired
-from svgen.adapt.pool_decision import KEPT, Check, Evidence, Gate, Reason, fallback, pool_evidence, pool_kept, refuse
+from svgen.adapt.pool_decision import KEPT, Check, Evidence, Gate, Reason, fallback, pool_outcome, refuse
+from svgen.io import recorded
+from svgen.state import PoolOutcome
 
 ROOT = Path(__file__).resolve().parents[2]
 GOLDEN = ROOT / "tests" / "io" / "golden"
@@ -59,7 +61,7 @@ def golden_record(case: str) -> dict:
     return json.loads((GOLDEN / case / "artifact" / "svgen.json").read_text())["transductive"]
 
 
-def recorded(record: dict) -> dict:
+def written(record: dict) -> dict:
     """The part of a ``transductive`` record that :meth:`Decision.to_json` writes, in the record's key order."""
     return {k: record[k] for k in record if k in ("fallback", "check")}
 
@@ -117,7 +119,7 @@ def test_to_json_writes_the_recorded_numbers_byte_for_byte(case, reason):
     record = golden_record(case)
     decision = _decision(record)
     assert decision.reason is reason and decision.kept == (reason is Reason.KEPT)
-    want = unchanged(recorded(record))
+    want = unchanged(written(record))
     assert unchanged(decision.to_json()) == want
     assert (json.dumps(unchanged(decision.to_json()), indent=2, ensure_ascii=False)
             == json.dumps(want, indent=2, ensure_ascii=False))   # the same keys in the same order
@@ -148,11 +150,13 @@ def test_refitting_a_golden_case_decides_the_same_way(case, reason, decisions):
         torch.set_num_threads(threads)
     (decision,) = decisions
     assert decision.reason is reason
-    assert decision.kept == pool_kept(clf.transductive_)
-    test_golden.close_json(unchanged(decision.to_json()), unchanged(recorded(golden_record(case))))
-    assert recorded(clf.transductive_) == decision.to_json()   # the record is the decision's, written once
+    assert decision.kept == clf.pool_outcome_.kept
+    test_golden.close_json(unchanged(decision.to_json()), unchanged(written(golden_record(case))))
+    assert written(clf.transductive_) == decision.to_json()   # the record is the decision's, written once
     if decision.evidence is not None:
-        assert pool_evidence(clf.transductive_) is decision.evidence.evidence
+        assert clf.pool_outcome_.evidence is decision.evidence.evidence
+    # the record read back (svgen.io.recorded, on load) gives the typed outcome the fit had
+    assert recorded.pool(golden_record(case)) == recorded.pool(clf.transductive_) == clf.pool_outcome_
 
 
 # ----------------------------------------------------------------------------- every refusal's reason
@@ -230,7 +234,7 @@ def test_the_final_solve_that_does_not_settle(decisions, monkeypatch):
     U, _ = images(10)
     clf = SVGClassifier(n_support=2, seed=0).fit(text).adapt(unlabelled=U)
     (d,) = decisions
-    assert d.reason is Reason.DID_NOT_SETTLE and not pool_kept(clf.transductive_)
+    assert d.reason is Reason.DID_NOT_SETTLE and not clf.pool_outcome_.kept
     assert clf.transductive_["fallback"] == ("the rounds did not settle at any prior strength up to 8; kept the "
                                              "inductive heads")
 
@@ -245,8 +249,9 @@ def test_a_decision_is_consistent():
     assert KEPT.to_json() == {"fallback": None} and fallback(KEPT) is None and isinstance(KEPT, Decision)
     refused = refuse(Reason.POOL_TOO_SMALL, "too few")
     assert refused.to_json() == {"fallback": "too few; kept the inductive heads"} and not refused.kept
-    assert pool_kept(None) is False and pool_kept({"fallback": None}) is True
-    assert pool_evidence({"fallback": "x"}) is None
+    assert recorded.pool(None) is None and recorded.pool({"fallback": None}) == PoolOutcome(True)
+    assert recorded.pool({"fallback": "x"}) == PoolOutcome(False)
+    assert pool_outcome(refused, "linear") == PoolOutcome(False) and pool_outcome(KEPT, "linear").default_head == "linear"
 
 
 # ----------------------------------------------------------------------------- no steering on record strings
@@ -282,9 +287,8 @@ def test_no_transductive_module_steers_on_record_strings():
     stages = [ROOT / "svgen" / "adapt" / f"{name}.py" for name in ("pool", "gate", "transduce", "solvers/transduction",
                                                                     "pool_decision")]
     assert all(p.exists() for p in stages)
-    found = [f for p in stages for f in steering(p)
-             if not (p.name == "pool_decision.py" and "reads" in f)]   # its accessors: the one place a loaded record is read
-    assert found == []
+    # a loaded record is read in svgen/io/recorded.py only (tests/test_records.py)
+    assert [f for p in stages for f in steering(p)] == []
 
 
 def test_no_adaptive_module_compares_with_a_sentence():
@@ -315,8 +319,8 @@ def test_diagnose_reads_the_pool_evidence_as_an_enum(case, halves):
 
     meta, t = load_artifact(GOLDEN / case / "artifact")
     d = diagnostics.deployed_kernel(meta, t)
-    assert d["transductive"]["evidence"] == pool_evidence(meta["transductive"]).value
-    lines = diagnostics.describe_deployed(d, pool_evidence(meta["transductive"]) is Evidence.HALVES)
+    assert d["transductive"]["evidence"] == recorded.pool(meta["transductive"]).evidence.value
+    lines = diagnostics.describe_deployed(d, recorded.shots(meta.get("fewshot")), recorded.pool(meta["transductive"]))
     (line,) = [x for x in lines if x.startswith("  transductive pool")]
     assert ("kernel vote" in line) is halves and ("to a power" in line) is not halves
     assert not [f for f in steering(Path(diagnostics.__file__)) if "compares" in f]
