@@ -96,6 +96,24 @@ def too_small(n_pool: int, n_classes: int, config: AdaptConfig) -> Optional[Deci
     return None
 
 
+def settle(U: torch.Tensor, prior_logits: torch.Tensor, means: torch.Tensor, beta0: float, settings: td.Settings,
+           **kw) -> tuple:
+    """(Transduction or None, tries): the solve at β₀, β₀·escalate, …, the first whose rounds settle (their last two
+    agree on ``stable`` of the pool); None when none does within ``max_escalations``."""
+    tries, beta = [], beta0
+    graph = td.knn_graph(U.float(), settings.neighbours)
+    for _ in range(settings.max_escalations + 1):
+        res = td.transduce(U, prior_logits, means, settings, strength=beta, graph=graph, **kw)
+        last = res.info["round_agreement"][-1]
+        tries.append({"prior_strength": beta, "rounds": res.info["rounds"], "last_agreement": last,
+                      "settled": last >= settings.stable})
+        if last >= settings.stable:
+            return res, tries
+        log.info("transductive: β=%.3g did not settle (agreement %.4f); raising it", beta, last)
+        beta *= settings.escalate
+    return None, tries
+
+
 def _refused(heads: Heads, N: int, head: str, refusal: Decision, **extra) -> PoolFit:
     log.info("transductive: %s", fallback(refusal))
     return PoolFit(heads, {"pool": N, **refusal.to_json(), "prior_head": head, **extra}, decision=refusal)
@@ -143,11 +161,11 @@ def transduce(stage: Stage, side: TextSide, U: torch.Tensor, scored: Scored, con
         fitted = 0 if pr.precision is None else len(pr.shots)   # shots the prior's class model was fitted on
         beta0 = td.prior_strength(N, side.n_classes, fitted) if strength is None else float(strength)
         t1 = time.perf_counter()
-        res, tries = td.settle(U, pr.t_prior * pr.logits, fewshot.prior_means(side.prototypes, U.double()).float(),
-                               beta0, settings(config), shots_x=None if pr.shots is None else pr.shots.rows.float(),
-                               shots_y=None if pr.shots is None else pr.shots.labels, precision=pr.precision,
-                               temperature=pr.t_post,
-                               each=lambda r: bar(r, progress, desc="transductive rounds", unit="round"))
+        res, tries = settle(U, pr.t_prior * pr.logits, fewshot.prior_means(side.prototypes, U.double()).float(),
+                            beta0, settings(config), shots_x=None if pr.shots is None else pr.shots.rows.float(),
+                            shots_y=None if pr.shots is None else pr.shots.labels, precision=pr.precision,
+                            temperature=pr.t_post,
+                            each=lambda r: bar(r, progress, desc="transductive rounds", unit="round"))
     if res is None:
         return _refused(stage.heads, N, head, refuse(Reason.DID_NOT_SETTLE, "the rounds did not settle at any prior "
                                                      f"strength up to {tries[-1]['prior_strength']:.3g}"), tries=tries)

@@ -25,7 +25,7 @@ import pytest
 from svgen import SVGClassifier
 from svgen.adapt import pool as pool_adapt
 from svgen.adapt import gate as pool_gate
-from svgen.adapt.solvers import transduction as td
+from svgen.adapt import transduce as pool_transduce
 from svgen.adapt.select import Decision, Paired
 from svgen.adapt.pool_decision import KEPT, Check, Evidence, Gate, Reason, fallback, pool_outcome, refuse
 from svgen.io import recorded
@@ -189,7 +189,7 @@ def test_no_held_out_shots(decisions, monkeypatch):
 
 
 def _never_settles(monkeypatch):
-    monkeypatch.setattr(td, "settle", lambda *a, **k: (None, [{"prior_strength": 8.0}]))
+    monkeypatch.setattr(pool_transduce, "settle", lambda *a, **k: (None, [{"prior_strength": 8.0}]))
 
 
 def test_a_fold_that_does_not_adapt(decisions, monkeypatch):

@@ -15,7 +15,7 @@ from svgen import SVGClassifier
 from svgen.heads import predictor
 from svgen.adapt.config import DEFAULT
 from svgen.adapt.solvers import transduction as td
-from svgen.adapt.transduce import score, settings, too_small, transduce
+from svgen.adapt.transduce import score, settings, settle, too_small, transduce
 
 C, D = 4, 12
 
@@ -192,8 +192,8 @@ def test_match_entropy_hits_the_target():
 
 def test_settle_raises_the_strength_then_gives_up(data, monkeypatch):
     never = replace(DEFAULT, stable=1.5, rounds=2)   # no pool can agree on 150% of itself: never settles
-    res, tries = td.settle(torch.as_tensor(data["U"]), torch.zeros(len(data["U"]), C), torch.as_tensor(data["protos"]),
-                           0.5, settings(never))
+    res, tries = settle(torch.as_tensor(data["U"]), torch.zeros(len(data["U"]), C), torch.as_tensor(data["protos"]),
+                        0.5, settings(never))
     assert res is None
     assert [t["prior_strength"] for t in tries] == [0.5 * 4.0 ** i for i in range(4 + 1)]
 

@@ -171,19 +171,3 @@ def transduce(U: torch.Tensor, prior_logits: torch.Tensor, means: torch.Tensor, 
             "covariance": "diagonal, re-estimated" if precision is None else "fixed (from the shots)",
             "changed_from_prior": float((Z.argmax(dim=1) != logp0.argmax(dim=1)).float().mean())}
     return Transduction(Z, W, b, info, A)
-
-
-def settle(U: torch.Tensor, prior_logits: torch.Tensor, means: torch.Tensor, beta0: float, settings: Settings, **kw):
-    """(Transduction or None, tries): :func:`transduce` at β₀, β₀·escalate, … until the rounds settle."""
-    tries, beta = [], beta0
-    graph = knn_graph(U.float(), settings.neighbours)
-    for _ in range(settings.max_escalations + 1):
-        res = transduce(U, prior_logits, means, settings, strength=beta, graph=graph, **kw)
-        last = res.info["round_agreement"][-1]
-        tries.append({"prior_strength": beta, "rounds": res.info["rounds"], "last_agreement": last,
-                      "settled": last >= settings.stable})
-        if last >= settings.stable:
-            return res, tries
-        log.info("transductive: β=%.3g did not settle (agreement %.4f); raising it", beta, last)
-        beta *= settings.escalate
-    return None, tries
