@@ -40,8 +40,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-ROOT = Path(__file__).resolve().parent.parent
-DATA = ROOT.parent / "shared" / "data" / "clip-vit-b32"
+from benchmarks.bench_common import DATA, ROOT, fmt_ci as _ci, replace_between, save_result, write_atomic
 N_FOLDS = 4
 TOLERANCE = 0.3  # points: "no loss" allows this much below cosine (the issue's bar)
 RESAMPLES = 2000
@@ -139,7 +138,7 @@ def main(argv=None) -> int:
         return run_subsets()
     if args.render:
         saved = json.loads(Path(args.render).read_text())
-        _write_atomic(Path(args.out), render_markdown(saved))
+        write_atomic(args.out, render_markdown(saved))
         update_readme(saved)
         return 0
 
@@ -177,11 +176,9 @@ def main(argv=None) -> int:
                 print(f"[{name}] {row:<44} {h:<7} κ={kappa:.3f} top-1 {_diff(e['top1'])}  top-5 {_diff(e['top5'])}  "
                       f"{e['verdict']}  ({fit_s:.1f}s)", flush=True)
         results["inputs"][name] = table
-    res_dir = ROOT / "bench-results"
-    res_dir.mkdir(exist_ok=True)
-    _write_atomic(res_dir / ("accuracy-quick.json" if args.quick else "accuracy.json"), json.dumps(results, indent=1))
+    save_result("accuracy-quick" if args.quick else "accuracy", results)
     if not args.quick:
-        _write_atomic(Path(args.out), render_markdown(results))
+        write_atomic(args.out, render_markdown(results))
         update_readme(results)
     if args.json:
         print(json.dumps(results))
@@ -214,8 +211,7 @@ def run_subsets(sizes=(10, 100), draws: int = 20, seed: int = 0) -> int:
             out.append(row)
             print(f"C={C:4d} {name:4s} κ_eff={row['kappa']:.3f}  " + "  ".join(
                 f"{h} {row[h]['mean']:+.2f} (worst {row[h]['worst']:+.2f})" for h in diffs), flush=True)
-    (ROOT / "bench-results").mkdir(exist_ok=True)
-    _write_atomic(ROOT / "bench-results" / "accuracy-subsets.json", json.dumps(out, indent=1))
+    save_result("accuracy-subsets", out)
     return 0
 
 
@@ -228,14 +224,7 @@ def _mean_proto(emb: np.ndarray) -> torch.Tensor:
 
 def _diff(d: dict) -> str:
     folds = " ".join(f"{f:+.1f}" for f in d["folds"])
-    return f"{d['diff']:+.2f} [{d['low']:+.2f}, {d['high']:+.2f}] (folds {folds})"
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
+    return f"{_ci(d)} (folds {folds})"
 
 
 CHOICES = """
@@ -334,19 +323,8 @@ def render_readme(results) -> str:
 
 def update_readme(results, path: Path = README) -> None:
     """Replace the text between the README's bench_accuracy markers (left alone when they are absent)."""
-    if not path.is_file():
-        return
-    text = path.read_text(encoding="utf-8")
-    if BEGIN not in text or END not in text:
+    if path.is_file() and not replace_between(path, BEGIN, END, render_readme(results) + "\n"):
         print(f"bench_accuracy: no {BEGIN} … {END} markers in {path}; README not updated", file=sys.stderr)
-        return
-    head, rest = text.split(BEGIN, 1)
-    _, tail = rest.split(END, 1)
-    _write_atomic(path, f"{head}{BEGIN}\n{render_readme(results)}\n{END}{tail}")
-
-
-def _ci(d):
-    return f"{d['diff']:+.2f} [{d['low']:+.2f}, {d['high']:+.2f}]"
 
 
 def _folds(d):

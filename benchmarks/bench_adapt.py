@@ -60,10 +60,10 @@ import warnings
 
 import numpy as np
 
-from benchmarks.bench_common import DATA, machine, save_result
+from benchmarks.bench_common import (COOP_SETS as DATASETS, UNION, bootstrap, load_dataset, machine, sample,
+                                     save_result, softmax)
+from benchmarks.bench_common import unit  # noqa: F401  (tests take the helpers from here)
 
-FEWSHOT = DATA / "coop-fewshot"
-DATASETS = ("caltech101", "fgvc", "oxford_flowers", "oxford_pets", "ucf101", "stanford_cars", "sun397")
 SHOTS = (1, 2, 4, 8, 16)
 TIP_BETA = (1.0, 2.0, 3.5, 5.5, 7.0, 9.0)
 ALPHAS = (0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0)
@@ -76,26 +76,7 @@ PEERS = ("tip", "tip_cv", "gda_cv", "gda_loo", "gda_lw_cv", "proker", "proker_cv
 PROKER_PUBLISHED = {1: (3.0, 0.05), 2: (2.6, 0.05), 4: (1.5, 0.05), 8: (1.66, 0.07), 16: (1.7, 0.1)}   # (β, λ)
 HEADS = ("kernel", "linear", "default")
 SVGEN_INFO = ("estimate", "query", "default_heads", "mixture_weights", "kernel_adopted", "adapt_s")
-UNION = "all7"   # the seven sets as one 1,033-class problem: many classes, few shots, as ImageNet (not run by default)
 ORACLES = ("tip_oracle", "gda_oracle", "gda_lw_oracle", "proker_oracle", "lpp_oracle")
-
-
-def unit(x):
-    x = np.asarray(x, dtype=np.float64)
-    return x / np.linalg.norm(x, axis=1, keepdims=True)
-
-
-def softmax(z):
-    z = z - z.max(axis=1, keepdims=True)
-    e = np.exp(z)
-    return e / e.sum(axis=1, keepdims=True)
-
-
-def sample(y, k, seed):
-    """k shots of every class (seeded), the rest queries."""
-    rng = np.random.default_rng(seed)
-    s = np.sort(np.concatenate([rng.choice(np.flatnonzero(y == c), k, replace=False) for c in np.unique(y)]))
-    return s, np.setdiff1d(np.arange(len(y)), s)
 
 
 def halves(y, seed):
@@ -320,21 +301,6 @@ def nll_of(p, y):
     return -np.log(np.maximum(p[np.arange(len(y)), y], 1e-300))
 
 
-def load_dataset(name):
-    """(X, y, P, C, zero-shot classifier): a CoOp set's unit validation features and labels, its unit
-    text-like prototypes, the class count and svgen's default zero-shot fit on them. ``UNION``: the seven sets as one
-    problem of 1,033 classes (labels offset set by set, prototypes stacked)."""
-    from svgen import SVGClassifier
-
-    parts = DATASETS if name == UNION else (name,)
-    protos = [np.load(FEWSHOT / n / "textlike_prototypes.npy") for n in parts]
-    offsets = np.cumsum([0] + [p.shape[0] for p in protos])
-    X = unit(np.concatenate([np.load(FEWSHOT / n / "val_features.npy") for n in parts]))
-    y = np.concatenate([np.load(FEWSHOT / n / "val_labels.npy").astype(np.int64) + o for n, o in zip(parts, offsets)])
-    P = unit(np.concatenate(protos))
-    return X, y, P, P.shape[0], SVGClassifier().fit(P.astype(np.float32))
-
-
 def run_dataset(name, shots, seeds, log, peers=PEERS):
     X, y, P, C, base = load_dataset(name)
     out = {}
@@ -402,14 +368,6 @@ def run_dataset(name, shots, seeds, log, peers=PEERS):
             + f" | nll zs {res['nll']['zero_shot'].mean():.3f} svgen {res['nll']['svgen'].mean():.3f}"
             + f" | adapt {np.mean([i['adapt_s'] for i in info]):.2f}s")
     return out
-
-
-def bootstrap(d, reps=2000, seed=0):
-    """Mean and 95% interval of a per-image difference (images resampled)."""
-    rng = np.random.default_rng(seed)
-    boot = d[rng.integers(0, len(d), size=(reps, len(d)))].mean(axis=1)
-    lo, hi = np.percentile(boot, [2.5, 97.5])
-    return {"diff": float(d.mean()), "ci95": [float(lo), float(hi)]}
 
 
 def summarise(results, shots):
@@ -533,7 +491,7 @@ def merge(base: dict, update: dict) -> dict:
 
 
 def main(argv=None):
-    from benchmarks.bench_fewshot import coop_parser, render_or_missing
+    from benchmarks.bench_common import coop_parser, render_or_missing
 
     ap = coop_parser(__doc__, SHOTS, "bench_adapt", datasets=DATASETS, extra_datasets=(UNION,))
     ap.add_argument("--peers", nargs="+", default=list(PEERS), choices=PEERS, help="the peers to run (default: all)")

@@ -33,7 +33,8 @@ import numpy as np
 import torch
 
 from benchmarks.bench_accuracy import class_folds, load_data  # (the two LVIS inputs, the dev half, class folds)
-from benchmarks.bench_common import ROOT, machine, print_table, save_result
+from benchmarks.bench_common import (COOP_SETS, FEWSHOT, ROOT, class_means, image_nll, load_dataset, machine, print_table,
+                                     sample, save_result, unit, write_atomic)
 
 from svgen import SVGClassifier
 from svgen.core import logits as logit_kinds
@@ -136,6 +137,13 @@ COLS = ["input", "head", "acc1", "nll", "ece", "mean_conf", "temperature", "ece_
 # ----------------------------------------------------------------------------- with labelled shots (CoOp)
 
 FEWSHOT_SHOTS = (1, 4, 16)
+TRAIN16_SETS = ("caltech101", "fgvc", "oxford_flowers", "oxford_pets", "ucf101")   # the "shots"/"rest"/"train16" runs
+
+
+def sample_shots(y, k, seed):
+    """k shots of every class (seeded, unsorted): the draw of the train16 protocols."""
+    rng = np.random.default_rng(seed)
+    return np.concatenate([rng.permutation(np.flatnonzero(y == c))[:k] for c in np.unique(y)])
 
 
 def ece_interval(p, y, n=BOOT, seed=0):
@@ -156,20 +164,18 @@ def fewshot_run(datasets, shots_list, seeds, log=print, prototypes="shots"):
     that is the mixture of the two heads it gets a row of its own (``predict_proba`` as shipped). The cosine
     head is softmax(100·cos) to the stand-in prototypes.
 
-    ``prototypes``: "shots" — class means of the shots (as ``benchmarks/bench_fewshot.py``; the left-out
+    ``prototypes``: "shots" — class means of the shots (the sets have no text embeddings; the left-out
     shot is inside its class's prototype, so LOO sees it through the prior); "rest" — class means
     of the train16 images that are *not* shots (a leak-free stand-in for text; needs fewer than 16 shots);
     "train16" — the shots are k *single* validation images per class (one centre crop each, as a user's
     photos are) and the queries are the other validation images; the prototypes are the class means of
     every train16 row, which never contain a shot or a query. A data set whose smallest validation class
     has fewer than k + 2 images is skipped (logged): it would leave a class with under two queries."""
-    from benchmarks.bench_fewshot import FEWSHOT, class_means, sample_shots, unit
-
     rows = []
     for name in datasets:
         d = FEWSHOT / name
-        Xtr, ytr = unit(np.load(d / "train16_features.npy")), np.load(d / "train16_labels.npy").astype(np.int64)
-        Xv_all, yv_all = unit(np.load(d / "val_features.npy")), np.load(d / "val_labels.npy").astype(np.int64)
+        Xtr, ytr = unit(np.load(d / "train16_features.npy"), np.float32), np.load(d / "train16_labels.npy").astype(np.int64)
+        Xv_all, yv_all = unit(np.load(d / "val_features.npy"), np.float32), np.load(d / "val_labels.npy").astype(np.int64)
         C = int(ytr.max()) + 1
         for k in shots_list:
             smallest = int(np.bincount(yv_all, minlength=C).min())
@@ -244,8 +250,6 @@ def textlike_run(datasets, shots_list, seeds, log=print):
     per-image true-class probability, confidence and correctness, so the report pools the seeds' queries."""
     import copy
 
-    from benchmarks.bench_adapt import load_dataset, sample
-
     rows = []
     for name in datasets:
         X, y, P, C, base = load_dataset(name)
@@ -264,7 +268,7 @@ def textlike_run(datasets, shots_list, seeds, log=print):
                                  "name": default if head == "default" else head,
                                  "mixture_weight": clf.heads_.calibration.mixture_weight if head == "default" else None,
                                  "acc1": 100 * float((p.argmax(1) == yq).mean()),
-                                 "nll": float(-np.log(np.maximum(p[np.arange(len(yq)), yq], 1e-300)).mean()),
+                                 "nll": float(image_nll(p, yq).mean()),
                                  "ece": calibration.ece(p, yq),
                                  "p_true": p[np.arange(len(yq)), yq].tolist(), "conf": p.max(1).tolist(),
                                  "correct": (p.argmax(1) == yq).astype(int).tolist()})
@@ -518,7 +522,7 @@ def fewshot_markdown(rows, meta) -> str:
         title = "## With labelled shots: temperatures fitted by leave-one-out NLL (CoOp validation sets)"
         cmd = "--fewshot"
         protos = ("the stand-in prototypes are the class means of the shots (these sets have no text "
-                  "embeddings; as in `benchmarks/bench_fewshot.py`) — so each left-out shot is inside its own "
+                  "embeddings) — so each left-out shot is inside its own "
                   "class's prototype and the LOO logits see it through the prior, one more reason for them to "
                   "be too separable (compare LOO top-1 on the shots with validation top-1 below)")
     elif mode == "train16":
@@ -708,9 +712,7 @@ def write_section(path: Path, name: str, text: str) -> None:
     parts[name] = text.strip()
     body = "\n\n".join(f"<!-- section {sec}: begin -->\n{parts[sec]}\n<!-- section {sec}: end -->"
                          for sec in SECTIONS if sec in parts)
-    tmp = path.with_suffix(".md.tmp")
-    tmp.write_text(TITLE + body + "\n", encoding="utf-8")
-    tmp.replace(path)
+    write_atomic(path, TITLE + body + "\n")
 
 
 def main(argv=None):
@@ -720,13 +722,14 @@ def main(argv=None):
                     help="markdown report whose section this run rewrites (the other section is kept)")
     ap.add_argument("--fewshot", action="store_true",
                     help="the few-shot part instead: CoOp validation sets, temperatures fitted by LOO NLL in adapt")
-    ap.add_argument("--datasets", nargs="+", default=None, help="few-shot data sets (default: bench_fewshot's five)")
+    ap.add_argument("--datasets", nargs="+", default=None,
+                    help=f"few-shot data sets (default: {', '.join(TRAIN16_SETS)}; textlike: all seven)")
     ap.add_argument("--shots", nargs="+", type=int, default=list(FEWSHOT_SHOTS), help="few-shot: shots per class")
     ap.add_argument("--seeds", nargs="+", type=int, default=[0], help="few-shot: shot draws")
     ap.add_argument("--render", metavar="JSON", default=None,
                     help="only rewrite the report's section from a saved result (bench-results/calibration*.json)")
     ap.add_argument("--prototypes", choices=("shots", "rest", "train16", "textlike"), default="shots",
-                    help="few-shot stand-in prototypes: class means of the shots (as bench_fewshot), or of the "
+                    help="few-shot stand-in prototypes: class means of the shots, or of the "
                          "train16 images that are not shots (leak-free; fewer than 16 shots), or of all train16 "
                          "rows with single-image shots drawn from the validation set (the rest are the queries); "
                          "textlike: the sets' text-like prototypes with bench_adapt's shots and queries, every head "
@@ -746,19 +749,15 @@ def main(argv=None):
         print(f"wrote {args.out} from {args.render}")
         return 0
     if args.fewshot:
-        from benchmarks.bench_fewshot import DATASETS
-
         if args.prototypes == "rest" and max(args.shots) >= 16:
             ap.error("--prototypes rest needs fewer than 16 shots (the prototypes are the other train16 images)")
         section = FEWSHOT_SECTION[args.prototypes]
         if args.prototypes == "textlike":
-            from benchmarks.bench_adapt import DATASETS as TEXTLIKE_SETS, SHOTS
-
-            shots = args.shots if "--shots" in (argv if argv is not None else sys.argv) else list(SHOTS)
-            rows = textlike_run(args.datasets or TEXTLIKE_SETS, shots, args.seeds)
+            shots = args.shots if "--shots" in (argv if argv is not None else sys.argv) else [1, 2, 4, 8, 16]
+            rows = textlike_run(args.datasets or COOP_SETS, shots, args.seeds)
             text = textlike_markdown(rows, meta)
         else:
-            rows = fewshot_run(args.datasets or DATASETS, args.shots, args.seeds, prototypes=args.prototypes)
+            rows = fewshot_run(args.datasets or TRAIN16_SETS, args.shots, args.seeds, prototypes=args.prototypes)
             text = fewshot_markdown(rows, meta)
         result = {"rows": rows, "prototypes": args.prototypes, **meta}
         path = save_result(f"calibration_{section.replace('-', '_')}", result)

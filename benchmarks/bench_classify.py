@@ -27,30 +27,18 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
 
-from benchmarks.bench_common import machine, print_table, save_result
+from benchmarks.bench_common import machine, print_table, run_command as sh, save_result
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT.parent / "shared" / "data"
 SVGEN = [sys.executable, "-m", "svgen.cli"]
 TEN_MILLION = 10_000_000
-
-
-def sh(argv, env=None) -> float:
-    """Run a command; its wall seconds (raises with its stderr on failure)."""
-    t0 = time.perf_counter()
-    r = subprocess.run([str(a) for a in argv], capture_output=True, text=True, env=env)
-    wall = time.perf_counter() - t0
-    if r.returncode != 0:
-        raise SystemExit(f"failed ({r.returncode}): {' '.join(map(str, argv))}\n{r.stderr[-2000:]}")
-    return wall
 
 
 def setup(tmp: Path, n_images: int, n_rows: int) -> dict:
@@ -136,7 +124,7 @@ def main() -> int:
 
         def images_single(kind, out):
             src = inp["images"] if kind == "all" else inp["one_image"]
-            return SVGEN + ["-q", "classify", art, src, *enc, "--out", out]
+            return SVGEN + ["-q", "classify", art, src, *enc, "--out", f"{out}.csv"]   # one CSV file
 
         def images_ray(actors, actor_cpus, cpus=None):
             def argv(kind, out):
@@ -150,7 +138,7 @@ def main() -> int:
 
         def feats_single(kind, out):
             return SVGEN + ["-q", "classify", art, "--features", inp["feats"] if kind == "all" else inp["one_row"],
-                            "--out", out]
+                            "--out", f"{out}.csv"]
 
         def feats_ray(actors):
             def argv(kind, out):

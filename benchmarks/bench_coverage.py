@@ -28,9 +28,8 @@ import sys
 
 import numpy as np
 
-from benchmarks.bench_adapt import bootstrap, load_dataset, nll_of, softmax
-from benchmarks.bench_common import machine, save_result
-from benchmarks.bench_fewshot import coop_parser, render_or_missing
+from benchmarks.bench_common import (bootstrap, coop_parser, fmt_ci, image_nll, load_dataset, machine, render_or_missing,
+                                     md_table, save_result, softmax)
 
 DATASETS = ("caltech101", "fgvc", "oxford_pets", "sun397", "stanford_cars", "ucf101")
 COVERAGE = (0.1, 0.25, 0.5, 0.9)
@@ -62,7 +61,7 @@ def run(name, shares, shots, seeds, log):
                          + (1 - w) * np.asarray(clf.predict_proba(Q, head="linear"), np.float64)}
                 for m, p in probs.items():
                     per[m]["top1"].append((p.argmax(1) == yq).astype(float))
-                    per[m]["nll"].append(nll_of(p, yq))
+                    per[m]["nll"].append(image_nll(p, yq))
                 covered.append(np.isin(yq, some))
                 deltas.append(float(cal.shotless_offset or 0.0))
                 weights.append(float(cal.mixture_weight if cal.mixture_weight is not None
@@ -84,23 +83,18 @@ def run(name, shares, shots, seeds, log):
     return rows
 
 
-def _ci(b, fmt="{:+.2f}"):
-    return f"{fmt.format(b['diff'])} [{fmt.format(b['ci95'][0])}, {fmt.format(b['ci95'][1])}]"
-
-
 def markdown(result: dict) -> str:
     lines = [f"Shots for a share of the classes; {len(result['seeds'])} seeds; the queries are every other validation "
-             "image; intervals: paired bootstrap 95%.", "",
-             "| dataset | share with shots | shots | zero-shot / untilted / svgen top-1 | svgen − zero-shot top-1 | "
-             "classes with shots | without | NLL svgen − zero-shot | untilted − zero-shot top-1 | δ per seed | w per seed |",
-             "|---|---:|---:|---|---|---|---|---|---|---|---|"]
-    for r in result["rows"]:
-        t = r["top1"]
-        lines.append(f"| {r['dataset']} | {r['coverage']:.2f} | {r['shots']} | {t['zero_shot']:.1f} / {t['untilted']:.1f} / "
-                     f"{t['svgen']:.1f} | {_ci(r['svgen_vs_zero_shot'])} | {_ci(r['with_shots'])} | "
-                     f"{_ci(r['without_shots'])} | {_ci(r['nll_vs_zero_shot'], '{:+.3f}')} | "
-                     f"{_ci(r['untilted_vs_zero_shot'])} | {', '.join(f'{d:.2f}' for d in r['deltas'])} | "
-                     + (", ".join(f"{w:.2f}" for w in r["weights"]) if "weights" in r else "–") + " |")
+             "image; intervals: paired bootstrap 95%.", ""]
+    lines += md_table(
+        ["dataset", "share with shots:", "shots:", "zero-shot / untilted / svgen top-1", "svgen − zero-shot top-1",
+         "classes with shots", "without", "NLL svgen − zero-shot", "untilted − zero-shot top-1", "δ per seed",
+         "w per seed"],
+        [[r["dataset"], f"{r['coverage']:.2f}", r["shots"],
+          f"{r['top1']['zero_shot']:.1f} / {r['top1']['untilted']:.1f} / {r['top1']['svgen']:.1f}",
+          fmt_ci(r["svgen_vs_zero_shot"]), fmt_ci(r["with_shots"]), fmt_ci(r["without_shots"]),
+          fmt_ci(r["nll_vs_zero_shot"], 3), fmt_ci(r["untilted_vs_zero_shot"]), ", ".join(f"{d:.2f}" for d in r["deltas"]),
+          ", ".join(f"{w:.2f}" for w in r["weights"]) if "weights" in r else "–"] for r in result["rows"]])
     below = [r for r in result["rows"] if r["svgen_vs_zero_shot"]["diff"] < -0.3 or r["nll_vs_zero_shot"]["diff"] > 0]
     lines += ["", f"Rows below zero-shot − 0.3 in top-1 or above it in NLL: {len(below)} of {len(result['rows'])}"
               + (": " + "; ".join(f"{r['dataset']} {r['coverage']:.2f} × {r['shots']}" for r in below) if below else "")

@@ -20,7 +20,6 @@ Results: ``bench-results/bench_eval.json``.
 from __future__ import annotations
 
 import argparse
-import subprocess
 import sys
 import tempfile
 import time
@@ -28,20 +27,10 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.bench_common import DATA, machine, print_table, save_result
+from benchmarks.bench_common import DATA, machine, print_table, run_command as sh, save_result
 
 SVGEN = [sys.executable, "-m", "svgen.cli", "-q"]
 TARGET = 1.2
-
-
-def sh(argv) -> float:
-    """Run a command; its wall seconds (raises with its stderr on failure)."""
-    t0 = time.perf_counter()
-    r = subprocess.run([str(a) for a in argv], capture_output=True, text=True)
-    wall = time.perf_counter() - t0
-    if r.returncode != 0:
-        raise SystemExit(f"failed ({r.returncode}): {' '.join(map(str, argv))}\n{r.stderr[-2000:]}")
-    return wall
 
 
 def setup(tmp: Path, n_rows: int) -> dict:

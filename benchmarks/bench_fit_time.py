@@ -29,15 +29,13 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import statistics
 import sys
-import time
 import warnings
 
 import numpy as np
 
-from benchmarks.bench_common import DATA, machine, print_table, save_result
+from benchmarks.bench_common import DATA, clock as timed, machine, print_table, save_result
 
 CALTECH = DATA / "coop-fewshot" / "caltech101"
 
@@ -61,14 +59,6 @@ def shots(synthetic: bool, n_classes: int = 100, k: int = 16, dim: int = 512):
     X /= np.linalg.norm(X, axis=1, keepdims=True)
     P = np.stack([X[y == c].mean(0) for c in range(n_classes)])
     return X, y, P / np.linalg.norm(P, axis=1, keepdims=True), source
-
-
-def timed(fn):
-    load = os.getloadavg()[0]
-    w, c = time.perf_counter(), time.process_time()
-    out = fn()
-    return out, {"wall_s": time.perf_counter() - w, "cpu_s": time.process_time() - c,
-                 "load_before": round(load, 2), "load_after": round(os.getloadavg()[0], 2)}
 
 
 def summary(runs):

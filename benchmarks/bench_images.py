@@ -32,7 +32,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
-import json
 import logging
 import os
 import platform
@@ -46,7 +45,7 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parent.parent
+from benchmarks.bench_common import ROOT, machine as common_machine, replace_between, save_result
 PHOTOS = ROOT.parent / "shared" / "data" / "images-30class"
 DOC = ROOT / "docs" / "performance.md"
 
@@ -267,9 +266,8 @@ def machine(device) -> dict:
         pass
     from svgen.encoders.runtime import usable_cores
 
-    return {"cpu": cpu, "cores": usable_cores(), "torch_threads": torch.get_num_threads(), "torch": torch.__version__,
-            "gpu": torch.cuda.get_device_name(0) if device.type == "cuda" else None,
-            "load_average_1m": round(os.getloadavg()[0], 2)}
+    return {**common_machine(), "cpu": cpu, "cores": usable_cores(),
+            "gpu": torch.cuda.get_device_name(0) if device.type == "cuda" else None}
 
 
 def run(args) -> dict:
@@ -379,11 +377,8 @@ def markdown(result: dict) -> str:
 
 def write_docs(text: str, kind: str) -> None:
     start, end = f"<!-- bench_images:{kind}:start -->", f"<!-- bench_images:{kind}:end -->"
-    doc = DOC.read_text()
-    if start not in doc:
-        raise SystemExit(f"{DOC} has no {start} marker")
-    head, rest = doc.split(start, 1)
-    DOC.write_text(head + start + "\n" + text + end + rest.split(end, 1)[1])
+    if not replace_between(DOC, start, end, text):
+        raise SystemExit(f"{DOC} has no {start} … {end} markers")
 
 
 def main(argv=None) -> int:
@@ -410,8 +405,7 @@ def main(argv=None) -> int:
     text = markdown(result)
     print(text)
     name = f"images-{result['device'].split(':')[0]}-{'vit' if 'ViT' in result['model'] else 'tiny'}"
-    (ROOT / "bench-results").mkdir(exist_ok=True)
-    (ROOT / "bench-results" / f"{name}.json").write_text(json.dumps(result, indent=1) + "\n")
+    save_result(name, result)
     if args.write_docs:
         write_docs(text, f"{result['device'].split(':')[0]}-{'vit' if 'ViT' in result['model'] else 'tiny'}")
     return 0

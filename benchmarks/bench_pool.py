@@ -35,12 +35,8 @@ import time
 
 import numpy as np
 
-from benchmarks.bench_common import machine, save_result
-
-from benchmarks.bench_adapt import DATASETS, load_dataset, softmax
-from benchmarks.bench_fewshot import coop_parser, render_or_missing
-from benchmarks.bench_adapt import sample as sample_shots
-from benchmarks.bench_fewshot import bootstrap_mean as bootstrap
+from benchmarks.bench_common import (COOP_SETS, bootstrap, coop_parser, fmt_ci, load_dataset, machine, per_image,
+                                     render_or_missing, sample, save_result, softmax)
 
 METHODS = ("zero_shot", "inductive", "pool", "pool_labels")
 HEADS = ("kernel", "linear")   # each head as a user names it (``--head``), before and after the pool
@@ -48,25 +44,11 @@ PAIRS = (("pool", "inductive"), ("pool_labels", "inductive")) + tuple((f"pool_{h
 METRICS = ("top1", "top5", "nll")
 
 
-def sample(y, k, seed):
-    """k shots of every class (seeded; none for k = 0), the rest queries."""
-    if k == 0:
-        return np.zeros(0, dtype=np.int64), np.arange(len(y))
-    return sample_shots(y, k, seed)
-
-
 def small_pool(q, y, per_class, seed):
     """At most ``per_class`` of the queries ``q`` of each class (seeded)."""
     rng = np.random.default_rng(seed + 1000)
     keep = [rng.permutation(q[y[q] == c])[:per_class] for c in np.unique(y[q])]
     return np.sort(np.concatenate(keep))
-
-
-def metrics(p, y):
-    """Per-image top-1 and top-5 correctness and NLL of probabilities ``p``."""
-    order = np.argsort(-p, axis=1)[:, :5]
-    return {"top1": (order[:, 0] == y).astype(float), "top5": np.any(order == y[:, None], axis=1).astype(float),
-            "nll": -np.log(np.maximum(p[np.arange(len(y)), y], 1e-300))}
 
 
 def run_dataset(name, shots, seeds, pool_kind, per_class, log):
@@ -97,7 +79,7 @@ def run_dataset(name, shots, seeds, pool_kind, per_class, log):
             probs["pool_labels"] = np.asarray(clf.transductive_labels_, dtype=np.float64)
             probs.update({f"pool_{h}": np.asarray(clf.predict_proba(U, head=h), dtype=np.float64) for h in HEADS})
             for m, p in probs.items():
-                for x, v in metrics(p, y[q]).items():
+                for x, v in per_image(p, y[q]).items():
                     per[m][x][q] += v
             seen[q] += 1
             td = clf.transductive_ or {}
@@ -131,10 +113,6 @@ def summarise(results, shots):
     return summary
 
 
-def _ci(r, digits=2):
-    return f"{r['diff']:+.{digits}f} [{r['ci95'][0]:+.{digits}f}, {r['ci95'][1]:+.{digits}f}]"
-
-
 REFUSALS = ((r"top-1 on held-out shots [\d.]+% is not above", "held-out top-1 not better"),
             (r"top-5 [\d.]+% is below", "held-out top-5 worse"), (r"NLL [\d.]+ is above", "held-out NLL worse"),
             (r"does not replicate", "the pool's structure does not replicate"),
@@ -161,14 +139,14 @@ def markdown(result: dict) -> str:
     out.append("|---:|---:|" + "---|" * (len(METHODS) + 6))
     for k, s in result["summary"].items():
         cells = [f"{s['mean'][m]['top1']:.1f} / {s['mean'][m]['top5']:.1f} / {s['mean'][m]['nll']:.3f}" for m in METHODS]
-        diffs = [_ci(s[f"{m}-inductive {x}"]["mean"], 3 if x == "nll" else 2)
+        diffs = [fmt_ci(s[f"{m}-inductive {x}"]["mean"], 3 if x == "nll" else 2)
                  for m in ("pool", "pool_labels") for x in METRICS]
         out.append(f"| {k} | {len(s['datasets'])} | " + " | ".join(cells + diffs) + " |")
     out += ["", "Per dataset, pool − inductive (top-1, top-5, NLL) and what the adaptation decided:", "",
             "| dataset | shots | top-1 | top-5 | NLL | the pool, over the seeds |", "|---|---:|---|---|---|---|"]
     for k, s in result["summary"].items():
         for n in s["datasets"]:
-            cells = [_ci(s[f"pool-inductive {x}"]["per_dataset"][n], 3 if x == "nll" else 2) for x in METRICS]
+            cells = [fmt_ci(s[f"pool-inductive {x}"]["per_dataset"][n], 3 if x == "nll" else 2) for x in METRICS]
             out.append(f"| {n} | {k} | " + " | ".join(cells) + f" | {decisions(result['info'][n][str(k)])} |")
     if any(f"pool_{HEADS[0]}-inductive_{HEADS[0]} top1" in s for s in result["summary"].values()):
         out += ["", "Each head named (`predict_proba(head=…)`, `--head`), after − before the pool: the mean, and the lowest "
@@ -182,13 +160,13 @@ def markdown(result: dict) -> str:
                     pick = max if x == "nll" else min
                     n, worst = pick(r["per_dataset"].items(), key=lambda kv: kv[1]["diff"])
                     digits = 3 if x == "nll" else 2
-                    cells += [_ci(r["mean"], digits), f"{worst['diff']:+.{digits}f} ({n})"]
+                    cells += [fmt_ci(r["mean"], digits), f"{worst['diff']:+.{digits}f} ({n})"]
                 out.append(f"| {k} | {h} | " + " | ".join(cells) + " |")
     return "\n".join(out) + "\n"
 
 
 def main(argv=None):
-    ap = coop_parser(__doc__, [0, 1, 4], "bench_pool", datasets=DATASETS, seeds=2)
+    ap = coop_parser(__doc__, [0, 1, 4], "bench_pool", datasets=COOP_SETS, seeds=2)
     ap.add_argument("--pool", choices=("all", "small"), default="all")
     ap.add_argument("--per-class", type=int, default=5, help="--pool small: pool images per class")
     args = ap.parse_args(argv)

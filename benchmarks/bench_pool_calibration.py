@@ -37,12 +37,8 @@ import time
 import numpy as np
 import torch
 
-from benchmarks.bench_adapt import DATASETS, load_dataset
-from benchmarks.bench_common import machine, save_result
-
-
-def image_nll(p, y) -> np.ndarray:
-    return -np.log(np.maximum(np.asarray(p, dtype=np.float64)[np.arange(len(y)), y], 1e-300))
+from benchmarks.bench_common import (COOP_SETS, bootstrap, fmt_ci, image_nll, load_dataset, machine, md_table,
+                                     save_result)
 
 
 def scores(p, y) -> dict:
@@ -55,9 +51,7 @@ def scores(p, y) -> dict:
 
 def paired_nll(p, p_ref, y) -> dict:
     """Mean per-image NLL of ``p`` minus ``p_ref`` and its paired bootstrap 95% interval (images resampled)."""
-    from benchmarks.bench_fewshot import bootstrap_mean
-
-    return bootstrap_mean([image_nll(p, y) - image_nll(p_ref, y)])
+    return bootstrap(image_nll(p, y) - image_nll(p_ref, y))
 
 
 def noisy_copies(X, y, copies: int, noise: float, seed: int):
@@ -110,29 +104,27 @@ def render(rows) -> str:
     def cell(r):
         return f"{100 * r['top1']:.1f} / {r['confidence']:.3f} / {r['ece']:.3f} / {r['nll']:.3f}"
 
-    lines = ["| data set | classes | pool | cosine | inductive | pool, entropy T | pool, agreement T, unguarded | "
-             "pool, agreement T, guarded (now) | agreement |", "|---|---:|---:|---|---|---|---|---|---:|"]
+    body = []
     for r in rows:
-        head = f"| {r['dataset']} | {r['classes']} | {r['pool']} | {cell(r['cosine'])} | {cell(r['inductive'])} |"
+        cells = [r["dataset"], r["classes"], r["pool"], cell(r["cosine"]), cell(r["inductive"])]
         if "refused" in r:
-            lines.append(f"{head} refused | refused | refused | – |")
+            body.append(cells + ["refused", "refused", "refused", "–"])
         else:
             soft = " (softened)" if r["softened"].get("linear") else ""
-            lines.append(f"{head} {cell(r['entropy'])} | {cell(r['unguarded'])} | {cell(r['agreement'])}{soft} | "
-                         f"{r['agreement_pool']:.3f} |")
-    lines += ["", "NLL differences on the pool images, paired bootstrap 95% intervals:", "",
-              "| data set | guarded − unguarded | guarded − cosine | unguarded − cosine |", "|---|---|---|---|"]
-    diff = lambda d: f"{d['diff']:+.3f} [{d['ci95'][0]:+.3f}, {d['ci95'][1]:+.3f}]"   # noqa: E731
-    for r in rows:
-        if "refused" not in r:
-            lines.append(f"| {r['dataset']} | {diff(r['nll_now_minus_unguarded'])} | {diff(r['nll_now_minus_cosine'])} "
-                         f"| {diff(r['nll_unguarded_minus_cosine'])} |")
+            body.append(cells + [cell(r["entropy"]), cell(r["unguarded"]), cell(r["agreement"]) + soft,
+                                 f"{r['agreement_pool']:.3f}"])
+    lines = md_table(["data set", "classes:", "pool:", "cosine", "inductive", "pool, entropy T",
+                      "pool, agreement T, unguarded", "pool, agreement T, guarded (now)", "agreement:"], body)
+    lines += ["", "NLL differences on the pool images, paired bootstrap 95% intervals:", ""]
+    lines += md_table(["data set", "guarded − unguarded", "guarded − cosine", "unguarded − cosine"],
+                      [[r["dataset"], fmt_ci(r["nll_now_minus_unguarded"], 3), fmt_ci(r["nll_now_minus_cosine"], 3),
+                        fmt_ci(r["nll_unguarded_minus_cosine"], 3)] for r in rows if "refused" not in r])
     return "\n".join(lines)
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--datasets", nargs="+", default=list(DATASETS), choices=DATASETS)
+    ap.add_argument("--datasets", nargs="+", default=list(COOP_SETS), choices=COOP_SETS)
     ap.add_argument("--copies", type=int, default=0, help="an adversarial pool: this many noisy copies of each image")
     ap.add_argument("--noise", type=float, default=0.3, help="the copies' noise norm (about)")
     ap.add_argument("--seed", type=int, default=0)

@@ -9,7 +9,7 @@ the stock side finishes in about a minute on a small CPU; ``--classes 1000`` run
 Both sides tokenize, batch (``--batch-size``) and encode the same prompts in inference mode;
 svgen sorts prompts by token length and cuts each batch after its longest prompt's end-of-text
 token. Prints a table, or with ``--json`` one JSON object (``speedup``, ``max_cosine_deviation``,
-timings and settings).
+timings and settings); writes that object to ``bench-results/text_encoding.json``.
 
     python -m benchmarks.bench_text_encoding                 # 20 classes × 7 templates
     python -m benchmarks.bench_text_encoding --classes 1000 --json
@@ -21,13 +21,11 @@ import argparse
 import json
 import platform
 import sys
-import time
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-ROOT = Path(__file__).resolve().parent.parent
+from benchmarks.bench_common import ROOT, machine, save_result, timed
 
 
 def imagenet_classes():
@@ -53,12 +51,6 @@ def stock_encode(model, tokenizer, prompts, batch_size):
         for s in range(0, len(prompts), batch_size):
             out.append(model.encode_text(tokenizer(prompts[s:s + batch_size])).float())
     return torch.cat(out)
-
-
-def timed(fn):
-    t = time.perf_counter()
-    result = fn()
-    return result, time.perf_counter() - t
 
 
 def main(argv=None) -> int:
@@ -103,8 +95,8 @@ def main(argv=None) -> int:
     enc.encode_text(warm, batch_size=args.batch_size)
     stock_encode(model, tokenizer, warm, args.batch_size)
 
-    ours, t_ours = timed(lambda: enc.encode_text(prompts, batch_size=args.batch_size))
-    stock, t_stock = timed(lambda: stock_encode(model, tokenizer, prompts, args.batch_size))
+    t_ours, ours = timed(enc.encode_text, prompts, batch_size=args.batch_size)
+    t_stock, stock = timed(stock_encode, model, tokenizer, prompts, args.batch_size)
     cos = F.cosine_similarity(ours, stock, dim=-1)
 
     result = {
@@ -127,7 +119,9 @@ def main(argv=None) -> int:
         "torch": torch.__version__,
         "open_clip": open_clip.__version__,
         "cpu": platform.processor() or platform.machine(),
+        "machine": machine(),
     }
+    path = save_result("text_encoding", result)
     if args.json:
         print(json.dumps(result))
         return 0
@@ -141,7 +135,7 @@ def main(argv=None) -> int:
     print(f"{'svgen (truncated batches)':<28}{t_ours:>10.2f}{result['svgen_prompts_per_s']:>12.1f}")
     print()
     print(f"speedup {result['speedup']:.2f}×, max cosine deviation {result['max_cosine_deviation']:.2e}, "
-          f"max |difference| {result['max_abs_difference']:.2e}")
+          f"max |difference| {result['max_abs_difference']:.2e}; wrote {path}")
     return 0
 
 

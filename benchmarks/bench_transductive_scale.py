@@ -5,7 +5,7 @@ The issue's budget: ``adapt(unlabelled=U)`` in ≤ 2 minutes and ≤ 4 GB. The c
 zero-shot fit over 1,000 prototypes tiled from the real CLIP text embeddings (bench_common); the
 pool is synthetic (each image a noisy copy of a random class's prototype, shifted by a common
 offset like CLIP's modality gap) — only time and memory are measured here, accuracy is
-bench_transductive.py's job. The adaptation runs in a child process so its peak resident memory
+bench_pool.py's job. The adaptation runs in a child process so its peak resident memory
 (``ru_maxrss``) is its own, not the fit's.
 
     python -m benchmarks.bench_transductive_scale                 # 50,000 × 1,000, 2 threads

@@ -89,7 +89,7 @@ def small_input_fixtures(names, dim: int, tag: str):
 
 # Whole files whose tests start Ray, run the README's sessions, or fit and score real data sets.
 SLOW_FILES = {"test_ray_engine.py", "test_readme.py", "test_accuracy_real.py", "test_classify_eval_export_real.py",
-              "test_bench_calibration.py", "test_bench_transductive.py"}
+              "test_bench_calibration.py"}
 
 
 def pytest_collection_modifyitems(config, items):
@@ -217,7 +217,7 @@ def classes_file(tmp_path):
 
 def load_script(name: str):
     """``benchmarks/<name>.py`` imported as ``benchmarks.<name>`` (the package the benchmarks are run from with
-    ``python -m``), once, so a benchmark that imports another (``bench_calibration`` imports ``bench_fewshot``) gets
+    ``python -m``), once, so a benchmark that imports another (``bench_calibration`` imports ``bench_common``) gets
     the same module object a test patches."""
     import importlib
     import sys

@@ -203,3 +203,11 @@ def test_every_choice_in_the_table_names_a_module_that_exists():
     for name, rule in select.CHOICES.items():
         assert (here / rule.where).exists(), name
         assert isinstance(rule.score, select.Score) and isinstance(rule.accept, select.Accept)
+
+
+def test_the_manual_holds_the_table_of_choices_the_code_holds():
+    from pathlib import Path
+    doc = (Path(__file__).resolve().parent.parent / "docs" / "adaptation.md").read_text()
+    start = doc.index("<!-- choices table: generated from svgen.adapt.select.CHOICES -->\n")
+    end = doc.index("<!-- end of the choices table -->")
+    assert doc[doc.index("\n", start) + 1:end] == select.choices_table()

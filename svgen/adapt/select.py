@@ -112,16 +112,23 @@ class ChoiceRule:
 
 
 FOLDS_OR_LOO = "the balanced folds' held-out shots; one shot per class: leave-one-out"
+NO_ZERO_SHOT_AT_ONE_SHOT = ("; one shot per class: zero-shot is no candidate (leave-one-out leaves the held-out image's "
+                            "class without shots)")
+LOO = "exact leave-one-out (at most lda_loo_max shots; one shot per class: select_max)"
 CHOICES: Dict[str, ChoiceRule] = {
     "kernel": ChoiceRule("the kernel head's σ × c, or zero-shot (the correction refused)",
-                         "zero-shot, then σ × c by larger c, then larger σ; one shot per class: Tip-Adapter's β, c",
+                         "zero-shot, then σ × c by larger c, then larger σ; one shot per class: Tip-Adapter's β, c alone"
+                         + NO_ZERO_SHOT_AT_ONE_SHOT,
                          Score.TOP1, Accept.UNLESS_BEHIND, FOLDS_OR_LOO, "residual.py"),
-    "lda": ChoiceRule("the LDA head's shrinkage γ × prior strength κ",
+    "lda": ChoiceRule("the LDA head's shrinkage γ (× prior strength κ)",
                       "γ × κ by larger γ, then larger κ (zero-shot enters the linear head as α = 0)",
-                      Score.TOP1, Accept.NEAREST_NOT_BEHIND, "exact leave-one-out (at most lda_loo_max shots)",
-                      "lda.py"),
+                      Score.TOP1, Accept.NEAREST_NOT_BEHIND, LOO, "lda.py"),
+    "lda_prior": ChoiceRule("the LDA head's prior strength κ at its γ",
+                            "the κ not behind the best (γ, κ), larger κ first", Score.TOP1, Accept.BEST, LOO,
+                            "lda.py"),
     "alpha": ChoiceRule("the linear head's weight α on the LDA logits",
-                        "α = 0 (zero-shot), then the larger α", Score.TOP1, Accept.UNLESS_BEHIND,
+                        "α = 0 (zero-shot), then the larger α; one shot per class: the LDA head alone"
+                        + NO_ZERO_SHOT_AT_ONE_SHOT, Score.TOP1, Accept.BEST,
                         FOLDS_OR_LOO, "lda.py"),
     "kernel_logits": ChoiceRule("the kernel head's kind of logits",
                                 "log (log charged for unseen votes ≤ 0), score, floored",
@@ -163,6 +170,7 @@ class Choice:
     versus_zero_shot: Optional[Paired]
     means: Dict[Hashable, float]
     why: str
+    not_behind: Tuple[Hashable, ...] = ()   # NEAREST_NOT_BEHIND: every candidate not behind the best, in order
 
     @property
     def adapted(self) -> bool:
@@ -188,9 +196,10 @@ def choose(candidates: Mapping[Hashable, Any], evidence, criterion: str, level: 
     pool = keys if rule.accept in (Accept.BEST, Accept.NEAREST_NOT_BEHIND) or len(keys) == 1 else keys[1:]
     best = pool[int(np.argmax([means[k] for k in pool]))]   # the first of the best: nearest zero-shot
     test = lambda a, b, s=rule.score: paired(scores[a][s], scores[b][s], weights)  # noqa: E731
-    chosen, why = best, f"{rule.accept.value}: {best!r}"
+    chosen, why, ok = best, f"{rule.accept.value}: {best!r}", ()
     if rule.accept is Accept.NEAREST_NOT_BEHIND:
-        chosen = next(k for k in keys if not behind(test(k, best), level))
+        ok = tuple(k for k in keys if not behind(test(k, best), level))
+        chosen = ok[0]
         why = f"{chosen!r}, the nearest zero-shot not behind the best {best!r} by more than {level:g} SE"
     elif rule.accept is Accept.UNLESS_BEHIND and best != keys[0] and behind(test(best, keys[0]), level):
         chosen, why = keys[0], f"the best {best!r} is behind zero-shot by more than {level:g} SE"
@@ -200,7 +209,7 @@ def choose(candidates: Mapping[Hashable, Any], evidence, criterion: str, level: 
         if failed:
             chosen, why = keys[0], f"the best {best!r} fails on {', '.join(failed)} against zero-shot at {level:g} SE"
     versus = test(chosen if chosen != keys[0] else best, keys[0]) if len(keys) > 1 else None
-    return Choice(criterion, chosen, keys.index(chosen), means[chosen], best, versus, means, why)
+    return Choice(criterion, chosen, keys.index(chosen), means[chosen], best, versus, means, why, ok)
 
 
 def mean_of(values: np.ndarray, weights) -> float:
@@ -254,3 +263,14 @@ def shot_test(candidate_correct, zero_shot_correct, level: float = DEFAULT.level
     p = paired(candidate_correct, zero_shot_correct)
     kept = not behind(p, level)
     return Decision(kept, ShotReason.NOT_BEHIND if kept else ShotReason.BEHIND, p, level=level)
+
+
+def choices_table() -> str:
+    """:data:`CHOICES` as the markdown table docs/adaptation.md holds (a test checks that it does)."""
+    rows = ["| choice | chosen | candidates (tie order: nearest zero-shot first) | score | accepted | judged on | where |",
+            "|---|---|---|---|---|---|---|"]
+    for name, r in CHOICES.items():
+        score = r.score.value + (f" (not behind on {', '.join(g.value for g in r.guards)})" if r.guards else "")
+        accept = "a convex minimum (no candidates)" if r.continuous else r.accept.value
+        rows.append(f"| `{name}` | {r.chosen} | {r.candidates} | {score} | {accept} | {r.evidence} | `{r.where}` |")
+    return "\n".join(rows) + "\n"

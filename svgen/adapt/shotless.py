@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import math
+from types import SimpleNamespace
 from typing import NamedTuple, Optional
 
 import numpy as np
@@ -16,6 +17,7 @@ from svgen.core.support import SupportSet
 from svgen.adapt import heldout
 from svgen.heads import predictor
 from svgen.adapt.config import AdaptConfig, config_or_default
+from svgen.adapt.select import choose
 from svgen.steps import bar
 
 log = logging.getLogger(__name__)
@@ -51,10 +53,15 @@ def _stacked(evidence, w: float) -> tuple:
     return -np.log(np.maximum(mix(w, k, li), PROB_FLOOR)), mix(w, mass_k, mass_l), tilted, share
 
 
+def per_image(evidence, w: float, delta: float) -> np.ndarray:
+    """Per image, the tilted mixture's NLL ``−log p_y − δ·u_y + log(1 − P_U + P_U·e^δ)`` (a list of :func:`evidence`)."""
+    nll, mass, tilted, _ = _stacked(evidence, w)
+    return nll - delta * tilted + np.log((1.0 - mass) + mass * math.exp(delta))
+
+
 def objective(evidence, w: float, delta: float) -> float:
-    """The tilted mixture's NLL ``Σ share·(−log p_y − δ·u_y + log(1 − P_U + P_U·e^δ))`` (a list of :func:`evidence`)."""
-    nll, mass, tilted, share = _stacked(evidence, w)
-    return float(share @ (nll - delta * tilted + np.log((1.0 - mass) + mass * math.exp(delta))))
+    """The tilted mixture's NLL, each image at its share: ``Σ share·`` :func:`per_image`."""
+    return float(_stacked(evidence, w)[3] @ per_image(evidence, w, delta))
 
 
 def slope(evidence, w: float, delta: float) -> float:
@@ -70,28 +77,30 @@ def best_offset(evidence, w: float) -> float:
     return convex_minimum(lambda delta: slope(st, w, delta), 0.0, MAX_OFFSET, BISECTIONS)
 
 
-def best_weight_and_offset(evidence: list) -> tuple:
-    """(w, δ) minimising :func:`objective`: the best w of an even grid (ties: the smaller), then golden section."""
+def best_weight_and_offset(evidence: list, level: float) -> tuple:
+    """(w, δ) minimising :func:`objective`: the best w of an even grid (``CHOICES["shotless_tilt"]``, ties: the
+    smaller), then golden section around it."""
     def profile(w):
         st = _stacked(evidence, w)
         return objective(st, w, best_offset(st, w))
 
-    grid = np.linspace(0.0, 1.0, WEIGHT_STEPS + 1)
-    values = [profile(w) for w in grid]
-    i = int(np.argmin(values))
-    w, value = golden_minimum(profile, float(grid[max(i - 1, 0)]), float(grid[min(i + 1, WEIGHT_STEPS)]), GOLDEN_STEPS)
-    best = float(grid[i]) if values[i] <= value else w
+    grid = [float(w) for w in np.linspace(0.0, 1.0, WEIGHT_STEPS + 1)]
+    per = {}
+    for w in grid:
+        st = _stacked(evidence, w)
+        per[w] = -per_image(st, w, best_offset(st, w))
+    share = _stacked(evidence, 0.0)[3]
+    pick = choose(per, SimpleNamespace(labels=None, weights=share), "shotless_tilt", level).chosen
+    i = grid.index(pick)
+    w, value = golden_minimum(profile, grid[max(i - 1, 0)], grid[min(i + 1, WEIGHT_STEPS)], GOLDEN_STEPS)
+    best = pick if profile(pick) <= value else w
     return best, best_offset(evidence, best)
 
 
-def fit_tilt(zero_shot, shots: SupportSet, side, refit, shots_weight: float, progress: bool = False,
-             config: Optional[AdaptConfig] = None):
-    """:class:`Tilt` from ``refit(shots)`` (``adapt`` without this step); None unless 2 ≤ classes with shots < C."""
-    config = config_or_default(config)
+def refit_parts(shots: SupportSet, side, refit, with_shots: np.ndarray, progress: bool, config: AdaptConfig) -> tuple:
+    """(per refit two parts — the shots of a group of classes left without shots, and the refit's own held-out shots
+    — each (p_kernel, p_linear, p_cosine, labels, the classes without shots, its share), the refits' record)."""
     C, labels = side.n_classes, shots.labels.numpy()
-    with_shots = np.flatnonzero(np.bincount(labels, minlength=C) > 0)
-    if with_shots.size == C or with_shots.size < 2:
-        return None
     share_without = 1.0 - with_shots.size / C
     order = np.random.default_rng(side.config.seed).permutation(with_shots)   # groups of classes left out
     groups = [g for g in np.array_split(order, min(config.class_folds, order.size)) if g.size][:config.refits]
@@ -108,8 +117,21 @@ def fit_tilt(zero_shot, shots: SupportSet, side, refit, shots_weight: float, pro
                   (pk_in, pl_in, p0_in, y_in, shotless, (1.0 - share_without) / n)]
         folds.append({"classes_left_without_shots": int(group.size), "their_shots": int(out.sum()),
                       "held_out_shots_of_the_others": int(len(y_in))})
+    return parts, folds
+
+
+def fit_tilt(zero_shot, shots: SupportSet, side, refit, shots_weight: float, progress: bool = False,
+             config: Optional[AdaptConfig] = None):
+    """:class:`Tilt` from ``refit(shots)`` (``adapt`` without this step); None unless 2 ≤ classes with shots < C."""
+    config = config_or_default(config)
+    C, labels = side.n_classes, shots.labels.numpy()
+    with_shots = np.flatnonzero(np.bincount(labels, minlength=C) > 0)
+    if with_shots.size == C or with_shots.size < 2:
+        return None
+    parts, folds = refit_parts(shots, side, refit, with_shots, progress, config)
+    n = len(folds)
     found = [evidence(*p[:2], *p[3:]) for p in parts]
-    w, delta = best_weight_and_offset(found)
+    w, delta = best_weight_and_offset(found, config.level)
     # output only (svgen.json fewshot.heads_vs_zero_shot): each head and the tilted mixture against zero-shot
     versus = heldout.compare([({"kernel": k, "linear": li, "mixture": tilt(mix(w, k, li), delta, u),
                                 "cosine": z}, y, share) for k, li, z, y, u, share in parts], config)

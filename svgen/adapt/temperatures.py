@@ -11,6 +11,7 @@ import numpy as np
 import torch
 
 from svgen.adapt.config import AdaptConfig, config_or_default
+from svgen.adapt.select import choose
 from svgen.core.logits import KERNEL_LOG_FLOOR, floored_log, kernel_logits
 from svgen.core.roots import convex_minimum
 from svgen.heads.calibration import PROB_FLOOR, ece, example_nll, fit_temperature, mix, nll_from_logits, softmax
@@ -31,51 +32,65 @@ def loo_temperatures(loo_logits: Dict[str, torch.Tensor], labels, fallback: Dict
     return {"temperatures": temps, "loo": loo}
 
 
-def choose_kernel_logits(loo_scores, labels, fallback: float, signed_votes: bool = True, prior=None,
-                         config: Optional[AdaptConfig] = None) -> dict:
-    """The kernel head's kind of logits and T by the lowest held-out NLL (ties: log, score, floored), "log" charged
-    for the true-class votes ≤ 0 new images may have (their rate's :func:`event_rate_bound` at ``config.level``),
-    "floored" (with a ``prior``) at its best ε of ``config.kernel_floors``; "log" where a kind has no finite T."""
-    y, cfg = np.asarray(labels), config_or_default(config)
-    s = torch.as_tensor(loo_scores, dtype=torch.float64)
-    vote_not_positive = s[torch.arange(len(y)), torch.as_tensor(y, dtype=torch.long)] <= 0   # where log puts p ≈ 0
+def kernel_logit_candidates(s, y, prior, fallback: float, cfg: AdaptConfig) -> tuple:
+    """(the kinds' logits, their entries {temperature, nll, ece, acc1, fitted}, the floored kind's ε or None, the fit): log,
+    score, and with a ``prior`` floored at its ε of ``cfg.kernel_floors`` (``CHOICES["kernel_floor"]``)."""
     z = {kind: kernel_logits(s, kind) for kind in ("log", "score")}
-    eps = {f"floored {e:g}": e for e in cfg.kernel_floors} if prior is not None else {}
-    zf = {k: floored_log(loo_scores, prior, e) for k, e in eps.items()}
+    eps = {f"floored {e:g}": e for e in sorted(cfg.kernel_floors, reverse=True)} if prior is not None else {}
+    zf = {k: floored_log(s, prior, e) for k, e in eps.items()}
     fit = loo_temperatures({**z, **zf}, y, fallback={k: fallback for k in [*z, *eps]})
     entry = lambda k: {"temperature": fit["temperatures"][k], **fit["loo"][k], **(  # noqa: E731
         {} if fit["loo"][k]["fitted"] else dict.fromkeys(("temperature", "nll", "ece")))}
     cand, floor = {k: entry(k) for k in z}, None
     if eps:
         fitted = [k for k in eps if fit["loo"][k]["fitted"]]
-        best = min(fitted, key=lambda k: (fit["loo"][k]["nll"], eps[k])) if fitted else list(eps)[-1]
+        best = (choose({k: -example_nll(zf[k], fit["temperatures"][k], y) for k in fitted}, None, "kernel_floor",
+                       cfg.level).chosen if fitted else list(eps)[0])
         z["floored"], floor = zf[best], eps[best]
-        cand["floored"] = {**entry(best), "floor": floor, "by_floor": {f"{e:g}": fit["loo"][k]["nll"] for k, e in eps.items()}}
+        cand["floored"] = {**entry(best), "floor": floor,
+                           "by_floor": {f"{e:g}": fit["loo"][k]["nll"] for k, e in sorted(eps.items(), key=lambda x: x[1])}}
+    return z, cand, floor, fit
+
+
+def log_tail_guard(z: dict, cand: dict, s, y, signed_votes: bool, cfg: AdaptConfig) -> dict:
+    """What "log" is charged for true-class votes ≤ 0 new images may have: their rate's :func:`event_rate_bound` at
+    ``cfg.level`` above the rate seen, × what log loses on each (its median top logit above the floor, over T)."""
+    seen = int((s[torch.arange(len(y)), torch.as_tensor(y, dtype=torch.long)] <= 0).sum())
+    bound = event_rate_bound(seen, len(y), cfg.level) if signed_votes else 0.0
+    loss = float(torch.quantile(z["log"].max(dim=1).values - math.log(KERNEL_LOG_FLOOR), 0.5)) / float(
+        cand["log"]["temperature"])
+    return {"seen": seen, "rate_bound": bound, "loss": loss, "charge": max(bound - seen / max(len(y), 1), 0.0) * loss}
+
+
+def choose_kernel_logits(loo_scores, labels, fallback: float, signed_votes: bool = True, prior=None,
+                         config: Optional[AdaptConfig] = None) -> dict:
+    """The kernel head's kind of logits and T by the held-out NLL (``CHOICES["kernel_logits"]``: log, score,
+    floored), "log" charged by :func:`log_tail_guard`; "log" where a kind has no finite T."""
+    y, cfg = np.asarray(labels), config_or_default(config)
+    s = torch.as_tensor(loo_scores, dtype=torch.float64)
+    vote_not_positive = s[torch.arange(len(y)), torch.as_tensor(y, dtype=torch.long)] <= 0   # where log puts p ≈ 0
+    z, cand, floor, fit = kernel_logit_candidates(s, y, prior, fallback, cfg)
     diff = guard = None
     if all(c["fitted"] for c in cand.values()):
-        d = example_nll(z["score"], cand["score"]["temperature"], y) - example_nll(z["log"], cand["log"]["temperature"], y)
+        per = {k: -example_nll(z[k], cand[k]["temperature"], y) for k in cand}
+        d = per["log"] - per["score"]
         diff = {"mean": float(d.mean()), "se": float(d.std(ddof=1) / math.sqrt(len(d))) if len(d) > 1 else None}
-        seen = int(vote_not_positive.sum())
-        bound = event_rate_bound(seen, len(y), cfg.level) if signed_votes else 0.0   # rate of true votes ≤ 0 ...
-        loss = float(torch.quantile(z["log"].max(dim=1).values - math.log(KERNEL_LOG_FLOOR), 0.5)) / float(
-            cand["log"]["temperature"])                                           # ... × what log loses on each
-        guard = {"seen": seen, "rate_bound": bound, "loss": loss, "charge": max(bound - seen / max(len(y), 1), 0.0) * loss}
-        charged = {"log": cand["log"]["nll"] + guard["charge"], "score": cand["score"]["nll"],
-                   **({"floored": cand["floored"]["nll"]} if "floored" in cand else {})}
-        kind = min(charged, key=lambda k: (charged[k], list(charged).index(k)))
+        guard = log_tail_guard(z, cand, s, y, signed_votes, cfg)
+        kind = choose({**per, "log": per["log"] - guard["charge"]}, None, "kernel_logits", cfg.level).chosen
         reason = (f"leave-one-out NLL on the shots: score {cand['score']['nll']:.4g}, log {cand['log']['nll']:.4g} "
-                  f"+ {guard['charge']:.4g} for true-class votes ≤ 0 on new images (up to {bound:.3g} of them "
-                  f"at {loss:.4g} each; {seen} of {len(y)} shots showed one)"
+                  f"+ {guard['charge']:.4g} for true-class votes ≤ 0 on new images (up to {guard['rate_bound']:.3g} "
+                  f"of them at {guard['loss']:.4g} each; {guard['seen']} of {len(y)} shots showed one)"
                   + (f", floored (ε = {floor:g}) {cand['floored']['nll']:.4g}" if "floored" in cand else ""))
         T, loo = cand[kind]["temperature"], {k: v for k, v in cand[kind].items()
                                              if k not in ("temperature", "floor", "by_floor")}
     else:
         kind, T, loo = "log", fit["temperatures"]["log"], fit["loo"]["log"]
-        reason = ("under at least one kind every shot is ranked first when left out: its NLL has no finite minimiser, so the "
-                  "kinds cannot be compared; log" + ("" if loo["fitted"] else " with the text rule's T"))
-    return {"kind": kind, "temperature": T, "floor": floor if kind == "floored" else None, "loo": loo, "candidates": cand,
-            "nll_score_minus_log": diff, "loo_true_vote_not_positive": float(vote_not_positive.double().mean()),
-            "log_tail_guard": guard, "reason": reason}
+        reason = ("under at least one kind every shot is ranked first when left out: its NLL has no finite minimiser, "
+                  "so the kinds cannot be compared; log" + ("" if loo["fitted"] else " with the text rule's T"))
+    return {"kind": kind, "temperature": T, "floor": floor if kind == "floored" else None, "loo": loo,
+            "candidates": cand, "nll_score_minus_log": diff,
+            "loo_true_vote_not_positive": float(vote_not_positive.double().mean()), "log_tail_guard": guard,
+            "reason": reason}
 
 
 def event_rate_bound(k: int, n: int, level: float) -> float:

@@ -71,7 +71,7 @@ def test_peer_formulas(bench):
 
 def test_run_reports_every_method_and_the_intervals(bench, tmp_path, monkeypatch):
     _toy(tmp_path)
-    monkeypatch.setattr(bench, "FEWSHOT", tmp_path)
+    monkeypatch.setitem(bench.load_dataset.__globals__, "FEWSHOT", tmp_path)   # bench_common's loader
     out = bench.run_dataset("toy", [1, 2, 12], seeds=2, log=lambda *a: None)
     assert set(out) == {1, 2}                      # 12 shots: a class has ≤ 12 images, skipped
     r = out[2]

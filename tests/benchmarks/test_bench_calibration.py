@@ -101,9 +101,8 @@ def test_fewshot_report_judges_the_deployed_head(bench):
 def test_a_deployed_mixture_gets_its_own_row_and_is_what_the_report_judges(bench, tmp_path, monkeypatch):
     """Where the fit deploys the mixture of the two heads, the run adds a row for it (``predict_proba`` as shipped)
     and the report judges that row; before, no row was marked and the report raised IndexError."""
-    bench_fewshot = load_script("bench_fewshot")
     data = write_coop_toy(tmp_path, "toy", C=4, noise=0.8, seed=3)
-    monkeypatch.setattr(bench_fewshot, "FEWSHOT", tmp_path)
+    monkeypatch.setattr(bench, "FEWSHOT", tmp_path)
     monkeypatch.setattr(bench, "BOOT", 20)
     deployed = {}
 
@@ -118,8 +117,8 @@ def test_a_deployed_mixture_gets_its_own_row_and_is_what_the_report_judges(bench
     rows = bench.fewshot_run(["toy"], [4], [0], log=lambda *a: None, prototypes="train16")
     mix = [r for r in rows if r["head"] == "mixture"]
     assert len(mix) == 1 and mix[0]["better"] and not any(r["better"] for r in rows if r["head"] != "mixture")
-    Xv, yv = bench_fewshot.unit(data["val"][0]), data["val"][1]          # the queries, recomputed: val minus the shots
-    rest = np.setdiff1d(np.arange(len(yv)), bench_fewshot.sample_shots(yv, 4, 0))
+    Xv, yv = bench.unit(data["val"][0], np.float32), data["val"][1]          # the queries, recomputed: val minus the shots
+    rest = np.setdiff1d(np.arange(len(yv)), bench.sample_shots(yv, 4, 0))
     p = np.asarray(deployed["clf"].predict_proba(Xv[rest]), dtype=np.float64)
     assert mix[0]["n_val"] == rest.size == 4 * (10 - 4)
     assert mix[0]["acc1"] == pytest.approx(100 * (p.argmax(1) == yv[rest]).mean())
@@ -132,10 +131,9 @@ def test_a_deployed_mixture_gets_its_own_row_and_is_what_the_report_judges(bench
 def test_fewshot_report_shows_the_kernel_logit_kinds(bench, tmp_path, monkeypatch):
     """The few-shot run on small synthetic "CoOp" folders: each kernel row carries both kinds at their own
     LOO temperature, the chosen one is what the head gives, and the report's numbers are the rows'."""
-    bench_fewshot = load_script("bench_fewshot")
     for seed, (name, noise) in enumerate((("easy", 0.6), ("hard", 1.8))):
         write_coop_toy(tmp_path, name, noise=noise, seed=seed)
-    monkeypatch.setattr(bench_fewshot, "FEWSHOT", tmp_path)
+    monkeypatch.setattr(bench, "FEWSHOT", tmp_path)
     monkeypatch.setattr(bench, "BOOT", 20)
     rows = bench.fewshot_run(["easy", "hard"], [4], [0], log=lambda *a: None)
     ker = [r for r in rows if r["head"] == "kernel"]
@@ -158,10 +156,9 @@ def test_single_image_shots_come_from_validation_and_never_score(bench, tmp_path
     """``--prototypes train16``: the shots are single validation rows, the queries the other validation rows,
     the prototypes the class means of all train16 rows; a shot count that would leave a class with fewer
     than two queries is skipped, and the report leaves it out rather than printing empty means."""
-    bench_fewshot = load_script("bench_fewshot")
     C = 4
     data = write_coop_toy(tmp_path, "toy", C=C, noise=0.8, seed=3)
-    monkeypatch.setattr(bench_fewshot, "FEWSHOT", tmp_path)
+    monkeypatch.setattr(bench, "FEWSHOT", tmp_path)
     monkeypatch.setattr(bench, "BOOT", 20)
     seen = {}
 
@@ -179,12 +176,11 @@ def test_single_image_shots_come_from_validation_and_never_score(bench, tmp_path
     rows = bench.fewshot_run(["toy"], [4, 16], [0], log=logged.append, prototypes="train16")
     assert {r["shots"] for r in rows} == {4} and any("16 shots: skipped" in m for m in logged)
     assert all(r["n_val"] == C * (10 - 4) for r in rows)            # the 16 shots are not queries
-    unit = bench_fewshot.unit
-    val, tr = unit(data["val"][0]), unit(data["train16"][0])
+    val, tr = bench.unit(data["val"][0], np.float32), bench.unit(data["train16"][0], np.float32)
     for x, y in zip(seen["X"], seen["y"]):                            # every shot is one validation row of its class
         hit = np.flatnonzero(np.abs(val - x).max(axis=1) < 1e-6)
         assert len(hit) == 1 and data["val"][1][hit[0]] == y
-    np.testing.assert_allclose(seen["P"], bench_fewshot.class_means(tr, data["train16"][1], C), atol=1e-6)
+    np.testing.assert_allclose(seen["P"], bench.class_means(tr, data["train16"][1], C), atol=1e-6)
     text = bench.fewshot_markdown(rows, {"date": "today", "machine": {"cpus": 2}})
     assert "Single-image shots" in text and "| toy | 16 |" not in text and "nan" not in text
 
@@ -195,19 +191,19 @@ def test_textlike_run_reports_the_deployed_head(bench, tmp_path, monkeypatch):
     queries."""
     from conftest import write_textlike_val_toy
 
-    adapt = load_script("bench_adapt")
+    common = load_script("bench_common")
     write_textlike_val_toy(tmp_path, "toy", C=4, n_val=9)
-    monkeypatch.setitem(adapt.load_dataset.__globals__, "FEWSHOT", tmp_path)
+    monkeypatch.setattr(common, "FEWSHOT", tmp_path)
     monkeypatch.setattr(bench, "BOOT", 20)
     logged = []
     rows = bench.textlike_run(["toy"], [2, 9], [0, 1], log=logged.append)
     assert {r["shots"] for r in rows} == {2} and any("9 shots: skipped" in m for m in logged)
     assert [r["head"] for r in rows[:4]] == list(bench.TEXTLIKE_HEADS)
-    X, y, P, C, base = adapt.load_dataset("toy")
+    X, y, P, C, base = common.load_dataset("toy")
     import copy
 
     for seed in (0, 1):
-        s, q = adapt.sample(y, 2, seed)
+        s, q = common.sample(y, 2, seed)
         clf = copy.deepcopy(base).adapt(X[s].astype(np.float32), y[s])
         d = [r for r in rows if r["seed"] == seed and r["head"] == "default"][0]
         assert d["name"] == clf.default_head_

@@ -8,8 +8,9 @@ import logging
 from conftest import load_script
 
 
-def test_bench_json(tiny_model, capsys):
+def test_bench_json(tiny_model, capsys, tmp_path, monkeypatch):
     bench = load_script("bench_text_encoding")
+    monkeypatch.setattr(load_script("bench_common"), "RESULTS", tmp_path)   # not the repository's bench-results/
     root = logging.getLogger()
     level = root.level
     try:
@@ -20,3 +21,4 @@ def test_bench_json(tiny_model, capsys):
     assert result["prompts"] == 21 and result["templates"] == 7
     assert result["max_cosine_deviation"] < 1e-5 and result["speedup"] > 0
     assert result["mean_tokens_per_batch"] < result["context_length"]
+    assert json.loads((tmp_path / "text_encoding.json").read_text()) == result

@@ -15,8 +15,8 @@ import torch
 from svgen import SVGClassifier
 from svgen.adapt import temperatures as held_temperatures
 from svgen.core import logits as logit_kinds
-from svgen.adapt import lda as fewshot
-from svgen.adapt.lda import lda_loo_logits
+from svgen.adapt.solvers import lda as fewshot
+from svgen.adapt.solvers.lda import lda_loo_logits
 from svgen.core.support import IMAGE
 
 optimize = pytest.importorskip("scipy.optimize")
@@ -76,20 +76,22 @@ def test_adapt_fits_each_heads_temperature_by_loo_nll(adapted, tmp_path):
     assert cal["method"] == "loo-nll" and cal["shots"] == len(y)
     assert clf.temperatures_["cosine"] == 1.0
     shots = clf.support_set_.part(IMAGE)
-    from svgen.adapt import residual
+    from svgen.adapt import heldout, residual
+    from svgen.adapt.config import DEFAULT
 
-    sel = residual.select(residual.unit(shots.rows.numpy()), shots.labels.numpy(), residual.unit(clf.prototypes_.numpy()),
-                          C, 100.0)
-    assert sel.sigma == pytest.approx(clf.bandwidth_)
+    ev = heldout.evidence(shots.labels.numpy(), C, DEFAULT, 0)
+    sel = residual.fit_residual_head(shots.rows.numpy(), shots.labels.numpy(), clf.prototypes_.numpy(), C, ev, 100.0,
+                                     DEFAULT)
+    assert sel.adopted and sel.sigma == pytest.approx(clf.bandwidth_)
     # the kernel head: its balanced folds' held-out scores (the deployed predictor), or LOO with one shot per class
-    zk, yk = (sel.loo, y) if sel.one_shot else (sel.held_scores, y[sel.held_rows])
-    assert cal["kernel_evidence"] == ("leave-one-out" if sel.one_shot else "balanced folds")
+    zk, yk = sel.held_scores, y[ev.rows]
+    assert cal["kernel_evidence"] == ("leave-one-out" if ev.one_shot else "balanced folds")
     z = {"kernel": logit_kinds.head_logits(torch.from_numpy(zk), "kernel", clf.kernel_logits_).numpy()}
     lin = clf.fewshot_["linear"]
     assert lin["means"] == "equal Mahalanobis radius"      # the default head
     # the linear head: its exact leave-one-out logits, zero-shot logits + α·s·(LDA refitted without each shot)
     zl = lda_loo_logits(clf.prototypes_, shots, C, lin["shrinkage"], lin["prior_shots"]).numpy()
-    if not sel.one_shot:
+    if not ev.one_shot:
         Pn = torch.nn.functional.normalize(clf.prototypes_.double(), dim=-1)
         zl = (100.0 * shots.rows.double() @ Pn.T).numpy() + lin["alpha"] * lin["scale"] * zl
     else:

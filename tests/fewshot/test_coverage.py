@@ -129,7 +129,7 @@ def test_best_offset_is_the_minimiser_on_a_fine_grid():
 def test_weight_and_offset_are_the_joint_minimiser_on_a_fine_grid():
     raw = _raw()
     ev = [coverage.evidence(*r) for r in raw]
-    w, d = coverage.best_weight_and_offset(ev)
+    w, d = coverage.best_weight_and_offset(ev, 1.0)
     ws, ds = np.linspace(0, 1, 201), np.linspace(0, 6, 601)
     obj = np.array([[_direct(raw, a, b) for b in ds] for a in ws])
     i, j = np.unravel_index(np.argmin(obj), obj.shape)

@@ -14,7 +14,9 @@ from safetensors.torch import load_file
 
 from svgen import SVGClassifier
 from svgen.io.export import export_head, load_head
-from svgen.adapt.lda import fit_lda_head, lda_head_weights, lda_loo, lda_loo_scores, prior_means
+from svgen.adapt import heldout
+from svgen.adapt.config import DEFAULT
+from svgen.adapt.lda import fit_lda_head, lda_head_weights, lda_loo_scores, lda_setting, prior_means
 from svgen.core.support import IMAGE, TEXT, image_rows
 from conftest import write_png_shots
 
@@ -49,28 +51,22 @@ def test_lda_loo_matches_refits_without_each_shot(gamma, kappa):
     X = torch.nn.functional.normalize(torch.randn(len(y), 6, generator=g, dtype=torch.float64), dim=-1)
     X = X + 0.5 * torch.eye(6, 6, dtype=torch.float64)[y]
     m = torch.randn(6, 6, generator=g, dtype=torch.float64)
-    err, margin, correct = lda_loo(X, y, m, [gamma], [kappa])
+    (_, loo), = lda_loo_scores(X, y, m, [gamma], [kappa])
+    correct = (loo.argmax(dim=1) == y).numpy()
     # LOO holds the shrinkage target τ = tr(S_w)/(df·D) and the centre x̄ of all shots fixed (no labels in either)
     means = torch.stack([X[y == c].mean(0) for c in range(5)])
     tau = float(((X - means[y]) ** 2).sum()) / ((len(y) - 5) * 6)
-    wrong, margins = 0, []
     for i in range(len(y)):
         keep = torch.arange(len(y)) != i
         W, b = lda_head_weights(X[keep], y[keep], m, gamma, kappa, tau=tau, equal_radius=True, centre=X.mean(0))
         s = X[i] @ W.T + b
-        wrong += int(s.argmax() != y[i])
-        assert bool(correct[0, 0, i]) == bool(s.argmax() == y[i])
-        other = s.clone()
-        other[y[i]] = -float("inf")
-        margins.append(float((other.max() - s[y[i]]).clamp(-1e6, 1e6)))
-    assert err[0, 0] == wrong / len(y)
-    assert margin[0, 0] == pytest.approx(np.mean(margins), rel=1e-7, abs=1e-9)
+        assert bool(correct[i]) == bool(s.argmax() == y[i])
+        torch.testing.assert_close(loo[i], s, rtol=1e-7, atol=1e-9)
     # scoring a subset of the shots gives exactly their rows of the full leave-one-out
     sub = torch.tensor([0, 3, 7, 12, 22])
     (_, full), = lda_loo_scores(X, y, m, [gamma], [kappa])
     (_, part), = lda_loo_scores(X, y, m, [gamma], [kappa], score_rows=sub)
     torch.testing.assert_close(part, full[sub])
-    assert np.array_equal(lda_loo(X, y, m, [gamma], [kappa], sub)[2][0, 0], correct[0, 0, sub])
 
 
 # ----------------------------------------------------------------------------- heads
@@ -329,7 +325,7 @@ def test_real_few_shot_features(shared_data):
     X, y = Xtr[idx], ytr[idx]
     P = _unit(np.stack([X[y == c].mean(0) for c in range(37)]))
     shots = image_rows(X, y, 37, 512)
-    W, b, choice = fit_lda_head(torch.tensor(P), shots, 37)
+    W, b, choice = fit_lda_head(torch.tensor(P), shots, 37, heldout.evidence(y, 37, DEFAULT, 0), DEFAULT)
     ncm = (( _unit(Xv) @ P.T).argmax(1) == yv).mean()
     lda = ((_unit(Xv) @ W.numpy().T + b.numpy()).argmax(1) == yv).mean()
     assert lda > ncm + 0.05, (lda, ncm)   # measured: 0.76 vs 0.66
@@ -374,20 +370,18 @@ def test_lda_choice_is_the_most_shrinkage_not_behind_the_best_by_the_paired_test
     behind the best's by more than ``level`` paired SE; then the most shrinkage, then the lowest error. Checked against
     the paired SE computed by hand: (γ₁, κ₁) has 2 more errors and 1 fewer on 10 shots, d̄ = −0.1, SE = 0.1795: not
     behind at level 1 (the old binomial 1-SE rule, best + √(0.1·0.9/10) = 0.195 < 0.2, refused it), behind at 0.5."""
-    from svgen.adapt.lda import paired_choice
-
     best = np.array([1] * 9 + [0], dtype=bool)
     correct = np.stack([np.stack([best, np.array([1] * 7 + [0] * 3, dtype=bool)]),
                         np.stack([np.array([1] * 6 + [0] * 4, dtype=bool),
                                   np.array([1] * 7 + [0, 0, 1], dtype=bool)])])
     err = 1.0 - correct.mean(axis=2)
-    margin = np.zeros_like(err)
     d = correct[1, 1].astype(float) - best
     n = d.size
     mean = d.sum() / n
     se = math.sqrt(sum((x - mean) ** 2 for x in d) / (n - 1) / n)
     assert mean == pytest.approx(-0.1) and se == pytest.approx(0.17951, abs=1e-5)
     assert err[1, 1] > err.min() + math.sqrt(err.min() * (1 - err.min()) / n)   # outside the old 1-SE band
-    assert paired_choice(err, margin, correct, 1.0) == (1, 1)        # mean ≥ −1·SE: eligible, the most shrinkage
-    assert paired_choice(err, margin, correct, 0.5) == (0, 0)        # mean < −0.5·SE: behind; the best itself
-    assert paired_choice(err, margin, correct, 0.0) == (0, 0)
+    hits = {(g, k): correct[a, b] for a, g in enumerate((0.1, 0.5)) for b, k in enumerate((1.0, 2.0))}
+    assert lda_setting(hits, 1.0) == (0.5, 2.0)        # mean ≥ −1·SE: eligible, the most shrinkage
+    assert lda_setting(hits, 0.5) == (0.1, 1.0)        # mean < −0.5·SE: behind; the best itself
+    assert lda_setting(hits, 0.0) == (0.1, 1.0)

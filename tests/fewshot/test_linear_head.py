@@ -6,12 +6,12 @@ import numpy as np
 import pytest
 import torch
 
-from svgen.adapt import config as adapt_config
 from svgen import SVGClassifier
 from svgen.core.support import IMAGE
-from svgen.adapt import residual
-from svgen.adapt.lda import (fit_lda_head, fit_linear_head, lda_covariance, lda_head_weights, prior_means, spread_ratio)
+from svgen.adapt import heldout
+from svgen.adapt.lda import fit_lda_head, lda_covariance, lda_head_weights, prior_means, spread_ratio
 from svgen.adapt.config import DEFAULT, AdaptConfig
+from svgen.adapt.solvers.lda import fold_logits as lda_fold_logits
 
 C, D = 6, 24
 
@@ -34,6 +34,11 @@ def _tau(X, y):
     return t if t > 0 else 1.0
 
 
+def lda_head(P, shots, n_classes, config=DEFAULT, seed=0):
+    """The LDA head of ``shots`` as adapt fits it: (W, b, its (γ, κ)), judged on the fit's held-out evidence."""
+    return fit_lda_head(P, shots, n_classes, heldout.evidence(shots.labels.numpy(), n_classes, config, seed), config)
+
+
 def _unit(a):
     a = np.asarray(a, dtype=np.float64)
     return a / np.linalg.norm(a, axis=1, keepdims=True)
@@ -45,7 +50,7 @@ def fold_logits(clf):
     rec = clf.fewshot_["linear"]
     shots = clf.support_set_.part(IMAGE)
     Xd, yt = shots.rows.double(), shots.labels
-    folds = residual.balanced_folds(yt.numpy(), 0)
+    folds = heldout.balanced_folds(yt.numpy(), 0)
     m = prior_means(clf.prototypes_, Xd)
     held = np.concatenate(folds)
     L_held = []
@@ -66,7 +71,7 @@ def test_alpha_is_the_best_held_out_accuracy_and_the_head_is_the_two_terms(per_c
     P = clf.prototypes_
     Pn = _unit(P.numpy())
     # the LDA head on all shots at the recorded (γ, κ), as fit_lda_head gives it
-    W_lda, b_lda, choice = fit_lda_head(P, shots, C)
+    W_lda, b_lda, choice = lda_head(P, shots, C)
     assert choice.shrinkage == rec["shrinkage"] and choice.prior_shots == rec["prior_shots"]
     Xn = Xd.numpy()
     Z_all = 100.0 * Xn @ Pn.T
@@ -128,7 +133,7 @@ def test_one_shot_per_class_keeps_the_lda_head_alone():
     clf = SVGClassifier(n_support=2, steps=5, seed=0).fit(protos).adapt(X, y)
     rec = clf.fewshot_["linear"]
     assert rec["form"] == "lda" and "alpha" not in rec
-    W, b, _ = fit_lda_head(clf.prototypes_, clf.support_set_.part(IMAGE), C)
+    W, b, _ = lda_head(clf.prototypes_, clf.support_set_.part(IMAGE), C)
     np.testing.assert_allclose(clf.heads_.linear.weight.numpy(), W.numpy(), rtol=1e-6, atol=1e-7)
     np.testing.assert_allclose(clf.heads_.linear.bias.numpy(), b.numpy(), rtol=1e-6, atol=1e-7)
     # its LDA part is the head itself, at the linear head's leave-one-out temperature where that was fitted
@@ -144,18 +149,17 @@ def test_spread_ratio_is_scale_equivariant():
     assert spread_ratio(Z, 2.0 * L + 5.0) == pytest.approx(spread_ratio(Z, L) / 2.0)
 
 
-def test_many_classes_a_linear_head_that_hurts_is_not_chosen(monkeypatch):
+def test_many_classes_a_linear_head_that_hurts_is_not_chosen():
     """Regression (issue 38). 300 classes × 4 shots, more than select_max (1,024): the text prototypes are
     right for the images' classes but carry a class-specific part in directions the images do not use, so the LDA head
     has weak prior means for classes without shots. Choosing α on the shots of a subset of whole classes, the LDA
-    head refitted on those classes alone (the old rule, emulated here through ``fit_linear_head``'s ``pool``), makes
+    head refitted on those classes alone (the old rule, recomputed here), makes
     the other classes easy to beat: it picks a large α, and that linear head is well below zero-shot on the queries.
     Scoring each held-out shot against all classes, every fold refitted on every other shot, the adapted linear head
     and the default head are not below zero-shot. (The evidence is the default 1,024 held-out shots at most: with 128,
     α's argmax is noise on a problem where the LDA part never helps, and chose a hurting α in 2 of 8 draws of it.)"""
 
-
-    monkeypatch.setattr(adapt_config, "DEFAULT", AdaptConfig(lda_loo_max=64))   # 1,200 shots: above select_max
+    cfg = AdaptConfig(lda_loo_max=64)   # 1,200 shots: above select_max
     rng = np.random.default_rng(0)
     n_cls, Di, Dt = 300, 32, 16
     cen = np.zeros((n_cls, Di + Dt))
@@ -175,19 +179,34 @@ def test_many_classes_a_linear_head_that_hurts_is_not_chosen(monkeypatch):
     Q, yq = draw(20)
     acc = lambda z: float((np.asarray(z).argmax(1) == yq).mean())   # noqa: E731
     zero_shot = acc(Q @ P.T)
-    clf = SVGClassifier(n_support=2, steps=5).fit(P.astype(np.float32)).adapt(X, y)
+    clf = SVGClassifier(n_support=2, steps=5, adapt_config=cfg).fit(P.astype(np.float32)).adapt(X, y)
     # the old rule: α on the folds of a subset of whole classes, the LDA head refitted on those classes' shots alone
     shots = clf.support_set_.part(IMAGE)
-    W, b, choice = fit_lda_head(clf.prototypes_, shots, n_cls)
-    from benchmarks.bench_logit_form import class_subset   # the old rule's subset: every shot of some classes
-
-    sub = class_subset(y, 128, 0)
-    folds = [(sub[f], sub[f]) for f in residual.balanced_folds(y[sub], 0)]
-    old = fit_linear_head(clf.prototypes_, shots, n_cls, W, b, choice, folds, sub, None)
-    assert old.record["alpha"] >= 2.0
-    assert acc(Q @ old.weight.double().numpy().T + old.bias.double().numpy()) < zero_shot - 0.015   # it hurts
+    W, b, choice = lda_head(clf.prototypes_, shots, n_cls, cfg)
+    # the old rule's subset: every shot of a random set of whole classes, at most 128 shots in all
+    rng, counts, chosen, total = np.random.default_rng(0), np.bincount(y), [], 0
+    for c in rng.permutation(np.flatnonzero(counts)):
+        if total + counts[c] <= 128 or not chosen:
+            chosen.append(c)
+            total += counts[c]
+    sub = np.flatnonzero(np.isin(y, chosen))
+    folds = [(sub[f], sub[f]) for f in heldout.balanced_folds(y[sub], 0)]
+    Xd = shots.rows.double()
+    L = lda_fold_logits(Xd, shots.labels, prior_means(clf.prototypes_, Xd), choice.shrinkage, choice.prior_shots,
+                        folds, sub)
+    rows = np.concatenate([s for _, s in folds])
+    Pn = _unit(clf.prototypes_.numpy())
+    Z = 100.0 * Xd.numpy()[rows] @ Pn.T
+    s_fold = spread_ratio(Z, L)
+    old_alpha = DEFAULT.alphas[int(np.argmax([((Z + a * s_fold * L).argmax(1) == y[rows]).mean()
+                                              for a in DEFAULT.alphas]))]
+    rec = clf.fewshot_["linear"]
+    old = (100.0 * Pn + old_alpha * rec["scale"] * W.double().numpy(), old_alpha * rec["scale"] * b.double().numpy())
+    assert old_alpha >= 2.0
+    assert acc(Q @ old[0].T + old[1]) < zero_shot - 0.015   # it hurts
     # the rule now: the adapted linear head, and the default head, are not below zero-shot
     assert clf.fewshot_["head_choice"]["classes_compared"] == "all"
-    assert clf.fewshot_["linear"]["alpha"] < old.record["alpha"]
+    assert rec["alpha"] < old_alpha
     assert acc(clf.decision_function(Q, "linear")) >= zero_shot - 0.005
     assert acc(clf.decision_function(Q)) >= zero_shot - 0.005
+

@@ -19,7 +19,7 @@ from svgen.adapt import temperatures as held_temperatures
 from svgen.core import logits as logit_kinds
 from svgen.heads import calibration
 from svgen.errors import SvgenError
-from svgen.adapt import residual
+from svgen.adapt import heldout, residual
 from svgen.io.artifacts import FORMAT_VERSION_MIXTURE, FORMAT_VERSION_PRIOR
 
 from test_linear_head import fold_logits
@@ -94,7 +94,7 @@ def test_fitted_weight_is_the_grid_minimiser_of_both_heads_refitted_without_each
     p0 = residual.prior_probs(Xu, Pu)
     R = np.eye(5)[y] - p0
     scores = []
-    for f in residual.balanced_folds(y, 0):
+    for f in heldout.balanced_folds(y, 0):
         keep = np.setdiff1d(np.arange(len(y)), f)
         V = np.linalg.solve(residual.rbf(Xu[keep], Xu[keep], k["sigma"]) + k["ridge_c"] * np.eye(keep.size), R[keep])
         scores.append(p0[f] + residual.rbf(Xu[f], Xu[keep], k["sigma"]) @ V)

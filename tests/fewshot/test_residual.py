@@ -12,13 +12,13 @@ import numpy as np
 import pytest
 import torch
 
-from svgen.adapt import config as adapt_config
 from svgen import SVGClassifier
 from svgen.adapt import residual
 from svgen.adapt import heldout
+from svgen.adapt.solvers import ridge
 from svgen.io.artifacts import FORMAT_VERSION_PRIOR
 from svgen.adapt.config import DEFAULT, AdaptConfig
-from svgen.adapt.select import Decision, ShotReason, shot_test
+from svgen.adapt.select import shot_test
 
 
 def _unit(x):
@@ -39,11 +39,12 @@ def _problem(seed=0, C=5, D=16, per_class=4, spread=0.35):
 def held_out_scores(X: np.ndarray, y: np.ndarray, P: np.ndarray, C: int, sigma: float, c: float,
                     logit_scale: float, seed: int = 0):
     """(rows, scores): the adapted head at (σ, c) refitted without each balanced fold by a direct solve, scored
-    on the fold: the independent route to what :func:`svgen.adapt.residual.select` computes in its eigenbasis."""
+    on the fold: the independent route to what :func:`svgen.adapt.residual.fit_residual_head` computes in its
+    eigenbasis."""
     rows, out = [], []
     p0 = residual.prior_probs(X, P, logit_scale)
     R = np.eye(C)[y] - p0
-    for held in residual.balanced_folds(y, seed):
+    for held in heldout.balanced_folds(y, seed):
         keep = np.setdiff1d(np.arange(len(y)), held)
         V = np.linalg.solve(residual.rbf(X[keep], X[keep], sigma) + c * np.eye(keep.size), R[keep])
         rows.append(held)
@@ -51,19 +52,28 @@ def held_out_scores(X: np.ndarray, y: np.ndarray, P: np.ndarray, C: int, sigma: 
     return np.concatenate(rows), np.concatenate(out)
 
 
+def fit_head(X, y, P, config=DEFAULT, seed=0):
+    """The kernel head of ``adapt``, on the fit's held-out evidence: (its fit, the evidence)."""
+    ev = heldout.evidence(y, P.shape[0], config, seed)
+    return residual.fit_residual_head(X, y, P, P.shape[0], ev, 100.0, config), ev
+
+
 def test_selection_scores_are_refits_without_each_fold_and_pick_the_best():
     X, y, P = _problem(seed=10, C=5, per_class=4)
-    sel = residual.select(X, y, P, 5, 100.0)
-    assert not sel.one_shot and sel.record["folds"] == len(sel.folds) == 4
-    rows, scores = held_out_scores(X, y, P, 5, sel.sigma, sel.ridge_c, 100.0)
-    np.testing.assert_array_equal(sel.held_rows, rows)
-    np.testing.assert_allclose(sel.held_scores, scores, atol=1e-8)   # eigenbasis route = direct solves
-    acc = sel.record["held_out_accuracy"]
+    fit, ev = fit_head(X, y, P)
+    sel = fit.record["selection"]
+    assert fit.adopted and not sel["one_shot"] and sel["folds"] == len(ev.folds) == 4
+    rows, scores = held_out_scores(X, y, P, 5, fit.sigma, fit.ridge_c, 100.0)
+    np.testing.assert_array_equal(ev.rows, rows)
+    np.testing.assert_allclose(fit.held_scores, scores, atol=1e-8)   # eigenbasis route = direct solves
+    acc = sel["held_out_accuracy"]
     assert acc == pytest.approx((scores.argmax(1) == y[rows]).mean())
     for f in DEFAULT.sigma_factors:            # no other setting does better on the same folds
         for c in DEFAULT.ridges:
-            _, other = held_out_scores(X, y, P, 5, f * sel.record["median_distance"], c, 100.0)
+            _, other = held_out_scores(X, y, P, 5, f * sel["median_distance"], c, 100.0)
             assert (other.argmax(1) == y[rows]).mean() <= acc + 1e-12
+    zero_shot = (residual.prior_probs(X[rows], P).argmax(1) == y[rows]).mean()
+    assert fit.choice.means["zero-shot"] == pytest.approx(zero_shot)   # zero-shot a candidate on the same shots
 
 
 def test_loo_scores_equal_refitting_without_each_shot():
@@ -73,7 +83,8 @@ def test_loo_scores_equal_refitting_without_each_shot():
     R = np.eye(C)[y] - p0
     sigma, c = 0.7, 0.3
     e, U = np.linalg.eigh(residual.rbf(X, X, sigma))
-    loo = residual.loo_scores(U, e, c, R, p0)
+    loo = ridge.loo_scores(U, e, c, R, p0)
+    np.testing.assert_allclose(ridge.loo_at(X, R, p0, sigma, c), loo, atol=1e-10)
     for i in range(N):
         keep = np.arange(N) != i
         V = np.linalg.solve(residual.rbf(X[keep], X[keep], sigma) + c * np.eye(N - 1), R[keep])
@@ -84,7 +95,7 @@ def test_loo_scores_equal_refitting_without_each_shot():
 def test_nystrom_solve_is_the_ridge_of_the_approximated_kernel(monkeypatch):
     X, y, P = _problem(seed=2, C=6, per_class=10)
     C = P.shape[0]
-    Vall = residual.solve(X, y, P, C, 0.8, 0.5, 100.0, config=AdaptConfig(dense_max=20, nystrom_basis=24))
+    Vall = ridge.solve(X, ridge.residuals(X, y, P, C, 100.0), y, 0.8, 0.5, 0, dense_max=20, basis_size=24)
     assert Vall.shape == (len(y), C)                                       # every shot a row (votes 0 off the basis)
     basis = np.flatnonzero(np.abs(Vall).sum(axis=1) > 0)
     assert 0 < basis.size <= 24
@@ -113,8 +124,9 @@ def test_nystrom_fold_scores_are_refits_without_each_fold_in_the_basis_features(
     assert any(s.size < r.size for r, s in folds) == subsample
     held = np.concatenate([s for _, s in folds])
     p0_held = residual.prior_probs(X[held], P)
-    scores = dict(residual.nystrom_fold_scores(X, y, R, p0_held, folds, [sigma], [0.01, 1.0], seed=0,
-                                                basis_size=20))
+    bases = [keep[heldout.shot_sample(y[keep], 20, 0)] for keep in
+             (np.setdiff1d(np.arange(len(y)), removed) for removed, _ in folds)]
+    scores = dict(ridge.nystrom_fold_scores(X, y, R, p0_held, folds, [sigma], [0.01, 1.0], bases))
     for j, c in enumerate([0.01, 1.0]):
         start = 0
         for removed, scored in folds:
@@ -155,15 +167,15 @@ def test_balanced_folds_hold_out_one_shot_per_class_and_refit_exactly():
     X, y, P = _problem(seed=9, C=4, per_class=3)
     y = y.copy()
     y[-1] = 0                                            # class 0 has 4 shots, class 3 has 2
-    assert len(residual.balanced_folds(y, max_folds=2)) == 2
-    folds = residual.balanced_folds(y)
+    assert len(heldout.balanced_folds(y, max_folds=2)) == 2
+    folds = heldout.balanced_folds(y)
     assert len(folds) == 4 and sorted(np.concatenate(folds).tolist()) == list(range(len(y)))
     for held in folds:
         assert len(np.unique(y[held])) == len(held)     # at most one shot of a class per fold
     rows, scores = held_out_scores(X, y, P, 4, 0.7, 0.4, 100.0)
     held = folds[0]
     keep = np.setdiff1d(np.arange(len(y)), held)
-    V = residual.solve(X[keep], y[keep], P, 4, 0.7, 0.4, 100.0)
+    V = ridge.solve(X[keep], ridge.residuals(X[keep], y[keep], P, 4, 100.0), y[keep], 0.7, 0.4, 0, 4096, 1536)
     expect = residual.prior_probs(X[held], P) + residual.rbf(X[held], X[keep], 0.7) @ V
     np.testing.assert_allclose(scores[:len(held)], expect, atol=1e-9)
     assert rows[:len(held)].tolist() == held.tolist()
@@ -171,8 +183,12 @@ def test_balanced_folds_hold_out_one_shot_per_class_and_refit_exactly():
 
 def test_one_shot_per_class_uses_the_stated_default_and_has_no_loo():
     X, y, P = _problem(seed=3, per_class=1)
-    fit = residual.fit_residual_head(X, y, P, P.shape[0])
-    assert fit.adopted and fit.loo_scores.shape == (len(y), P.shape[0])
+    fit, ev = fit_head(X, y, P)
+    assert ev.one_shot and fit.adopted and fit.held_scores.shape == (len(y), P.shape[0])
+    want = ridge.loo_at(X, np.eye(P.shape[0])[y] - residual.prior_probs(X, P), residual.prior_probs(X, P),
+                        fit.sigma, fit.ridge_c)
+    np.testing.assert_allclose(fit.held_scores, want, atol=1e-10)   # the leave-one-out scores
+    assert "zero-shot" not in fit.choice.means   # leaving a class's only shot out cannot judge zero-shot
     assert fit.sigma == pytest.approx(1 / math.sqrt(DEFAULT.one_shot_beta))
     assert fit.record["ridge_c"] == DEFAULT.one_shot_ridge
     assert "cannot judge" in fit.record["decision"]["rule"]
@@ -255,7 +271,12 @@ def test_refused_correction_leaves_the_zero_shot_kernel_head(monkeypatch):
     X, y, P = _problem(seed=8, per_class=5)
     zs = SVGClassifier(n_support=2).fit(P.astype(np.float32))
     clf = SVGClassifier(n_support=2).fit(P.astype(np.float32))
-    monkeypatch.setattr(residual, "shot_test", lambda *a, **k: Decision(False, ShotReason.BEHIND))
+    real = residual.choose
+
+    def refuse(candidates, *a):   # the choice keeps zero-shot (its first candidate)
+        return dataclasses.replace(real(candidates, *a), chosen=next(iter(candidates)), index=0)
+
+    monkeypatch.setattr(residual, "choose", refuse)
     clf.adapt(X.astype(np.float32), y)
     assert clf.kernel_prior_ is None and not clf.fewshot_["kernel"]["decision"]["adopted"]
     Xq = X.astype(np.float32)
@@ -288,19 +309,20 @@ def test_above_select_max_every_held_out_shot_is_scored_against_all_classes(monk
     shot of every class, the scored shots a part of those: a held-out shot's class is not the only one short (when
     only the scored shots were left out, the other classes kept more shots than the held-out one's, which on 1,033
     classes × 2 shots chose σ and c 1.5 points worse on the queries, bench_adapt --datasets all7)."""
-    from svgen.adapt import lda as fewshot
+    from svgen.adapt.solvers import lda as fewshot
 
     C = 8
     X, y, P = _problem(seed=3, C=C, per_class=4)
-    monkeypatch.setattr(adapt_config, "DEFAULT", AdaptConfig(select_max=16, select_basis=12))
-    seen, orig = {}, residual.nystrom_fold_scores
+    cfg = AdaptConfig(select_max=16, select_basis=12)
+    seen, orig = {}, ridge.nystrom_fold_scores
 
-    def spy(*a, **k):
-        seen["folds"] = a[4]
-        seen["out"] = dict(orig(*a, **k))
-        return seen["out"].items()
+    def spy(*a, **k):   # the first call scores the whole grid (a second, the chosen cell's scores again)
+        out = dict(orig(*a, **k))
+        seen.setdefault("folds", a[4])
+        seen.setdefault("out", out)
+        return out.items()
 
-    monkeypatch.setattr(residual, "nystrom_fold_scores", spy)
+    monkeypatch.setattr(ridge, "nystrom_fold_scores", spy)
     refits, lda_orig = [], fewshot.lda_head_weights
 
     def lda_spy(Xk, yk, *a, **k):
@@ -308,7 +330,7 @@ def test_above_select_max_every_held_out_shot_is_scored_against_all_classes(monk
         return lda_orig(Xk, yk, *a, **k)
 
     monkeypatch.setattr(fewshot, "lda_head_weights", lda_spy)
-    clf = SVGClassifier(n_support=2).fit(P.astype(np.float32)).adapt(X.astype(np.float32), y)
+    clf = SVGClassifier(n_support=2, adapt_config=cfg).fit(P.astype(np.float32)).adapt(X.astype(np.float32), y)
     folds = seen["folds"]
     held = np.concatenate([s for _, s in folds])
     assert held.size <= 16 and set(y[held]) == set(range(C))          # scored shots subsampled, every class scored
@@ -327,7 +349,7 @@ def test_above_select_max_every_held_out_shot_is_scored_against_all_classes(monk
     for removed, scored in folds:
         keep = np.setdiff1d(np.arange(len(y)), removed)
         assert np.unique(y[keep]).size == C                           # every class keeps shots, so its correction
-        L = Xu[keep[residual.shot_sample(y[keep], 12, 0)]]            # the basis: 12 of the shots the fold keeps
+        L = Xu[keep[heldout.shot_sample(y[keep], 12, 0)]]            # the basis: 12 of the shots the fold keeps
         K_LX = residual.rbf(L, Xu[keep], sigma)
         V = np.linalg.solve(K_LX @ K_LX.T + c * residual.rbf(L, L, sigma), K_LX @ R[keep])
         want.append(p0[scored] + residual.rbf(Xu[scored], L, sigma) @ V)
@@ -359,27 +381,28 @@ def test_cli_classify_and_export_use_the_recorded_default_head(adapted, tmp_path
 @pytest.mark.parametrize("select_max", [1024, 8])
 def test_one_shot_with_more_classes_than_the_lda_loo_subset(monkeypatch, select_max):
     """One shot per class with more shots than the LDA head's leave-one-out subset (ImageNet: 1,000 classes × 1 shot,
-    lda_loo_max = 512): the kernel head's leave-one-out covers every shot (or its own, larger subset), the linear
-    head's only the subset. The mixture's weight is fitted on the shots both were scored on, and equals a fit on
-    those rows alone."""
+    lda_loo_max = 512): one shot per class, every choice (the kernel head's, the linear head's temperature, the
+    mixture) is judged on one leave-one-out sample of at most select_max shots (lda_loo_max bounds the leave-one-out
+    beside the folds only). The mixture's weight is fitted on those shots, and equals a fit on those rows alone."""
     from svgen.adapt import temperatures
     from svgen.adapt import shots as shot_adapt
 
     X, y, P = _problem(seed=5, C=12, per_class=1)
-    monkeypatch.setattr(adapt_config, "DEFAULT", AdaptConfig(lda_loo_max=5, select_max=select_max))
+    cfg = AdaptConfig(lda_loo_max=5, select_max=select_max)
     seen = {}
     real = shot_adapt.held_out_probabilities
 
     def spy(*a, **k):
-        seen["out"] = real(*a, **k)
-        return seen["out"]
+        seen["out"] = (*real(*a, **k), a[5].rows)
+        return seen["out"][:2]
 
     monkeypatch.setattr(shot_adapt, "held_out_probabilities", spy)
-    clf = SVGClassifier(n_support=2).fit(P.astype(np.float32)).adapt(X.astype(np.float32), y)
+    clf = SVGClassifier(n_support=2, adapt_config=cfg).fit(P.astype(np.float32)).adapt(X.astype(np.float32), y)
     hc = clf.fewshot_["head_choice"]
     pk, pl, rows = seen["out"]
-    lda_rows = residual.shot_sample(y, 5, 0)
-    assert hc["shots_compared"] == len(rows) == len(lda_rows) and set(rows) == set(lda_rows)
+    sample = heldout.shot_sample(y, select_max, 0)
+    want = np.arange(len(y)) if sample is None else sample
+    assert hc["shots_compared"] == len(rows) == len(want) and set(rows) == set(want)
     assert pk.shape == pl.shape == (len(rows), 12)
     assert hc["mixture_weight"] == pytest.approx(temperatures.fit_weight(pk, pl, y[rows])["weight"])
     assert clf.predict_proba(X.astype(np.float32)).shape == (12, 12)
@@ -391,8 +414,8 @@ def test_duplicate_shots_never_give_a_zero_bandwidth():
     image take the one-shot default σ = 1/√β instead of σ = 0 (which divided by zero when scoring)."""
     X, y, P = _problem(seed=2, C=3, per_class=1)
     dup = np.concatenate([X[:1]] * 4 + [X[1:2]])          # four copies of one shot and one other, both class 0
-    assert residual.median_distance(dup) == pytest.approx(float(np.linalg.norm(X[0] - X[1])))
-    assert residual.median_distance(np.concatenate([X[:1]] * 3)) is None
+    assert ridge.median_distance(dup, 0, 1024) == pytest.approx(float(np.linalg.norm(X[0] - X[1])))
+    assert ridge.median_distance(np.concatenate([X[:1]] * 3), 0, 1024) is None
     clf = SVGClassifier(n_support=2).fit(P.astype(np.float32))
     clf.adapt(np.concatenate([X[:1]] * 2).astype(np.float32), np.array([0, 0]))   # all shots one image
     sel = clf.fewshot_["kernel"]
@@ -406,13 +429,13 @@ def test_duplicate_shots_never_give_a_zero_bandwidth():
 
 def test_one_shot_at_the_unpatched_subset_sizes():
     """The same at the shipped sizes, nothing patched: 600 classes × 1 shot (more than lda_loo_max = 512 shots, fewer
-    than select_max = 1,024), the regime of ImageNet at one shot."""
+    than select_max = 1,024), the regime of ImageNet at one shot: every shot is left out once and judges."""
 
     C = 600
     assert DEFAULT.lda_loo_max < C <= DEFAULT.select_max
     X, y, P = _problem(seed=7, C=C, D=64, per_class=1, spread=0.6)
     clf = SVGClassifier(n_support=2, steps=5).fit(P.astype(np.float32)).adapt(X.astype(np.float32), y)
-    assert clf.fewshot_["head_choice"]["shots_compared"] == DEFAULT.lda_loo_max
+    assert clf.fewshot_["head_choice"]["shots_compared"] == C
     p = clf.predict_proba(X[:10].astype(np.float32))
     assert p.shape == (10, C) and np.allclose(p.sum(1), 1)
 
@@ -431,10 +454,13 @@ def test_every_grid_and_the_level_come_from_the_adapt_config(monkeypatch):
     assert rec["kernel"]["selection"]["sigma_factor"] == 0.5 and rec["kernel"]["ridge_c"] == 0.1
     assert (rec["linear"]["shrinkage"], rec["linear"]["prior_shots"], rec["linear"]["alpha"]) == (0.4, 2.0, 0.0)
     assert rec["linear"]["grid"] == {"0": rec["linear"]["zero_shot_held_out_accuracy"]}
-    # the level reaches both paired tests: the kernel correction's and the LDA head's (γ, κ)
-    from svgen.adapt import lda
+    # the level reaches every choice: each call of select.choose in the stages gets it
+    from svgen.adapt import lda, temperatures
 
-    seen, real_choice = [], lda.paired_choice
-    monkeypatch.setattr(lda, "paired_choice", lambda *a: seen.append(a[3]) or real_choice(*a))
+    seen = []
+    for module in (residual, lda, temperatures):
+        monkeypatch.setattr(module, "choose", lambda c, ev, name, level, real=module.choose:
+                            seen.append((name, level)) or real(c, ev, name, level))
     rec = shot_adapt.adapt(clf.zero_shot_, shots, clf._side(), config=AdaptConfig(level=2.5)).record
-    assert seen == [2.5] and "by more than 2.5 SE" in rec["kernel"]["decision"]["rule"]
+    assert {name for name, _ in seen} >= {"kernel", "lda", "lda_prior", "alpha", "kernel_logits"}
+    assert {level for _, level in seen} == {2.5} and "by more than 2.5 SE" in rec["kernel"]["decision"]["rule"]

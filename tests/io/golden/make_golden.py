@@ -66,9 +66,9 @@ def build(name: str):
         from svgen.adapt import residual
 
         X, y = images(3)
-        refuse = lambda *a, **k: dataclasses.replace(decide(*a, **k), kept=False)   # noqa: E731  (a format fixture)
-        decide = residual.shot_test
-        with mock.patch.object(residual, "shot_test", refuse):
+        refuse = lambda *a, **k: dataclasses.replace(decide(*a, **k), chosen=residual.ZERO_SHOT, index=0)  # noqa: E731
+        decide = residual.choose   # a format fixture: the kernel head's choice made zero-shot
+        with mock.patch.object(residual, "choose", refuse):
             clf.fit(text, classes=classes).adapt(X, y)
     elif name == "v4_shots":   # the mixture head: format 4
         X, y = images(4)
