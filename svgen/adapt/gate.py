@@ -9,25 +9,24 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from svgen.heads import calibration
 from svgen.core.logits import KERNEL_LOG_FLOOR
 from svgen.core.roots import newton_minimum
 from svgen.core.support import IMAGE, image_rows
 from svgen.adapt import shots as shot_adapt
-from svgen.heads import predictor
-from svgen.adapt.heldout import outcomes
-from svgen.adapt.config import DEFAULT, AdaptConfig, config_or_default
-from svgen.adapt.select import Paired, ahead, behind, paired
-from svgen.adapt.heldout import balanced_folds
-from svgen.state import TextSide
+from svgen.adapt.config import AdaptConfig
+from svgen.adapt.heldout import balanced_folds, outcomes
+from svgen.adapt.pool_decision import Check, Gate, Reason, fallback
+from svgen.adapt.select import Score, ahead, behind, choose, paired
+from svgen.adapt.transduce import Scored, Stage, score, transduce
+from svgen.heads import calibration, predictor
+from svgen.state import Evidence, TextSide
 from svgen.steps import bar
-from svgen.adapt.pool_decision import Check, Evidence, Gate, Reason, fallback
-from svgen.adapt.transduce import Stage, transduce
 
 NLL_TOL = 1e-9   # nats: a Newton step lowering the mean NLL by less ends the power's fit (numerical)
+TOP1, TOP5, NLL = Score.TOP1, Score.TOP5, Score.NLL
 
 
-def shot_folds(y: np.ndarray, n_classes: int, seed: int = 0, max_folds: int = DEFAULT.max_folds) -> list:
+def shot_folds(y: np.ndarray, n_classes: int, seed: int, max_folds: int) -> list:
     """With ≥ 3 shots in every class with any, :func:`svgen.adapt.heldout.balanced_folds`; else two folds of half each."""
     counts = np.bincount(y, minlength=n_classes)
     if counts[counts > 0].size and counts[counts > 0].min() >= 3:
@@ -37,23 +36,33 @@ def shot_folds(y: np.ndarray, n_classes: int, seed: int = 0, max_folds: int = DE
     return [np.sort(order[f::2]) for f in (0, 1) if order[f::2].size]
 
 
-def paired_gate(p_ind: np.ndarray, p_pool: np.ndarray, y: np.ndarray, level: float = DEFAULT.level) -> Gate:
+def paired_gate(p_ind: np.ndarray, p_pool: np.ndarray, y: np.ndarray, level: float) -> Gate:
     """Pool-adapted against inductive probabilities on the same held-out labelled images ``y`` (per image: top-1 and
-    top-5 hits under classify's tie rule, and the NLL, :func:`svgen.adapt.heldout.outcomes`)."""
+    top-5 hits under classify's tie rule, and log p_y, :func:`svgen.adapt.heldout.outcomes`)."""
     ind, pool = outcomes(p_ind, y), outcomes(p_pool, y)
-    return replication_gate(pool["acc1"], ind["acc1"], pool["acc5"], ind["acc5"], level,
-                            nll=paired(pool["nll"], ind["nll"]))
+    return decided({TOP1: pool["acc1"], TOP5: pool["acc5"], NLL: -pool["nll"]},
+                   {TOP1: ind["acc1"], TOP5: ind["acc5"], NLL: -ind["nll"]}, level)
 
 
 def replication_gate(agree_pool: np.ndarray, agree_ind: np.ndarray, agree5_pool: np.ndarray,
-                     agree5_ind: np.ndarray, level: float = DEFAULT.level, nll: Optional[Paired] = None) -> Gate:
-    """Per image, whether the adapted or the inductive head is right (top 1, top 5), judged; ``nll`` with shots."""
-    return judged(Gate(paired(agree_pool, agree_ind), paired(agree5_pool, agree5_ind), nll,
-                       int((agree_pool > agree_ind).sum()), int((agree_pool < agree_ind).sum()), level=level))
+                     agree5_ind: np.ndarray, level: float) -> Gate:
+    """Per image of the other half, whether the adapted or the inductive head holds its posterior class (top 1, 5)."""
+    return decided({TOP1: agree_pool, TOP5: agree5_pool}, {TOP1: agree_ind, TOP5: agree5_ind}, level)
+
+
+def decided(pool: dict, ind: dict, level: float) -> Gate:
+    """The pool against the inductive predictor on per-image scores ({Score: larger is better}), chosen by
+    :func:`svgen.adapt.select.choose` (``CHOICES["pool"]``; without NLL, the pool's halves: ``"pool_halves"``); the
+    paired means for the record, and where refused the failures in words."""
+    choice = choose({"inductive": ind, "pool": pool}, None, "pool" if NLL in pool else "pool_halves", level)
+    g = Gate(paired(pool[TOP1], ind[TOP1]), paired(pool[TOP5], ind[TOP5]),
+             paired(-pool[NLL], -ind[NLL]) if NLL in pool else None,
+             int((pool[TOP1] > ind[TOP1]).sum()), int((pool[TOP1] < ind[TOP1]).sum()), level=level)
+    return replace(g, failed=() if choice.adapted else judged(g).failed or (choice.why,))
 
 
 def judged(g: Gate) -> Gate:
-    """``g`` with its failures: kept iff ahead on top-1 and not behind on top-5 and −NLL (:mod:`svgen.adapt.select`)."""
+    """``g`` with its failures in words: not ahead on top-1, behind on top-5, behind on NLL (recorded numbers)."""
     why, level, a, a5, n = [], g.level, g.top1, g.top5, g.nll
     if not ahead(a, level):
         why.append(f"a head adapted on one half of the pool agrees with the other half's own posterior on "
@@ -87,48 +96,57 @@ def fit_pool_weight(g: np.ndarray, z: np.ndarray, y: np.ndarray, tol: float = 1e
     return newton_minimum(derivatives, step=1.0 / (float(g.std()) or 1.0), tol=tol, flat=NLL_TOL)
 
 
-def factored_probs(logp: np.ndarray, g: np.ndarray, a: float) -> np.ndarray:
+def factored_probs(logp: np.ndarray, g: np.ndarray, a) -> np.ndarray:
     """``softmax(logp + a·g)``: calibrated log-probabilities times the pool's likelihood to the power ``a``."""
     L = np.asarray(logp, dtype=np.float64) + a * np.asarray(g, dtype=np.float64)
     return calibration.softmax(torch.as_tensor(L), 1.0).numpy()
 
 
-def check_with_shots(stage: Stage, side: TextSide, U: torch.Tensor, strength: Optional[float],
-                     progress: bool = False, config: Optional[AdaptConfig] = None) -> Check:
-    """Each fold's held-out shots unlabelled in the pool: the default and linear heads × its likelihood^a, or alone."""
-    cfg = config_or_default(config)
+def _fold(stage: Stage, side: TextSide, U: torch.Tensor, held: np.ndarray, strength: Optional[float],
+          config: AdaptConfig):
+    """The predictor refitted without the ``held`` shots, which join the pool unlabelled: (held rows, the pool's
+    log-likelihood g there, its default head's p and log p, its calibrated linear head's p and logits), or the
+    refusal of a fold that did not adapt."""
     C, P, kind = side.n_classes, side.prototypes, side.config.kernel
     X, y = stage.shots.rows.float(), stage.shots.labels.numpy()
-    head = stage.default_head
-    folds = shot_folds(y, C, side.config.seed, max_folds=cfg.max_folds)
+    keep = np.setdiff1d(np.arange(len(y)), held)
+    shots = image_rows(X[keep], torch.from_numpy(y[keep]), C, P.shape[1])
+    fit = shot_adapt.adapt(stage.zero_shot, shots, side, tilt_shotless=False, config=config)   # every class has shots
+    Xh, UX = F.normalize(X[held], dim=-1), torch.cat([U, F.normalize(X[held], dim=-1)])
+    part = Stage(fit.heads, stage.zero_shot, fit.record, fit.heads.kernel.support_set().part(IMAGE), fit.default_head,
+                 fit.lda)
+    with torch.no_grad():
+        p_ind = predictor.proba(fit.heads, P, kind, Xh, fit.default_head).numpy()   # float64
+        pool = transduce(part, side, UX, score(part, side, UX), config, strength)
+        if not pool.decision.kept:
+            return pool.decision
+        g = predictor.gaussian_log_likelihood(pool.gaussian.weight, pool.gaussian.bias, Xh).numpy()
+        z = (predictor.logits(fit.heads, P, kind, Xh, "linear").double()
+             / float(fit.heads.calibration.temperatures["linear"])).numpy()
+    return held, g, p_ind, np.log(np.maximum(p_ind, KERNEL_LOG_FLOOR)), calibration.softmax(torch.as_tensor(z), 1.0).numpy(), z
+
+
+def check_with_shots(stage: Stage, side: TextSide, U: torch.Tensor, strength: Optional[float], config: AdaptConfig,
+                     progress: bool = False) -> Check:
+    """Each fold's held-out shots unlabelled in the pool: the default and linear heads × its likelihood^a, or alone."""
+    y, head = stage.shots.labels.numpy(), stage.default_head
+    folds = shot_folds(y, side.n_classes, side.config.seed, max_folds=config.max_folds)
     if len(folds) < 2:
         return Check(Evidence.SHOTS, head, stopped=Reason.NO_HELD_OUT_SHOTS,
                      why="one shot in all: no held-out shots to check a pool on")
-    parts = []   # per fold: held-out rows, the pool's log-likelihood g there, the default and linear heads' p, log p
+    parts = []
     for held in bar(folds, progress, desc="checking the pool (held-out shots)", unit="fold", leave=False):
-        keep = np.setdiff1d(np.arange(len(y)), held)
-        shots = image_rows(X[keep], torch.from_numpy(y[keep]), C, P.shape[1])
-        fit = shot_adapt.adapt(stage.zero_shot, shots, side, tilt_shotless=False, config=cfg)   # every class has shots
-        Xh, fold_head = F.normalize(X[held], dim=-1), fit.default_head
-        with torch.no_grad():
-            p_ind = predictor.proba(fit.heads, P, kind, Xh, fold_head).numpy()
-            part = Stage(fit.heads, stage.zero_shot, fit.record, fit.heads.kernel.support_set().part(IMAGE), fold_head,
-                         fit.lda)
-            pool = transduce(part, side, torch.cat([U, Xh]), strength, progress=False, config=cfg)
-            if not pool.decision.kept:
-                return Check(Evidence.SHOTS, head, stopped=Reason.FOLD_DID_NOT_ADAPT,
-                             why="without a fold of the shots " + fallback(pool.decision))
-            g = predictor.gaussian_log_likelihood(pool.gaussian.weight, pool.gaussian.bias, Xh).numpy()
-            z = (predictor.logits(fit.heads, P, kind, Xh, "linear").double()
-                 / float(fit.heads.calibration.temperatures["linear"])).numpy()
-        parts.append((held, g, p_ind, np.log(np.maximum(p_ind, KERNEL_LOG_FLOOR)),   # p_ind: float64
-                      calibration.softmax(torch.as_tensor(z), 1.0).numpy(), z))
+        part = _fold(stage, side, U, held, strength, config)
+        if not isinstance(part, tuple):
+            return Check(Evidence.SHOTS, head, stopped=Reason.FOLD_DID_NOT_ADAPT,
+                         why="without a fold of the shots " + fallback(part))
+        parts.append(part)
     rows, g, *roles = map(np.concatenate, zip(*parts))
     fold, yh = np.repeat(np.arange(len(parts)), [len(p[0]) for p in parts]), y[rows]
 
     def check(p: np.ndarray, logp: np.ndarray) -> tuple:   # the gate, each fold's power from the others, on all
         crossed = [fit_pool_weight(g[fold != f], logp[fold != f], yh[fold != f]) for f in range(len(parts))]
-        gate = paired_gate(p, factored_probs(logp, g, np.asarray(crossed)[fold, None]), yh, cfg.level)
+        gate = paired_gate(p, factored_probs(logp, g, np.asarray(crossed)[fold, None]), yh, config.level)
         return gate, crossed, fit_pool_weight(g, logp, yh)
 
     gate, crossed, power = check(*roles[:2])
@@ -140,22 +158,18 @@ def check_with_shots(stage: Stage, side: TextSide, U: torch.Tensor, strength: Op
     return Check(Evidence.SHOTS, head, gate, powers=powers, cross_fitted=tuple(crossed), named_heads=named)
 
 
-def check_without_shots(stage: Stage, side: TextSide, U: torch.Tensor, strength: Optional[float],
-                        progress: bool = False, config: Optional[AdaptConfig] = None) -> Check:
+def check_without_shots(stage: Stage, side: TextSide, U: torch.Tensor, scored: Scored, strength: Optional[float],
+                        config: AdaptConfig, progress: bool = False) -> Check:
     """Two random halves adapted alone: the linear head of each against the inductive default head on the other."""
-    cfg = config_or_default(config)
     N, P, kind = U.shape[0], side.prototypes, side.config.kernel
     perm = torch.from_numpy(np.random.default_rng(side.config.seed).permutation(N))
     halves = [perm[: N // 2].sort().values, perm[N // 2:].sort().values]
-    head = stage.default_head
+    ind, adapted = top5(scored.scores), []
     with torch.no_grad():
-        ind = top5(predictor.scores(stage.heads, P, kind, U, head))
-        adapted = []
-        for rows in bar(halves, progress, desc="checking the pool (halves of the pool)", unit="fold",
-                           leave=False):
-            fit = transduce(stage, side, U[rows], strength, progress=False, config=cfg)
+        for rows in bar(halves, progress, desc="checking the pool (halves of the pool)", unit="fold", leave=False):
+            fit = transduce(stage, side, U[rows], scored.rows(rows), config, strength)
             if not fit.decision.kept:
-                return Check(Evidence.HALVES, head, stopped=Reason.HALF_DID_NOT_ADAPT,
+                return Check(Evidence.HALVES, stage.default_head, stopped=Reason.HALF_DID_NOT_ADAPT,
                              why=f"half of the pool alone does not adapt ({fit.decision.why})")
             adapted.append(fit)
         hits = []   # per half: the adapted and the inductive head's top 1, then top 5, holding its posterior class
@@ -163,7 +177,8 @@ def check_without_shots(stage: Stage, side: TextSide, U: torch.Tensor, strength:
             posterior, rows = adapted[b].labels.argmax(dim=1)[:, None], halves[b]
             new = top5(predictor.scores(adapted[a].heads, P, kind, U[rows], "linear"))
             hits.append([(t == posterior).any(dim=1).numpy() for t in (new[:, :1], ind[rows, :1], new, ind[rows])])
-    return Check(Evidence.HALVES, head, replication_gate(*map(np.concatenate, zip(*hits)), level=cfg.level))
+    return Check(Evidence.HALVES, stage.default_head, replication_gate(*map(np.concatenate, zip(*hits)),
+                                                                        level=config.level))
 
 
 def top5(scores: torch.Tensor) -> torch.Tensor:

@@ -128,9 +128,17 @@ CHOICES: Dict[str, ChoiceRule] = {
                                 "w = 0, 0.01, …, 1 (each at its best δ ≥ 0), then a golden-section refinement",
                                 Score.NLL, Accept.BEST, "refits without groups of classes, weighed by the deployed "
                                 "shares of classes without and with shots", "shotless.py"),
-    "pool": ChoiceRule("whether an unlabelled pool is kept", "the inductive heads, then the pool-adapted heads",
-                       Score.TOP1, Accept.AHEAD, "held-out shots (or the pool's halves without shots)", "gate.py",
+    "pool": ChoiceRule("whether a pool is kept with shots (and whether the linear head named alone keeps its own "
+                       "factor)", "the inductive heads, then the pool-adapted heads", Score.TOP1, Accept.AHEAD,
+                       "each fold's held-out shots as unlabelled pool members", "gate.py",
                        guards=(Score.TOP5, Score.NLL)),
+    "pool_halves": ChoiceRule("whether a pool is kept without shots", "the inductive default head, then the linear "
+                              "head adapted on the other half", Score.TOP1, Accept.AHEAD, "two random halves of the "
+                              "pool, each scored against the other half's own posterior class", "gate.py",
+                              guards=(Score.TOP5,)),
+    "pool_weight": ChoiceRule("the power a of the pool's likelihood on a head kept with shots", "a ≥ 0, a = 0 first",
+                              Score.NLL, Accept.BEST, "each fold's held-out shots (cross-fitted for the check)",
+                              "gate.py", continuous=True),
 }
 
 

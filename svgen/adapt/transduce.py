@@ -6,7 +6,8 @@ import json
 import logging
 import time
 from dataclasses import dataclass
-from typing import Optional
+from collections import namedtuple
+from typing import NamedTuple, Optional
 
 import torch
 import torch.nn.functional as F
@@ -14,15 +15,17 @@ import torch.nn.functional as F
 from svgen.core.logits import KERNEL_LOG_FLOOR
 from svgen.core.support import SupportSet
 from svgen.adapt import lda as fewshot
-from svgen.heads import predictor
+from svgen.heads import calibration, predictor
 from svgen.heads.scoring import CLIP_LOGIT_SCALE
 from svgen.adapt.config import AdaptConfig
 from svgen.adapt.select import Decision
 from svgen.state import Heads, LdaPart, LinearHead, TextSide
-from svgen.adapt import transduction as td
+from svgen.adapt.solvers import transduction as td
 from svgen.adapt.pool_decision import KEPT, Reason, fallback, refuse
+from svgen.steps import bar
 
 log = logging.getLogger(__name__)
+BLOCK = 8192   # pool rows scored at a time (a kernel head's N×M kernel never whole)
 
 
 @dataclass
@@ -56,10 +59,59 @@ class PoolFit:
     default_head: Optional[str] = None   # kept: the default head it deploys (svgen.state.PoolOutcome)
 
 
-def mean_entropy(heads: Heads, side: TextSide, U: torch.Tensor, head: str) -> float:
-    """``head``'s mean entropy at its temperature on :func:`~svgen.adapt.transduction.calibration_rows` of ``U``."""
-    z = predictor.logits(heads, side.prototypes, side.config.kernel, U[td.calibration_rows(U.shape[0])], head)
-    return td._entropy(z.double() / heads.calibration.temperatures[head])
+class Scored(NamedTuple):
+    """A stage's default head on the pool, scored once: its scores, the logits its softmax takes, its temperature."""
+
+    scores: torch.Tensor
+    logits: torch.Tensor
+    temperature: float
+
+    def proba(self) -> torch.Tensor:
+        return calibration.softmax(self.logits, self.temperature)
+
+    def rows(self, rows) -> "Scored":
+        return Scored(self.scores[rows], self.logits[rows], self.temperature)
+
+    def entropy(self) -> float:
+        """The mean entropy on :func:`~svgen.adapt.solvers.transduction.calibration_rows`."""
+        return td.entropy(self.logits[td.calibration_rows(self.logits.shape[0])].double() / self.temperature)
+
+
+def score(stage: Stage, side: TextSide, U: torch.Tensor) -> Scored:
+    """The stage's default head on ``U``, in row blocks."""
+    h, P, kind = stage.default_head, side.prototypes, side.config.kernel
+    parts = [predictor.scores_and_logits(stage.heads, P, kind, U[s:s + BLOCK], h) for s in range(0, U.shape[0], BLOCK)]
+    return Scored(torch.cat([s.float() for s, _ in parts]), torch.cat([z for _, z in parts]),
+                  predictor.temperature(stage.heads, h))
+
+
+def settings(config: AdaptConfig) -> td.Settings:
+    return td.Settings(**{f: getattr(config, f) for f in td.Settings._fields})
+
+
+def too_small(n_pool: int, n_classes: int, config: AdaptConfig) -> Optional[Decision]:
+    """The refusal of a pool too small to use (None: use it)."""
+    if n_pool < config.min_pool_per_class * n_classes:
+        return refuse(Reason.POOL_TOO_SMALL, f"pool of {n_pool} unlabelled images is smaller than the {n_classes} classes")
+    return None
+
+
+def settle(U: torch.Tensor, prior_logits: torch.Tensor, means: torch.Tensor, beta0: float, settings: td.Settings,
+           **kw) -> tuple:
+    """(Transduction or None, tries): the solve at β₀, β₀·escalate, …, the first whose rounds settle (their last two
+    agree on ``stable`` of the pool); None when none does within ``max_escalations``."""
+    tries, beta = [], beta0
+    graph = td.knn_graph(U.float(), settings.neighbours)
+    for _ in range(settings.max_escalations + 1):
+        res = td.transduce(U, prior_logits, means, settings, strength=beta, graph=graph, **kw)
+        last = res.info["round_agreement"][-1]
+        tries.append({"prior_strength": beta, "rounds": res.info["rounds"], "last_agreement": last,
+                      "settled": last >= settings.stable})
+        if last >= settings.stable:
+            return res, tries
+        log.info("transductive: β=%.3g did not settle (agreement %.4f); raising it", beta, last)
+        beta *= settings.escalate
+    return None, tries
 
 
 def _refused(heads: Heads, N: int, head: str, refusal: Decision, **extra) -> PoolFit:
@@ -67,73 +119,86 @@ def _refused(heads: Heads, N: int, head: str, refusal: Decision, **extra) -> Poo
     return PoolFit(heads, {"pool": N, **refusal.to_json(), "prior_head": head, **extra}, decision=refusal)
 
 
-def transduce(stage: Stage, side: TextSide, U: torch.Tensor, strength: Optional[float] = None, progress: bool = False,
-              labels_entropy: Optional[float] = None, config: Optional[AdaptConfig] = None) -> PoolFit:
-    """Re-solves the linear head on the unit pool ``U`` (the kernel head as it is); a refusal changes nothing."""
-    C, N = side.n_classes, U.shape[0]
-    P, kind, heads = side.prototypes, side.config.kernel, stage.heads
-    head = stage.default_head   # the transduction's prior: the inductive predictor as deployed
-    refusal = td.too_small(N, C, config)
-    if refusal is not None:
-        return _refused(heads, N, head, refusal)
-    t0 = time.perf_counter()
+# the solve's prior: its logits, the linear head it continues, the LDA part's Σ⁻¹ (or None), the stage's shots (or
+# None), the scales of the prior and of that linear head, the posterior's temperature and where it comes from
+Prior = namedtuple("Prior", "logits linear precision shots t_prior t_lin t_post t_post_source")
+
+
+def prior(stage: Stage, side: TextSide, U: torch.Tensor, scored: Scored) -> Prior:
+    """With shots, the inductive predictor as deployed (calibrated log-probabilities at T = 1) and, where some class
+    has two shots, the LDA part's Gaussian model as it is; else scales calibrated without labels."""
+    C, P, heads = side.n_classes, side.prototypes, stage.heads
     shots = stage.shots if stage.fewshot is not None else None
     fitted = shots is not None and bool((shots.counts(C) > 1).any())   # the solve continues their Gaussian model
     if fitted and stage.lda is None:
         raise ValueError("a stage with shots carries the LDA part of their linear head (Stage.lda)")
     part = stage.lda if fitted else None
-    prior_linear = heads.linear if part is None else LinearHead(part.weight, part.bias)
-    if shots is None:
-        prior = predictor.scores_in_blocks(heads, P, kind, U, head)
-    else:   # the inductive predictor as deployed: calibrated log-probabilities at T = 1
-        prior = predictor.proba_in_blocks(heads, P, kind, U, head).clamp_min(KERNEL_LOG_FLOOR).log()
-    timings = {"prior_scores": time.perf_counter() - t0}
+    logits = scored.scores if shots is None else scored.proba().float().clamp_min(KERNEL_LOG_FLOOR).log()
+    if part is not None:   # its Σ and logits are a Gaussian model fitted on the shots: used as they are
+        Sigma, T = fewshot.lda_covariance(shots.rows.double(), shots.labels, C, part.shrinkage), part.temperature
+        return Prior(logits, LinearHead(part.weight, part.bias), torch.linalg.inv(Sigma).float(), shots, 1.0, 1.0,
+                     1.0 if T is None else T, "1 (the LDA part's temperature was not fitted)" if T is None
+                     else "the LDA part's leave-one-out NLL temperature on the shots")
+    U_cal = U[td.calibration_rows(U.shape[0])]   # the rows the temperature matches look at
+    target = td.entropy(CLIP_LOGIT_SCALE * U_cal @ F.normalize(P.float(), dim=-1).T)
+    t_prior = 1.0 if shots is not None else td.match_entropy(logits, target)   # one shot per class: calibrated
+    t_lin = td.match_entropy(predictor.scores(heads, P, side.config.kernel, U_cal, "linear"), target)
+    return Prior(logits, heads.linear, None, shots, t_prior, t_lin, 1.0, "1 (no class model fitted on labels)")
+
+
+def transduce(stage: Stage, side: TextSide, U: torch.Tensor, scored: Scored, config: AdaptConfig,
+              strength: Optional[float] = None, progress: bool = False,
+              labels_entropy: Optional[float] = None) -> PoolFit:
+    """Re-solves the linear head on the unit pool ``U`` (the kernel head as it is) from the stage's default head
+    ``scored`` on it; a refusal changes nothing."""
+    N, head = U.shape[0], stage.default_head   # the transduction's prior: the inductive predictor as deployed
+    refusal = too_small(N, side.n_classes, config)
+    if refusal is not None:
+        return _refused(stage.heads, N, head, refusal)
+    t0 = time.perf_counter()
     with torch.no_grad():
-        precision = None
-        if part is not None:   # its Σ and logits are a Gaussian model fitted on the shots: used as they are
-            Sigma = fewshot.lda_covariance(shots.rows.double(), shots.labels, C, part.shrinkage)
-            precision = torch.linalg.inv(Sigma).float()
-            t_prior = t_lin = 1.0
-            t_post, t_post_source = ((part.temperature, "the LDA part's leave-one-out NLL temperature on the shots")
-                                     if part.temperature is not None
-                                     else (1.0, "1 (the LDA part's temperature was not fitted)"))
-        else:   # scales calibrated without labels (with one shot per class the prior is calibrated already)
-            target = td._entropy(CLIP_LOGIT_SCALE * U[td.calibration_rows(N)] @ F.normalize(P.float(), dim=-1).T)
-            t_prior = 1.0 if shots is not None else td.match_entropy(prior, target)
-            t_lin = td.match_entropy(predictor.scores_in_blocks(heads, P, kind, U, "linear"), target)
-            t_post, t_post_source = 1.0, "1 (no class model fitted on labels)"
-        beta0 = td.prior_strength(N, C, 0 if part is None else len(shots)) if strength is None else float(strength)
-        timings["calibration"] = time.perf_counter() - t0 - timings["prior_scores"]
+        pr = prior(stage, side, U, scored)
+        fitted = 0 if pr.precision is None else len(pr.shots)   # shots the prior's class model was fitted on
+        beta0 = td.prior_strength(N, side.n_classes, fitted) if strength is None else float(strength)
         t1 = time.perf_counter()
-        res, tries = td.settle(U, t_prior * prior, fewshot.prior_means(P, U.double()).float(),
-                               beta0, shots_x=None if shots is None else shots.rows.float(),
-                               shots_y=None if shots is None else shots.labels, precision=precision,
-                               progress=progress, temperature=t_post, config=config)
+        res, tries = settle(U, pr.t_prior * pr.logits, fewshot.prior_means(side.prototypes, U.double()).float(),
+                            beta0, settings(config), shots_x=None if pr.shots is None else pr.shots.rows.float(),
+                            shots_y=None if pr.shots is None else pr.shots.labels, precision=pr.precision,
+                            temperature=pr.t_post,
+                            each=lambda r: bar(r, progress, desc="transductive rounds", unit="round"))
     if res is None:
-        return _refused(heads, N, head, refuse(Reason.DID_NOT_SETTLE, "the rounds did not settle at any prior "
-                                               f"strength up to {tries[-1]['prior_strength']:.3g}"), tries=tries)
-    timings["rounds"] = time.perf_counter() - t1
-    beta = res.info["prior_strength"]
-    ic = heads.calibration   # recorded so that adapting again (or a fall-back) restores it
+        return _refused(stage.heads, N, head, refuse(Reason.DID_NOT_SETTLE, "the rounds did not settle at any prior "
+                                                     f"strength up to {tries[-1]['prior_strength']:.3g}"), tries=tries)
+    timings = {"calibration": t1 - t0, "rounds": time.perf_counter() - t1}
+    return _adopted(stage, side, U, res, pr, labels_entropy, config, t0, tries=tries, timings_s=timings)
+
+
+def _adopted(stage: Stage, side: TextSide, U: torch.Tensor, res: td.Transduction, pr: Prior,
+             labels_entropy: Optional[float], config: AdaptConfig, t0: float, **extra) -> PoolFit:
+    """The solve kept: the linear head its posterior (continuing ``pr.linear``), the pool's labels and record."""
+    beta, heads, ic = res.info["prior_strength"], stage.heads, stage.heads.calibration
     inductive_calibration = {"temperatures": dict(ic.temperatures), "kernel_logits": ic.kernel_logits,
                              **{k: getattr(ic, k) for k in ("kernel_floor", "mixture_weight")
                                 if getattr(ic, k) is not None},
-                             "calibration": json.loads(json.dumps(ic.record))}
-    new = Heads(heads.kernel, LinearHead(res.weight + beta * t_lin * prior_linear.weight.float(),
-                                         res.bias + beta * t_lin * prior_linear.bias.float()), ic)
-    new.calibration = predictor.text_calibration(new, P, side.per_template, kind, config, only="linear")
+                             "calibration": json.loads(json.dumps(ic.record))}   # adapting again restores it
+    w = beta * pr.t_lin
+    new = Heads(heads.kernel, LinearHead(res.weight + w * pr.linear.weight.float(),
+                                         res.bias + w * pr.linear.bias.float()), ic)
+    new.calibration = predictor.text_calibration(new, side.prototypes, side.per_template, side.config.kernel,
+                                                 only="linear", config=config)
     with torch.no_grad():   # the solve's posterior at the linear head's mean entropy on the pool (argmax unchanged)
-        t_labels = td.match_entropy(res.logits, mean_entropy(new, side, U, "linear")
-                                    if labels_entropy is None else labels_entropy)
+        if labels_entropy is None:
+            z = predictor.logits(new, side.prototypes, side.config.kernel, U[td.calibration_rows(U.shape[0])], "linear")
+            labels_entropy = td.entropy(z.double() / new.calibration.temperatures["linear"])
+        t_labels = td.match_entropy(res.logits, labels_entropy)
         labels = torch.softmax(t_labels * res.logits.float(), dim=1)
-    record = {**res.info, **KEPT.to_json(), "prior_head": head, "tries": tries,
-              "prior_temperature": t_prior, "labels_temperature": 1.0 / t_labels,
-              "linear_prior_temperature": t_lin, "calibration": "entropy of softmax(100·cos)",
-              "posterior_temperature_source": t_post_source,
-              "heads": {"linear": "transductive posterior", "kernel": "inductive"},
-              "timings_s": timings, "wall_time_s": time.perf_counter() - t0,
+    record = {**res.info, **KEPT.to_json(), "prior_head": stage.default_head, **extra,
+              "prior_temperature": pr.t_prior, "labels_temperature": 1.0 / t_labels,
+              "linear_prior_temperature": pr.t_lin, "calibration": "entropy of softmax(100·cos)",
+              "posterior_temperature_source": pr.t_post_source,
+              "heads": {"linear": "transductive posterior", "kernel": "inductive"}, "wall_time_s": time.perf_counter() - t0,
               "inductive_calibration": inductive_calibration}
     log.info("transductive: %d images, β=%.3g, %d rounds, %.1f%% of the pool relabelled from the prior, %.2fs",
-             N, beta, res.info["rounds"], 100 * res.info["changed_from_prior"], record["wall_time_s"])
-    return PoolFit(new, record, labels, heads, prior_linear, gaussian=LinearHead(res.weight, res.bias),
-                   prior_scale=beta * t_prior)
+             U.shape[0], beta, res.info["rounds"], 100 * res.info["changed_from_prior"], record["wall_time_s"])
+    return PoolFit(new, record, labels, heads, pr.linear, gaussian=LinearHead(res.weight, res.bias),
+                   prior_scale=beta * pr.t_prior)

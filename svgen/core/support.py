@@ -11,7 +11,7 @@ class-major rows); labelled image embeddings (few-shot "shots") join as ``image`
 =================  ======  =============================================
 
 ``pool`` rows are unlabelled images placed by the transductive kernel head
-(:mod:`svgen.adapt.transduction`); their ``labels`` are the argmax of the soft posterior they were
+(:mod:`svgen.adapt.solvers.transduction`); their ``labels`` are the argmax of the soft posterior they were
 solved towards. They are not shots: adding shots or classes later drops them.
 """
 

@@ -36,7 +36,7 @@ formula. The zero-shot state the images were added to travels as ``text.support_
 ``text.linear_head.bias``, so more shots can be added later without re-encoding any text.
 Artifacts without images are written as version 1, exactly as before; both versions load.
 
-An artifact adapted to unlabelled images (:mod:`svgen.adapt.transduction`) keeps its version; its
+An artifact adapted to unlabelled images (:mod:`svgen.adapt.solvers.transduction`) keeps its version; its
 ``linear_head.*`` is then the transductive posterior and the inductive linear head travels as
 ``inductive.linear_head.weight`` (C×D) and ``inductive.linear_head.bias`` (C), with
 ``svgen.json`` recording the solve under ``"transductive"``. A pool's factor on some heads' probabilities (with

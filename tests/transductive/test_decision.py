@@ -25,7 +25,7 @@ import pytest
 from svgen import SVGClassifier
 from svgen.adapt import pool as pool_adapt
 from svgen.adapt import gate as pool_gate
-from svgen.adapt import transduction as td
+from svgen.adapt import transduce as pool_transduce
 from svgen.adapt.select import Decision, Paired
 from svgen.adapt.pool_decision import KEPT, Check, Evidence, Gate, Reason, fallback, pool_outcome, refuse
 from svgen.io import recorded
@@ -178,7 +178,7 @@ def test_shots_for_only_some_classes(decisions):
 
 
 def test_no_held_out_shots(decisions, monkeypatch):
-    monkeypatch.setattr(pool_gate, "shot_folds", lambda y, n_classes, seed=0, **k: [np.arange(len(y))])
+    monkeypatch.setattr(pool_gate, "shot_folds", lambda y, n_classes, seed, **k: [np.arange(len(y))])
     clf, X, y, U = _shots_and_pool(20)
     clf.adapt(X, y, unlabelled=U)
     (d,) = decisions
@@ -189,7 +189,7 @@ def test_no_held_out_shots(decisions, monkeypatch):
 
 
 def _never_settles(monkeypatch):
-    monkeypatch.setattr(td, "settle", lambda *a, **k: (None, [{"prior_strength": 8.0}]))
+    monkeypatch.setattr(pool_transduce, "settle", lambda *a, **k: (None, [{"prior_strength": 8.0}]))
 
 
 def test_a_fold_that_does_not_adapt(decisions, monkeypatch):
@@ -227,7 +227,7 @@ def test_the_halves_say_no(decisions, monkeypatch):
 
 def test_the_final_solve_that_does_not_settle(decisions, monkeypatch):
     gate = Gate(Paired(0.9, 0.5, 0.4, 0.01, 0), Paired(1.0, 1.0, 0.0, 0.0, 0), None, 9, 0)
-    monkeypatch.setattr(pool_gate, "check_without_shots", lambda stage, side, U, strength, progress=False, config=None:
+    monkeypatch.setattr(pool_gate, "check_without_shots", lambda stage, *a, **k:
                         Check(Evidence.HALVES, stage.default_head, gate))
     _never_settles(monkeypatch)
     text, images = make_golden.problem(0)
@@ -284,7 +284,7 @@ def steering(path: Path) -> list:
 
 
 def test_no_transductive_module_steers_on_record_strings():
-    stages = [ROOT / "svgen" / "adapt" / f"{name}.py" for name in ("pool", "gate", "transduce", "transduction",
+    stages = [ROOT / "svgen" / "adapt" / f"{name}.py" for name in ("pool", "gate", "transduce", "solvers/transduction",
                                                                     "pool_decision")]
     assert all(p.exists() for p in stages)
     # a loaded record is read in svgen/io/recorded.py only (tests/test_records.py)

@@ -31,7 +31,7 @@ def _kept(monkeypatch, agreement):
     from svgen.adapt.pool_decision import Check, Evidence, Gate
 
     gate = Gate(Paired(agreement or 0.9, 0.5, 0.1, 0.01, 0), Paired(1.0, 1.0, 0.0, 0.0, 0), None, 9, 0)
-    monkeypatch.setattr(pool_gate, "check_without_shots", lambda stage, side, U, strength, progress=False, config=None:
+    monkeypatch.setattr(pool_gate, "check_without_shots", lambda stage, *a, **k:
                         Check(Evidence.HALVES, stage.default_head, gate))
     if agreement is None:
         monkeypatch.setattr(pool_adapt, "agreement_target", lambda check: None)
@@ -67,7 +67,7 @@ def test_kept_pool_heads_claim_the_checks_agreement(pool, monkeypatch, agreement
 
 
 def test_match_confidence_hits_its_target_and_clips_it():
-    from svgen.adapt import transduction as td
+    from svgen.adapt.solvers import transduction as td
 
     z = torch.from_numpy(np.random.default_rng(0).normal(size=(300, 9)))
     for target in (0.2, 0.5, 0.9):

@@ -10,6 +10,7 @@ import torch
 
 from svgen import SVGClassifier
 from svgen.adapt import gate as pool_gate
+from svgen.adapt.config import DEFAULT
 
 C, D = 6, 24
 
@@ -35,14 +36,14 @@ def _world(seed, proto_noise, per_class, pool_noise, shots_per_class=0, shot_noi
 @pytest.mark.parametrize("counts", [[1] * 7, [2] * 5, [4, 3, 1, 2, 5]])
 def test_shot_folds_partition_and_balance(counts):
     y = np.concatenate([np.full(n, c) for c, n in enumerate(counts)])
-    folds = pool_gate.shot_folds(y, len(counts), seed=3)
+    folds = pool_gate.shot_folds(y, len(counts), 3, DEFAULT.max_folds)
     assert len(folds) == 2
     assert np.array_equal(np.sort(np.concatenate(folds)), np.arange(len(y)))      # every shot once
     for c, n in enumerate(counts):
         held = [int((y[f] == c).sum()) for f in folds]
         assert abs(held[0] - held[1]) <= 1                                       # half of each class in each
     assert abs(len(folds[0]) - len(folds[1])) <= 1                                # odd ones alternate
-    assert len(pool_gate.shot_folds(np.array([0]), 1)) == 1
+    assert len(pool_gate.shot_folds(np.array([0]), 1, 0, DEFAULT.max_folds)) == 1
 
 
 @pytest.mark.parametrize("counts", [[3] * 5, [4, 3, 6, 5], [8, 8, 8]])
@@ -53,7 +54,7 @@ def test_shot_folds_hold_out_one_shot_per_class_with_three_or_more(counts):
     from svgen.adapt.config import DEFAULT
 
     y = np.concatenate([np.full(n, c) for c, n in enumerate(counts)])
-    folds = pool_gate.shot_folds(y, len(counts), seed=3)
+    folds = pool_gate.shot_folds(y, len(counts), 3, DEFAULT.max_folds)
     assert len(folds) == min(max(counts), DEFAULT.max_folds)
     held = np.concatenate(folds)
     assert len(np.unique(held)) == len(held)                                     # never twice
@@ -69,7 +70,7 @@ def test_paired_gate_by_hand():
     eye = np.eye(6)
     p_ind = 0.5 * eye[np.tile([1, 1, 2, 1], rep)] + 0.5 / 6            # right on 2 of 4
     p_pool = 0.5 * eye[np.tile([0, 1, 2, 1], rep)] + 0.5 / 6           # right on 3 of 4, same confidence
-    g = pool_gate.paired_gate(p_ind, p_pool, y)
+    g = pool_gate.paired_gate(p_ind, p_pool, y, DEFAULT.level)
     assert g.passed and g.top1.difference == pytest.approx(0.25)
     nll = lambda p: float(np.mean(-np.log(p[np.arange(len(y)), y])))           # noqa: E731
     assert g.nll.candidate == pytest.approx(nll(p_pool)) and g.nll.baseline == pytest.approx(nll(p_ind))
@@ -77,10 +78,10 @@ def test_paired_gate_by_hand():
     assert g.nll.standard_error == pytest.approx(d.std(ddof=1) / np.sqrt(len(d)))
     # the same argmaxes but the pool's probabilities nearly certain: more right, yet its NLL is far worse
     sharp = 0.999999 * eye[np.tile([0, 1, 2, 1], rep)] + 1e-6 / 6
-    s = pool_gate.paired_gate(p_ind, sharp, y)
+    s = pool_gate.paired_gate(p_ind, sharp, y, DEFAULT.level)
     assert not s.passed and "NLL" in s.message
     # equal top-1 is not "better"
-    t = pool_gate.paired_gate(p_ind, p_ind, y)
+    t = pool_gate.paired_gate(p_ind, p_ind, y, DEFAULT.level)
     assert not t.passed and "not above" in t.message
 
 
@@ -124,7 +125,7 @@ def test_a_tie_is_not_ahead_and_the_level_is_the_configs():
     pool = _right_on(20).copy()
     pool[20:23] = _right_on(24)[20:23]    # gains the shots 20-22 ...
     pool[0] = _right_on(0)[0]             # ... and loses shot 0
-    tie = pool_gate.paired_gate(ind, pool, y)
+    tie = pool_gate.paired_gate(ind, pool, y, DEFAULT.level)
     assert tie.top1.difference == pytest.approx(tie.top1.standard_error, rel=1e-12)
     assert (tie.gained, tie.lost) == (3, 1) and not tie.passed and "not above" in tie.message
     for level, kept in ((1.0, True), (2.0, True), (2.5, False)):
@@ -177,11 +178,11 @@ def test_the_power_is_fitted_against_calibrated_log_probabilities():
 def test_replication_gate_by_hand():
     ones, zeros = np.ones(40, bool), np.zeros(40, bool)
     more = np.r_[ones[:30], zeros[:10]]
-    g = pool_gate.replication_gate(more, np.r_[ones[:20], zeros[:20]], ones, ones)
+    g = pool_gate.replication_gate(more, np.r_[ones[:20], zeros[:20]], ones, ones, DEFAULT.level)
     assert g.passed and g.top1.difference == pytest.approx(0.25)
-    same = pool_gate.replication_gate(more, more, ones, ones)
+    same = pool_gate.replication_gate(more, more, ones, ones, DEFAULT.level)
     assert not same.passed and "does not replicate" in same.message
-    top5_lost = pool_gate.replication_gate(ones, zeros, zeros, ones)
+    top5_lost = pool_gate.replication_gate(ones, zeros, zeros, ones, DEFAULT.level)
     assert not top5_lost.passed and "top 5" in top5_lost.message
 
 
@@ -233,8 +234,8 @@ def test_zero_shot_pool_kernel_head_is_the_posterior_with_the_kernel_prior(tmp_p
     from scipy.special import softmax
 
     from svgen.io.artifacts import FORMAT_VERSION_POOL_FACTOR
-    from svgen.adapt.transduce import transduce
-    from svgen.adapt.transduction import calibration_rows
+    from svgen.adapt.transduce import score, transduce
+    from svgen.adapt.solvers.transduction import calibration_rows
 
     protos, U, yu, _, _ = _world(7, 1.6, 30, 0.5)
     ref = SVGClassifier(n_support=2, steps=5, seed=0).fit(protos)
@@ -245,8 +246,8 @@ def test_zero_shot_pool_kernel_head_is_the_posterior_with_the_kernel_prior(tmp_p
     clf.adapt(unlabelled=U)
     t = clf.transductive_
     assert t["fallback"] is None and t["kernel_head"]["factor"] and set(t["pool_factor"]["powers"]) == {"kernel"}
-    pool = transduce(ref._stage(), ref._side(), torch.nn.functional.normalize(torch.as_tensor(U), dim=-1),
-                     config=ref.adapt_config_)
+    Uu = torch.nn.functional.normalize(torch.as_tensor(U), dim=-1)
+    pool = transduce(ref._stage(), ref._side(), Uu, score(ref._stage(), ref._side(), Uu), ref.adapt_config_)
     rec = pool.record
     kl = rec["prior_strength"] * rec["linear_prior_temperature"]
     WG = pool.heads.linear.weight.double() - kl * pool.prior_linear.weight.double()
@@ -293,13 +294,13 @@ def test_pool_with_shots_factor_formula(tmp_path):
     clf.adapt(unlabelled=U)
     t = clf.transductive_
     assert t["fallback"] is None and t["check"]["evidence"] == "held-out shots as pool members"
-    assert t["check"]["images"] == len(np.concatenate(pool_gate.shot_folds(ys, C, 0)))   # one shot of each class
+    assert t["check"]["images"] == len(np.concatenate(pool_gate.shot_folds(ys, C, 0, DEFAULT.max_folds)))   # one shot of each class
     powers = t["pool_factor"]["powers"]
     assert head in powers and "kernel" not in powers and clf.default_head_ == head
-    from svgen.adapt.transduce import transduce
+    from svgen.adapt.transduce import score, transduce
 
-    pool = transduce(ref._stage(), ref._side(), torch.nn.functional.normalize(torch.as_tensor(U), dim=-1),
-                     config=ref.adapt_config_)
+    Uu = torch.nn.functional.normalize(torch.as_tensor(U), dim=-1)
+    pool = transduce(ref._stage(), ref._side(), Uu, score(ref._stage(), ref._side(), Uu), ref.adapt_config_)
     k = pool.record["prior_strength"] * pool.record["linear_prior_temperature"]
     WG = pool.heads.linear.weight.double() - k * pool.prior_linear.weight.double()
     bG = pool.heads.linear.bias.double() - k * pool.prior_linear.bias.double()

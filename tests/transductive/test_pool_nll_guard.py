@@ -4,7 +4,7 @@ The adapted heads' confidence was matched to the check's cross-half agreement; w
 prior (near-duplicate images, a prior strength raised until the rounds settle) the agreement over-states accuracy and
 the head claimed 0.82–0.95 at 45–51 % top-1, an NLL far above the cosine head's. Each adapted head is now no sharper
 than the NLL guard allows: under the label estimate ``r = λ·p_head + (1 − λ)·p_cosine`` its expected NLL on the pool
-is not above the cosine head's (``svgen.adapt.transduction.nll_guard``, λ = ``AdaptConfig.pool_trust``).
+is not above the cosine head's (``svgen.adapt.solvers.transduction.nll_guard``, λ = ``AdaptConfig.pool_trust``).
 """
 
 import numpy as np
@@ -15,7 +15,7 @@ from conftest import load_script
 
 from svgen import AdaptConfig, SVGClassifier
 from svgen.errors import SvgenError
-from svgen.adapt import transduction as td
+from svgen.adapt.solvers import transduction as td
 
 _bench = load_script("bench_adapt")   # the benchmarks' own numpy helpers, not a second copy
 _unit, _softmax = _bench.unit, _bench.softmax

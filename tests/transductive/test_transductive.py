@@ -14,7 +14,8 @@ from svgen import SVGClassifier
 
 from svgen.heads import predictor
 from svgen.adapt.config import DEFAULT
-from svgen.adapt import transduction as td
+from svgen.adapt.solvers import transduction as td
+from svgen.adapt.transduce import score, settings, settle, too_small, transduce
 
 C, D = 4, 12
 
@@ -60,12 +61,18 @@ def gate_open(monkeypatch):
     same = Paired(0.5, 0.5, 0.0, 0.0, 10)
     shots = Gate(same, same, same, 5, 0)
 
-    def with_shots(stage, side, U, strength, progress=False, config=None):
+    def with_shots(stage, *a, **k):
         return Check(Evidence.SHOTS, stage.default_head, shots, powers={stage.default_head: 1.0, "linear": 1.0})
 
-    monkeypatch.setattr(pool_gate, "check_without_shots", lambda stage, side, U, strength, progress=False, config=None: Check(
+    monkeypatch.setattr(pool_gate, "check_without_shots", lambda stage, *a, **k: Check(
         Evidence.HALVES, stage.default_head, Gate(same, same, None, 5, 0)))
     monkeypatch.setattr(pool_gate, "check_with_shots", with_shots)
+
+
+def _transduce(clf, U, **kw):
+    """The stage's transduction on the unit pool ``U`` at the default settings, without any check."""
+    stage, side = clf._stage(), clf._side()
+    return transduce(stage, side, U, score(stage, side, U), clf.adapt_config_, **kw)
 
 
 def _softmax(a):
@@ -122,9 +129,9 @@ def test_transduce_matches_brute_force(data, with_precision, T):
         A = rng.normal(size=(D, D))
         P = A @ A.T / D + np.eye(D)
     res = td.transduce(torch.as_tensor(U), torch.as_tensor(L0), torch.as_tensor(M).float(),
-                       shots_x=torch.as_tensor(data["X"]), shots_y=torch.as_tensor(data["ys"]), strength=0.7,
-                       precision=None if P is None else torch.as_tensor(P).float(), temperature=T,
-                       config=replace(DEFAULT, rounds=2, steps=3))
+                       settings(replace(DEFAULT, rounds=2, steps=3)), shots_x=torch.as_tensor(data["X"]),
+                       shots_y=torch.as_tensor(data["ys"]), strength=0.7,
+                       precision=None if P is None else torch.as_tensor(P).float(), temperature=T)
     Z, (mu, var, ll) = _brute_force(U, L0, M, data["X"], data["ys"], 0.7, res.info["rounds"], 3, DEFAULT.neighbours,
                                      P, T)
     assert res.info["posterior_temperature"] == T
@@ -138,7 +145,7 @@ def test_transduce_matches_brute_force(data, with_precision, T):
 def test_infinite_prior_strength_is_the_inductive_prediction(data):
     rng = np.random.default_rng(2)
     L0 = torch.as_tensor(rng.normal(size=(len(data["U"]), C)))
-    res = td.transduce(torch.as_tensor(data["U"]), L0, torch.as_tensor(data["protos"]), strength=1e7)
+    res = td.transduce(torch.as_tensor(data["U"]), L0, torch.as_tensor(data["protos"]), settings(DEFAULT), strength=1e7)
     assert torch.equal(res.labels.argmax(1), L0.argmax(1))
     assert res.info["changed_from_prior"] == 0
     # and in the classifier's transduction (before the pool check decides what is kept): the posterior linear
@@ -146,10 +153,7 @@ def test_infinite_prior_strength_is_the_inductive_prediction(data):
     # labels are the prior's, the inductive default head's prediction
     clf = SVGClassifier(n_support=2, steps=5, seed=0).fit(data["protos"]).adapt(data["X"], data["ys"])
     q = data["U"]
-    from svgen.adapt.transduce import transduce
-
-    pool = transduce(clf._stage(), clf._side(), torch.nn.functional.normalize(torch.as_tensor(q), dim=-1), strength=1e7,
-                     config=clf.adapt_config_)
+    pool = _transduce(clf, torch.nn.functional.normalize(torch.as_tensor(q), dim=-1), strength=1e7)
     qn = torch.nn.functional.normalize(torch.as_tensor(q), dim=-1)
     before = (qn @ pool.prior_linear.weight.T + pool.prior_linear.bias).argmax(1).numpy()
     after = predictor.scores(pool.heads, clf.prototypes_, "rbf", torch.as_tensor(q), "linear")
@@ -160,8 +164,8 @@ def test_infinite_prior_strength_is_the_inductive_prediction(data):
 def test_zero_strength_and_no_graph_is_plain_soft_gmm(data):
     """β = 0, no neighbours: Z is the posterior of the fitted Gaussian model alone (EM fixed point)."""
     U = torch.as_tensor(data["U"])
-    res = td.transduce(U, torch.zeros(len(U), C), torch.as_tensor(data["protos"]), strength=0.0,
-                       config=replace(DEFAULT, neighbours=0, rounds=1, steps=1))
+    res = td.transduce(U, torch.zeros(len(U), C), torch.as_tensor(data["protos"]),
+                       settings(replace(DEFAULT, neighbours=0, rounds=1, steps=1)), strength=0.0)
     mu, var = td.class_model(U, torch.full((len(U), C), 1.0 / C), None, None, torch.as_tensor(data["protos"]),
                              DEFAULT.prior_pseudo_images)
     W, b = td.gmm_head(mu, var)
@@ -183,13 +187,13 @@ def test_match_entropy_hits_the_target():
     S = torch.randn(30, 6, generator=g)
     for target in (0.3, 1.0, 1.6):
         t = td.match_entropy(S, target)
-        assert abs(td._entropy(S.double() * t) - target) < 1e-4
+        assert abs(td.entropy(S.double() * t) - target) < 1e-4
 
 
 def test_settle_raises_the_strength_then_gives_up(data, monkeypatch):
     never = replace(DEFAULT, stable=1.5, rounds=2)   # no pool can agree on 150% of itself: never settles
-    res, tries = td.settle(torch.as_tensor(data["U"]), torch.zeros(len(data["U"]), C), torch.as_tensor(data["protos"]),
-                           0.5, config=never)
+    res, tries = settle(torch.as_tensor(data["U"]), torch.zeros(len(data["U"]), C), torch.as_tensor(data["protos"]),
+                        0.5, settings(never))
     assert res is None
     assert [t["prior_strength"] for t in tries] == [0.5 * 4.0 ** i for i in range(4 + 1)]
 
@@ -264,7 +268,8 @@ def test_posterior_temperature_is_the_lda_heads_loo_temperature(gate_open):
         zero.adapt(unlabelled=U)
         assert seen and all(t == 1.0 for t in seen)
     with pytest.raises(Exception, match="posterior temperature"):
-        td.transduce(torch.as_tensor(U), torch.zeros(len(U), C), torch.as_tensor(protos), temperature=0.0)
+        td.transduce(torch.as_tensor(U), torch.zeros(len(U), C), torch.as_tensor(protos), settings(DEFAULT),
+                     temperature=0.0)
 
 
 def test_shots_then_pool(data, gate_open):
@@ -583,8 +588,35 @@ def test_the_config_reaches_every_setting_of_the_pool_stage(data, gate_open):
     assert "did not settle" in fit.record["fallback"]
     assert [t["prior_strength"] for t in fit.record["tries"]] == [0.5, 1.0]
     assert all(t["rounds"] == 2 for t in fit.record["tries"])
-    assert "smaller than" in pool_adapt.adapt(clf._stage(), clf._side(), U[:C - 1]).record["fallback"]
-    assert td.too_small(C - 1, C) is not None and td.too_small(C - 1, C, AdaptConfig(min_pool_per_class=0.5)) is None
+    assert "smaller than" in pool_adapt.adapt(clf._stage(), clf._side(), U[:C - 1], config=DEFAULT).record["fallback"]
+    assert too_small(C - 1, C, DEFAULT) is not None and too_small(C - 1, C, AdaptConfig(min_pool_per_class=0.5)) is None
+
+
+def test_the_pool_is_scored_once_by_the_inductive_kernel_head(data, monkeypatch):
+    """Zero-shot, the inductive default head is the kernel head: the check's halves, each half's and the final
+    transduction's prior, the entropy target and the kept kernel head's posterior all reuse one scoring of the pool
+    (kernel scores of the N pool rows, once), and the pool is kept with the probabilities of scoring it afresh."""
+    from svgen.heads import predictor as pred
+    from svgen.adapt import pool as pool_adapt
+
+    rng, centres, protos, U, _ = _clusters(7, 1.6, 30, 0.5)
+    clf = SVGClassifier(n_support=2, steps=5, seed=0).fit(protos)
+    U = torch.nn.functional.normalize(torch.as_tensor(U), dim=-1)
+    rows, real = [], pred.kernel_scores   # per kernel scoring, how many of its rows are pool images
+
+    def spy(x, *a, **k):
+        rows.append(int(((x.float() @ U.float().T).max(dim=1).values > 1 - 1e-5).sum()))
+        return real(x, *a, **k)
+
+    monkeypatch.setattr(pred, "kernel_scores", spy)
+    stage = clf._stage()
+    assert stage.default_head == "kernel"
+    fit = pool_adapt.adapt(stage, clf._side(), U, config=DEFAULT)
+    assert fit.decision.kept and fit.record["kernel_head"]["factor"]
+    assert sum(rows) == len(U)   # the text queries the linear head's temperature is matched on are no pool images
+    monkeypatch.setattr(pred, "kernel_scores", real)
+    fresh = pred.proba(stage.heads, clf.prototypes_, "rbf", U, "kernel")
+    assert torch.allclose(score(stage, clf._side(), U).proba(), fresh, atol=1e-12)
 
 
 def test_the_level_is_the_configs(data):
@@ -595,7 +627,7 @@ def test_the_level_is_the_configs(data):
     rng, centres, protos, U, _ = _clusters(7, 1.6, 30, 0.5)
     clf = SVGClassifier(n_support=2, steps=5, seed=0).fit(protos)
     U = torch.nn.functional.normalize(torch.as_tensor(U), dim=-1)
-    assert pool_adapt.adapt(clf._stage(), clf._side(), U).decision.kept
+    assert pool_adapt.adapt(clf._stage(), clf._side(), U, config=DEFAULT).decision.kept
     strict = pool_adapt.adapt(clf._stage(), clf._side(), U, config=AdaptConfig(level=1e6))
     assert not strict.decision.kept and "by more than 1e+06 SE" in strict.record["fallback"]
     assert "by more than 1e+06 SE" in strict.record["check"]["rule"]
@@ -634,8 +666,6 @@ def test_a_stage_with_shots_needs_their_lda_part():
     not a silent fall-back to the label-free scales."""
     import dataclasses
 
-    from svgen.adapt.transduce import transduce
-
     rng, centres, protos, U, _ = _clusters(7, 1.6, 30, 0.5)
     ys = np.repeat(np.arange(C), 3)
     X = _unit(centres[ys] + 1.5 * rng.normal(size=(len(ys), D)) / np.sqrt(D)).astype(np.float32)
@@ -643,5 +673,5 @@ def test_a_stage_with_shots_needs_their_lda_part():
     stage = clf._stage()
     assert stage.lda is clf.lda_ is not None
     with pytest.raises(ValueError, match="LDA part"):
-        transduce(dataclasses.replace(stage, lda=None), clf._side(),
-                  torch.nn.functional.normalize(torch.as_tensor(U), dim=-1))
+        U = torch.nn.functional.normalize(torch.as_tensor(U), dim=-1)
+        transduce(dataclasses.replace(stage, lda=None), clf._side(), U, score(stage, clf._side(), U), DEFAULT)

@@ -5,16 +5,12 @@ from __future__ import annotations
 import logging
 import math
 from collections import namedtuple
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 
 from svgen.core.roots import bisect
 from svgen.errors import SvgenError
-from svgen.adapt.config import AdaptConfig, config_or_default
-from svgen.adapt.select import Decision
-from svgen.steps import bar
-from svgen.adapt.pool_decision import Reason, refuse
 
 log = logging.getLogger(__name__)
 
@@ -22,6 +18,8 @@ KNN_BLOCK = 2048
 CALIBRATION_ROWS = 2048      # the temperature matches look at this many evenly spaced pool rows at most
 
 
+# the solve's settings, named as svgen.adapt.config.AdaptConfig names them
+Settings = namedtuple("Settings", "neighbours rounds steps prior_pseudo_images stable escalate max_escalations")
 # N×C soft labels = softmax(logits); the class model as a linear head (C×D weight W = μ/v or μ Σ⁻¹, C bias); record
 Transduction = namedtuple("Transduction", "labels weight bias info logits")
 
@@ -31,14 +29,8 @@ def prior_strength(n_pool: int, n_classes: int, n_shots: int = 0) -> float:
     return n_shots / max(n_pool, 1) if n_shots else 1.0 + n_classes / max(n_pool, 1)
 
 
-def too_small(n_pool: int, n_classes: int, config: Optional[AdaptConfig] = None) -> Optional[Decision]:
-    """The refusal of a pool too small to use (None: use it)."""
-    if n_pool < config_or_default(config).min_pool_per_class * n_classes:
-        return refuse(Reason.POOL_TOO_SMALL, f"pool of {n_pool} unlabelled images is smaller than the {n_classes} classes")
-    return None
-
-
-def _entropy(logits: torch.Tensor) -> float:
+def entropy(logits: torch.Tensor) -> float:
+    """The mean entropy of ``softmax(logits)`` over the rows."""
     lp = torch.log_softmax(logits, dim=1)
     return float(-(lp.exp() * lp).sum(dim=1).mean())
 
@@ -61,7 +53,7 @@ def _scale(s: torch.Tensor, too_flat, iters: int) -> float:
 
 def match_entropy(scores: torch.Tensor, target: float, iters: int = 40) -> float:
     """The scale t giving ``softmax(t·scores)`` mean entropy ``target`` on :func:`calibration_rows`."""
-    return _scale(scores[calibration_rows(scores.shape[0])].float(), lambda z: _entropy(z) > target, iters)
+    return _scale(scores[calibration_rows(scores.shape[0])].float(), lambda z: entropy(z) > target, iters)
 
 
 def match_confidence(scores: torch.Tensor, target: float, iters: int = 40) -> float:
@@ -84,8 +76,7 @@ def nll_excess(scores: torch.Tensor, t: float, reference_logp: torch.Tensor, tru
 def nll_guard(scores: torch.Tensor, t: float, reference_logp: torch.Tensor, trust: float,
               iters: int = 40) -> tuple:
     """(scale, met): ``t``, or the sharpest scale below it at which :func:`nll_excess` on :func:`calibration_rows` is
-    ≤ 0 — ``softmax(scale·scores)`` expects no higher NLL than the reference under ``trust·p + (1 − trust)·q``.
-    ``met`` False: not even the flattest scale of the bracket meets it (that scale is returned)."""
+    ≤ 0. ``met`` False: not even the flattest scale of the bracket meets it (that scale is returned)."""
     rows = calibration_rows(scores.shape[0])
     s, lq = scores[rows].double(), reference_logp[rows].double()
     s = s - s.mean(dim=1, keepdim=True)
@@ -143,58 +134,40 @@ def class_model(U, Z, shots_x, shots_y, means, kappa: float):
     return mu, var.clamp_min(1e-3 * float(var.clamp_min(0).mean()) + 1e-12)
 
 
-def transduce(U: torch.Tensor, prior_logits: torch.Tensor, means: torch.Tensor, shots_x=None, shots_y=None,
-              strength: Optional[float] = None, precision: Optional[torch.Tensor] = None, graph=None,
-              progress: bool = False, temperature: float = 1.0, config: Optional[AdaptConfig] = None) -> Transduction:
-    """``config.rounds`` rounds of pseudo-labels and the class model re-solved (``precision``: a fixed Σ⁻¹)."""
-    cfg = config_or_default(config)
-    N, C = U.shape[0], prior_logits.shape[1]
+def transduce(U: torch.Tensor, prior_logits: torch.Tensor, means: torch.Tensor, settings: Settings, shots_x=None,
+              shots_y=None, strength: Optional[float] = None, precision: Optional[torch.Tensor] = None, graph=None,
+              temperature: float = 1.0, each: Callable = iter) -> Transduction:
+    """``settings.rounds`` rounds of pseudo-labels and the class model re-solved (``precision``: a fixed Σ⁻¹);
+    ``each`` wraps the rounds (a progress bar)."""
+    N, C, U, temperature = U.shape[0], prior_logits.shape[1], U.float(), float(temperature)
+    beta = prior_strength(N, C) if strength is None else float(strength)
     if N < 2:
         raise SvgenError("the unlabelled pool needs at least 2 images")
-    U = U.float()
-    logp0 = torch.log_softmax(prior_logits.float(), dim=1)
-    beta = prior_strength(N, C) if strength is None else float(strength)
     if not beta >= 0:
         raise SvgenError(f"prior strength must be ≥ 0, got {strength}")
-    temperature = float(temperature)
     if not (temperature > 0 and math.isfinite(temperature)):
         raise SvgenError(f"posterior temperature must be a positive number, got {temperature}")
-    idx, w = graph or knn_graph(U, cfg.neighbours)
+    logp0 = torch.log_softmax(prior_logits.float(), dim=1)
+    idx, w = graph or knn_graph(U, settings.neighbours)
     sx, prec = (None if t is None else t.float() for t in (shots_x, precision))
-    Z = torch.softmax(logp0 / temperature, dim=1)
-    agreement = []
-    for _ in bar(range(cfg.rounds), progress, desc="transductive rounds", unit="round"):
-        W, b = gmm_head(*class_model(U, Z, sx, shots_y, means.float(), cfg.prior_pseudo_images), prec)
-        base = U @ W.T + b + (beta * logp0 if beta else 0)
-        prev = Z.argmax(dim=1)
-        for _ in range(cfg.steps):
+
+    def model(Z):
+        return gmm_head(*class_model(U, Z, sx, shots_y, means.float(), settings.prior_pseudo_images), prec)
+
+    Z, agreement = torch.softmax(logp0 / temperature, dim=1), []
+    for _ in each(range(settings.rounds)):
+        W, b = model(Z)
+        base, prev = U @ W.T + b + (beta * logp0 if beta else 0), Z.argmax(dim=1)
+        for _ in range(settings.steps):
             A = (base if idx is None else base + _propagate(Z, idx, w)) / temperature
             Z = torch.softmax(A, dim=1)
         agreement.append(float((Z.argmax(dim=1) == prev).float().mean()))
-        if agreement[-1] >= cfg.stable and len(agreement) > 1:
+        if agreement[-1] >= settings.stable and len(agreement) > 1:
             break
-    W, b = gmm_head(*class_model(U, Z, sx, shots_y, means.float(), cfg.prior_pseudo_images), prec)
+    W, b = model(Z)
     info = {"pool": N, "prior_strength": beta, "rounds": len(agreement), "round_agreement": agreement,
-            "neighbours": cfg.neighbours, "prior_pseudo_images": cfg.prior_pseudo_images,
+            "neighbours": settings.neighbours, "prior_pseudo_images": settings.prior_pseudo_images,
             "posterior_temperature": temperature,
             "covariance": "diagonal, re-estimated" if precision is None else "fixed (from the shots)",
             "changed_from_prior": float((Z.argmax(dim=1) != logp0.argmax(dim=1)).float().mean())}
-    return Transduction(Z, W, b, info, logits=A)
-
-
-def settle(U: torch.Tensor, prior_logits: torch.Tensor, means: torch.Tensor, beta0: float,
-           config: Optional[AdaptConfig] = None, **kw):
-    """(Transduction or None, tries): :func:`transduce` at β₀, β₀·escalate, … until the rounds settle."""
-    cfg = config_or_default(config)
-    tries, beta = [], beta0
-    graph = knn_graph(U.float(), cfg.neighbours)
-    for _ in range(cfg.max_escalations + 1):
-        res = transduce(U, prior_logits, means, strength=beta, graph=graph, config=cfg, **kw)
-        last = res.info["round_agreement"][-1]
-        tries.append({"prior_strength": beta, "rounds": res.info["rounds"], "last_agreement": last,
-                      "settled": last >= cfg.stable})
-        if last >= cfg.stable:
-            return res, tries
-        log.info("transductive: β=%.3g did not settle (agreement %.4f); raising it", beta, last)
-        beta *= cfg.escalate
-    return None, tries
+    return Transduction(Z, W, b, info, A)
