@@ -5,7 +5,7 @@ from __future__ import annotations
 import difflib
 import math
 from dataclasses import dataclass, fields
-from typing import Optional, Tuple
+from typing import Tuple
 
 import numpy as np
 
@@ -117,11 +117,3 @@ def _number(v) -> bool:
 
 
 DEFAULT = AdaptConfig()
-
-
-def config_or_default(config: Optional[AdaptConfig]) -> AdaptConfig:
-    if config is None:
-        return DEFAULT
-    if not isinstance(config, AdaptConfig):
-        raise SvgenError(f"adapt_config must be an svgen.AdaptConfig, got {type(config).__name__}")
-    return config
