@@ -174,3 +174,24 @@ def test_merge_takes_svgen_from_the_rerun_and_refuses_other_shots(bench):
     assert base["rows"][2]["svgen"] == 61.0 and out["merged"]["updated"] == ["y 2"]   # the base is left as it was
     with pytest.raises(ValueError, match="tip differs"):
         bench.merge(base, {"rows": [row("y", 2, 66.0, 54.0)]})
+
+
+def test_dev_page_states_each_check_from_the_rows(bench):
+    """The dev page of issue 47 item 7: per cell, default ≥ max(kernel, linear) − 0.1 and ≥ before − 0.3; per shot
+    count, the default's mean ≥ every peer's mean (each verdict recomputed here from the rows)."""
+    def row(d, sv, kern, lin, peers, top5=80.0, nll=1.5):
+        return {"dataset": d, "shots": 2, "zero_shot": 40.0, "svgen": sv, "svgen_kernel": kern, "svgen_linear": lin,
+                **dict(zip(("gda_cv", "proker", "proker_cv"), peers)), "svgen_top5": top5, "svgen_nll": nll,
+                "svgen_minus_zero_shot": {"diff": sv - 40.0, "ci95": [sv - 41.0, sv - 39.0]}}
+    before = {"seeds": 3, "rows": [row("a", 60.0, 60, 59, (50, 55, 58)), row("b", 50.0, 50, 49, (45, 48, 53))]}
+    after = {"seeds": 3, "rows": [row("a", 60.05, 60.1, 59, (50, 55, 58)), row("b", 49.6, 49.75, 49, (45, 48, 53)),
+                                  {"dataset": "mean", "shots": 2}]}
+    page = bench.dev_page(before, after)
+    assert "Dev-only" in page and "do not edit by hand" in page
+    line = {r.split(" | ")[0][2:]: r for r in page.splitlines() if r.startswith(("| a |", "| b |"))}
+    # a: 60.05 ≥ 60.1 − 0.1 and ≥ 60 − 0.3; b: 49.6 < 49.75 − 0.1 and < 50 − 0.3
+    assert line["a"].endswith("| yes | yes |") and line["b"].endswith("| **no** | **no** |")
+    assert "+20.05 [+19.05, +21.05]" in line["a"]
+    # means at 2 shots: default (60.05 + 49.6)/2 = 54.825 < ProKeR-CV's (58 + 53)/2 = 55.5
+    mean = next(r for r in page.splitlines() if r.startswith("| 2 | a, b |"))
+    assert "| 54.83 | 55.00 |" in mean and "55.50" in mean and mean.endswith("| **no** |")
