@@ -483,10 +483,15 @@ def dev_page(before: dict, after: dict) -> str:
            "same shots and queries (the module docstring of `benchmarks/bench_adapt.py` defines each column); held-out "
            "ImageNet is the test these settings were not tuned on. *default* is what `classify` uses after "
            "`SVGClassifier().fit(P).adapt(X, y)`; *before* is the default head of the BEFORE run (the same shots and "
-           "queries); the interval is a paired bootstrap over the query images.", "",
+           "queries); the interval is a paired bootstrap over the query images."
+           + (f" Run: `OMP_NUM_THREADS=1 python -m benchmarks.bench_adapt --datasets {' '.join(after['datasets'])} "
+              f"--shots {' '.join(map(str, after['shots']))} --seeds {seeds} --peers {' '.join(after['peers'])}`."
+              if all(k in after for k in ("datasets", "shots", "peers")) else "")
+           + (" svgen's columns of AFTER were rerun on the same shots and queries and merged (`--merge`) into a run "
+              "whose peer columns they share." if "merged" in after else ""), "",
            "| dataset | shots | default | kernel | linear | zero-shot | " + " | ".join(DEV_PEERS) + " | default before "
            "| default − zero-shot [95% CI] | top-5 before → after | NLL before → after | ≥ max(kernel, linear) − 0.1 "
-           "| ≥ before − 0.3 |", "|---|---:|" + "---:|" * (6 + len(DEV_PEERS)) + "---|---|---|---|---|"]
+           "| ≥ before − 0.3 |", "|---|---:|" + "---:|" * (5 + len(DEV_PEERS)) + "---|---|---|---|---|"]
     for r in after["rows"]:
         b = old.get(key(r))
         if r["dataset"] == "mean" or b is None:
