@@ -78,7 +78,7 @@ class Accept(Enum):
 
     BEST = "the best mean (zero-shot among the candidates, so no test is needed)"
     UNLESS_BEHIND = "the best other candidate, unless it is behind zero-shot"
-    AHEAD = "the best other candidate, only where zero-shot is behind it and it is not behind zero-shot on the guards"
+    AHEAD = "the best other candidate, only where the first is behind it and it is not behind the first on the guards"
     NEAREST_NOT_BEHIND = "the candidate nearest zero-shot that is not behind the best"
 
 
@@ -94,6 +94,7 @@ class ChoiceRule:
     where: str
     guards: Tuple[Score, ...] = ()
     continuous: bool = False   # a convex minimum over an interval, not a pick among candidates (no choose())
+    first: str = "zero-shot"   # what the first candidate is, in the words of choose()'s why
 
 
 FOLDS_OR_LOO = "the balanced folds' held-out shots; one shot per class: leave-one-out"
@@ -128,6 +129,10 @@ CHOICES: Dict[str, ChoiceRule] = {
                                 "w = 0, 0.01, …, 1 (each at its best δ ≥ 0), then a golden-section refinement",
                                 Score.NLL, Accept.BEST, "refits without groups of classes, weighed by the deployed "
                                 "shares of classes without and with shots", "shotless.py"),
+    "default_head": ChoiceRule("the default head", "the mixture at its weight w (the head w picks where w is 0 or 1), "
+                               "then the other heads, the one whose top-1 agrees more with zero-shot's first",
+                               Score.TOP1, Accept.AHEAD, FOLDS_OR_LOO, "shots.py", guards=(Score.TOP5, Score.NLL),
+                               first="the mixture"),
     "pool": ChoiceRule("whether a pool is kept with shots (and whether the linear head named alone keeps its own "
                        "factor)", "the inductive heads, then the pool-adapted heads", Score.TOP1, Accept.AHEAD,
                        "each fold's held-out shots as unlabelled pool members", "gate.py",
@@ -188,7 +193,7 @@ def choose(candidates: Mapping[Hashable, Any], evidence, criterion: str, level: 
         failed = ([rule.score.value] if not ahead(test(best, keys[0]), level) else []) + [
             s.value for s in rule.guards if behind(test(best, keys[0], s), level)]
         if failed:
-            chosen, why = keys[0], f"the best {best!r} fails on {', '.join(failed)} against zero-shot at {level:g} SE"
+            chosen, why = keys[0], f"the best {best!r} fails on {', '.join(failed)} against {rule.first} at {level:g} SE"
     versus = test(chosen if chosen != keys[0] else best, keys[0]) if len(keys) > 1 else None
     return Choice(criterion, chosen, keys.index(chosen), means[chosen], best, versus, means, why, ok)
 

@@ -7,17 +7,19 @@ import dataclasses
 import logging
 import time
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Optional
 
 import numpy as np
 import torch
 
-from svgen.adapt import heldout, residual
+from svgen.adapt import heldout, residual, select
 from svgen.adapt import lda as linear
 from svgen.adapt import shotless
 from svgen.adapt import temperatures as held_temperatures
 from svgen.adapt.config import AdaptConfig
 from svgen.adapt.heldout import HeldOut
+from svgen.adapt.select import Score
 from svgen.core import logits as logit_kinds
 from svgen.core.support import IMAGE, SupportSet
 from svgen.heads import calibration, predictor
@@ -57,10 +59,10 @@ def adapt(zero_shot: Heads, shots: SupportSet, side: TextSide, tilt_shotless: bo
     heads = Heads(kernel_head(res, zero_shot, shots, C), LinearHead(lin.weight, lin.bias))
     heads.calibration = temperatures(heads, side, shots, res, lin, ev, config)
     clock.lap("adapt: temperatures on held-out scores")
-    default, weight, head_choice, held = choose_default_head(heads, side, res, shots, lin, ev)
-    clock.lap("adapt: default head chosen (mixture weight by held-out NLL)")
+    default, weight, head_choice, held = choose_default_head(heads, side, res, shots, lin, ev, config)
+    clock.lap("adapt: default head chosen (held-out top-1; the mixture weight by held-out NLL)")
     tilt = (shotless.fit_tilt(zero_shot, shots, side, lambda part: adapt(zero_shot, part, side, False, config=config),
-                              weight, progress, config=config) if tilt_shotless else None)
+                              head_choice["mixture_weight"], progress, config=config) if tilt_shotless else None)
     if tilt is not None:   # some classes have no shots: the weight and tilt fitted for them too
         clock.lap("adapt: tilt of the classes without shots (refits)")
         # the mixture carries a tilt at its weight even where that is one head alone (0 or 1)
@@ -115,23 +117,42 @@ def held_out_probabilities(heads: Heads, side: TextSide, res, shots: SupportSet,
     return pk, pl
 
 
-def choose_default_head(heads: Heads, side: TextSide, res, shots: SupportSet, lin, ev: HeldOut) -> tuple:
-    """(head, w, record, (p_kernel, p_linear, y, p_cosine)): w minimising the mixture's held-out NLL (1: kernel)."""
+def choose_default_head(heads: Heads, side: TextSide, res, shots: SupportSet, lin, ev: HeldOut,
+                        config: AdaptConfig) -> tuple:
+    """(head, w, record, (p_kernel, p_linear, y, p_cosine)): the mixture at the w minimising its held-out NLL (1: the
+    kernel head, 0: the linear head) unless another head is ahead of it on held-out top-1 (``default_head`` of
+    :data:`svgen.adapt.select.CHOICES`); w is 1 or 0 where that head alone is chosen."""
     pk, pl = held_out_probabilities(heads, side, res, shots, lin, ev)
     truth = ev.labels
     p0 = predictor.proba(heads, side.prototypes, side.config.kernel, shots.rows[ev.rows].float(), "cosine").numpy()
     fit = held_temperatures.fit_weight(pk, pl, truth)
     w = fit["weight"]
-    probs = {"mixture": calibration.mix(w, pk, pl), "kernel": pk, "linear": pl}
-    return calibration.head_of_weight(w), w, {
+    probs = {MIXTURE: calibration.mix(w, pk, pl), "kernel": pk, "linear": pl}
+    incumbent = calibration.head_of_weight(w)
+    choice, near = top1_check(probs, p0, truth, incumbent, config.level)
+    head = choice.chosen
+    return head, {"kernel": 1.0, "linear": 0.0}.get(head, w), {
         "mixture_weight": w, "held_out_nll": {h: fit["nll" if h == MIXTURE else f"nll_{h}"] for h in probs},
         "held_out_accuracy": {h: float((p.argmax(axis=1) == truth).mean()) for h, p in probs.items()},
         "shots_compared": fit["images"], "evidence": ev.regime.value,
         "classes_compared": "all" if ev.loo_rows is None or not ev.one_shot else int(np.unique(truth).size),
+        "top1_check": {"incumbent": incumbent, "head": head, "why": choice.why,
+                       "agreement_with_zero_shot": near},
         "rule": "w·p_kernel + (1 − w)·p_linear, each head at its own temperature, w minimising the NLL of the "
-                "held-out shots (both heads refitted without each fold, on the same classes' shots; one shot per "
-                "class: exact leave-one-out); w = 1 is the kernel head alone (ties), w = 0 the linear head alone"}, \
+                "held-out shots (w = 1 is the kernel head alone, w = 0 the linear head alone), unless another head "
+                "is ahead of it on their top-1 and not behind it on top-5 and NLL (paired, level SE): then that "
+                "head (docs/adaptation.md, default_head)"}, \
         (pk, pl, truth, p0)
+
+
+def top1_check(probs: dict, p_cosine: np.ndarray, truth: np.ndarray, incumbent: str, level: float) -> tuple:
+    """(choice, agreement): ``default_head`` of :data:`~svgen.adapt.select.CHOICES` on held-out probabilities
+    ({head: M×C}): the ``incumbent`` (the head the NLL weight picks), then the other heads, the one whose top-1 agrees
+    more often with zero-shot's (``p_cosine``) first; and that agreement per head."""
+    near = {h: float((p.argmax(axis=1) == p_cosine.argmax(axis=1)).mean()) for h, p in probs.items()}
+    others = sorted((h for h in ("kernel", "linear") if h != incumbent), key=lambda h: -near[h])   # stable on ties
+    scores = {h: dict.fromkeys((Score.TOP1, Score.TOP5, Score.NLL), probs[h]) for h in (incumbent, *others)}
+    return select.choose(scores, SimpleNamespace(labels=truth), "default_head", level), near
 
 
 def temperatures(heads: Heads, side: TextSide, shots: SupportSet, res, lin, ev: HeldOut,
