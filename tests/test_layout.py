@@ -111,11 +111,12 @@ LAYERS = {
     "adapt.solvers": ["core"],                   # closed forms of the heads' fits and held-out scores, no decisions
     "core": ["config", "steps"],                       # the kernel machine's math: kernels, generator, ridge solves, roots
     "state": ["core"],                           # the fitted state as plain objects
+    "records": ["state"],                        # svgen.json's adaptation records, rendered from typed decisions
     "heads": ["adapt.config", "state"],          # scores and probabilities of the heads, text temperatures
     "encoders": ["core", "safeio"],              # data in: images and text to embeddings
     "validation": ["encoders", "npy"],           # user arrays and class names, checked at the boundary
     "zeroshot": ["heads", "validation"],         # the stages
-    "adapt": ["zeroshot", "adapt.solvers"],      # shots, pools, temperatures: the evidence and the choices
+    "adapt": ["zeroshot", "adapt.solvers", "records"],      # shots, pools, temperatures: the evidence and the choices
     "io": ["adapt", "encoders", "locks"],   # the files: the codec knows every stage's state
     "engine": ["heads", "encoders", "npy"],            # results out, in blocks
     "evaluation": ["adapt", "validation"],

@@ -17,11 +17,12 @@ from svgen.core.support import SupportSet
 from svgen.adapt import lda as fewshot
 from svgen.heads import calibration, predictor
 from svgen.heads.scoring import CLIP_LOGIT_SCALE
+from svgen import records
 from svgen.adapt.config import AdaptConfig
 from svgen.adapt.select import Decision
 from svgen.state import Heads, LdaPart, LinearHead, TextSide
 from svgen.adapt.solvers import transduction as td
-from svgen.adapt.pool_decision import KEPT, Reason, fallback, refuse
+from svgen.adapt.pool_decision import KEPT, Reason, refuse
 from svgen.steps import bar
 
 log = logging.getLogger(__name__)
@@ -115,8 +116,8 @@ def settle(U: torch.Tensor, prior_logits: torch.Tensor, means: torch.Tensor, bet
 
 
 def _refused(heads: Heads, N: int, head: str, refusal: Decision, **extra) -> PoolFit:
-    log.info("transductive: %s", fallback(refusal))
-    return PoolFit(heads, {"pool": N, **refusal.to_json(), "prior_head": head, **extra}, decision=refusal)
+    log.info("transductive: %s", records.fallback(refusal))
+    return PoolFit(heads, {"pool": N, **records.decision(refusal), "prior_head": head, **extra}, decision=refusal)
 
 
 # the solve's prior: its logits, the linear head it continues, the LDA part's Σ⁻¹ (or None), the stage's shots (or
@@ -192,7 +193,7 @@ def _adopted(stage: Stage, side: TextSide, U: torch.Tensor, res: td.Transduction
             labels_entropy = td.entropy(z.double() / new.calibration.temperatures["linear"])
         t_labels = td.match_entropy(res.logits, labels_entropy)
         labels = torch.softmax(t_labels * res.logits.float(), dim=1)
-    record = {**res.info, **KEPT.to_json(), "prior_head": stage.default_head, **extra,
+    record = {**res.info, **records.decision(KEPT), "prior_head": stage.default_head, **extra,
               "prior_temperature": pr.t_prior, "labels_temperature": 1.0 / t_labels,
               "linear_prior_temperature": pr.t_lin, "calibration": "entropy of softmax(100·cos)",
               "posterior_temperature_source": pr.t_post_source,
