@@ -186,3 +186,88 @@ def gate_failures(g, top1: bool, top5: bool, nll: bool) -> tuple:
     if nll:
         why.append(f"NLL {n.candidate:.3f} is above the inductive {n.baseline:.3f} by more than {level:g} SE")
     return tuple(why)
+
+
+# --- the shots: svgen.json ``fewshot`` ---
+
+KERNEL_ONE_SHOT_RULE = ("one shot per class: leave-one-out would leave the image's class without any shot, so it "
+                        "cannot judge the correction")
+
+
+def kernel_decision(kept: bool, p, level: float) -> dict:
+    """The correction against zero-shot on the held-out shots, as ``svgen.json`` records it (format 3's text)."""
+    out = {"adopted": kept} if p is None else {
+        "adopted": kept, "held_out_acc": p.candidate, "zero_shot_acc": p.baseline, "difference": p.difference,
+        "standard_error": p.standard_error, "shots_compared": p.n}
+    return {**out, "rule": "adapted unless its accuracy on held-out shots (one per class at a time) is below zero-shot's "
+                           f"by more than {level:g} SE (paired)"}
+
+
+def kernel(choice, kept: bool, med, ev, config, logit_scale: float, n_shots: int) -> dict:
+    """``fewshot.kernel``: σ, c, how they were chosen (``choice``, on the fit's held-out shots ``ev``), the
+    correction against zero-shot."""
+    sigma, c = choice.best
+    if med is None:
+        selection = {"one_shot": True, "rule": f"{'one shot per class' if ev.one_shot else 'every shot is the same image'}"
+                     f": σ = 1/√β (Tip-Adapter's β = {config.one_shot_beta:g}), c = {config.one_shot_ridge:g}"
+                     f"{' (the shot and the text weigh the same)' if config.one_shot_ridge == 1 else ''}; "
+                     "the labels cannot identify either"}
+    else:
+        selection = {"one_shot": False, "sigma_factor": next(f for f in config.sigma_factors if f * med == sigma),
+                     "median_distance": med, "held_out_accuracy": choice.means[choice.best], "folds": len(ev.folds),
+                     **({"refits": f"Nyström basis of {config.select_basis} shots, every class"}
+                        if n_shots > config.select_max else {}),
+                     "rule": "σ (× the median shot distance) and c with the best accuracy on held-out shots (balanced "
+                             "folds, the deployed predictor); ties to the larger c, then σ"}
+    decision = ({"adopted": True, "rule": KERNEL_ONE_SHOT_RULE} if choice.versus_zero_shot is None
+                else kernel_decision(kept, choice.versus_zero_shot, config.level))
+    return {"sigma": float(sigma), "ridge_c": float(c), "logit_scale": float(logit_scale), "selection": selection,
+            "decision": decision, "shots": int(n_shots), "scored_shots": int(ev.rows.size if ev.one_shot else n_shots)}
+
+
+def lda_choice(choice) -> dict:
+    """``fewshot.linear``'s LDA part: (γ, κ) and their leave-one-out error (an :class:`~svgen.adapt.lda.LdaChoice`)."""
+    return {"loo_error": choice.loo_error, "kind": "lda", "shrinkage": choice.shrinkage,
+            "prior_shots": choice.prior_shots, "means": "equal Mahalanobis radius",
+            "rule": "one shot per class: Σ = τI and κ = lda_prior_one_shot (LOO cannot judge κ)" if choice.one_shot
+            else "the most shrinkage not behind the lowest LOO error (paired), then the lowest LOO error"}
+
+
+def linear_alone(scale: float) -> dict:
+    """``fewshot.linear`` with one shot per class: the LDA head alone."""
+    return {"form": "lda", "scale": scale,
+            "rule": "one shot per class: no held-out folds to weigh the LDA logits against the zero-shot ones; "
+                    "the LDA head"}
+
+
+def linear(alpha: float, scale: float, fold_scale: float, t_lda: dict, picked, shots_compared: int) -> dict:
+    """``fewshot.linear``: zero-shot logits + α·s·LDA logits, α ``picked`` (a :class:`~svgen.adapt.select.Choice`)."""
+    return {"form": "zero-shot logits + α·s·LDA logits", "alpha": float(alpha), "scale": scale,
+            "fold_scale": fold_scale, "lda_temperature": float(t_lda["temperatures"]["lda"]),
+            "lda_temperature_fitted": bool(t_lda["loo"]["lda"]["fitted"]),
+            "held_out_accuracy": picked.mean, "zero_shot_held_out_accuracy": picked.means[0.0],
+            "grid": {f"{a:g}": v for a, v in picked.means.items()}, "shots_compared": int(shots_compared),
+            "rule": "α with the best accuracy on the balanced folds' held-out shots (the LDA head refitted without "
+                    "each fold, its logits scaled by fold_scale), ties to the smaller α; a scale is the spread of the "
+                    "zero-shot logits / the spread of the LDA logits on shots that head did not see (the deployed "
+                    "head's: its exact leave-one-out logits)"}
+
+
+SHOTS_TEMPERATURES = (
+    "linear: T minimising the leave-one-out NLL of the shots; an adapted kernel head: T minimising the NLL of its "
+    "balanced folds' held-out scores (one shot per class: leave-one-out), for log scores, raw scores and log scores "
+    "floored at ε × the zero-shot probability, the lowest NLL kept, log charged for unseen scores ≤ 0; cosine: CLIP's "
+    "logit scale 100")
+
+
+def shots(counts, classes, zero_shot, res, lchoice, lin, default, head_choice, wall, tilt) -> dict:
+    """``fewshot``: the shots per class, both heads' records, the default head and how it was chosen."""
+    return {
+        "shots": int(counts.sum()), "classes_with_shots": int((counts > 0).sum()),
+        "shots_per_class": {"min": int(counts.min()), "max": int(counts.max()), "mean": float(counts.mean())},
+        "shots_by_class": {name: int(n) for name, n in zip(classes, counts) if n},
+        "kernel": {"head": "zero-shot probabilities + kernel ridge on their residual" if res.adopted
+                   else "zero-shot (the shots' correction was refused)", **res.record},
+        "linear": {**lda_choice(lchoice), **lin.record}, "default_head": default, "head_choice": head_choice,
+        "text_bandwidth": float(zero_shot.kernel.bandwidth), "wall_time_s": wall,
+        **({"classes_without_shots": tilt.record} if tilt else {})}
