@@ -11,6 +11,7 @@ it sits below them (``tests/test_layout.py``, ``records``).
 
 from __future__ import annotations
 
+import json
 from typing import Optional
 
 from svgen.state import Calibration, Evidence, LdaPart, LinearForm, PoolFactor, PoolOutcome, ShotsOutcome
@@ -79,6 +80,22 @@ POOL_RULES = {
     Evidence.HALVES: "kept if a head adapted on one half of the pool agrees with the other half's transductive "
                      "posterior (argmax) more often than the inductive head by more than {level:g} SE, and its top 5 "
                      "holds that class not less often by more than {level:g} SE (paired, both directions)"}
+
+
+def transduced(info: dict, prior_head: str, extra: dict, pr, t_labels: float, wall: float, ic: Calibration) -> dict:
+    """A solve kept: its numbers (``info``, the prior ``pr``), the temperatures, and the inductive calibration
+    ``ic`` it replaced (adapting again restores it)."""
+    inductive = {"temperatures": dict(ic.temperatures), "kernel_logits": ic.kernel_logits,
+                 **{k: getattr(ic, k) for k in ("kernel_floor", "mixture_weight") if getattr(ic, k) is not None},
+                 "calibration": json.loads(json.dumps(ic.record))}
+    return {**info, "fallback": None, "prior_head": prior_head, **extra,
+            "prior_temperature": pr.t_prior, "labels_temperature": 1.0 / t_labels,
+            "linear_prior_temperature": pr.t_lin, "calibration": "entropy of softmax(100·cos)",
+            "posterior_temperature_source": pr.t_post_source,
+            "heads": {"linear": "transductive posterior", "kernel": "inductive"}, "wall_time_s": wall,
+            "inductive_calibration": inductive}
+
+
 POOL_FACTOR = "p_head(x) ∝ p_head_inductive(x) · exp(a_head · pool Gaussian log-likelihood(x))"
 
 
@@ -271,3 +288,15 @@ def shots(counts, classes, zero_shot, res, lchoice, lin, default, head_choice, w
         "linear": {**lda_choice(lchoice), **lin.record}, "default_head": default, "head_choice": head_choice,
         "text_bandwidth": float(zero_shot.kernel.bandwidth), "wall_time_s": wall,
         **({"classes_without_shots": tilt.record} if tilt else {})}
+
+
+def shotless(n_without: int, offset: float, weight: float, shots_weight: float, nll: dict, folds: list,
+             class_folds: int) -> dict:
+    """``fewshot.classes_without_shots``: the tilt δ and mixture weight w, their held-out NLL and refits."""
+    return {"classes_without_shots": int(n_without), "offset": float(offset), "mixture_weight": float(weight),
+            "mixture_weight_of_the_shots_alone": float(shots_weight), "held_out_nll": nll, "folds": folds,
+            "rule": "w·p_kernel + (1 − w)·p_linear with the classes without shots × e^δ, renormalised; (w, δ), "
+                    "w in [0, 1] and δ ≥ 0, minimising the NLL of (a) the shots of each of "
+                    f"{len(folds)} groups of 1/{class_folds} of the classes with shots, scored by adapt rerun without "
+                    "that group's shots, and (b) that rerun's own held-out shots, weighed by the deployed shares of "
+                    "classes without and with shots"}

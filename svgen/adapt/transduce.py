@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from dataclasses import dataclass
@@ -178,10 +177,6 @@ def _adopted(stage: Stage, side: TextSide, U: torch.Tensor, res: td.Transduction
              labels_entropy: Optional[float], config: AdaptConfig, t0: float, **extra) -> PoolFit:
     """The solve kept: the linear head its posterior (continuing ``pr.linear``), the pool's labels and record."""
     beta, heads, ic = res.info["prior_strength"], stage.heads, stage.heads.calibration
-    inductive_calibration = {"temperatures": dict(ic.temperatures), "kernel_logits": ic.kernel_logits,
-                             **{k: getattr(ic, k) for k in ("kernel_floor", "mixture_weight")
-                                if getattr(ic, k) is not None},
-                             "calibration": json.loads(json.dumps(ic.record))}   # adapting again restores it
     w = beta * pr.t_lin
     new = Heads(heads.kernel, LinearHead(res.weight + w * pr.linear.weight.float(),
                                          res.bias + w * pr.linear.bias.float()), ic)
@@ -193,12 +188,7 @@ def _adopted(stage: Stage, side: TextSide, U: torch.Tensor, res: td.Transduction
             labels_entropy = td.entropy(z.double() / new.calibration.temperatures["linear"])
         t_labels = td.match_entropy(res.logits, labels_entropy)
         labels = torch.softmax(t_labels * res.logits.float(), dim=1)
-    record = {**res.info, **records.decision(KEPT), "prior_head": stage.default_head, **extra,
-              "prior_temperature": pr.t_prior, "labels_temperature": 1.0 / t_labels,
-              "linear_prior_temperature": pr.t_lin, "calibration": "entropy of softmax(100·cos)",
-              "posterior_temperature_source": pr.t_post_source,
-              "heads": {"linear": "transductive posterior", "kernel": "inductive"}, "wall_time_s": time.perf_counter() - t0,
-              "inductive_calibration": inductive_calibration}
+    record = records.transduced(res.info, stage.default_head, extra, pr, t_labels, time.perf_counter() - t0, ic)
     log.info("transductive: %d images, β=%.3g, %d rounds, %.1f%% of the pool relabelled from the prior, %.2fs",
              U.shape[0], beta, res.info["rounds"], 100 * res.info["changed_from_prior"], record["wall_time_s"])
     return PoolFit(new, record, labels, heads, pr.linear, gaussian=LinearHead(res.weight, res.bias),
