@@ -107,7 +107,7 @@ LAYERS = {
     "locks": ["safeio"],                         # one writer at a time of an artifact (load to replace)
     "npy": ["errors"],                           # every .npy read: header checked first, native byte order
     "steps": ["errors"],                         # a log line with its duration for each long step (svgen -v)
-    "adapt.config": ["errors"],                  # AdaptConfig: the settings of every adaptive choice
+    "adapt.config": ["config"],                  # AdaptConfig: the settings of every adaptive choice
     "adapt.solvers": ["core"],                   # closed forms of the heads' fits and held-out scores, no decisions
     "core": ["config", "steps"],                       # the kernel machine's math: kernels, generator, ridge solves, roots
     "state": ["core"],                           # the fitted state as plain objects
