@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import math
 import numbers
 from dataclasses import asdict, dataclass, fields
@@ -137,6 +138,40 @@ def setting(name: str, value, kind: str):
         raise SvgenError(f"{name} must be a number{' or one of ' + ', '.join(RIDGE_RULES) if kind != 'float' else ''}"
                          f", got {value!r}")
     return value
+
+
+def checked(name: str, default, v):
+    """A settings field's value of the kind its ``default`` is: a grid (tuple) a non-empty tuple of finite numbers
+    >= 0 (a list is taken), a count an integer, else a finite number; all >= 0. Raises one line naming ``name``."""
+    if isinstance(default, tuple):
+        if not (isinstance(v, (tuple, list)) and len(v) > 0 and all(_number(x) and math.isfinite(x) and x >= 0
+                                                                   for x in v)):
+            raise SvgenError(f"{name} must be a non-empty list of finite numbers >= 0, got {v!r}")
+        return tuple(float(x) for x in v)
+    if isinstance(default, int):
+        if not (isinstance(v, numbers.Integral) and not _is_bool(v) and v >= 0):
+            raise SvgenError(f"{name} must be an integer >= 0, got {v!r}")
+        return int(v)
+    if not (_number(v) and math.isfinite(v) and v >= 0):
+        raise SvgenError(f"{name} must be a finite number >= 0, got {v!r}")
+    return float(v)
+
+
+def known_names(given, names: list, where: str, what: str) -> None:
+    """One :class:`SvgenError` line for the first key of ``given`` not among ``names`` (with the nearest one)."""
+    for k in given:
+        if k not in names:
+            near = difflib.get_close_matches(str(k), names, n=1)
+            raise SvgenError(f"{where}: {k!r} is not {what}"
+                             + (f" (did you mean {near[0]!r}?)" if near else f"; the fields: {', '.join(names)}"))
+
+
+def _is_bool(v) -> bool:
+    return type(v).__name__ in ("bool", "bool_")   # Python's or numpy's, without importing numpy
+
+
+def _number(v) -> bool:
+    return isinstance(v, numbers.Real) and not _is_bool(v)
 
 
 def config_dict(cfg: FitConfig) -> dict:

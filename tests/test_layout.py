@@ -107,15 +107,16 @@ LAYERS = {
     "locks": ["safeio"],                         # one writer at a time of an artifact (load to replace)
     "npy": ["errors"],                           # every .npy read: header checked first, native byte order
     "steps": ["errors"],                         # a log line with its duration for each long step (svgen -v)
-    "adapt.config": ["errors"],                  # AdaptConfig: the settings of every adaptive choice
+    "adapt.config": ["config"],                  # AdaptConfig: the settings of every adaptive choice
     "adapt.solvers": ["core"],                   # closed forms of the heads' fits and held-out scores, no decisions
     "core": ["config", "steps"],                       # the kernel machine's math: kernels, generator, ridge solves, roots
     "state": ["core"],                           # the fitted state as plain objects
+    "records": ["state"],                        # svgen.json's adaptation records, rendered from typed decisions
     "heads": ["adapt.config", "state"],          # scores and probabilities of the heads, text temperatures
     "encoders": ["core", "safeio"],              # data in: images and text to embeddings
     "validation": ["encoders", "npy"],           # user arrays and class names, checked at the boundary
     "zeroshot": ["heads", "validation"],         # the stages
-    "adapt": ["zeroshot", "adapt.solvers"],      # shots, pools, temperatures: the evidence and the choices
+    "adapt": ["zeroshot", "adapt.solvers", "records"],      # shots, pools, temperatures: the evidence and the choices
     "io": ["adapt", "encoders", "locks"],   # the files: the codec knows every stage's state
     "engine": ["heads", "encoders", "npy"],            # results out, in blocks
     "evaluation": ["adapt", "validation"],

@@ -1,5 +1,5 @@
 """Typed state in, records out (issue 47 item 4): the ``svgen.json`` records are rendered from the decisions
-(:mod:`svgen.adapt.records`) and never read to decide anything, except once, on load, in :mod:`svgen.io`
+(:mod:`svgen.records`) and never read to decide anything, except once, on load, in :mod:`svgen.io`
 (:mod:`svgen.io.recorded`), which maps them to the typed fields of :mod:`svgen.state`.
 
 * No module outside ``svgen/io/`` branches on or compares a value read from a record (an AST check).

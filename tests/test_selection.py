@@ -42,7 +42,7 @@ def test_shot_sample_spreads_over_classes_first():
 
 
 def test_paired_test_one_level_and_ties_keep():
-    from svgen.adapt.residual import decision_record
+    from svgen.records import kernel_decision as decision_record
 
     rng = np.random.default_rng(0)
     base = rng.random(400) < 0.6
@@ -66,7 +66,7 @@ def test_paired_test_one_level_and_ties_keep():
 
 
 def test_the_rule_text_is_format_3s_at_level_one_and_names_another_level():
-    from svgen.adapt.residual import decision_record
+    from svgen.records import kernel_decision as decision_record
 
     assert decision_record(True, None, 1.0)["rule"] == (
         "adapted unless its accuracy on held-out shots (one per class at a time) is below zero-shot's by more than 1 SE "

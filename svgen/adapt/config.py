@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import difflib
-import math
 from dataclasses import dataclass, fields
 from typing import Tuple
 
 import numpy as np
 
+from svgen.config import checked, known_names
 from svgen.errors import SvgenError
 
 
@@ -64,7 +63,7 @@ class AdaptConfig:
 
     def __post_init__(self):
         for f in fields(self):
-            object.__setattr__(self, f.name, _checked(f, getattr(self, f.name)))
+            object.__setattr__(self, f.name, checked(f"AdaptConfig.{f.name}", f.default, getattr(self, f.name)))
         for name in ("select_max", "max_folds", "lda_loo_max", "class_folds", "rounds", "steps"):
             if getattr(self, name) < 1:
                 raise SvgenError(f"AdaptConfig.{name} must be an integer >= 1, got {getattr(self, name)!r}")
@@ -81,39 +80,11 @@ class AdaptConfig:
         bad value is one :class:`SvgenError` line naming it (``where``: what held them, e.g. a file)."""
         if not isinstance(settings, dict):
             raise SvgenError(f"{where} must be a table of AdaptConfig fields, got {type(settings).__name__}")
-        names = [f.name for f in fields(cls)]
-        for k in settings:
-            if k not in names:
-                near = difflib.get_close_matches(str(k), names, n=1)
-                raise SvgenError(f"{where}: {k!r} is not an AdaptConfig field"
-                                 + (f" (did you mean {near[0]!r}?)" if near else f"; the fields: {', '.join(names)}"))
+        known_names(settings, [f.name for f in fields(cls)], where, "an AdaptConfig field")
         try:
             return cls(**settings)
         except SvgenError as e:
             raise SvgenError(f"{where}: {e}") from None
-
-
-def _checked(f, v):
-    """One field's value: a grid is a non-empty tuple of finite numbers >= 0 (a list is taken), a count an integer,
-    a number finite; all >= 0. Raises one line naming the field."""
-    default = f.default
-    if isinstance(default, tuple):
-        ok = (isinstance(v, (tuple, list)) and len(v) > 0
-              and all(_number(x) and math.isfinite(x) and x >= 0 for x in v))
-        if not ok:
-            raise SvgenError(f"AdaptConfig.{f.name} must be a non-empty list of finite numbers >= 0, got {v!r}")
-        return tuple(float(x) for x in v)
-    if isinstance(default, int):
-        if not (isinstance(v, (int, np.integer)) and not isinstance(v, bool) and v >= 0):
-            raise SvgenError(f"AdaptConfig.{f.name} must be an integer >= 0, got {v!r}")
-        return int(v)
-    if not (_number(v) and math.isfinite(v) and v >= 0):
-        raise SvgenError(f"AdaptConfig.{f.name} must be a finite number >= 0, got {v!r}")
-    return float(v)
-
-
-def _number(v) -> bool:
-    return isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, (bool, np.bool_))
 
 
 DEFAULT = AdaptConfig()

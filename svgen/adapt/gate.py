@@ -13,9 +13,10 @@ from svgen.core.logits import KERNEL_LOG_FLOOR
 from svgen.core.roots import newton_minimum
 from svgen.core.support import IMAGE, image_rows
 from svgen.adapt import shots as shot_adapt
+from svgen import records
 from svgen.adapt.config import AdaptConfig
 from svgen.adapt.heldout import balanced_folds, outcomes
-from svgen.adapt.pool_decision import Check, Gate, Reason, fallback
+from svgen.adapt.pool_decision import Check, Gate, Reason
 from svgen.adapt.select import Score, ahead, behind, choose, paired
 from svgen.adapt.transduce import Scored, Stage, score, transduce
 from svgen.heads import calibration, predictor
@@ -62,22 +63,9 @@ def decided(pool: dict, ind: dict, level: float) -> Gate:
 
 
 def judged(g: Gate) -> Gate:
-    """``g`` with its failures in words: not ahead on top-1, behind on top-5, behind on NLL (recorded numbers)."""
-    why, level, a, a5, n = [], g.level, g.top1, g.top5, g.nll
-    if not ahead(a, level):
-        why.append(f"a head adapted on one half of the pool agrees with the other half's own posterior on "
-                   f"{100 * a.candidate:.1f}% of it, the inductive head on {100 * a.baseline:.1f}%: the pool's "
-                   f"structure does not replicate (not above by more than {level:g} SE)" if n is None else
-                   f"top-1 on held-out shots {100 * a.candidate:.1f}% is not above the inductive "
-                   f"{100 * a.baseline:.1f}% by more than {level:g} SE ({g.gained} gained, {g.lost} lost)")
-    if behind(a5, level):
-        why.append(f"the adapted head's top 5 holds the other half's posterior class on {100 * a5.candidate:.2f}% "
-                   f"of it, the inductive head's on {100 * a5.baseline:.2f}%, more often by more than {level:g} SE"
-                   if n is None else f"top-5 {100 * a5.candidate:.1f}% is below the inductive "
-                   f"{100 * a5.baseline:.1f}% by more than {level:g} SE")
-    if n is not None and ahead(n, level):   # NLL: lower is better
-        why.append(f"NLL {n.candidate:.3f} is above the inductive {n.baseline:.3f} by more than {level:g} SE")
-    return replace(g, failed=tuple(why))
+    """``g`` with its failures in words (:func:`svgen.records.gate_failures`)."""
+    return replace(g, failed=records.gate_failures(g, not ahead(g.top1, g.level), behind(g.top5, g.level),
+                                                   g.nll is not None and ahead(g.nll, g.level)))
 
 
 def fit_pool_weight(g: np.ndarray, z: np.ndarray, y: np.ndarray, tol: float = 1e-7) -> float:
@@ -139,7 +127,7 @@ def check_with_shots(stage: Stage, side: TextSide, U: torch.Tensor, strength: Op
         part = _fold(stage, side, U, held, strength, config)
         if not isinstance(part, tuple):
             return Check(Evidence.SHOTS, head, stopped=Reason.FOLD_DID_NOT_ADAPT,
-                         why="without a fold of the shots " + fallback(part))
+                         why="without a fold of the shots " + records.fallback(part))
         parts.append(part)
     rows, g, *roles = map(np.concatenate, zip(*parts))
     fold, yh = np.repeat(np.arange(len(parts)), [len(p[0]) for p in parts]), y[rows]

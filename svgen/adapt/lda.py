@@ -11,6 +11,7 @@ from typing import Optional
 import numpy as np
 import torch
 
+from svgen import records
 from svgen.adapt import temperatures as calibration
 from svgen.adapt.config import AdaptConfig
 from svgen.adapt.heldout import HeldOut
@@ -33,11 +34,6 @@ class LdaChoice:
     loo_error: float
     one_shot: bool = False
 
-    def record(self) -> dict:
-        return {"loo_error": self.loo_error, "kind": "lda", "shrinkage": self.shrinkage,
-                "prior_shots": self.prior_shots, "means": "equal Mahalanobis radius",
-                "rule": "one shot per class: Σ = τI and κ = lda_prior_one_shot (LOO cannot judge κ)" if self.one_shot
-                else "the most shrinkage not behind the lowest LOO error (paired), then the lowest LOO error"}
 
 
 def lda_setting(hits: dict, level: float) -> tuple:
@@ -106,24 +102,13 @@ def fit_linear_head(prototypes: torch.Tensor, shots, n_classes: int, W_lda: torc
     s = spread_ratio(Z_loo, loo)
     part, t_lda = lda_part(loo, loo_y, W_lda, b_lda, choice)
     if not ev.judges_zero_shot:   # one shot per class: no held-out shot can weigh α against zero-shot
-        record = {"form": "lda", "scale": s,
-                  "rule": "one shot per class: no held-out folds to weigh the LDA logits against the zero-shot ones; "
-                          "the LDA head"}
-        return LinearFit(W_lda, b_lda, replace(part, form=LinearForm.LDA), record, loo, loo, loo_y)
+        return LinearFit(W_lda, b_lda, replace(part, form=LinearForm.LDA), records.linear_alone(s), loo, loo, loo_y)
     Z, L, s_fold = alpha_evidence(X, shots, P, choice, ev, m)
     alphas = tuple(dict.fromkeys((0.0, *sorted(config.alphas))))   # α = 0, zero-shot, first
     picked = choose({a: (Z + a * s_fold * L).argmax(axis=1) == ev.labels for a in alphas}, ev, "alpha", config.level)
     alpha = picked.chosen
     W = CLIP_LOGIT_SCALE * torch.from_numpy(P) + alpha * s * W_lda.double()
-    record = {"form": "zero-shot logits + α·s·LDA logits", "alpha": float(alpha), "scale": s, "fold_scale": s_fold,
-              "lda_temperature": float(t_lda["temperatures"]["lda"]),
-              "lda_temperature_fitted": bool(t_lda["loo"]["lda"]["fitted"]),
-              "held_out_accuracy": picked.mean, "zero_shot_held_out_accuracy": picked.means[0.0],
-              "grid": {f"{a:g}": v for a, v in picked.means.items()}, "shots_compared": int(ev.rows.size),
-              "rule": "α with the best accuracy on the balanced folds' held-out shots (the LDA head refitted without "
-                      "each fold, its logits scaled by fold_scale), ties to the smaller α; a scale is the spread of the "
-                      "zero-shot logits / the spread of the LDA logits on shots that head did not see (the deployed "
-                      "head's: its exact leave-one-out logits)"}
+    record = records.linear(alpha, s, s_fold, t_lda, picked, ev.rows.size)
     log.info("linear head: zero-shot logits + %g·%.3g·LDA (held-out accuracy %.3f, zero-shot %.3f)",
              alpha, s, picked.mean, picked.means[0.0])
     return LinearFit(W.float(), (alpha * s * b_lda.double()).float(), part, record, Z + alpha * s_fold * L,

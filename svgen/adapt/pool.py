@@ -9,8 +9,9 @@ from typing import Optional
 import torch
 
 from svgen.adapt import gate as pool_gate
+from svgen import records
 from svgen.adapt.config import AdaptConfig
-from svgen.adapt.pool_decision import Check, Reason, fallback, refuse
+from svgen.adapt.pool_decision import Check, Reason, refuse
 from svgen.adapt.select import Decision
 from svgen.adapt.solvers import transduction as td
 from svgen.adapt.transduce import PoolFit, Scored, Stage, score, too_small, transduce
@@ -38,7 +39,7 @@ def adapt(stage: Stage, side: TextSide, U: torch.Tensor, strength: Optional[floa
         clock.lap("pool check (%s) on %d images", check.evidence.value, N)
         decision = check.decision()
     if not decision.kept:
-        record = {"pool": N, "fallback": None, "prior_head": stage.default_head, **decision.to_json()}
+        record = {"pool": N, "fallback": None, "prior_head": stage.default_head, **records.decision(decision)}
         return refused(stage, scored, {**record, "wall_time_s": time.perf_counter() - t0}, decision)
     shots = check.evidence is Evidence.SHOTS
     entropy = None if shots else scored.entropy()
@@ -62,7 +63,7 @@ def agreement_target(check: Check) -> Optional[float]:
 
 def refused(stage: Stage, scored: Scored, record: dict, decision: Decision) -> PoolFit:
     """The inductive heads, with the inductive default head's probabilities as the pool's."""
-    log.warning("transductive: %s", fallback(decision))
+    log.warning("transductive: %s", records.fallback(decision))
     return PoolFit(stage.heads, record, scored.proba(), None, decision=decision)
 
 
@@ -75,18 +76,7 @@ def _adopt_factor(stage: Stage, side: TextSide, U: torch.Tensor, fit: PoolFit, c
                   PoolFactor(WG.float(), bG.float(), powers) if powers else None)
     default = stage.default_head
     labels = predictor.proba_in_blocks(heads, side.prototypes, side.config.kernel, U, default)
-    record = {**fit.record, "check": check.to_json(), "default_head": default,
-              "kernel_head": {"replaced": False, "reason": "with shots a pool multiplies the default and linear heads "
-                                                          "by its likelihood; the kernel vote is not re-solved"},
-              "pool_factor": {"powers": powers,
-                              "rule": "p_head(x) ∝ p_head_inductive(x) · exp(a_head · (x̂ W_Gᵀ + b_G)), the pool's "
-                                      "Gaussian class log-likelihood (tensors pool_factor.weight, pool_factor.bias); "
-                                      "a_head by the NLL of held-out shots that were pool members"},
-              "heads": {h: (f"inductive × pool likelihood^{powers[h]:.4g}" if h in powers else
-                            "inductive (with shots a pool changes the default and linear heads only)"
-                            if h == "kernel" else "inductive (the held-out shots kept no factor for it: its power is "
-                                                  "0, or its own paired check did not pass)")
-                        for h in predictor.head_names(heads) if h != "cosine"}}
+    record = {**fit.record, **records.pool_factor(check, default, powers, predictor.head_names(heads))}
     return PoolFit(heads, record, labels, Heads(ind.kernel, ind.linear, ind.calibration), fit.prior_linear,
                    default_head=default)
 
@@ -147,7 +137,7 @@ def _adopt_posterior(stage: Stage, side: TextSide, fit: PoolFit, U: torch.Tensor
     temps, powers, why = _scales(stage, side, fit, U[rows], kernel, scale)
     cal = predictor.with_temperatures(fit.heads.calibration, temps,
                                       method="entropy-matched" if agreement is None else "confidence-matched",
-                                      rule=_posterior_rule(agreement, trust),
+                                      rule=records.posterior_rule(agreement, trust),
                                       **({"kernel_logits": "score"} if powers else {}))
     kernel, ind = fit.heads.kernel, fit.inductive
     if powers and kernel.labels is None:   # rows one by one (the layout with a factor), shared with the inductive heads
@@ -156,37 +146,7 @@ def _adopt_posterior(stage: Stage, side: TextSide, fit: PoolFit, U: torch.Tensor
         ind = Heads(kernel, ind.linear, ind.calibration)
     WG, bG = fit.gaussian.weight.float(), fit.gaussian.bias.float()
     heads = Heads(kernel, fit.heads.linear, cal, PoolFactor(WG, bG, powers) if powers else None)
-    record = {**fit.record, **_posterior_record(temps, powers, why), "check": check.to_json(), "default_head": "linear",
-              "nll_guard": {"trust": trust, "reference": "cosine", "heads": guard, "rule": GUARD_RULE}}
+    record = {**fit.record, **records.posterior(temps, powers, why, check, trust, guard)}
     # the pool's probabilities: the deployed default head's on it (what `adapt` + `classify --probs` gives)
     labels = predictor.proba_in_blocks(heads, side.prototypes, side.config.kernel, U, "linear")
     return PoolFit(heads, record, labels, ind, fit.prior_linear, default_head="linear")
-
-
-GUARD_RULE = ("each adapted head's scale is the matched one, or the sharpest below it at which (1 − trust)·KL(p_cosine‖"
-              "p_head) ≤ trust·KL(p_head‖p_cosine) on the pool: its expected NLL under trust·p_head + (1 − trust)·"
-              "p_cosine is not above the cosine head's")
-
-
-def _posterior_rule(agreement: Optional[float], trust: float) -> str:
-    return ("after a pool without labels: T giving each adapted head the inductive default head's mean entropy on "
-            "the pool" if agreement is None else
-            f"after a pool without labels: T giving each adapted head a mean top-1 probability on the pool of "
-            f"{agreement:.4g}, how often a head adapted on one half of the pool predicts the other half's own "
-            "posterior class (transductive.check.agreement_pool)") + (
-            f"; no sharper than expecting, under the label estimate {trust:g}·p_pool + {1 - trust:.3g}·p_cosine, a "
-            "mean NLL on the pool above the cosine head's (transductive.nll_guard)")
-
-
-def _posterior_record(temps: dict, powers: dict, why: Optional[str]) -> dict:
-    factor = ("the transductive posterior with the kernel vote as its prior (the inductive kernel scores at T = "
-              f"{temps['kernel']:.4g} × pool likelihood^{powers['kernel']:.4g})") if powers else None
-    return {"heads": {"linear": "transductive posterior", "kernel": factor or f"inductive ({why})"},
-            "kernel_head": {"replaced": False, "factor": bool(powers),
-                            "reason": ("the pool multiplies the kernel vote by its likelihood: the transduction's "
-                                       "posterior with the vote as its prior") if powers else why},
-            **({"pool_factor": {"powers": powers,
-                                "rule": "p_kernel(x) ∝ softmax(s(x)/T) · exp(a · (x̂ W_Gᵀ + b_G)), s the "
-                                        "inductive kernel scores, T = 1/(a·β·t_prior): the solve's posterior "
-                                        "β·t_prior·s(x) + x̂ W_Gᵀ + b_G at the confidence-matching scale a"}}
-               if powers else {})}

@@ -24,21 +24,6 @@ class Reason(Enum):
     HALVES_CHECK_FAILED = "halves said no"
     DID_NOT_SETTLE = "rounds did not settle"
 
-    @staticmethod
-    def record(decision: Decision) -> dict:
-        """The record's ``fallback`` and, where a check ran, its ``check`` block."""
-        check = decision.evidence
-        return {"fallback": fallback(decision), **({"check": check.to_json()} if check is not None else {})}
-
-
-RULES = {
-    Evidence.SHOTS: "kept if top-1 on the held-out shots (unlabelled pool members) is above the inductive predictor's "
-                    "by more than {level:g} SE, and top-5 and NLL are not worse by more than {level:g} SE (paired)",
-    Evidence.HALVES: "kept if a head adapted on one half of the pool agrees with the other half's transductive "
-                     "posterior (argmax) more often than the inductive head by more than {level:g} SE, and its top 5 "
-                     "holds that class not less often by more than {level:g} SE (paired, both directions)"}
-FACTOR = "p_head(x) ∝ p_head_inductive(x) · exp(a_head · pool Gaussian log-likelihood(x))"
-
 
 @dataclass(frozen=True)
 class Gate:
@@ -59,20 +44,6 @@ class Gate:
     @property
     def message(self) -> Optional[str]:
         return "; ".join(self.failed) or None
-
-    def to_json(self) -> dict:
-        a, out = self.top1, {"images": self.top1.n}
-        if self.nll is None:
-            out.update(agreement_pool=a.candidate, agreement_inductive=a.baseline, difference=a.difference,
-                       standard_error=a.standard_error, gained=self.gained, lost=self.lost,
-                       top5_agreement_pool=self.top5.candidate, top5_agreement_inductive=self.top5.baseline)
-        else:
-            pairs = {"top1": a, "top5": self.top5, "nll": self.nll}
-            out.update({k: {"inductive": p.baseline, "pool": p.candidate, "difference": p.difference,
-                            "standard_error": p.standard_error} for k, p in pairs.items()})
-            out["top1"].update(gained=self.gained, lost=self.lost)
-        evidence = Evidence.HALVES if self.nll is None else Evidence.SHOTS
-        return {**out, "adopt": self.passed, "reason": self.message, "rule": RULES[evidence].format(level=self.level)}
 
 
 @dataclass(frozen=True)
@@ -100,26 +71,11 @@ class Check:
         failed = Reason.SHOTS_CHECK_FAILED if self.evidence is Evidence.SHOTS else Reason.HALVES_CHECK_FAILED
         return Decision(False, failed, self, self.gate.message, self.gate.level)
 
-    def to_json(self) -> dict:
-        base = {"evidence": self.evidence.value, "head": self.head}
-        if self.gate is None:
-            return {**base, "adopt": False, "reason": self.why}
-        out = {**self.gate.to_json(), **base}
-        if self.evidence is Evidence.SHOTS:
-            out.update({"powers": dict(self.powers), "cross_fitted": list(self.cross_fitted),
-                        "named_heads": {h: g.to_json() for h, g in self.named_heads.items()}, "factor": FACTOR})
-        return out
-
 
 def refuse(reason: Reason, why: str, check: Optional[Check] = None) -> Decision:
     if reason is Reason.KEPT or not why:
         raise ValueError(f"inconsistent refusal: reason={reason}, why={why!r}")
     return Decision(False, reason, check, why)
-
-
-def fallback(decision: Decision) -> Optional[str]:
-    """The record's ``fallback``: None when kept, else the cause and that the inductive heads were kept."""
-    return None if decision.kept else decision.why + "; kept the inductive heads"
 
 
 KEPT = Decision(True, Reason.KEPT)

@@ -10,6 +10,7 @@ from typing import Optional
 
 import numpy as np
 
+from svgen import records
 from svgen.adapt.config import AdaptConfig
 from svgen.adapt.heldout import HeldOut, shot_sample
 from svgen.adapt.select import Choice, choose
@@ -19,8 +20,6 @@ from svgen.adapt.solvers.ridge import prior_probs, rbf, unit  # noqa: F401  (the
 log = logging.getLogger(__name__)
 
 ZERO_SHOT = "zero-shot"
-ONE_SHOT_RULE = "one shot per class: leave-one-out would leave the image's class without any shot, so it cannot " \
-                "judge the correction"
 
 
 @dataclass
@@ -84,7 +83,7 @@ def fit_residual_head(X, y, P, n_classes: int, ev: HeldOut, logit_scale: float, 
     choice = choose({**zero, **{c: hits[c] for c in cells}}, ev, "kernel", config.level)
     (sigma, c), kept = choice.best, choice.chosen != ZERO_SHOT
     scores = next(held_scores(X, y, R, p0_held, ev, [(sigma, c)], config))[1] if kept else None
-    record = residual_record(choice, kept, med, ev, config, logit_scale, X.shape[0])
+    record = records.kernel(choice, kept, med, ev, config, logit_scale, X.shape[0])
     if kept:   # every shot a row (above dense_max those outside the basis with zero votes)
         votes = ridge.solve(X, R, y, sigma, c, ev.seed, config.dense_max, config.nystrom_basis)
         record.update(support_rows=int(X.shape[0]), basis="all shots" if X.shape[0] <= config.dense_max
@@ -93,34 +92,3 @@ def fit_residual_head(X, y, P, n_classes: int, ev: HeldOut, logit_scale: float, 
         log.info("shots: zero-shot kept (%s)", choice.why)
         votes = np.zeros((X.shape[0], n_classes))
     return ResidualFit(choice, kept, X, y, float(sigma), float(c), votes, logit_scale, record, scores, p0_held)
-
-
-def decision_record(kept: bool, p, level: float) -> dict:
-    """The correction against zero-shot on the held-out shots, as ``svgen.json`` records it (format 3's text)."""
-    out = {"adopted": kept} if p is None else {
-        "adopted": kept, "held_out_acc": p.candidate, "zero_shot_acc": p.baseline, "difference": p.difference,
-        "standard_error": p.standard_error, "shots_compared": p.n}
-    return {**out, "rule": "adapted unless its accuracy on held-out shots (one per class at a time) is below zero-shot's "
-                           f"by more than {level:g} SE (paired)"}
-
-
-def residual_record(choice: Choice, kept: bool, med, ev: HeldOut, config: AdaptConfig, logit_scale: float,
-                    n_shots: int) -> dict:
-    """The kernel head's ``svgen.json`` record (output only)."""
-    sigma, c = choice.best
-    if med is None:
-        selection = {"one_shot": True, "rule": f"{'one shot per class' if ev.one_shot else 'every shot is the same image'}"
-                     f": σ = 1/√β (Tip-Adapter's β = {config.one_shot_beta:g}), c = {config.one_shot_ridge:g}"
-                     f"{' (the shot and the text weigh the same)' if config.one_shot_ridge == 1 else ''}; "
-                     "the labels cannot identify either"}
-    else:
-        selection = {"one_shot": False, "sigma_factor": next(f for f in config.sigma_factors if f * med == sigma),
-                     "median_distance": med, "held_out_accuracy": choice.means[choice.best], "folds": len(ev.folds),
-                     **({"refits": f"Nyström basis of {config.select_basis} shots, every class"}
-                        if n_shots > config.select_max else {}),
-                     "rule": "σ (× the median shot distance) and c with the best accuracy on held-out shots (balanced "
-                             "folds, the deployed predictor); ties to the larger c, then σ"}
-    decision = ({"adopted": True, "rule": ONE_SHOT_RULE} if choice.versus_zero_shot is None
-                else decision_record(kept, choice.versus_zero_shot, config.level))
-    return {"sigma": float(sigma), "ridge_c": float(c), "logit_scale": float(logit_scale), "selection": selection,
-            "decision": decision, "shots": int(n_shots), "scored_shots": int(ev.rows.size if ev.one_shot else n_shots)}

@@ -200,16 +200,13 @@ def choose(candidates: Mapping[Hashable, Any], evidence, criterion: str, level: 
 
 @dataclass(frozen=True)
 class Decision:
-    """A kept or refused candidate, why (a ``Reason`` member, whose ``record`` writes ``to_json()``), on what."""
+    """A kept or refused candidate, why (a ``Reason`` member), on what (its record: :func:`svgen.records.decision`)."""
 
     kept: bool
     reason: Enum
     evidence: Any = None
     why: Optional[str] = None
     level: float = DEFAULT.level
-
-    def to_json(self) -> dict:
-        return type(self.reason).record(self)
 
 
 def choices_table() -> str:

@@ -13,6 +13,7 @@ import numpy as np
 from svgen.heads.calibration import PROB_FLOOR, mix, tilt
 from svgen.core.roots import convex_minimum, golden_minimum
 from svgen.core.support import SupportSet
+from svgen import records
 from svgen.adapt import heldout
 from svgen.heads import predictor
 from svgen.adapt.config import AdaptConfig
@@ -123,21 +124,13 @@ def fit_tilt(zero_shot, shots: SupportSet, side, refit, shots_weight: float, pro
     if with_shots.size == C or with_shots.size < 2:
         return None
     parts, folds = refit_parts(shots, side, refit, with_shots, progress, config)
-    n = len(folds)
     found = [evidence(*p[:2], *p[3:]) for p in parts]
     w, delta = best_weight_and_offset(found, config.level)
     # output only (svgen.json fewshot.heads_vs_zero_shot): each head and the tilted mixture against zero-shot
     versus = heldout.compare([({"kernel": k, "linear": li, "mixture": tilt(mix(w, k, li), delta, u),
                                 "cosine": z}, y, share) for k, li, z, y, u, share in parts], config)
-    record = {"classes_without_shots": int(C - with_shots.size), "offset": float(delta), "mixture_weight": float(w),
-              "mixture_weight_of_the_shots_alone": float(shots_weight),
-              "held_out_nll": {"untilted": objective(found, shots_weight, 0.0), "tilted": objective(found, w, delta)},
-              "folds": folds,
-              "rule": "w·p_kernel + (1 − w)·p_linear with the classes without shots × e^δ, renormalised; (w, δ), "
-                      "w in [0, 1] and δ ≥ 0, minimising the NLL of (a) the shots of each of "
-                      f"{n} groups of 1/{config.class_folds} of the classes with shots, scored by adapt rerun without "
-                      "that group's shots, and (b) that rerun's own held-out shots, weighed by the deployed shares of "
-                      "classes without and with shots"}
+    nll = {"untilted": objective(found, shots_weight, 0.0), "tilted": objective(found, w, delta)}
+    record = records.shotless(C - with_shots.size, delta, w, shots_weight, nll, folds, config.class_folds)
     log.info("shots: %d of %d classes have none; the mixture at w = %.3g (the shots alone: %.3g), their "
              "probabilities × e^%.3g (held-out NLL %.4f → %.4f)", C - with_shots.size, C, w, shots_weight, delta,
              *record["held_out_nll"].values())

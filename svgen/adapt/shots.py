@@ -13,6 +13,7 @@ from typing import Optional
 import numpy as np
 import torch
 
+from svgen import records
 from svgen.adapt import heldout, residual, select
 from svgen.adapt import lda as linear
 from svgen.adapt import shotless
@@ -70,7 +71,8 @@ def adapt(zero_shot: Heads, shots: SupportSet, side: TextSide, tilt_shotless: bo
     offset = tilt.offset if tilt else None
     weight = weight if offset or default == MIXTURE else None
     heads.calibration = dataclasses.replace(heads.calibration, mixture_weight=weight, shotless_offset=offset or None)
-    record = shots_record(shots, side, zero_shot, res, lchoice, lin, default, head_choice, wall, tilt)
+    record = records.shots(shots.counts(C), side.classes, zero_shot, res, lchoice, lin, default, head_choice, wall,
+                           tilt)
     record["heads_vs_zero_shot"] = tilt.versus if tilt else heldout.shots_record(held, default, weight, config)
     log.info("adapted to %d shots in %.2fs: kernel %s (σ=%.3g, c=%.3g), linear LDA γ=%g κ=%g (LOO error %.3f), α=%s",
              len(shots), wall, "adapted" if res.adopted else "kept zero-shot", res.sigma, res.ridge_c,
@@ -88,20 +90,6 @@ def kernel_head(res: residual.ResidualFit, zero_shot: Heads, shots: SupportSet, 
     z, support = zero_shot.kernel, SupportSet.from_text(zero_shot.kernel.rows).join(shots)
     return KernelHead(support.rows.float(), float(z.bandwidth), torch.cat([z.votes.float(), torch.zeros(len(shots), C)]),
                       support.labels, support.source)
-
-
-def shots_record(shots, side, zero_shot, res, lchoice, lin, default, head_choice, wall, tilt) -> dict:
-    """The stage's ``svgen.json`` ``fewshot`` record (output only)."""
-    counts = shots.counts(side.n_classes)
-    return {
-        "shots": int(counts.sum()), "classes_with_shots": int((counts > 0).sum()),
-        "shots_per_class": {"min": int(counts.min()), "max": int(counts.max()), "mean": float(counts.mean())},
-        "shots_by_class": {name: int(n) for name, n in zip(side.classes, counts) if n},
-        "kernel": {"head": "zero-shot probabilities + kernel ridge on their residual" if res.adopted
-                   else "zero-shot (the shots' correction was refused)", **res.record},
-        "linear": {**lchoice.record(), **lin.record}, "default_head": default, "head_choice": head_choice,
-        "text_bandwidth": float(zero_shot.kernel.bandwidth), "wall_time_s": wall,
-        **({"classes_without_shots": tilt.record} if tilt else {})}
 
 
 def held_out_probabilities(heads: Heads, side: TextSide, res, shots: SupportSet, lin, ev: HeldOut) -> tuple:
@@ -172,7 +160,4 @@ def temperatures(heads: Heads, side: TextSide, shots: SupportSet, res, lin, ev: 
     return predictor.with_temperatures(
         text_cal, temps, method="loo-nll", kernel_logits=kind, kernel_floor=floor, shots=len(shots), loo=loo,
         text_temperatures=text_temps, **extra,
-        rule="linear: T minimising the leave-one-out NLL of the shots; an adapted kernel head: T minimising the NLL "
-             "of its balanced folds' held-out scores (one shot per class: leave-one-out), for log scores, raw scores "
-             "and log scores floored at ε × the zero-shot probability, the lowest NLL kept, log charged for unseen "
-             "scores ≤ 0; cosine: CLIP's logit scale 100")
+        rule=records.SHOTS_TEMPERATURES)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from dataclasses import dataclass
@@ -17,11 +16,12 @@ from svgen.core.support import SupportSet
 from svgen.adapt import lda as fewshot
 from svgen.heads import calibration, predictor
 from svgen.heads.scoring import CLIP_LOGIT_SCALE
+from svgen import records
 from svgen.adapt.config import AdaptConfig
 from svgen.adapt.select import Decision
 from svgen.state import Heads, LdaPart, LinearHead, TextSide
 from svgen.adapt.solvers import transduction as td
-from svgen.adapt.pool_decision import KEPT, Reason, fallback, refuse
+from svgen.adapt.pool_decision import KEPT, Reason, refuse
 from svgen.steps import bar
 
 log = logging.getLogger(__name__)
@@ -115,8 +115,8 @@ def settle(U: torch.Tensor, prior_logits: torch.Tensor, means: torch.Tensor, bet
 
 
 def _refused(heads: Heads, N: int, head: str, refusal: Decision, **extra) -> PoolFit:
-    log.info("transductive: %s", fallback(refusal))
-    return PoolFit(heads, {"pool": N, **refusal.to_json(), "prior_head": head, **extra}, decision=refusal)
+    log.info("transductive: %s", records.fallback(refusal))
+    return PoolFit(heads, {"pool": N, **records.decision(refusal), "prior_head": head, **extra}, decision=refusal)
 
 
 # the solve's prior: its logits, the linear head it continues, the LDA part's Σ⁻¹ (or None), the stage's shots (or
@@ -177,10 +177,6 @@ def _adopted(stage: Stage, side: TextSide, U: torch.Tensor, res: td.Transduction
              labels_entropy: Optional[float], config: AdaptConfig, t0: float, **extra) -> PoolFit:
     """The solve kept: the linear head its posterior (continuing ``pr.linear``), the pool's labels and record."""
     beta, heads, ic = res.info["prior_strength"], stage.heads, stage.heads.calibration
-    inductive_calibration = {"temperatures": dict(ic.temperatures), "kernel_logits": ic.kernel_logits,
-                             **{k: getattr(ic, k) for k in ("kernel_floor", "mixture_weight")
-                                if getattr(ic, k) is not None},
-                             "calibration": json.loads(json.dumps(ic.record))}   # adapting again restores it
     w = beta * pr.t_lin
     new = Heads(heads.kernel, LinearHead(res.weight + w * pr.linear.weight.float(),
                                          res.bias + w * pr.linear.bias.float()), ic)
@@ -192,12 +188,7 @@ def _adopted(stage: Stage, side: TextSide, U: torch.Tensor, res: td.Transduction
             labels_entropy = td.entropy(z.double() / new.calibration.temperatures["linear"])
         t_labels = td.match_entropy(res.logits, labels_entropy)
         labels = torch.softmax(t_labels * res.logits.float(), dim=1)
-    record = {**res.info, **KEPT.to_json(), "prior_head": stage.default_head, **extra,
-              "prior_temperature": pr.t_prior, "labels_temperature": 1.0 / t_labels,
-              "linear_prior_temperature": pr.t_lin, "calibration": "entropy of softmax(100·cos)",
-              "posterior_temperature_source": pr.t_post_source,
-              "heads": {"linear": "transductive posterior", "kernel": "inductive"}, "wall_time_s": time.perf_counter() - t0,
-              "inductive_calibration": inductive_calibration}
+    record = records.transduced(res.info, stage.default_head, extra, pr, t_labels, time.perf_counter() - t0, ic)
     log.info("transductive: %d images, β=%.3g, %d rounds, %.1f%% of the pool relabelled from the prior, %.2fs",
              U.shape[0], beta, res.info["rounds"], 100 * res.info["changed_from_prior"], record["wall_time_s"])
     return PoolFit(new, record, labels, heads, pr.linear, gaussian=LinearHead(res.weight, res.bias),

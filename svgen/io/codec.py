@@ -30,7 +30,7 @@ from svgen.errors import SvgenError
 from svgen.core.generator import SupportVectorGenerator
 from svgen.adapt import shotless as coverage
 from svgen.adapt import lda
-from svgen.adapt import records
+from svgen import records
 from svgen.adapt.config import AdaptConfig
 from svgen.heads import predictor
 from svgen.heads.scoring import HEADS, MIXTURE

@@ -1,6 +1,6 @@
 """An artifact's ``svgen.json`` records mapped to the typed fields of the state (:mod:`svgen.state`), once, on load:
 the one place a record's values are read to decide anything (``tests/test_records.py``). What the code writes is
-rendered from those fields (:mod:`svgen.adapt.records`).
+rendered from those fields (:mod:`svgen.records`).
 
 Every mapping reads identifiers and structure, never prose, so rewording a record's sentences changes nothing: a head
 name, ``calibration.method``'s name, ``fewshot.kernel.decision.adopted``, whether ``transductive.fallback`` holds a

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from svgen import SVGClassifier
+from svgen import SVGClassifier, records
 from svgen.adapt import residual
 from svgen.adapt import heldout
 from svgen.adapt.solvers import ridge
@@ -148,7 +148,7 @@ def test_paired_decision_keeps_zero_shot_when_the_correction_hurts():
 
     def decide(held, zs, y):   # the kernel choice between zero-shot and one correction, as the head records it
         c = choose({residual.ZERO_SHOT: zs.argmax(1) == y, (0.5, 1.0): held.argmax(1) == y}, None, "kernel", 1.0)
-        return residual.decision_record(c.chosen != residual.ZERO_SHOT, c.versus_zero_shot, 1.0)
+        return records.kernel_decision(c.chosen != residual.ZERO_SHOT, c.versus_zero_shot, 1.0)
 
     worse = np.eye(4)[(y + 1) % 4]                      # adapted LOO wrong on every shot
     d = decide(worse, p0, y)

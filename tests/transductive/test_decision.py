@@ -1,7 +1,7 @@
 """The pool decision as typed values (issue 38): every exit that refuses a pool gives a
 :class:`svgen.adapt.select.Decision` with its own :class:`~svgen.adapt.pool_decision.Reason` (its evidence the
 :class:`~svgen.adapt.pool_decision.Check`); the record
-(``svgen.json`` ``transductive``: ``fallback`` and ``check``) is written from it by ``to_json()``; and no module under
+(``svgen.json`` ``transductive``: ``fallback`` and ``check``) is written from it by :func:`svgen.records.decision`; and no module under
 ``svgen/transductive`` steers on a record's strings.
 
 The golden artifacts were written under the exact sign test; the pool is now judged by :mod:`svgen.adapt.select`'s one
@@ -27,7 +27,8 @@ from svgen.adapt import pool as pool_adapt
 from svgen.adapt import gate as pool_gate
 from svgen.adapt import transduce as pool_transduce
 from svgen.adapt.select import Decision, Paired
-from svgen.adapt.pool_decision import KEPT, Check, Evidence, Gate, Reason, fallback, pool_outcome, refuse
+from svgen.adapt.pool_decision import KEPT, Check, Evidence, Gate, Reason, pool_outcome, refuse
+from svgen.records import check as check_json, decision as to_json, fallback
 from svgen.io import recorded
 from svgen.state import PoolOutcome
 
@@ -62,7 +63,7 @@ def golden_record(case: str) -> dict:
 
 
 def written(record: dict) -> dict:
-    """The part of a ``transductive`` record that :meth:`Decision.to_json` writes, in the record's key order."""
+    """The part of a ``transductive`` record that :func:`svgen.records.decision` writes, in the record's key order."""
     return {k: record[k] for k in record if k in ("fallback", "check")}
 
 
@@ -120,10 +121,10 @@ def test_to_json_writes_the_recorded_numbers_byte_for_byte(case, reason):
     decision = _decision(record)
     assert decision.reason is reason and decision.kept == (reason is Reason.KEPT)
     want = unchanged(written(record))
-    assert unchanged(decision.to_json()) == want
-    assert (json.dumps(unchanged(decision.to_json()), indent=2, ensure_ascii=False)
+    assert unchanged(to_json(decision)) == want
+    assert (json.dumps(unchanged(to_json(decision)), indent=2, ensure_ascii=False)
             == json.dumps(want, indent=2, ensure_ascii=False))   # the same keys in the same order
-    text = json.dumps(decision.to_json(), ensure_ascii=False)
+    text = json.dumps(to_json(decision), ensure_ascii=False)
     assert "sign_test_p" not in text and ("by more than 1 SE" in text) == ("check" in record)
 
 
@@ -151,8 +152,8 @@ def test_refitting_a_golden_case_decides_the_same_way(case, reason, decisions):
     (decision,) = decisions
     assert decision.reason is reason
     assert decision.kept == clf.pool_outcome_.kept
-    test_golden.close_json(unchanged(decision.to_json()), unchanged(written(golden_record(case))))
-    assert written(clf.transductive_) == decision.to_json()   # the record is the decision's, written once
+    test_golden.close_json(unchanged(to_json(decision)), unchanged(written(golden_record(case))))
+    assert written(clf.transductive_) == to_json(decision)   # the record is the decision's, written once
     if decision.evidence is not None:
         assert clf.pool_outcome_.evidence is decision.evidence.evidence
     # the record read back (svgen.io.recorded, on load) gives the typed outcome the fit had
@@ -222,7 +223,7 @@ def test_the_halves_say_no(decisions, monkeypatch):
     SVGClassifier(n_support=2, seed=0).fit(text).adapt(unlabelled=U)
     (d,) = decisions
     assert d.reason is Reason.HALVES_CHECK_FAILED and fallback(d) == "said no; kept the inductive heads"
-    assert d.evidence.to_json()["adopt"] is False and d.evidence.to_json()["evidence"] == "halves of the pool"
+    assert check_json(d.evidence)["adopt"] is False and check_json(d.evidence)["evidence"] == "halves of the pool"
 
 
 def test_the_final_solve_that_does_not_settle(decisions, monkeypatch):
@@ -246,9 +247,9 @@ def test_a_decision_is_consistent():
         refuse(Reason.DID_NOT_SETTLE, None)   # a refusal says why
     with pytest.raises(ValueError):
         Check(Evidence.SHOTS, "linear")          # neither a test nor a reason it stopped
-    assert KEPT.to_json() == {"fallback": None} and fallback(KEPT) is None and isinstance(KEPT, Decision)
+    assert to_json(KEPT) == {"fallback": None} and fallback(KEPT) is None and isinstance(KEPT, Decision)
     refused = refuse(Reason.POOL_TOO_SMALL, "too few")
-    assert refused.to_json() == {"fallback": "too few; kept the inductive heads"} and not refused.kept
+    assert to_json(refused) == {"fallback": "too few; kept the inductive heads"} and not refused.kept
     assert recorded.pool(None) is None and recorded.pool({"fallback": None}) == PoolOutcome(True)
     assert recorded.pool({"fallback": "x"}) == PoolOutcome(False)
     assert pool_outcome(refused, "linear") == PoolOutcome(False) and pool_outcome(KEPT, "linear").default_head == "linear"

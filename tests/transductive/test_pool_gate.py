@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from svgen import SVGClassifier
+from svgen import SVGClassifier, records
 from svgen.adapt import gate as pool_gate
 from svgen.adapt.config import DEFAULT
 
@@ -114,7 +114,7 @@ def test_the_pool_test_is_the_selection_test(seed, level):
     assert g.top1 == paired(b1, a1) and g.top5 == paired(b5, a5) and g.nll == paired(bn, an)
     want = ahead(paired(b1, a1), level) and not behind(paired(b5, a5), level) and not behind(paired(-bn, -an), level)
     assert g.passed == want
-    assert g.to_json()["rule"].count(f"by more than {level:g} SE") == 2 and "sign" not in json.dumps(g.to_json())
+    assert records.gate(g)["rule"].count(f"by more than {level:g} SE") == 2 and "sign" not in json.dumps(records.gate(g))
 
 
 def test_a_tie_is_not_ahead_and_the_level_is_the_configs():
@@ -131,7 +131,7 @@ def test_a_tie_is_not_ahead_and_the_level_is_the_configs():
     for level, kept in ((1.0, True), (2.0, True), (2.5, False)):
         assert pool_gate.paired_gate(_right_on(20), _right_on(24), y, level).passed is kept, level
     too_few = pool_gate.paired_gate(_right_on(20), _right_on(24), y, 2.5)
-    assert "by more than 2.5 SE" in too_few.message and "2.5 SE" in too_few.to_json()["rule"]
+    assert "by more than 2.5 SE" in too_few.message and "2.5 SE" in records.gate(too_few)["rule"]
 
 
 def _nll(L, y):
