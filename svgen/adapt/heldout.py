@@ -11,6 +11,7 @@ from typing import Dict, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
+from svgen import records
 from svgen.heads.calibration import PROB_FLOOR
 from svgen.heads.scoring import topk
 from svgen.adapt.config import DEFAULT, AdaptConfig
@@ -47,14 +48,8 @@ def compare(parts: Sequence[Part], config: AdaptConfig) -> Optional[dict]:
            for h in [ZERO_SHOT] + heads}
     versus = {h: {m: paired(per[h][m], per[ZERO_SHOT][m], share) for m in METRICS} for h in heads}
     worse = {h: [m for m, p in v.items() if (ahead if m == "nll" else behind)(p, level)] for h, v in versus.items()}
-    return {"images": int(share.size), "heads": {h: {m: float(share @ per[h][m]) for m in METRICS} for h in per},
-            "versus_zero_shot": {h: {m: {"difference": p.difference, "standard_error": p.standard_error}
-                                     for m, p in v.items()} for h, v in versus.items()},
-            "worse_than_zero_shot": {h: w for h, w in worse.items() if w},
-            "rule": "each head and the cosine head (zero-shot) on the fit's held-out shots, weighed as the fit weighs "
-                    "them; a head is worse than zero-shot where its top-1 or top-5 is lower, or its NLL higher, by "
-                    f"more than {'one standard error' if level == 1 else f'{level:g} standard errors'} of the paired "
-                    "difference"}
+    means = {h: {m: float(share @ per[h][m]) for m in METRICS} for h in per}
+    return records.versus_zero_shot(int(share.size), means, versus, worse, level)
 
 
 def shots_record(held: tuple, default_head: str, weight: Optional[float], config: AdaptConfig) -> Optional[dict]:

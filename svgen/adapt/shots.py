@@ -118,19 +118,9 @@ def choose_default_head(heads: Heads, side: TextSide, res, shots: SupportSet, li
     probs = {MIXTURE: calibration.mix(w, pk, pl), "kernel": pk, "linear": pl}
     incumbent = calibration.head_of_weight(w)
     choice, near = top1_check(probs, p0, truth, incumbent, config.level)
-    head = choice.chosen
-    return head, {"kernel": 1.0, "linear": 0.0}.get(head, w), {
-        "mixture_weight": w, "held_out_nll": {h: fit["nll" if h == MIXTURE else f"nll_{h}"] for h in probs},
-        "held_out_accuracy": {h: float((p.argmax(axis=1) == truth).mean()) for h, p in probs.items()},
-        "shots_compared": fit["images"], "evidence": ev.regime.value,
-        "classes_compared": "all" if ev.loo_rows is None or not ev.one_shot else int(np.unique(truth).size),
-        "top1_check": {"incumbent": incumbent, "head": head, "why": choice.why,
-                       "agreement_with_zero_shot": near},
-        "rule": "w·p_kernel + (1 − w)·p_linear, each head at its own temperature, w minimising the NLL of the "
-                "held-out shots (w = 1 is the kernel head alone, w = 0 the linear head alone), unless another head "
-                "is ahead of it on their top-1 and not behind it on top-5 and NLL (paired, level SE): then that "
-                "head (docs/adaptation.md, default_head)"}, \
-        (pk, pl, truth, p0)
+    accuracy = {h: float((p.argmax(axis=1) == truth).mean()) for h, p in probs.items()}
+    record = records.head_choice(fit, accuracy, ev, incumbent, choice, near)
+    return choice.chosen, {"kernel": 1.0, "linear": 0.0}.get(choice.chosen, w), record, (pk, pl, truth, p0)
 
 
 def top1_check(probs: dict, p_cosine: np.ndarray, truth: np.ndarray, incumbent: str, level: float) -> tuple:
