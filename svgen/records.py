@@ -109,6 +109,12 @@ def decision(d) -> dict:
     return {"fallback": fallback(d), **({"check": check(d.evidence)} if d.evidence is not None else {})}
 
 
+def refused(n_pool: int, prior_head: str, d, **extra) -> dict:
+    """``transductive`` of a pool refused: its size, the decision (:func:`decision`), the head it would have adapted."""
+    return {"pool": n_pool, "fallback": fallback(d), "prior_head": prior_head,
+            **({"check": check(d.evidence)} if d.evidence is not None else {}), **extra}
+
+
 def gate(g) -> dict:
     """A pool check's paired test (:class:`~svgen.adapt.pool_decision.Gate`): halves without NLL, shots with it."""
     a, out = g.top1, {"images": g.top1.n}

@@ -39,8 +39,8 @@ def adapt(stage: Stage, side: TextSide, U: torch.Tensor, strength: Optional[floa
         clock.lap("pool check (%s) on %d images", check.evidence.value, N)
         decision = check.decision()
     if not decision.kept:
-        record = {"pool": N, "fallback": None, "prior_head": stage.default_head, **records.decision(decision)}
-        return refused(stage, scored, {**record, "wall_time_s": time.perf_counter() - t0}, decision)
+        record = records.refused(N, stage.default_head, decision, wall_time_s=time.perf_counter() - t0)
+        return refused(stage, scored, record, decision)
     shots = check.evidence is Evidence.SHOTS
     entropy = None if shots else scored.entropy()
     fit = transduce(stage, side, U, scored, config, strength, progress, labels_entropy=entropy)
