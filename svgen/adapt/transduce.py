@@ -85,6 +85,10 @@ def score(stage: Stage, side: TextSide, U: torch.Tensor) -> Scored:
                   predictor.temperature(stage.heads, h))
 
 
+def settings(config: AdaptConfig) -> td.Settings:
+    return td.Settings(**{f: getattr(config, f) for f in td.Settings._fields})
+
+
 def too_small(n_pool: int, n_classes: int, config: AdaptConfig) -> Optional[Decision]:
     """The refusal of a pool too small to use (None: use it)."""
     if n_pool < config.min_pool_per_class * n_classes:
@@ -158,8 +162,7 @@ def transduce(stage: Stage, side: TextSide, U: torch.Tensor, scored: Scored, con
         beta0 = td.prior_strength(N, side.n_classes, fitted) if strength is None else float(strength)
         t1 = time.perf_counter()
         res, tries = settle(U, pr.t_prior * pr.logits, fewshot.prior_means(side.prototypes, U.double()).float(),
-                            beta0, td.Settings(**{f: getattr(config, f) for f in td.Settings._fields}),
-                            shots_x=None if pr.shots is None else pr.shots.rows.float(),
+                            beta0, settings(config), shots_x=None if pr.shots is None else pr.shots.rows.float(),
                             shots_y=None if pr.shots is None else pr.shots.labels, precision=pr.precision,
                             temperature=pr.t_post,
                             each=lambda r: bar(r, progress, desc="transductive rounds", unit="round"))
