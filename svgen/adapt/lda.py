@@ -1,6 +1,5 @@
-"""The LDA head (:mod:`svgen.adapt.solvers.lda`), (γ, κ) by exact leave-one-out; and the linear head on it: CLIP's
-zero-shot logits plus α·s × the LDA head's (GDA's form), one matrix ``W = τP̂ + α·s·W_lda``, ``b = α·s·b_lda``, α on
-the held-out evidence with α = 0 (zero-shot) a candidate (docs/fewshot.md, "The LDA head", "The linear head")."""
+"""The LDA head, (γ, κ) by exact leave-one-out, and the linear head on it, ``W = τP̂ + α·s·W_lda``, α = 0 (zero-shot)
+a candidate (docs/fewshot.md, "The LDA head", "The linear head")."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""Temperatures from held-out shots: each head's T by the NLL of its held-out logits, the kernel head's kind of
-logits, and the mixture weight ``w`` by the held-out NLL (docs/calibration.md). Probabilities themselves:
-:mod:`svgen.heads.calibration`."""
+"""Temperatures, the kernel head's kind of logits and the mixture weight ``w`` by the NLL of held-out shots
+(docs/calibration.md)."""
 
 from __future__ import annotations
 

@@ -30,9 +30,8 @@ BLOCK = 8192   # pool rows scored at a time (a kernel head's N×M kernel never w
 
 @dataclass
 class Stage:
-    """The inductive state a pool adapts (``zero_shot``: the heads without shots; ``fewshot``: the shots' record;
-    ``default_head``: the inductive default head, the transduction's prior; ``lda``: the LDA part of the shots' linear
-    head)."""
+    """The inductive state a pool adapts: ``zero_shot`` the heads without shots, ``default_head`` the transduction's
+    prior, ``lda`` the LDA part of the shots' linear head."""
 
     heads: Heads
     zero_shot: Heads
