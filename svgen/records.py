@@ -248,6 +248,19 @@ def kernel(choice, kept: bool, med, ev, config, logit_scale: float, n_shots: int
             "decision": decision, "shots": int(n_shots), "scored_shots": int(ev.rows.size if ev.one_shot else n_shots)}
 
 
+def kernel_basis(n_shots: int, dense_max: int, with_votes: int) -> dict:
+    """The deployed kernel head's rows: every shot, solved exactly up to ``dense_max`` (``with_votes``: shots voting)."""
+    return {"support_rows": int(n_shots),
+            "basis": "all shots" if n_shots <= dense_max else f"Nyström, {with_votes} of the shots"}
+
+
+def kernel_logits_choice(kfit: dict, ev) -> dict:
+    """``calibration.kernel_logits_choice`` and ``kernel_evidence``: the kernel head's logit kind as chosen (``kfit``)
+    on the held-out shots ``ev``."""
+    return {"kernel_logits_choice": {k: v for k, v in kfit.items() if k not in ("temperature", "loo", "floor")},
+            "kernel_evidence": ev.regime.value}
+
+
 def lda_choice(choice) -> dict:
     """``fewshot.linear``'s LDA part: (γ, κ) and their leave-one-out error (an :class:`~svgen.adapt.lda.LdaChoice`)."""
     return {"loo_error": choice.loo_error, "kind": "lda", "shrinkage": choice.shrinkage,
@@ -343,9 +356,12 @@ def shots(counts, classes, zero_shot, res, lchoice, lin, default, head_choice, w
 
 def shotless(n_without: int, offset: float, weight: float, shots_weight: float, nll: dict, folds: list,
              class_folds: int) -> dict:
-    """``fewshot.classes_without_shots``: the tilt δ and mixture weight w, their held-out NLL and refits."""
+    """``fewshot.classes_without_shots``: the tilt δ and mixture weight w, their held-out NLL and the refits (``folds``:
+    per refit the classes left without shots, their shots, the held-out shots of the others)."""
     return {"classes_without_shots": int(n_without), "offset": float(offset), "mixture_weight": float(weight),
-            "mixture_weight_of_the_shots_alone": float(shots_weight), "held_out_nll": nll, "folds": folds,
+            "mixture_weight_of_the_shots_alone": float(shots_weight), "held_out_nll": nll,
+            "folds": [{"classes_left_without_shots": int(g), "their_shots": int(n), "held_out_shots_of_the_others":
+                       int(m)} for g, n, m in folds],
             "rule": "w·p_kernel + (1 − w)·p_linear with the classes without shots × e^δ, renormalised; (w, δ), "
                     "w in [0, 1] and δ ≥ 0, minimising the NLL of (a) the shots of each of "
                     f"{len(folds)} groups of 1/{class_folds} of the classes with shots, scored by adapt rerun without "

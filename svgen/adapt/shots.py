@@ -145,8 +145,7 @@ def temperatures(heads: Heads, side: TextSide, shots: SupportSet, res, lin, ev: 
                                                       fallback=text_temps["kernel"], signed_votes=True,
                                                       prior=torch.from_numpy(res.held_prior), config=config)
         kind, floor, temps["kernel"], loo["kernel"] = kfit["kind"], kfit["floor"], kfit["temperature"], kfit["loo"]
-        extra = {"kernel_logits_choice": {k: v for k, v in kfit.items() if k not in ("temperature", "loo", "floor")},
-                 "kernel_evidence": ev.regime.value}
+        extra = records.kernel_logits_choice(kfit, ev)
     return predictor.with_temperatures(
         text_cal, temps, method="loo-nll", kernel_logits=kind, kernel_floor=floor, shots=len(shots), loo=loo,
         text_temperatures=text_temps, **extra,
