@@ -107,9 +107,8 @@ def held_out_probabilities(heads: Heads, side: TextSide, res, shots: SupportSet,
 
 def choose_default_head(heads: Heads, side: TextSide, res, shots: SupportSet, lin, ev: HeldOut,
                         config: AdaptConfig) -> tuple:
-    """(head, w, record, (p_kernel, p_linear, y, p_cosine)): the mixture at the w minimising its held-out NLL (1: the
-    kernel head, 0: the linear head) unless another head is ahead of it on held-out top-1 (``default_head`` of
-    :data:`svgen.adapt.select.CHOICES`); w is 1 or 0 where that head alone is chosen."""
+    """(head, w, record, (p_kernel, p_linear, y, p_cosine)) by ``CHOICES["default_head"]``: the mixture at the w of
+    the lowest held-out NLL unless another head is ahead of it on held-out top-1 (then w is 1 or 0)."""
     pk, pl = held_out_probabilities(heads, side, res, shots, lin, ev)
     truth = ev.labels
     p0 = predictor.proba(heads, side.prototypes, side.config.kernel, shots.rows[ev.rows].float(), "cosine").numpy()
