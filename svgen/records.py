@@ -109,6 +109,12 @@ def decision(d) -> dict:
     return {"fallback": fallback(d), **({"check": check(d.evidence)} if d.evidence is not None else {})}
 
 
+def refused(n_pool: int, prior_head: str, d, **extra) -> dict:
+    """``transductive`` of a pool refused: its size, the decision (:func:`decision`), the head it would have adapted."""
+    return {"pool": n_pool, "fallback": fallback(d), "prior_head": prior_head,
+            **({"check": check(d.evidence)} if d.evidence is not None else {}), **extra}
+
+
 def gate(g) -> dict:
     """A pool check's paired test (:class:`~svgen.adapt.pool_decision.Gate`): halves without NLL, shots with it."""
     a, out = g.top1, {"images": g.top1.n}
@@ -242,6 +248,19 @@ def kernel(choice, kept: bool, med, ev, config, logit_scale: float, n_shots: int
             "decision": decision, "shots": int(n_shots), "scored_shots": int(ev.rows.size if ev.one_shot else n_shots)}
 
 
+def kernel_basis(n_shots: int, dense_max: int, with_votes: int) -> dict:
+    """The deployed kernel head's rows: every shot, solved exactly up to ``dense_max`` (``with_votes``: shots voting)."""
+    return {"support_rows": int(n_shots),
+            "basis": "all shots" if n_shots <= dense_max else f"Nyström, {with_votes} of the shots"}
+
+
+def kernel_logits_choice(kfit: dict, ev) -> dict:
+    """``calibration.kernel_logits_choice`` and ``kernel_evidence``: the kernel head's logit kind as chosen (``kfit``)
+    on the held-out shots ``ev``."""
+    return {"kernel_logits_choice": {k: v for k, v in kfit.items() if k not in ("temperature", "loo", "floor")},
+            "kernel_evidence": ev.regime.value}
+
+
 def lda_choice(choice) -> dict:
     """``fewshot.linear``'s LDA part: (γ, κ) and their leave-one-out error (an :class:`~svgen.adapt.lda.LdaChoice`)."""
     return {"loo_error": choice.loo_error, "kind": "lda", "shrinkage": choice.shrinkage,
@@ -277,6 +296,51 @@ SHOTS_TEMPERATURES = (
     "logit scale 100")
 
 
+def versus_zero_shot(images: int, means: dict, versus: dict, worse: dict, level: float) -> dict:
+    """``fewshot.heads_vs_zero_shot``: each head's means, its paired differences against zero-shot (``versus``: head →
+    metric → :class:`~svgen.adapt.select.Paired`) and where it is worse (``worse``: head → metrics)."""
+    return {"images": images, "heads": means,
+            "versus_zero_shot": {h: {m: {"difference": p.difference, "standard_error": p.standard_error}
+                                     for m, p in v.items()} for h, v in versus.items()},
+            "worse_than_zero_shot": {h: w for h, w in worse.items() if w},
+            "rule": "each head and the cosine head (zero-shot) on the fit's held-out shots, weighed as the fit weighs "
+                    "them; a head is worse than zero-shot where its top-1 or top-5 is lower, or its NLL higher, by "
+                    f"more than {'one standard error' if level == 1 else f'{level:g} standard errors'} of the paired "
+                    "difference"}
+
+
+DEFAULT_HEAD_RULE = (
+    "w·p_kernel + (1 − w)·p_linear, each head at its own temperature, w minimising the NLL of the held-out shots "
+    "(w = 1 is the kernel head alone, w = 0 the linear head alone), unless another head is ahead of it on their top-1 "
+    "and not behind it on top-5 and NLL (paired, level SE): then that head (docs/adaptation.md, default_head)")
+
+
+def head_choice(fit: dict, accuracy: dict, ev, incumbent: str, choice, near: dict) -> dict:
+    """``fewshot.head_choice``: the mixture weight's fit (``fit``), each head's held-out top-1 (``accuracy``) and the
+    ``default_head`` choice from the ``incumbent`` (``near``: each head's top-1 agreement with zero-shot)."""
+    return {"mixture_weight": fit["weight"],
+            "held_out_nll": {h: fit["nll" if h == "mixture" else f"nll_{h}"] for h in accuracy},
+            "held_out_accuracy": accuracy, "shots_compared": fit["images"], "evidence": ev.regime.value,
+            "classes_compared": "all" if ev.loo_rows is None or not ev.one_shot else len(set(ev.labels.tolist())),
+            "top1_check": {"incumbent": incumbent, "head": choice.chosen, "why": choice.why,
+                           "agreement_with_zero_shot": near},
+            "rule": DEFAULT_HEAD_RULE}
+
+
+def kernel_logits_reason(cand: dict, guard: dict, n: int, floor: Optional[float]) -> str:
+    """``kernel_logits_choice.reason``: each kind's held-out NLL (``cand``), log's charge (``guard``, of ``n`` shots)."""
+    return (f"leave-one-out NLL on the shots: score {cand['score']['nll']:.4g}, log {cand['log']['nll']:.4g} "
+            f"+ {guard['charge']:.4g} for true-class votes ≤ 0 on new images (up to {guard['rate_bound']:.3g} "
+            f"of them at {guard['loss']:.4g} each; {guard['seen']} of {n} shots showed one)"
+            + (f", floored (ε = {floor:g}) {cand['floored']['nll']:.4g}" if "floored" in cand else ""))
+
+
+def kernel_logits_unfitted(fitted: bool) -> str:
+    """``kernel_logits_choice.reason`` where some kind has no finite T: log (``fitted``: at its own T)."""
+    return ("under at least one kind every shot is ranked first when left out: its NLL has no finite minimiser, so "
+            "the kinds cannot be compared; log" + ("" if fitted else " with the text rule's T"))
+
+
 def shots(counts, classes, zero_shot, res, lchoice, lin, default, head_choice, wall, tilt) -> dict:
     """``fewshot``: the shots per class, both heads' records, the default head and how it was chosen."""
     return {
@@ -292,9 +356,12 @@ def shots(counts, classes, zero_shot, res, lchoice, lin, default, head_choice, w
 
 def shotless(n_without: int, offset: float, weight: float, shots_weight: float, nll: dict, folds: list,
              class_folds: int) -> dict:
-    """``fewshot.classes_without_shots``: the tilt δ and mixture weight w, their held-out NLL and refits."""
+    """``fewshot.classes_without_shots``: the tilt δ and mixture weight w, their held-out NLL and the refits (``folds``:
+    per refit the classes left without shots, their shots, the held-out shots of the others)."""
     return {"classes_without_shots": int(n_without), "offset": float(offset), "mixture_weight": float(weight),
-            "mixture_weight_of_the_shots_alone": float(shots_weight), "held_out_nll": nll, "folds": folds,
+            "mixture_weight_of_the_shots_alone": float(shots_weight), "held_out_nll": nll,
+            "folds": [{"classes_left_without_shots": int(g), "their_shots": int(n), "held_out_shots_of_the_others":
+                       int(m)} for g, n, m in folds],
             "rule": "w·p_kernel + (1 − w)·p_linear with the classes without shots × e^δ, renormalised; (w, δ), "
                     "w in [0, 1] and δ ≥ 0, minimising the NLL of (a) the shots of each of "
                     f"{len(folds)} groups of 1/{class_folds} of the classes with shots, scored by adapt rerun without "

@@ -13,22 +13,13 @@ from svgen.errors import SvgenError
 
 @dataclass(frozen=True)
 class AdaptConfig:
-    """The grids, sizes and the one level of every adaptive choice (``SVGClassifier(adapt_config=...)``).
+    """The grids, sizes and the one level of every adaptive choice (``SVGClassifier(adapt_config=...)``); each field:
+    docs/adaptation.md, "The settings".
 
-    level: the paired test's level in standard errors (:func:`behind`).
-    select_max, max_folds: held-out shots scored per choice (subsampled above, never classes) and held-out folds.
-    sigma_factors × ridges: the kernel head's σ (× the median distance between shots) and ridge c; one_shot_beta and
-    one_shot_ridge its setting with one shot per class (Tip-Adapter's β = 5.5, σ = 1/√β). select_basis, dense_max,
-    nystrom_basis: the Nyström sizes of the folds' refits and of the deployed solve.
-    lda_shrinkage × lda_prior: the LDA head's γ and κ; lda_loo_max the shots its leave-one-out scores;
-    lda_prior_one_shot: κ with one shot per class (zero-shot CLIP is worth about 4 shots, Radford et al. 2021 fig. 7).
-    alphas: the linear head's LDA weight α (× s; 0 is zero-shot). kernel_floors: ε of the floored kernel logits.
-    class_folds, refits: groups of classes with shots and how many are left out (shots for only some classes).
-    neighbours … max_escalations: the pool's transduction (TransCLIP's k = 3; rounds, fixed-point steps, κ of the
-    prior mean, the smallest pool per class, the agreement that stops the rounds, β's escalation). pool_trust: λ of
-    the label estimate ``λ·p_pool + (1 − λ)·p_cosine`` under which a zero-shot pool's heads may not expect a higher
-    NLL than the cosine head's (:func:`svgen.transductive.solve.nll_guard`; in (0, 1]).
-    max_queries, max_logits: the text queries and the queries × classes that fit a temperature.
+    level: the paired test; select_max … nystrom_basis: held-out shots, folds and the kernel head's σ × c grid;
+    lda_*: the LDA head; alphas, kernel_floors: the linear head's α and the floored kernel logits' ε;
+    class_folds, refits: shots for only some classes; neighbours … pool_trust: the pool's transduction;
+    max_queries, max_logits: the text queries and queries × classes that fit a temperature.
     """
 
     level: float = 1.0

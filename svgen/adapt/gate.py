@@ -52,9 +52,8 @@ def replication_gate(agree_pool: np.ndarray, agree_ind: np.ndarray, agree5_pool:
 
 
 def decided(pool: dict, ind: dict, level: float) -> Gate:
-    """The pool against the inductive predictor on per-image scores ({Score: larger is better}), chosen by
-    :func:`svgen.adapt.select.choose` (``CHOICES["pool"]``; without NLL, the pool's halves: ``"pool_halves"``); the
-    paired means for the record, and where refused the failures in words."""
+    """The pool against the inductive predictor on per-image scores ({Score: larger is better}) by ``CHOICES["pool"]``
+    (without NLL: ``"pool_halves"``); the paired means, and where refused the failures in words."""
     choice = choose({"inductive": ind, "pool": pool}, None, "pool" if NLL in pool else "pool_halves", level)
     g = Gate(paired(pool[TOP1], ind[TOP1]), paired(pool[TOP5], ind[TOP5]),
              paired(-pool[NLL], -ind[NLL]) if NLL in pool else None,

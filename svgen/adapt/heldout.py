@@ -1,6 +1,5 @@
-"""The held-out shots of a fit (:class:`HeldOut`: balanced folds, or leave-one-out with one shot per class), and
-each head against zero-shot on them (:func:`compare`: ``svgen.json`` ``fewshot.heads_vs_zero_shot``, output only,
-reported by ``svgen diagnose`` and ``svgen eval``)."""
+"""The held-out shots of a fit (:class:`HeldOut`; docs/adaptation.md, "The held-out shots"), and each head against
+zero-shot on them (:func:`compare`: ``fewshot.heads_vs_zero_shot``, output only)."""
 
 from __future__ import annotations
 
@@ -11,6 +10,7 @@ from typing import Dict, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
+from svgen import records
 from svgen.heads.calibration import PROB_FLOOR
 from svgen.heads.scoring import topk
 from svgen.adapt.config import DEFAULT, AdaptConfig
@@ -47,14 +47,8 @@ def compare(parts: Sequence[Part], config: AdaptConfig) -> Optional[dict]:
            for h in [ZERO_SHOT] + heads}
     versus = {h: {m: paired(per[h][m], per[ZERO_SHOT][m], share) for m in METRICS} for h in heads}
     worse = {h: [m for m, p in v.items() if (ahead if m == "nll" else behind)(p, level)] for h, v in versus.items()}
-    return {"images": int(share.size), "heads": {h: {m: float(share @ per[h][m]) for m in METRICS} for h in per},
-            "versus_zero_shot": {h: {m: {"difference": p.difference, "standard_error": p.standard_error}
-                                     for m, p in v.items()} for h, v in versus.items()},
-            "worse_than_zero_shot": {h: w for h, w in worse.items() if w},
-            "rule": "each head and the cosine head (zero-shot) on the fit's held-out shots, weighed as the fit weighs "
-                    "them; a head is worse than zero-shot where its top-1 or top-5 is lower, or its NLL higher, by "
-                    f"more than {'one standard error' if level == 1 else f'{level:g} standard errors'} of the paired "
-                    "difference"}
+    means = {h: {m: float(share @ per[h][m]) for m in METRICS} for h in per}
+    return records.versus_zero_shot(int(share.size), means, versus, worse, level)
 
 
 def shots_record(held: tuple, default_head: str, weight: Optional[float], config: AdaptConfig) -> Optional[dict]:
@@ -64,6 +58,7 @@ def shots_record(held: tuple, default_head: str, weight: Optional[float], config
     if default_head == "mixture" and weight is not None:
         probs["mixture"] = weight * pk + (1.0 - weight) * pl
     return compare([(probs, y, 1.0)], config)
+
 
 class Regime(Enum):
     """How a fit's shots are held out: balanced folds, exact leave-one-out (one shot per class), or not at all."""
@@ -75,9 +70,8 @@ class Regime(Enum):
 
 @dataclass(frozen=True)
 class HeldOut:
-    """The held-out shots of one fit, built once (:func:`evidence`): the regime, the ``(removed, scored)`` folds, the
-    scored shots (``rows``, in the folds' order) and their ``labels``, the shots exact leave-one-out scores
-    (``loo_rows``, None: all) and the fit's seed. Every choice of the shots stage is judged on it."""
+    """The held-out shots of one fit (:func:`evidence`): ``(removed, scored)`` folds, the scored ``rows`` (the folds'
+    order) and ``labels``, the shots exact leave-one-out scores (``loo_rows``, None: all), the fit's seed."""
 
     regime: Regime
     folds: tuple
@@ -92,9 +86,8 @@ class HeldOut:
 
     @property
     def judges_zero_shot(self) -> bool:
-        """Whether zero-shot is a candidate against a correction: not on leave-one-out with one shot per class, where
-        each held-out image's class is left without any shot, so the scores judge a class without shots, not the
-        deployed head (measured: zero-shot chosen there costs 17 points on pets and 7 on sun397 at one shot)."""
+        """Whether zero-shot is a candidate against a correction: not on leave-one-out with one shot per class, which
+        leaves each held-out image's class without shots (docs/adaptation.md, "The choices": measured)."""
         return self.regime is Regime.FOLDS
 
 
@@ -115,9 +108,7 @@ def evidence(labels: np.ndarray, n_classes: int, config: AdaptConfig, seed: int)
 
 
 def balanced_folds(y: np.ndarray, seed: int = 0, max_folds: int = DEFAULT.max_folds) -> list:
-    """Folds that each hold out one shot of every class with two or more (fold f: the f-th shot of each class in a
-    seeded order), as many as the largest class has shots, at most ``max_folds``, so no held-out image's class is
-    short against the others."""
+    """Fold f holds out the f-th shot (seeded order) of every class with two or more; at most ``max_folds``."""
     rng = np.random.default_rng(seed)
     order = {c: rng.permutation(np.flatnonzero(y == c)) for c in np.unique(y)}
     folds = []
@@ -129,10 +120,8 @@ def balanced_folds(y: np.ndarray, seed: int = 0, max_folds: int = DEFAULT.max_fo
 
 
 def scored_folds(folds: list, y: np.ndarray, seed: int = 0, n_max: Optional[int] = None) -> list:
-    """``(removed, scored)`` for each fold used: a fold's refit leaves out every shot of the fold, so every class stays
-    one shot short at once, and at most ``n_max`` shots are scored in all. Above ``n_max``: the first folds that hold
-    ``n_max`` shots, at least one; a single fold larger than that scores the shots of ``n_max`` classes (one seeded
-    order) and still leaves out all of its shots."""
+    """``(removed, scored)`` per fold used, at most ``n_max`` shots scored in all (docs/adaptation.md, "The held-out
+    shots"): a refit always leaves out its whole fold."""
     if n_max is None or sum(f.size for f in folds) <= n_max:
         return [(f, f) for f in folds]
     used = folds[:max(1, n_max // max(f.size for f in folds))]   # more than one: each fits n_max / 2

@@ -1,6 +1,5 @@
-"""The LDA head (:mod:`svgen.adapt.solvers.lda`), (γ, κ) by exact leave-one-out; and the linear head on it: CLIP's
-zero-shot logits plus α·s × the LDA head's (GDA's form), one matrix ``W = τP̂ + α·s·W_lda``, ``b = α·s·b_lda``, α on
-the held-out evidence with α = 0 (zero-shot) a candidate (docs/fewshot.md, "The LDA head", "The linear head")."""
+"""The LDA head, (γ, κ) by exact leave-one-out, and the linear head on it, ``W = τP̂ + α·s·W_lda``, α = 0 (zero-shot)
+a candidate (docs/fewshot.md, "The LDA head", "The linear head")."""
 
 from __future__ import annotations
 
@@ -33,7 +32,6 @@ class LdaChoice:
     prior_shots: float
     loo_error: float
     one_shot: bool = False
-
 
 
 def lda_setting(hits: dict, level: float) -> tuple:
@@ -75,20 +73,6 @@ class LinearFit:
     loo_labels: Optional[np.ndarray] = None
 
 
-def lda_part(loo: np.ndarray, loo_y: np.ndarray, W_lda, b_lda, choice: LdaChoice) -> tuple:
-    """(the LDA part with its own temperature where its leave-one-out fits one, that temperature's fit)."""
-    t_lda = calibration.loo_temperatures({"lda": loo}, loo_y, fallback={"lda": 1.0})
-    fitted = bool(t_lda["loo"]["lda"]["fitted"])
-    return LdaPart(W_lda, b_lda, choice.shrinkage, float(t_lda["temperatures"]["lda"]) if fitted else None), t_lda
-
-
-def alpha_evidence(X: torch.Tensor, shots, P: np.ndarray, choice: LdaChoice, ev: HeldOut, m) -> tuple:
-    """(Z, L, s) at ``ev.rows``: the zero-shot logits, the folds' refitted LDA logits and their spread ratio."""
-    L = fold_logits(X, shots.labels, m, choice.shrinkage, choice.prior_shots, list(ev.folds))
-    Z = CLIP_LOGIT_SCALE * X.numpy()[ev.rows] @ P.T
-    return Z, L, spread_ratio(Z, L)
-
-
 def fit_linear_head(prototypes: torch.Tensor, shots, n_classes: int, W_lda: torch.Tensor, b_lda: torch.Tensor,
                     choice: LdaChoice, ev: HeldOut, config: AdaptConfig) -> LinearFit:
     """The linear head on the LDA head at ``choice``: α by :func:`choose` (``CHOICES["alpha"]``) on ``ev``."""
@@ -100,10 +84,14 @@ def fit_linear_head(prototypes: torch.Tensor, shots, n_classes: int, W_lda: torc
     P = torch.nn.functional.normalize(prototypes.double(), dim=-1).numpy()
     Z_loo = CLIP_LOGIT_SCALE * X.numpy()[scored] @ P.T
     s = spread_ratio(Z_loo, loo)
-    part, t_lda = lda_part(loo, loo_y, W_lda, b_lda, choice)
+    t_lda = calibration.loo_temperatures({"lda": loo}, loo_y, fallback={"lda": 1.0})   # the LDA part's own T
+    T = float(t_lda["temperatures"]["lda"]) if t_lda["loo"]["lda"]["fitted"] else None
+    part = LdaPart(W_lda, b_lda, choice.shrinkage, T)
     if not ev.judges_zero_shot:   # one shot per class: no held-out shot can weigh α against zero-shot
         return LinearFit(W_lda, b_lda, replace(part, form=LinearForm.LDA), records.linear_alone(s), loo, loo, loo_y)
-    Z, L, s_fold = alpha_evidence(X, shots, P, choice, ev, m)
+    L = fold_logits(X, shots.labels, m, choice.shrinkage, choice.prior_shots, list(ev.folds))   # the folds' refits
+    Z = CLIP_LOGIT_SCALE * X.numpy()[ev.rows] @ P.T
+    s_fold = spread_ratio(Z, L)
     alphas = tuple(dict.fromkeys((0.0, *sorted(config.alphas))))   # α = 0, zero-shot, first
     picked = choose({a: (Z + a * s_fold * L).argmax(axis=1) == ev.labels for a in alphas}, ev, "alpha", config.level)
     alpha = picked.chosen

@@ -39,8 +39,8 @@ def adapt(stage: Stage, side: TextSide, U: torch.Tensor, strength: Optional[floa
         clock.lap("pool check (%s) on %d images", check.evidence.value, N)
         decision = check.decision()
     if not decision.kept:
-        record = {"pool": N, "fallback": None, "prior_head": stage.default_head, **records.decision(decision)}
-        return refused(stage, scored, {**record, "wall_time_s": time.perf_counter() - t0}, decision)
+        record = records.refused(N, stage.default_head, decision, wall_time_s=time.perf_counter() - t0)
+        return refused(stage, scored, record, decision)
     shots = check.evidence is Evidence.SHOTS
     entropy = None if shots else scored.entropy()
     fit = transduce(stage, side, U, scored, config, strength, progress, labels_entropy=entropy)
@@ -104,9 +104,8 @@ def _guard(heads: Heads, side: TextSide, U_cal: torch.Tensor, target: float, agr
 
 
 def _scales(stage: Stage, side: TextSide, fit: PoolFit, U_cal: torch.Tensor, kernel: torch.Tensor, scale) -> tuple:
-    """(temperatures, powers, why the kernel head carries no factor): the linear head at its scale; the kernel head
-    the posterior with the kernel vote as its prior (``kernel``: the inductive kernel scores), where its votes are
-    dense and the prior had weight."""
+    """(temperatures, powers, why the kernel head carries no factor): the linear head at its scale; where it can, the
+    kernel head the posterior with the kernel vote (``kernel``: the inductive kernel scores) as its prior."""
     P, kind, k, temps, powers = side.prototypes, side.config.kernel, fit.prior_scale, {}, {}
     with torch.no_grad():
         lin = predictor.logits(fit.heads, P, kind, U_cal, "linear").double()

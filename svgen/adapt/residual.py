@@ -86,8 +86,7 @@ def fit_residual_head(X, y, P, n_classes: int, ev: HeldOut, logit_scale: float, 
     record = records.kernel(choice, kept, med, ev, config, logit_scale, X.shape[0])
     if kept:   # every shot a row (above dense_max those outside the basis with zero votes)
         votes = ridge.solve(X, R, y, sigma, c, ev.seed, config.dense_max, config.nystrom_basis)
-        record.update(support_rows=int(X.shape[0]), basis="all shots" if X.shape[0] <= config.dense_max
-                      else f"Nyström, {int((np.abs(votes).sum(axis=1) > 0).sum())} of the shots")
+        record.update(records.kernel_basis(X.shape[0], config.dense_max, int((np.abs(votes).sum(axis=1) > 0).sum())))
     else:
         log.info("shots: zero-shot kept (%s)", choice.why)
         votes = np.zeros((X.shape[0], n_classes))

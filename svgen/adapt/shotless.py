@@ -95,7 +95,7 @@ def best_weight_and_offset(evidence: list, level: float) -> tuple:
 
 def refit_parts(shots: SupportSet, side, refit, with_shots: np.ndarray, progress: bool, config: AdaptConfig) -> tuple:
     """(per refit two parts — the shots of a group of classes left without shots, and the refit's own held-out shots
-    — each (p_kernel, p_linear, p_cosine, labels, the classes without shots, its share), the refits' record)."""
+    — each (p_kernel, p_linear, p_cosine, labels, the classes without shots, its share), per refit its counts)."""
     C, labels = side.n_classes, shots.labels.numpy()
     share_without = 1.0 - with_shots.size / C
     order = np.random.default_rng(side.config.seed).permutation(with_shots)   # groups of classes left out
@@ -111,8 +111,7 @@ def refit_parts(shots: SupportSet, side, refit, with_shots: np.ndarray, progress
         # each kind weighs by the deployed share of its classes; the folds are averaged
         parts += [(pk, pl, p0, labels[out], shotless, share_without / n),
                   (pk_in, pl_in, p0_in, y_in, shotless, (1.0 - share_without) / n)]
-        folds.append({"classes_left_without_shots": int(group.size), "their_shots": int(out.sum()),
-                      "held_out_shots_of_the_others": int(len(y_in))})
+        folds.append((group.size, out.sum(), len(y_in)))
     return parts, folds
 
 

@@ -107,9 +107,8 @@ def held_out_probabilities(heads: Heads, side: TextSide, res, shots: SupportSet,
 
 def choose_default_head(heads: Heads, side: TextSide, res, shots: SupportSet, lin, ev: HeldOut,
                         config: AdaptConfig) -> tuple:
-    """(head, w, record, (p_kernel, p_linear, y, p_cosine)): the mixture at the w minimising its held-out NLL (1: the
-    kernel head, 0: the linear head) unless another head is ahead of it on held-out top-1 (``default_head`` of
-    :data:`svgen.adapt.select.CHOICES`); w is 1 or 0 where that head alone is chosen."""
+    """(head, w, record, (p_kernel, p_linear, y, p_cosine)) by ``CHOICES["default_head"]``: the mixture at the w of
+    the lowest held-out NLL unless another head is ahead of it on held-out top-1 (then w is 1 or 0)."""
     pk, pl = held_out_probabilities(heads, side, res, shots, lin, ev)
     truth = ev.labels
     p0 = predictor.proba(heads, side.prototypes, side.config.kernel, shots.rows[ev.rows].float(), "cosine").numpy()
@@ -118,19 +117,9 @@ def choose_default_head(heads: Heads, side: TextSide, res, shots: SupportSet, li
     probs = {MIXTURE: calibration.mix(w, pk, pl), "kernel": pk, "linear": pl}
     incumbent = calibration.head_of_weight(w)
     choice, near = top1_check(probs, p0, truth, incumbent, config.level)
-    head = choice.chosen
-    return head, {"kernel": 1.0, "linear": 0.0}.get(head, w), {
-        "mixture_weight": w, "held_out_nll": {h: fit["nll" if h == MIXTURE else f"nll_{h}"] for h in probs},
-        "held_out_accuracy": {h: float((p.argmax(axis=1) == truth).mean()) for h, p in probs.items()},
-        "shots_compared": fit["images"], "evidence": ev.regime.value,
-        "classes_compared": "all" if ev.loo_rows is None or not ev.one_shot else int(np.unique(truth).size),
-        "top1_check": {"incumbent": incumbent, "head": head, "why": choice.why,
-                       "agreement_with_zero_shot": near},
-        "rule": "w·p_kernel + (1 − w)·p_linear, each head at its own temperature, w minimising the NLL of the "
-                "held-out shots (w = 1 is the kernel head alone, w = 0 the linear head alone), unless another head "
-                "is ahead of it on their top-1 and not behind it on top-5 and NLL (paired, level SE): then that "
-                "head (docs/adaptation.md, default_head)"}, \
-        (pk, pl, truth, p0)
+    accuracy = {h: float((p.argmax(axis=1) == truth).mean()) for h, p in probs.items()}
+    record = records.head_choice(fit, accuracy, ev, incumbent, choice, near)
+    return choice.chosen, {"kernel": 1.0, "linear": 0.0}.get(choice.chosen, w), record, (pk, pl, truth, p0)
 
 
 def top1_check(probs: dict, p_cosine: np.ndarray, truth: np.ndarray, incumbent: str, level: float) -> tuple:
@@ -155,8 +144,7 @@ def temperatures(heads: Heads, side: TextSide, shots: SupportSet, res, lin, ev: 
                                                       fallback=text_temps["kernel"], signed_votes=True,
                                                       prior=torch.from_numpy(res.held_prior), config=config)
         kind, floor, temps["kernel"], loo["kernel"] = kfit["kind"], kfit["floor"], kfit["temperature"], kfit["loo"]
-        extra = {"kernel_logits_choice": {k: v for k, v in kfit.items() if k not in ("temperature", "loo", "floor")},
-                 "kernel_evidence": ev.regime.value}
+        extra = records.kernel_logits_choice(kfit, ev)
     return predictor.with_temperatures(
         text_cal, temps, method="loo-nll", kernel_logits=kind, kernel_floor=floor, shots=len(shots), loo=loo,
         text_temperatures=text_temps, **extra,

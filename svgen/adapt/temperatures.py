@@ -1,6 +1,5 @@
-"""Temperatures from held-out shots: each head's T by the NLL of its held-out logits, the kernel head's kind of
-logits, and the mixture weight ``w`` by the held-out NLL (docs/calibration.md). Probabilities themselves:
-:mod:`svgen.heads.calibration`."""
+"""Temperatures, the kernel head's kind of logits and the mixture weight ``w`` by the NLL of held-out shots
+(docs/calibration.md)."""
 
 from __future__ import annotations
 
@@ -10,6 +9,7 @@ from typing import Dict
 import numpy as np
 import torch
 
+from svgen import records
 from svgen.adapt.config import AdaptConfig
 from svgen.adapt.select import choose
 from svgen.core.logits import KERNEL_LOG_FLOOR, floored_log, kernel_logits
@@ -77,16 +77,12 @@ def choose_kernel_logits(loo_scores, labels, fallback: float, signed_votes: bool
         diff = {"mean": float(d.mean()), "se": float(d.std(ddof=1) / math.sqrt(len(d))) if len(d) > 1 else None}
         guard = log_tail_guard(z, cand, s, y, signed_votes, cfg)
         kind = choose({**per, "log": per["log"] - guard["charge"]}, None, "kernel_logits", cfg.level).chosen
-        reason = (f"leave-one-out NLL on the shots: score {cand['score']['nll']:.4g}, log {cand['log']['nll']:.4g} "
-                  f"+ {guard['charge']:.4g} for true-class votes ≤ 0 on new images (up to {guard['rate_bound']:.3g} "
-                  f"of them at {guard['loss']:.4g} each; {guard['seen']} of {len(y)} shots showed one)"
-                  + (f", floored (ε = {floor:g}) {cand['floored']['nll']:.4g}" if "floored" in cand else ""))
+        reason = records.kernel_logits_reason(cand, guard, len(y), floor)
         T, loo = cand[kind]["temperature"], {k: v for k, v in cand[kind].items()
                                              if k not in ("temperature", "floor", "by_floor")}
     else:
         kind, T, loo = "log", fit["temperatures"]["log"], fit["loo"]["log"]
-        reason = ("under at least one kind every shot is ranked first when left out: its NLL has no finite minimiser, "
-                  "so the kinds cannot be compared; log" + ("" if loo["fitted"] else " with the text rule's T"))
+        reason = records.kernel_logits_unfitted(loo["fitted"])
     return {"kind": kind, "temperature": T, "floor": floor if kind == "floored" else None, "loo": loo,
             "candidates": cand, "nll_score_minus_log": diff,
             "loo_true_vote_not_positive": float(vote_not_positive.double().mean()), "log_tail_guard": guard,

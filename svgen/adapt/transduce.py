@@ -30,9 +30,8 @@ BLOCK = 8192   # pool rows scored at a time (a kernel head's N×M kernel never w
 
 @dataclass
 class Stage:
-    """The inductive state a pool adapts (``zero_shot``: the heads without shots; ``fewshot``: the shots' record;
-    ``default_head``: the inductive default head, the transduction's prior; ``lda``: the LDA part of the shots' linear
-    head)."""
+    """The inductive state a pool adapts: ``zero_shot`` the heads without shots, ``default_head`` the transduction's
+    prior, ``lda`` the LDA part of the shots' linear head."""
 
     heads: Heads
     zero_shot: Heads
@@ -116,7 +115,7 @@ def settle(U: torch.Tensor, prior_logits: torch.Tensor, means: torch.Tensor, bet
 
 def _refused(heads: Heads, N: int, head: str, refusal: Decision, **extra) -> PoolFit:
     log.info("transductive: %s", records.fallback(refusal))
-    return PoolFit(heads, {"pool": N, **records.decision(refusal), "prior_head": head, **extra}, decision=refusal)
+    return PoolFit(heads, records.refused(N, head, refusal, **extra), decision=refusal)
 
 
 # the solve's prior: its logits, the linear head it continues, the LDA part's Σ⁻¹ (or None), the stage's shots (or
