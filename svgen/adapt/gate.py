@@ -15,7 +15,7 @@ from svgen.core.support import IMAGE, image_rows
 from svgen.adapt import shots as shot_adapt
 from svgen import records
 from svgen.adapt.config import AdaptConfig
-from svgen.adapt.heldout import balanced_folds, outcomes
+from svgen.adapt.heldout import balanced_folds
 from svgen.adapt.pool_decision import Check, Gate, Reason
 from svgen.adapt.select import Score, ahead, behind, choose, paired
 from svgen.adapt.transduce import Scored, Stage, score, transduce
@@ -39,10 +39,9 @@ def shot_folds(y: np.ndarray, n_classes: int, seed: int, max_folds: int) -> list
 
 def paired_gate(p_ind: np.ndarray, p_pool: np.ndarray, y: np.ndarray, level: float) -> Gate:
     """Pool-adapted against inductive probabilities on the same held-out labelled images ``y`` (per image: top-1 and
-    top-5 hits under classify's tie rule, and log p_y, :func:`svgen.adapt.heldout.outcomes`)."""
-    ind, pool = outcomes(p_ind, y), outcomes(p_pool, y)
-    return decided({TOP1: pool["acc1"], TOP5: pool["acc5"], NLL: -pool["nll"]},
-                   {TOP1: ind["acc1"], TOP5: ind["acc5"], NLL: -ind["nll"]}, level)
+    top-5 hits under classify's tie rule, and log p_y: :class:`~svgen.adapt.select.Score`)."""
+    return decided({s: s.per_image(p_pool, y) for s in (TOP1, TOP5, NLL)},
+                   {s: s.per_image(p_ind, y) for s in (TOP1, TOP5, NLL)}, level)
 
 
 def replication_gate(agree_pool: np.ndarray, agree_ind: np.ndarray, agree5_pool: np.ndarray,

@@ -8,13 +8,11 @@ from enum import Enum
 from typing import Dict, Optional, Sequence, Tuple
 
 import numpy as np
-import torch
 
 from svgen import records
-from svgen.heads.calibration import PROB_FLOOR
-from svgen.heads.scoring import topk
+from svgen.heads.calibration import mix
 from svgen.adapt.config import DEFAULT, AdaptConfig
-from svgen.adapt.select import ahead, behind, paired
+from svgen.adapt.select import Score, ahead, behind, paired
 
 
 ZERO_SHOT = "cosine"
@@ -24,12 +22,9 @@ Part = Tuple[Dict[str, np.ndarray], np.ndarray, float]   # ({head: M×C probabil
 
 
 def outcomes(p, y) -> Dict[str, np.ndarray]:
-    """Per image: top-1 and top-5 hits (classify's ties) and ``−log p_y`` of probabilities ``p`` against ``y``."""
-    p = np.asarray(p, dtype=np.float64)
-    y = np.asarray(y, dtype=np.int64)
-    hit = topk(torch.from_numpy(p), 5)[1].numpy() == y[:, None]
-    return {"acc1": hit[:, 0].astype(np.float64), "acc5": hit.any(axis=1).astype(np.float64),
-            "nll": -np.log(np.maximum(p[np.arange(y.size), y], PROB_FLOOR))}
+    """Per image: top-1 and top-5 hits (classify's ties) and ``−log p_y`` of probabilities ``p`` against ``y``
+    (:class:`~svgen.adapt.select.Score`, what every choice scores)."""
+    return {"acc1": Score.TOP1.per_image(p, y), "acc5": Score.TOP5.per_image(p, y), "nll": -Score.NLL.per_image(p, y)}
 
 
 def compare(parts: Sequence[Part], config: AdaptConfig) -> Optional[dict]:
@@ -56,7 +51,7 @@ def shots_record(held: tuple, default_head: str, weight: Optional[float], config
     pk, pl, y, p0 = held
     probs = {"kernel": pk, "linear": pl, ZERO_SHOT: p0}
     if default_head == "mixture" and weight is not None:
-        probs["mixture"] = weight * pk + (1.0 - weight) * pl
+        probs["mixture"] = mix(weight, pk, pl)
     return compare([(probs, y, 1.0)], config)
 
 
