@@ -195,3 +195,43 @@ def test_dev_page_states_each_check_from_the_rows(bench):
     # means at 2 shots: default (60.05 + 49.6)/2 = 54.825 < ProKeR-CV's (58 + 53)/2 = 55.5
     mean = next(r for r in page.splitlines() if r.startswith("| 2 | a, b |"))
     assert "| 54.83 | 55.00 |" in mean and "55.50" in mean and mean.endswith("| **no** |")
+
+
+def test_means_page_checks_the_means_and_gives_the_paired_intervals(bench):
+    """The means page: per shot count, the default's mean against each peer's, with the paired bootstrap of their
+    difference taken from the run (the verdict recomputed here from the means)."""
+    def mean(k, sv, peers):
+        return {"dataset": "mean", "shots": k, "svgen": sv, "svgen_kernel": sv - 1, "svgen_linear": sv - 2,
+                "zero_shot": 40.0, **dict(zip(("gda_cv", "proker", "proker_cv"), peers)),
+                **{f"svgen_minus_{m}": {"diff": sv - v, "ci95": [sv - v - 0.5, sv - v + 0.5]}
+                   for m, v in zip(("gda_cv", "proker", "proker_cv"), peers)}}
+    run = {"datasets": ["a", "b"], "shots": [1, 2], "seeds": 3, "peers": ["gda_cv", "proker", "proker_cv"],
+           "rows": [{"dataset": "a", "shots": 1}, {"dataset": "b", "shots": 1}, mean(1, 60.0, (50, 55, 58)),
+                    {"dataset": "a", "shots": 2}, mean(2, 57.0, (50, 55, 58))]}
+    page = bench.means_page(run)
+    assert "Dev-only" in page and "do not edit by hand" in page and "--shots 1 2 --seeds 3" in page
+    one = next(r for r in page.splitlines() if r.startswith("| 1 | a, b |"))
+    two = next(r for r in page.splitlines() if r.startswith("| 2 | a |"))
+    assert "+2.00 [+1.50, +2.50]" in one and one.endswith("| yes |")
+    assert "-1.00 [-1.50, -0.50]" in two and two.endswith("| **no** |")
+
+
+def test_summarise_gives_the_paired_interval_of_the_default_against_each_peer(bench):
+    """The mean row's interval is the bootstrap of the mean over the sets of the per-image differences."""
+    rng = np.random.default_rng(0)
+    runs = {}
+    for name, n in (("a", 50), ("b", 80)):
+        correct = {m: (rng.random(n) < p).astype(float) for m, p in (("zero_shot", .4), ("svgen", .7), ("svgen_kernel", .6),
+                                                       ("svgen_linear", .6), ("tip", .5), ("proker_cv", .65), ("tip_oracle", .6))}
+        runs[name] = {2: {"correct": correct, "top5": correct, "nll": {"svgen": np.ones(n), "zero_shot": np.ones(n)},
+                          "info": [{"kernel": {"adopted": True}, "default_head": "mixture", "mixture_weight": .5,
+                                    "held_out_estimate": dict.fromkeys(("kernel", "linear", "default"), .6),
+                                    "query_accuracy": dict.fromkeys(("kernel", "linear", "default"), .6),
+                                    "adapt_s": 1.0}]}}
+    rows = bench.summarise(runs, [2])
+    m = rows[-1]
+    want = np.mean([100 * (runs[n][2]["correct"]["svgen"].astype(float)
+                           - runs[n][2]["correct"]["proker_cv"]).mean() for n in runs])
+    assert m["dataset"] == "mean" and abs(m["svgen_minus_proker_cv"]["diff"] - want) < 1e-12
+    lo, hi = m["svgen_minus_proker_cv"]["ci95"]
+    assert lo < want < hi
