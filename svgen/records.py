@@ -262,7 +262,7 @@ def kernel_logits_choice(kfit: dict, ev) -> dict:
 
 
 def lda_choice(choice) -> dict:
-    """``fewshot.linear``'s LDA part: (γ, κ) and their leave-one-out error (an :class:`~svgen.adapt.lda.LdaChoice`)."""
+    """``fewshot.linear``'s LDA part: (γ, κ) and their leave-one-out error (an :class:`~svgen.state.LdaChoice`)."""
     return {"loo_error": choice.loo_error, "kind": "lda", "shrinkage": choice.shrinkage,
             "prior_shots": choice.prior_shots, "means": "equal Mahalanobis radius",
             "rule": "one shot per class: Σ = τI and κ = lda_prior_one_shot (LOO cannot judge κ)" if choice.one_shot

@@ -12,10 +12,10 @@ A classifier passes through up to three stages, each producing a complete :class
 :class:`svgen.SVGClassifier` holds the deployed heads (``heads_``), the zero-shot heads the shots were added to
 (``zero_shot_``, once there are shots or pool rows), and the inductive heads a pool replaced (``inductive_``), so
 adapting again starts from them. What the stages decided is typed here too (:class:`CalibrationMethod`,
-:class:`LinearForm`, :class:`ShotsOutcome`, :class:`PoolOutcome`, a pool's :class:`Decision` and :class:`Reason`): the
-``svgen.json`` records are rendered from these decisions (:mod:`svgen.records`) and never read back to decide;
-:mod:`svgen.io.codec` maps an artifact's records to them once, on load. Nothing here computes; the codec turns
-these objects into an artifact's tensors and back.
+:class:`LinearForm`, :class:`LdaChoice`, :class:`ShotsOutcome`, :class:`PoolOutcome`, a pool's :class:`Decision` and
+:class:`Reason`): the ``svgen.json`` records are rendered from these decisions (:mod:`svgen.records`) and never
+read back to decide; :mod:`svgen.io.codec` maps an artifact's records to them once, on load. Nothing here computes;
+the codec turns these objects into an artifact's tensors and back.
 """
 
 from __future__ import annotations
@@ -80,6 +80,17 @@ class LdaPart:
     temperature: Optional[float] = None
     form: LinearForm = LinearForm.ZERO_SHOT_PLUS_LDA
     equal_radius: bool = True
+
+
+@dataclass(frozen=True)
+class LdaChoice:
+    """How the shots chose the LDA part (:mod:`svgen.adapt.lda`): its shrinkage γ, prior strength κ and their
+    leave-one-out error (the record's ``fewshot.linear``), and whether one shot per class fixed them."""
+
+    shrinkage: float
+    prior_shots: float
+    loo_error: float
+    one_shot: bool = False
 
 
 class CalibrationMethod(Enum):
