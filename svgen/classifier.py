@@ -34,10 +34,9 @@ from svgen.fitted import FittedHeads
 from svgen.adapt import shots as shot_adapt
 from svgen.io import codec
 from svgen.adapt.config import DEFAULT, AdaptConfig
-from svgen.state import CalibrationMethod, Heads, ShotsOutcome, TextSide
+from svgen.state import CalibrationMethod, Heads, ShotsOutcome, TextSide, pool_outcome
 from svgen.adapt import pool as pool_adapt
 from svgen.adapt.transduce import Stage
-from svgen.adapt.pool_decision import pool_outcome
 from svgen.validation import (DUPLICATE_COS, SAFE_PEAK, check_distinct, check_embeddings, check_no_labels,  # noqa: F401
                               check_not_labels, check_pool, check_vocabulary, duplicate_prototypes, label_indices,
                               label_type, looks_like_labels, safe_rows)

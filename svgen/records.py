@@ -4,8 +4,8 @@ decide anything (:mod:`svgen.io.recorded` maps an artifact's records to the type
 
 Rendered here, and nowhere else: the ``calibration``, ``lda`` and ``kernel_prior`` blocks, and the ``fewshot`` and
 ``transductive`` records — each choice's evidence, its rule in words and the decided fields. The stages
-(:mod:`svgen.adapt`) pass their typed decisions (a pool's :class:`~svgen.adapt.pool_decision.Check`, a
-:class:`~svgen.adapt.select.Decision`, …); this module reads them by attribute and imports nothing from the stages, so
+(:mod:`svgen.adapt`) pass their typed decisions (a pool's :class:`~svgen.adapt.gate.Check`, a
+:class:`~svgen.state.Decision`, …); this module reads them by attribute and imports nothing from the stages, so
 it sits below them (``tests/test_layout.py``, ``records``).
 """
 
@@ -105,7 +105,7 @@ def fallback(decision) -> Optional[str]:
 
 
 def decision(d) -> dict:
-    """A pool :class:`~svgen.adapt.select.Decision`'s ``fallback`` and, where a check ran, its ``check`` block."""
+    """A pool :class:`~svgen.state.Decision`'s ``fallback`` and, where a check ran, its ``check`` block."""
     return {"fallback": fallback(d), **({"check": check(d.evidence)} if d.evidence is not None else {})}
 
 
@@ -116,7 +116,7 @@ def refused(n_pool: int, prior_head: str, d, **extra) -> dict:
 
 
 def gate(g) -> dict:
-    """A pool check's paired test (:class:`~svgen.adapt.pool_decision.Gate`): halves without NLL, shots with it."""
+    """A pool check's paired test (:class:`~svgen.adapt.gate.Gate`): halves without NLL, shots with it."""
     a, out = g.top1, {"images": g.top1.n}
     if g.nll is None:
         out.update(agreement_pool=a.candidate, agreement_inductive=a.baseline, difference=a.difference,
@@ -132,7 +132,7 @@ def gate(g) -> dict:
 
 
 def check(c) -> dict:
-    """A pool check (:class:`~svgen.adapt.pool_decision.Check`): its test, or why it stopped before one."""
+    """A pool check (:class:`~svgen.adapt.gate.Check`): its test, or why it stopped before one."""
     base = {"evidence": c.evidence.value, "head": c.head}
     if c.gate is None:
         return {**base, "adopt": False, "reason": c.why}
@@ -262,7 +262,7 @@ def kernel_logits_choice(kfit: dict, ev) -> dict:
 
 
 def lda_choice(choice) -> dict:
-    """``fewshot.linear``'s LDA part: (γ, κ) and their leave-one-out error (an :class:`~svgen.adapt.lda.LdaChoice`)."""
+    """``fewshot.linear``'s LDA part: (γ, κ) and their leave-one-out error (an :class:`~svgen.state.LdaChoice`)."""
     return {"loo_error": choice.loo_error, "kind": "lda", "shrinkage": choice.shrinkage,
             "prior_shots": choice.prior_shots, "means": "equal Mahalanobis radius",
             "rule": "one shot per class: Σ = τI and κ = lda_prior_one_shot (LOO cannot judge κ)" if choice.one_shot

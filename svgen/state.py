@@ -12,16 +12,17 @@ A classifier passes through up to three stages, each producing a complete :class
 :class:`svgen.SVGClassifier` holds the deployed heads (``heads_``), the zero-shot heads the shots were added to
 (``zero_shot_``, once there are shots or pool rows), and the inductive heads a pool replaced (``inductive_``), so
 adapting again starts from them. What the stages decided is typed here too (:class:`CalibrationMethod`,
-:class:`LinearForm`, :class:`ShotsOutcome`, :class:`PoolOutcome`): the ``svgen.json`` records are rendered from these
-decisions (:mod:`svgen.records`) and never read back to decide; :mod:`svgen.io.codec` maps an artifact's records to
-them once, on load. Nothing here computes; the codec turns these objects into an artifact's tensors and back.
+:class:`LinearForm`, :class:`LdaChoice`, :class:`ShotsOutcome`, :class:`PoolOutcome`, a pool's :class:`Decision` and
+:class:`Reason`): the ``svgen.json`` records are rendered from these decisions (:mod:`svgen.records`) and never
+read back to decide; :mod:`svgen.io.codec` maps an artifact's records to them once, on load. Nothing here computes;
+the codec turns these objects into an artifact's tensors and back.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Optional
+from typing import Any, Optional
 
 import torch
 
@@ -79,6 +80,17 @@ class LdaPart:
     temperature: Optional[float] = None
     form: LinearForm = LinearForm.ZERO_SHOT_PLUS_LDA
     equal_radius: bool = True
+
+
+@dataclass(frozen=True)
+class LdaChoice:
+    """How the shots chose the LDA part (:mod:`svgen.adapt.lda`): its shrinkage γ, prior strength κ and their
+    leave-one-out error (the record's ``fewshot.linear``), and whether one shot per class fixed them."""
+
+    shrinkage: float
+    prior_shots: float
+    loo_error: float
+    one_shot: bool = False
 
 
 class CalibrationMethod(Enum):
@@ -181,3 +193,45 @@ class PoolOutcome:
     kept: bool
     evidence: Optional[Evidence] = None
     default_head: Optional[str] = None
+
+
+class Reason(Enum):
+    """Why a pool was kept or refused: one member per exit."""
+
+    KEPT = "kept"
+    POOL_TOO_SMALL = "pool too small"
+    CLASSES_WITHOUT_SHOTS = "classes without shots"
+    NO_HELD_OUT_SHOTS = "no held-out shots"
+    FOLD_DID_NOT_ADAPT = "a fold did not adapt"
+    HALF_DID_NOT_ADAPT = "a half did not adapt"
+    SHOTS_CHECK_FAILED = "held-out shots said no"
+    HALVES_CHECK_FAILED = "halves said no"
+    DID_NOT_SETTLE = "rounds did not settle"
+
+
+@dataclass(frozen=True)
+class Decision:
+    """A pool kept or refused, why, on what (its check, :class:`svgen.adapt.gate.Check`; rendered by
+    :func:`svgen.records.decision`)."""
+
+    kept: bool
+    reason: Reason
+    evidence: Any = None
+    why: Optional[str] = None
+
+
+def refuse(reason: Reason, why: str, check=None) -> Decision:
+    if reason is Reason.KEPT or not why:
+        raise ValueError(f"inconsistent refusal: reason={reason}, why={why!r}")
+    return Decision(False, reason, check, why)
+
+
+KEPT = Decision(True, Reason.KEPT)
+
+
+def pool_outcome(decision: Decision, default_head: Optional[str]) -> PoolOutcome:
+    """What a pool did, typed: kept or not, on which evidence, and kept, the default head it deploys. A loaded
+    artifact's comes from its record instead (:mod:`svgen.io.recorded`)."""
+    check = decision.evidence
+    return PoolOutcome(decision.kept, None if check is None else check.evidence,
+                       default_head if decision.kept else None)

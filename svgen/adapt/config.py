@@ -14,13 +14,7 @@ from svgen.errors import SvgenError
 @dataclass(frozen=True)
 class AdaptConfig:
     """The grids, sizes and the one level of every adaptive choice (``SVGClassifier(adapt_config=...)``); each field:
-    docs/adaptation.md, "The settings".
-
-    level: the paired test; select_max … nystrom_basis: held-out shots, folds and the kernel head's σ × c grid;
-    lda_*: the LDA head; alphas, kernel_floors: the linear head's α and the floored kernel logits' ε;
-    class_folds, refits: shots for only some classes; neighbours … pool_trust: the pool's transduction;
-    max_queries, max_logits: the text queries and queries × classes that fit a temperature.
-    """
+    docs/adaptation.md, "The settings"."""
 
     level: float = 1.0
     select_max: int = 1024

@@ -19,19 +19,9 @@ from svgen.adapt.solvers.lda import (fold_logits, lda_covariance, lda_head_weigh
                                      prior_means, spread_ratio)
 from svgen.core.support import SupportSet
 from svgen.heads.scoring import CLIP_LOGIT_SCALE
-from svgen.state import LdaPart, LinearForm
+from svgen.state import LdaChoice, LdaPart, LinearForm
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class LdaChoice:
-    """The LDA head's (γ, κ) and its leave-one-out error (its means at one Mahalanobis radius)."""
-
-    shrinkage: float
-    prior_shots: float
-    loo_error: float
-    one_shot: bool = False
 
 
 def lda_setting(hits: dict, level: float) -> tuple:

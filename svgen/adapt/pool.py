@@ -9,14 +9,13 @@ from typing import Optional
 import torch
 
 from svgen.adapt import gate as pool_gate
+from svgen.adapt.gate import Check
 from svgen import records
 from svgen.adapt.config import AdaptConfig
-from svgen.adapt.pool_decision import Check, Reason, refuse
-from svgen.adapt.select import Decision
 from svgen.adapt.solvers import transduction as td
 from svgen.adapt.transduce import PoolFit, Scored, Stage, score, too_small, transduce
 from svgen.heads import predictor
-from svgen.state import Evidence, Heads, KernelHead, PoolFactor, TextSide
+from svgen.state import Decision, Evidence, Heads, KernelHead, PoolFactor, Reason, TextSide, refuse
 from svgen.steps import Clock
 
 log = logging.getLogger(__name__)

@@ -11,7 +11,6 @@ from typing import Any, Dict, Hashable, Mapping, Optional, Tuple
 import numpy as np
 import torch
 
-from svgen.adapt.config import DEFAULT
 from svgen.heads.calibration import PROB_FLOOR
 from svgen.heads.scoring import topk
 
@@ -196,17 +195,6 @@ def choose(candidates: Mapping[Hashable, Any], evidence, criterion: str, level: 
             chosen, why = keys[0], f"the best {best!r} fails on {', '.join(failed)} against {rule.first} at {level:g} SE"
     versus = test(chosen if chosen != keys[0] else best, keys[0]) if len(keys) > 1 else None
     return Choice(criterion, chosen, keys.index(chosen), means[chosen], best, versus, means, why, ok)
-
-
-@dataclass(frozen=True)
-class Decision:
-    """A kept or refused candidate, why (a ``Reason`` member), on what (its record: :func:`svgen.records.decision`)."""
-
-    kept: bool
-    reason: Enum
-    evidence: Any = None
-    why: Optional[str] = None
-    level: float = DEFAULT.level
 
 
 def choices_table() -> str:

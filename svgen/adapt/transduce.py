@@ -18,10 +18,8 @@ from svgen.heads import calibration, predictor
 from svgen.heads.scoring import CLIP_LOGIT_SCALE
 from svgen import records
 from svgen.adapt.config import AdaptConfig
-from svgen.adapt.select import Decision
-from svgen.state import Heads, LdaPart, LinearHead, TextSide
+from svgen.state import KEPT, Decision, Heads, LdaPart, LinearHead, Reason, TextSide, refuse
 from svgen.adapt.solvers import transduction as td
-from svgen.adapt.pool_decision import KEPT, Reason, refuse
 from svgen.steps import bar
 
 log = logging.getLogger(__name__)

@@ -1,6 +1,6 @@
 """The pool decision as typed values (issue 38): every exit that refuses a pool gives a
-:class:`svgen.adapt.select.Decision` with its own :class:`~svgen.adapt.pool_decision.Reason` (its evidence the
-:class:`~svgen.adapt.pool_decision.Check`); the record
+:class:`svgen.state.Decision` with its own :class:`~svgen.state.Reason` (its evidence the
+:class:`~svgen.adapt.gate.Check`); the record
 (``svgen.json`` ``transductive``: ``fallback`` and ``check``) is written from it by :func:`svgen.records.decision`; and no module under
 ``svgen/transductive`` steers on a record's strings.
 
@@ -26,8 +26,9 @@ from svgen import SVGClassifier
 from svgen.adapt import pool as pool_adapt
 from svgen.adapt import gate as pool_gate
 from svgen.adapt import transduce as pool_transduce
-from svgen.adapt.select import Decision, Paired
-from svgen.adapt.pool_decision import KEPT, Check, Evidence, Gate, Reason, pool_outcome, refuse
+from svgen.adapt.select import Paired
+from svgen.adapt.gate import Check, Gate
+from svgen.state import KEPT, Decision, Evidence, Reason, pool_outcome, refuse
 from svgen.records import check as check_json, decision as to_json, fallback
 from svgen.io import recorded
 from svgen.state import PoolOutcome
@@ -285,8 +286,7 @@ def steering(path: Path) -> list:
 
 
 def test_no_transductive_module_steers_on_record_strings():
-    stages = [ROOT / "svgen" / "adapt" / f"{name}.py" for name in ("pool", "gate", "transduce", "solvers/transduction",
-                                                                    "pool_decision")]
+    stages = [ROOT / "svgen" / "adapt" / f"{name}.py" for name in ("pool", "gate", "transduce", "solvers/transduction")]
     assert all(p.exists() for p in stages)
     # a loaded record is read in svgen/io/recorded.py only (tests/test_records.py)
     assert [f for p in stages for f in steering(p)] == []

@@ -28,7 +28,8 @@ def _kept(monkeypatch, agreement):
     from svgen.adapt import pool as pool_adapt
     from svgen.adapt import gate as pool_gate
     from svgen.adapt.select import Paired
-    from svgen.adapt.pool_decision import Check, Evidence, Gate
+    from svgen.adapt.gate import Check, Gate
+    from svgen.state import Evidence
 
     gate = Gate(Paired(agreement or 0.9, 0.5, 0.1, 0.01, 0), Paired(1.0, 1.0, 0.0, 0.0, 0), None, 9, 0)
     monkeypatch.setattr(pool_gate, "check_without_shots", lambda stage, *a, **k:
@@ -101,7 +102,8 @@ def test_oxford_pets_zero_shot_pool_is_calibrated(shared_data):
 def test_agreement_target_is_the_rule_of_succession():
     from svgen.adapt.pool import agreement_target
     from svgen.adapt.select import Paired
-    from svgen.adapt.pool_decision import Check, Evidence, Gate, Reason
+    from svgen.adapt.gate import Check, Gate
+    from svgen.state import Evidence, Reason
 
     def halves(agreement, images):
         gate = Gate(Paired(agreement, 0.5, agreement - 0.5, 0.01, images), Paired(1.0, 1.0, 0.0, 0.0, images), None,

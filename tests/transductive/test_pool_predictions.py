@@ -39,7 +39,8 @@ def files(tmp_path):
 def _gate(monkeypatch, adopt: bool):
     from svgen.adapt import gate as pool_gate
     from svgen.adapt.select import Paired
-    from svgen.adapt.pool_decision import Check, Evidence, Gate
+    from svgen.adapt.gate import Check, Gate
+    from svgen.state import Evidence
 
     from dataclasses import replace
 

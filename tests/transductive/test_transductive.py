@@ -56,7 +56,8 @@ def gate_open(monkeypatch):
     and the linear head are then multiplied by the pool's likelihood to the power 1."""
     from svgen.adapt import gate as pool_gate
     from svgen.adapt.select import Paired
-    from svgen.adapt.pool_decision import Check, Evidence, Gate
+    from svgen.adapt.gate import Check, Gate
+    from svgen.state import Evidence
 
     same = Paired(0.5, 0.5, 0.0, 0.0, 10)
     shots = Gate(same, same, same, 5, 0)

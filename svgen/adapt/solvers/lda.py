@@ -23,14 +23,18 @@ def spread_ratio(zero_shot: np.ndarray, lda_logits: np.ndarray) -> float:
     return float(np.std(zc) / max(float(np.std(lc)), 1e-12))
 
 
+def class_means(X: torch.Tensor, y: torch.Tensor, n_classes: int) -> tuple:
+    """(shots per class, their sums, their means: 0 for a class without shots)."""
+    n = torch.bincount(y, minlength=n_classes).to(X.dtype)
+    sums = torch.zeros(n_classes, X.shape[1], dtype=X.dtype).index_add_(0, y, X)
+    return n, sums, sums / n.clamp_min(1)[:, None]
+
+
 def loo_basis(X: torch.Tensor, y: torch.Tensor, m: torch.Tensor, score_rows=None) -> SimpleNamespace:
     """What every (γ, κ) of :func:`lda_loo_scores` shares: the within-class scatter's eigenbasis and the scored shots
     (``score_rows``, None: all) in it, with their class sums without themselves."""
     N, D = X.shape
-    C = m.shape[0]
-    n = torch.bincount(y, minlength=C).to(X.dtype)
-    sums = torch.zeros(C, D, dtype=X.dtype).index_add_(0, y, X)
-    xbar = sums / n.clamp_min(1)[:, None]
+    n, sums, xbar = class_means(X, y, m.shape[0])
     R = X - xbar[y]
     omega, V = (torch.from_numpy(a) for a in np.linalg.eigh((R.T @ R).numpy()))   # numpy's LAPACK: ~2.5× faster
     omega = omega.clamp_min(0)
@@ -88,8 +92,7 @@ def loo_logits_at(s: SimpleNamespace, E, binv: dict, Binv, w, coef, k: float) ->
 def lda_covariance(X, y, n_classes: int, gamma: float, tau: Optional[float] = None) -> torch.Tensor:
     """``Σ = (1−γ) S_w/df + γ τ I`` (the identity where there is no scatter)."""
     N, D = X.shape
-    n = torch.bincount(y, minlength=n_classes).double()
-    xbar = torch.zeros(n_classes, D, dtype=X.dtype).index_add_(0, y, X) / n.clamp_min(1)[:, None]
+    n, _, xbar = class_means(X, y, n_classes)
     R = X - xbar[y]
     S = R.T @ R / max(N - int((n > 0).sum()), 1)
     if tau is None:
@@ -101,10 +104,8 @@ def lda_covariance(X, y, n_classes: int, gamma: float, tau: Optional[float] = No
 def lda_head_weights(X, y, m, gamma: float, kappa: float, tau: Optional[float] = None, equal_radius: bool = False,
                      centre: Optional[torch.Tensor] = None):
     """(W C×D, b C): LDA with means ``(n_c x̄_c + κ m_c)/(n_c + κ)``, optionally at one radius from ``centre``."""
-    C = m.shape[0]
-    n = torch.bincount(y, minlength=C).double()
-    xbar = torch.zeros(C, X.shape[1], dtype=X.dtype).index_add_(0, y, X) / n.clamp_min(1)[:, None]
-    Sigma = lda_covariance(X, y, C, gamma, tau)
+    n, _, xbar = class_means(X, y, m.shape[0])
+    Sigma = lda_covariance(X, y, m.shape[0], gamma, tau)
     mu = (n[:, None] * xbar + kappa * m) / (n + kappa).clamp_min(1e-12)[:, None]
     mu[n == 0] = m[n == 0]
     if not equal_radius:

@@ -55,12 +55,11 @@ def loo_scores(U: np.ndarray, e: np.ndarray, c: float, R: np.ndarray, p0: np.nda
     return p0 + (HR - h[:, None] * R) / (1 - h[:, None])
 
 
-def loo_at(X: np.ndarray, R: np.ndarray, p0: np.ndarray, sigma: float, c: float, rows=None) -> np.ndarray:
-    """:func:`loo_scores` of the head at (σ, c) on the shots ``X`` (those of ``rows`` only, None: all)."""
+def loo_at(X: np.ndarray, R: np.ndarray, p0: np.ndarray, sigma: float, c: float) -> np.ndarray:
+    """:func:`loo_scores` of the head at (σ, c) on the shots ``X``."""
     d2 = np.maximum(2.0 - 2.0 * X @ X.T, 0.0)
     e, U = np.linalg.eigh(np.exp(-d2 / (2 * sigma * sigma)))
-    out = loo_scores(U, np.maximum(e, 0.0), c, R, p0)
-    return out if rows is None else out[rows]
+    return loo_scores(U, np.maximum(e, 0.0), c, R, p0)
 
 
 def dense_fold_scores(d2: np.ndarray, y: np.ndarray, R: np.ndarray, p0: np.ndarray, folds: list, sigmas, ridges):
