@@ -548,7 +548,9 @@ def means_page(*results: dict) -> str:
                 + " | " + " | ".join(f"{c['diff']:+.2f} [{c['ci95'][0]:+.2f}, {c['ci95'][1]:+.2f}]" if c else "—"
                                      for c in ci)
                 + f" | {ok(all(mean['svgen'] >= mean[m] for m in DEV_PEERS))} |")
-    return "\n".join(out) + "\n"
+    for result in results:   # every set and every peer of the run, as the run prints them
+        out += ["", f"## Every set and peer: --shots {' '.join(map(str, result['shots']))}", "", markdown(result)]
+    return "\n".join(out).rstrip("\n") + "\n"
 
 
 def merge(base: dict, update: dict) -> dict:

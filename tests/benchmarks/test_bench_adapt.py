@@ -197,7 +197,7 @@ def test_dev_page_states_each_check_from_the_rows(bench):
     assert "| 54.83 | 55.00 |" in mean and "55.50" in mean and mean.endswith("| **no** |")
 
 
-def test_means_page_checks_the_means_and_gives_the_paired_intervals(bench):
+def test_means_page_checks_the_means_and_gives_the_paired_intervals(bench, monkeypatch):
     """The means page: per shot count, the default's mean against each peer's, with the paired bootstrap of their
     difference taken from the run (the verdict recomputed here from the means)."""
     def mean(k, sv, peers):
@@ -208,7 +208,9 @@ def test_means_page_checks_the_means_and_gives_the_paired_intervals(bench):
     run = {"datasets": ["a", "b"], "shots": [1, 2], "seeds": 3, "peers": ["gda_cv", "proker", "proker_cv"],
            "rows": [{"dataset": "a", "shots": 1}, {"dataset": "b", "shots": 1}, mean(1, 60.0, (50, 55, 58)),
                     {"dataset": "a", "shots": 2}, mean(2, 57.0, (50, 55, 58))]}
+    monkeypatch.setattr(bench, "markdown", lambda result: f"every set of {result['datasets']}\n")
     page = bench.means_page(run)
+    assert page.endswith("## Every set and peer: --shots 1 2\n\nevery set of ['a', 'b']\n")
     assert "Dev-only" in page and "do not edit by hand" in page and "--shots 1 2 --seeds 3" in page
     one = next(r for r in page.splitlines() if r.startswith("| 1 | a, b |"))
     two = next(r for r in page.splitlines() if r.startswith("| 2 | a |"))
