@@ -82,9 +82,7 @@ def test_loo_scores_equal_refitting_without_each_shot():
     p0 = residual.prior_probs(X, P)
     R = np.eye(C)[y] - p0
     sigma, c = 0.7, 0.3
-    e, U = np.linalg.eigh(residual.rbf(X, X, sigma))
-    loo = ridge.loo_scores(U, e, c, R, p0)
-    np.testing.assert_allclose(ridge.loo_at(X, R, p0, sigma, c), loo, atol=1e-10)
+    loo = ridge.loo_at(X, R, p0, sigma, c)
     for i in range(N):
         keep = np.arange(N) != i
         V = np.linalg.solve(residual.rbf(X[keep], X[keep], sigma) + c * np.eye(N - 1), R[keep])
