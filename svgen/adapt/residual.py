@@ -25,8 +25,7 @@ ZERO_SHOT = "zero-shot"
 
 @dataclass
 class ResidualFit:
-    """The kernel head ``p₀(x) + k(x̂, rows) @ votes``, its choice and record, and its scores and ``p₀`` at
-    ``ev.rows`` (``held_scores`` None where zero-shot was kept)."""
+    """The kernel head ``p₀(x) + k(x̂, rows) @ votes``, its choice and record, its scores and p₀ at ``ev.rows``."""
 
     choice: Choice
     adopted: bool
@@ -36,7 +35,7 @@ class ResidualFit:
     ridge_c: float
     votes: np.ndarray
     record: dict
-    held_scores: Optional[np.ndarray] = None
+    held_scores: Optional[np.ndarray] = None   # None where zero-shot was kept
     held_prior: Optional[np.ndarray] = None
 
 

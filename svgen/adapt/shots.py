@@ -61,7 +61,7 @@ def adapt(zero_shot: Heads, shots: SupportSet, side: TextSide, tilt_shotless: bo
     clock.lap("adapt: temperatures on held-out scores")
     default, weight, head_choice, held = choose_default_head(heads, side, res, shots, lin, ev, config)
     clock.lap("adapt: default head chosen (held-out top-1; the mixture weight by held-out NLL)")
-    tilt = (shotless.fit_tilt(zero_shot, shots, side, lambda part: adapt(zero_shot, part, side, False, config=config),
+    tilt = (shotless.fit_tilt(shots, side, lambda part: adapt(zero_shot, part, side, False, config=config),
                               head_choice["mixture_weight"], progress, config=config) if tilt_shotless else None)
     if tilt is not None:   # some classes have no shots: the weight and tilt fitted for them too
         clock.lap("adapt: tilt of the classes without shots (refits)")
@@ -116,9 +116,8 @@ def choose_default_head(heads: Heads, side: TextSide, res, shots: SupportSet, li
 
 
 def top1_check(probs: dict, p_cosine: np.ndarray, truth: np.ndarray, incumbent: str, level: float) -> tuple:
-    """(choice, agreement): ``default_head`` of :data:`~svgen.adapt.select.CHOICES` on held-out probabilities
-    ({head: M×C}): the ``incumbent`` (the head the NLL weight picks), then the other heads, the one whose top-1 agrees
-    more often with zero-shot's (``p_cosine``) first; and that agreement per head."""
+    """(choice, each head's top-1 agreement with zero-shot's): ``CHOICES["default_head"]`` on held-out probabilities
+    ({head: M×C}) from the ``incumbent`` (the head the NLL weight picks)."""
     near = {h: float((p.argmax(axis=1) == p_cosine.argmax(axis=1)).mean()) for h, p in probs.items()}
     others = sorted((h for h in ("kernel", "linear") if h != incumbent), key=lambda h: -near[h])   # stable on ties
     scores = {h: dict.fromkeys((Score.TOP1, Score.TOP5, Score.NLL), probs[h]) for h in (incumbent, *others)}
@@ -133,8 +132,9 @@ def temperatures(heads: Heads, side: TextSide, shots: SupportSet, res, lin, ev: 
     fit = held_temperatures.loo_temperatures({"linear": lin.loo_logits}, lin.loo_labels, fallback=text_temps)
     temps, loo, kind, floor, extra = dict(fit["temperatures"]), dict(fit["loo"]), None, None, {}
     if res.adopted:
-        kfit = held_temperatures.choose_kernel_logits(torch.from_numpy(res.held_scores), ev.labels, text_temps["kernel"],
-                                                      prior=torch.from_numpy(res.held_prior), config=config)
+        kfit = held_temperatures.choose_kernel_logits(torch.from_numpy(res.held_scores), ev.labels,
+                                                      text_temps["kernel"], prior=torch.from_numpy(res.held_prior),
+                                                      config=config)
         kind, floor, temps["kernel"], loo["kernel"] = kfit["kind"], kfit["floor"], kfit["temperature"], kfit["loo"]
         extra = records.kernel_logits_choice(kfit, ev)
     return predictor.with_temperatures(

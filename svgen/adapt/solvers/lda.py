@@ -54,9 +54,8 @@ def loo_basis(X: torch.Tensor, y: torch.Tensor, m: torch.Tensor, score_rows=None
 
 def lda_loo_scores(X: torch.Tensor, y: torch.Tensor, m: torch.Tensor, gammas: Sequence[float],
                    kappas: Sequence[float], score_rows=None):
-    """Yields ``((a, b), N×C logits)`` for each (γ_a, κ_b): the LDA head's exact leave-one-out, its means at one
-    Mahalanobis radius (:func:`lda_head_weights` with ``equal_radius``, the head svgen fits); ``score_rows``: only
-    these shots left out and scored (every shot still fits)."""
+    """Yields ``((a, b), N×C logits)`` per (γ_a, κ_b): the exact leave-one-out of the head svgen fits
+    (:func:`lda_head_weights`, ``equal_radius``) at ``score_rows`` (None: all; every shot still fits)."""
     s = loo_basis(X, y, m, score_rows)
     n, y, m_v, many = s.n, s.y, s.m_v, s.many
     E = s.Xv - s.centre

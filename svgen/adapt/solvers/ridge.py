@@ -75,10 +75,8 @@ def dense_fold_scores(d2: np.ndarray, y: np.ndarray, R: np.ndarray, p0: np.ndarr
 
 def nystrom_fold_scores(X: np.ndarray, y: np.ndarray, R: np.ndarray, p0_held: np.ndarray, folds: list, sigmas,
                         ridges, bases: list):
-    """As :func:`dense_fold_scores` in a Nyström basis per fold (``bases``: shots the fold keeps; a removed shot as a
-    centre would leave its direction without data), with features ``A = k(X, L) K_LL^{-1/2}``: the fold's refit solves
-    ``(A_keepᵀA_keep + cI) β = A_keepᵀR_keep``, one eigendecomposition per (σ, fold) for every c (docs/fewshot.md);
-    each ``((i, j), scores)`` yielded as computed."""
+    """As :func:`dense_fold_scores` in a Nyström basis of shots each fold keeps (``bases``), features ``A = k(X, L)
+    K_LL^{-1/2}``, one eigendecomposition per (σ, fold) for every c (docs/fewshot.md); yields ``((i, j), scores)``."""
     kept = []   # per fold: n kept, R kept (float32), d² of kept then scored shots to its basis, the basis's places
     for (removed, scored), basis in zip(folds, bases):
         keep = np.setdiff1d(np.arange(len(y)), removed)
