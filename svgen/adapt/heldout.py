@@ -1,5 +1,4 @@
-"""The held-out shots of a fit (:class:`HeldOut`; docs/adaptation.md, "The held-out shots"), and each head against
-zero-shot on them (:func:`compare`: ``fewshot.heads_vs_zero_shot``, output only)."""
+"""The held-out shots of a fit (:class:`HeldOut`; docs/adaptation.md), each head against zero-shot on them."""
 
 from __future__ import annotations
 
@@ -85,9 +84,8 @@ class HeldOut:
 
 
 def evidence(labels: np.ndarray, n_classes: int, config: AdaptConfig, seed: int) -> HeldOut:
-    """The held-out shots of ``labels``: balanced folds (:func:`scored_folds`, at most ``config.select_max`` scored)
-    with exact leave-one-out of ``config.lda_loo_max`` shots beside; with one shot per class leave-one-out of
-    ``config.select_max`` (:func:`shot_sample`); none without shots. One seed, the fit's."""
+    """The held-out shots of ``labels`` at the fit's seed: balanced folds, or with one shot per class leave-one-out;
+    none without shots (docs/adaptation.md, "The held-out shots")."""
     y = np.asarray(labels, dtype=np.int64)
     if y.size == 0:
         return HeldOut(Regime.NONE, (), y, y, None, seed)

@@ -1,5 +1,4 @@
-"""The kernel head with shots, ``s(x) = p₀(x) + k(x̂, X)(K + cI)⁻¹(Y − p₀(X))`` (:mod:`svgen.adapt.solvers.ridge`):
-zero-shot or σ × c, by ``CHOICES["kernel"]`` (docs/adaptation.md)."""
+"""The kernel head with shots (:mod:`svgen.adapt.solvers.ridge`): zero-shot or σ × c by ``CHOICES["kernel"]``."""
 
 from __future__ import annotations
 

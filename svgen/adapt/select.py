@@ -29,10 +29,8 @@ class Paired:
 def paired(candidate, baseline, weights=None) -> Paired:
     """The paired comparison of per-image scores (correct 0/1, top-5 hits, or −NLL: larger is better). ``weights``
     (per image, any scale) weigh the images; SE = √(n/(n−1) · Σ wᵢ²(dᵢ − d̄)²) with Σw = 1, which is s/√n unweighted."""
-    a = np.asarray(candidate, dtype=np.float64)
-    b = np.asarray(baseline, dtype=np.float64)
-    n = a.shape[0]
-    d = a - b
+    a, b = np.asarray(candidate, dtype=np.float64), np.asarray(baseline, dtype=np.float64)
+    n, d = a.shape[0], a - b
     if weights is None:
         se = float(d.std(ddof=1) / math.sqrt(n)) if n > 1 else 0.0
         return Paired(float(a.mean()), float(b.mean()), float(d.mean()), se, int(n))

@@ -1,5 +1,4 @@
-"""The shots stage: both heads with shots, their temperatures and the default head, every choice judged on one
-:class:`~svgen.adapt.heldout.HeldOut` built here (docs/fewshot.md; the choices: docs/adaptation.md)."""
+"""The shots stage: both heads, their temperatures and the default head, judged on one HeldOut (docs/fewshot.md)."""
 
 from __future__ import annotations
 

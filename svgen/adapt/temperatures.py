@@ -1,5 +1,4 @@
-"""Temperatures, the kernel head's kind of logits and the mixture weight ``w`` by the NLL of held-out shots
-(docs/calibration.md)."""
+"""Temperatures, the kernel head's logit kind and the mixture weight by the held-out NLL (docs/calibration.md)."""
 
 from __future__ import annotations
 
@@ -102,5 +101,4 @@ def fit_weight(p_kernel: np.ndarray, p_linear: np.ndarray, labels: np.ndarray) -
     slope = lambda w: float(-((a - b) / np.maximum(mix(w, a, b), PROB_FLOOR)).mean())   # noqa: E731
     nll = lambda w: float(-np.log(np.maximum(mix(w, a, b), PROB_FLOOR)).mean())        # noqa: E731
     w = convex_minimum(slope, 0.0, 1.0, BISECTIONS, flat="hi")
-    return {"weight": w, "nll": nll(w), "nll_kernel": nll(1.0), "nll_linear": nll(0.0),
-            "images": int(y.size)}
+    return {"weight": w, "nll": nll(w), "nll_kernel": nll(1.0), "nll_linear": nll(0.0), "images": int(y.size)}

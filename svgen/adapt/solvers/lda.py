@@ -31,8 +31,7 @@ def class_means(X: torch.Tensor, y: torch.Tensor, n_classes: int) -> tuple:
 
 
 def loo_basis(X: torch.Tensor, y: torch.Tensor, m: torch.Tensor, score_rows=None) -> SimpleNamespace:
-    """What every (γ, κ) of :func:`lda_loo_scores` shares: the within-class scatter's eigenbasis and the scored shots
-    (``score_rows``, None: all) in it, with their class sums without themselves."""
+    """What every (γ, κ) of :func:`lda_loo_scores` shares: the scatter's eigenbasis, the scored shots in it."""
     N, D = X.shape
     n, sums, xbar = class_means(X, y, m.shape[0])
     R = X - xbar[y]
@@ -62,8 +61,7 @@ def lda_loo_scores(X: torch.Tensor, y: torch.Tensor, m: torch.Tensor, gammas: Se
     for a, g in enumerate(gammas):
         binv = {f: 1.0 / ((1 - g) * s.omega / s.df[f] + g * s.tau) for f in (True, False)}
         Binv = torch.where(many[:, None], binv[True][None], binv[False][None])          # N×D
-        beta = (1 - g) * s.scale / torch.where(many, torch.tensor(float(s.df[True])),
-                                             torch.tensor(float(s.df[False])))
+        beta = (1 - g) * s.scale / torch.where(many, torch.tensor(float(s.df[True])), torch.tensor(float(s.df[False])))
         w = Binv * s.U
         coef = beta / (1 - beta * (s.U * w).sum(dim=1))   # Σ_{-i}⁻¹ = B_i⁻¹ + coef_i w_i w_iᵀ
         EB, ew = E * Binv, (E * w).sum(dim=1)
