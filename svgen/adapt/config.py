@@ -13,8 +13,7 @@ from svgen.errors import SvgenError
 
 @dataclass(frozen=True)
 class AdaptConfig:
-    """The grids, sizes and the one level of every adaptive choice (``SVGClassifier(adapt_config=...)``); each field:
-    docs/adaptation.md, "The settings"."""
+    """``SVGClassifier(adapt_config=...)``; each field: docs/adaptation.md, "The settings"."""
 
     level: float = 1.0
     select_max: int = 1024

@@ -1,5 +1,4 @@
-"""The held-out shots of a fit (:class:`HeldOut`; docs/adaptation.md, "The held-out shots"), and each head against
-zero-shot on them (:func:`compare`: ``fewshot.heads_vs_zero_shot``, output only)."""
+"""The held-out shots of a fit (:class:`HeldOut`; docs/adaptation.md), each head against zero-shot on them."""
 
 from __future__ import annotations
 
@@ -22,8 +21,7 @@ Part = Tuple[Dict[str, np.ndarray], np.ndarray, float]   # ({head: M×C probabil
 
 
 def outcomes(p, y) -> Dict[str, np.ndarray]:
-    """Per image: top-1 and top-5 hits (classify's ties) and ``−log p_y`` of probabilities ``p`` against ``y``
-    (:class:`~svgen.adapt.select.Score`, what every choice scores)."""
+    """Per image of probabilities ``p`` against ``y``: what every choice scores (:class:`~svgen.adapt.select.Score`)."""
     return {"acc1": Score.TOP1.per_image(p, y), "acc5": Score.TOP5.per_image(p, y), "nll": -Score.NLL.per_image(p, y)}
 
 
@@ -81,15 +79,13 @@ class HeldOut:
 
     @property
     def judges_zero_shot(self) -> bool:
-        """Whether zero-shot is a candidate against a correction: not on leave-one-out with one shot per class, which
-        leaves each held-out image's class without shots (docs/adaptation.md, "The choices": measured)."""
+        """Whether zero-shot is a candidate against a correction: not with one shot per class (docs/adaptation.md)."""
         return self.regime is Regime.FOLDS
 
 
 def evidence(labels: np.ndarray, n_classes: int, config: AdaptConfig, seed: int) -> HeldOut:
-    """The held-out shots of ``labels``: balanced folds (:func:`scored_folds`, at most ``config.select_max`` scored)
-    with exact leave-one-out of ``config.lda_loo_max`` shots beside; with one shot per class leave-one-out of
-    ``config.select_max`` (:func:`shot_sample`); none without shots. One seed, the fit's."""
+    """The held-out shots of ``labels`` at the fit's seed: balanced folds, or with one shot per class leave-one-out;
+    none without shots (docs/adaptation.md, "The held-out shots")."""
     y = np.asarray(labels, dtype=np.int64)
     if y.size == 0:
         return HeldOut(Regime.NONE, (), y, y, None, seed)
@@ -105,18 +101,14 @@ def evidence(labels: np.ndarray, n_classes: int, config: AdaptConfig, seed: int)
 def balanced_folds(y: np.ndarray, seed: int = 0, max_folds: int = DEFAULT.max_folds) -> list:
     """Fold f holds out the f-th shot (seeded order) of every class with two or more; at most ``max_folds``."""
     rng = np.random.default_rng(seed)
-    order = {c: rng.permutation(np.flatnonzero(y == c)) for c in np.unique(y)}
-    folds = []
-    for f in range(min(max(len(v) for v in order.values()), max_folds)):
-        held = np.array(sorted(v[f] for v in order.values() if len(v) > 1 and f < len(v)), dtype=np.int64)
-        if held.size:
-            folds.append(held)
-    return folds
+    order = [rng.permutation(np.flatnonzero(y == c)) for c in np.unique(y)]
+    folds = [np.array(sorted(v[f] for v in order if len(v) > 1 and f < len(v)), dtype=np.int64)
+             for f in range(min(max(len(v) for v in order), max_folds))]
+    return [f for f in folds if f.size]
 
 
 def scored_folds(folds: list, y: np.ndarray, seed: int = 0, n_max: Optional[int] = None) -> list:
-    """``(removed, scored)`` per fold used, at most ``n_max`` shots scored in all (docs/adaptation.md, "The held-out
-    shots"): a refit always leaves out its whole fold."""
+    """``(removed, scored)`` per fold used, at most ``n_max`` shots scored in all (docs/adaptation.md)."""
     if n_max is None or sum(f.size for f in folds) <= n_max:
         return [(f, f) for f in folds]
     used = folds[:max(1, n_max // max(f.size for f in folds))]   # more than one: each fits n_max / 2

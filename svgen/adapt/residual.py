@@ -1,5 +1,4 @@
-"""The kernel head with shots, ``s(x) = p₀(x) + k(x̂, X)(K + cI)⁻¹(Y − p₀(X))`` (:mod:`svgen.adapt.solvers.ridge`):
-zero-shot or σ × c, by ``CHOICES["kernel"]`` (docs/adaptation.md)."""
+"""The kernel head with shots (:mod:`svgen.adapt.solvers.ridge`): zero-shot or σ × c by ``CHOICES["kernel"]``."""
 
 from __future__ import annotations
 
@@ -16,6 +15,7 @@ from svgen.adapt.heldout import HeldOut, shot_sample
 from svgen.adapt.select import Choice, choose
 from svgen.adapt.solvers import ridge
 from svgen.adapt.solvers.ridge import prior_probs, rbf, unit  # noqa: F401  (the kernel head's formulas)
+from svgen.heads.scoring import CLIP_LOGIT_SCALE
 
 log = logging.getLogger(__name__)
 
@@ -24,8 +24,7 @@ ZERO_SHOT = "zero-shot"
 
 @dataclass
 class ResidualFit:
-    """The kernel head ``p₀(x) + k(x̂, rows) @ votes``, its choice and record, and its scores and ``p₀`` at
-    ``ev.rows`` (``held_scores`` None where zero-shot was kept)."""
+    """The kernel head ``p₀(x) + k(x̂, rows) @ votes``, its choice and record, its scores and p₀ at ``ev.rows``."""
 
     choice: Choice
     adopted: bool
@@ -34,9 +33,8 @@ class ResidualFit:
     sigma: float
     ridge_c: float
     votes: np.ndarray
-    logit_scale: float
     record: dict
-    held_scores: Optional[np.ndarray] = None
+    held_scores: Optional[np.ndarray] = None   # None where zero-shot was kept
     held_prior: Optional[np.ndarray] = None
 
 
@@ -71,11 +69,11 @@ def held_scores(X, y, R, p0_held, ev: HeldOut, cells: list, config: AdaptConfig)
         yield (sigmas[i], ridges[j]), sc
 
 
-def fit_residual_head(X, y, P, n_classes: int, ev: HeldOut, logit_scale: float, config: AdaptConfig) -> ResidualFit:
-    """Zero-shot and every (σ, c) scored on ``ev``, :func:`choose`, then the deployed solve."""
+def fit_residual_head(X, y, P, n_classes: int, ev: HeldOut, config: AdaptConfig) -> ResidualFit:
+    """Zero-shot and every (σ, c) scored on ``ev``, :func:`choose`, then the deployed solve (p₀ at CLIP's scale)."""
     X, P, y = unit(X), unit(P), np.asarray(y, dtype=np.int64)
-    R = ridge.residuals(X, y, P, n_classes, logit_scale)
-    p0_held = (prior_probs(X, P, logit_scale)[ev.rows] if X.shape[0] <= config.select_max
+    R = ridge.residuals(X, y, P, n_classes, CLIP_LOGIT_SCALE)
+    p0_held = (prior_probs(X, P, CLIP_LOGIT_SCALE)[ev.rows] if X.shape[0] <= config.select_max
                else np.eye(n_classes)[y[ev.rows]] - R[ev.rows])
     cells, med = settings(X, ev, config)
     hits = {cell: sc.argmax(axis=1) == ev.labels for cell, sc in held_scores(X, y, R, p0_held, ev, cells, config)}
@@ -83,11 +81,11 @@ def fit_residual_head(X, y, P, n_classes: int, ev: HeldOut, logit_scale: float, 
     choice = choose({**zero, **{c: hits[c] for c in cells}}, ev, "kernel", config.level)
     (sigma, c), kept = choice.best, choice.chosen != ZERO_SHOT
     scores = next(held_scores(X, y, R, p0_held, ev, [(sigma, c)], config))[1] if kept else None
-    record = records.kernel(choice, kept, med, ev, config, logit_scale, X.shape[0])
+    record = records.kernel(choice, kept, med, ev, config, CLIP_LOGIT_SCALE, X.shape[0])
     if kept:   # every shot a row (above dense_max those outside the basis with zero votes)
         votes = ridge.solve(X, R, y, sigma, c, ev.seed, config.dense_max, config.nystrom_basis)
         record.update(records.kernel_basis(X.shape[0], config.dense_max, int((np.abs(votes).sum(axis=1) > 0).sum())))
     else:
         log.info("shots: zero-shot kept (%s)", choice.why)
         votes = np.zeros((X.shape[0], n_classes))
-    return ResidualFit(choice, kept, X, y, float(sigma), float(c), votes, logit_scale, record, scores, p0_held)
+    return ResidualFit(choice, kept, X, y, float(sigma), float(c), votes, record, scores, p0_held)

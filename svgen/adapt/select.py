@@ -29,10 +29,8 @@ class Paired:
 def paired(candidate, baseline, weights=None) -> Paired:
     """The paired comparison of per-image scores (correct 0/1, top-5 hits, or −NLL: larger is better). ``weights``
     (per image, any scale) weigh the images; SE = √(n/(n−1) · Σ wᵢ²(dᵢ − d̄)²) with Σw = 1, which is s/√n unweighted."""
-    a = np.asarray(candidate, dtype=np.float64)
-    b = np.asarray(baseline, dtype=np.float64)
-    n = a.shape[0]
-    d = a - b
+    a, b = np.asarray(candidate, dtype=np.float64), np.asarray(baseline, dtype=np.float64)
+    n, d = a.shape[0], a - b
     if weights is None:
         se = float(d.std(ddof=1) / math.sqrt(n)) if n > 1 else 0.0
         return Paired(float(a.mean()), float(b.mean()), float(d.mean()), se, int(n))
@@ -97,37 +95,30 @@ class ChoiceRule:
 
 
 FOLDS_OR_LOO = "the balanced folds' held-out shots; one shot per class: leave-one-out"
-NO_ZERO_SHOT_AT_ONE_SHOT = ("; one shot per class: zero-shot is no candidate (leave-one-out leaves the held-out image's "
-                            "class without shots)")
 LOO = "exact leave-one-out (at most lda_loo_max shots; one shot per class: select_max)"
 CHOICES: Dict[str, ChoiceRule] = {
-    "kernel": ChoiceRule("the kernel head's σ × c, or zero-shot (the correction refused)",
-                         "zero-shot, then σ × c by larger c, then larger σ; one shot per class: Tip-Adapter's β, c alone"
-                         + NO_ZERO_SHOT_AT_ONE_SHOT,
+    "kernel": ChoiceRule("the kernel head's σ × c, or zero-shot (the correction refused)", "zero-shot, then σ × c by "
+                         "larger c, then larger σ; one shot per class: Tip-Adapter's β, c alone, without zero-shot",
                          Score.TOP1, Accept.UNLESS_BEHIND, FOLDS_OR_LOO, "residual.py"),
     "lda": ChoiceRule("the LDA head's shrinkage γ (× prior strength κ)",
                       "γ × κ by larger γ, then larger κ (zero-shot enters the linear head as α = 0)",
                       Score.TOP1, Accept.NEAREST_NOT_BEHIND, LOO, "lda.py"),
-    "lda_prior": ChoiceRule("the LDA head's prior strength κ at its γ",
-                            "the κ not behind the best (γ, κ), larger κ first", Score.TOP1, Accept.BEST, LOO,
-                            "lda.py"),
-    "alpha": ChoiceRule("the linear head's weight α on the LDA logits",
-                        "α = 0 (zero-shot), then the larger α; one shot per class: the LDA head alone"
-                        + NO_ZERO_SHOT_AT_ONE_SHOT, Score.TOP1, Accept.BEST,
-                        FOLDS_OR_LOO, "lda.py"),
-    "kernel_logits": ChoiceRule("the kernel head's kind of logits",
-                                "log (log charged for unseen votes ≤ 0), score, floored",
-                                Score.NLL, Accept.BEST, FOLDS_OR_LOO, "temperatures.py"),
+    "lda_prior": ChoiceRule("the LDA head's prior strength κ at its γ", "the κ not behind the best (γ, κ), larger κ "
+                            "first", Score.TOP1, Accept.BEST, LOO, "lda.py"),
+    "alpha": ChoiceRule("the linear head's weight α on the LDA logits", "α = 0 (zero-shot), then the larger α; one "
+                        "shot per class: the LDA head alone", Score.TOP1, Accept.BEST, FOLDS_OR_LOO, "lda.py"),
+    "kernel_logits": ChoiceRule("the kernel head's kind of logits", "log (log charged for unseen votes ≤ 0), score, "
+                                "floored", Score.NLL, Accept.BEST, FOLDS_OR_LOO, "temperatures.py"),
     "kernel_floor": ChoiceRule("ε of the floored kernel logits", "kernel_floors by larger ε (nearer log p₀)",
                                Score.NLL, Accept.BEST, FOLDS_OR_LOO, "temperatures.py"),
     "temperatures": ChoiceRule("each head's temperature T", "T > 0", Score.NLL, Accept.BEST,
                                "linear: leave-one-out; kernel: as its logit kind", "temperatures.py", continuous=True),
     "mixture_weight": ChoiceRule("the default head's weight w of the kernel head", "w in [0, 1], w = 1 first",
                                  Score.NLL, Accept.BEST, FOLDS_OR_LOO, "temperatures.py", continuous=True),
-    "shotless_tilt": ChoiceRule("the mixture's w and tilt δ of the classes without shots",
-                                "w = 0, 0.01, …, 1 (each at its best δ ≥ 0), then a golden-section refinement",
-                                Score.NLL, Accept.BEST, "refits without groups of classes, weighed by the deployed "
-                                "shares of classes without and with shots", "shotless.py"),
+    "shotless_tilt": ChoiceRule("the mixture's w and tilt δ of the classes without shots", "w = 0, 0.01, …, 1 (each "
+                                "at its best δ ≥ 0), then a golden-section refinement", Score.NLL, Accept.BEST,
+                                "refits without groups of classes, weighed by the deployed shares of classes without "
+                                "and with shots", "shotless.py"),
     "default_head": ChoiceRule("the default head", "the mixture at its weight w (the head w picks where w is 0 or 1), "
                                "then the other heads, the one whose top-1 agrees more with zero-shot's first",
                                Score.TOP1, Accept.AHEAD, FOLDS_OR_LOO, "shots.py", guards=(Score.TOP5, Score.NLL),

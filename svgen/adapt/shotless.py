@@ -93,14 +93,17 @@ def best_weight_and_offset(evidence: list, level: float) -> tuple:
     return best, best_offset(evidence, best)
 
 
-def refit_parts(shots: SupportSet, side, refit, with_shots: np.ndarray, progress: bool, config: AdaptConfig) -> tuple:
-    """(per refit two parts — the shots of a group of classes left without shots, and the refit's own held-out shots
-    — each (p_kernel, p_linear, p_cosine, labels, the classes without shots, its share), per refit its counts)."""
+def fit_tilt(shots: SupportSet, side, refit, shots_weight: float, progress: bool = False, *, config: AdaptConfig):
+    """:class:`Tilt` from refits (``refit(shots)``: ``adapt`` without this step) without groups of the classes with
+    shots, each scored on the shots it left out and its own held-out shots; None unless 2 ≤ classes with shots < C."""
     C, labels = side.n_classes, shots.labels.numpy()
+    with_shots = np.flatnonzero(np.bincount(labels, minlength=C) > 0)
+    if with_shots.size == C or with_shots.size < 2:
+        return None
     share_without = 1.0 - with_shots.size / C
     order = np.random.default_rng(side.config.seed).permutation(with_shots)   # groups of classes left out
     groups = [g for g in np.array_split(order, min(config.class_folds, order.size)) if g.size][:config.refits]
-    folds, n, parts = [], len(groups), []
+    folds, n, parts = [], len(groups), []   # parts: (p_kernel, p_linear, p_cosine, y, the classes without shots, share)
     for group in bar(groups, progress, desc="classes without shots: refits", unit="refit"):
         out = np.isin(labels, group)
         fit = refit(shots.subset(np.flatnonzero(~out)))
@@ -112,17 +115,6 @@ def refit_parts(shots: SupportSet, side, refit, with_shots: np.ndarray, progress
         parts += [(pk, pl, p0, labels[out], shotless, share_without / n),
                   (pk_in, pl_in, p0_in, y_in, shotless, (1.0 - share_without) / n)]
         folds.append((group.size, out.sum(), len(y_in)))
-    return parts, folds
-
-
-def fit_tilt(zero_shot, shots: SupportSet, side, refit, shots_weight: float, progress: bool = False, *,
-             config: AdaptConfig):
-    """:class:`Tilt` from ``refit(shots)`` (``adapt`` without this step); None unless 2 ≤ classes with shots < C."""
-    C, labels = side.n_classes, shots.labels.numpy()
-    with_shots = np.flatnonzero(np.bincount(labels, minlength=C) > 0)
-    if with_shots.size == C or with_shots.size < 2:
-        return None
-    parts, folds = refit_parts(shots, side, refit, with_shots, progress, config)
     found = [evidence(*p[:2], *p[3:]) for p in parts]
     w, delta = best_weight_and_offset(found, config.level)
     # output only (svgen.json fewshot.heads_vs_zero_shot): each head and the tilted mixture against zero-shot

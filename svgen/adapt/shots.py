@@ -1,5 +1,4 @@
-"""The shots stage: both heads with shots, their temperatures and the default head, every choice judged on one
-:class:`~svgen.adapt.heldout.HeldOut` built here (docs/fewshot.md; the choices: docs/adaptation.md)."""
+"""The shots stage: both heads, their temperatures and the default head, judged on one HeldOut (docs/fewshot.md)."""
 
 from __future__ import annotations
 
@@ -50,8 +49,7 @@ def adapt(zero_shot: Heads, shots: SupportSet, side: TextSide, tilt_shotless: bo
     clock = Clock(log, logging.INFO if tilt_shotless else logging.DEBUG)   # the tilt's refits: -vv only
     labels = shots.labels.numpy()
     ev = heldout.evidence(labels, C, config, side.config.seed)   # every choice below is judged on it
-    res = residual.fit_residual_head(shots.rows.numpy(), labels, side.prototypes.numpy(), C, ev, CLIP_LOGIT_SCALE,
-                                     config)
+    res = residual.fit_residual_head(shots.rows.numpy(), labels, side.prototypes.numpy(), C, ev, config)
     clock.lap("adapt: kernel head, σ and ridge chosen on held-out shots (%s) of %d shots", ev.regime.value, len(shots))
     W, b, lchoice = linear.fit_lda_head(side.prototypes, shots, C, ev, config)
     lin = linear.fit_linear_head(side.prototypes, shots, C, W, b, lchoice, ev, config)
@@ -62,7 +60,7 @@ def adapt(zero_shot: Heads, shots: SupportSet, side: TextSide, tilt_shotless: bo
     clock.lap("adapt: temperatures on held-out scores")
     default, weight, head_choice, held = choose_default_head(heads, side, res, shots, lin, ev, config)
     clock.lap("adapt: default head chosen (held-out top-1; the mixture weight by held-out NLL)")
-    tilt = (shotless.fit_tilt(zero_shot, shots, side, lambda part: adapt(zero_shot, part, side, False, config=config),
+    tilt = (shotless.fit_tilt(shots, side, lambda part: adapt(zero_shot, part, side, False, config=config),
                               head_choice["mixture_weight"], progress, config=config) if tilt_shotless else None)
     if tilt is not None:   # some classes have no shots: the weight and tilt fitted for them too
         clock.lap("adapt: tilt of the classes without shots (refits)")
@@ -86,32 +84,26 @@ def kernel_head(res: residual.ResidualFit, zero_shot: Heads, shots: SupportSet, 
     if res.adopted:
         return KernelHead(torch.from_numpy(res.rows).float(), float(np.float32(res.sigma)),
                           torch.from_numpy(res.votes).float(), torch.from_numpy(res.labels).to(torch.int64),
-                          torch.full((res.rows.shape[0],), IMAGE, dtype=torch.uint8), float(res.logit_scale))
+                          torch.full((res.rows.shape[0],), IMAGE, dtype=torch.uint8), CLIP_LOGIT_SCALE)
     z, support = zero_shot.kernel, SupportSet.from_text(zero_shot.kernel.rows).join(shots)
     return KernelHead(support.rows.float(), float(z.bandwidth), torch.cat([z.votes.float(), torch.zeros(len(shots), C)]),
                       support.labels, support.source)
 
 
-def held_out_probabilities(heads: Heads, side: TextSide, res, shots: SupportSet, lin, ev: HeldOut) -> tuple:
-    """(kernel M×C, linear M×C): both calibrated heads' probabilities at the evidence's scored shots."""
-    cal = heads.calibration
+def choose_default_head(heads: Heads, side: TextSide, res, shots: SupportSet, lin, ev: HeldOut,
+                        config: AdaptConfig) -> tuple:
+    """(head, w, record, (p_kernel, p_linear, y, p_cosine)) by ``CHOICES["default_head"]`` on the calibrated heads'
+    probabilities at the scored shots: the mixture at the w of the lowest held-out NLL unless another head is ahead of
+    it on held-out top-1 (then w is 1 or 0)."""
+    cal, truth, x = heads.calibration, ev.labels, shots.rows[ev.rows].float()
     if res.adopted:
         z = logit_kinds.kernel_logits(torch.as_tensor(res.held_scores, dtype=torch.float64), cal.kernel_logits,
                                       torch.from_numpy(res.held_prior), cal.kernel_floor)
         pk = calibration.softmax(z, cal.temperatures["kernel"]).numpy()
     else:
-        pk = predictor.proba(heads, side.prototypes, side.config.kernel, shots.rows[ev.rows].float(), "kernel").numpy()
+        pk = predictor.proba(heads, side.prototypes, side.config.kernel, x, "kernel").numpy()
     pl = calibration.softmax(torch.as_tensor(lin.held_logits, dtype=torch.float64), cal.temperatures["linear"]).numpy()
-    return pk, pl
-
-
-def choose_default_head(heads: Heads, side: TextSide, res, shots: SupportSet, lin, ev: HeldOut,
-                        config: AdaptConfig) -> tuple:
-    """(head, w, record, (p_kernel, p_linear, y, p_cosine)) by ``CHOICES["default_head"]``: the mixture at the w of
-    the lowest held-out NLL unless another head is ahead of it on held-out top-1 (then w is 1 or 0)."""
-    pk, pl = held_out_probabilities(heads, side, res, shots, lin, ev)
-    truth = ev.labels
-    p0 = predictor.proba(heads, side.prototypes, side.config.kernel, shots.rows[ev.rows].float(), "cosine").numpy()
+    p0 = predictor.proba(heads, side.prototypes, side.config.kernel, x, "cosine").numpy()
     fit = held_temperatures.fit_weight(pk, pl, truth)
     w = fit["weight"]
     probs = {MIXTURE: calibration.mix(w, pk, pl), "kernel": pk, "linear": pl}
@@ -123,9 +115,8 @@ def choose_default_head(heads: Heads, side: TextSide, res, shots: SupportSet, li
 
 
 def top1_check(probs: dict, p_cosine: np.ndarray, truth: np.ndarray, incumbent: str, level: float) -> tuple:
-    """(choice, agreement): ``default_head`` of :data:`~svgen.adapt.select.CHOICES` on held-out probabilities
-    ({head: M×C}): the ``incumbent`` (the head the NLL weight picks), then the other heads, the one whose top-1 agrees
-    more often with zero-shot's (``p_cosine``) first; and that agreement per head."""
+    """(choice, each head's top-1 agreement with zero-shot's): ``CHOICES["default_head"]`` on held-out probabilities
+    ({head: M×C}) from the ``incumbent`` (the head the NLL weight picks)."""
     near = {h: float((p.argmax(axis=1) == p_cosine.argmax(axis=1)).mean()) for h, p in probs.items()}
     others = sorted((h for h in ("kernel", "linear") if h != incumbent), key=lambda h: -near[h])   # stable on ties
     scores = {h: dict.fromkeys((Score.TOP1, Score.TOP5, Score.NLL), probs[h]) for h in (incumbent, *others)}
@@ -141,11 +132,10 @@ def temperatures(heads: Heads, side: TextSide, shots: SupportSet, res, lin, ev: 
     temps, loo, kind, floor, extra = dict(fit["temperatures"]), dict(fit["loo"]), None, None, {}
     if res.adopted:
         kfit = held_temperatures.choose_kernel_logits(torch.from_numpy(res.held_scores), ev.labels,
-                                                      fallback=text_temps["kernel"], signed_votes=True,
-                                                      prior=torch.from_numpy(res.held_prior), config=config)
+                                                      text_temps["kernel"], prior=torch.from_numpy(res.held_prior),
+                                                      config=config)
         kind, floor, temps["kernel"], loo["kernel"] = kfit["kind"], kfit["floor"], kfit["temperature"], kfit["loo"]
         extra = records.kernel_logits_choice(kfit, ev)
     return predictor.with_temperatures(
         text_cal, temps, method="loo-nll", kernel_logits=kind, kernel_floor=floor, shots=len(shots), loo=loo,
-        text_temperatures=text_temps, **extra,
-        rule=records.SHOTS_TEMPERATURES)
+        text_temperatures=text_temps, **extra, rule=records.SHOTS_TEMPERATURES)

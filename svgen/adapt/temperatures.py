@@ -1,5 +1,4 @@
-"""Temperatures, the kernel head's kind of logits and the mixture weight ``w`` by the NLL of held-out shots
-(docs/calibration.md)."""
+"""Temperatures, the kernel head's logit kind and the mixture weight by the held-out NLL (docs/calibration.md)."""
 
 from __future__ import annotations
 
@@ -52,20 +51,12 @@ def kernel_logit_candidates(s, y, prior, fallback: float, cfg: AdaptConfig) -> t
     return z, cand, floor, fit
 
 
-def log_tail_guard(z: dict, cand: dict, s, y, signed_votes: bool, cfg: AdaptConfig) -> dict:
-    """What "log" is charged for true-class votes ≤ 0 new images may have: their rate's :func:`event_rate_bound` at
-    ``cfg.level`` above the rate seen, × what log loses on each (its median top logit above the floor, over T)."""
-    seen = int((s[torch.arange(len(y)), torch.as_tensor(y, dtype=torch.long)] <= 0).sum())
-    bound = event_rate_bound(seen, len(y), cfg.level) if signed_votes else 0.0
-    loss = float(torch.quantile(z["log"].max(dim=1).values - math.log(KERNEL_LOG_FLOOR), 0.5)) / float(
-        cand["log"]["temperature"])
-    return {"seen": seen, "rate_bound": bound, "loss": loss, "charge": max(bound - seen / max(len(y), 1), 0.0) * loss}
-
-
 def choose_kernel_logits(loo_scores, labels, fallback: float, signed_votes: bool = True, prior=None, *,
                          config: AdaptConfig) -> dict:
     """The kernel head's kind of logits and T by the held-out NLL (``CHOICES["kernel_logits"]``: log, score,
-    floored), "log" charged by :func:`log_tail_guard`; "log" where a kind has no finite T."""
+    floored), "log" charged for the true-class votes ≤ 0 new images may have: their rate's :func:`event_rate_bound`
+    at ``config.level`` above the rate seen, × what log loses on each (its median top logit above the floor, over T).
+    "log" where a kind has no finite T."""
     y, cfg = np.asarray(labels), config
     s = torch.as_tensor(loo_scores, dtype=torch.float64)
     vote_not_positive = s[torch.arange(len(y)), torch.as_tensor(y, dtype=torch.long)] <= 0   # where log puts p ≈ 0
@@ -75,7 +66,12 @@ def choose_kernel_logits(loo_scores, labels, fallback: float, signed_votes: bool
         per = {k: -example_nll(z[k], cand[k]["temperature"], y) for k in cand}
         d = per["log"] - per["score"]
         diff = {"mean": float(d.mean()), "se": float(d.std(ddof=1) / math.sqrt(len(d))) if len(d) > 1 else None}
-        guard = log_tail_guard(z, cand, s, y, signed_votes, cfg)
+        seen = int(vote_not_positive.sum())
+        bound = event_rate_bound(seen, len(y), cfg.level) if signed_votes else 0.0
+        loss = float(torch.quantile(z["log"].max(dim=1).values - math.log(KERNEL_LOG_FLOOR), 0.5)) / float(
+            cand["log"]["temperature"])
+        guard = {"seen": seen, "rate_bound": bound, "loss": loss,
+                 "charge": max(bound - seen / max(len(y), 1), 0.0) * loss}
         kind = choose({**per, "log": per["log"] - guard["charge"]}, None, "kernel_logits", cfg.level).chosen
         reason = records.kernel_logits_reason(cand, guard, len(y), floor)
         T, loo = cand[kind]["temperature"], {k: v for k, v in cand[kind].items()
@@ -105,5 +101,4 @@ def fit_weight(p_kernel: np.ndarray, p_linear: np.ndarray, labels: np.ndarray) -
     slope = lambda w: float(-((a - b) / np.maximum(mix(w, a, b), PROB_FLOOR)).mean())   # noqa: E731
     nll = lambda w: float(-np.log(np.maximum(mix(w, a, b), PROB_FLOOR)).mean())        # noqa: E731
     w = convex_minimum(slope, 0.0, 1.0, BISECTIONS, flat="hi")
-    return {"weight": w, "nll": nll(w), "nll_kernel": nll(1.0), "nll_linear": nll(0.0),
-            "images": int(y.size)}
+    return {"weight": w, "nll": nll(w), "nll_kernel": nll(1.0), "nll_linear": nll(0.0), "images": int(y.size)}

@@ -86,8 +86,7 @@ def test_adapt_fits_each_heads_temperature_by_loo_nll(adapted, tmp_path):
     from svgen.adapt.config import DEFAULT
 
     ev = heldout.evidence(shots.labels.numpy(), C, DEFAULT, 0)
-    sel = residual.fit_residual_head(shots.rows.numpy(), shots.labels.numpy(), clf.prototypes_.numpy(), C, ev, 100.0,
-                                     DEFAULT)
+    sel = residual.fit_residual_head(shots.rows.numpy(), shots.labels.numpy(), clf.prototypes_.numpy(), C, ev, DEFAULT)
     assert sel.adopted and sel.sigma == pytest.approx(clf.bandwidth_)
     # the kernel head: its balanced folds' held-out scores (the deployed predictor), or LOO with one shot per class
     zk, yk = sel.held_scores, y[ev.rows]

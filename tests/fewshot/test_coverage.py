@@ -183,7 +183,7 @@ def test_weight_and_offset_minimise_the_refits_evidence(pets, monkeypatch):
     real = coverage.evidence
     monkeypatch.setattr(coverage, "evidence", lambda *a: raw.append(a) or real(*a))
     w0 = clf.fewshot_["head_choice"]["mixture_weight"]
-    tilt = coverage.fit_tilt(zero, shots, side, refit, w0, config=DEFAULT)
+    tilt = coverage.fit_tilt(shots, side, refit, w0, config=DEFAULT)
     w, delta, rec = tilt.weight, tilt.offset, tilt.record
     cal = clf.heads_.calibration
     assert (w, delta) == pytest.approx((cal.mixture_weight, cal.shotless_offset)) and len(calls) == len(rec["folds"]) == 4

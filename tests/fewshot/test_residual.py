@@ -55,7 +55,7 @@ def held_out_scores(X: np.ndarray, y: np.ndarray, P: np.ndarray, C: int, sigma: 
 def fit_head(X, y, P, config=DEFAULT, seed=0):
     """The kernel head of ``adapt``, on the fit's held-out evidence: (its fit, the evidence)."""
     ev = heldout.evidence(y, P.shape[0], config, seed)
-    return residual.fit_residual_head(X, y, P, P.shape[0], ev, 100.0, config), ev
+    return residual.fit_residual_head(X, y, P, P.shape[0], ev, config), ev
 
 
 def test_selection_scores_are_refits_without_each_fold_and_pick_the_best():
@@ -82,9 +82,7 @@ def test_loo_scores_equal_refitting_without_each_shot():
     p0 = residual.prior_probs(X, P)
     R = np.eye(C)[y] - p0
     sigma, c = 0.7, 0.3
-    e, U = np.linalg.eigh(residual.rbf(X, X, sigma))
-    loo = ridge.loo_scores(U, e, c, R, p0)
-    np.testing.assert_allclose(ridge.loo_at(X, R, p0, sigma, c), loo, atol=1e-10)
+    loo = ridge.loo_at(X, R, p0, sigma, c)
     for i in range(N):
         keep = np.arange(N) != i
         V = np.linalg.solve(residual.rbf(X[keep], X[keep], sigma) + c * np.eye(N - 1), R[keep])
@@ -386,26 +384,30 @@ def test_one_shot_with_more_classes_than_the_lda_loo_subset(monkeypatch, select_
     mixture) is judged on one leave-one-out sample of at most select_max shots (lda_loo_max bounds the leave-one-out
     beside the folds only). The mixture's weight is fitted on those shots, and equals a fit on those rows alone."""
     from svgen.adapt import temperatures
-    from svgen.adapt import shots as shot_adapt
 
     X, y, P = _problem(seed=5, C=12, per_class=1)
     cfg = AdaptConfig(lda_loo_max=5, select_max=select_max)
-    seen = {}
-    real = shot_adapt.held_out_probabilities
+    seen, real_evidence, real_weight = {}, heldout.evidence, temperatures.fit_weight
 
-    def spy(*a, **k):
-        seen["out"] = (*real(*a, **k), a[5].rows)
-        return seen["out"][:2]
+    def evidence(*a):
+        seen["ev"] = real_evidence(*a)
+        return seen["ev"]
 
-    monkeypatch.setattr(shot_adapt, "held_out_probabilities", spy)
+    def fit_weight(*a):
+        seen["fit"] = a
+        return real_weight(*a)
+
+    monkeypatch.setattr(heldout, "evidence", evidence)
+    monkeypatch.setattr(temperatures, "fit_weight", fit_weight)
     clf = SVGClassifier(n_support=2, adapt_config=cfg).fit(P.astype(np.float32)).adapt(X.astype(np.float32), y)
     hc = clf.fewshot_["head_choice"]
-    pk, pl, rows = seen["out"]
+    (pk, pl, truth), rows = seen["fit"], seen["ev"].rows
+    assert np.array_equal(truth, y[rows])   # the mixture weight's images: the evidence's scored shots
     sample = heldout.shot_sample(y, select_max, 0)
     want = np.arange(len(y)) if sample is None else sample
     assert hc["shots_compared"] == len(rows) == len(want) and set(rows) == set(want)
     assert pk.shape == pl.shape == (len(rows), 12)
-    assert hc["mixture_weight"] == pytest.approx(temperatures.fit_weight(pk, pl, y[rows])["weight"])
+    assert hc["mixture_weight"] == pytest.approx(real_weight(pk, pl, y[rows])["weight"])
     assert clf.predict_proba(X.astype(np.float32)).shape == (12, 12)
 
 

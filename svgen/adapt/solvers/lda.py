@@ -31,8 +31,7 @@ def class_means(X: torch.Tensor, y: torch.Tensor, n_classes: int) -> tuple:
 
 
 def loo_basis(X: torch.Tensor, y: torch.Tensor, m: torch.Tensor, score_rows=None) -> SimpleNamespace:
-    """What every (γ, κ) of :func:`lda_loo_scores` shares: the within-class scatter's eigenbasis and the scored shots
-    (``score_rows``, None: all) in it, with their class sums without themselves."""
+    """What every (γ, κ) of :func:`lda_loo_scores` shares: the scatter's eigenbasis, the scored shots in it."""
     N, D = X.shape
     n, sums, xbar = class_means(X, y, m.shape[0])
     R = X - xbar[y]
@@ -54,39 +53,32 @@ def loo_basis(X: torch.Tensor, y: torch.Tensor, m: torch.Tensor, score_rows=None
 
 def lda_loo_scores(X: torch.Tensor, y: torch.Tensor, m: torch.Tensor, gammas: Sequence[float],
                    kappas: Sequence[float], score_rows=None):
-    """Yields ``((a, b), N×C logits)`` for each (γ_a, κ_b): the LDA head's exact leave-one-out, its means at one
-    Mahalanobis radius (:func:`lda_head_weights` with ``equal_radius``, the head svgen fits); ``score_rows``: only
-    these shots left out and scored (every shot still fits)."""
+    """Yields ``((a, b), N×C logits)`` per (γ_a, κ_b): the exact leave-one-out of the head svgen fits
+    (:func:`lda_head_weights`, ``equal_radius``) at ``score_rows`` (None: all; every shot still fits)."""
     s = loo_basis(X, y, m, score_rows)
+    n, y, m_v, many = s.n, s.y, s.m_v, s.many
     E = s.Xv - s.centre
     for a, g in enumerate(gammas):
         binv = {f: 1.0 / ((1 - g) * s.omega / s.df[f] + g * s.tau) for f in (True, False)}
-        Binv = torch.where(s.many[:, None], binv[True][None], binv[False][None])          # N×D
-        beta = (1 - g) * s.scale / torch.where(s.many, torch.tensor(float(s.df[True])),
-                                               torch.tensor(float(s.df[False])))
+        Binv = torch.where(many[:, None], binv[True][None], binv[False][None])          # N×D
+        beta = (1 - g) * s.scale / torch.where(many, torch.tensor(float(s.df[True])), torch.tensor(float(s.df[False])))
         w = Binv * s.U
         coef = beta / (1 - beta * (s.U * w).sum(dim=1))   # Σ_{-i}⁻¹ = B_i⁻¹ + coef_i w_i w_iᵀ
-        for b, k in enumerate(kappas):
-            yield (a, b), loo_logits_at(s, E, binv, Binv, w, coef, k)
-
-
-def loo_logits_at(s: SimpleNamespace, E, binv: dict, Binv, w, coef, k: float) -> torch.Tensor:
-    """One (γ, κ) of :func:`lda_loo_scores`: the held-out logits with the means at prior strength ``k``."""
-    n, y, m_v, many = s.n, s.y, s.m_v, s.many
-    mu = (n[:, None] * s.xbar_v + k * m_v) / (n + k).clamp_min(1e-12)[:, None]
-    mu[n == 0] = m_v[n == 0]                   # a class without shots: its prior mean, as in the head
-    own = (s.own_sum + k * m_v[y]) / (s.n_i - 1 + k).clamp_min(1e-12)[:, None]
-    own[~many] = m_v[y[~many]]                 # the class's only shot left out: its prior mean
-    Dm, Do = mu - s.centre, own - s.centre
-    EB, ew = E * Binv, (E * w).sum(dim=1)
-    WD, wo = w @ Dm.T, (w * Do).sum(dim=1)
-    q = torch.where(many[:, None], ((Dm * Dm) @ binv[True])[None], ((Dm * Dm) @ binv[False])[None])
-    num = EB @ Dm.T + coef[:, None] * ew[:, None] * WD
-    den = q + coef[:, None] * WD * WD
-    num[s.rows, y] = (EB * Do).sum(dim=1) + coef * ew * wo
-    den[s.rows, y] = (Do * Do * Binv).sum(dim=1) + coef * wo * wo
-    norm = den.clamp_min(1e-300).sqrt()
-    return norm.mean(dim=1, keepdim=True) * num / norm
+        EB, ew = E * Binv, (E * w).sum(dim=1)
+        for b, k in enumerate(kappas):   # the means at prior strength k
+            mu = (n[:, None] * s.xbar_v + k * m_v) / (n + k).clamp_min(1e-12)[:, None]
+            mu[n == 0] = m_v[n == 0]                   # a class without shots: its prior mean, as in the head
+            own = (s.own_sum + k * m_v[y]) / (s.n_i - 1 + k).clamp_min(1e-12)[:, None]
+            own[~many] = m_v[y[~many]]                 # the class's only shot left out: its prior mean
+            Dm, Do = mu - s.centre, own - s.centre
+            WD, wo = w @ Dm.T, (w * Do).sum(dim=1)
+            q = torch.where(many[:, None], ((Dm * Dm) @ binv[True])[None], ((Dm * Dm) @ binv[False])[None])
+            num = EB @ Dm.T + coef[:, None] * ew[:, None] * WD
+            den = q + coef[:, None] * WD * WD
+            num[s.rows, y] = (EB * Do).sum(dim=1) + coef * ew * wo
+            den[s.rows, y] = (Do * Do * Binv).sum(dim=1) + coef * wo * wo
+            norm = den.clamp_min(1e-300).sqrt()
+            yield (a, b), norm.mean(dim=1, keepdim=True) * num / norm
 
 
 def lda_covariance(X, y, n_classes: int, gamma: float, tau: Optional[float] = None) -> torch.Tensor:

@@ -47,19 +47,16 @@ def median_distance(X: np.ndarray, seed: int, n_max: int) -> Optional[float]:
     return float(np.sqrt(np.median(d2))) if d2.size else None
 
 
-def loo_scores(U: np.ndarray, e: np.ndarray, c: float, R: np.ndarray, p0: np.ndarray) -> np.ndarray:
-    """Exact leave-one-out scores ``p₀ + (HR − h ⊙ R)/(1 − h)`` of ``H = K(K + cI)⁻¹``, ``K = U diag(e) Uᵀ``."""
+def loo_at(X: np.ndarray, R: np.ndarray, p0: np.ndarray, sigma: float, c: float) -> np.ndarray:
+    """Exact leave-one-out scores ``p₀ + (HR − h ⊙ R)/(1 − h)`` of the head at (σ, c) on the shots ``X``, with
+    ``H = K(K + cI)⁻¹`` from the eigendecomposition ``K = U diag(e) Uᵀ``."""
+    d2 = np.maximum(2.0 - 2.0 * X @ X.T, 0.0)
+    e, U = np.linalg.eigh(np.exp(-d2 / (2 * sigma * sigma)))
+    e = np.maximum(e, 0.0)
     g = e / (e + c)
     HR = U @ (g[:, None] * (U.T @ R))
     h = np.minimum((U * U) @ g, 1 - 1e-9)
     return p0 + (HR - h[:, None] * R) / (1 - h[:, None])
-
-
-def loo_at(X: np.ndarray, R: np.ndarray, p0: np.ndarray, sigma: float, c: float) -> np.ndarray:
-    """:func:`loo_scores` of the head at (σ, c) on the shots ``X``."""
-    d2 = np.maximum(2.0 - 2.0 * X @ X.T, 0.0)
-    e, U = np.linalg.eigh(np.exp(-d2 / (2 * sigma * sigma)))
-    return loo_scores(U, np.maximum(e, 0.0), c, R, p0)
 
 
 def dense_fold_scores(d2: np.ndarray, y: np.ndarray, R: np.ndarray, p0: np.ndarray, folds: list, sigmas, ridges):
@@ -76,25 +73,16 @@ def dense_fold_scores(d2: np.ndarray, y: np.ndarray, R: np.ndarray, p0: np.ndarr
     return {k: np.concatenate(v) for k, v in parts.items()}
 
 
-def nystrom_parts(X: np.ndarray, y: np.ndarray, R: np.ndarray, folds: list, bases: list) -> list:
-    """Per fold: the number of shots it keeps, their residuals, the squared distances of its kept then scored shots
-    to its basis (``bases[f]``, indices of shots it keeps), and where the basis sits among the kept shots."""
-    kept = []
+def nystrom_fold_scores(X: np.ndarray, y: np.ndarray, R: np.ndarray, p0_held: np.ndarray, folds: list, sigmas,
+                        ridges, bases: list):
+    """As :func:`dense_fold_scores` in a Nyström basis of shots each fold keeps (``bases``), features ``A = k(X, L)
+    K_LL^{-1/2}``, one eigendecomposition per (σ, fold) for every c (docs/fewshot.md); yields ``((i, j), scores)``."""
+    kept = []   # per fold: n kept, R kept (float32), d² of kept then scored shots to its basis, the basis's places
     for (removed, scored), basis in zip(folds, bases):
         keep = np.setdiff1d(np.arange(len(y)), removed)
         d2 = X[np.concatenate([keep, scored])] @ X[basis].T
         np.maximum(np.add(np.multiply(d2, -2.0, out=d2), 2.0, out=d2), 0.0, out=d2)
         kept.append((keep.size, torch.from_numpy(R[keep].astype(np.float32)), d2, np.searchsorted(keep, basis)))
-    return kept
-
-
-def nystrom_fold_scores(X: np.ndarray, y: np.ndarray, R: np.ndarray, p0_held: np.ndarray, folds: list, sigmas,
-                        ridges, bases: list):
-    """As :func:`dense_fold_scores` in a Nyström basis per fold (``bases``: shots the fold keeps; a removed shot as a
-    centre would leave its direction without data), with features ``A = k(X, L) K_LL^{-1/2}``: the fold's refit solves
-    ``(A_keepᵀA_keep + cI) β = A_keepᵀR_keep``, one eigendecomposition per (σ, fold) for every c (docs/fewshot.md);
-    each ``((i, j), scores)`` yielded as computed."""
-    kept = nystrom_parts(X, y, R, folds, bases)
     for i, sigma in enumerate(sigmas):
         parts, start = [[] for _ in ridges], 0
         for (n_keep, R_keep, d2, at), (_, scored) in zip(kept, folds):
