@@ -40,12 +40,11 @@ def adapt(stage: Stage, side: TextSide, U: torch.Tensor, strength: Optional[floa
     if not decision.kept:
         record = records.refused(N, stage.default_head, decision, wall_time_s=time.perf_counter() - t0)
         return refused(stage, scored, record, decision)
-    shots = check.evidence is Evidence.SHOTS
-    entropy = None if shots else scored.entropy()
+    entropy = None if with_shots else scored.entropy()
     fit = transduce(stage, side, U, scored, config, strength, progress, labels_entropy=entropy)
     if not fit.decision.kept:
         return refused(stage, scored, fit.record, fit.decision)
-    heads, inductive, record, default = (_adopt_factor(stage, fit, check) if shots else
+    heads, inductive, record, default = (_adopt_factor(stage, fit, check) if with_shots else
                                          _adopt_posterior(stage, side, fit, U, scored, check, config.pool_trust))
     labels = predictor.proba_in_blocks(heads, side.prototypes, side.config.kernel, U, default)
     record = {**fit.record, **record, "wall_time_s": time.perf_counter() - t0}
