@@ -84,21 +84,15 @@ def shot_folds(y: np.ndarray, n_classes: int, seed: int, max_folds: int) -> list
 
 
 def paired_gate(p_ind: np.ndarray, p_pool: np.ndarray, y: np.ndarray, level: float) -> Gate:
-    """Pool-adapted against inductive probabilities on the same held-out labelled images ``y`` (per image: top-1 and
-    top-5 hits under classify's tie rule, and log p_y: :class:`~svgen.adapt.select.Score`)."""
+    """Pool-adapted against inductive probabilities on the same held-out labelled images ``y``: :func:`decided` on
+    their per-image scores (:class:`~svgen.adapt.select.Score`)."""
     return decided({s: s.per_image(p_pool, y) for s in (TOP1, TOP5, NLL)},
                    {s: s.per_image(p_ind, y) for s in (TOP1, TOP5, NLL)}, level)
 
 
-def replication_gate(agree_pool: np.ndarray, agree_ind: np.ndarray, agree5_pool: np.ndarray,
-                     agree5_ind: np.ndarray, level: float) -> Gate:
-    """Per image of the other half, whether the adapted or the inductive head holds its posterior class (top 1, 5)."""
-    return decided({TOP1: agree_pool, TOP5: agree5_pool}, {TOP1: agree_ind, TOP5: agree5_ind}, level)
-
-
 def decided(pool: dict, ind: dict, level: float) -> Gate:
     """The pool against the inductive predictor on per-image scores ({Score: larger is better}) by ``CHOICES["pool"]``
-    (without NLL: ``"pool_halves"``); the paired means, and where refused the failures in words."""
+    (without NLL, the halves' agreement: ``"pool_halves"``); the paired means, where refused the failures in words."""
     choice = choose({"inductive": ind, "pool": pool}, None, "pool" if NLL in pool else "pool_halves", level)
     g = Gate(paired(pool[TOP1], ind[TOP1]), paired(pool[TOP5], ind[TOP5]),
              paired(-pool[NLL], -ind[NLL]) if NLL in pool else None,
@@ -193,10 +187,9 @@ def check_with_shots(stage: Stage, side: TextSide, U: torch.Tensor, strength: Op
 def check_without_shots(stage: Stage, side: TextSide, U: torch.Tensor, scored: Scored, strength: Optional[float],
                         config: AdaptConfig, progress: bool = False) -> Check:
     """Two random halves adapted alone: the linear head of each against the inductive default head on the other."""
-    N, P, kind = U.shape[0], side.prototypes, side.config.kernel
+    N, P, kind, k = U.shape[0], side.prototypes, side.config.kernel, min(5, side.n_classes)
     perm = torch.from_numpy(np.random.default_rng(side.config.seed).permutation(N))
-    halves = [perm[: N // 2].sort().values, perm[N // 2:].sort().values]
-    ind, adapted = top5(scored.scores), []
+    halves, adapted = [perm[: N // 2].sort().values, perm[N // 2:].sort().values], []
     with torch.no_grad():
         for rows in bar(halves, progress, desc="checking the pool (halves of the pool)", unit="fold", leave=False):
             fit = transduce(stage, side, U[rows], scored.rows(rows), config, strength)
@@ -204,14 +197,11 @@ def check_without_shots(stage: Stage, side: TextSide, U: torch.Tensor, scored: S
                 return Check(Evidence.HALVES, stage.default_head, stopped=Reason.HALF_DID_NOT_ADAPT,
                              why=f"half of the pool alone does not adapt ({fit.decision.why})")
             adapted.append(fit)
-        hits = []   # per half: the adapted and the inductive head's top 1, then top 5, holding its posterior class
-        for a, b in ((0, 1), (1, 0)):
+        ind, hits = scored.scores.topk(k, dim=1).indices, []   # per image of a half: does its posterior class lie in
+        for a, b in ((0, 1), (1, 0)):                            # the adapted and the inductive head's top 1, then 5
             posterior, rows = adapted[b].labels.argmax(dim=1)[:, None], halves[b]
-            new = top5(predictor.scores(adapted[a].heads, P, kind, U[rows], "linear"))
+            new = predictor.scores(adapted[a].heads, P, kind, U[rows], "linear").topk(k, dim=1).indices
             hits.append([(t == posterior).any(dim=1).numpy() for t in (new[:, :1], ind[rows, :1], new, ind[rows])])
-    return Check(Evidence.HALVES, stage.default_head, replication_gate(*map(np.concatenate, zip(*hits)),
-                                                                        level=config.level))
-
-
-def top5(scores: torch.Tensor) -> torch.Tensor:
-    return scores.topk(min(5, scores.shape[1]), dim=1).indices
+    pool1, ind1, pool5, ind5 = map(np.concatenate, zip(*hits))
+    gate = decided({TOP1: pool1, TOP5: pool5}, {TOP1: ind1, TOP5: ind5}, config.level)
+    return Check(Evidence.HALVES, stage.default_head, gate)

@@ -40,16 +40,15 @@ def adapt(stage: Stage, side: TextSide, U: torch.Tensor, strength: Optional[floa
     if not decision.kept:
         record = records.refused(N, stage.default_head, decision, wall_time_s=time.perf_counter() - t0)
         return refused(stage, scored, record, decision)
-    shots = check.evidence is Evidence.SHOTS
-    entropy = None if shots else scored.entropy()
+    entropy = None if with_shots else scored.entropy()
     fit = transduce(stage, side, U, scored, config, strength, progress, labels_entropy=entropy)
     if not fit.decision.kept:
         return refused(stage, scored, fit.record, fit.decision)
-    fit = (_adopt_factor(stage, side, U, fit, check) if shots else
-           _adopt_posterior(stage, side, fit, U, scored, check, config.pool_trust))
-    fit.record["wall_time_s"] = time.perf_counter() - t0
-    fit.decision = decision
-    return fit
+    heads, inductive, record, default = (_adopt_factor(stage, fit, check) if with_shots else
+                                         _adopt_posterior(stage, side, fit, U, scored, check, config.pool_trust))
+    labels = predictor.proba_in_blocks(heads, side.prototypes, side.config.kernel, U, default)
+    record = {**fit.record, **record, "wall_time_s": time.perf_counter() - t0}
+    return PoolFit(heads, record, labels, inductive, fit.prior_linear, decision, default_head=default)
 
 
 def agreement_target(check: Check) -> Optional[float]:
@@ -66,28 +65,26 @@ def refused(stage: Stage, scored: Scored, record: dict, decision: Decision) -> P
     return PoolFit(stage.heads, record, scored.proba(), None, decision=decision)
 
 
-def _adopt_factor(stage: Stage, side: TextSide, U: torch.Tensor, fit: PoolFit, check: Check) -> PoolFit:
-    """With shots: each head the check fitted a power for × the pool's likelihood^a; the rest stays inductive."""
-    WG, bG = fit.gaussian.weight, fit.gaussian.bias
-    powers = {h: float(a) for h, a in check.powers.items() if a > 0}
-    ind = stage.heads
-    heads = Heads(ind.kernel, ind.linear, ind.calibration,
-                  PoolFactor(WG.float(), bG.float(), powers) if powers else None)
-    default = stage.default_head
-    labels = predictor.proba_in_blocks(heads, side.prototypes, side.config.kernel, U, default)
-    record = {**fit.record, **records.pool_factor(check, default, powers, predictor.head_names(heads))}
-    return PoolFit(heads, record, labels, Heads(ind.kernel, ind.linear, ind.calibration), fit.prior_linear,
-                   default_head=default)
+def _adopt_factor(stage: Stage, fit: PoolFit, check: Check) -> tuple:
+    """With shots: each head the check fitted a power for × the pool's likelihood^a, the rest inductive; (heads, the
+    inductive heads, the record's part, the default head)."""
+    powers, ind = {h: float(a) for h, a in check.powers.items() if a > 0}, stage.heads
+    WG, bG = fit.gaussian.weight.float(), fit.gaussian.bias.float()
+    heads = Heads(ind.kernel, ind.linear, ind.calibration, PoolFactor(WG, bG, powers) if powers else None)
+    record = records.pool_factor(check, stage.default_head, powers, predictor.head_names(heads))
+    return heads, Heads(ind.kernel, ind.linear, ind.calibration), record, stage.default_head
 
 
-def _guard(heads: Heads, side: TextSide, U_cal: torch.Tensor, target: float, agreement: Optional[float],
-           trust: float) -> tuple:
-    """(scale, record): an adapted head's scale for its scores z, matched to ``target`` (the agreement, or the
-    inductive entropy where none was measured) and then no sharper than the NLL guard allows; the record fills."""
-    match, guard = td.match_entropy if agreement is None else td.match_confidence, {}
-    with torch.no_grad():
-        cosine = torch.log_softmax(predictor.logits(heads, side.prototypes, side.config.kernel, U_cal, "cosine").double()
-                                   / predictor.temperature(heads, "cosine"), dim=1)
+@torch.no_grad()
+def _guard(side: TextSide, fit: PoolFit, U_cal: torch.Tensor, kernel: torch.Tensor, target: float,
+           agreement: Optional[float], trust: float) -> tuple:
+    """(temperatures, powers, why the kernel head carries no factor, the guard's record): the linear head and, where
+    it can, the kernel head (the posterior with the inductive ``kernel`` scores as its prior) at the scale matching
+    ``target``, no sharper than the NLL guard allows (docs/transductive.md, "How it is bounded")."""
+    P, kind, k, temps, powers, guard = side.prototypes, side.config.kernel, fit.prior_scale, {}, {}, {}
+    match = td.match_entropy if agreement is None else td.match_confidence
+    cosine = torch.log_softmax(predictor.logits(fit.heads, P, kind, U_cal, "cosine").double()
+                               / predictor.temperature(fit.heads, "cosine"), dim=1)
 
     def scale(z: torch.Tensor, head: str) -> float:
         t = match(z, target)
@@ -99,40 +96,32 @@ def _guard(heads: Heads, side: TextSide, U_cal: torch.Tensor, target: float, agr
                         head, trust, 1 - trust)
         return t_safe
 
-    return scale, guard
-
-
-def _scales(stage: Stage, side: TextSide, fit: PoolFit, U_cal: torch.Tensor, kernel: torch.Tensor, scale) -> tuple:
-    """(temperatures, powers, why the kernel head carries no factor): the linear head at its scale; where it can, the
-    kernel head the posterior with the kernel vote (``kernel``: the inductive kernel scores) as its prior."""
-    P, kind, k, temps, powers = side.prototypes, side.config.kernel, fit.prior_scale, {}, {}
-    with torch.no_grad():
-        lin = predictor.logits(fit.heads, P, kind, U_cal, "linear").double()
-        if bool(torch.isfinite(lin).all()):
-            temps["linear"] = 1.0 / scale(lin, "linear")
-        if fit.heads.kernel.votes.is_sparse:   # the layout that carries a factor stores dense vote weights only
-            return temps, powers, ("its vote weights are sparse (local); the artifact layout that carries a factor "
-                                   "needs dense ones")
-        if not k > 0:
-            return temps, powers, "the transduction gave its prior no weight"
-        z = k * kernel.double() + predictor.gaussian_log_likelihood(fit.gaussian.weight, fit.gaussian.bias, U_cal)
-        if not bool(torch.isfinite(z).all()):
-            return temps, powers, "its posterior's scores are not finite"
-        t = scale(z, "kernel")
-        temps["kernel"], powers["kernel"] = 1.0 / (t * k), t
-    return temps, powers, None
+    lin = predictor.logits(fit.heads, P, kind, U_cal, "linear").double()
+    if bool(torch.isfinite(lin).all()):
+        temps["linear"] = 1.0 / scale(lin, "linear")
+    if fit.heads.kernel.votes.is_sparse:   # the layout that carries a factor stores dense vote weights only
+        return temps, powers, ("its vote weights are sparse (local); the artifact layout that carries a factor "
+                               "needs dense ones"), guard
+    if not k > 0:
+        return temps, powers, "the transduction gave its prior no weight", guard
+    z = k * kernel.double() + predictor.gaussian_log_likelihood(fit.gaussian.weight, fit.gaussian.bias, U_cal)
+    if not bool(torch.isfinite(z).all()):
+        return temps, powers, "its posterior's scores are not finite", guard
+    t = scale(z, "kernel")
+    temps["kernel"], powers["kernel"] = 1.0 / (t * k), t
+    return temps, powers, None, guard
 
 
 def _adopt_posterior(stage: Stage, side: TextSide, fit: PoolFit, U: torch.Tensor, scored: Scored, check: Check,
-                     trust: float) -> PoolFit:
-    """Without labels: the linear head the posterior, the kernel head that with the kernel vote as its prior (the
-    inductive default head, the kernel head without shots, ``scored`` on the pool)."""
+                     trust: float) -> tuple:
+    """Without labels: the linear head the posterior, the kernel head that with the kernel vote as its prior
+    (``scored``: the inductive default head on the pool); (heads, the inductive heads, the record's part, the default
+    head)."""
     rows, agreement = td.calibration_rows(U.shape[0]), agreement_target(check)
     target = scored.entropy() if agreement is None else agreement
-    scale, guard = _guard(fit.heads, side, U[rows], target, agreement, trust)
     kernel = (scored.scores[rows] if stage.default_head == "kernel" else
               predictor.scores(stage.heads, side.prototypes, side.config.kernel, U[rows], "kernel"))
-    temps, powers, why = _scales(stage, side, fit, U[rows], kernel, scale)
+    temps, powers, why, guard = _guard(side, fit, U[rows], kernel, target, agreement, trust)
     cal = predictor.with_temperatures(fit.heads.calibration, temps,
                                       method="entropy-matched" if agreement is None else "confidence-matched",
                                       rule=records.posterior_rule(agreement, trust),
@@ -144,7 +133,4 @@ def _adopt_posterior(stage: Stage, side: TextSide, fit: PoolFit, U: torch.Tensor
         ind = Heads(kernel, ind.linear, ind.calibration)
     WG, bG = fit.gaussian.weight.float(), fit.gaussian.bias.float()
     heads = Heads(kernel, fit.heads.linear, cal, PoolFactor(WG, bG, powers) if powers else None)
-    record = {**fit.record, **records.posterior(temps, powers, why, check, trust, guard)}
-    # the pool's probabilities: the deployed default head's on it (what `adapt` + `classify --probs` gives)
-    labels = predictor.proba_in_blocks(heads, side.prototypes, side.config.kernel, U, "linear")
-    return PoolFit(heads, record, labels, ind, fit.prior_linear, default_head="linear")
+    return heads, ind, records.posterior(temps, powers, why, check, trust, guard), "linear"

@@ -217,8 +217,8 @@ def test_a_half_that_does_not_adapt(decisions):
 
 
 def test_the_halves_say_no(decisions, monkeypatch):
-    real = pool_gate.replication_gate
-    monkeypatch.setattr(pool_gate, "replication_gate", lambda *a, **k: replace(real(*a, **k), failed=("said no",)))
+    real = pool_gate.decided   # zero-shot: the halves' gate alone
+    monkeypatch.setattr(pool_gate, "decided", lambda *a, **k: replace(real(*a, **k), failed=("said no",)))
     text, images = make_golden.problem(0)
     U, _ = images(10)
     SVGClassifier(n_support=2, seed=0).fit(text).adapt(unlabelled=U)

@@ -11,6 +11,7 @@ import torch
 from svgen import SVGClassifier, records
 from svgen.adapt import gate as pool_gate
 from svgen.adapt.config import DEFAULT
+from svgen.adapt.gate import TOP1, TOP5
 
 C, D = 6, 24
 
@@ -175,14 +176,18 @@ def test_the_power_is_fitted_against_calibrated_log_probabilities():
     assert pool_gate.fit_pool_weight(g, z, y) == pytest.approx(pool_gate.fit_pool_weight(g, logp, y), rel=1e-5)
 
 
-def test_replication_gate_by_hand():
+def test_the_halves_gate_by_hand():
+    def halves(agree_pool, agree_ind, agree5_pool, agree5_ind):   # per image: the posterior class in top 1, top 5
+        return pool_gate.decided({TOP1: agree_pool, TOP5: agree5_pool}, {TOP1: agree_ind, TOP5: agree5_ind},
+                                 DEFAULT.level)
+
     ones, zeros = np.ones(40, bool), np.zeros(40, bool)
     more = np.r_[ones[:30], zeros[:10]]
-    g = pool_gate.replication_gate(more, np.r_[ones[:20], zeros[:20]], ones, ones, DEFAULT.level)
+    g = halves(more, np.r_[ones[:20], zeros[:20]], ones, ones)
     assert g.passed and g.top1.difference == pytest.approx(0.25)
-    same = pool_gate.replication_gate(more, more, ones, ones, DEFAULT.level)
+    same = halves(more, more, ones, ones)
     assert not same.passed and "does not replicate" in same.message
-    top5_lost = pool_gate.replication_gate(ones, zeros, zeros, ones, DEFAULT.level)
+    top5_lost = halves(ones, zeros, zeros, ones)
     assert not top5_lost.passed and "top 5" in top5_lost.message
 
 

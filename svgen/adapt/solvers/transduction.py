@@ -95,17 +95,13 @@ def knn_graph(U: torch.Tensor, k: int, block: int = KNN_BLOCK):
     """(idx N×k, w N×k): each row's k nearest other rows by cosine, ``max(0, cos)`` weights; k = 0: (None, None)."""
     if k <= 0:
         return None, None
-    N = U.shape[0]
-    k = min(k, N - 1)
-    idx = torch.empty(N, k, dtype=torch.int64)
-    w = torch.empty(N, k, dtype=U.dtype)
-    for s in range(0, N, block):
+    k, near = min(k, U.shape[0] - 1), []
+    for s in range(0, U.shape[0], block):
         S = U[s:s + block] @ U.T
         r = torch.arange(S.shape[0])
-        S[r, s + r] = -float("inf")
-        v, i = S.topk(k, dim=1)
-        idx[s:s + block], w[s:s + block] = i, v.clamp_min(0)
-    return idx, w
+        S[r, s + r] = -float("inf")   # not its own neighbour
+        near.append(S.topk(k, dim=1))
+    return torch.cat([i for _, i in near]), torch.cat([v for v, _ in near]).clamp_min(0)
 
 
 def _propagate(Z: torch.Tensor, idx: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
