@@ -4,7 +4,7 @@ decide anything (:mod:`svgen.io.recorded` maps an artifact's records to the type
 
 Rendered here, and nowhere else: the ``calibration``, ``lda`` and ``kernel_prior`` blocks, and the ``fewshot`` and
 ``transductive`` records — each choice's evidence, its rule in words and the decided fields. The stages
-(:mod:`svgen.adapt`) pass their typed decisions (a pool's :class:`~svgen.adapt.gate.Check`, a
+(:mod:`svgen.adapt`) pass their typed decisions (a pool's :class:`~svgen.state.Check`, a
 :class:`~svgen.state.Decision`, …); this module reads them by attribute and imports nothing from the stages, so
 it sits below them (``tests/test_layout.py``, ``records``).
 """
@@ -116,7 +116,7 @@ def refused(n_pool: int, prior_head: str, d, **extra) -> dict:
 
 
 def gate(g) -> dict:
-    """A pool check's paired test (:class:`~svgen.adapt.gate.Gate`): halves without NLL, shots with it."""
+    """A pool check's paired test (:class:`~svgen.state.Gate`): halves without NLL, shots with it."""
     a, out = g.top1, {"images": g.top1.n}
     if g.nll is None:
         out.update(agreement_pool=a.candidate, agreement_inductive=a.baseline, difference=a.difference,
@@ -132,7 +132,7 @@ def gate(g) -> dict:
 
 
 def check(c) -> dict:
-    """A pool check (:class:`~svgen.adapt.gate.Check`): its test, or why it stopped before one."""
+    """A pool check (:class:`~svgen.state.Check`): its test, or why it stopped before one."""
     base = {"evidence": c.evidence.value, "head": c.head}
     if c.gate is None:
         return {**base, "adopt": False, "reason": c.why}
@@ -298,7 +298,7 @@ SHOTS_TEMPERATURES = (
 
 def versus_zero_shot(images: int, means: dict, versus: dict, worse: dict, level: float) -> dict:
     """``fewshot.heads_vs_zero_shot``: each head's means, its paired differences against zero-shot (``versus``: head →
-    metric → :class:`~svgen.adapt.select.Paired`) and where it is worse (``worse``: head → metrics)."""
+    metric → :class:`~svgen.state.Paired`) and where it is worse (``worse``: head → metrics)."""
     return {"images": images, "heads": means,
             "versus_zero_shot": {h: {m: {"difference": p.difference, "standard_error": p.standard_error}
                                      for m, p in v.items()} for h, v in versus.items()},

@@ -12,8 +12,8 @@ A classifier passes through up to three stages, each producing a complete :class
 :class:`svgen.SVGClassifier` holds the deployed heads (``heads_``), the zero-shot heads the shots were added to
 (``zero_shot_``, once there are shots or pool rows), and the inductive heads a pool replaced (``inductive_``), so
 adapting again starts from them. What the stages decided is typed here too (:class:`CalibrationMethod`,
-:class:`LinearForm`, :class:`LdaChoice`, :class:`ShotsOutcome`, :class:`PoolOutcome`, a pool's :class:`Decision` and
-:class:`Reason`): the ``svgen.json`` records are rendered from these decisions (:mod:`svgen.records`) and never
+:class:`LinearForm`, :class:`LdaChoice`, :class:`ShotsOutcome`, :class:`PoolOutcome`, a pool's :class:`Decision`
+and :class:`Reason`, its :class:`Check` and the check's :class:`Gate` of :class:`Paired` means): the ``svgen.json`` records are rendered from these decisions (:mod:`svgen.records`) and never
 read back to decide; :mod:`svgen.io.codec` maps an artifact's records to them once, on load. Nothing here computes;
 the codec turns these objects into an artifact's tensors and back.
 """
@@ -210,8 +210,66 @@ class Reason(Enum):
 
 
 @dataclass(frozen=True)
+class Paired:
+    """Two predictors on the same images: their (weighted) means, candidate − baseline and its SE, the images."""
+
+    candidate: float
+    baseline: float
+    difference: float
+    standard_error: float
+    n: int
+
+
+@dataclass(frozen=True)
+class Gate:
+    """The pool (candidate) against the inductive predictor (baseline) paired: top-1, top-5, NLL (halves: None)."""
+
+    top1: Paired
+    top5: Paired
+    level: float
+    nll: Optional[Paired] = None
+    gained: int = 0
+    lost: int = 0
+    failed: tuple = ()
+
+    @property
+    def passed(self) -> bool:
+        return not self.failed
+
+    @property
+    def message(self) -> Optional[str]:
+        return "; ".join(self.failed) or None
+
+
+@dataclass(frozen=True)
+class Check:
+    """The pool check: its evidence, head, test (``gate``) or why it stopped, and with shots the powers (head → a)."""
+
+    evidence: Evidence
+    head: str
+    gate: Optional[Gate] = None
+    stopped: Optional[Reason] = None
+    why: Optional[str] = None
+    powers: dict = field(default_factory=dict)
+    cross_fitted: tuple = ()
+    named_heads: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        if (self.gate is None) == (self.stopped is None):
+            raise ValueError("a check has either a test or a reason it stopped before one")
+
+    def decision(self) -> Decision:
+        if self.gate is None:
+            return refuse(self.stopped, self.why, self)
+        if self.gate.passed:
+            return Decision(True, Reason.KEPT, self)
+        failed = Reason.SHOTS_CHECK_FAILED if self.evidence is Evidence.SHOTS else Reason.HALVES_CHECK_FAILED
+        return Decision(False, failed, self, self.gate.message)
+
+
+@dataclass(frozen=True)
 class Decision:
-    """A pool kept or refused, why, on what (its check, :class:`svgen.adapt.gate.Check`; rendered by
+    """A pool kept or refused, why, on what (its :class:`Check`; rendered by
     :func:`svgen.records.decision`)."""
 
     kept: bool

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Optional
 
 import numpy as np
@@ -14,63 +14,16 @@ from svgen.core.roots import newton_minimum
 from svgen.core.support import IMAGE, image_rows
 from svgen.adapt import shots as shot_adapt
 from svgen import records
-from svgen.adapt.config import DEFAULT, AdaptConfig
+from svgen.adapt.config import AdaptConfig
 from svgen.adapt.heldout import balanced_folds
-from svgen.adapt.select import Paired, Score, ahead, behind, choose, paired
+from svgen.adapt.select import Score, ahead, behind, choose, paired
 from svgen.adapt.transduce import Scored, Stage, score, transduce
 from svgen.heads import calibration, predictor
-from svgen.state import Decision, Evidence, Reason, TextSide, refuse
+from svgen.state import Check, Evidence, Gate, Reason, TextSide
 from svgen.steps import bar
 
 NLL_TOL = 1e-9   # nats: a Newton step lowering the mean NLL by less ends the power's fit (numerical)
 TOP1, TOP5, NLL = Score.TOP1, Score.TOP5, Score.NLL
-
-
-@dataclass(frozen=True)
-class Gate:
-    """The pool (candidate) against the inductive predictor (baseline) paired: top-1, top-5, NLL (halves: None)."""
-
-    top1: Paired
-    top5: Paired
-    nll: Optional[Paired] = None
-    gained: int = 0
-    lost: int = 0
-    failed: tuple = ()
-    level: float = DEFAULT.level
-
-    @property
-    def passed(self) -> bool:
-        return not self.failed
-
-    @property
-    def message(self) -> Optional[str]:
-        return "; ".join(self.failed) or None
-
-
-@dataclass(frozen=True)
-class Check:
-    """The pool check: its evidence, head, test (``gate``) or why it stopped, and with shots the powers (head → a)."""
-
-    evidence: Evidence
-    head: str
-    gate: Optional[Gate] = None
-    stopped: Optional[Reason] = None
-    why: Optional[str] = None
-    powers: dict = field(default_factory=dict)
-    cross_fitted: tuple = ()
-    named_heads: dict = field(default_factory=dict)
-
-    def __post_init__(self):
-        if (self.gate is None) == (self.stopped is None):
-            raise ValueError("a check has either a test or a reason it stopped before one")
-
-    def decision(self) -> Decision:
-        if self.gate is None:
-            return refuse(self.stopped, self.why, self)
-        if self.gate.passed:
-            return Decision(True, Reason.KEPT, self)
-        failed = Reason.SHOTS_CHECK_FAILED if self.evidence is Evidence.SHOTS else Reason.HALVES_CHECK_FAILED
-        return Decision(False, failed, self, self.gate.message)
 
 
 def shot_folds(y: np.ndarray, n_classes: int, seed: int, max_folds: int) -> list:
@@ -94,9 +47,9 @@ def decided(pool: dict, ind: dict, level: float) -> Gate:
     """The pool against the inductive predictor on per-image scores ({Score: larger is better}) by ``CHOICES["pool"]``
     (without NLL, the halves' agreement: ``"pool_halves"``); the paired means, where refused the failures in words."""
     choice = choose({"inductive": ind, "pool": pool}, None, "pool" if NLL in pool else "pool_halves", level)
-    g = Gate(paired(pool[TOP1], ind[TOP1]), paired(pool[TOP5], ind[TOP5]),
+    g = Gate(paired(pool[TOP1], ind[TOP1]), paired(pool[TOP5], ind[TOP5]), level,
              paired(-pool[NLL], -ind[NLL]) if NLL in pool else None,
-             int((pool[TOP1] > ind[TOP1]).sum()), int((pool[TOP1] < ind[TOP1]).sum()), level=level)
+             int((pool[TOP1] > ind[TOP1]).sum()), int((pool[TOP1] < ind[TOP1]).sum()))
     return replace(g, failed=() if choice.adapted else judged(g).failed or (choice.why,))
 
 

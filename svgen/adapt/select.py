@@ -13,17 +13,7 @@ import torch
 
 from svgen.heads.calibration import PROB_FLOOR
 from svgen.heads.scoring import topk
-
-
-@dataclass(frozen=True)
-class Paired:
-    """Two predictors on the same images: their (weighted) means, candidate − baseline and its SE, the images."""
-
-    candidate: float
-    baseline: float
-    difference: float
-    standard_error: float
-    n: int
+from svgen.state import Paired
 
 
 def paired(candidate, baseline, weights=None) -> Paired:

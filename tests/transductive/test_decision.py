@@ -32,6 +32,7 @@ from svgen.state import KEPT, Decision, Evidence, Reason, pool_outcome, refuse
 from svgen.records import check as check_json, decision as to_json, fallback
 from svgen.io import recorded
 from svgen.state import PoolOutcome
+from svgen.adapt.config import DEFAULT
 
 ROOT = Path(__file__).resolve().parents[2]
 GOLDEN = ROOT / "tests" / "io" / "golden"
@@ -78,13 +79,13 @@ def _gate(c: dict) -> Gate:
     """The recorded numbers judged by the rule of the day (at the default level)."""
     n = c["images"]
     if "top1" in c:
-        return pool_gate.judged(Gate(_paired(c["top1"], n), _paired(c["top5"], n), _paired(c["nll"], n),
+        return pool_gate.judged(Gate(_paired(c["top1"], n), _paired(c["top5"], n), DEFAULT.level, _paired(c["nll"], n),
                                      c["top1"]["gained"], c["top1"]["lost"]))
     p5, i5 = c["top5_agreement_pool"], c["top5_agreement_inductive"]
     assert p5 == i5   # (the record has no top-5 SE: every golden halves case has equal top-5 agreements)
     return pool_gate.judged(Gate(Paired(c["agreement_pool"], c["agreement_inductive"], c["difference"],
-                                        c["standard_error"], n), Paired(p5, i5, 0.0, 0.0, n), None, c["gained"],
-                                 c["lost"]))
+                                        c["standard_error"], n), Paired(p5, i5, 0.0, 0.0, n), DEFAULT.level, None,
+                                 c["gained"], c["lost"]))
 
 
 def _decision(record: dict) -> Decision:
@@ -228,7 +229,7 @@ def test_the_halves_say_no(decisions, monkeypatch):
 
 
 def test_the_final_solve_that_does_not_settle(decisions, monkeypatch):
-    gate = Gate(Paired(0.9, 0.5, 0.4, 0.01, 0), Paired(1.0, 1.0, 0.0, 0.0, 0), None, 9, 0)
+    gate = Gate(Paired(0.9, 0.5, 0.4, 0.01, 0), Paired(1.0, 1.0, 0.0, 0.0, 0), DEFAULT.level, None, 9, 0)
     monkeypatch.setattr(pool_gate, "check_without_shots", lambda stage, *a, **k:
                         Check(Evidence.HALVES, stage.default_head, gate))
     _never_settles(monkeypatch)

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from svgen import SVGClassifier
+from svgen.adapt.config import DEFAULT
 
 C, D = 6, 16
 
@@ -31,7 +32,7 @@ def _kept(monkeypatch, agreement):
     from svgen.adapt.gate import Check, Gate
     from svgen.state import Evidence
 
-    gate = Gate(Paired(agreement or 0.9, 0.5, 0.1, 0.01, 0), Paired(1.0, 1.0, 0.0, 0.0, 0), None, 9, 0)
+    gate = Gate(Paired(agreement or 0.9, 0.5, 0.1, 0.01, 0), Paired(1.0, 1.0, 0.0, 0.0, 0), DEFAULT.level, None, 9, 0)
     monkeypatch.setattr(pool_gate, "check_without_shots", lambda stage, *a, **k:
                         Check(Evidence.HALVES, stage.default_head, gate))
     if agreement is None:
@@ -106,8 +107,8 @@ def test_agreement_target_is_the_rule_of_succession():
     from svgen.state import Evidence, Reason
 
     def halves(agreement, images):
-        gate = Gate(Paired(agreement, 0.5, agreement - 0.5, 0.01, images), Paired(1.0, 1.0, 0.0, 0.0, images), None,
-                    9, 0)
+        gate = Gate(Paired(agreement, 0.5, agreement - 0.5, 0.01, images), Paired(1.0, 1.0, 0.0, 0.0, images),
+                    DEFAULT.level, None, 9, 0)
         return Check(Evidence.HALVES, "kernel", gate)
 
     assert agreement_target(halves(1.0, 10)) == pytest.approx(11 / 12)   # never certainty

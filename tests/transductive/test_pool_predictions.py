@@ -14,6 +14,7 @@ import json
 
 import numpy as np
 import pytest
+from svgen.adapt.config import DEFAULT
 
 C, D = 6, 16
 
@@ -44,7 +45,7 @@ def _gate(monkeypatch, adopt: bool):
 
     from dataclasses import replace
 
-    gate = Gate(Paired(0.9, 0.5, 0.4, 0.01, 0), Paired(1.0, 1.0, 0.0, 0.0, 0), None, 9, 0)
+    gate = Gate(Paired(0.9, 0.5, 0.4, 0.01, 0), Paired(1.0, 1.0, 0.0, 0.0, 0), DEFAULT.level, None, 9, 0)
     monkeypatch.setattr(pool_gate, "check_without_shots", lambda stage, *a, **k: Check(
         Evidence.HALVES, stage.default_head, replace(gate, failed=() if adopt else ("the test refuses the pool",))))
 

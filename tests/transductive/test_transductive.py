@@ -60,13 +60,13 @@ def gate_open(monkeypatch):
     from svgen.state import Evidence
 
     same = Paired(0.5, 0.5, 0.0, 0.0, 10)
-    shots = Gate(same, same, same, 5, 0)
+    shots = Gate(same, same, DEFAULT.level, same, 5, 0)
 
     def with_shots(stage, *a, **k):
         return Check(Evidence.SHOTS, stage.default_head, shots, powers={stage.default_head: 1.0, "linear": 1.0})
 
     monkeypatch.setattr(pool_gate, "check_without_shots", lambda stage, *a, **k: Check(
-        Evidence.HALVES, stage.default_head, Gate(same, same, None, 5, 0)))
+        Evidence.HALVES, stage.default_head, Gate(same, same, DEFAULT.level, None, 5, 0)))
     monkeypatch.setattr(pool_gate, "check_with_shots", with_shots)
 
 
