@@ -63,8 +63,7 @@ def noisy_copies(X, y, copies: int, noise: float, seed: int):
 
 def run_dataset(name: str, copies: int = 0, noise: float = 0.0, seed: int = 0) -> dict:
     from svgen import AdaptConfig
-    from svgen.heads import predictor
-    from svgen.adapt.solvers import transduction as td
+    from svgen.heads import calibration, predictor
 
     X, y, P, C, base = load_dataset(name)
     if copies:
@@ -81,10 +80,10 @@ def run_dataset(name: str, copies: int = 0, noise: float = 0.0, seed: int = 0) -
     U = torch.from_numpy(X.astype(np.float32))
     head = clf.default_head_
     z = torch.as_tensor(clf.logits(U, head)).double()
-    rows = td.calibration_rows(len(U))
-    target = td.entropy(predictor.logits(base.heads_, base.prototypes_, base.fit_config_.kernel, U[rows],
-                                          base.default_head_).double() / base.temperatures_[base.default_head_])
-    row["entropy"] = scores(torch.softmax(td.match_entropy(z, target) * z, 1).numpy(), y)
+    rows = calibration.calibration_rows(len(U))
+    target = calibration.entropy(predictor.logits(base.heads_, base.prototypes_, base.fit_config_.kernel, U[rows],
+                                                  base.default_head_).double() / base.temperatures_[base.default_head_])
+    row["entropy"] = scores(torch.softmax(calibration.match_entropy(z, target) * z, 1).numpy(), y)
     p_now, p_cos = clf.predict_proba(X), base.predict_proba(X, "cosine")
     row["agreement"] = scores(p_now, y)
     unguarded = copy.deepcopy(base)

@@ -12,9 +12,8 @@ from svgen.adapt import gate as pool_gate
 from svgen.adapt.gate import Check
 from svgen import records
 from svgen.adapt.config import AdaptConfig
-from svgen.adapt.solvers import transduction as td
 from svgen.adapt.transduce import PoolFit, Scored, Stage, score, too_small, transduce
-from svgen.heads import predictor
+from svgen.heads import calibration, predictor
 from svgen.state import Decision, Evidence, Heads, KernelHead, PoolFactor, Reason, TextSide, refuse
 from svgen.steps import Clock
 
@@ -82,13 +81,13 @@ def _guard(side: TextSide, fit: PoolFit, U_cal: torch.Tensor, kernel: torch.Tens
     it can, the kernel head (the posterior with the inductive ``kernel`` scores as its prior) at the scale matching
     ``target``, no sharper than the NLL guard allows (docs/transductive.md, "How it is bounded")."""
     P, kind, k, temps, powers, guard = side.prototypes, side.config.kernel, fit.prior_scale, {}, {}, {}
-    match = td.match_entropy if agreement is None else td.match_confidence
+    match = calibration.match_entropy if agreement is None else calibration.match_top1
     cosine = torch.log_softmax(predictor.logits(fit.heads, P, kind, U_cal, "cosine").double()
                                / predictor.temperature(fit.heads, "cosine"), dim=1)
 
     def scale(z: torch.Tensor, head: str) -> float:
         t = match(z, target)
-        t_safe, met = td.nll_guard(z, t, cosine, trust)
+        t_safe, met = calibration.nll_guard(z, t, cosine, trust)
         guard[head] = {"matched_scale": t, "scale": t_safe, "softened": t_safe < t, "met": met}
         if not met:
             log.warning("transductive: no temperature of the %s head expects an NLL on the pool at most the cosine "
@@ -117,7 +116,7 @@ def _adopt_posterior(stage: Stage, side: TextSide, fit: PoolFit, U: torch.Tensor
     """Without labels: the linear head the posterior, the kernel head that with the kernel vote as its prior
     (``scored``: the inductive default head on the pool); (heads, the inductive heads, the record's part, the default
     head)."""
-    rows, agreement = td.calibration_rows(U.shape[0]), agreement_target(check)
+    rows, agreement = calibration.calibration_rows(U.shape[0]), agreement_target(check)
     target = scored.entropy() if agreement is None else agreement
     kernel = (scored.scores[rows] if stage.default_head == "kernel" else
               predictor.scores(stage.heads, side.prototypes, side.config.kernel, U[rows], "kernel"))

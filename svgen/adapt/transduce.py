@@ -70,8 +70,9 @@ class Scored(NamedTuple):
         return Scored(self.scores[rows], self.logits[rows], self.temperature)
 
     def entropy(self) -> float:
-        """The mean entropy on :func:`~svgen.adapt.solvers.transduction.calibration_rows`."""
-        return td.entropy(self.logits[td.calibration_rows(self.logits.shape[0])].double() / self.temperature)
+        """The mean entropy on :func:`~svgen.heads.calibration.calibration_rows`."""
+        rows = calibration.calibration_rows(self.logits.shape[0])
+        return calibration.entropy(self.logits[rows].double() / self.temperature)
 
 
 def score(stage: Stage, side: TextSide, U: torch.Tensor) -> Scored:
@@ -136,10 +137,10 @@ def prior(stage: Stage, side: TextSide, U: torch.Tensor, scored: Scored) -> Prio
         return Prior(logits, LinearHead(part.weight, part.bias), torch.linalg.inv(Sigma).float(), shots, 1.0, 1.0,
                      1.0 if T is None else T, "1 (the LDA part's temperature was not fitted)" if T is None
                      else "the LDA part's leave-one-out NLL temperature on the shots")
-    U_cal = U[td.calibration_rows(U.shape[0])]   # the rows the temperature matches look at
-    target = td.entropy(CLIP_LOGIT_SCALE * U_cal @ F.normalize(P.float(), dim=-1).T)
-    t_prior = 1.0 if shots is not None else td.match_entropy(logits, target)   # one shot per class: calibrated
-    t_lin = td.match_entropy(predictor.scores(heads, P, side.config.kernel, U_cal, "linear"), target)
+    U_cal = U[calibration.calibration_rows(U.shape[0])]   # the rows the temperature matches look at
+    target = calibration.entropy(CLIP_LOGIT_SCALE * U_cal @ F.normalize(P.float(), dim=-1).T)
+    t_prior = 1.0 if shots is not None else calibration.match_entropy(logits, target)   # one shot per class: calibrated
+    t_lin = calibration.match_entropy(predictor.scores(heads, P, side.config.kernel, U_cal, "linear"), target)
     return Prior(logits, heads.linear, None, shots, t_prior, t_lin, 1.0, "1 (no class model fitted on labels)")
 
 
@@ -181,9 +182,10 @@ def _adopted(stage: Stage, side: TextSide, U: torch.Tensor, res: td.Transduction
                                                  only="linear", config=config)
     with torch.no_grad():   # the solve's posterior at the linear head's mean entropy on the pool (argmax unchanged)
         if labels_entropy is None:
-            z = predictor.logits(new, side.prototypes, side.config.kernel, U[td.calibration_rows(U.shape[0])], "linear")
-            labels_entropy = td.entropy(z.double() / new.calibration.temperatures["linear"])
-        t_labels = td.match_entropy(res.logits, labels_entropy)
+            U_cal = U[calibration.calibration_rows(U.shape[0])]
+            z = predictor.logits(new, side.prototypes, side.config.kernel, U_cal, "linear")
+            labels_entropy = calibration.entropy(z.double() / new.calibration.temperatures["linear"])
+        t_labels = calibration.match_entropy(res.logits, labels_entropy)
         labels = torch.softmax(t_labels * res.logits.float(), dim=1)
     record = records.transduced(res.info, stage.default_head, extra, pr, t_labels, time.perf_counter() - t0, ic)
     log.info("transductive: %d images, β=%.3g, %d rounds, %.1f%% of the pool relabelled from the prior, %.2fs",

@@ -1,7 +1,7 @@
 """Probabilities from every head: ``p = softmax(z / T)``, each head's temperature from the text side, the
 ``"mixture"`` head ``w·p_kernel + (1 − w)·p_linear`` (each head at its own T) and its tilt of the classes without
-shots, and the NLL / ECE of probabilities. Temperatures from held-out shots: :mod:`svgen.adapt.temperatures`;
-docs/calibration.md states the rules."""
+shots, the NLL / ECE of probabilities, and a pool's label-free scales and their NLL guard. Temperatures from
+held-out shots: :mod:`svgen.adapt.temperatures`; docs/calibration.md and docs/transductive.md state the rules."""
 
 from __future__ import annotations
 
@@ -140,3 +140,70 @@ def check_weight(w, where: str = "mixture_weight") -> float:
     if isinstance(w, bool) or not isinstance(w, (int, float)) or not math.isfinite(w) or not 0.0 <= w <= 1.0:
         raise SvgenError(f"{where} must be a number in [0, 1], got {w!r}")
     return float(w)
+
+
+# A pool without labels: the scale t (a multiplier, not a temperature) of softmax(t·scores) that matches a target
+# on at most CALIBRATION_ROWS evenly spaced rows, and the NLL guard on it (docs/transductive.md).
+CALIBRATION_ROWS = 2048
+
+
+def entropy(logits: torch.Tensor) -> float:
+    """The mean entropy of ``softmax(logits)`` over the rows."""
+    lp = torch.log_softmax(logits, dim=1)
+    return float(-(lp.exp() * lp).sum(dim=1).mean())
+
+
+def calibration_rows(n: int) -> torch.Tensor:
+    return torch.linspace(0, n - 1, min(n, CALIBRATION_ROWS)).round().long()
+
+
+def _scale(s: torch.Tensor, too_flat, iters: int) -> float:
+    """The scale t (bisection on log t) where ``too_flat(t·s)`` turns False, s row-centred."""
+    s = s - s.mean(dim=1, keepdim=True)
+    spread = float(s.abs().max())
+    if spread == 0 or not math.isfinite(spread):
+        return 1.0
+    lo, hi = math.log(1e-3 / spread), math.log(1e4 / spread)
+    if too_flat(s * math.exp(hi)):
+        return math.exp(hi)
+    return math.exp(bisect(lambda m: too_flat(s * math.exp(m)), lo, hi, iters))
+
+
+def match_entropy(scores: torch.Tensor, target: float, iters: int = 40) -> float:
+    """The scale t giving ``softmax(t·scores)`` mean entropy ``target`` on :func:`calibration_rows`."""
+    return _scale(scores[calibration_rows(scores.shape[0])].float(), lambda z: entropy(z) > target, iters)
+
+
+def match_top1(scores: torch.Tensor, target: float, iters: int = 40) -> float:
+    """The scale t giving ``softmax(t·scores)`` mean top-1 probability ``target`` (clipped into (1/C, 1))."""
+    s = scores[calibration_rows(scores.shape[0])].double()
+    target = min(max(float(target), 1.0 / s.shape[1] + 1e-6), 1.0 - 1e-6)
+    return _scale(s, lambda z: float(torch.softmax(z, dim=1).max(dim=1).values.mean()) < target, iters)
+
+
+def nll_excess(scores: torch.Tensor, t: float, reference_logp: torch.Tensor, trust: float) -> float:
+    """Mean expected NLL of ``p = softmax(t·scores)`` minus that of the reference ``q = exp(reference_logp)`` under the
+    label estimate ``r = trust·p + (1 − trust)·q``: ``(1 − trust)·KL(q‖p) − trust·KL(p‖q)`` (mean over rows)."""
+    lp = torch.log_softmax(t * scores.double(), dim=1)
+    lq = reference_logp.double()
+    kl_qp = (lq.exp() * (lq - lp)).sum(dim=1)
+    kl_pq = (lp.exp() * (lp - lq)).sum(dim=1)
+    return float(((1.0 - trust) * kl_qp - trust * kl_pq).mean())
+
+
+def nll_guard(scores: torch.Tensor, t: float, reference_logp: torch.Tensor, trust: float,
+              iters: int = 40) -> tuple:
+    """(scale, met): ``t``, or the sharpest scale below it at which :func:`nll_excess` on :func:`calibration_rows` is
+    ≤ 0. ``met`` False: not even the flattest scale of the bracket meets it (that scale is returned)."""
+    rows = calibration_rows(scores.shape[0])
+    s, lq = scores[rows].double(), reference_logp[rows].double()
+    s = s - s.mean(dim=1, keepdim=True)
+    if nll_excess(s, t, lq, trust) <= 0.0:
+        return t, True
+    spread = float(s.abs().max())
+    lo = min(math.log(1e-3 / spread), math.log(t)) if spread > 0 and math.isfinite(spread) else math.log(t)
+    if nll_excess(s, math.exp(lo), lq, trust) > 0.0:
+        return math.exp(lo), False
+    hi = math.log(t)
+    m = bisect(lambda m: nll_excess(s, math.exp(m), lq, trust) <= 0.0, lo, hi, iters)
+    return math.exp(m - (hi - lo) / 2 ** (iters + 1)), True   # the bracket's low end: a scale that met it

@@ -69,13 +69,13 @@ def test_kept_pool_heads_claim_the_checks_agreement(pool, monkeypatch, agreement
 
 
 def test_match_confidence_hits_its_target_and_clips_it():
-    from svgen.adapt.solvers import transduction as td
+    from svgen.heads import calibration as cal
 
     z = torch.from_numpy(np.random.default_rng(0).normal(size=(300, 9)))
     for target in (0.2, 0.5, 0.9):
-        t = td.match_confidence(z, target)
+        t = cal.match_top1(z, target)
         assert float(torch.softmax(t * z, 1).max(1).values.mean()) == pytest.approx(target, abs=1e-6)
-    t = td.match_confidence(z, 0.01)   # below 1/C: as flat as the bracket allows
+    t = cal.match_top1(z, 0.01)   # below 1/C: as flat as the bracket allows
     assert float(torch.softmax(t * z, 1).max(1).values.mean()) < 1 / 9 + 1e-3
 
 

@@ -240,7 +240,7 @@ def test_zero_shot_pool_kernel_head_is_the_posterior_with_the_kernel_prior(tmp_p
 
     from svgen.io.artifacts import FORMAT_VERSION_POOL_FACTOR
     from svgen.adapt.transduce import score, transduce
-    from svgen.adapt.solvers.transduction import calibration_rows
+    from svgen.heads.calibration import calibration_rows
 
     protos, U, yu, _, _ = _world(7, 1.6, 30, 0.5)
     ref = SVGClassifier(n_support=2, steps=5, seed=0).fit(protos)

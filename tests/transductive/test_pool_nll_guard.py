@@ -4,7 +4,7 @@ The adapted heads' confidence was matched to the check's cross-half agreement; w
 prior (near-duplicate images, a prior strength raised until the rounds settle) the agreement over-states accuracy and
 the head claimed 0.82–0.95 at 45–51 % top-1, an NLL far above the cosine head's. Each adapted head is now no sharper
 than the NLL guard allows: under the label estimate ``r = λ·p_head + (1 − λ)·p_cosine`` its expected NLL on the pool
-is not above the cosine head's (``svgen.adapt.solvers.transduction.nll_guard``, λ = ``AdaptConfig.pool_trust``).
+is not above the cosine head's (``svgen.heads.calibration.nll_guard``, λ = ``AdaptConfig.pool_trust``).
 """
 
 import numpy as np
@@ -15,7 +15,7 @@ from conftest import load_script
 
 from svgen import AdaptConfig, SVGClassifier
 from svgen.errors import SvgenError
-from svgen.adapt.solvers import transduction as td
+from svgen.heads import calibration as cal
 
 _bench = load_script("bench_adapt")   # the benchmarks' own numpy helpers, not a second copy
 _unit, _softmax = _bench.unit, _bench.softmax
@@ -33,7 +33,7 @@ def test_nll_excess_is_the_expected_nll_gap_under_the_mixed_label_estimate(trust
     z, zq = rng.normal(size=(50, 7)) * 3, rng.normal(size=(50, 7))
     q = _softmax(zq)
     for t in (0.1, 1.0, 4.0):
-        got = td.nll_excess(torch.from_numpy(z), t, torch.from_numpy(np.log(q)), trust)
+        got = cal.nll_excess(torch.from_numpy(z), t, torch.from_numpy(np.log(q)), trust)
         assert got == pytest.approx(_expected_nll_gap(_softmax(t * z), q, trust), abs=1e-10)
 
 
@@ -44,12 +44,12 @@ def test_nll_guard_softens_only_as_far_as_the_guarantee_needs():
     lq = torch.from_numpy(np.log(q))
     t0 = 5.0
     assert _expected_nll_gap(_softmax(t0 * z), q, 0.7) > 0       # the matched scale breaks the guarantee
-    t, met = td.nll_guard(torch.from_numpy(z), t0, lq, 0.7)
+    t, met = cal.nll_guard(torch.from_numpy(z), t0, lq, 0.7)
     assert met and t < t0
     assert _expected_nll_gap(_softmax(t * z), q, 0.7) <= 1e-12    # it holds at the guarded scale ...
     assert _expected_nll_gap(_softmax(1.001 * t * z), q, 0.7) > 0  # ... and not at a slightly sharper one
     # a scale that already meets it is kept as it is
-    assert td.nll_guard(torch.from_numpy(z), t, lq, 0.7) == (t, True)
+    assert cal.nll_guard(torch.from_numpy(z), t, lq, 0.7) == (t, True)
     # the guarantee gives the argmax no say: the labels a guarded head predicts are the matched head's
     np.testing.assert_array_equal(_softmax(t * z).argmax(1), _softmax(t0 * z).argmax(1))
 
@@ -57,7 +57,7 @@ def test_nll_guard_softens_only_as_far_as_the_guarantee_needs():
 def test_nll_guard_says_when_no_scale_meets_it():
     q = np.array([[0.9, 0.05, 0.05], [0.05, 0.9, 0.05]])
     z = np.array([[0.0, 0.0, 5.0], [5.0, 0.0, 0.0]])   # confident where the reference is confident otherwise
-    t, met = td.nll_guard(torch.from_numpy(z), 1.0, torch.from_numpy(np.log(q)), 0.05)
+    t, met = cal.nll_guard(torch.from_numpy(z), 1.0, torch.from_numpy(np.log(q)), 0.05)
     assert not met and t < 1e-3                           # as flat as the bracket allows, and said so
     assert _expected_nll_gap(_softmax(t * z), q, 0.05) > 0
 
@@ -95,6 +95,6 @@ def test_near_duplicate_pets_pool_is_not_confidently_wrong(shared_data):
     guard = clf.transductive_["nll_guard"]
     assert guard["trust"] == 0.7 and guard["heads"]["linear"]["softened"] and guard["heads"]["linear"]["met"]
     # the guarantee itself, recomputed from the deployed probabilities on the rows the guard looks at
-    rows = td.calibration_rows(len(X)).numpy()
+    rows = cal.calibration_rows(len(X)).numpy()
     for head in ("linear", "kernel"):
         assert _expected_nll_gap(clf.predict_proba(X[rows], head), cosine[rows], 0.7) <= 1e-6, head

@@ -12,7 +12,7 @@ import torch
 
 from svgen import SVGClassifier
 
-from svgen.heads import predictor
+from svgen.heads import calibration, predictor
 from svgen.adapt.config import DEFAULT
 from svgen.adapt.solvers import transduction as td
 from svgen.adapt.transduce import score, settings, settle, too_small, transduce
@@ -187,8 +187,8 @@ def test_match_entropy_hits_the_target():
     g = torch.Generator().manual_seed(0)
     S = torch.randn(30, 6, generator=g)
     for target in (0.3, 1.0, 1.6):
-        t = td.match_entropy(S, target)
-        assert abs(td.entropy(S.double() * t) - target) < 1e-4
+        t = calibration.match_entropy(S, target)
+        assert abs(calibration.entropy(S.double() * t) - target) < 1e-4
 
 
 def test_settle_raises_the_strength_then_gives_up(data, monkeypatch):

@@ -9,13 +9,11 @@ from typing import Callable, Optional
 
 import torch
 
-from svgen.core.roots import bisect
 from svgen.errors import SvgenError
 
 log = logging.getLogger(__name__)
 
 KNN_BLOCK = 2048
-CALIBRATION_ROWS = 2048      # the temperature matches look at this many evenly spaced pool rows at most
 
 
 # the solve's settings, named as svgen.adapt.config.AdaptConfig names them
@@ -27,68 +25,6 @@ Transduction = namedtuple("Transduction", "labels weight bias info logits")
 def prior_strength(n_pool: int, n_classes: int, n_shots: int = 0) -> float:
     """β₀: ``n_shots/N`` for a prior fitted on shots, else ``1 + C/N``."""
     return n_shots / max(n_pool, 1) if n_shots else 1.0 + n_classes / max(n_pool, 1)
-
-
-def entropy(logits: torch.Tensor) -> float:
-    """The mean entropy of ``softmax(logits)`` over the rows."""
-    lp = torch.log_softmax(logits, dim=1)
-    return float(-(lp.exp() * lp).sum(dim=1).mean())
-
-
-def calibration_rows(n: int) -> torch.Tensor:
-    return torch.linspace(0, n - 1, min(n, CALIBRATION_ROWS)).round().long()
-
-
-def _scale(s: torch.Tensor, too_flat, iters: int) -> float:
-    """The scale t (bisection on log t) where ``too_flat(t·s)`` turns False, s row-centred."""
-    s = s - s.mean(dim=1, keepdim=True)
-    spread = float(s.abs().max())
-    if spread == 0 or not math.isfinite(spread):
-        return 1.0
-    lo, hi = math.log(1e-3 / spread), math.log(1e4 / spread)
-    if too_flat(s * math.exp(hi)):
-        return math.exp(hi)
-    return math.exp(bisect(lambda m: too_flat(s * math.exp(m)), lo, hi, iters))
-
-
-def match_entropy(scores: torch.Tensor, target: float, iters: int = 40) -> float:
-    """The scale t giving ``softmax(t·scores)`` mean entropy ``target`` on :func:`calibration_rows`."""
-    return _scale(scores[calibration_rows(scores.shape[0])].float(), lambda z: entropy(z) > target, iters)
-
-
-def match_confidence(scores: torch.Tensor, target: float, iters: int = 40) -> float:
-    """The scale t giving ``softmax(t·scores)`` mean top-1 probability ``target`` (clipped into (1/C, 1))."""
-    s = scores[calibration_rows(scores.shape[0])].double()
-    target = min(max(float(target), 1.0 / s.shape[1] + 1e-6), 1.0 - 1e-6)
-    return _scale(s, lambda z: float(torch.softmax(z, dim=1).max(dim=1).values.mean()) < target, iters)
-
-
-def nll_excess(scores: torch.Tensor, t: float, reference_logp: torch.Tensor, trust: float) -> float:
-    """Mean expected NLL of ``p = softmax(t·scores)`` minus that of the reference ``q = exp(reference_logp)`` under the
-    label estimate ``r = trust·p + (1 − trust)·q``: ``(1 − trust)·KL(q‖p) − trust·KL(p‖q)`` (mean over rows)."""
-    lp = torch.log_softmax(t * scores.double(), dim=1)
-    lq = reference_logp.double()
-    kl_qp = (lq.exp() * (lq - lp)).sum(dim=1)
-    kl_pq = (lp.exp() * (lp - lq)).sum(dim=1)
-    return float(((1.0 - trust) * kl_qp - trust * kl_pq).mean())
-
-
-def nll_guard(scores: torch.Tensor, t: float, reference_logp: torch.Tensor, trust: float,
-              iters: int = 40) -> tuple:
-    """(scale, met): ``t``, or the sharpest scale below it at which :func:`nll_excess` on :func:`calibration_rows` is
-    ≤ 0. ``met`` False: not even the flattest scale of the bracket meets it (that scale is returned)."""
-    rows = calibration_rows(scores.shape[0])
-    s, lq = scores[rows].double(), reference_logp[rows].double()
-    s = s - s.mean(dim=1, keepdim=True)
-    if nll_excess(s, t, lq, trust) <= 0.0:
-        return t, True
-    spread = float(s.abs().max())
-    lo = min(math.log(1e-3 / spread), math.log(t)) if spread > 0 and math.isfinite(spread) else math.log(t)
-    if nll_excess(s, math.exp(lo), lq, trust) > 0.0:
-        return math.exp(lo), False
-    hi = math.log(t)
-    m = bisect(lambda m: nll_excess(s, math.exp(m), lq, trust) <= 0.0, lo, hi, iters)
-    return math.exp(m - (hi - lo) / 2 ** (iters + 1)), True   # the bracket's low end: a scale that met it
 
 
 def knn_graph(U: torch.Tensor, k: int, block: int = KNN_BLOCK):
