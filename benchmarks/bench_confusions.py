@@ -142,20 +142,24 @@ def cases(lvis_clf):
             yield name, f"{k} shots per class" if k else "text only", clf, X[rest], y[rest]
 
 
-def predictors(clf, among, alternatives: bool) -> dict:
-    """The top 100 predicted directed pairs (a in ``among``) of the chosen score (the library's own ranking) and,
-    with ``alternatives``, of the predictors tried and dropped."""
+def predictors(clf, y, alternatives: bool) -> dict:
+    """The top 100 predicted directed pairs of the chosen score, as ``svgen eval --confusions`` ranks them on labels
+    ``y`` (expected rows n_a·conf(a → b)), and, with ``alternatives``, of the predictors tried and dropped (each over
+    the pairs whose true class has rows in ``y``)."""
     from svgen.evaluation.confusions import predicted_pairs
 
-    out = {"chosen": [(p.a, p.b) for p in predicted_pairs(clf, WINDOW, among=among)]}
+    sizes = np.bincount(y, minlength=len(clf.class_names_))
+    out = {"chosen": [(p.a, p.b) for p in predicted_pairs(clf, WINDOW, sizes=sizes)]}
     if alternatives:
         for name, table in alternative_predictors(clf).items():
-            out[name] = top_pairs(table, WINDOW, among)
+            out[name] = top_pairs(table, WINDOW, np.unique(y))
     return out
 
 
 def alternative_predictors(clf) -> dict:
-    """C×C tables of the predictors tried on the whole table: the chosen score with each support row scored without
+    """C×C tables of the predictors tried on the whole table: the share conf(a → b) alone, as ``diagnose`` ranks
+    pairs without data (ranked here over the pairs these labels can show; the chosen ranking weighs it by the rows of
+    a), the chosen score with each support row scored without
     its own vote (the kernel head at a point like s rather than at the support vector s, whose own vote favours its
     class), and the chosen score conditioned on not choosing a (p(b | s) / (1 − p(a | s)))."""
     from svgen.heads.calibration import softmax
@@ -177,7 +181,8 @@ def alternative_predictors(clf) -> dict:
         own = softmax(predictor.logits_of_scores(clf.heads_, s, "kernel", prior),
                       predictor.temperature(clf.heads_, "kernel")).double()
     p_a = p[torch.arange(len(L)), L]
-    return {"each support row without its own vote": (Y.T @ own) / n,
+    return {"the share alone, conf(a → b), not times the rows of a": (Y.T @ p) / n,
+            "each support row without its own vote": (Y.T @ own) / n,
             "conditioned on not a: p(b | s) / (1 − p(a | s))": (Y.T @ (p / (1 - p_a).clamp_min(1e-12)[:, None])) / n}
 
 
@@ -210,7 +215,7 @@ def table_rows(lvis_clf, alternatives: bool, boot: int, log=print) -> tuple:
     for data, setting, clf, X, y in cases(lvis_clf):
         t0 = time.perf_counter()
         pred, conf = measured_on(clf, torch.from_numpy(X), y)
-        predicted = predictors(clf, np.unique(y), alternatives)
+        predicted = predictors(clf, y, alternatives)
         got = measured_hits(y, pred, conf, predicted, rng, boot)
         counts = [m.count for m in got["measured"]]
         row = {"data": data, "classes": len(clf.class_names_), "setting": setting, "head": clf.default_head_,

@@ -59,7 +59,8 @@ def add_parser(sub):
     p.add_argument("--confusions", action="store_true",
                    help="also list the 20 most frequent (true, predicted) class pairs of the default head on these "
                         "data beside the pairs 'svgen diagnose --confusions' predicts from the support vectors, "
-                        "marking the measured pairs among the top 100 predicted (JSON: key confusions); with --plot "
+                        "ranked by the rows they expect on these labels (rows of a × conf(a → b)), marking the "
+                        "measured pairs among the top 100 predicted (JSON: key confusions); with --plot "
                         "also a heat map of them, FILE_confusions.png")
     add_image_encoder_args(p)
     p.set_defaults(func=run, derived_outputs=derived_outputs)
@@ -165,6 +166,8 @@ def confusions(args, clf, x, y, predictions) -> dict:
     """``--confusions``: the measured pairs beside the predicted ones (:func:`svgen.evaluation.confusions.
     confusion_report`) from the default head's ``predictions`` (top-1 class and probability per row, as
     ``evaluate_heads`` scored them), and their heat map with ``--plot``."""
+    import numpy as np
+
     from svgen.evaluation.confusions import confusion_report, support_confusion
 
     report = confusion_report(clf, x, y, predictions=predictions)
@@ -177,8 +180,10 @@ def confusions(args, clf, x, y, predictions) -> dict:
         for m in report["measured"]:
             counts[at[m["a"]]][at[m["b"]]] = m["count"]
         path = _confusions_png(args.plot)
+        sizes = np.bincount(np.asarray(y, dtype=np.int64), minlength=len(clf.class_names_))[shown]
+        expected = support_confusion(clf, shown)[:, shown].numpy() * sizes[:, None]   # rows of a expected called b
         plot_confusions({f"measured: rows of a called b ({report['head']} head, top {len(report['measured'])})": counts,
-                         "predicted from the support vectors: conf(a → b)": support_confusion(clf, shown)[:, shown].numpy()},
+                         "predicted from the support vectors: n_a · conf(a → b)": expected},
                         [clf.class_names_[c] for c in shown], path, title=f"{args.artifact}: confusions", force=args.force)
         note(args, f"wrote {path}: heat maps of the {len(shown)} classes of the top measured pairs")
     elif args.plot:
@@ -193,13 +198,13 @@ def format_confusions(r: dict) -> str:
              f"vectors ({r['measured_in_predicted']} of {len(r['measured'])})"]
     width = max([len(str(m[k])) for m in r["measured"] for k in ("true", "predicted")] + [10])
     lines.append(f"  {'true':<{width}}  {'predicted':<{width}} {'rows':>5}  {'rank':>5}   |   predicted pairs "
-                 "(conf(a → b))")
+                 "(rows expected, n_a · conf(a → b))")
     for i in range(max(len(r["measured"]), len(r["predicted"]))):
         m = r["measured"][i] if i < len(r["measured"]) else None
         left = (f"  {str(m['true']):<{width}}  {str(m['predicted']):<{width}} {m['count']:>5}  "
                 + (f"*{m['predicted_rank']:>4}" if m["predicted_rank"] else f"{'':>5}")
                 if m else " " * (2 * width + 18))
         p = r["predicted"][i] if i < len(r["predicted"]) else None
-        right = f"{p['rank']:>3}. {p['true']} → {p['predicted']} ({p['score']:.3g})" if p else ""
+        right = f"{p['rank']:>3}. {p['true']} → {p['predicted']} ({p['expected']:.3g})" if p else ""
         lines.append(f"{left}   |   {right}".rstrip())
     return "\n".join(lines) + "\n"

@@ -19,7 +19,10 @@ block's rows × C probabilities and the C×C table is never formed (any C, spars
 
 **Measured.** On labelled data, the off-diagonal (true, predicted) pairs of a head's top-1 decisions, most frequent
 first; among pairs with the same count, the more confident errors first (summed probability of the predicted class).
-Not symmetrised: ``a → b`` counts the rows of ``a`` called ``b`` only.
+Not symmetrised: ``a → b`` counts the rows of ``a`` called ``b`` only. Beside them the predicted pairs are ranked by
+what conf(a → b) expects those data to show, **n_a · conf(a → b)** expected rows of a called b, n_a being the rows of
+a in the labels (the class sizes of the data, not its outcomes): a count against counts, where the share alone would
+rank a class with 4 rows beside one with 33.
 """
 
 from __future__ import annotations
@@ -113,44 +116,51 @@ def _block_means(clf, rows: torch.Tensor, labels: torch.Tensor, c0: int, c1: int
     return sums / counts.clamp_min(1.0)[:, None]
 
 
-def predicted_pairs(clf, top: int, among=None, block_cells: int = BLOCK_CELLS) -> List[Pair]:
+def predicted_pairs(clf, top: int, among=None, block_cells: int = BLOCK_CELLS, sizes=None) -> List[Pair]:
     """The ``top`` directed pairs ``a → b`` (a ≠ b) of largest conf(a → b), largest first (equal scores: lower a,
     then lower b first); ``among`` (class indices; None: all): only pairs whose ``a`` is one of them (the classes
-    labelled data can show confused). The kernel head scores its support rows a block of classes at a time."""
+    labelled data can show confused). ``sizes`` (C rows per class of labelled data): ranked by the expected count
+    ``sizes[a]·conf(a → b)`` instead, only classes with rows an ``a``; each pair's ``score`` stays conf(a → b). The
+    kernel head scores its support rows a block of classes at a time."""
     if top < 1:
         raise ValueError(f"top must be at least 1, got {top}")
     clock = Clock(log)
     rows, labels = _support(clf)
     C = len(clf.class_names_)
+    weight = None if sizes is None else torch.as_tensor(np.asarray(sizes, dtype=np.float64))
+    if weight is not None:
+        labelled = np.flatnonzero(weight.numpy() > 0)
+        among = labelled if among is None else np.intersect1d(among, labelled)
     if among is not None:
         keep = torch.isin(labels, torch.as_tensor(np.asarray(among, dtype=np.int64)))
         rows, labels = rows[keep], labels[keep]
     best_v = torch.empty(0, dtype=torch.float64)
     best_i = torch.empty(0, dtype=torch.int64)
+    best_s = torch.empty(0, dtype=torch.float64)   # conf(a → b) of each pair kept
     for c0, c1, idx in _class_blocks(labels, C, block_cells):
         if idx.numel() == 0:
             continue
         block = _block_means(clf, rows[idx], labels[idx], c0, c1)
-        block[torch.arange(c1 - c0), torch.arange(c0, c1)] = -float("inf")   # a → a is no confusion
-        block[torch.bincount(labels[idx] - c0, minlength=c1 - c0) == 0] = -float("inf")   # a has no rows
-        flat = block.reshape(-1)
-        k = min(top, flat.numel())
-        v, i = torch.topk(flat, k)
-        best_v = torch.cat([best_v, v])
-        best_i = torch.cat([best_i, i + c0 * C])
+        ranked = block.clone() if weight is None else block * weight[c0:c1, None]
+        ranked[torch.arange(c1 - c0), torch.arange(c0, c1)] = -float("inf")   # a → a is no confusion
+        ranked[torch.bincount(labels[idx] - c0, minlength=c1 - c0) == 0] = -float("inf")   # a has no rows
+        k = min(top, ranked.numel())
+        v, i = torch.topk(ranked.reshape(-1), k)
+        best_v, best_i = torch.cat([best_v, v]), torch.cat([best_i, i + c0 * C])
+        best_s = torch.cat([best_s, block.reshape(-1)[i]])
         if best_v.numel() > top:
-            best_v, best_i = _best(best_v, best_i, top)
-    best_v, best_i = _best(best_v, best_i, top)
+            best_v, best_i, best_s = _best(best_v, best_i, best_s, top)
+    best_v, best_i, best_s = _best(best_v, best_i, best_s, top)
     keep = torch.isfinite(best_v)
     clock.lap("confusions: the kernel head on its %d support rows, %d classes", rows.shape[0], C)
-    return [Pair(int(i) // C, int(i) % C, float(v)) for v, i in zip(best_v[keep], best_i[keep])]
+    return [Pair(int(i) // C, int(i) % C, float(s)) for s, i in zip(best_s[keep], best_i[keep])]
 
 
-def _best(values: torch.Tensor, index: torch.Tensor, top: int):
-    """The ``top`` largest, largest first; equal values in the lower flat index (a·C + b) first."""
-    order = np.lexsort((index.numpy(), -values.numpy()))[:top]
-    order = torch.from_numpy(order)
-    return values[order], index[order]
+def _best(values: torch.Tensor, index: torch.Tensor, scores: torch.Tensor, top: int):
+    """The ``top`` largest ``values`` (with their index and score), largest first; equal values in the lower flat
+    index (a·C + b) first."""
+    order = torch.from_numpy(np.lexsort((index.numpy(), -values.numpy()))[:top])
+    return values[order], index[order], scores[order]
 
 
 def measured_pairs(y_true, y_pred, confidence, top: int) -> List[Pair]:
@@ -188,21 +198,25 @@ def measured_on(clf, x, y, block_rows: int = 4096, head: Optional[str] = None):
 def confusion_report(clf, x, y, top: int = 20, window: int = PREDICTED_WINDOW, predictions=None) -> dict:
     """``svgen eval --confusions``: the ``top`` measured pairs of the default head on (x, y), each with its rank among
     the ``window`` top predicted pairs (None: not among them), and the ``top`` predicted pairs; JSON-ready. The
-    predicted pairs are those whose true class occurs in ``y`` (the only ones these labels can show).
+    predicted pairs are ranked by the rows ``y`` expects them to show, n_a·conf(a → b) (``expected``), so only those
+    whose true class occurs in ``y`` (the only ones these labels can show).
     ``predictions``: the default head's (top-1 class, its probability) per row where the caller has them already
     (``svgen eval`` scores every head once, :func:`svgen.evaluation.metrics.evaluate_heads`); else the rows are
     scored here."""
     names = list(clf.class_names_)
     pred, conf = measured_on(clf, x, y) if predictions is None else predictions
     measured = measured_pairs(y, pred, conf, top)
-    predicted = predicted_pairs(clf, max(window, top), among=np.unique(np.asarray(y)))
+    sizes = np.bincount(np.asarray(y, dtype=np.int64), minlength=len(names))
+    predicted = predicted_pairs(clf, max(window, top), sizes=sizes)
     rank = {(p.a, p.b): r for r, p in enumerate(predicted[:window], 1)}
     scores = {}
     for a in sorted({m.a for m in measured}):   # conf(a → b) of each measured pair, from a's rows only
         row = support_confusion(clf, [a])[0]
         scores.update({(a, m.b): float(row[m.b]) for m in measured if m.a == a})
-    rows = [m.to_json(names, score=scores[(m.a, m.b)], predicted_rank=rank.get((m.a, m.b))) for m in measured]
+    rows = [m.to_json(names, score=scores[(m.a, m.b)], expected=float(sizes[m.a]) * scores[(m.a, m.b)],
+                      predicted_rank=rank.get((m.a, m.b))) for m in measured]
     return {"head": clf.default_head_, "n": int(len(y)), "errors": int((np.asarray(y) != pred).sum()),
             "window": window, "measured": rows,
             "measured_in_predicted": sum(r["predicted_rank"] is not None for r in rows),
-            "predicted": [p.to_json(names, rank=r) for r, p in enumerate(predicted[:top], 1)]}
+            "predicted": [p.to_json(names, rank=r, expected=float(sizes[p.a]) * p.score)
+                          for r, p in enumerate(predicted[:top], 1)]}

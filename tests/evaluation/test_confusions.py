@@ -93,6 +93,23 @@ def test_every_kind_of_artifact_ranks_its_pairs_as_all_rows_scored_at_once(case)
     same_ranking(predicted_pairs(clf, top=5, among=[0, 2, 5]), table, among=[0, 2, 5], top=5)
 
 
+def test_with_class_sizes_the_pairs_rank_by_the_rows_they_expect():
+    """Labelled data with 1, 0, 9, ... rows per class: the pairs rank by n_a·conf(a → b) (a class without rows is
+    never an a), each pair's score stays conf(a → b); found a class at a time or two, the same pairs."""
+    clf = SVGClassifier(n_support=3, seed=0).fit(text_problem(), classes=[f"c{i}" for i in range(7)])
+    table = brute_table(clf)
+    sizes = np.array([1, 0, 9, 2, 4, 1, 30])
+    expected = table * sizes[:, None]
+    want = [ab for ab in ranked(expected) if sizes[ab[0]] > 0][:15]
+    for cells in (3 * 7, 2 * 3 * 7):
+        got = predicted_pairs(clf, top=15, block_cells=cells, sizes=sizes)
+        assert [(q.a, q.b) for q in got] == want
+        np.testing.assert_allclose([q.score for q in got], [table[ab] for ab in want], rtol=1e-4, atol=1e-9)
+    assert want != ranked(table)[:15]   # the sizes change the order here: the test can tell them apart
+    got = predicted_pairs(clf, top=5, among=[0, 1, 2], sizes=sizes)
+    assert [(q.a, q.b) for q in got] == [ab for ab in ranked(expected) if ab[0] in (0, 2)][:5]   # 1 has no rows
+
+
 def test_sparse_votes_and_the_rff_solver_are_covered():
     assert SVGClassifier.load(GOLDEN / "v1_local_votes" / "artifact").heads_.kernel.votes.is_sparse
     clf = SVGClassifier(n_support=2, seed=0, solver="rff", rff_dim=64).fit(text_problem(), classes=list("abcdefg"))
@@ -193,6 +210,28 @@ def test_eval_confusions_are_the_measured_pairs_beside_the_predicted(cli, art):
     code, out, err = cli("eval", d / "a.svgen", "--features", d / "x.npy", "--labels", d / "y.npy", "--confusions")
     assert code == 0, err
     assert "confusions of the kernel head" in out and "*" in out
+
+
+def test_eval_ranks_the_predicted_pairs_by_the_rows_these_labels_expect(cli, art):
+    """Unbalanced labels (one class with 12 rows, others with 1–4): ``predicted`` is ranked by ``expected`` =
+    rows of a × conf(a → b), and every pair carries both."""
+    d, clf, _, _ = art
+    rng = np.random.default_rng(2)
+    y = np.concatenate([np.full(12, 3), np.arange(7).repeat([1, 2, 4, 0, 1, 3, 2])])
+    x = (text_problem().mean(axis=1)[y] + 0.8 * rng.normal(size=(len(y), 16))).astype(np.float32)
+    np.save(d / "xu.npy", x)
+    np.save(d / "yu.npy", y)
+    code, out, err = cli("eval", d / "a.svgen", "--features", d / "xu.npy", "--labels", d / "yu.npy", "--confusions",
+                         "--json")
+    assert code == 0, err
+    r = json.loads(out)["confusions"]
+    table, sizes = brute_table(clf), np.bincount(y, minlength=7)
+    want = [ab for ab in ranked(table * sizes[:, None]) if sizes[ab[0]] > 0][:20]
+    assert [(q["a"], q["b"]) for q in r["predicted"]] == want
+    assert want != [ab for ab in ranked(table) if sizes[ab[0]] > 0][:20]
+    for q in r["predicted"] + r["measured"]:
+        assert q["expected"] == pytest.approx(sizes[q["a"]] * q["score"], rel=1e-9)
+    np.testing.assert_allclose([q["score"] for q in r["predicted"]], [table[ab] for ab in want], rtol=1e-4)
 
 
 def test_eval_confusions_plot_writes_both_pngs_and_refuses_to_overwrite(cli, art):
