@@ -231,7 +231,7 @@ class SVGClassifier(FittedHeads):
 
     def _stage(self) -> Stage:
         shots = self.support_set_.part(IMAGE) if self.fewshot_ is not None else None
-        return Stage(self.heads_, self.zero_shot_, self.fewshot_, shots, self.default_head_, self.lda_)
+        return Stage(self.heads_, self.zero_shot_, shots, self.default_head_, self.lda_)
 
     # ------------------------------------------------------------------------------ adapting
     def adapt(self, X=None, y=None, unlabelled=None, origins=None):

@@ -92,8 +92,7 @@ def _fold(stage: Stage, side: TextSide, U: torch.Tensor, held: np.ndarray, stren
     shots = image_rows(X[keep], torch.from_numpy(y[keep]), C, P.shape[1])
     fit = shot_adapt.adapt(stage.zero_shot, shots, side, tilt_shotless=False, config=config)   # every class has shots
     Xh, UX = F.normalize(X[held], dim=-1), torch.cat([U, F.normalize(X[held], dim=-1)])
-    part = Stage(fit.heads, stage.zero_shot, fit.record, fit.heads.kernel.support_set().part(IMAGE), fit.default_head,
-                 fit.lda)
+    part = Stage(fit.heads, stage.zero_shot, fit.heads.kernel.support_set().part(IMAGE), fit.default_head, fit.lda)
     with torch.no_grad():
         p_ind = predictor.proba(fit.heads, P, kind, Xh, fit.default_head).numpy()   # float64
         pool = transduce(part, side, UX, score(part, side, UX), config, strength)

@@ -28,12 +28,11 @@ BLOCK = 8192   # pool rows scored at a time (a kernel head's N×M kernel never w
 
 @dataclass
 class Stage:
-    """The inductive state a pool adapts: ``zero_shot`` the heads without shots, ``default_head`` the transduction's
-    prior, ``lda`` the LDA part of the shots' linear head."""
+    """The inductive state a pool adapts: ``zero_shot`` the heads without shots, ``shots`` those the heads were
+    adapted to (None: none), ``default_head`` the transduction's prior, ``lda`` the LDA part of their linear head."""
 
     heads: Heads
     zero_shot: Heads
-    fewshot: Optional[dict]
     shots: Optional[SupportSet]
     default_head: str
     lda: Optional[LdaPart] = None
@@ -126,7 +125,7 @@ def prior(stage: Stage, side: TextSide, U: torch.Tensor, scored: Scored) -> Prio
     """With shots, the inductive predictor as deployed (calibrated log-probabilities at T = 1) and, where some class
     has two shots, the LDA part's Gaussian model as it is; else scales calibrated without labels."""
     C, P, heads = side.n_classes, side.prototypes, stage.heads
-    shots = stage.shots if stage.fewshot is not None else None
+    shots = stage.shots
     fitted = shots is not None and bool((shots.counts(C) > 1).any())   # the solve continues their Gaussian model
     if fitted and stage.lda is None:
         raise ValueError("a stage with shots carries the LDA part of their linear head (Stage.lda)")
