@@ -13,9 +13,10 @@ A classifier passes through up to three stages, each producing a complete :class
 (``zero_shot_``, once there are shots or pool rows), and the inductive heads a pool replaced (``inductive_``), so
 adapting again starts from them. What the stages decided is typed here too (:class:`CalibrationMethod`,
 :class:`LinearForm`, :class:`LdaChoice`, :class:`ShotsOutcome`, :class:`PoolOutcome`, a pool's :class:`Decision`
-and :class:`Reason`, its :class:`Check` and the check's :class:`Gate` of :class:`Paired` means): the ``svgen.json`` records are rendered from these decisions (:mod:`svgen.records`) and never
-read back to decide; :mod:`svgen.io.codec` maps an artifact's records to them once, on load. Nothing here computes;
-the codec turns these objects into an artifact's tensors and back.
+and :class:`Reason`, its :class:`Check` and the check's :class:`Gate` of :class:`Paired` means): the ``svgen.json``
+records are rendered from these decisions (:mod:`svgen.records`) and never read back to decide; :mod:`svgen.io.codec`
+maps an artifact's records to them once, on load. Nothing here computes; the codec turns these objects into an
+artifact's tensors and back.
 """
 
 from __future__ import annotations

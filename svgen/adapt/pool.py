@@ -9,12 +9,11 @@ from typing import Optional
 import torch
 
 from svgen.adapt import gate as pool_gate
-from svgen.adapt.gate import Check
 from svgen import records
 from svgen.adapt.config import AdaptConfig
 from svgen.adapt.transduce import PoolFit, Scored, Stage, score, too_small, transduce
 from svgen.heads import calibration, predictor
-from svgen.state import Decision, Evidence, Heads, KernelHead, PoolFactor, Reason, TextSide, refuse
+from svgen.state import Check, Decision, Evidence, Heads, KernelHead, PoolFactor, Reason, TextSide, refuse
 from svgen.steps import Clock
 
 log = logging.getLogger(__name__)

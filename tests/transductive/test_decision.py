@@ -1,6 +1,6 @@
 """The pool decision as typed values (issue 38): every exit that refuses a pool gives a
 :class:`svgen.state.Decision` with its own :class:`~svgen.state.Reason` (its evidence the
-:class:`~svgen.adapt.gate.Check`); the record
+:class:`~svgen.state.Check`); the record
 (``svgen.json`` ``transductive``: ``fallback`` and ``check``) is written from it by :func:`svgen.records.decision`; and no module under
 ``svgen/transductive`` steers on a record's strings.
 
@@ -26,9 +26,7 @@ from svgen import SVGClassifier
 from svgen.adapt import pool as pool_adapt
 from svgen.adapt import gate as pool_gate
 from svgen.adapt import transduce as pool_transduce
-from svgen.adapt.select import Paired
-from svgen.adapt.gate import Check, Gate
-from svgen.state import KEPT, Decision, Evidence, Reason, pool_outcome, refuse
+from svgen.state import KEPT, Check, Decision, Evidence, Gate, Paired, Reason, pool_outcome, refuse
 from svgen.records import check as check_json, decision as to_json, fallback
 from svgen.io import recorded
 from svgen.state import PoolOutcome

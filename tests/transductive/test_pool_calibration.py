@@ -28,9 +28,7 @@ def _kept(monkeypatch, agreement):
     """The check keeps the pool at a cross-half ``agreement`` (None: a check that measured none, the entropy rule)."""
     from svgen.adapt import pool as pool_adapt
     from svgen.adapt import gate as pool_gate
-    from svgen.adapt.select import Paired
-    from svgen.adapt.gate import Check, Gate
-    from svgen.state import Evidence
+    from svgen.state import Check, Evidence, Gate, Paired
 
     gate = Gate(Paired(agreement or 0.9, 0.5, 0.1, 0.01, 0), Paired(1.0, 1.0, 0.0, 0.0, 0), DEFAULT.level, None, 9, 0)
     monkeypatch.setattr(pool_gate, "check_without_shots", lambda stage, *a, **k:
@@ -102,9 +100,7 @@ def test_oxford_pets_zero_shot_pool_is_calibrated(shared_data):
 
 def test_agreement_target_is_the_rule_of_succession():
     from svgen.adapt.pool import agreement_target
-    from svgen.adapt.select import Paired
-    from svgen.adapt.gate import Check, Gate
-    from svgen.state import Evidence, Reason
+    from svgen.state import Check, Evidence, Gate, Paired, Reason
 
     def halves(agreement, images):
         gate = Gate(Paired(agreement, 0.5, agreement - 0.5, 0.01, images), Paired(1.0, 1.0, 0.0, 0.0, images),
