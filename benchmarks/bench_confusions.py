@@ -15,10 +15,17 @@ Fits (or loads, ``--artifact``) the LVIS zero-shot artifact of docs/usage.md (1,
   --confusions`` measures (the default head's), how many are among the top 100 predicted from the support vectors,
   with a 95% bootstrap interval (the measured rows resampled, the prediction fixed). ``--alternatives`` adds the
   predictors tried and dropped, with paired bootstrap intervals of their difference. ``--write-docs`` puts the
-  table into docs/usage.md.
+  table into docs/usage.md;
+* **the ceiling** (``--ceiling``; dev data only): what the data let any predictor reach. Each CoOp set and ``all7``,
+  text only: the measured pairs are taken on part of val (one row per class, as on the LVIS dev half, or half of
+  each class's rows; 10 seeded draws) and compared with the chosen prediction and with an oracle that knows the
+  confusions: the top 100 pairs by the rate measured on the *other* rows of the same classes (rows of a called b over
+  rows of a, times the measured rows of a; equal rates in random order). ``--write-docs`` puts this table into
+  docs/usage.md too.
 
     .venv/bin/python -m benchmarks.bench_confusions [--artifact lvis.svgen] [--json]
     .venv/bin/python -m benchmarks.bench_confusions --table [--alternatives] [--write-docs]   # ~10 minutes, 2 cores
+    .venv/bin/python -m benchmarks.bench_confusions --ceiling [--write-docs]                  # ~15 seconds
 """
 
 from __future__ import annotations
@@ -124,6 +131,8 @@ COOP = ("caltech101", "fgvc", "oxford_flowers", "oxford_pets", "stanford_cars", 
 SHOTS, SEED, BOOT = 4, 0, 1000
 USAGE = Path(__file__).resolve().parent.parent / "docs" / "usage.md"
 BEGIN, END = "<!-- confusions table: begin -->", "<!-- confusions table: end -->"
+CEILING_BEGIN, CEILING_END = "<!-- confusions ceiling: begin -->", "<!-- confusions ceiling: end -->"
+DRAWS = 10
 
 
 def cases(lvis_clf):
@@ -251,6 +260,79 @@ def table_rows(lvis_clf, alternatives: bool, boot: int, log=print) -> tuple:
     return rows, paired
 
 
+def split_rows(y, per, rng) -> np.ndarray:
+    """A mask of the measured rows: one row of every class with at least two (``per`` = 1), or half of each class's
+    rows (``per`` = "half"); the other rows are the oracle's."""
+    picks = []
+    for c in np.unique(y):
+        rows = np.flatnonzero(y == c)
+        if len(rows) > 1:
+            picks.append(rng.choice(rows, 1 if per == 1 else len(rows) // 2, replace=False))
+    mask = np.zeros(len(y), dtype=bool)
+    mask[np.concatenate(picks)] = True
+    return mask
+
+
+def oracle_pairs(y, pred, measured, rng) -> set:
+    """The top 100 directed pairs by the confusion rate measured on the rows outside ``measured``, times the measured
+    rows of a (as the chosen ranking weighs conf(a → b)); equal values in random order."""
+    C = int(y.max()) + 1
+    other, sizes = ~measured, np.bincount(y[measured], minlength=C)
+    wrong = other & (pred != y)
+    rate = np.zeros((C, C))
+    np.add.at(rate, (y[wrong], pred[wrong]), 1.0)
+    rate = rate / np.maximum(np.bincount(y[other], minlength=C), 1)[:, None] * sizes[:, None]
+    np.fill_diagonal(rate, -np.inf)
+    rate[sizes == 0] = -np.inf
+    order = np.lexsort((rng.random(C * C), -rate.reshape(-1)))[:WINDOW]
+    return {(int(i) // C, int(i) % C) for i in order}
+
+
+def ceiling_rows(draws: int = DRAWS, log=print) -> list:
+    """Per CoOp set and ``all7``, text only, for one row per class and for half the rows measured: the mean hits (of
+    the 20 measured pairs, among the top 100) of the chosen prediction and of the oracle over ``draws`` draws."""
+    from svgen import SVGClassifier
+    from svgen.evaluation.confusions import measured_on, measured_pairs, predicted_pairs
+
+    rows = []
+    for name in COOP + (UNION,):
+        X, y, P = load_coop(name)
+        clf = SVGClassifier().fit(P.astype(np.float32), classes=[f"c{i}" for i in range(len(P))])
+        pred, conf = measured_on(clf, torch.from_numpy(X.astype(np.float32)), y)
+        for per in (1, "half"):
+            rng = np.random.default_rng(SEED)
+            chosen, oracle = [], []
+            for _ in range(draws):
+                m = split_rows(y, per, rng)
+                measured = measured_pairs(y[m], pred[m], conf[m], MEASURED)
+                sizes = np.bincount(y[m], minlength=len(P))
+                mine = {(p.a, p.b) for p in predicted_pairs(clf, WINDOW, sizes=sizes)}
+                best = oracle_pairs(y, pred, m, rng)
+                chosen.append(sum((q.a, q.b) in mine for q in measured))
+                oracle.append(sum((q.a, q.b) in best for q in measured))
+            rows.append({"data": name, "classes": len(P), "measured": "one row per class" if per == 1 else
+                         "half of each class's rows", "chosen": float(np.mean(chosen)), "oracle": float(np.mean(oracle))})
+            log(f"{name}, {rows[-1]['measured']}: chosen {rows[-1]['chosen']:.1f}, oracle {rows[-1]['oracle']:.1f}")
+    for per in ("one row per class", "half of each class's rows"):
+        mine = [r for r in rows if r["data"] in COOP and r["measured"] == per]
+        rows.append({"data": "7 CoOp sets, summed", "classes": sum(r["classes"] for r in mine), "measured": per,
+                     "chosen": sum(r["chosen"] for r in mine), "oracle": sum(r["oracle"] for r in mine),
+                     "of": MEASURED * len(mine)})
+    return rows
+
+
+def ceiling_markdown(rows, draws: int) -> str:
+    lines = [f"| data (dev only, text only) | classes | rows measured | of the {MEASURED} measured pairs, among the "
+             f"top {WINDOW} predicted from the support vectors | among the top {WINDOW} of the oracle (the other "
+             f"rows' confusions) |", "|---|---:|---|---:|---:|"]
+    for r in rows:
+        of = r.get("of", MEASURED)
+        lines.append(f"| {r['data']} | {r['classes']:,} | {r['measured']} | {r['chosen']:.1f} of {of} | "
+                     f"{r['oracle']:.1f} of {of} |")
+    return "\n".join(lines) + (f"\n\nMeans over {draws} draws of the measured rows. Generated by `python -m "
+                               f"benchmarks.bench_confusions --ceiling --write-docs` (dev data only).")
+
+
 def markdown(rows, load) -> str:
     lines = [f"| data (dev only) | classes | fit | default head (measured) | rows measured | errors | rows per "
              f"measured pair (most–least) | of the {MEASURED} measured pairs, among the top {WINDOW} predicted | 95% "
@@ -264,9 +346,9 @@ def markdown(rows, load) -> str:
                                f"(dev data only; load average {load:.1f}).")
 
 
-def write_docs(text: str) -> None:
-    if not replace_between(USAGE, BEGIN, END, text + "\n"):
-        sys.exit(f"{USAGE} has no {BEGIN} … {END} markers")
+def write_docs(text: str, begin: str = BEGIN, end: str = END) -> None:
+    if not replace_between(USAGE, begin, end, text + "\n"):
+        sys.exit(f"{USAGE} has no {begin} … {end} markers")
 
 
 def cli_time(art: Path) -> dict:
@@ -293,11 +375,23 @@ def main(argv=None):
     ap.add_argument("--json", action="store_true", help="print one JSON object instead of the tables")
     ap.add_argument("--table", action="store_true", help="the table over the shared dev data (LVIS, CoOp, all7)")
     ap.add_argument("--alternatives", action="store_true", help="with --table: the predictors tried and dropped too")
-    ap.add_argument("--write-docs", action="store_true", help="with --table: write it into docs/usage.md")
+    ap.add_argument("--ceiling", action="store_true", help="what the data let any predictor reach (an oracle)")
+    ap.add_argument("--write-docs", action="store_true", help="with --table or --ceiling: write it into docs/usage.md")
     ap.add_argument("--boot", type=int, default=BOOT, help="bootstrap resamples (default %(default)s)")
     args = ap.parse_args(argv)
     if not (DATA / "lvis_dev_image_features.npy").is_file():
         sys.exit(f"{DATA} is absent: this benchmark needs the shared LVIS embeddings")
+    if args.ceiling:
+        rows = ceiling_rows()
+        text = ceiling_markdown(rows, DRAWS)
+        path = save_result("confusions_ceiling", {"rows": rows, "draws": DRAWS, "window": WINDOW,
+                                                  "machine": machine()})
+        print(json.dumps(rows, indent=2) if args.json else text)
+        if args.write_docs:
+            write_docs(text, CEILING_BEGIN, CEILING_END)
+            print(f"wrote the ceiling into {USAGE}")
+        print(f"wrote {path}")
+        return
     from svgen import SVGClassifier
     from svgen.evaluation.confusions import measured_on, measured_pairs, predicted_pairs
 
