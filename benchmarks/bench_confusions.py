@@ -13,7 +13,8 @@ Fits (or loads, ``--artifact``) the LVIS zero-shot artifact of docs/usage.md (1,
   offset set by set, as benchmarks/bench_adapt.py builds it) — text only, and for the CoOp sets also with 4 labelled
   shots per class drawn from val (seed 0; the rest of val measures): of the 20 most-confused pairs ``svgen eval
   --confusions`` measures (the default head's), how many are among the top 100 predicted from the support vectors,
-  with a 95% bootstrap interval (the measured rows resampled, the prediction fixed). ``--alternatives`` adds the
+  with a 95% bootstrap interval (the measured rows resampled, the prediction fixed), and with shots the figure over
+  ``SHOT_DRAWS`` draws of the shots (seeds 0, 1, …: the interval holds the shots fixed). ``--alternatives`` adds the
   predictors tried and dropped, with paired bootstrap intervals of their difference. ``--write-docs`` puts the
   table into docs/usage.md;
 * **the ceiling** (``--ceiling``; dev data only): what the data let any predictor reach. Each CoOp set and ``all7``,
@@ -128,7 +129,7 @@ def alternatives(clf) -> dict:
 
 
 COOP = ("caltech101", "fgvc", "oxford_flowers", "oxford_pets", "stanford_cars", "sun397", "ucf101")
-SHOTS, SEED, BOOT = 4, 0, 1000
+SHOTS, SEED, BOOT, SHOT_DRAWS = 4, 0, 1000, 5
 USAGE = Path(__file__).resolve().parent.parent / "docs" / "usage.md"
 BEGIN, END = "<!-- confusions table: begin -->", "<!-- confusions table: end -->"
 CEILING_BEGIN, CEILING_END = "<!-- confusions ceiling: begin -->", "<!-- confusions ceiling: end -->"
@@ -137,18 +138,33 @@ DRAWS = 10
 
 def cases(lvis_clf):
     """(data, setting, classifier, measured features, their labels) of every row of the table."""
-    from svgen import SVGClassifier
-
     yield ("LVIS dev half", "text only", lvis_clf, np.load(DATA / "lvis_dev_image_features.npy").astype(np.float32),
            np.load(DATA / "lvis_dev_labels.npy"))
     for name in COOP + (UNION,):
-        X, y, P = load_coop(name)
-        X, P = X.astype(np.float32), P.astype(np.float32)
         for k in (0, SHOTS):
-            shot, rest = sample(y, k, SEED)
-            clf = SVGClassifier().fit(P, classes=[f"c{i}" for i in range(len(P))],
-                                      shots=(X[shot], y[shot]) if k else None)
-            yield name, f"{k} shots per class" if k else "text only", clf, X[rest], y[rest]
+            yield (name, f"{k} shots per class" if k else "text only") + coop_case(name, k, SEED)
+
+
+def coop_case(name: str, k: int, seed: int) -> tuple:
+    """(classifier, measured features, their labels): the default fit on a CoOp set's text-like prototypes with ``k``
+    shots per class drawn from val (``seed``), the rest of val measured."""
+    from svgen import SVGClassifier
+
+    X, y, P = load_coop(name)
+    X, P = X.astype(np.float32), P.astype(np.float32)
+    shot, rest = sample(y, k, seed)
+    clf = SVGClassifier().fit(P, classes=[f"c{i}" for i in range(len(P))], shots=(X[shot], y[shot]) if k else None)
+    return clf, X[rest], y[rest]
+
+
+def draw_hits(name: str, seed: int) -> int:
+    """The chosen prediction's hits with ``SHOTS`` shots per class drawn with ``seed``."""
+    from svgen.evaluation.confusions import measured_on, measured_pairs
+
+    clf, X, y = coop_case(name, SHOTS, seed)
+    pred, conf = measured_on(clf, torch.from_numpy(X), y)
+    chosen = set(predictors(clf, y, False)["chosen"])
+    return sum((m.a, m.b) in chosen for m in measured_pairs(y, pred, conf, MEASURED))
 
 
 def predictors(clf, y, alternatives: bool) -> dict:
@@ -239,9 +255,12 @@ def table_rows(lvis_clf, alternatives: bool, boot: int, log=print) -> tuple:
             row["sets of the predicted pairs"] = dict(Counter(of_set[a] for a, _ in predicted["chosen"]).most_common())
             log(f"  all7 {setting}: true classes of the {MEASURED} measured pairs by set "
                 f"{row['sets of the measured pairs']}; of the top {WINDOW} predicted {row['sets of the predicted pairs']}")
+        if setting != "text only":   # the shots drawn again: the interval above holds them fixed
+            row["draws"] = [row["hits"]] + [draw_hits(data, SEED + d) for d in range(1, SHOT_DRAWS)]
         rows.append(row)
         reps[(data, setting)] = got["boot"]
-        log(f"{data} {setting}: {row['hits']} of {MEASURED} ({time.perf_counter() - t0:.0f} s)")
+        log(f"{data} {setting}: {row['hits']} of {MEASURED}{', draws ' + str(row['draws']) if 'draws' in row else ''} "
+            f"({time.perf_counter() - t0:.0f} s)")
     for setting in ("text only", f"{SHOTS} shots per class"):   # the seven CoOp sets taken one by one, summed
         keys = [(d, setting) for d in COOP]
         total = {k: sum(reps[key][k] for key in keys) for k in reps[keys[0]]}
@@ -250,6 +269,8 @@ def table_rows(lvis_clf, alternatives: bool, boot: int, log=print) -> tuple:
                      "head": "", "rows": sum(r["rows"] for r in mine), "errors": sum(r["errors"] for r in mine),
                      "pair counts": "", "hits": sum(r["hits"] for r in mine), "of": MEASURED * len(mine),
                      "interval": interval(total["chosen"]),
+                     **({"draws": [int(v) for v in np.sum([r["draws"] for r in mine], axis=0)]} if "draws" in mine[0]
+                        else {}),
                      **{k: sum(r[k] for r in mine) for k in mine[0] if k.startswith("alt: ")}})
         reps[("7 CoOp sets, summed", setting)] = total
     paired = {}
@@ -336,12 +357,14 @@ def ceiling_markdown(rows, draws: int) -> str:
 def markdown(rows, load) -> str:
     lines = [f"| data (dev only) | classes | fit | default head (measured) | rows measured | errors | rows per "
              f"measured pair (most–least) | of the {MEASURED} measured pairs, among the top {WINDOW} predicted | 95% "
-             f"bootstrap interval (rows resampled) |",
-             "|---|---:|---|---|---:|---:|---|---:|---|"]
+             f"bootstrap interval (rows resampled) | over {SHOT_DRAWS} draws of the shots: mean (least–most) |",
+             "|---|---:|---|---|---:|---:|---|---:|---|---|"]
     for r in rows:
         of = r.get("of", MEASURED)
+        draws = f"{np.mean(r['draws']):.1f} ({min(r['draws'])}–{max(r['draws'])})" if "draws" in r else "—"
         lines.append(f"| {r['data']} | {r['classes']:,} | {r['setting']} | {r['head'] or '—'} | {r['rows']:,} | "
-                     f"{r['errors']:,} | {r['pair counts'] or '—'} | **{r['hits']} of {of}** | {r['interval']} |")
+                     f"{r['errors']:,} | {r['pair counts'] or '—'} | **{r['hits']} of {of}** | {r['interval']} | "
+                     f"{draws} |")
     return "\n".join(lines) + (f"\n\nGenerated by `python -m benchmarks.bench_confusions --table --write-docs` "
                                f"(dev data only; load average {load:.1f}).")
 
