@@ -18,7 +18,7 @@ Fits (or loads, ``--artifact``) the LVIS zero-shot artifact of docs/usage.md (1,
   predictors tried and dropped, with paired bootstrap intervals of their difference. ``--write-docs`` puts the
   table into docs/usage.md;
 * **the ceiling** (``--ceiling``; dev data only): what the data let any predictor reach. Each CoOp set and ``all7``,
-  text only: the measured pairs are taken on part of val (one row per class, as on the LVIS dev half, or half of
+  text only and with the table's shots: the measured pairs are taken on part of val (one row per class, as on the LVIS dev half, or half of
   each class's rows; 10 seeded draws) and compared with the chosen prediction and with an oracle that knows the
   confusions: the top 100 pairs by the rate measured on the *other* rows of the same classes (rows of a called b over
   rows of a, times the measured rows of a; equal rates in random order). ``--write-docs`` puts this table into
@@ -310,45 +310,48 @@ def oracle_pairs(y, pred, measured, rng) -> set:
 
 
 def ceiling_rows(draws: int = DRAWS, log=print) -> list:
-    """Per CoOp set and ``all7``, text only, for one row per class and for half the rows measured: the mean hits (of
-    the 20 measured pairs, among the top 100) of the chosen prediction and of the oracle over ``draws`` draws."""
-    from svgen import SVGClassifier
+    """Per CoOp set and ``all7``, text only and with shots (the table's draw), for one row per class and for half the
+    rows measured: the mean hits (of the 20 measured pairs, among the top 100) of the chosen prediction and of the
+    oracle over ``draws`` draws of the measured rows."""
     from svgen.evaluation.confusions import measured_on, measured_pairs, predicted_pairs
 
     rows = []
-    for name in COOP + (UNION,):
-        X, y, P = load_coop(name)
-        clf = SVGClassifier().fit(P.astype(np.float32), classes=[f"c{i}" for i in range(len(P))])
-        pred, conf = measured_on(clf, torch.from_numpy(X.astype(np.float32)), y)
+    for name, k in ((n, k) for k in (0, SHOTS) for n in COOP + (UNION,)):
+        clf, X, y = coop_case(name, k, SEED)
+        C = len(clf.class_names_)
+        pred, conf = measured_on(clf, torch.from_numpy(X), y)
         for per in (1, "half"):
             rng = np.random.default_rng(SEED)
             chosen, oracle = [], []
             for _ in range(draws):
                 m = split_rows(y, per, rng)
                 measured = measured_pairs(y[m], pred[m], conf[m], MEASURED)
-                sizes = np.bincount(y[m], minlength=len(P))
+                sizes = np.bincount(y[m], minlength=C)
                 mine = {(p.a, p.b) for p in predicted_pairs(clf, WINDOW, sizes=sizes)}
                 best = oracle_pairs(y, pred, m, rng)
                 chosen.append(sum((q.a, q.b) in mine for q in measured))
                 oracle.append(sum((q.a, q.b) in best for q in measured))
-            rows.append({"data": name, "classes": len(P), "measured": "one row per class" if per == 1 else
-                         "half of each class's rows", "chosen": float(np.mean(chosen)), "oracle": float(np.mean(oracle))})
-            log(f"{name}, {rows[-1]['measured']}: chosen {rows[-1]['chosen']:.1f}, oracle {rows[-1]['oracle']:.1f}")
-    for per in ("one row per class", "half of each class's rows"):
-        mine = [r for r in rows if r["data"] in COOP and r["measured"] == per]
-        rows.append({"data": "7 CoOp sets, summed", "classes": sum(r["classes"] for r in mine), "measured": per,
-                     "chosen": sum(r["chosen"] for r in mine), "oracle": sum(r["oracle"] for r in mine),
+            rows.append({"data": name, "classes": C, "fit": f"{k} shots per class" if k else "text only",
+                         "measured": "one row per class" if per == 1 else "half of each class's rows",
+                         "chosen": float(np.mean(chosen)), "oracle": float(np.mean(oracle))})
+            log(f"{name}, {rows[-1]['fit']}, {rows[-1]['measured']}: chosen {rows[-1]['chosen']:.1f}, "
+                f"oracle {rows[-1]['oracle']:.1f}")
+    for fit, per in ((f, p) for f in ("text only", f"{SHOTS} shots per class")
+                     for p in ("one row per class", "half of each class's rows")):
+        mine = [r for r in rows if r["data"] in COOP and r["fit"] == fit and r["measured"] == per]
+        rows.append({"data": "7 CoOp sets, summed", "classes": sum(r["classes"] for r in mine), "fit": fit,
+                     "measured": per, "chosen": sum(r["chosen"] for r in mine), "oracle": sum(r["oracle"] for r in mine),
                      "of": MEASURED * len(mine)})
     return rows
 
 
 def ceiling_markdown(rows, draws: int) -> str:
-    lines = [f"| data (dev only, text only) | classes | rows measured | of the {MEASURED} measured pairs, among the "
+    lines = [f"| data (dev only) | classes | fit | rows measured | of the {MEASURED} measured pairs, among the "
              f"top {WINDOW} predicted from the support vectors | among the top {WINDOW} of the oracle (the other "
-             f"rows' confusions) |", "|---|---:|---|---:|---:|"]
+             f"rows' confusions) |", "|---|---:|---|---|---:|---:|"]
     for r in rows:
         of = r.get("of", MEASURED)
-        lines.append(f"| {r['data']} | {r['classes']:,} | {r['measured']} | {r['chosen']:.1f} of {of} | "
+        lines.append(f"| {r['data']} | {r['classes']:,} | {r['fit']} | {r['measured']} | {r['chosen']:.1f} of {of} | "
                      f"{r['oracle']:.1f} of {of} |")
     return "\n".join(lines) + (f"\n\nMeans over {draws} draws of the measured rows. Generated by `python -m "
                                f"benchmarks.bench_confusions --ceiling --write-docs` (dev data only).")
