@@ -59,10 +59,10 @@ def fit_lvis(out: Path) -> None:
 
 
 def dense_table(clf) -> torch.Tensor:
-    """The stock way: all rows' probabilities at once, the C×C class-mean table by one product."""
+    """The stock way: all rows' probabilities (the default head's) at once, the C×C class-mean table by one product."""
     ss = clf.heads_.kernel.support_set()
     with torch.no_grad():
-        p = clf.predict_proba(ss.rows.float(), head="kernel").double()
+        p = torch.as_tensor(clf.predict_proba(ss.rows.float())).double()
     Y = torch.nn.functional.one_hot(ss.labels, len(clf.classes_)).double()
     return (Y.T @ p) / Y.sum(0).clamp_min(1)[:, None]
 
@@ -170,23 +170,30 @@ def draw_hits(name: str, seed: int) -> int:
 def predictors(clf, y, alternatives: bool) -> dict:
     """The top 100 predicted directed pairs of the chosen score, as ``svgen eval --confusions`` ranks them on labels
     ``y`` (expected rows n_a·conf(a → b)), and, with ``alternatives``, of the predictors tried and dropped (each over
-    the pairs whose true class has rows in ``y``)."""
+    the pairs whose true class has rows in ``y``; those in ``BY_ROWS`` ranked by expected rows as the chosen one, the
+    others by the share, as they were tried)."""
     from svgen.evaluation.confusions import predicted_pairs
 
     sizes = np.bincount(y, minlength=len(clf.class_names_))
     out = {"chosen": [(p.a, p.b) for p in predicted_pairs(clf, WINDOW, sizes=sizes)]}
     if alternatives:
         for name, table in alternative_predictors(clf).items():
-            out[name] = top_pairs(table, WINDOW, np.unique(y))
+            weight = torch.as_tensor(sizes, dtype=table.dtype)[:, None] if name in BY_ROWS else 1.0
+            out[name] = top_pairs(table * weight, WINDOW, np.unique(y))
     return out
+
+
+KERNEL_ALWAYS = "the kernel head's probabilities, whatever the default head"
+BY_ROWS = {KERNEL_ALWAYS}
 
 
 def alternative_predictors(clf) -> dict:
     """C×C tables of the predictors tried on the whole table: the share conf(a → b) alone, as ``diagnose`` ranks
     pairs without data (ranked here over the pairs these labels can show; the chosen ranking weighs it by the rows of
-    a), the chosen score with each support row scored without
-    its own vote (the kernel head at a point like s rather than at the support vector s, whose own vote favours its
-    class), and the chosen score conditioned on not choosing a (p(b | s) / (1 − p(a | s)))."""
+    a), the kernel head's probabilities at the rows whatever the default head (the score before it was the default
+    head's), the kernel head's with each support row scored without its own vote (the kernel head at a point like s
+    rather than at the support vector s, whose own vote favours its class), and the chosen score conditioned on not
+    choosing a (p(b | s) / (1 − p(a | s)))."""
     from svgen.heads.calibration import softmax
     from svgen.heads import predictor
     from svgen.heads.scoring import kernel_scores, prior_probs
@@ -198,7 +205,8 @@ def alternative_predictors(clf) -> dict:
     Y = torch.nn.functional.one_hot(L, C).double()
     n = Y.sum(0).clamp_min(1)[:, None]
     with torch.no_grad():
-        p = torch.as_tensor(clf.predict_proba(R, head="kernel")).double()
+        p = torch.as_tensor(clf.predict_proba(R)).double()
+        p_kernel = torch.as_tensor(clf.predict_proba(R, head="kernel")).double()
         A = (kh.votes.to_dense() if kh.votes.is_sparse else kh.votes).float()
         s = kernel_scores(R, kh.rows, kh.bandwidth, kh.votes, clf.fit_config_.kernel) - A   # k(s, s) = 1: unit rows
         prior = prior_probs(R, clf.prototypes_, kh.prior_scale) if kh.prior_scale is not None else None
@@ -207,6 +215,7 @@ def alternative_predictors(clf) -> dict:
                       predictor.temperature(clf.heads_, "kernel")).double()
     p_a = p[torch.arange(len(L)), L]
     return {"the share alone, conf(a → b), not times the rows of a": (Y.T @ p) / n,
+            KERNEL_ALWAYS: (Y.T @ p_kernel) / n,
             "each support row without its own vote": (Y.T @ own) / n,
             "conditioned on not a: p(b | s) / (1 − p(a | s))": (Y.T @ (p / (1 - p_a).clamp_min(1e-12)[:, None])) / n}
 

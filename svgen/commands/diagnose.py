@@ -28,10 +28,13 @@ def add_parser(sub):
     p.add_argument("--json", action="store_true",
                    help="print one JSON object instead of a report (strict JSON: an infinite condition number is null)")
     p.add_argument("--confusions", action="store_true",
-                   help="instead: the class pairs a → b the kernel head is most likely to confuse, from its support "
-                        "vectors alone (the mean probability the kernel head gives b at the support vectors of a; "
-                        "docs/usage.md); --plot then draws a heat map of the classes of the top pairs")
+                   help="instead: the class pairs a → b the classifier is most likely to confuse, from the kernel "
+                        "head's support vectors alone (the mean probability the head gives b at the support vectors "
+                        "of a; docs/usage.md); --plot then draws a heat map of the classes of the top pairs")
     p.add_argument("--top", type=int, metavar="N", help="with --confusions: list this many pairs (default 20)")
+    p.add_argument("--head", choices=("kernel", "linear", "cosine", "mixture"), default=None,
+                   help="with --confusions: the head whose confusions are predicted (default: the artifact's default "
+                        "head, as 'classify' and 'eval --confusions')")
     p.set_defaults(func=run)
 
 
@@ -42,8 +45,9 @@ def run(args) -> int:
 
     if args.max_classes < 2:
         raise SvgenError(f"--max-classes must be at least 2, got {args.max_classes}")
-    if args.top is not None and not args.confusions:
-        raise SvgenError("--top goes with --confusions")
+    for given, flag in ((args.top, "--top"), (args.head, "--head")):
+        if given is not None and not args.confusions:
+            raise SvgenError(f"{flag} goes with --confusions")
     plt = _check_plot(args.plot, args.force) if args.plot else None
     if args.confusions:
         return _confusions(args)
@@ -129,26 +133,29 @@ def _confusions(args) -> int:
     from svgen import SVGClassifier
     from svgen.errors import SvgenError
     from svgen.evaluation.confusions import SCORE, predicted_pairs, support_confusion
+    from svgen.heads.predictor import check_head
 
     top = 20 if args.top is None else args.top
     if top < 1:
         raise SvgenError(f"--top must be at least 1, got {top}")
     clf = SVGClassifier.load(args.artifact)
+    head = check_head(clf.heads_, args.head or clf.default_head_)   # a head the artifact lacks: one line, no work
     names = list(clf.class_names_)
-    pairs = predicted_pairs(clf, top)
+    pairs = predicted_pairs(clf, top, head=head)
     if args.plot:
         from svgen.evaluation.plots import plot_confusions
 
         shown = list(dict.fromkeys(c for p in pairs for c in (p.a, p.b)))
-        table = support_confusion(clf, shown)[:, shown].numpy()
+        table = support_confusion(clf, shown, head=head)[:, shown].numpy()
         plot_confusions({f"conf(a → b), the top {len(pairs)} pairs' classes": table}, [names[c] for c in shown],
                         args.plot, title=f"{args.artifact}: predicted confusions", force=args.force)
         note(args, f"wrote {args.plot}: heat map of the {len(shown)} classes of the top {len(pairs)} pairs")
     if args.json:
-        print(json_text({"score": SCORE, "classes": len(names),
+        print(json_text({"score": SCORE.format(head=head), "head": head, "classes": len(names),
                          "pairs": [p.to_json(names, rank=r) for r, p in enumerate(pairs, 1)]}))
         return 0
-    print(f"{args.artifact}: the {len(pairs)} class pairs the kernel head is most likely to confuse ({SCORE})")
+    print(f"{args.artifact}: the {len(pairs)} class pairs the {head} head is most likely to confuse "
+          f"({SCORE.format(head=head)})")
     width = max([len(str(names[p.a])) for p in pairs] + [10])
     print(f"  {'rank':>4}  {'true class a':<{width}}  {'taken for b':<{width}}  {'conf(a → b)':>11}")
     for r, p in enumerate(pairs, 1):

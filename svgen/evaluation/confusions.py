@@ -1,16 +1,17 @@
 """Which classes a classifier confuses: predicted from its kernel head's support vectors alone
 (``svgen diagnose --confusions``), and measured on labelled data (``svgen eval --confusions``).
 
-**Predicted.** The kernel head classifies its own support vectors: the score of the directed pair ``a → b`` is
+**Predicted.** A head classifies the kernel head's support vectors: the score of the directed pair ``a → b`` is
 
-    conf(a → b) = mean over the support rows s of class a of p_kernel(b | s),
+    conf(a → b) = mean over the support rows s of class a of p_head(b | s),
 
-the probability the deployed kernel head (its votes, kind of logits, temperature, prior term and pool factor: exactly
-what ``--head kernel`` gives an input) puts on class ``b`` at the rows that stand for class ``a``. It is the expected
-share of a's support set that the kernel would call ``b``: large where b's support set overlaps a's under the kernel
-*and* b's votes reach into it. A class without rows in the kernel head (after shots for some classes only) is never
-an ``a``. Pairs are directed (conf(a → b) ≠ conf(b → a)), so they compare with measured (true, predicted) pairs one
-to one.
+the probability the head (the artifact's default head unless one is named: exactly what ``classify`` gives an input,
+its temperature, prior term and pool factor included) puts on class ``b`` at the rows that stand for class ``a``. It is
+the expected share of a's support set that the head would call ``b``. For the kernel head (the default of a text-only
+artifact) it is large where b's support set overlaps a's under the kernel *and* b's votes reach into it; after shots
+the default head may be the linear head or the mixture, and the pairs are those of the head that is deployed and
+measured. A class without rows in the kernel head (after shots for some classes only) is never an ``a``. Pairs are
+directed (conf(a → b) ≠ conf(b → a)), so they compare with measured (true, predicted) pairs one to one.
 docs/usage.md ("Which classes are confused") reports how well it predicts measured confusions; docs/history.md what
 else was tried.
 
@@ -19,10 +20,10 @@ block's rows × C probabilities and the C×C table is never formed (any C, spars
 
 **Measured.** On labelled data, the off-diagonal (true, predicted) pairs of a head's top-1 decisions, most frequent
 first; among pairs with the same count, the more confident errors first (summed probability of the predicted class).
-Not symmetrised: ``a → b`` counts the rows of ``a`` called ``b`` only. Beside them the predicted pairs are ranked by
-what conf(a → b) expects those data to show, **n_a · conf(a → b)** expected rows of a called b, n_a being the rows of
-a in the labels (the class sizes of the data, not its outcomes): a count against counts, where the share alone would
-rank a class with 4 rows beside one with 33.
+Not symmetrised: ``a → b`` counts the rows of ``a`` called ``b`` only. Beside them the same head's predicted pairs are
+ranked by what conf(a → b) expects those data to show, **n_a · conf(a → b)** expected rows of a called b, n_a being
+the rows of a in the labels (the class sizes of the data, not its outcomes): a count against counts, where the share
+alone would rank a class with 4 rows beside one with 33.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ from svgen.steps import Clock
 
 log = logging.getLogger(__name__)
 
-SCORE = "conf(a → b): the mean kernel-head probability of b at the support vectors of a"
+SCORE = "conf(a → b): the mean probability the {head} head gives b at the support vectors of a"
 PREDICTED_WINDOW = 100   # a measured pair is "predicted" when it is among this many top predicted pairs
 BLOCK_CELLS = 1 << 22    # rows × classes of probabilities held at once
 
@@ -75,11 +76,11 @@ def _class_blocks(labels: torch.Tensor, n_classes: int, block_cells: int):
         c0 = c1
 
 
-def support_confusion(clf, classes=None, block_cells: int = BLOCK_CELLS) -> torch.Tensor:
-    """conf(a → b) for ``a`` in ``classes`` (indices; all when None): a len(classes)×C float64 table, the diagonal
-    included (what the kernel keeps of a's own rows); a class without support rows (after shots for some classes,
-    the kernel head's rows are the shots) has a row of zeros. For a few rows of the table; :func:`predicted_pairs` ranks
-    them all without forming C×C."""
+def support_confusion(clf, classes=None, block_cells: int = BLOCK_CELLS, head: Optional[str] = None) -> torch.Tensor:
+    """conf(a → b) of ``head`` (the default head when None) for ``a`` in ``classes`` (indices; all when None): a
+    len(classes)×C float64 table, the diagonal included (what the head keeps of a's own rows); a class without support
+    rows (after shots for some classes, the kernel head's rows are the shots) has a row of zeros. For a few rows of the
+    table; :func:`predicted_pairs` ranks them all without forming C×C."""
     rows, labels = _support(clf)
     C = len(clf.class_names_)
     want = torch.arange(C) if classes is None else torch.as_tensor(np.asarray(classes, dtype=np.int64))
@@ -90,7 +91,7 @@ def support_confusion(clf, classes=None, block_cells: int = BLOCK_CELLS) -> torc
     for c0, c1, idx in _class_blocks(sub_labels, C, block_cells):
         if idx.numel() == 0:
             continue
-        block = _block_means(clf, sub_rows[idx], sub_labels[idx], c0, c1)
+        block = _block_means(clf, sub_rows[idx], sub_labels[idx], c0, c1, head)
         if out is not None:
             out[c0:c1] = block
         else:
@@ -107,21 +108,22 @@ def _support(clf):
     return ss.rows.float(), ss.labels.to(torch.int64)
 
 
-def _block_means(clf, rows: torch.Tensor, labels: torch.Tensor, c0: int, c1: int) -> torch.Tensor:
-    """(c1 − c0)×C: for each class of the block, the mean kernel-head probability of each class over its rows."""
+def _block_means(clf, rows: torch.Tensor, labels: torch.Tensor, c0: int, c1: int, head: Optional[str]) -> torch.Tensor:
+    """(c1 − c0)×C: for each class of the block, the mean probability ``head`` gives each class over its rows."""
     with torch.no_grad():
-        p = torch.as_tensor(clf.predict_proba(rows, head="kernel")).double()
+        p = torch.as_tensor(clf.predict_proba(rows, head=head)).double()
     sums = torch.zeros(c1 - c0, p.shape[1], dtype=torch.float64).index_add_(0, labels - c0, p)
     counts = torch.bincount(labels - c0, minlength=c1 - c0).double()
     return sums / counts.clamp_min(1.0)[:, None]
 
 
-def predicted_pairs(clf, top: int, among=None, block_cells: int = BLOCK_CELLS, sizes=None) -> List[Pair]:
-    """The ``top`` directed pairs ``a → b`` (a ≠ b) of largest conf(a → b), largest first (equal scores: lower a,
-    then lower b first); ``among`` (class indices; None: all): only pairs whose ``a`` is one of them (the classes
-    labelled data can show confused). ``sizes`` (C rows per class of labelled data): ranked by the expected count
-    ``sizes[a]·conf(a → b)`` instead, only classes with rows an ``a``; each pair's ``score`` stays conf(a → b). The
-    kernel head scores its support rows a block of classes at a time."""
+def predicted_pairs(clf, top: int, among=None, block_cells: int = BLOCK_CELLS, sizes=None,
+                    head: Optional[str] = None) -> List[Pair]:
+    """The ``top`` directed pairs ``a → b`` (a ≠ b) of largest conf(a → b) of ``head`` (the default head when None),
+    largest first (equal scores: lower a, then lower b first); ``among`` (class indices; None: all): only pairs whose
+    ``a`` is one of them (the classes labelled data can show confused). ``sizes`` (C rows per class of labelled data):
+    ranked by the expected count ``sizes[a]·conf(a → b)`` instead, only classes with rows an ``a``; each pair's
+    ``score`` stays conf(a → b). The head scores the kernel head's support rows a block of classes at a time."""
     if top < 1:
         raise ValueError(f"top must be at least 1, got {top}")
     clock = Clock(log)
@@ -140,7 +142,7 @@ def predicted_pairs(clf, top: int, among=None, block_cells: int = BLOCK_CELLS, s
     for c0, c1, idx in _class_blocks(labels, C, block_cells):
         if idx.numel() == 0:
             continue
-        block = _block_means(clf, rows[idx], labels[idx], c0, c1)
+        block = _block_means(clf, rows[idx], labels[idx], c0, c1, head)
         ranked = block.clone() if weight is None else block * weight[c0:c1, None]
         ranked[torch.arange(c1 - c0), torch.arange(c0, c1)] = -float("inf")   # a → a is no confusion
         ranked[torch.bincount(labels[idx] - c0, minlength=c1 - c0) == 0] = -float("inf")   # a has no rows
@@ -152,7 +154,7 @@ def predicted_pairs(clf, top: int, among=None, block_cells: int = BLOCK_CELLS, s
             best_v, best_i, best_s = _best(best_v, best_i, best_s, top)
     best_v, best_i, best_s = _best(best_v, best_i, best_s, top)
     keep = torch.isfinite(best_v)
-    clock.lap("confusions: the kernel head on its %d support rows, %d classes", rows.shape[0], C)
+    clock.lap("confusions: the %s head on the %d support rows, %d classes", head or clf.default_head_, rows.shape[0], C)
     return [Pair(int(i) // C, int(i) % C, float(s)) for s, i in zip(best_s[keep], best_i[keep])]
 
 
@@ -197,9 +199,9 @@ def measured_on(clf, x, y, block_rows: int = 4096, head: Optional[str] = None):
 
 def confusion_report(clf, x, y, top: int = 20, window: int = PREDICTED_WINDOW, predictions=None) -> dict:
     """``svgen eval --confusions``: the ``top`` measured pairs of the default head on (x, y), each with its rank among
-    the ``window`` top predicted pairs (None: not among them), and the ``top`` predicted pairs; JSON-ready. The
-    predicted pairs are ranked by the rows ``y`` expects them to show, n_a·conf(a → b) (``expected``), so only those
-    whose true class occurs in ``y`` (the only ones these labels can show).
+    the ``window`` top predicted pairs (None: not among them), and the ``top`` predicted pairs, the same head's;
+    JSON-ready. The predicted pairs are ranked by the rows ``y`` expects them to show, n_a·conf(a → b)
+    (``expected``), so only those whose true class occurs in ``y`` (the only ones these labels can show).
     ``predictions``: the default head's (top-1 class, its probability) per row where the caller has them already
     (``svgen eval`` scores every head once, :func:`svgen.evaluation.metrics.evaluate_heads`); else the rows are
     scored here."""

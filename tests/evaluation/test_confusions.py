@@ -13,6 +13,7 @@ import torch
 
 from svgen import SVGClassifier
 from svgen.evaluation.confusions import measured_pairs, predicted_pairs, support_confusion
+from svgen.heads.predictor import head_names
 
 GOLDEN = Path(__file__).resolve().parents[1] / "io" / "golden"
 _spec = importlib.util.spec_from_file_location("make_golden", GOLDEN / "make_golden.py")
@@ -28,11 +29,11 @@ def text_problem(C=7, T=3, D=16, seed=0):
     return (centres[:, None, :] + 0.4 * rng.normal(size=(C, T, D))).astype(np.float32)
 
 
-def brute_table(clf) -> np.ndarray:
-    """conf(a → b) from all support rows at once: the kernel head's probabilities of every row (one call), averaged
-    over the rows of each class by a loop."""
+def brute_table(clf, head=None) -> np.ndarray:
+    """conf(a → b) from all support rows at once: ``head``'s probabilities (the default head's when None) of every
+    kernel support row (one call), averaged over the rows of each class by a loop."""
     ss = clf.heads_.kernel.support_set()
-    p = np.asarray(clf.predict_proba(ss.rows.numpy(), head="kernel"), dtype=np.float64)
+    p = np.asarray(clf.predict_proba(ss.rows.numpy(), head=head), dtype=np.float64)
     labels = ss.labels.numpy()
     C = len(clf.classes_)
     return np.stack([p[labels == a].mean(axis=0) if (labels == a).any() else np.full(C, np.nan) for a in range(C)])
@@ -91,6 +92,23 @@ def test_every_kind_of_artifact_ranks_its_pairs_as_all_rows_scored_at_once(case)
     C = table.shape[0]
     same_ranking(predicted_pairs(clf, top=C * (C - 1), block_cells=C), table)   # one class per block
     same_ranking(predicted_pairs(clf, top=5, among=[0, 2, 5]), table, among=[0, 2, 5], top=5)
+
+
+@pytest.mark.parametrize("case", ["v3_one_shot", "v4_shots", "v5_shots_for_some_classes", "v6_shots_pool_kept"])
+def test_the_pairs_are_the_default_heads_and_any_head_can_be_named(case):
+    """After shots the default head need not be the kernel head: by default the pairs are the default head's (the
+    head eval measures), scored at the kernel head's support rows; each head the artifact has can be named, and the
+    heads' rankings differ, so the test can tell them apart."""
+    clf = SVGClassifier.load(GOLDEN / case / "artifact")
+    C = len(clf.classes_)
+    tables = {}
+    for head in head_names(clf.heads_):
+        tables[head] = brute_table(clf, head)
+        same_ranking(predicted_pairs(clf, top=C * (C - 1), block_cells=C, head=head), tables[head])
+        np.testing.assert_allclose(support_confusion(clf, head=head).numpy(), np.nan_to_num(tables[head]), rtol=1e-4,
+                                   atol=1e-9)
+    same_ranking(predicted_pairs(clf, top=C * (C - 1)), tables[clf.default_head_])
+    assert len({tuple(ranked(t)) for t in tables.values()}) > 1
 
 
 def test_with_class_sizes_the_pairs_rank_by_the_rows_they_expect():
@@ -162,6 +180,22 @@ def test_diagnose_confusions_lists_the_librarys_pairs(cli, art):
     assert len(lines) == 2 + 3 and lines[2].split()[:3] == ["1", f"c{want[0][0]}", f"c{want[0][1]}"]
 
 
+def test_diagnose_confusions_names_the_head_it_predicts_for(cli):
+    """An artifact with shots whose default head is not the kernel head: the pairs are the default head's unless
+    --head names another, and the report says which."""
+    path = GOLDEN / "v4_shots" / "artifact"
+    clf = SVGClassifier.load(path)
+    assert clf.default_head_ != "kernel"
+    for args, head in (((), clf.default_head_), (("--head", "kernel"), "kernel")):
+        code, out, err = cli("diagnose", path, "--confusions", "--top", "4", "--json", *args)
+        assert code == 0, err
+        r = json.loads(out)
+        assert r["head"] == head and f"the {head} head gives b" in r["score"]
+        assert [(p["a"], p["b"]) for p in r["pairs"]] == ranked(brute_table(clf, head))[:4]
+    code, out, err = cli("diagnose", path, "--confusions", "--top", "2", "--head", "kernel")
+    assert code == 0 and "pairs the kernel head is most likely to confuse" in out.splitlines()[0], err
+
+
 def test_diagnose_confusions_plot_writes_a_png(cli, art):
     pytest.importorskip("matplotlib")
     d = art[0]
@@ -174,6 +208,8 @@ def test_diagnose_confusions_plot_writes_a_png(cli, art):
     (("--confusions", "--top", "0"), "--top must be at least 1"),
     (("--confusions", "--top", "-3"), "--top must be at least 1"),
     (("--top", "5"), "--top goes with --confusions"),
+    (("--head", "kernel"), "--head goes with --confusions"),
+    (("--confusions", "--head", "mixture"), "has no mixture head"),
     (("--confusions", "--plot", "c.jpg"), "ending in .png"),
 ])
 def test_diagnose_confusions_refuses_bad_input_in_one_line(cli, art, args, msg):
