@@ -18,11 +18,12 @@ Fits (or loads, ``--artifact``) the LVIS zero-shot artifact of docs/usage.md (1,
   predictors tried and dropped, with paired bootstrap intervals of their difference. ``--write-docs`` puts the
   table into docs/usage.md;
 * **the ceiling** (``--ceiling``; dev data only): what the data let any predictor reach. Each CoOp set and ``all7``,
-  text only and with the table's shots: the measured pairs are taken on part of val (one row per class, as on the LVIS dev half, or half of
-  each class's rows; 10 seeded draws) and compared with the chosen prediction and with an oracle that knows the
-  confusions: the top 100 pairs by the rate measured on the *other* rows of the same classes (rows of a called b over
-  rows of a, times the measured rows of a; equal rates in random order). ``--write-docs`` puts this table into
-  docs/usage.md too.
+  text only and with the table's shots: the measured pairs are taken on part of val (one row per class, as on the
+  LVIS dev half; half of each class's rows; or one row per class that is the mean of half its rows, as an LVIS dev
+  row is the mean of 25 exemplar crops; 10 seeded draws) and compared with the chosen prediction and with an oracle
+  that knows the confusions: the top 100 pairs by the rate measured on the *other* rows of the same classes (rows of
+  a called b over rows of a, times the measured rows of a; equal rates in random order). ``--write-docs`` puts this
+  table into docs/usage.md too.
 
     .venv/bin/python -m benchmarks.bench_confusions [--artifact lvis.svgen] [--json]
     .venv/bin/python -m benchmarks.bench_confusions --table [--alternatives] [--write-docs]   # ~10 minutes, 2 cores
@@ -290,9 +291,13 @@ def table_rows(lvis_clf, alternatives: bool, boot: int, log=print) -> tuple:
     return rows, paired
 
 
+MEASURED_ROWS = {1: "one row per class", "half": "half of each class's rows",
+                 "mean": "one row per class, the mean of half its rows"}
+
+
 def split_rows(y, per, rng) -> np.ndarray:
-    """A mask of the measured rows: one row of every class with at least two (``per`` = 1), or half of each class's
-    rows (``per`` = "half"); the other rows are the oracle's."""
+    """A mask of the rows taken to be measured: one row of every class with at least two (``per`` = 1), or half of
+    each class's rows (``per`` = "half" or "mean"); the other rows are the oracle's."""
     picks = []
     for c in np.unique(y):
         rows = np.flatnonzero(y == c)
@@ -303,11 +308,23 @@ def split_rows(y, per, rng) -> np.ndarray:
     return mask
 
 
-def oracle_pairs(y, pred, measured, rng) -> set:
-    """The top 100 directed pairs by the confusion rate measured on the rows outside ``measured``, times the measured
-    rows of a (as the chosen ranking weighs conf(a → b)); equal values in random order."""
-    C = int(y.max()) + 1
-    other, sizes = ~measured, np.bincount(y[measured], minlength=C)
+def measured_rows(clf, X, y, pred, conf, taken, per):
+    """(labels, top-1 class, its probability) of the measured rows: the rows ``taken``, or for ``per`` = "mean" one
+    row per class, the re-normalised mean of its rows taken (as an LVIS dev row is the mean of 25 exemplar crops)."""
+    from svgen.evaluation.confusions import measured_on
+
+    if per != "mean":
+        return y[taken], pred[taken], conf[taken]
+    labels = np.unique(y[taken])
+    means = np.stack([X[taken & (y == c)].mean(axis=0) for c in labels])
+    means /= np.linalg.norm(means, axis=1, keepdims=True)
+    return (labels, *measured_on(clf, torch.from_numpy(means.astype(np.float32)), labels))
+
+
+def oracle_pairs(y, pred, other, sizes, rng) -> set:
+    """The top 100 directed pairs by the confusion rate measured on the rows ``other``, times the measured rows of a
+    (``sizes``, as the chosen ranking weighs conf(a → b)); equal values in random order."""
+    C = len(sizes)
     wrong = other & (pred != y)
     rate = np.zeros((C, C))
     np.add.at(rate, (y[wrong], pred[wrong]), 1.0)
@@ -319,8 +336,8 @@ def oracle_pairs(y, pred, measured, rng) -> set:
 
 
 def ceiling_rows(draws: int = DRAWS, log=print) -> list:
-    """Per CoOp set and ``all7``, text only and with shots (the table's draw), for one row per class and for half the
-    rows measured: the mean hits (of the 20 measured pairs, among the top 100) of the chosen prediction and of the
+    """Per CoOp set and ``all7``, text only and with shots (the table's draw), for each way of measuring in
+    ``MEASURED_ROWS``: the mean hits (of the 20 measured pairs, among the top 100) of the chosen prediction and of the
     oracle over ``draws`` draws of the measured rows."""
     from svgen.evaluation.confusions import measured_on, measured_pairs, predicted_pairs
 
@@ -329,24 +346,24 @@ def ceiling_rows(draws: int = DRAWS, log=print) -> list:
         clf, X, y = coop_case(name, k, SEED)
         C = len(clf.class_names_)
         pred, conf = measured_on(clf, torch.from_numpy(X), y)
-        for per in (1, "half"):
+        for per in MEASURED_ROWS:
             rng = np.random.default_rng(SEED)
             chosen, oracle = [], []
             for _ in range(draws):
-                m = split_rows(y, per, rng)
-                measured = measured_pairs(y[m], pred[m], conf[m], MEASURED)
-                sizes = np.bincount(y[m], minlength=C)
-                mine = {(p.a, p.b) for p in predicted_pairs(clf, WINDOW, sizes=sizes)}
-                best = oracle_pairs(y, pred, m, rng)
+                taken = split_rows(y, per, rng)
+                labels, p, c = measured_rows(clf, X, y, pred, conf, taken, per)
+                measured = measured_pairs(labels, p, c, MEASURED)
+                sizes = np.bincount(labels, minlength=C)
+                mine = {(q.a, q.b) for q in predicted_pairs(clf, WINDOW, sizes=sizes)}
+                best = oracle_pairs(y, pred, ~taken, sizes, rng)
                 chosen.append(sum((q.a, q.b) in mine for q in measured))
                 oracle.append(sum((q.a, q.b) in best for q in measured))
             rows.append({"data": name, "classes": C, "fit": f"{k} shots per class" if k else "text only",
-                         "measured": "one row per class" if per == 1 else "half of each class's rows",
-                         "chosen": float(np.mean(chosen)), "oracle": float(np.mean(oracle))})
+                         "measured": MEASURED_ROWS[per], "chosen": float(np.mean(chosen)),
+                         "oracle": float(np.mean(oracle))})
             log(f"{name}, {rows[-1]['fit']}, {rows[-1]['measured']}: chosen {rows[-1]['chosen']:.1f}, "
                 f"oracle {rows[-1]['oracle']:.1f}")
-    for fit, per in ((f, p) for f in ("text only", f"{SHOTS} shots per class")
-                     for p in ("one row per class", "half of each class's rows")):
+    for fit, per in ((f, p) for f in ("text only", f"{SHOTS} shots per class") for p in MEASURED_ROWS.values()):
         mine = [r for r in rows if r["data"] in COOP and r["fit"] == fit and r["measured"] == per]
         rows.append({"data": "7 CoOp sets, summed", "classes": sum(r["classes"] for r in mine), "fit": fit,
                      "measured": per, "chosen": sum(r["chosen"] for r in mine), "oracle": sum(r["oracle"] for r in mine),
