@@ -485,7 +485,7 @@ def main(argv=None):
     pred, conf = measured_on(clf, x, y)
     measured = measured_pairs(y, pred, conf, MEASURED)
     present = np.unique(y)
-    rows = [{"score": "chosen: mean kernel-head probability of b at S_a", "over": over,
+    rows = [{"score": f"chosen: mean {clf.default_head_}-head probability of b at S_a (the default head)", "over": over,
              **hits(measured, top_pairs(table, WINDOW, among))}
             for over, among in (("all pairs", None), ("true class labelled", present))]
     for name, (t, sym) in alternatives(clf).items():
