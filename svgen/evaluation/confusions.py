@@ -211,10 +211,9 @@ def confusion_report(clf, x, y, top: int = 20, window: int = PREDICTED_WINDOW, p
     sizes = np.bincount(np.asarray(y, dtype=np.int64), minlength=len(names))
     predicted = predicted_pairs(clf, max(window, top), sizes=sizes)
     rank = {(p.a, p.b): r for r, p in enumerate(predicted[:window], 1)}
-    scores = {}
-    for a in sorted({m.a for m in measured}):   # conf(a → b) of each measured pair, from a's rows only
-        row = support_confusion(clf, [a])[0]
-        scores.update({(a, m.b): float(row[m.b]) for m in measured if m.a == a})
+    true = sorted({m.a for m in measured})   # conf(a → b) of each measured pair, from the rows of its a only
+    table = dict(zip(true, support_confusion(clf, true))) if true else {}
+    scores = {(m.a, m.b): float(table[m.a][m.b]) for m in measured}
     rows = [m.to_json(names, score=scores[(m.a, m.b)], expected=float(sizes[m.a]) * scores[(m.a, m.b)],
                       predicted_rank=rank.get((m.a, m.b))) for m in measured]
     return {"head": clf.default_head_, "n": int(len(y)), "errors": int((np.asarray(y) != pred).sum()),
