@@ -183,6 +183,7 @@ def load_array(path, what: str, mmap: bool = False, strings: bool = False) -> np
 
 # ----------------------------------------------------------------------------- checks every command gets (cli.main)
 
+HEAD_CHOICES = ("kernel", "linear", "cosine", "mixture")   # --head: svgen.heads.scoring.HEADS and the mixture
 OUTPUT_OPTIONS = (("out", "--out"), ("plot", "--plot"))
 STDOUT_COMMANDS = ("eval", "classify")   # --out - writes their table or rows to stdout
 INPUT_OPTIONS = ("artifact", "inputs", "features", "data", "labels", "prototypes", "classes", "templates", "shots",

@@ -10,7 +10,7 @@ import numpy as np
 from svgen.engine.predictions import score
 from svgen.errors import SvgenError
 from svgen.steps import timed
-from svgen.commands._common import ExamplesFormatter, add_refused_flag, note
+from svgen.commands._common import HEAD_CHOICES, ExamplesFormatter, add_refused_flag, note
 from svgen.commands._images import (add_image_encoder_args, check_loader_args, check_out, encode_paths,
                                     encoder_for_artifact, load_features)
 
@@ -56,7 +56,7 @@ def add_parser(sub):
     p.add_argument("--features", metavar="FEATS.npy", nargs="+",
                    help="precomputed N×D image embeddings instead of images (raw or normalised); several "
                         "files are read as one, in order; with --engine ray also .parquet shards and globs")
-    p.add_argument("--head", choices=("kernel", "linear", "cosine", "mixture"), default=None,
+    p.add_argument("--head", choices=HEAD_CHOICES, default=None,
                    help="kernel vote, linear head, cosine (the plain CLIP baseline), or mixture (after labelled "
                         "shots: the kernel and linear heads' probabilities averaged with the fitted weight; its "
                         "scores are log-probabilities); default: the head the fit chose (svgen.json), with "

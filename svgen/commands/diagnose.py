@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from svgen.commands._common import HelpFormatter, json_text, note
+from svgen.commands._common import HEAD_CHOICES, HelpFormatter, json_text, note
 
 
 def add_parser(sub):
@@ -32,7 +32,7 @@ def add_parser(sub):
                         "head's support vectors alone (the mean probability the head gives b at the support vectors "
                         "of a; docs/usage.md); --plot then draws a heat map of the classes of the top pairs")
     p.add_argument("--top", type=int, metavar="N", help="with --confusions: list this many pairs (default 20)")
-    p.add_argument("--head", choices=("kernel", "linear", "cosine", "mixture"), default=None,
+    p.add_argument("--head", choices=HEAD_CHOICES, default=None,
                    help="with --confusions: the head whose confusions are predicted (default: the artifact's default "
                         "head, as 'classify' and 'eval --confusions')")
     p.set_defaults(func=run)

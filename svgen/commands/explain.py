@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import sys
 
-from svgen.commands._common import ExamplesFormatter, note
+from svgen.commands._common import HEAD_CHOICES, ExamplesFormatter, note
 from svgen.commands._images import add_image_encoder_args, check_loader_args, encoder_for_artifact, load_features
 from svgen.errors import SvgenError
 
@@ -35,7 +35,7 @@ def add_parser(sub):
     p.add_argument("inputs", nargs="*", metavar="IMAGE|DIR", help="image files and/or folders (searched recursively)")
     p.add_argument("--features", metavar="FEATS.npy", help="precomputed N×D image embeddings instead of images")
     p.add_argument("--rows", metavar="I,J,…", help="with --features: only these rows (0-based, comma-separated)")
-    p.add_argument("--head", choices=("kernel", "linear", "cosine", "mixture"), default=None,
+    p.add_argument("--head", choices=HEAD_CHOICES, default=None,
                    help="the head to explain (default: the artifact's default head, as 'classify')")
     p.add_argument("-k", "--top-k", type=int, default=3, help="classes explained per input (default: %(default)s)")
     p.add_argument("--contributions", type=int, default=5, metavar="N",

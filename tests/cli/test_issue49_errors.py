@@ -433,3 +433,12 @@ def test_the_quickstart_says_to_activate_the_virtual_environment():
     assert quick.index(". .venv/bin/activate") < quick.index("$ svgen ")
     install = readme.split("```bash", 1)[1].split("```", 1)[0]
     assert "python3 -m venv .venv" in install   # the venv the line activates is the one the install made
+
+
+def test_every_head_option_offers_the_heads_the_library_has():
+    """classify, explain and diagnose share one --head choice list: the library's heads and the mixture."""
+    from svgen.commands._common import HEAD_CHOICES
+    from svgen.heads.calibration import MIXTURE
+    from svgen.heads.scoring import HEADS
+
+    assert HEAD_CHOICES == HEADS + (MIXTURE,)
